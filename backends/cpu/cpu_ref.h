@@ -1,0 +1,64 @@
+/* CPU reference: the plain-C definition of every operation in docs/FORMAT.md.
+ * Float32 math, deterministic. Every GPU backend is tested against these.
+ * Internal (not part of the ABI); tests and the calibration core use it. */
+#ifndef OSCAR_CPU_REF_H
+#define OSCAR_CPU_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oscar_internal.h"
+
+/* Lloyd-Max levels for a unit Gaussian, 4 levels, and their midpoints. */
+#define OSCAR_LM_L0 1.5104f
+#define OSCAR_LM_L1 0.4528f
+#define OSCAR_LM_T 0.9816f
+
+/* ----------------------------------------------------------- rotations */
+/* Normalised Walsh-Hadamard matrix, d x d row-major, d a power of two:
+ * H[i][j] = (-1)^popcount(i&j) / sqrt(d). */
+void oscar_ref_hadamard(int d, float *H);
+/* Bit-reversal of x over `bits` bits. */
+int oscar_ref_bitrev(int x, int bits);
+/* R = U . H . P (FORMAT.md §1). U: d x d row-major, column r = eigenvector of
+ * rank r (largest eigenvalue first). R: d x d row-major fp32 out. */
+void oscar_ref_compose_rotation(int d, const double *U, float *R);
+/* out = x R (R row-major d x d; NULL means identity). out may not alias x. */
+void oscar_ref_rotate(int d, const float *x, const float *R, float *out);
+/* out = y R^T (inverse rotation). out may not alias y. */
+void oscar_ref_unrotate(int d, const float *y, const float *R, float *out);
+
+/* ----------------------------------------------------------- one row */
+/* Clip threshold tau of a row for clip ratio c (FORMAT.md §2.1); c >= 1
+ * returns max |x|. */
+float oscar_ref_clip_tau(int d, const float *x, float c);
+/* Quantizes one rotated, kv_dtype-rounded row: clip with ratio c (>= 1: none),
+ * per-group metadata (a, b) rounded to meta_dtype, codes packed four per byte.
+ * codes: d/4 bytes; meta: ng*2 floats (already rounded values). */
+void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
+                            uint8_t *codes, float *meta);
+/* x^ = b + a * level[code] for every value. */
+void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *codes, const float *meta,
+                              float *out);
+/* Code of value j in a packed row. */
+static inline int oscar_ref_code_at(const uint8_t *codes, int j) { return (codes[j >> 2] >> (2 * (j & 3))) & 3; }
+
+/* Per-token asymmetric b-bit quantize-dequantize in place (int2/int4/int8
+ * baselines, groups of `group` along the row; fp16 metadata). */
+void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
+
+/* ----------------------------------------------------------- paged cache */
+/* Byte offset of row (kv_head, row) arrays inside a page, per FORMAT.md §3.3. */
+typedef struct oscar_ref_page_geom {
+    int d, group, ng, H, P;
+    size_t codes_row_bytes;   /* d/4 */
+    size_t meta_row_bytes;    /* ng * 2 * sizeof(meta) */
+    size_t k_codes, v_codes, k_meta, v_meta, page_bytes;
+} oscar_ref_page_geom;
+void oscar_ref_page_geom_init(const oscar_layout_desc *l, oscar_ref_page_geom *g);
+
+/* The CPU backend: the same vtable plugins export (runtime/oscar_backend.h),
+ * operating on host memory, validating every input synchronously. */
+const oscar_backend_api *oscar_cpu_backend(void);
+
+#endif /* OSCAR_CPU_REF_H */

@@ -1,0 +1,373 @@
+/*
+ * liboscar: 2-bit KV cache with OSCAR (offline spectral covariance-aware
+ * rotation and clipping). Public C ABI.
+ *
+ * Conventions (they hold for every function below):
+ *  - Every function returns oscar_status; OSCAR_OK is 0. On failure a message
+ *    naming the problem and the fix is available from oscar_last_error() on
+ *    the calling thread until that thread's next liboscar call.
+ *  - Handles (oscar_runtime, oscar_params, oscar_calib, oscar_plan) are opaque.
+ *    The caller owns each handle it creates and releases it with the matching
+ *    *_destroy; destroy(NULL) is a no-op.
+ *  - "Device memory" means: a CUDA/HIP device pointer on those backends, a
+ *    cl_mem handle cast to void* on OpenCL, plain host memory on the CPU
+ *    backend. The caller owns all device memory passed in (KV pools, block
+ *    tables, activations, workspace). The library allocates only in *_create
+ *    calls (never on the hot path: oscar_append, oscar_decode).
+ *  - `stream` is the backend's native queue (cudaStream_t, hipStream_t,
+ *    cl_command_queue) or NULL for the backend's default queue; the CPU backend
+ *    ignores it and runs synchronously. Device calls are asynchronous with
+ *    respect to the host on GPU backends.
+ *  - Thread safety: handles are immutable after creation, except oscar_calib.
+ *    Different threads may call oscar_append/oscar_decode on one plan at once
+ *    provided they use different workspaces and do not write the same cache
+ *    pages. An oscar_calib must be fed from one thread at a time.
+ *  - Structs passed in carry `struct_size` (set it to sizeof the struct) so
+ *    fields can be added without breaking the ABI.
+ *  - Storage format: docs/FORMAT.md. API walk-through: docs/API.md.
+ */
+#ifndef OSCAR_OSCAR_H
+#define OSCAR_OSCAR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define OSCAR_API __declspec(dllexport)
+#else
+#define OSCAR_API __attribute__((visibility("default")))
+#endif
+
+#define OSCAR_VERSION_MAJOR 0
+#define OSCAR_VERSION_MINOR 1
+#define OSCAR_VERSION_PATCH 0
+/* Version of the backend plugin ABI (runtime/oscar_backend.h). */
+#define OSCAR_BACKEND_ABI_VERSION 1
+/* Version of the parameter file format (docs/FORMAT.md section 6). */
+#define OSCAR_PARAMS_FORMAT_VERSION 1
+
+/* Returns "MAJOR.MINOR.PATCH"; *major etc. may be NULL. Static string. */
+OSCAR_API const char *oscar_version(int *major, int *minor, int *patch);
+
+/* ------------------------------------------------------------------ status */
+typedef enum oscar_status {
+    OSCAR_OK = 0,
+    OSCAR_ERR_INVALID_ARGUMENT = 1,   /* NULL pointer, negative count, bad enum */
+    OSCAR_ERR_UNSUPPORTED_HEAD_DIM = 2, /* head_dim not in {64, 128, 256} */
+    OSCAR_ERR_UNSUPPORTED_GROUP = 3,  /* group not in {32, 64, 128} or not dividing head_dim */
+    OSCAR_ERR_UNSUPPORTED = 4,        /* valid request this backend/method cannot do */
+    OSCAR_ERR_SHAPE_MISMATCH = 5,     /* parameters vs layout/model shape disagree */
+    OSCAR_ERR_NONFINITE = 6,          /* NaN or Inf in activations */
+    OSCAR_ERR_EMPTY = 7,              /* zero tokens / zero sequences where some are needed */
+    OSCAR_ERR_TOO_LONG = 8,           /* sequence longer than max_seq_len or the block table */
+    OSCAR_ERR_BLOCK_TABLE = 9,        /* block table entry or window slot out of range */
+    OSCAR_ERR_OUT_OF_MEMORY = 10,
+    OSCAR_ERR_IO = 11,                /* file cannot be opened/read/written */
+    OSCAR_ERR_CORRUPT_FILE = 12,      /* truncated, malformed, oversized or hostile file */
+    OSCAR_ERR_VERSION = 13,           /* file or plugin from an incompatible version */
+    OSCAR_ERR_NO_BACKEND = 14,        /* requested backend not found or cannot run here */
+    OSCAR_ERR_BACKEND = 15,           /* the vendor runtime reported an error */
+    OSCAR_ERR_WORKSPACE = 16,         /* workspace missing or too small */
+    OSCAR_ERR_STATE = 17,             /* call out of order (e.g. calibration pass) */
+    OSCAR_ERR_INTERNAL = 18
+} oscar_status;
+
+/* Short fixed description of a status code. Static string, never NULL. */
+OSCAR_API const char *oscar_status_string(oscar_status s);
+/* Detailed message of the calling thread's last failed call ("" if none).
+ * Thread-local storage owned by the library; valid until the next call. */
+OSCAR_API const char *oscar_last_error(void);
+
+/* ------------------------------------------------------------------- enums */
+typedef enum oscar_dtype {
+    OSCAR_DTYPE_BF16 = 0,
+    OSCAR_DTYPE_F16 = 1,
+    OSCAR_DTYPE_F32 = 2
+} oscar_dtype;
+
+/* Quantization methods. Paged cache (oscar_plan) supports the first five;
+ * all of them are available to oscar_fakequant for evaluation. */
+typedef enum oscar_method {
+    OSCAR_METHOD_OSCAR2 = 0,    /* calibrated rotation + clip, uniform 2-bit levels */
+    OSCAR_METHOD_OSCAR2_LM = 1, /* calibrated rotation + clip, Lloyd-Max levels */
+    OSCAR_METHOD_INT2 = 2,      /* no rotation, no clip, uniform 2-bit per token */
+    OSCAR_METHOD_QUAROT2 = 3,   /* Hadamard rotation, no clip, uniform 2-bit */
+    OSCAR_METHOD_BF16 = 4,      /* no quantization: paged 16-bit cache (yardstick) */
+    OSCAR_METHOD_INT4 = 5,      /* per-token asymmetric 4-bit (evaluation only) */
+    OSCAR_METHOD_INT8 = 6,      /* per-token asymmetric 8-bit (evaluation only) */
+    OSCAR_METHOD_KIVI2 = 7,     /* KIVI: K per channel over 32 tokens, V per token (eval only) */
+    OSCAR_METHOD_COUNT_ = 8
+} oscar_method;
+
+/* "oscar2", "oscar2-lm", "int2", "quarot2", "bf16", "int4", "int8", "kivi2". */
+OSCAR_API const char *oscar_method_name(oscar_method m);
+/* Parses a name above; OSCAR_ERR_INVALID_ARGUMENT listing the valid names otherwise. */
+OSCAR_API oscar_status oscar_method_from_name(const char *name, oscar_method *out);
+
+typedef enum oscar_kv { OSCAR_K = 0, OSCAR_V = 1 } oscar_kv;
+
+/* ------------------------------------------------------------------ layout */
+/* Shape of one layer's paged cache. See docs/FORMAT.md. */
+typedef struct oscar_layout_desc {
+    uint32_t struct_size;   /* sizeof(oscar_layout_desc) */
+    int32_t head_dim;       /* 64, 128 or 256 */
+    int32_t group;          /* quant group along head_dim: 32, 64 or 128, divides head_dim */
+    int32_t num_q_heads;
+    int32_t num_kv_heads;   /* divides num_q_heads */
+    int32_t page_size;      /* tokens per page: 16, 32, 64 or 128 */
+    int32_t sink;           /* S0: first tokens kept in 16 bits (>= 0) */
+    int32_t recent;         /* W: last tokens kept in 16 bits (>= 0) */
+    int32_t max_seq_len;    /* upper bound on tokens per sequence */
+    oscar_dtype kv_dtype;   /* BF16 or F16: window storage and all activations */
+    oscar_dtype meta_dtype; /* F16 or F32: per-group scale and bias */
+    oscar_method method;    /* OSCAR2, OSCAR2_LM, INT2, QUAROT2 or BF16 */
+} oscar_layout_desc;
+
+/* Fills the defaults: head_dim 128, group 128, 32 q heads, 8 kv heads,
+ * page 64, sink 64, recent 256, max_seq_len 131072, BF16 windows, F16
+ * metadata, OSCAR2. */
+OSCAR_API void oscar_layout_default(oscar_layout_desc *d);
+/* Checks a layout; the error says which field is wrong and what is allowed. */
+OSCAR_API oscar_status oscar_layout_validate(const oscar_layout_desc *d);
+
+typedef struct oscar_layout_sizes {
+    size_t page_bytes;        /* one page of the paged pool (2-bit or BF16 pages) */
+    size_t window_slot_bytes; /* one sequence's 16-bit sink+recent window (0 for BF16 method) */
+    size_t k_codes_offset, v_codes_offset, k_meta_offset, v_meta_offset; /* within a page */
+    double bits_per_element;  /* of the paged part (2 + meta bits / group), 16 for BF16 */
+} oscar_layout_sizes;
+OSCAR_API oscar_status oscar_layout_sizes_get(const oscar_layout_desc *d, oscar_layout_sizes *out);
+/* Pages a sequence of seq_len tokens needs in the paged pool. */
+OSCAR_API oscar_status oscar_layout_pages_for(const oscar_layout_desc *d, int64_t seq_len, int64_t *pages);
+/* Average stored bits per K/V element of a whole sequence of seq_len tokens,
+ * counting 16-bit windows, codes and metadata. */
+OSCAR_API oscar_status oscar_layout_bits_per_element(const oscar_layout_desc *d, int64_t seq_len,
+                                                     double *bits);
+
+/* -------------------------------------------------------------- parameters */
+/* Rotations and clip ratios per layer, produced by calibration (oscar_calib)
+ * or built in (identity for INT2, Hadamard for QUAROT2). Host object. */
+typedef struct oscar_params oscar_params;
+
+typedef struct oscar_params_info {
+    int32_t num_layers, num_q_heads, num_kv_heads, head_dim;
+    int32_t per_head;          /* 1: one rotation per KV head; 0: one per layer */
+    oscar_method method;       /* method the parameters were made for */
+    int32_t calib_tokens;      /* tokens seen in calibration (0 if built in) */
+    char model_hash[65];       /* opaque model fingerprint given at calibration, or "" */
+} oscar_params_info;
+
+/* Built-in parameters: INT2 / BF16 (identity rotation), QUAROT2 (normalised
+ * Hadamard), OSCAR2/OSCAR2_LM with identity rotation and the published clips
+ * (0.96 K, 0.92 V), useful as a start. Caller destroys. */
+OSCAR_API oscar_status oscar_params_create_builtin(oscar_method method, int num_layers, int num_q_heads,
+                                                   int num_kv_heads, int head_dim, oscar_params **out);
+/* Loads a parameter file (safetensors + JSON metadata, docs/FORMAT.md §6).
+ * Truncated, corrupt, oversized or inconsistent files are refused with
+ * OSCAR_ERR_CORRUPT_FILE / OSCAR_ERR_VERSION. Caller destroys. */
+OSCAR_API oscar_status oscar_params_load(const char *path, oscar_params **out);
+/* Writes atomically (temporary file + rename). */
+OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path);
+OSCAR_API void oscar_params_destroy(oscar_params *p);
+OSCAR_API oscar_status oscar_params_get_info(const oscar_params *p, oscar_params_info *out);
+/* Borrowed pointer to the row-major head_dim x head_dim fp32 rotation R
+ * (a stored row is x R). kv_head is ignored unless per_head. Valid while p lives. */
+OSCAR_API oscar_status oscar_params_rotation(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                             const float **R);
+/* Borrowed pointer to head_dim eigenvalues (largest first) of the layer's
+ * target covariance, or NULL for built-in parameters. */
+OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                                const double **lambda);
+/* Clip ratio c in (0, 1]: per stored row, values are clipped to +-tau, tau the
+ * c-quantile of the row's absolute values. 1 means no clipping. */
+OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c);
+OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_kv which, float c);
+/* Refuses parameters whose shape disagrees with the model's (OSCAR_ERR_SHAPE_MISMATCH
+ * with both shapes in the message). model_hash may be NULL to skip that check. */
+OSCAR_API oscar_status oscar_params_check_shape(const oscar_params *p, int num_layers, int num_q_heads,
+                                                int num_kv_heads, int head_dim, const char *model_hash);
+
+/* -------------------------------------------------------------- calibration */
+typedef struct oscar_calib oscar_calib;
+
+typedef void (*oscar_progress_fn)(void *user, const char *stage, int64_t done, int64_t total);
+
+typedef struct oscar_calib_options {
+    uint32_t struct_size;       /* sizeof(oscar_calib_options) */
+    int32_t num_layers, num_q_heads, num_kv_heads, head_dim;
+    int32_t group;              /* quant group used when fitting clips (default head_dim) */
+    int32_t per_head;           /* 0: one rotation per layer (default); 1: per KV head */
+    oscar_method method;        /* OSCAR2 (default) or OSCAR2_LM */
+    float clip_k, clip_v;       /* > 0: fixed clip ratio; 0: fit on held-back rows (default) */
+    int32_t holdout_rows;       /* rows per layer kept for clip fitting (default 4096) */
+    const char *model_hash;     /* opaque fingerprint (<= 64 chars) of the model fields that
+                                   matter, computed by the engine; stored and compared verbatim */
+    oscar_progress_fn progress; /* may be NULL */
+    void *progress_user;
+} oscar_calib_options;
+
+/* Fills defaults for the given shape. */
+OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layers, int num_q_heads,
+                                           int num_kv_heads, int head_dim);
+OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_calib **out);
+OSCAR_API void oscar_calib_destroy(oscar_calib *c);
+/* Calibration runs two passes over the same tokens: pass 0 accumulates the
+ * query covariances and the key target C_K; pass 1 the score-weighted value
+ * target C_V (its weights need pass 0's final query covariance). Call
+ * oscar_calib_begin_pass(c, 0), feed every window, oscar_calib_begin_pass(c, 1),
+ * feed the same windows again, then finalize. */
+OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
+/* Feeds n_tokens rows of one layer, post-RoPE (and post q/k-norm):
+ * q [n_tokens][num_q_heads][head_dim], k and v [n_tokens][num_kv_heads][head_dim],
+ * host memory, dtype F32, BF16 or F16. Accumulates in fp64; memory does not
+ * grow with the number of tokens. Non-finite rows are refused. */
+OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
+                                        const void *v, oscar_dtype dtype);
+/* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
+ * after the passes that define them: C_K after pass 0, C_V after pass 1.
+ * out is head_dim*head_dim doubles, row-major, caller-owned. */
+OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
+                                          double *out);
+/* Eigen-decomposes the targets, builds R = U.H.P, fits the clip ratios and
+ * returns new parameters (caller destroys). */
+OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out);
+
+/* Per-layer diagnostic after finalize: attention-aware error of the held-back
+ * rows under no rotation, Hadamard only, and the final OSCAR choice. */
+typedef struct oscar_calib_layer_report {
+    double err_k[3], err_v[3]; /* [0] none, [1] Hadamard, [2] OSCAR (relative) */
+    float clip_k, clip_v;
+} oscar_calib_layer_report;
+OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int layer, oscar_calib_layer_report *out);
+
+/* ------------------------------------------------------------- fake quant */
+/* Quantize-dequantize rows on the host exactly as the cache would store them
+ * (rotation, clip, 2-bit codes, fp16 metadata), returning them in the
+ * ORIGINAL (unrotated) space. For evaluation of every method, including
+ * INT4/INT8/KIVI2. rows: [n_tokens][num_kv_heads][head_dim] float, in/out.
+ * KIVI2 keys are quantized per channel over consecutive groups of 32 tokens:
+ * n_tokens must then be a multiple of 32. group: quant group along head_dim
+ * (0 = head_dim). params may be NULL for methods without rotation. */
+OSCAR_API oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, oscar_kv which,
+                                       int group, int n_tokens, int num_kv_heads, int head_dim, float *rows);
+/* Bits per stored element of a method's quantized region (metadata counted). */
+OSCAR_API double oscar_method_bits(oscar_method m, int head_dim, int group, oscar_dtype meta_dtype);
+
+/* ----------------------------------------------------------------- runtime */
+typedef struct oscar_runtime oscar_runtime;
+
+typedef void (*oscar_log_fn)(void *user, const char *line);
+
+typedef struct oscar_runtime_options {
+    uint32_t struct_size;   /* sizeof(oscar_runtime_options) */
+    const char *backend;    /* "cpu", "cuda", "hip", "opencl" or NULL: the
+                               OSCAR_BACKEND environment variable, else the
+                               best-scoring backend that can run here */
+    const char *plugin_dir; /* extra folder searched first for plugins, or NULL */
+    int32_t device_index;   /* GPU ordinal (default 0) */
+    int32_t validate;       /* 1: check block tables and lengths on the host
+                               before every device call (slow, for debugging) */
+    oscar_log_fn log;       /* discovery log, or NULL */
+    void *log_user;
+} oscar_runtime_options;
+
+OSCAR_API void oscar_runtime_options_default(oscar_runtime_options *o);
+/* Discovers backends: the CPU backend is built in; plugins
+ * liboscar_backend_{cuda,hip,opencl}.so are searched in plugin_dir,
+ * $OSCAR_PLUGIN_PATH (colon-separated), the folder of liboscar itself and
+ * the executable's folder. Caller destroys. */
+OSCAR_API oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime **out);
+OSCAR_API void oscar_runtime_destroy(oscar_runtime *rt);
+/* Name of the chosen backend ("cpu", "cuda", ...). Valid while rt lives. */
+OSCAR_API const char *oscar_runtime_backend(const oscar_runtime *rt);
+/* Human-readable device name of the chosen backend. Valid while rt lives. */
+OSCAR_API const char *oscar_runtime_device(const oscar_runtime *rt);
+/* Multi-line report of every backend considered: found/skipped and why.
+ * Valid while rt lives. */
+OSCAR_API const char *oscar_runtime_report(const oscar_runtime *rt);
+
+/* Convenience device-memory helpers for tools, tests and simple engines
+ * (engines may use their own allocator instead). Not for the hot path. */
+OSCAR_API oscar_status oscar_buffer_alloc(oscar_runtime *rt, size_t bytes, void **buf);
+OSCAR_API void oscar_buffer_free(oscar_runtime *rt, void *buf);
+OSCAR_API oscar_status oscar_buffer_write(oscar_runtime *rt, void *dst, size_t offset, const void *src,
+                                          size_t bytes, void *stream);
+OSCAR_API oscar_status oscar_buffer_read(oscar_runtime *rt, void *dst, const void *src, size_t offset,
+                                         size_t bytes, void *stream);
+/* Blocks until the stream's work is done. */
+OSCAR_API oscar_status oscar_synchronize(oscar_runtime *rt, void *stream);
+
+/* -------------------------------------------------------------------- plan */
+/* A plan binds a runtime, a layout and parameters; it selects the generated
+ * kernel variant for the shape and uploads the rotations to the device (the
+ * only allocation, made here). Plan once, append/decode many times. */
+typedef struct oscar_plan oscar_plan;
+
+OSCAR_API oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout,
+                                         const oscar_params *params, oscar_plan **out);
+OSCAR_API void oscar_plan_destroy(oscar_plan *plan);
+/* Name of the kernel variant chosen, e.g. "cuda:d128_g128_p64_q4_bf16". */
+OSCAR_API const char *oscar_plan_variant(const oscar_plan *plan);
+/* Workspace (device memory, caller-owned) that append and decode need for a
+ * batch of up to max_seqs sequences of up to max_seq_len tokens. Includes a
+ * device error word; see oscar_plan_check. */
+OSCAR_API oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int max_seqs, int max_seq_len,
+                                                  size_t *bytes);
+/* Zeroes the workspace's error word; call once after allocating workspace. */
+OSCAR_API oscar_status oscar_plan_workspace_init(oscar_plan *plan, void *workspace, void *stream);
+/* Synchronizes the stream and reports errors the device kernels raised since
+ * the last check (out-of-range block table entries or window slots,
+ * non-finite K/V rows); clears them. CPU backend errors are returned directly
+ * by each call instead. */
+OSCAR_API oscar_status oscar_plan_check(oscar_plan *plan, void *workspace, void *stream);
+
+/* One layer's cache: both pools are caller-owned device memory. */
+typedef struct oscar_cache {
+    void *pages;               /* paged pool: num_pages * page_bytes */
+    int32_t num_pages;
+    void *windows;             /* window pool: num_window_slots * window_slot_bytes
+                                  (unused by the BF16 method) */
+    int32_t num_window_slots;
+} oscar_cache;
+
+/* A batch of sequences. All pointers are device memory. */
+typedef struct oscar_batch {
+    int32_t num_seqs;
+    const int32_t *seq_lens;     /* [num_seqs] tokens in the cache after this call's append (>= 1) */
+    const int32_t *window_slots; /* [num_seqs] window pool slot of each sequence */
+    const int32_t *block_table;  /* [num_seqs][block_table_stride] physical page ids, logical order */
+    int32_t block_table_stride;  /* columns of block_table (max pages per sequence) */
+    int32_t max_seq_len;         /* host-side bound on seq_lens in this batch (grid sizing) */
+} oscar_batch;
+
+/* Appends new tokens to each sequence: rotates, rounds to kv_dtype, stores
+ * 16-bit window rows, clips/quantizes/packs rows that fall in the 2-bit
+ * region and demotes rows leaving the recent window (docs/FORMAT.md §4).
+ * cu_new [num_seqs+1] (device): prefix sums of new tokens per sequence;
+ * sequence i's new tokens are rows cu_new[i]..cu_new[i+1]-1 of k and v and
+ * take positions seq_lens[i]-n_i .. seq_lens[i]-1. k, v: [total_new][num_kv_heads][head_dim]
+ * in kv_dtype, token stride kv_stride elements (0 = dense). */
+OSCAR_API oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache,
+                                    const oscar_batch *batch, const int32_t *cu_new, int32_t total_new,
+                                    const void *k, const void *v, int64_t kv_stride, void *workspace,
+                                    size_t workspace_bytes, void *stream);
+
+/* Decode attention: one query token per sequence, at position seq_lens[i]-1.
+ * q, out: [num_seqs][num_q_heads][head_dim] in kv_dtype, token strides in
+ * elements (0 = dense). sm_scale 0 means 1/sqrt(head_dim). Exact softmax over
+ * sink, 2-bit history and recent window; the output is in the original
+ * space unless rotated_output is 1 (then it is o R_V, for folding R_V^T into
+ * the output projection). */
+OSCAR_API oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache,
+                                    const oscar_batch *batch, const void *q, int64_t q_stride, void *out,
+                                    int64_t out_stride, float sm_scale, int rotated_output, void *workspace,
+                                    size_t workspace_bytes, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* OSCAR_OSCAR_H */

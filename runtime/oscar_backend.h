@@ -1,0 +1,128 @@
+/*
+ * Backend plugin ABI (version OSCAR_BACKEND_ABI_VERSION).
+ *
+ * A backend is a shared object (liboscar_backend_NAME.so) exporting
+ *     const oscar_backend_api *oscar_backend_entry_v1(void);
+ * The runtime dlopen()s it, checks abi_version, asks probe() whether it can
+ * run on this machine and with what score, and calls through the table.
+ * The CPU reference backend implements the same table and is built in.
+ *
+ * A plugin must not depend on liboscar's symbols: everything it needs is in
+ * this header (inline helpers only). All pointers named "device" follow the
+ * conventions of include/oscar/oscar.h. Errors: return a status and write a
+ * message naming the problem and the fix into *err.
+ */
+#ifndef OSCAR_BACKEND_H
+#define OSCAR_BACKEND_H
+
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "oscar/oscar.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct oscar_errbuf {
+    char msg[512];
+} oscar_errbuf;
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 3, 4)))
+#endif
+static inline oscar_status oscar_errbuf_set(oscar_errbuf *e, oscar_status s, const char *fmt, ...) {
+    if (e) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+        va_end(ap);
+    }
+    return s;
+}
+
+/* Everything a backend needs to build a plan; host memory, valid only during
+ * plan_create (copy what you keep). */
+typedef struct oscar_backend_plan_desc {
+    oscar_layout_desc layout;
+    int32_t num_layers;
+    int32_t num_rot;          /* rotations per layer and K/V: 1, or num_kv_heads if per_head */
+    int32_t identity_rotation;/* 1: every R is the identity (INT2, BF16): skip the matmuls */
+    const float *rot_k;       /* [num_layers][num_rot][head_dim][head_dim] row-major */
+    const float *rot_v;       /* same */
+    const float *clip_k;      /* [num_layers] clip ratio, 1 = none */
+    const float *clip_v;      /* [num_layers] */
+} oscar_backend_plan_desc;
+
+typedef struct oscar_backend_append_args {
+    int32_t layer;
+    oscar_cache cache;
+    oscar_batch batch;
+    const int32_t *cu_new;    /* device [num_seqs+1] */
+    int32_t total_new;
+    const void *k, *v;        /* device [total_new][num_kv_heads][head_dim] kv_dtype */
+    int64_t kv_stride;        /* elements between tokens (already resolved: never 0) */
+    void *workspace;
+    size_t workspace_bytes;
+    void *stream;
+} oscar_backend_append_args;
+
+typedef struct oscar_backend_decode_args {
+    int32_t layer;
+    oscar_cache cache;
+    oscar_batch batch;
+    const void *q;            /* device [num_seqs][num_q_heads][head_dim] kv_dtype */
+    int64_t q_stride;         /* resolved, never 0 */
+    void *out;
+    int64_t out_stride;       /* resolved, never 0 */
+    float sm_scale;           /* resolved, never 0 */
+    int32_t rotated_output;
+    void *workspace;
+    size_t workspace_bytes;
+    void *stream;
+} oscar_backend_decode_args;
+
+typedef struct oscar_backend_api {
+    uint32_t abi_version; /* OSCAR_BACKEND_ABI_VERSION */
+    const char *name;     /* "cpu", "cuda", "hip", "opencl" */
+    /* > 0: can run here, higher is preferred (cpu 1, GPUs 100);
+     * 0: cannot, with the reason in *why. Must be cheap and side-effect free. */
+    int (*probe)(int device_index, oscar_errbuf *why);
+    oscar_status (*init)(int device_index, void **ctx, oscar_errbuf *err);
+    void (*shutdown)(void *ctx);
+    const char *(*device_name)(void *ctx);
+
+    oscar_status (*alloc)(void *ctx, size_t bytes, void **buf, oscar_errbuf *err);
+    void (*free)(void *ctx, void *buf);
+    oscar_status (*write)(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
+                          oscar_errbuf *err);
+    oscar_status (*read)(void *ctx, void *dst, const void *src, size_t offset, size_t bytes, void *stream,
+                         oscar_errbuf *err);
+    oscar_status (*sync)(void *ctx, void *stream, oscar_errbuf *err);
+
+    /* variant: receives a short name of the generated kernel chosen. */
+    oscar_status (*plan_create)(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
+                                size_t variant_len, oscar_errbuf *err);
+    void (*plan_destroy)(void *ctx, void *bplan);
+    oscar_status (*workspace_bytes)(void *ctx, void *bplan, int max_seqs, int max_seq_len, size_t *bytes,
+                                    oscar_errbuf *err);
+    oscar_status (*workspace_init)(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);
+    oscar_status (*check)(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);
+    oscar_status (*append)(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err);
+    oscar_status (*decode)(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err);
+} oscar_backend_api;
+
+typedef const oscar_backend_api *(*oscar_backend_entry_fn)(void);
+#define OSCAR_BACKEND_ENTRY_SYMBOL "oscar_backend_entry_v1"
+
+/* Device error word flags (first 4 bytes of the workspace, uint32). */
+#define OSCAR_DEVERR_BLOCK_TABLE 0x1u /* page id or window slot out of range */
+#define OSCAR_DEVERR_NONFINITE 0x2u   /* NaN/Inf in a K/V row (row stored as zeros) */
+#define OSCAR_DEVERR_LENGTH 0x4u      /* seq_len or new-token count out of range */
+/* Workspace bytes reserved at the start for the error word (alignment). */
+#define OSCAR_WORKSPACE_HEADER 256u
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* OSCAR_BACKEND_H */

@@ -1,0 +1,2 @@
+/* keeps the support archive non-empty */
+typedef int oscar_testsupport_empty;
