@@ -93,6 +93,10 @@ static inline double *oscar_params_eig_ptr(const oscar_params *p, int layer, int
     return p->eig + (((size_t)layer * 2 + (size_t)kv) * (size_t)p->num_rot + (size_t)r) * d;
 }
 
+/* Parses a parameter file held in memory (the body of oscar_params_load;
+ * the fuzz harness calls it directly). Same checks and errors as the file. */
+oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_params **out);
+
 /* Supported shapes (one place). */
 static inline int oscar_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
 static inline int oscar_group_supported(int g, int d) { return (g == 32 || g == 64 || g == 128) && g <= d && d % g == 0; }
