@@ -1,0 +1,297 @@
+/* Plans: bind layout + parameters to the chosen backend, then forward the
+ * hot-path calls after cheap argument checks (no allocation, no device
+ * reads unless the runtime was created with validate = 1). */
+#include <stdlib.h>
+
+#include "runtime.h"
+
+oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout, const oscar_params *params,
+                               oscar_plan **out) {
+    oscar_clear_error();
+    if (!rt || !layout || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_create: NULL argument");
+    *out = NULL;
+    oscar_status s = oscar_layout_validate(layout);
+    if (s != OSCAR_OK) return s;
+    const oscar_method m = layout->method;
+    const int needs_params = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
+    oscar_params *owned = NULL;
+    if (!params) {
+        if (needs_params)
+            return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                   "oscar_plan_create: method %s needs calibrated parameters; load them with "
+                                   "oscar_params_load (made by oscar-calibrate)",
+                                   oscar_method_name(m));
+        /* INT2/BF16: identity; QUAROT2: Hadamard. One layer serves every layer index. */
+        s = oscar_params_create_builtin(m, 1, layout->num_q_heads, layout->num_kv_heads, layout->head_dim, &owned);
+        if (s != OSCAR_OK) return s;
+        params = owned;
+    }
+    if (params->head_dim != layout->head_dim || params->num_kv_heads != layout->num_kv_heads ||
+        params->num_q_heads != layout->num_q_heads) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: parameters are for head_dim %d, %d q heads, %d kv heads but the "
+                               "layout has head_dim %d, %d q heads, %d kv heads; use parameters calibrated for "
+                               "this model",
+                               params->head_dim, params->num_q_heads, params->num_kv_heads, layout->head_dim,
+                               layout->num_q_heads, layout->num_kv_heads);
+    }
+    const int L = params->num_layers, d = params->head_dim;
+    float *clip = malloc(sizeof(float) * 2 * (size_t)L);
+    oscar_plan *plan = calloc(1, sizeof *plan);
+    if (!clip || !plan) {
+        free(clip);
+        free(plan);
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_plan_create: out of memory");
+    }
+    /* Only the calibrated methods clip; the baselines are defined without it. */
+    for (int l = 0; l < L; l++) {
+        clip[l] = needs_params ? params->clip[2 * l] : 1.0f;
+        clip[L + l] = needs_params ? params->clip[2 * l + 1] : 1.0f;
+    }
+    /* params->rot is [L][2][num_rot][d][d]; the plugin ABI wants K and V apart. */
+    size_t per = (size_t)params->num_rot * (size_t)d * (size_t)d;
+    float *rk = malloc(sizeof(float) * per * (size_t)L), *rv = malloc(sizeof(float) * per * (size_t)L);
+    if (!rk || !rv) {
+        free(rk);
+        free(rv);
+        free(clip);
+        free(plan);
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_plan_create: out of memory");
+    }
+    for (int l = 0; l < L; l++) {
+        memcpy(rk + per * (size_t)l, oscar_params_rot_ptr(params, l, 0, 0), sizeof(float) * per);
+        memcpy(rv + per * (size_t)l, oscar_params_rot_ptr(params, l, 1, 0), sizeof(float) * per);
+    }
+    oscar_backend_plan_desc desc = {
+        .layout = *layout,
+        .num_layers = L,
+        .num_rot = params->num_rot,
+        .identity_rotation = (m == OSCAR_METHOD_INT2 || m == OSCAR_METHOD_BF16) ? 1 : params->identity,
+        .rot_k = rk,
+        .rot_v = rv,
+        .clip_k = clip,
+        .clip_v = clip + L,
+    };
+    if (m == OSCAR_METHOD_INT2 || m == OSCAR_METHOD_BF16) {
+        /* Force identity whatever the parameters hold. */
+        for (int l = 0; l < L; l++)
+            for (int r = 0; r < params->num_rot; r++)
+                for (int i = 0; i < d; i++)
+                    for (int j = 0; j < d; j++) {
+                        size_t o = per * (size_t)l + ((size_t)r * (size_t)d + (size_t)i) * (size_t)d + (size_t)j;
+                        rk[o] = rv[o] = i == j ? 1.0f : 0.0f;
+                    }
+    }
+    oscar_errbuf e = {{0}};
+    plan->rt = rt;
+    plan->layout = *layout;
+    plan->num_layers = L;
+    plan->shared_layers = owned != NULL; /* built-in rotations are the same for every layer */
+    s = rt->api->plan_create(rt->ctx, &desc, &plan->bplan, plan->variant, sizeof plan->variant, &e);
+    free(rk);
+    free(rv);
+    free(clip);
+    oscar_params_destroy(owned);
+    if (s != OSCAR_OK) {
+        free(plan);
+        return oscar_set_errbuf(s, &e);
+    }
+    *out = plan;
+    return OSCAR_OK;
+}
+
+void oscar_plan_destroy(oscar_plan *plan) {
+    if (!plan) return;
+    if (plan->bplan) plan->rt->api->plan_destroy(plan->rt->ctx, plan->bplan);
+    free(plan);
+}
+
+const char *oscar_plan_variant(const oscar_plan *plan) { return plan ? plan->variant : ""; }
+
+oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int max_seqs, int max_seq_len, size_t *bytes) {
+    oscar_clear_error();
+    if (!plan || !bytes) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_workspace_bytes: NULL argument");
+    if (max_seqs <= 0 || max_seq_len <= 0)
+        return oscar_set_error(OSCAR_ERR_EMPTY, "oscar_plan_workspace_bytes: max_seqs %d and max_seq_len %d must be >= 1",
+                               max_seqs, max_seq_len);
+    if (max_seq_len > plan->layout.max_seq_len)
+        return oscar_set_error(OSCAR_ERR_TOO_LONG, "oscar_plan_workspace_bytes: max_seq_len %d exceeds the layout's %d",
+                               max_seq_len, plan->layout.max_seq_len);
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(plan->rt->api->workspace_bytes(plan->rt->ctx, plan->bplan, max_seqs, max_seq_len, bytes, &e),
+                            &e);
+}
+
+oscar_status oscar_plan_workspace_init(oscar_plan *plan, void *workspace, void *stream) {
+    oscar_clear_error();
+    if (!plan || !workspace) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_workspace_init: NULL argument");
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(plan->rt->api->workspace_init(plan->rt->ctx, plan->bplan, workspace, stream, &e), &e);
+}
+
+oscar_status oscar_plan_check(oscar_plan *plan, void *workspace, void *stream) {
+    oscar_clear_error();
+    if (!plan || !workspace) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_check: NULL argument");
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(plan->rt->api->check(plan->rt->ctx, plan->bplan, workspace, stream, &e), &e);
+}
+
+/* Cheap checks shared by append and decode (no device reads). */
+static oscar_status check_common(const oscar_plan *plan, const char *fn, int layer, const oscar_cache *cache,
+                                 const oscar_batch *batch, void *workspace, size_t workspace_bytes) {
+    if (!plan || !cache || !batch) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+    if (layer < 0 || (!plan->shared_layers && layer >= plan->num_layers))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: layer %d outside [0, %d) of the plan's parameters", fn,
+                               layer, plan->num_layers);
+    if (batch->num_seqs <= 0)
+        return oscar_set_error(OSCAR_ERR_EMPTY, "%s: num_seqs is %d; pass at least one sequence", fn, batch->num_seqs);
+    if (!batch->seq_lens || !batch->block_table)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: seq_lens and block_table are required", fn);
+    const int windowed = plan->layout.method != OSCAR_METHOD_BF16;
+    if (windowed && (!batch->window_slots || !cache->windows || cache->num_window_slots <= 0))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "%s: the %s cache needs window_slots and a window pool (cache->windows, "
+                               "num_window_slots > 0)",
+                               fn, oscar_method_name(plan->layout.method));
+    if (!cache->pages || cache->num_pages <= 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: cache->pages is NULL or num_pages <= 0", fn);
+    if (batch->max_seq_len <= 0 || batch->max_seq_len > plan->layout.max_seq_len)
+        return oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: batch max_seq_len %d outside [1, %d] (layout max_seq_len)", fn,
+                               batch->max_seq_len, plan->layout.max_seq_len);
+    int64_t pages;
+    oscar_layout_pages_for(&plan->layout, batch->max_seq_len, &pages);
+    if (batch->block_table_stride < 0 || (pages > batch->block_table_stride))
+        return oscar_set_error(OSCAR_ERR_TOO_LONG,
+                               "%s: sequences of up to %d tokens need %lld pages but block_table_stride is %d", fn,
+                               batch->max_seq_len, (long long)pages, batch->block_table_stride);
+    size_t need;
+    oscar_errbuf e = {{0}};
+    oscar_status s = plan->rt->api->workspace_bytes(plan->rt->ctx, plan->bplan, batch->num_seqs, batch->max_seq_len,
+                                                    &need, &e);
+    if (s != OSCAR_OK) return oscar_set_errbuf(s, &e);
+    if (!workspace || workspace_bytes < need)
+        return oscar_set_error(OSCAR_ERR_WORKSPACE,
+                               "%s: workspace of %zu bytes given, %zu needed for %d sequences of up to %d tokens "
+                               "(oscar_plan_workspace_bytes)",
+                               fn, workspace ? workspace_bytes : 0, need, batch->num_seqs, batch->max_seq_len);
+    return OSCAR_OK;
+}
+
+/* validate = 1: copy the index arrays to the host and check them all. */
+static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, const oscar_cache *cache,
+                                     const oscar_batch *b, const int32_t *cu_new, int32_t total_new, void *stream) {
+    oscar_runtime *rt = plan->rt;
+    size_t n = (size_t)b->num_seqs, stride = (size_t)b->block_table_stride;
+    int32_t *lens = malloc(sizeof(int32_t) * n), *slots = malloc(sizeof(int32_t) * n);
+    int32_t *bt = malloc(sizeof(int32_t) * (n * stride + 1)), *cu = malloc(sizeof(int32_t) * (n + 1));
+    oscar_status s = OSCAR_OK;
+    oscar_errbuf e = {{0}};
+    if (!lens || !slots || !bt || !cu) {
+        s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory while validating", fn);
+        goto done;
+    }
+    if ((s = rt->api->read(rt->ctx, lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
+        (b->window_slots && (s = rt->api->read(rt->ctx, slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
+        (stride && (s = rt->api->read(rt->ctx, bt, b->block_table, 0, sizeof(int32_t) * n * stride, stream, &e))) ||
+        (cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
+        (s = rt->api->sync(rt->ctx, stream, &e))) {
+        oscar_set_errbuf(s, &e);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (lens[i] < 1 || lens[i] > b->max_seq_len) {
+            s = oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: seq_lens[%zu] = %d outside [1, max_seq_len %d]", fn, i, lens[i],
+                                b->max_seq_len);
+            goto done;
+        }
+        if (b->window_slots && (slots[i] < 0 || slots[i] >= cache->num_window_slots)) {
+            s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: window_slots[%zu] = %d outside [0, %d)", fn, i, slots[i],
+                                cache->num_window_slots);
+            goto done;
+        }
+        int64_t pages;
+        oscar_layout_pages_for(&plan->layout, lens[i], &pages);
+        for (int64_t p = 0; p < pages; p++) {
+            int32_t id = bt[i * stride + (size_t)p];
+            if (id < 0 || id >= cache->num_pages) {
+                s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: block_table[%zu][%lld] = %d outside [0, %d)", fn, i,
+                                    (long long)p, id, cache->num_pages);
+                goto done;
+            }
+        }
+        if (cu_new) {
+            int32_t k = cu[i + 1] - cu[i];
+            if (cu[0] != 0 || k < 0 || k > lens[i] || cu[i + 1] > total_new) {
+                s = oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                    "%s: cu_new must start at 0, be non-decreasing, stay within total_new %d and give "
+                                    "at most seq_lens[i] new tokens (sequence %zu)",
+                                    fn, total_new, i);
+                goto done;
+            }
+        }
+    }
+done:
+    free(lens);
+    free(slots);
+    free(bt);
+    free(cu);
+    return s;
+}
+
+oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
+                          const int32_t *cu_new, int32_t total_new, const void *k, const void *v, int64_t kv_stride,
+                          void *workspace, size_t workspace_bytes, void *stream) {
+    oscar_clear_error();
+    oscar_status s = check_common(plan, "oscar_append", layer, cache, batch, workspace, workspace_bytes);
+    if (s != OSCAR_OK) return s;
+    if (!cu_new) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: cu_new is NULL");
+    if (total_new <= 0) return oscar_set_error(OSCAR_ERR_EMPTY, "oscar_append: total_new is %d; nothing to append", total_new);
+    if (!k || !v) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: k or v is NULL");
+    const int64_t row = (int64_t)plan->layout.num_kv_heads * plan->layout.head_dim;
+    if (kv_stride == 0) kv_stride = row;
+    if (kv_stride < row)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_append: kv_stride %lld is smaller than num_kv_heads*head_dim = %lld",
+                               (long long)kv_stride, (long long)row);
+    if (plan->rt->validate &&
+        (s = validate_on_host(plan, "oscar_append", cache, batch, cu_new, total_new, stream)) != OSCAR_OK)
+        return s;
+    oscar_backend_append_args a = {
+        .layer = plan->shared_layers ? 0 : layer, .cache = *cache, .batch = *batch, .cu_new = cu_new, .total_new = total_new,
+        .k = k, .v = v, .kv_stride = kv_stride, .workspace = workspace, .workspace_bytes = workspace_bytes,
+        .stream = stream,
+    };
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(plan->rt->api->append(plan->rt->ctx, plan->bplan, &a, &e), &e);
+}
+
+oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
+                          const void *q, int64_t q_stride, void *out, int64_t out_stride, float sm_scale,
+                          int rotated_output, void *workspace, size_t workspace_bytes, void *stream) {
+    oscar_clear_error();
+    oscar_status s = check_common(plan, "oscar_decode", layer, cache, batch, workspace, workspace_bytes);
+    if (s != OSCAR_OK) return s;
+    if (!q || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_decode: q or out is NULL");
+    const int64_t row = (int64_t)plan->layout.num_q_heads * plan->layout.head_dim;
+    if (q_stride == 0) q_stride = row;
+    if (out_stride == 0) out_stride = row;
+    if (q_stride < row || out_stride < row)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld",
+                               (long long)q_stride, (long long)out_stride, (long long)row);
+    if (!(sm_scale >= 0.0f) || isinf(sm_scale))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_decode: sm_scale must be finite and >= 0 (0 = 1/sqrt(d))");
+    if (sm_scale == 0.0f) sm_scale = 1.0f / sqrtf((float)plan->layout.head_dim);
+    if (plan->rt->validate && (s = validate_on_host(plan, "oscar_decode", cache, batch, NULL, 0, stream)) != OSCAR_OK)
+        return s;
+    oscar_backend_decode_args a = {
+        .layer = plan->shared_layers ? 0 : layer, .cache = *cache, .batch = *batch, .q = q, .q_stride = q_stride, .out = out,
+        .out_stride = out_stride, .sm_scale = sm_scale, .rotated_output = rotated_output ? 1 : 0,
+        .workspace = workspace, .workspace_bytes = workspace_bytes, .stream = stream,
+    };
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(plan->rt->api->decode(plan->rt->ctx, plan->bplan, &a, &e), &e);
+}

@@ -1,0 +1,281 @@
+/* Backend registry: finds the plugins at load time, probes them, picks one.
+ * Search order for liboscar_backend_NAME.so: options->plugin_dir,
+ * $OSCAR_PLUGIN_PATH (colon-separated), the folder holding liboscar, the
+ * executable's folder and ../lib beside it. Every candidate and the reason it
+ * was skipped go into the runtime's report. */
+#define _GNU_SOURCE 1 /* dladdr */
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cpu_ref.h"
+#include "runtime.h"
+
+static void report_add(oscar_runtime *rt, const char *fmt, ...) {
+    size_t used = strlen(rt->report);
+    if (used + 1 >= sizeof rt->report) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rt->report + used, sizeof rt->report - used, fmt, ap);
+    va_end(ap);
+    if (rt->log) {
+        char line[600];
+        va_start(ap, fmt);
+        vsnprintf(line, sizeof line, fmt, ap);
+        va_end(ap);
+        size_t n = strlen(line);
+        if (n && line[n - 1] == '\n') line[n - 1] = '\0';
+        rt->log(rt->log_user, line);
+    }
+}
+
+void oscar_runtime_options_default(oscar_runtime_options *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+}
+
+/* Folders to search, in order; returns how many were written. */
+static int search_dirs(const oscar_runtime_options *o, char dirs[][PATH_MAX], int max) {
+    int n = 0;
+    if (o->plugin_dir && o->plugin_dir[0] && n < max) snprintf(dirs[n++], PATH_MAX, "%s", o->plugin_dir);
+    const char *env = getenv("OSCAR_PLUGIN_PATH");
+    if (env) {
+        const char *p = env;
+        while (*p && n < max) {
+            const char *c = strchr(p, ':');
+            size_t len = c ? (size_t)(c - p) : strlen(p);
+            if (len > 0 && len < PATH_MAX) {
+                memcpy(dirs[n], p, len);
+                dirs[n++][len] = '\0';
+            }
+            if (!c) break;
+            p = c + 1;
+        }
+    }
+    Dl_info info;
+    if (n < max && dladdr((void *)&oscar_runtime_create, &info) && info.dli_fname) {
+        snprintf(dirs[n], PATH_MAX, "%s", info.dli_fname);
+        char *slash = strrchr(dirs[n], '/');
+        if (slash) {
+            *slash = '\0';
+            n++;
+        }
+    }
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            if (n < max) snprintf(dirs[n++], PATH_MAX, "%s", exe);
+            if (n < max) snprintf(dirs[n++], PATH_MAX, "%.*s/../lib", PATH_MAX - 8, exe);
+        }
+    }
+    return n;
+}
+
+/* One candidate plugin: opened and probed, or a reason in `why`. */
+typedef struct candidate {
+    const char *name;
+    const oscar_backend_api *api;
+    void *dl;
+    int score;
+    char path[PATH_MAX + 64];
+} candidate;
+
+static void try_plugin(oscar_runtime *rt, const oscar_runtime_options *o, candidate *c, char dirs[][PATH_MAX],
+                       int ndirs) {
+    c->score = 0;
+    int found_any = 0;
+    for (int i = 0; i < ndirs && !c->api; i++) {
+        char path[PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/liboscar_backend_%s.so", dirs[i], c->name);
+        if (access(path, R_OK) != 0) continue;
+        found_any = 1;
+        void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        if (!dl) {
+            const char *e = dlerror();
+            report_add(rt, "  %-7s skipped: %s cannot be loaded (%s)\n", c->name, path, e ? e : "?");
+            continue;
+        }
+        oscar_backend_entry_fn entry;
+        void *sym = dlsym(dl, OSCAR_BACKEND_ENTRY_SYMBOL);
+        memcpy(&entry, &sym, sizeof entry); /* object-to-function pointer without UB casts */
+        const oscar_backend_api *api = sym ? entry() : NULL;
+        if (!api) {
+            report_add(rt, "  %-7s skipped: %s exports no %s\n", c->name, path, OSCAR_BACKEND_ENTRY_SYMBOL);
+            dlclose(dl);
+            continue;
+        }
+        if (api->abi_version != OSCAR_BACKEND_ABI_VERSION) {
+            report_add(rt, "  %-7s skipped: %s has plugin ABI %u, this library needs %u (rebuild the plugin)\n",
+                       c->name, path, api->abi_version, (unsigned)OSCAR_BACKEND_ABI_VERSION);
+            dlclose(dl);
+            continue;
+        }
+        oscar_errbuf why = {{0}};
+        int score = api->probe(o->device_index, &why);
+        if (score <= 0) {
+            report_add(rt, "  %-7s skipped: %s loaded but cannot run here: %s\n", c->name, path,
+                       why.msg[0] ? why.msg : "no device");
+            dlclose(dl);
+            continue;
+        }
+        c->api = api;
+        c->dl = dl;
+        c->score = score;
+        snprintf(c->path, sizeof c->path, "%s", path);
+        report_add(rt, "  %-7s found:   %s (score %d)\n", c->name, path, score);
+    }
+    if (!found_any) report_add(rt, "  %-7s skipped: liboscar_backend_%s.so not in any search folder\n", c->name, c->name);
+}
+
+oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime **out) {
+    oscar_clear_error();
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_runtime_create: NULL output");
+    *out = NULL;
+    oscar_runtime_options def;
+    if (!o) {
+        oscar_runtime_options_default(&def);
+        o = &def;
+    }
+    if (o->struct_size != sizeof *o)
+        return oscar_set_error(OSCAR_ERR_VERSION,
+                               "oscar_runtime_create: struct_size %u, expected %zu; start from "
+                               "oscar_runtime_options_default()",
+                               o->struct_size, sizeof *o);
+    oscar_runtime *rt = calloc(1, sizeof *rt);
+    if (!rt) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
+    rt->log = o->log;
+    rt->log_user = o->log_user;
+    const char *venv = getenv("OSCAR_VALIDATE");
+    rt->validate = o->validate || (venv && venv[0] == '1');
+
+    const char *want = o->backend;
+    const char *want_src = "options";
+    if (!want || !want[0]) {
+        want = getenv("OSCAR_BACKEND");
+        want_src = "OSCAR_BACKEND";
+    }
+    if (want && !want[0]) want = NULL;
+    if (want && strcmp(want, "cpu") && strcmp(want, "cuda") && strcmp(want, "hip") && strcmp(want, "opencl")) {
+        free(rt);
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "unknown backend '%s' (from %s); valid: cpu, cuda, hip, opencl", want, want_src);
+    }
+
+    report_add(rt, "liboscar %s backends:\n", oscar_version(NULL, NULL, NULL));
+    report_add(rt, "  %-7s found:   built in (score 1)\n", "cpu");
+    char(*dirs)[PATH_MAX] = calloc(16, PATH_MAX);
+    if (!dirs) {
+        free(rt);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
+    }
+    int ndirs = search_dirs(o, dirs, 16);
+    candidate cands[3] = {{.name = "cuda"}, {.name = "hip"}, {.name = "opencl"}};
+    for (int i = 0; i < 3; i++) try_plugin(rt, o, &cands[i], dirs, ndirs);
+    free(dirs);
+
+    /* Choose: the requested one, else the highest score (CPU scores 1). */
+    int pick = -1; /* -1: cpu */
+    if (want && strcmp(want, "cpu") != 0) {
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(cands[i].name, want)) pick = cands[i].api ? i : -2;
+        if (pick == -2) {
+            oscar_status s = oscar_set_error(OSCAR_ERR_NO_BACKEND,
+                                             "backend '%s' requested (%s) but not available here:\n%s"
+                                             "Build its plugin (see README) or choose another backend.",
+                                             want, want_src, rt->report);
+            for (int i = 0; i < 3; i++)
+                if (cands[i].dl) dlclose(cands[i].dl);
+            free(rt);
+            return s;
+        }
+    } else if (!want) {
+        int best = 1;
+        for (int i = 0; i < 3; i++)
+            if (cands[i].api && cands[i].score > best) {
+                best = cands[i].score;
+                pick = i;
+            }
+    }
+    for (int i = 0; i < 3; i++)
+        if (i != pick && cands[i].dl) dlclose(cands[i].dl);
+
+    if (pick >= 0) {
+        rt->api = cands[pick].api;
+        rt->dl = cands[pick].dl;
+    } else {
+        rt->api = oscar_cpu_backend();
+    }
+    oscar_errbuf err = {{0}};
+    oscar_status s = rt->api->init(o->device_index, &rt->ctx, &err);
+    if (s != OSCAR_OK) {
+        oscar_set_errbuf(s, &err);
+        if (rt->dl) dlclose(rt->dl);
+        free(rt);
+        return s;
+    }
+    snprintf(rt->backend, sizeof rt->backend, "%s", rt->api->name);
+    const char *dev = rt->api->device_name ? rt->api->device_name(rt->ctx) : NULL;
+    snprintf(rt->device, sizeof rt->device, "%s", dev ? dev : "unknown");
+    report_add(rt, "chosen: %s (%s)%s\n", rt->backend, rt->device,
+               want ? (strcmp(want_src, "options") ? " [from OSCAR_BACKEND]" : " [requested]") : "");
+    *out = rt;
+    return OSCAR_OK;
+}
+
+void oscar_runtime_destroy(oscar_runtime *rt) {
+    if (!rt) return;
+    if (rt->api && rt->api->shutdown) rt->api->shutdown(rt->ctx);
+    if (rt->dl) dlclose(rt->dl);
+    free(rt);
+}
+
+const char *oscar_runtime_backend(const oscar_runtime *rt) { return rt ? rt->backend : ""; }
+const char *oscar_runtime_device(const oscar_runtime *rt) { return rt ? rt->device : ""; }
+const char *oscar_runtime_report(const oscar_runtime *rt) { return rt ? rt->report : ""; }
+
+/* ------------------------------------------------------------- buffers */
+oscar_status oscar_buffer_alloc(oscar_runtime *rt, size_t bytes, void **buf) {
+    oscar_clear_error();
+    if (!rt || !buf) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_buffer_alloc: NULL argument");
+    if (bytes == 0) return oscar_set_error(OSCAR_ERR_EMPTY, "oscar_buffer_alloc: zero bytes requested");
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(rt->api->alloc(rt->ctx, bytes, buf, &e), &e);
+}
+
+void oscar_buffer_free(oscar_runtime *rt, void *buf) {
+    if (rt && buf) rt->api->free(rt->ctx, buf);
+}
+
+oscar_status oscar_buffer_write(oscar_runtime *rt, void *dst, size_t offset, const void *src, size_t bytes,
+                                void *stream) {
+    oscar_clear_error();
+    if (!rt || !dst || (!src && bytes))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_buffer_write: NULL argument");
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(rt->api->write(rt->ctx, dst, offset, src, bytes, stream, &e), &e);
+}
+
+oscar_status oscar_buffer_read(oscar_runtime *rt, void *dst, const void *src, size_t offset, size_t bytes,
+                               void *stream) {
+    oscar_clear_error();
+    if (!rt || !src || (!dst && bytes))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_buffer_read: NULL argument");
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(rt->api->read(rt->ctx, dst, src, offset, bytes, stream, &e), &e);
+}
+
+oscar_status oscar_synchronize(oscar_runtime *rt, void *stream) {
+    oscar_clear_error();
+    if (!rt) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_synchronize: NULL runtime");
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(rt->api->sync(rt->ctx, stream, &e), &e);
+}

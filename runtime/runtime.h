@@ -1,0 +1,28 @@
+/* Runtime and plan objects (internal). */
+#ifndef OSCAR_RUNTIME_H
+#define OSCAR_RUNTIME_H
+
+#include "oscar_internal.h"
+
+struct oscar_runtime {
+    const oscar_backend_api *api; /* chosen backend */
+    void *ctx;                    /* its context */
+    void *dl;                     /* dlopen handle of a plugin, NULL for cpu */
+    int validate;                 /* host-side checks before device calls */
+    oscar_log_fn log;
+    void *log_user;
+    char backend[16];
+    char device[256];
+    char report[4096];
+};
+
+struct oscar_plan {
+    oscar_runtime *rt;
+    oscar_layout_desc layout;
+    int32_t num_layers;
+    int32_t shared_layers; /* 1: one set of built-in rotations serves every layer index */
+    void *bplan;
+    char variant[128];
+};
+
+#endif
