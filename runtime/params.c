@@ -1,0 +1,208 @@
+/* The parameter object: rotations, eigenvalues and clip ratios per layer
+ * (docs/FORMAT.md §1, §2.1). Built-in parameters for the baselines, accessors,
+ * and the shape check engines run before planning. Files: params_file.c. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu_ref.h"
+#include "oscar_internal.h"
+
+/* Bounds on shapes we accept anywhere (files included): large enough for any
+ * real model, small enough that a hostile shape cannot ask for terabytes. */
+#define OSCAR_MAX_LAYERS 1024
+#define OSCAR_MAX_HEADS 4096
+
+oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_heads, int head_dim, int per_head,
+                                oscar_params **out) {
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_alloc: out is NULL");
+    *out = NULL;
+    if (!oscar_head_dim_supported(head_dim))
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM,
+                               "head_dim %d is not supported: use 64, 128 or 256", head_dim);
+    if (num_layers <= 0 || num_layers > OSCAR_MAX_LAYERS)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "num_layers %d must be in [1, %d]", num_layers,
+                               OSCAR_MAX_LAYERS);
+    if (num_q_heads <= 0 || num_kv_heads <= 0 || num_q_heads > OSCAR_MAX_HEADS || num_kv_heads > OSCAR_MAX_HEADS)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "head counts must be in [1, %d] (got %d query heads, %d KV heads)", OSCAR_MAX_HEADS,
+                               num_q_heads, num_kv_heads);
+    if (num_q_heads % num_kv_heads != 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "num_kv_heads %d does not divide num_q_heads %d: check the model config", num_kv_heads,
+                               num_q_heads);
+    if (per_head != 0 && per_head != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "per_head must be 0 or 1 (got %d)", per_head);
+
+    oscar_params *p = calloc(1, sizeof *p);
+    if (!p) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory allocating parameters");
+    p->num_layers = num_layers;
+    p->num_q_heads = num_q_heads;
+    p->num_kv_heads = num_kv_heads;
+    p->head_dim = head_dim;
+    p->per_head = per_head;
+    p->num_rot = per_head ? num_kv_heads : 1;
+    p->identity = 1;
+    p->method = OSCAR_METHOD_INT2;
+    p->group = head_dim;
+    p->sink = 64;
+    p->recent = 256;
+    p->calib_tokens = 0;
+    snprintf(p->composition, sizeof p->composition, "I");
+    size_t d = (size_t)head_dim;
+    size_t nrot = (size_t)num_layers * 2 * (size_t)p->num_rot;
+    p->rot = calloc(nrot * d * d, sizeof(float));
+    p->clip = malloc((size_t)num_layers * 2 * sizeof(float));
+    if (!p->rot || !p->clip) {
+        free(p->rot);
+        free(p->clip);
+        free(p);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
+                               "out of memory allocating %zu rotations of %zu x %zu: reduce the model shape", nrot, d,
+                               d);
+    }
+    for (size_t r = 0; r < nrot; r++)
+        for (size_t i = 0; i < d; i++) p->rot[r * d * d + i * d + i] = 1.0f;
+    for (int i = 0; i < num_layers * 2; i++) p->clip[i] = 1.0f;
+    *out = p;
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_create_builtin(oscar_method method, int num_layers, int num_q_heads,
+                                                   int num_kv_heads, int head_dim, oscar_params **out) {
+    oscar_clear_error();
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_create_builtin: out is NULL");
+    *out = NULL;
+    if ((int)method < 0 || method >= OSCAR_METHOD_COUNT_)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "unknown method %d: use one of the oscar_method values", (int)method);
+    oscar_params *p = NULL;
+    oscar_status s = oscar_params_alloc(num_layers, num_q_heads, num_kv_heads, head_dim, 0, &p);
+    if (s != OSCAR_OK) return s;
+    p->method = method;
+    if (method == OSCAR_METHOD_QUAROT2) {
+        size_t dd = (size_t)head_dim * (size_t)head_dim;
+        oscar_ref_hadamard(head_dim, p->rot);
+        for (size_t r = 1; r < (size_t)num_layers * 2 * (size_t)p->num_rot; r++)
+            memcpy(p->rot + r * dd, p->rot, dd * sizeof(float));
+        p->identity = 0;
+        snprintf(p->composition, sizeof p->composition, "H");
+    } else if (method == OSCAR_METHOD_OSCAR2 || method == OSCAR_METHOD_OSCAR2_LM) {
+        /* Published defaults (GUIDE §1): a start before calibration. */
+        for (int l = 0; l < num_layers; l++) {
+            p->clip[l * 2 + OSCAR_K] = 0.96f;
+            p->clip[l * 2 + OSCAR_V] = 0.92f;
+        }
+    }
+    *out = p;
+    return OSCAR_OK;
+}
+
+OSCAR_API void oscar_params_destroy(oscar_params *p) {
+    if (!p) return;
+    free(p->rot);
+    free(p->eig);
+    free(p->clip);
+    free(p);
+}
+
+OSCAR_API oscar_status oscar_params_get_info(const oscar_params *p, oscar_params_info *out) {
+    oscar_clear_error();
+    if (!p || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_get_info: NULL argument");
+    memset(out, 0, sizeof *out);
+    out->num_layers = p->num_layers;
+    out->num_q_heads = p->num_q_heads;
+    out->num_kv_heads = p->num_kv_heads;
+    out->head_dim = p->head_dim;
+    out->per_head = p->per_head;
+    out->method = p->method;
+    out->calib_tokens = p->calib_tokens;
+    memcpy(out->model_hash, p->model_hash, sizeof out->model_hash);
+    out->model_hash[sizeof out->model_hash - 1] = '\0';
+    return OSCAR_OK;
+}
+
+/* Shared argument check of the per-layer accessors; returns the rotation index. */
+static oscar_status check_index(const oscar_params *p, const char *fn, int layer, int kv_head, oscar_kv which,
+                                int *r) {
+    if (!p) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: params is NULL", fn);
+    if (layer < 0 || layer >= p->num_layers)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: layer %d out of range [0, %d)", fn, layer,
+                               p->num_layers);
+    if (which != OSCAR_K && which != OSCAR_V)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: which must be OSCAR_K or OSCAR_V (got %d)", fn,
+                               (int)which);
+    *r = 0;
+    if (p->per_head) {
+        if (kv_head < 0 || kv_head >= p->num_kv_heads)
+            return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                   "%s: kv_head %d out of range [0, %d) for per-head parameters", fn, kv_head,
+                                   p->num_kv_heads);
+        *r = kv_head;
+    }
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_rotation(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                             const float **R) {
+    oscar_clear_error();
+    if (!R) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_rotation: R is NULL");
+    int r;
+    oscar_status s = check_index(p, "oscar_params_rotation", layer, kv_head, which, &r);
+    if (s != OSCAR_OK) return s;
+    *R = oscar_params_rot_ptr(p, layer, (int)which, r);
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                                const double **lambda) {
+    oscar_clear_error();
+    if (!lambda) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_eigenvalues: lambda is NULL");
+    int r;
+    oscar_status s = check_index(p, "oscar_params_eigenvalues", layer, kv_head, which, &r);
+    if (s != OSCAR_OK) return s;
+    *lambda = oscar_params_eig_ptr(p, layer, (int)which, r);
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c) {
+    oscar_clear_error();
+    if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_clip: c is NULL");
+    int r;
+    oscar_status s = check_index(p, "oscar_params_clip", layer, 0, which, &r);
+    if (s != OSCAR_OK) return s;
+    *c = p->clip[layer * 2 + (int)which];
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_kv which, float c) {
+    oscar_clear_error();
+    int r;
+    oscar_status s = check_index(p, "oscar_params_set_clip", layer, 0, which, &r);
+    if (s != OSCAR_OK) return s;
+    if (!(c > 0.0f && c <= 1.0f)) /* also refuses NaN */
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "clip ratio %g must be in (0, 1]: 1 means no clipping, 0.9 clips at the 90%% quantile",
+                               (double)c);
+    p->clip[layer * 2 + (int)which] = c;
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_check_shape(const oscar_params *p, int num_layers, int num_q_heads,
+                                                int num_kv_heads, int head_dim, const char *model_hash) {
+    oscar_clear_error();
+    if (!p) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_check_shape: params is NULL");
+    if (p->num_layers != num_layers || p->num_q_heads != num_q_heads || p->num_kv_heads != num_kv_heads ||
+        p->head_dim != head_dim)
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "parameters are for %d layers, %d query heads, %d KV heads, head_dim %d but the model "
+                               "has %d layers, %d query heads, %d KV heads, head_dim %d: recalibrate with "
+                               "oscar-calibrate for this model",
+                               p->num_layers, p->num_q_heads, p->num_kv_heads, p->head_dim, num_layers, num_q_heads,
+                               num_kv_heads, head_dim);
+    if (model_hash && p->model_hash[0] && strcmp(model_hash, p->model_hash) != 0)
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "parameters were calibrated for model hash \"%s\" but the model's hash is \"%s\": "
+                               "recalibrate with oscar-calibrate for this model",
+                               p->model_hash, model_hash);
+    return OSCAR_OK;
+}

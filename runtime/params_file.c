@@ -1,0 +1,591 @@
+/* Parameter file: safetensors with OSCAR metadata (docs/FORMAT.md §6).
+ * The loader treats every file as hostile: sizes, offsets and shapes are
+ * checked against each other and against the file before anything is
+ * allocated from them, and every value is checked after. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "oscar_internal.h"
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the parameter file reader assumes a little-endian host"
+#endif
+
+#define MAX_HEADER_BYTES (16u << 20)
+#define MAX_LAYERS 1024
+#define MAX_HEADS 4096
+#define ORTHO_TOL 1e-3
+
+/* ------------------------------------------------------------------ save */
+
+static int method_bits(oscar_method m) {
+    switch (m) {
+    case OSCAR_METHOD_BF16: return 16;
+    case OSCAR_METHOD_INT4: return 4;
+    case OSCAR_METHOD_INT8: return 8;
+    default: return 2;
+    }
+}
+
+static int add_tensor(json_t *hdr, const char *name, const char *dtype, int rank, const int64_t *shape,
+                      size_t *offset, size_t nbytes) {
+    json_t *t = json_object(), *sh = json_array(), *off = json_array();
+    if (!t || !sh || !off) goto fail;
+    for (int i = 0; i < rank; i++)
+        if (json_array_append_new(sh, json_integer(shape[i]))) goto fail;
+    if (json_array_append_new(off, json_integer((json_int_t)*offset)) ||
+        json_array_append_new(off, json_integer((json_int_t)(*offset + nbytes))))
+        goto fail;
+    if (json_object_set_new(t, "dtype", json_string(dtype)) || json_object_set_new(t, "shape", sh) ||
+        json_object_set_new(t, "data_offsets", off))
+        goto fail_t;
+    *offset += nbytes;
+    return json_object_set_new(hdr, name, t);
+fail:
+    json_decref(sh);
+    json_decref(off);
+fail_t:
+    json_decref(t);
+    return -1;
+}
+
+static int write_all(int fd, const void *buf, size_t n) {
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path) {
+    oscar_clear_error();
+    if (!p || !path) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_save: NULL argument");
+    const size_t d = (size_t)p->head_dim, nr = (size_t)p->num_rot;
+    const size_t rot_bytes = nr * d * d * sizeof(float), eig_bytes = nr * d * sizeof(double);
+
+    /* Metadata object, serialised as a string under __metadata__.oscar. */
+    json_t *meta = json_object();
+    char version[32];
+    snprintf(version, sizeof version, "%d.%d.%d", OSCAR_VERSION_MAJOR, OSCAR_VERSION_MINOR, OSCAR_VERSION_PATCH);
+    json_object_set_new(meta, "format_version", json_integer(OSCAR_PARAMS_FORMAT_VERSION));
+    json_object_set_new(meta, "library_version", json_string(version));
+    json_object_set_new(meta, "method", json_string(oscar_method_name(p->method)));
+    json_object_set_new(meta, "num_layers", json_integer(p->num_layers));
+    json_object_set_new(meta, "num_q_heads", json_integer(p->num_q_heads));
+    json_object_set_new(meta, "num_kv_heads", json_integer(p->num_kv_heads));
+    json_object_set_new(meta, "head_dim", json_integer(p->head_dim));
+    json_object_set_new(meta, "group", json_integer(p->group));
+    json_object_set_new(meta, "bits", json_integer(method_bits(p->method)));
+    json_object_set_new(meta, "sink", json_integer(p->sink));
+    json_object_set_new(meta, "recent", json_integer(p->recent));
+    json_object_set_new(meta, "per_head", json_boolean(p->per_head));
+    json_object_set_new(meta, "composition", json_string(p->composition));
+    json_object_set_new(meta, "calib_tokens", json_integer(p->calib_tokens));
+    json_object_set_new(meta, "model_hash", json_string(p->model_hash));
+    char *meta_str = json_dumps(meta, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(meta);
+
+    json_t *hdr = json_object(), *md = json_object();
+    int bad = !meta_str || !hdr || !md;
+    if (!bad) bad = json_object_set_new(md, "oscar", json_string(meta_str)) || json_object_set(hdr, "__metadata__", md);
+    json_decref(md);
+    free(meta_str);
+    /* Data order: per layer rot_k, rot_v, eig_k, eig_v; then clip. */
+    size_t off = 0;
+    int64_t shape3[3] = {(int64_t)nr, (int64_t)d, (int64_t)d}, shape2[2] = {(int64_t)nr, (int64_t)d};
+    char name[64];
+    for (int l = 0; l < p->num_layers && !bad; l++) {
+        for (int kv = 0; kv < 2 && !bad; kv++) {
+            snprintf(name, sizeof name, "layers.%d.rot_%c", l, kv ? 'v' : 'k');
+            bad = add_tensor(hdr, name, "F32", 3, shape3, &off, rot_bytes) != 0;
+        }
+        for (int kv = 0; kv < 2 && !bad && p->eig; kv++) {
+            snprintf(name, sizeof name, "layers.%d.eig_%c", l, kv ? 'v' : 'k');
+            bad = add_tensor(hdr, name, "F64", 2, shape2, &off, eig_bytes) != 0;
+        }
+    }
+    int64_t clip_shape[2] = {p->num_layers, 2};
+    if (!bad) bad = add_tensor(hdr, "clip", "F32", 2, clip_shape, &off, (size_t)p->num_layers * 2 * sizeof(float));
+    char *hdr_str = bad ? NULL : json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(hdr);
+    if (!hdr_str) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory building the file header");
+
+    /* Header padded with spaces to 8 bytes so the tensor data is aligned. */
+    size_t hlen = strlen(hdr_str), padded = (hlen + 7) & ~(size_t)7;
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 5);
+    if (!tmp) {
+        free(hdr_str);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory");
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        oscar_status s = oscar_set_error(OSCAR_ERR_IO, "cannot create %s: %s (check the folder exists and is writable)",
+                                         tmp, strerror(errno));
+        free(tmp);
+        free(hdr_str);
+        return s;
+    }
+    uint8_t lenbuf[8];
+    for (int i = 0; i < 8; i++) lenbuf[i] = (uint8_t)((uint64_t)padded >> (8 * i));
+    static const char spaces[8] = "        ";
+    int err = write_all(fd, lenbuf, 8) || write_all(fd, hdr_str, hlen) || write_all(fd, spaces, padded - hlen);
+    free(hdr_str);
+    for (int l = 0; l < p->num_layers && !err; l++) {
+        for (int kv = 0; kv < 2 && !err; kv++) err = write_all(fd, oscar_params_rot_ptr(p, l, kv, 0), rot_bytes);
+        for (int kv = 0; kv < 2 && !err && p->eig; kv++)
+            err = write_all(fd, oscar_params_eig_ptr(p, l, kv, 0), eig_bytes);
+    }
+    if (!err) err = write_all(fd, p->clip, (size_t)p->num_layers * 2 * sizeof(float));
+    if (!err) err = fsync(fd);
+    int saved = errno;
+    if (close(fd) != 0 && !err) {
+        err = 1;
+        saved = errno;
+    }
+    if (!err && rename(tmp, path) != 0) {
+        err = 1;
+        saved = errno;
+    }
+    if (err) {
+        unlink(tmp);
+        oscar_status s = oscar_set_error(OSCAR_ERR_IO, "cannot write parameters to %s: %s (check disk space and "
+                                         "permissions)", path, strerror(saved));
+        free(tmp);
+        return s;
+    }
+    free(tmp);
+    return OSCAR_OK;
+}
+
+/* ------------------------------------------------------------------ load */
+
+static oscar_status corrupt(const char *what) {
+    return oscar_set_error(OSCAR_ERR_CORRUPT_FILE, "corrupt parameter file: %s; regenerate it with oscar-calibrate",
+                           what);
+}
+
+/* Reads an integer metadata field in [lo, hi]; missing -> def (or error if required). */
+static oscar_status meta_int(json_t *meta, const char *key, int required, int64_t lo, int64_t hi, int64_t def,
+                             int64_t *out) {
+    json_t *v = json_object_get(meta, key);
+    if (!v) {
+        if (required)
+            return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
+                                   "corrupt parameter file: metadata key \"%s\" is missing; regenerate it with "
+                                   "oscar-calibrate",
+                                   key);
+        *out = def;
+        return OSCAR_OK;
+    }
+    if (!json_is_integer(v))
+        return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
+                               "corrupt parameter file: metadata \"%s\" is not an integer; regenerate it with "
+                               "oscar-calibrate",
+                               key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
+                               "corrupt parameter file: metadata \"%s\" = %lld outside [%lld, %lld]; regenerate it "
+                               "with oscar-calibrate",
+                               key, (long long)x, (long long)lo, (long long)hi);
+    *out = x;
+    return OSCAR_OK;
+}
+
+static oscar_status meta_str(json_t *meta, const char *key, size_t cap, char *out) {
+    json_t *v = json_object_get(meta, key);
+    out[0] = '\0';
+    if (!v) return OSCAR_OK;
+    if (!json_is_string(v) || json_string_length(v) >= cap || strlen(json_string_value(v)) != json_string_length(v))
+        return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
+                               "corrupt parameter file: metadata \"%s\" must be a string of at most %zu characters",
+                               key, cap - 1);
+    memcpy(out, json_string_value(v), json_string_length(v) + 1);
+    return OSCAR_OK;
+}
+
+/* One expected tensor: where the header says its bytes are. */
+typedef struct tensor_slot {
+    size_t begin, end;
+    int found;
+} tensor_slot;
+
+/* Parses "layers.{l}.{rot,eig}_{k,v}" or "clip" into a slot index:
+ * layer * 4 + {rot_k 0, rot_v 1, eig_k 2, eig_v 3}; clip is num_layers * 4. */
+static int tensor_index(const char *name, int num_layers) {
+    if (strcmp(name, "clip") == 0) return num_layers * 4;
+    if (strncmp(name, "layers.", 7) != 0) return -1;
+    const char *s = name + 7;
+    long l = 0;
+    int digits = 0;
+    while (*s >= '0' && *s <= '9' && digits < 5) {
+        l = l * 10 + (*s - '0');
+        s++;
+        digits++;
+    }
+    if (digits == 0 || (digits > 1 && name[7] == '0') || l >= num_layers || *s != '.') return -1;
+    s++;
+    int kind;
+    if (strcmp(s, "rot_k") == 0)
+        kind = 0;
+    else if (strcmp(s, "rot_v") == 0)
+        kind = 1;
+    else if (strcmp(s, "eig_k") == 0)
+        kind = 2;
+    else if (strcmp(s, "eig_v") == 0)
+        kind = 3;
+    else
+        return -1;
+    return (int)l * 4 + kind;
+}
+
+static int cmp_slot(const void *a, const void *b) {
+    const tensor_slot *x = *(const tensor_slot *const *)a, *y = *(const tensor_slot *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* max |R R^T - I| over a d x d fp32 matrix, in fp64; stops early once over tol. */
+static double ortho_error(int d, const float *R, double tol) {
+    double worst = 0.0;
+    for (int i = 0; i < d; i++)
+        for (int j = i; j < d; j++) {
+            double s = 0.0;
+            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
+            double e = fabs(s - (i == j ? 1.0 : 0.0));
+            if (e > worst) worst = e;
+            if (worst > tol) return worst;
+        }
+    return worst;
+}
+
+/* Checks one header entry: dtype, shape and byte range against what the
+ * metadata implies. Nothing is read from the data region here. */
+static oscar_status check_entry(const char *name, json_t *t, const char *dtype, int rank, const int64_t *shape,
+                                size_t elem, size_t data_size, tensor_slot *slot) {
+    char msg[256];
+    if (!json_is_object(t)) {
+        snprintf(msg, sizeof msg, "header entry \"%s\" is not an object", name);
+        return corrupt(msg);
+    }
+    json_t *dt = json_object_get(t, "dtype"), *sh = json_object_get(t, "shape"), *of = json_object_get(t, "data_offsets");
+    if (!json_is_string(dt) || strcmp(json_string_value(dt), dtype) != 0) {
+        snprintf(msg, sizeof msg, "tensor \"%s\" has dtype %s, expected %s", name,
+                 json_is_string(dt) ? json_string_value(dt) : "(missing)", dtype);
+        return corrupt(msg);
+    }
+    if (!json_is_array(sh) || json_array_size(sh) != (size_t)rank) {
+        snprintf(msg, sizeof msg, "tensor \"%s\" must have rank %d", name, rank);
+        return corrupt(msg);
+    }
+    size_t count = 1;
+    for (int i = 0; i < rank; i++) {
+        json_t *e = json_array_get(sh, (size_t)i);
+        if (!json_is_integer(e) || json_integer_value(e) != shape[i]) {
+            snprintf(msg, sizeof msg, "tensor \"%s\" dimension %d is not %lld as the metadata implies", name, i,
+                     (long long)shape[i]);
+            return corrupt(msg);
+        }
+        count *= (size_t)shape[i];
+    }
+    if (!json_is_array(of) || json_array_size(of) != 2 || !json_is_integer(json_array_get(of, 0)) ||
+        !json_is_integer(json_array_get(of, 1))) {
+        snprintf(msg, sizeof msg, "tensor \"%s\" has no valid data_offsets [begin, end]", name);
+        return corrupt(msg);
+    }
+    json_int_t b = json_integer_value(json_array_get(of, 0)), e = json_integer_value(json_array_get(of, 1));
+    if (b < 0 || e < b || (uint64_t)e > (uint64_t)data_size) {
+        snprintf(msg, sizeof msg, "tensor \"%s\" data_offsets [%lld, %lld] outside the %zu data bytes", name,
+                 (long long)b, (long long)e, data_size);
+        return corrupt(msg);
+    }
+    if ((uint64_t)(e - b) != (uint64_t)(count * elem)) {
+        snprintf(msg, sizeof msg, "tensor \"%s\" spans %lld bytes but its shape needs %zu", name,
+                 (long long)(e - b), count * elem);
+        return corrupt(msg);
+    }
+    slot->begin = (size_t)b;
+    slot->end = (size_t)e;
+    slot->found = 1;
+    return OSCAR_OK;
+}
+
+oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_params **out) {
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: out is NULL");
+    *out = NULL;
+    if (!data && size) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: data is NULL");
+    const uint8_t *bytes = data;
+    char msg[256];
+    if (size < 8) return corrupt("shorter than the 8-byte header length");
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) n |= (uint64_t)bytes[i] << (8 * i);
+    if (n > MAX_HEADER_BYTES) {
+        snprintf(msg, sizeof msg, "header length %llu exceeds the 16 MiB limit", (unsigned long long)n);
+        return corrupt(msg);
+    }
+    if (n > size - 8) {
+        snprintf(msg, sizeof msg, "header length %llu runs past the end of the %zu-byte file", (unsigned long long)n,
+                 size);
+        return corrupt(msg);
+    }
+    const uint8_t *tensor_data = bytes + 8 + n;
+    size_t data_size = size - 8 - (size_t)n;
+
+    json_error_t jerr;
+    json_t *hdr = json_loadb((const char *)bytes + 8, (size_t)n, JSON_REJECT_DUPLICATES,
+                             &jerr);
+    json_t *meta = NULL;
+    oscar_params *p = NULL;
+    tensor_slot *slots = NULL;
+    tensor_slot **order = NULL;
+    oscar_status s = OSCAR_OK;
+    if (!hdr) {
+        snprintf(msg, sizeof msg, "header is not valid JSON (%s at byte %d)", jerr.text, jerr.position);
+        return corrupt(msg);
+    }
+    if (!json_is_object(hdr)) {
+        s = corrupt("header is not a JSON object");
+        goto done;
+    }
+    json_t *md = json_object_get(hdr, "__metadata__");
+    json_t *ms = json_is_object(md) ? json_object_get(md, "oscar") : NULL;
+    if (!json_is_string(ms)) {
+        s = corrupt("__metadata__.oscar is missing or not a string (is this an OSCAR parameter file?)");
+        goto done;
+    }
+    meta = json_loadb(json_string_value(ms), json_string_length(ms), JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(meta)) {
+        s = corrupt("__metadata__.oscar is not a JSON object");
+        goto done;
+    }
+
+    int64_t fv, L, hq, hkv, d, group, sink, recent, ctok;
+    if ((s = meta_int(meta, "format_version", 1, 1, INT32_MAX, 0, &fv))) goto done;
+    if (fv > OSCAR_PARAMS_FORMAT_VERSION) {
+        s = oscar_set_error(OSCAR_ERR_VERSION,
+                            "parameter file format_version %lld is newer than this library's %d: upgrade liboscar "
+                            "or regenerate the file with this version's oscar-calibrate",
+                            (long long)fv, OSCAR_PARAMS_FORMAT_VERSION);
+        goto done;
+    }
+    if ((s = meta_int(meta, "num_layers", 1, 1, MAX_LAYERS, 0, &L))) goto done;
+    if ((s = meta_int(meta, "num_q_heads", 1, 1, MAX_HEADS, 0, &hq))) goto done;
+    if ((s = meta_int(meta, "num_kv_heads", 1, 1, MAX_HEADS, 0, &hkv))) goto done;
+    if ((s = meta_int(meta, "head_dim", 1, 0, 1 << 20, 0, &d))) goto done;
+    if ((s = meta_int(meta, "group", 0, 0, 1 << 20, d, &group))) goto done;
+    if ((s = meta_int(meta, "sink", 0, 0, INT32_MAX, 64, &sink))) goto done;
+    if ((s = meta_int(meta, "recent", 0, 0, INT32_MAX, 256, &recent))) goto done;
+    if ((s = meta_int(meta, "calib_tokens", 0, 0, INT32_MAX, 0, &ctok))) goto done;
+    if (!oscar_head_dim_supported((int)d)) {
+        snprintf(msg, sizeof msg, "head_dim %lld is not one of 64, 128, 256", (long long)d);
+        s = corrupt(msg);
+        goto done;
+    }
+    if (hq % hkv != 0) {
+        snprintf(msg, sizeof msg, "num_kv_heads %lld does not divide num_q_heads %lld", (long long)hkv, (long long)hq);
+        s = corrupt(msg);
+        goto done;
+    }
+    json_t *ph = json_object_get(meta, "per_head");
+    if (!json_is_boolean(ph)) {
+        s = corrupt("metadata \"per_head\" is missing or not a boolean");
+        goto done;
+    }
+    int per_head = json_is_true(ph);
+    json_t *mm = json_object_get(meta, "method");
+    int method = -1;
+    if (json_is_string(mm))
+        for (int m = 0; m < OSCAR_METHOD_COUNT_; m++)
+            if (strcmp(json_string_value(mm), oscar_method_name((oscar_method)m)) == 0) method = m;
+    if (method < 0) {
+        s = corrupt("metadata \"method\" is missing or not a known method name");
+        goto done;
+    }
+    char model_hash[65], composition[16], libver[32];
+    if ((s = meta_str(meta, "model_hash", sizeof model_hash, model_hash))) goto done;
+    if ((s = meta_str(meta, "composition", sizeof composition, composition))) goto done;
+    if ((s = meta_str(meta, "library_version", sizeof libver, libver))) goto done;
+
+    /* Every header key must be an expected tensor with the right dtype,
+     * shape and an exact, in-bounds byte range. */
+    const int64_t nr = per_head ? hkv : 1;
+    const size_t nslots = (size_t)L * 4 + 1;
+    slots = calloc(nslots, sizeof *slots);
+    order = calloc(nslots, sizeof *order);
+    if (!slots || !order) {
+        s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory reading the parameter header");
+        goto done;
+    }
+    const char *key;
+    json_t *val;
+    json_object_foreach(hdr, key, val) {
+        if (strcmp(key, "__metadata__") == 0) continue;
+        int idx = tensor_index(key, (int)L);
+        if (idx < 0) {
+            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig of a layer < %lld, nor clip)", key,
+                     (long long)L);
+            s = corrupt(msg);
+            goto done;
+        }
+        int kind = idx == (int)L * 4 ? 4 : idx % 4;
+        int64_t sh3[3] = {nr, d, d}, sh2[2] = {nr, d}, shc[2] = {L, 2};
+        if (kind <= 1)
+            s = check_entry(key, val, "F32", 3, sh3, 4, data_size, &slots[idx]);
+        else if (kind <= 3)
+            s = check_entry(key, val, "F64", 2, sh2, 8, data_size, &slots[idx]);
+        else
+            s = check_entry(key, val, "F32", 2, shc, 4, data_size, &slots[idx]);
+        if (s) goto done;
+    }
+    int have_eig = slots[2].found;
+    size_t nfound = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int k = 0; k < 4; k++) {
+            tensor_slot *t = &slots[l * 4 + k];
+            if (!t->found && (k < 2 || have_eig)) {
+                snprintf(msg, sizeof msg, "tensor \"layers.%lld.%s_%c\" is missing", (long long)l, k < 2 ? "rot" : "eig",
+                         k % 2 ? 'v' : 'k');
+                s = corrupt(msg);
+                goto done;
+            }
+            if (t->found && k >= 2 && !have_eig) {
+                s = corrupt("eigenvalues are given for some layers but not layer 0: give all or none");
+                goto done;
+            }
+            if (t->found) order[nfound++] = t;
+        }
+    if (!slots[L * 4].found) {
+        s = corrupt("tensor \"clip\" is missing");
+        goto done;
+    }
+    order[nfound++] = &slots[L * 4];
+    qsort(order, nfound, sizeof *order, cmp_slot);
+    for (size_t i = 1; i < nfound; i++)
+        if (order[i]->begin < order[i - 1]->end) {
+            snprintf(msg, sizeof msg, "tensor data ranges overlap at byte %zu", order[i]->begin);
+            s = corrupt(msg);
+            goto done;
+        }
+
+    /* The sizes are now proven to fit in the file: allocate and copy. */
+    if ((s = oscar_params_alloc((int)L, (int)hq, (int)hkv, (int)d, per_head, &p))) {
+        snprintf(msg, sizeof msg, "%s", oscar_last_error()); /* copy: the message buffer is reused */
+        s = s == OSCAR_ERR_OUT_OF_MEMORY ? oscar_set_error(s, "%s", msg) : corrupt(msg);
+        goto done;
+    }
+    p->method = (oscar_method)method;
+    p->group = (int32_t)group;
+    p->sink = (int32_t)sink;
+    p->recent = (int32_t)recent;
+    p->calib_tokens = (int32_t)ctok;
+    memcpy(p->model_hash, model_hash, sizeof model_hash);
+    memcpy(p->composition, composition, sizeof composition);
+    const size_t dd = (size_t)d * (size_t)d;
+    if (have_eig) {
+        p->eig = malloc((size_t)L * 2 * (size_t)nr * (size_t)d * sizeof(double));
+        if (!p->eig) {
+            s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading eigenvalues");
+            goto done;
+        }
+    }
+    for (int64_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++) {
+            tensor_slot *t = &slots[l * 4 + kv];
+            memcpy(oscar_params_rot_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
+            if (have_eig) {
+                t = &slots[l * 4 + 2 + kv];
+                memcpy(oscar_params_eig_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
+            }
+        }
+    memcpy(p->clip, tensor_data + slots[L * 4].begin, (size_t)L * 2 * sizeof(float));
+
+    /* Values: finite, orthogonal rotations, clips in (0, 1]. */
+    p->identity = 1;
+    for (int64_t l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int64_t r = 0; r < nr; r++) {
+                const float *R = oscar_params_rot_ptr(p, (int)l, kv, (int)r);
+                for (size_t i = 0; i < dd; i++) {
+                    if (!isfinite(R[i])) {
+                        snprintf(msg, sizeof msg, "rotation layers.%lld.rot_%c[%lld] has a non-finite value",
+                                 (long long)l, kv ? 'v' : 'k', (long long)r);
+                        s = corrupt(msg);
+                        goto done;
+                    }
+                    if (R[i] != ((i / (size_t)d) == (i % (size_t)d) ? 1.0f : 0.0f)) p->identity = 0;
+                }
+                double e = ortho_error((int)d, R, ORTHO_TOL);
+                if (e > ORTHO_TOL) {
+                    snprintf(msg, sizeof msg, "rotation layers.%lld.rot_%c[%lld] is not orthogonal (max |R R^T - I| = %.3g > 1e-3)",
+                             (long long)l, kv ? 'v' : 'k', (long long)r, e);
+                    s = corrupt(msg);
+                    goto done;
+                }
+                const double *ev = oscar_params_eig_ptr(p, (int)l, kv, (int)r);
+                for (int64_t i = 0; ev && i < d; i++)
+                    if (!isfinite(ev[i])) {
+                        snprintf(msg, sizeof msg, "eigenvalues layers.%lld.eig_%c[%lld] are not finite", (long long)l,
+                                 kv ? 'v' : 'k', (long long)r);
+                        s = corrupt(msg);
+                        goto done;
+                    }
+            }
+    for (int64_t i = 0; i < L * 2; i++)
+        if (!(p->clip[i] > 0.0f && p->clip[i] <= 1.0f)) {
+            snprintf(msg, sizeof msg, "clip ratio of layer %lld %c is %g, outside (0, 1]", (long long)(i / 2),
+                     i % 2 ? 'V' : 'K', (double)p->clip[i]);
+            s = corrupt(msg);
+            goto done;
+        }
+    *out = p;
+    p = NULL;
+done:
+    oscar_params_destroy(p);
+    free(slots);
+    free(order);
+    json_decref(meta);
+    json_decref(hdr);
+    return s;
+}
+
+OSCAR_API oscar_status oscar_params_load(const char *path, oscar_params **out) {
+    oscar_clear_error();
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: out is NULL");
+    *out = NULL;
+    if (!path) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: path is NULL");
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return oscar_set_error(OSCAR_ERR_IO, "cannot open parameter file %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return oscar_set_error(OSCAR_ERR_IO, "%s is not a regular file: give the path of a .safetensors file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < 8) {
+        close(fd);
+        return corrupt("shorter than the 8-byte header length");
+    }
+    /* Mapped, not read: a large (or hostile) file costs no allocation before
+     * the header has been checked against it. */
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (map == MAP_FAILED) return oscar_set_error(OSCAR_ERR_IO, "cannot map %s: %s", path, strerror(errno));
+    oscar_status s = oscar_params_load_memory(map, size, out);
+    munmap(map, size);
+    return s;
+}
