@@ -14,6 +14,20 @@
 #define OSCAR_LM_L1 0.4528f
 #define OSCAR_LM_T 0.9816f
 
+/* ----------------------------------------------------------- 16-bit floats */
+/* IEEE half -> fp32, exact, inline so the decode inner loops avoid a call per
+ * element (oscar_f16_to_f32 in f16.c is this function). NaN stays a quiet NaN. */
+static inline float oscar_ref_half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) { /* zero or subnormal: m * 2^-24, exact in fp32 */
+        float f = (float)m * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    if (e == 31) return oscar_bits_to_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
+    return oscar_bits_to_f32(sign | ((e + 112u) << 23) | (m << 13));
+}
+
 /* ----------------------------------------------------------- rotations */
 /* Normalised Walsh-Hadamard matrix, d x d row-major, d a power of two:
  * H[i][j] = (-1)^popcount(i&j) / sqrt(d). */

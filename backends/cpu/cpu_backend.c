@@ -1,0 +1,560 @@
+/* The built-in CPU backend: the plugin vtable (runtime/oscar_backend.h) over
+ * host memory. Append and decode follow docs/FORMAT.md §3-§5 literally; every
+ * input is validated synchronously before anything is written, so a refused
+ * call leaves the cache byte-identical. Single-threaded and deterministic. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu_ref.h"
+
+#define CPU_ALIGN 64u
+#define Q_CHUNK 8  /* query heads of one GQA group processed together */
+#define POS_BLOCK 32 /* positions per online-softmax block */
+
+typedef struct cpu_plan {
+    oscar_layout_desc l;
+    oscar_ref_page_geom g;
+    int num_layers, num_rot, identity;
+    int quantized; /* 2-bit methods: windows + 2-bit pages; 0: BF16 method */
+    int lm;        /* Lloyd-Max levels */
+    int S0, W;
+    size_t slot_bytes, esize, msize;
+    float *rot_k, *rot_v; /* [layers][num_rot][d][d], NULL when identity */
+    float *clip_k, *clip_v; /* [layers], 1 for methods that never clip */
+    float lut[256][4];      /* byte of 4 codes -> 4 levels */
+} cpu_plan;
+
+/* ------------------------------------------------------------- memory */
+static int cpu_probe(int device_index, oscar_errbuf *why) {
+    (void)device_index;
+    (void)why;
+    return 1;
+}
+static oscar_status cpu_init(int device_index, void **ctx, oscar_errbuf *err) {
+    (void)device_index;
+    (void)err;
+    *ctx = NULL; /* stateless */
+    return OSCAR_OK;
+}
+static void cpu_shutdown(void *ctx) { (void)ctx; }
+static const char *cpu_device_name(void *ctx) {
+    (void)ctx;
+    return "CPU reference (host memory, single thread)";
+}
+static oscar_status cpu_alloc(void *ctx, size_t bytes, void **buf, oscar_errbuf *err) {
+    (void)ctx;
+    if (!buf) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu alloc: buf is NULL");
+    size_t n = bytes ? (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN : CPU_ALIGN;
+    if (n < bytes) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu alloc: %zu bytes overflows", bytes);
+    *buf = aligned_alloc(CPU_ALIGN, n);
+    if (!*buf)
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu alloc: cannot allocate %zu bytes of host memory",
+                                bytes);
+    return OSCAR_OK;
+}
+static void cpu_free(void *ctx, void *buf) {
+    (void)ctx;
+    free(buf);
+}
+static oscar_status cpu_write(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
+                              oscar_errbuf *err) {
+    (void)ctx;
+    (void)stream;
+    if (bytes && (!dst || !src)) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu write: NULL buffer");
+    if (bytes) memcpy((char *)dst + offset, src, bytes);
+    return OSCAR_OK;
+}
+static oscar_status cpu_read(void *ctx, void *dst, const void *src, size_t offset, size_t bytes, void *stream,
+                             oscar_errbuf *err) {
+    (void)ctx;
+    (void)stream;
+    if (bytes && (!dst || !src)) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu read: NULL buffer");
+    if (bytes) memcpy(dst, (const char *)src + offset, bytes);
+    return OSCAR_OK;
+}
+static oscar_status cpu_sync(void *ctx, void *stream, oscar_errbuf *err) {
+    (void)ctx;
+    (void)stream;
+    (void)err;
+    return OSCAR_OK;
+}
+
+/* --------------------------------------------------------------- plan */
+static void cpu_plan_free(cpu_plan *p) {
+    if (!p) return;
+    free(p->rot_k);
+    free(p->rot_v);
+    free(p->clip_k);
+    free(p->clip_v);
+    free(p);
+}
+
+static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
+                                    size_t variant_len, oscar_errbuf *err) {
+    (void)ctx;
+    if (!desc || !bplan) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu plan: NULL descriptor");
+    const oscar_layout_desc *l = &desc->layout;
+    if (!oscar_head_dim_supported(l->head_dim))
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "cpu plan: head_dim %d; use 64, 128 or 256",
+                                l->head_dim);
+    if (!oscar_group_supported(l->group, l->head_dim))
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
+                                "cpu plan: group %d; use 32, 64 or 128 dividing head_dim %d", l->group, l->head_dim);
+    if ((int)l->method < 0 || l->method > OSCAR_METHOD_BF16)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "cpu plan: method %d has no paged cache; use oscar2, oscar2-lm, int2, quarot2 or bf16 "
+                                "(int4/int8/kivi2 are evaluation-only, see oscar_fakequant)",
+                                (int)l->method);
+    if (l->num_kv_heads < 1 || l->num_q_heads < l->num_kv_heads || l->num_q_heads % l->num_kv_heads ||
+        l->page_size < 1 || l->sink < 0 || l->recent < 0 || l->max_seq_len < 1 || desc->num_layers < 1 ||
+        (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "cpu plan: inconsistent shape (q heads %d, kv heads %d, page %d, sink %d, recent %d, "
+                                "layers %d, rotations per layer %d); validate the layout first",
+                                l->num_q_heads, l->num_kv_heads, l->page_size, l->sink, l->recent, desc->num_layers,
+                                desc->num_rot);
+    if ((l->kv_dtype != OSCAR_DTYPE_BF16 && l->kv_dtype != OSCAR_DTYPE_F16) ||
+        (l->meta_dtype != OSCAR_DTYPE_F16 && l->meta_dtype != OSCAR_DTYPE_F32))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "cpu plan: kv_dtype must be BF16 or F16 and meta_dtype F16 or F32");
+    if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu plan: rotations missing (rot_k/rot_v NULL)");
+
+    cpu_plan *p = calloc(1, sizeof *p);
+    if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory");
+    p->l = *l;
+    oscar_ref_page_geom_init(l, &p->g);
+    p->num_layers = desc->num_layers;
+    p->num_rot = desc->num_rot;
+    p->identity = desc->identity_rotation;
+    p->quantized = l->method != OSCAR_METHOD_BF16;
+    p->lm = l->method == OSCAR_METHOD_OSCAR2_LM;
+    p->S0 = p->quantized ? l->sink : 0;
+    p->W = p->quantized ? l->recent : 0;
+    p->esize = oscar_dtype_size(l->kv_dtype);
+    p->msize = oscar_dtype_size(l->meta_dtype);
+    p->slot_bytes = p->quantized ? 2 * (size_t)l->num_kv_heads * (size_t)(p->S0 + p->W) * (size_t)l->head_dim * p->esize
+                                 : 0;
+    size_t nl = (size_t)desc->num_layers, d = (size_t)l->head_dim;
+    size_t rot_elems = nl * (size_t)desc->num_rot * d * d;
+    p->clip_k = malloc(nl * sizeof(float));
+    p->clip_v = malloc(nl * sizeof(float));
+    if (!p->identity) {
+        p->rot_k = malloc(rot_elems * sizeof(float));
+        p->rot_v = malloc(rot_elems * sizeof(float));
+    }
+    if (!p->clip_k || !p->clip_v || (!p->identity && (!p->rot_k || !p->rot_v))) {
+        cpu_plan_free(p);
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory for rotations");
+    }
+    if (!p->identity) {
+        memcpy(p->rot_k, desc->rot_k, rot_elems * sizeof(float));
+        memcpy(p->rot_v, desc->rot_v, rot_elems * sizeof(float));
+    }
+    int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
+    for (size_t i = 0; i < nl; i++) {
+        float ck = clips && desc->clip_k ? desc->clip_k[i] : 1.0f;
+        float cv = clips && desc->clip_v ? desc->clip_v[i] : 1.0f;
+        if (!(ck > 0.0f && ck <= 1.0f) || !(cv > 0.0f && cv <= 1.0f)) {
+            cpu_plan_free(p);
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "cpu plan: clip ratio of layer %zu outside (0, 1] (K %g, V %g)", i, (double)ck,
+                                    (double)cv);
+        }
+        p->clip_k[i] = ck;
+        p->clip_v[i] = cv;
+    }
+    static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+    static const float lmv[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
+    for (int b = 0; b < 256; b++)
+        for (int k = 0; k < 4; k++) p->lut[b][k] = (p->lm ? lmv : uni)[(b >> (2 * k)) & 3];
+    if (variant && variant_len)
+        snprintf(variant, variant_len, "cpu:d%d_g%d_p%d_q%d_%s", l->head_dim, l->group, l->page_size,
+                 l->num_q_heads / l->num_kv_heads, l->kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16");
+    *bplan = p;
+    return OSCAR_OK;
+}
+
+static void cpu_plan_destroy(void *ctx, void *bplan) {
+    (void)ctx;
+    cpu_plan_free(bplan);
+}
+
+static oscar_status cpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_seq_len, size_t *bytes,
+                                        oscar_errbuf *err) {
+    (void)ctx;
+    (void)bplan;
+    (void)max_seqs;
+    (void)max_seq_len;
+    if (!bytes) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu workspace_bytes: bytes is NULL");
+    *bytes = OSCAR_WORKSPACE_HEADER; /* only the error word: scratch lives on the stack */
+    return OSCAR_OK;
+}
+static oscar_status cpu_workspace_init(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err) {
+    (void)ctx;
+    (void)bplan;
+    (void)stream;
+    (void)err;
+    if (workspace) memset(workspace, 0, sizeof(uint32_t));
+    return OSCAR_OK;
+}
+static oscar_status cpu_check(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err) {
+    (void)ctx;
+    (void)bplan;
+    (void)workspace;
+    (void)stream;
+    (void)err;
+    return OSCAR_OK; /* errors are returned by each call */
+}
+
+/* ----------------------------------------------------------- addressing */
+static int64_t pages_needed(const cpu_plan *p, int64_t L) {
+    int64_t n = p->quantized ? L - p->S0 - p->W : L;
+    return n <= 0 ? 0 : (n + p->l.page_size - 1) / p->l.page_size;
+}
+static const float *rot_of(const cpu_plan *p, const float *base, int layer, int h) {
+    if (p->identity) return NULL;
+    size_t d = (size_t)p->l.head_dim;
+    return base + ((size_t)layer * (size_t)p->num_rot + (size_t)(p->num_rot == 1 ? 0 : h)) * d * d;
+}
+/* 16-bit window row of position p (quantized methods). */
+static char *window_row(const cpu_plan *p, void *windows, int32_t slot, int kv, int h, int64_t pos) {
+    int64_t row = pos < p->S0 ? pos : p->S0 + (pos - p->S0) % p->W;
+    size_t rows_per_head = (size_t)(p->S0 + p->W);
+    return (char *)windows + (size_t)slot * p->slot_bytes +
+           (((size_t)kv * (size_t)p->g.H + (size_t)h) * rows_per_head + (size_t)row) * (size_t)p->g.d * p->esize;
+}
+/* Page and row of paged index j (2-bit history index, or position for BF16). */
+static char *page_base(const cpu_plan *p, void *pages, const int32_t *bt_row, int64_t j, int *r) {
+    *r = (int)(j % p->g.P);
+    return (char *)pages + (size_t)bt_row[j / p->g.P] * p->g.page_bytes;
+}
+
+/* ----------------------------------------------------------- validation */
+static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b,
+                                const char *fn, oscar_errbuf *err) {
+    if (layer < 0 || layer >= p->num_layers)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: layer %d outside [0, %d)", fn, layer,
+                                p->num_layers);
+    if (b->num_seqs < 1)
+        return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s: num_seqs is %d; pass at least one sequence", fn,
+                                b->num_seqs);
+    if (!b->seq_lens || !b->block_table || (p->quantized && !b->window_slots))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s: seq_lens, block_table%s must not be NULL", fn,
+                                p->quantized ? " and window_slots" : "");
+    if (b->block_table_stride < 0)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: block_table_stride %d is negative", fn,
+                                b->block_table_stride);
+    int need_windows = p->quantized && p->S0 + p->W > 0;
+    if (need_windows && !c->windows)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s: cache.windows is NULL; allocate num_window_slots * window_slot_bytes", fn);
+    for (int i = 0; i < b->num_seqs; i++) {
+        int32_t L = b->seq_lens[i];
+        if (L < 1)
+            return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s: seq_lens[%d] = %d; every sequence needs >= 1 token",
+                                    fn, i, L);
+        if (L > p->l.max_seq_len || (b->max_seq_len > 0 && L > b->max_seq_len))
+            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
+                                    "%s: seq_lens[%d] = %d exceeds max_seq_len (layout %d, batch %d); raise it", fn,
+                                    i, L, p->l.max_seq_len, b->max_seq_len);
+        int64_t np = pages_needed(p, L);
+        if (np > b->block_table_stride)
+            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
+                                    "%s: sequence %d of %d tokens needs %lld pages but block_table_stride is %d; "
+                                    "widen the block table",
+                                    fn, i, L, (long long)np, b->block_table_stride);
+        if (np > 0 && !c->pages)
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: cache.pages is NULL", fn);
+        const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+        for (int64_t k = 0; k < np; k++)
+            if (bt[k] < 0 || bt[k] >= c->num_pages)
+                return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
+                                        "%s: block_table[%d][%lld] = %d outside [0, num_pages = %d)", fn, i,
+                                        (long long)k, bt[k], c->num_pages);
+        if (need_windows && (b->window_slots[i] < 0 || b->window_slots[i] >= c->num_window_slots))
+            return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
+                                    "%s: window_slots[%d] = %d outside [0, num_window_slots = %d)", fn, i,
+                                    b->window_slots[i], c->num_window_slots);
+    }
+    return OSCAR_OK;
+}
+
+static int row_finite(oscar_dtype t, const void *src, size_t n) {
+    const uint16_t *h = src;
+    /* 16-bit formats: all-ones exponent = Inf/NaN. */
+    uint16_t mask = t == OSCAR_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+    for (size_t i = 0; i < n; i++)
+        if ((h[i] & mask) == mask) return 0;
+    return 1;
+}
+
+/* ------------------------------------------------------------- append */
+static void load_row(const cpu_plan *p, const void *src, float *out) {
+    const uint16_t *h = src;
+    if (p->l.kv_dtype == OSCAR_DTYPE_BF16)
+        for (int j = 0; j < p->g.d; j++) out[j] = oscar_bf16_to_f32(h[j]);
+    else
+        for (int j = 0; j < p->g.d; j++) out[j] = oscar_ref_half_to_float(h[j]);
+}
+static void store_row(const cpu_plan *p, const float *x, void *dst) {
+    uint16_t *h = dst;
+    if (p->l.kv_dtype == OSCAR_DTYPE_BF16)
+        for (int j = 0; j < p->g.d; j++) h[j] = oscar_f32_to_bf16(x[j]);
+    else
+        for (int j = 0; j < p->g.d; j++) h[j] = oscar_f32_to_f16(x[j]);
+}
+/* Quantizes a rotated kv_dtype-rounded row into page row (h, r). */
+static void store_2bit(const cpu_plan *p, char *page, int kv, int h, int r, float clip, const float *x) {
+    uint8_t codes[64];
+    float meta[16];
+    oscar_ref_quantize_row(p->g.d, p->g.group, p->lm, clip, p->l.meta_dtype, x, codes, meta);
+    size_t row = (size_t)h * (size_t)p->g.P + (size_t)r;
+    memcpy(page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes, codes, p->g.codes_row_bytes);
+    void *m = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;
+    for (int i = 0; i < 2 * p->g.ng; i++) oscar_store(p->l.meta_dtype, m, (size_t)i, meta[i]);
+}
+
+static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
+    (void)ctx;
+    const cpu_plan *p = bplan;
+    const oscar_batch *b = &a->batch;
+    oscar_status st = check_batch(p, a->layer, &a->cache, b, "oscar_append", err);
+    if (st) return st;
+    int H = p->g.H, d = p->g.d;
+    if (!a->cu_new) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: cu_new is NULL");
+    if (a->total_new < 0 || a->cu_new[0] != 0 || a->cu_new[b->num_seqs] != a->total_new)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "oscar_append: cu_new must start at 0 and end at total_new = %d (got %d .. %d)",
+                                a->total_new, a->cu_new[0], a->cu_new[b->num_seqs]);
+    for (int i = 0; i < b->num_seqs; i++) {
+        int32_t n = a->cu_new[i + 1] - a->cu_new[i];
+        if (n < 0 || n > b->seq_lens[i])
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "oscar_append: sequence %d gets %d new tokens but seq_lens is %d; cu_new must be "
+                                    "non-decreasing and n_i <= seq_len",
+                                    i, n, b->seq_lens[i]);
+    }
+    if (a->total_new == 0) return OSCAR_OK;
+    if (!a->k || !a->v) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: k or v is NULL");
+    if (a->kv_stride < (int64_t)H * d)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "oscar_append: kv_stride %lld smaller than num_kv_heads * head_dim = %d",
+                                (long long)a->kv_stride, H * d);
+    /* Every new row must be finite before anything is written. */
+    for (int32_t t = 0; t < a->total_new; t++)
+        for (int kv = 0; kv < 2; kv++) {
+            const char *src = (const char *)(kv ? a->v : a->k) + (size_t)t * (size_t)a->kv_stride * p->esize;
+            if (!row_finite(p->l.kv_dtype, src, (size_t)H * d))
+                return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                        "oscar_append: new %s row %d contains NaN or Inf; the cache was not modified",
+                                        kv ? "V" : "K", t);
+        }
+
+    float x[256], xr[256];
+    float clip[2] = {p->clip_k[a->layer], p->clip_v[a->layer]};
+    /* Step 1 for every sequence: demote ring rows that leave the recent window. */
+    if (p->quantized && p->W > 0)
+        for (int i = 0; i < b->num_seqs; i++) {
+            int64_t L = b->seq_lens[i], L0 = L - (a->cu_new[i + 1] - a->cu_new[i]);
+            int64_t lo = L0 - p->W > p->S0 ? L0 - p->W : p->S0, hi = L0 < L - p->W ? L0 : L - p->W;
+            const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+            for (int64_t pos = lo; pos < hi; pos++) {
+                int r;
+                char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
+                for (int kv = 0; kv < 2; kv++)
+                    for (int h = 0; h < H; h++) {
+                        load_row(p, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos), x);
+                        store_2bit(p, page, kv, h, r, clip[kv], x);
+                    }
+            }
+        }
+    /* Step 2: store the new tokens (rotated, rounded; 2-bit or window row). */
+    for (int i = 0; i < b->num_seqs; i++) {
+        int64_t L = b->seq_lens[i], n = a->cu_new[i + 1] - a->cu_new[i], L0 = L - n;
+        const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+        for (int64_t t = 0; t < n; t++) {
+            int64_t pos = L0 + t;
+            size_t tok = (size_t)(a->cu_new[i] + t);
+            for (int kv = 0; kv < 2; kv++) {
+                const float *rbase = kv ? p->rot_v : p->rot_k;
+                for (int h = 0; h < H; h++) {
+                    const char *src = (const char *)(kv ? a->v : a->k) +
+                                      (tok * (size_t)a->kv_stride + (size_t)h * d) * p->esize;
+                    load_row(p, src, x);
+                    const float *R = rot_of(p, rbase, a->layer, h);
+                    if (R) {
+                        oscar_ref_rotate(d, x, R, xr);
+                        for (int j = 0; j < d; j++) xr[j] = oscar_round_to(p->l.kv_dtype, xr[j]);
+                    } else {
+                        memcpy(xr, x, (size_t)d * sizeof *xr);
+                    }
+                    int r;
+                    if (!p->quantized) {
+                        char *page = page_base(p, a->cache.pages, bt, pos, &r);
+                        store_row(p, xr,
+                                  page + (kv ? p->g.v_codes : p->g.k_codes) +
+                                      ((size_t)h * (size_t)p->g.P + (size_t)r) * p->g.codes_row_bytes);
+                    } else if (pos >= p->S0 && pos < L - p->W) {
+                        char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
+                        store_2bit(p, page, kv, h, r, clip[kv], xr);
+                    } else {
+                        store_row(p, xr, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos));
+                    }
+                }
+            }
+        }
+    }
+    return OSCAR_OK;
+}
+
+/* ------------------------------------------------------------- decode */
+/* Stored row of position pos (K: kv 0, V: kv 1) as fp32, rotated space. */
+static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *bt, int32_t slot, int kv, int h,
+                        int64_t pos, int64_t L, float *out) {
+    int r;
+    if (!p->quantized) {
+        char *page = page_base(p, c->pages, bt, pos, &r);
+        load_row(p, page + (kv ? p->g.v_codes : p->g.k_codes) + ((size_t)h * p->g.P + r) * p->g.codes_row_bytes,
+                 out);
+        return;
+    }
+    if (pos < p->S0 || pos >= L - p->W) {
+        load_row(p, window_row(p, c->windows, slot, kv, h, pos), out);
+        return;
+    }
+    char *page = page_base(p, c->pages, bt, pos - p->S0, &r);
+    size_t row = (size_t)h * p->g.P + (size_t)r;
+    const uint8_t *codes = (const uint8_t *)page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes;
+    const char *meta = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;
+    int G = p->g.group;
+    for (int g = 0; g < p->g.ng; g++) {
+        float sa, sb;
+        if (p->l.meta_dtype == OSCAR_DTYPE_F32) {
+            memcpy(&sa, meta + (size_t)(2 * g) * 4, 4);
+            memcpy(&sb, meta + (size_t)(2 * g + 1) * 4, 4);
+        } else {
+            uint16_t ha, hb;
+            memcpy(&ha, meta + (size_t)(2 * g) * 2, 2);
+            memcpy(&hb, meta + (size_t)(2 * g + 1) * 2, 2);
+            sa = oscar_ref_half_to_float(ha);
+            sb = oscar_ref_half_to_float(hb);
+        }
+        const uint8_t *cg = codes + (size_t)g * G / 4;
+        float *og = out + (size_t)g * G;
+        for (int k = 0; k < G / 4; k++) {
+            const float *lv = p->lut[cg[k]];
+            og[4 * k + 0] = sb + sa * lv[0];
+            og[4 * k + 1] = sb + sa * lv[1];
+            og[4 * k + 2] = sb + sa * lv[2];
+            og[4 * k + 3] = sb + sa * lv[3];
+        }
+    }
+}
+
+static float dot(int d, const float *a, const float *b) {
+    float s[8] = {0};
+    for (int j = 0; j < d; j += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[j + k] * b[j + k];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
+    (void)ctx;
+    const cpu_plan *p = bplan;
+    const oscar_batch *b = &a->batch;
+    oscar_status st = check_batch(p, a->layer, &a->cache, b, "oscar_decode", err);
+    if (st) return st;
+    int H = p->g.H, d = p->g.d, Hq = p->l.num_q_heads, gq = Hq / H;
+    if (!a->q || !a->out) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_decode: q or out is NULL");
+    if (a->q_stride < (int64_t)Hq * d || a->out_stride < (int64_t)Hq * d)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d",
+                                (long long)a->q_stride, (long long)a->out_stride, Hq * d);
+    float qr[Q_CHUNK][256], acc[Q_CHUNK][256], s[Q_CHUNK][POS_BLOCK], m[Q_CHUNK], l[Q_CHUNK];
+    float row[256], tmp[256];
+    for (int i = 0; i < b->num_seqs; i++) {
+        int64_t L = b->seq_lens[i];
+        const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+        int32_t slot = p->quantized && p->S0 + p->W > 0 ? b->window_slots[i] : 0;
+        for (int h = 0; h < H; h++) {
+            const float *RK = rot_of(p, p->rot_k, a->layer, h), *RV = rot_of(p, p->rot_v, a->layer, h);
+            for (int hq0 = h * gq; hq0 < (h + 1) * gq; hq0 += Q_CHUNK) {
+                int nq = (h + 1) * gq - hq0 < Q_CHUNK ? (h + 1) * gq - hq0 : Q_CHUNK;
+                for (int qi = 0; qi < nq; qi++) {
+                    load_row(p, (const char *)a->q + ((size_t)i * a->q_stride + (size_t)(hq0 + qi) * d) * p->esize,
+                             tmp);
+                    oscar_ref_rotate(d, tmp, RK, qr[qi]); /* q~ = q R_K in fp32, not rounded */
+                    m[qi] = -INFINITY;
+                    l[qi] = 0.0f;
+                    memset(acc[qi], 0, (size_t)d * sizeof(float));
+                }
+                for (int64_t p0 = 0; p0 < L; p0 += POS_BLOCK) {
+                    int nb = L - p0 < POS_BLOCK ? (int)(L - p0) : POS_BLOCK;
+                    for (int k = 0; k < nb; k++) {
+                        read_stored(p, &a->cache, bt, slot, 0, h, p0 + k, L, row);
+                        for (int qi = 0; qi < nq; qi++) s[qi][k] = a->sm_scale * dot(d, qr[qi], row);
+                    }
+                    /* Online softmax: rescale the running sums to the new max. */
+                    for (int qi = 0; qi < nq; qi++) {
+                        float bm = m[qi];
+                        for (int k = 0; k < nb; k++) bm = fmaxf(bm, s[qi][k]);
+                        float sc = expf(m[qi] - bm);
+                        l[qi] *= sc;
+                        for (int j = 0; j < d; j++) acc[qi][j] *= sc;
+                        for (int k = 0; k < nb; k++) {
+                            s[qi][k] = expf(s[qi][k] - bm);
+                            l[qi] += s[qi][k];
+                        }
+                        m[qi] = bm;
+                    }
+                    for (int k = 0; k < nb; k++) {
+                        read_stored(p, &a->cache, bt, slot, 1, h, p0 + k, L, row);
+                        for (int qi = 0; qi < nq; qi++) {
+                            float w = s[qi][k];
+                            float *ac = acc[qi];
+                            for (int j = 0; j < d; j++) ac[j] += w * row[j];
+                        }
+                    }
+                }
+                for (int qi = 0; qi < nq; qi++) {
+                    float inv = 1.0f / l[qi];
+                    for (int j = 0; j < d; j++) tmp[j] = acc[qi][j] * inv;
+                    const float *o = tmp;
+                    if (!a->rotated_output && RV) {
+                        oscar_ref_unrotate(d, tmp, RV, row);
+                        o = row;
+                    }
+                    store_row(p, o,
+                              (char *)a->out + ((size_t)i * a->out_stride + (size_t)(hq0 + qi) * d) * p->esize);
+                }
+            }
+        }
+    }
+    return OSCAR_OK;
+}
+
+static const oscar_backend_api k_cpu_api = {
+    .abi_version = OSCAR_BACKEND_ABI_VERSION,
+    .name = "cpu",
+    .probe = cpu_probe,
+    .init = cpu_init,
+    .shutdown = cpu_shutdown,
+    .device_name = cpu_device_name,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .write = cpu_write,
+    .read = cpu_read,
+    .sync = cpu_sync,
+    .plan_create = cpu_plan_create,
+    .plan_destroy = cpu_plan_destroy,
+    .workspace_bytes = cpu_workspace_bytes,
+    .workspace_init = cpu_workspace_init,
+    .check = cpu_check,
+    .append = cpu_append,
+    .decode = cpu_decode,
+};
+
+const oscar_backend_api *oscar_cpu_backend(void) { return &k_cpu_api; }

@@ -1,0 +1,267 @@
+/* CPU reference of FORMAT.md §1-§3: rotations, clipping, 2-bit row
+ * quantization, the int-b baselines and the page geometry. Float32 math,
+ * sequential sums, no threads: the definition every backend is checked against. */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cpu_ref.h"
+
+/* ----------------------------------------------------------- rotations */
+void oscar_ref_hadamard(int d, float *H) {
+    float s = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++)
+            H[(size_t)i * d + j] = (__builtin_popcount((unsigned)(i & j)) & 1) ? -s : s;
+}
+
+int oscar_ref_bitrev(int x, int bits) {
+    int r = 0;
+    for (int b = 0; b < bits; b++) r |= ((x >> b) & 1) << (bits - 1 - b);
+    return r;
+}
+
+static int log2_exact(int d) {
+    int b = 0;
+    while ((1 << b) < d) b++;
+    return b;
+}
+
+/* In-place unnormalised fast Walsh-Hadamard transform of a length-d vector:
+ * v <- v Hu with Hu[i][j] = (-1)^popcount(i&j) (Hu is symmetric). */
+static void fwht_f64(int d, double *v) {
+    for (int len = 1; len < d; len <<= 1)
+        for (int i = 0; i < d; i += len << 1)
+            for (int j = i; j < i + len; j++) {
+                double a = v[j], b = v[j + len];
+                v[j] = a + b;
+                v[j + len] = a - b;
+            }
+}
+
+/* R = U . Pm . H where Pm is the d x d permutation matrix with
+ * Pm[r][bitrev(r)] = 1: the coordinate of eigen-direction r (x U)[r] is moved
+ * to position bitrev(r) before the Hadamard mixes positions. Hence
+ *     (U Pm)[i][k] = U[i][bitrev(k)]      (bitrev is an involution)
+ *     R[i][j]      = sum_k U[i][bitrev(k)] * H[k][j]
+ *                  = sum_r U[i][r] * H[bitrev(r)][j].
+ * Row i of R is the Hadamard transform of row i of U Pm, computed in fp64 and
+ * rounded once to fp32. R is orthogonal because U, Pm and H are. */
+void oscar_ref_compose_rotation(int d, const double *U, float *R) {
+    int bits = log2_exact(d);
+    double v[256];
+    double s = 1.0 / sqrt((double)d);
+    for (int i = 0; i < d; i++) {
+        for (int k = 0; k < d; k++) v[k] = U[(size_t)i * d + oscar_ref_bitrev(k, bits)];
+        fwht_f64(d, v);
+        for (int j = 0; j < d; j++) R[(size_t)i * d + j] = (float)(v[j] * s);
+    }
+}
+
+void oscar_ref_rotate(int d, const float *x, const float *R, float *out) {
+    if (!R) {
+        memcpy(out, x, (size_t)d * sizeof *out);
+        return;
+    }
+    for (int j = 0; j < d; j++) out[j] = 0.0f;
+    /* out[j] = sum_i x[i] R[i][j], accumulated in i order (row-major friendly). */
+    for (int i = 0; i < d; i++) {
+        float xi = x[i];
+        const float *row = R + (size_t)i * d;
+        for (int j = 0; j < d; j++) out[j] += xi * row[j];
+    }
+}
+
+void oscar_ref_unrotate(int d, const float *y, const float *R, float *out) {
+    if (!R) {
+        memcpy(out, y, (size_t)d * sizeof *out);
+        return;
+    }
+    for (int i = 0; i < d; i++) {
+        const float *row = R + (size_t)i * d;
+        float s = 0.0f;
+        for (int j = 0; j < d; j++) s += y[j] * row[j];
+        out[i] = s;
+    }
+}
+
+/* ----------------------------------------------------------- clipping */
+/* k-th smallest of v[0..n-1] (v is reordered). Iterative quickselect with a
+ * median-of-three pivot; the value returned does not depend on the method. */
+static float select_kth(float *v, int n, int k) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        float a = v[lo], b = v[mid], c = v[hi];
+        float pivot = (a < b) ? ((b < c) ? b : (a < c ? c : a)) : ((a < c) ? a : (b < c ? c : b));
+        int i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot) i++;
+            while (v[j] > pivot) j--;
+            if (i <= j) {
+                float t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                j--;
+            }
+        }
+        if (k <= j)
+            hi = j;
+        else if (k >= i)
+            lo = i;
+        else
+            return v[k];
+    }
+    return v[k];
+}
+
+float oscar_ref_clip_tau(int d, const float *x, float c) {
+    float s[256];
+    float mx = 0.0f;
+    for (int j = 0; j < d; j++) {
+        s[j] = fabsf(x[j]);
+        if (s[j] > mx) mx = s[j];
+    }
+    if (!(c < 1.0f)) return mx;
+    float pos = c * (float)(d - 1);
+    int i = (int)floorf(pos);
+    if (i < 0) i = 0;
+    if (i > d - 1) i = d - 1;
+    float f = pos - (float)i;
+    float si = select_kth(s, d, i);
+    /* After selection every element right of i is >= s[i]: the next order
+     * statistic is their minimum. */
+    float sn = si;
+    if (i + 1 < d) {
+        sn = s[i + 1];
+        for (int j = i + 2; j < d; j++)
+            if (s[j] < sn) sn = s[j];
+    }
+    return si + f * (sn - si);
+}
+
+/* ----------------------------------------------------------- one row */
+/* Rounds a metadata value to meta_dtype. F16 overflow saturates to +-65504 so
+ * metadata stays finite on extreme rows (the reconstruction is then clamped,
+ * but never Inf/NaN). */
+static float meta_round(oscar_dtype meta, float v) {
+    float r = oscar_round_to(meta, v);
+    if (isinf(r)) r = copysignf(65504.0f, v);
+    return r;
+}
+
+static const float k_lm_levels[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
+
+void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
+                            uint8_t *codes, float *meta) {
+    float tau = (c < 1.0f) ? oscar_ref_clip_tau(d, x, c) : INFINITY;
+    float v[256];
+    for (int j = 0; j < d; j++) v[j] = fminf(fmaxf(x[j], -tau), tau);
+    memset(codes, 0, (size_t)d / 4);
+    int ng = d / group;
+    for (int g = 0; g < ng; g++) {
+        const float *gv = v + (size_t)g * group;
+        float a, b;
+        if (!lloyd_max) {
+            float mn = gv[0], mx = gv[0];
+            for (int j = 1; j < group; j++) {
+                mn = fminf(mn, gv[j]);
+                mx = fmaxf(mx, gv[j]);
+            }
+            a = (mx - mn) / 3.0f;
+            b = mn;
+        } else {
+            float sum = 0.0f;
+            for (int j = 0; j < group; j++) sum += gv[j];
+            float mean = sum / (float)group;
+            float ss = 0.0f;
+            for (int j = 0; j < group; j++) {
+                float e = gv[j] - mean;
+                ss += e * e;
+            }
+            a = sqrtf(ss / (float)group);
+            b = mean;
+        }
+        a = meta_round(meta_dtype, a);
+        b = meta_round(meta_dtype, b);
+        meta[2 * g] = a;
+        meta[2 * g + 1] = b;
+        for (int j = 0; j < group; j++) {
+            int code;
+            if (a == 0.0f) {
+                code = lloyd_max ? 2 : 0;
+            } else {
+                float t = (gv[j] - b) / a;
+                if (!lloyd_max) {
+                    float r = floorf(t + 0.5f);
+                    code = r < 0.0f ? 0 : (r > 3.0f ? 3 : (int)r);
+                } else {
+                    code = t < -OSCAR_LM_T ? 0 : (t < 0.0f ? 1 : (t < OSCAR_LM_T ? 2 : 3));
+                }
+            }
+            int idx = g * group + j;
+            codes[idx >> 2] |= (uint8_t)(code << (2 * (idx & 3)));
+        }
+    }
+}
+
+void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *codes, const float *meta,
+                              float *out) {
+    static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+    const float *lev = lloyd_max ? k_lm_levels : uni;
+    for (int j = 0; j < d; j++) {
+        int g = j / group;
+        out[j] = meta[2 * g + 1] + meta[2 * g] * lev[oscar_ref_code_at(codes, j)];
+    }
+}
+
+void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x) {
+    float steps = (float)((1 << bits) - 1);
+    for (int g = 0; g < d / group; g++) {
+        float *gv = x + (size_t)g * group;
+        float mn = gv[0], mx = gv[0];
+        for (int j = 1; j < group; j++) {
+            mn = fminf(mn, gv[j]);
+            mx = fmaxf(mx, gv[j]);
+        }
+        float a = meta_round(OSCAR_DTYPE_F16, (mx - mn) / steps);
+        float b = meta_round(OSCAR_DTYPE_F16, mn);
+        for (int j = 0; j < group; j++) {
+            float q = 0.0f;
+            if (a != 0.0f) {
+                q = floorf((gv[j] - b) / a + 0.5f);
+                q = q < 0.0f ? 0.0f : (q > steps ? steps : q);
+            }
+            gv[j] = b + a * q;
+        }
+    }
+}
+
+/* ----------------------------------------------------------- paged cache */
+/* For the BF16 method the "codes" arrays are the 16-bit K and V rows
+ * (k_codes = K [H][P][d], v_codes = V [H][P][d]) and there is no metadata. */
+void oscar_ref_page_geom_init(const oscar_layout_desc *l, oscar_ref_page_geom *g) {
+    memset(g, 0, sizeof *g);
+    g->d = l->head_dim;
+    g->group = l->group;
+    g->ng = l->head_dim / l->group;
+    g->H = l->num_kv_heads;
+    g->P = l->page_size;
+    size_t rows = (size_t)g->H * (size_t)g->P;
+    if (l->method == OSCAR_METHOD_BF16) {
+        g->codes_row_bytes = (size_t)g->d * oscar_dtype_size(l->kv_dtype);
+        g->meta_row_bytes = 0;
+        g->k_codes = 0;
+        g->v_codes = rows * g->codes_row_bytes;
+        g->k_meta = g->v_meta = g->page_bytes = 2 * rows * g->codes_row_bytes;
+        return;
+    }
+    g->codes_row_bytes = (size_t)g->d / 4;
+    g->meta_row_bytes = (size_t)g->ng * 2 * oscar_dtype_size(l->meta_dtype);
+    g->k_codes = 0;
+    g->v_codes = rows * g->codes_row_bytes;
+    g->k_meta = 2 * rows * g->codes_row_bytes;
+    g->v_meta = g->k_meta + rows * g->meta_row_bytes;
+    g->page_bytes = g->v_meta + rows * g->meta_row_bytes;
+}
