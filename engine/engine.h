@@ -1,0 +1,158 @@
+/* liboscar reference engine: a small fp32 CPU runner for Hugging Face
+ * Llama / Qwen2 / Qwen3 checkpoints, written the way an inference-engine
+ * vendor embeds liboscar. It only needs liboscar's public types
+ * (include/oscar/oscar.h); the KV quantization hook is a plain callback, so
+ * the engine does not care how the caller quantizes.
+ *
+ * Every call that can fail returns oscar_status; the message naming the
+ * problem and the fix is then available from oe_last_error() (per thread).
+ */
+#ifndef OSCAR_ENGINE_H
+#define OSCAR_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oscar/oscar.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Message of the last failing engine call in this thread ("" if none). */
+const char *oe_last_error(void);
+
+/* ------------------------------------------------------------ safetensors */
+typedef enum oe_dtype {
+    OE_F64, OE_F32, OE_F16, OE_BF16, OE_I64, OE_I32, OE_I16, OE_I8, OE_U8, OE_BOOL
+} oe_dtype;
+
+#define OE_ST_MAX_DIMS 8
+
+typedef struct oe_tensor {
+    const char *name;
+    oe_dtype dtype;
+    int ndim;
+    int64_t shape[OE_ST_MAX_DIMS];
+    int64_t numel;
+    size_t nbytes;
+    const void *data; /* inside the read-only mapping; may be unaligned */
+} oe_tensor;
+
+typedef struct oe_safetensors oe_safetensors;
+
+/* Maps the file read-only and validates the header: length, JSON, dtypes,
+ * shapes, offsets inside the data area, sizes matching shapes. */
+oscar_status oe_st_open(const char *path, oe_safetensors **out);
+void oe_st_close(oe_safetensors *st);
+int oe_st_count(const oe_safetensors *st);
+const oe_tensor *oe_st_at(const oe_safetensors *st, int i);
+/* NULL when absent (no error set). */
+const oe_tensor *oe_st_find(const oe_safetensors *st, const char *name);
+/* Converts F64/F32/F16/BF16/I32/I64 to fp32; n must equal t->numel. */
+oscar_status oe_tensor_to_f32(const oe_tensor *t, float *out, int64_t n);
+size_t oe_dtype_size(oe_dtype d);
+const char *oe_dtype_name(oe_dtype d);
+
+/* ------------------------------------------------------------------ model */
+typedef enum oe_arch { OE_ARCH_LLAMA, OE_ARCH_QWEN2, OE_ARCH_QWEN3 } oe_arch;
+
+typedef struct oe_config {
+    oe_arch arch;
+    char model_type[32];
+    int num_layers;
+    int hidden;
+    int num_q_heads;
+    int num_kv_heads;
+    int head_dim;
+    int intermediate;
+    int vocab;
+    int max_position;   /* 0 when the config does not say */
+    double rms_eps;
+    double rope_theta;
+    int tie_word_embeddings;
+    int qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
+    int qkv_bias;       /* q/k/v projections carry biases (Qwen2) */
+} oe_config;
+
+typedef struct oe_model oe_model;
+
+/* Loads config.json and model.safetensors (or the shards listed by
+ * model.safetensors.index.json) from dir; weights are converted to fp32. */
+oscar_status oe_model_load(const char *dir, oe_model **out);
+/* Parses only config.json (no weights). */
+oscar_status oe_config_load(const char *config_path, oe_config *out);
+void oe_model_free(oe_model *m);
+const oe_config *oe_model_config(const oe_model *m);
+
+/* ---------------------------------------------------------------- forward */
+/* Observer: post-RoPE (post q/k-norm) q [n][Hq][d], k [n][Hkv][d],
+ * v [n][Hkv][d] of one layer, before any bf16 rounding. Return OSCAR_OK to
+ * continue; any other status aborts the forward with that status. */
+typedef oscar_status (*oe_observer_fn)(void *user, int layer, int n_tokens, const float *q,
+                                       const float *k, const float *v);
+
+/* KV quantization hook: given k, v [n][Hkv][d] (post-RoPE, fp32), write
+ * quantized copies into k_q, v_q (same shape, fp32). Attention for query t
+ * uses the quantized copy at key p when S0 <= p <= t - W and the
+ * full-precision copy otherwise. */
+typedef oscar_status (*oe_kv_quant_fn)(void *user, int layer, int n_tokens, const float *k,
+                                       const float *v, float *k_q, float *v_q);
+
+typedef struct oe_forward_options {
+    oe_observer_fn observer;
+    void *observer_user;
+    oe_kv_quant_fn kv_quant;
+    void *kv_quant_user;
+    int sink_tokens;    /* S0: keys p < S0 stay full precision (default 64) */
+    int recent_tokens;  /* W: keys p > t - W stay full precision (default 256) */
+    int kv_bf16;        /* round the full-precision K/V to bf16 (the cache's 16-bit windows) */
+    int skip_lm_head;   /* no final norm / logits (calibration) */
+    int last_layer;     /* stop after this layer (0-based); -1 = all layers */
+} oe_forward_options;
+
+void oe_forward_options_default(oe_forward_options *o);
+
+/* Reusable buffers for windows of up to max_tokens tokens. Not thread-safe:
+ * one context per thread. */
+typedef struct oe_ctx oe_ctx;
+oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out);
+void oe_ctx_free(oe_ctx *c);
+
+/* Causal forward over one window: positions 0..n-1. logits [n][vocab] is
+ * written when non-NULL, all layers run and skip_lm_head is 0. o may be
+ * NULL (defaults). */
+oscar_status oe_forward(oe_ctx *c, const uint32_t *tokens, int n, const oe_forward_options *o,
+                        float *logits);
+
+/* ----------------------------------------------------------------- tokens */
+/* Reads uint32 little-endian ids; refuses ids >= vocab (vocab <= 0: no check).
+ * *out is malloc'ed; free() it. */
+oscar_status oe_tokens_load(const char *path, int vocab, uint32_t **out, int64_t *count);
+
+/* ------------------------------------------------------------- perplexity */
+typedef void (*oe_progress_fn)(void *user, int64_t window, int64_t windows, double nll_sum,
+                               int64_t scored);
+
+typedef struct oe_ppl_result {
+    double nll_sum;
+    int64_t scored;  /* number of predicted tokens */
+    int64_t windows;
+    double ppl;      /* exp(nll_sum / scored) */
+} oe_ppl_result;
+
+/* Perplexity over non-overlapping windows: window s (s = 0, ctx, 2 ctx, ...)
+ * feeds tokens [s, s+ctx) and scores the predictions of [s+1, s+ctx+1);
+ * only windows whose ctx+1 tokens all lie in the first n tokens are used.
+ * o (may be NULL) carries the KV hooks for quantized evaluation. */
+oscar_status oe_perplexity(const oe_model *m, const uint32_t *tokens, int64_t n, int ctx,
+                           const oe_forward_options *o, oe_progress_fn progress, void *user,
+                           oe_ppl_result *out);
+
+/* Round-to-nearest-even fp32 -> bf16 -> fp32, NaN kept. */
+float oe_round_bf16(float x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,358 @@
+/* fp32 causal forward over one window. Projections and attention are
+ * sgemm calls on buffers owned by the context, so a window costs no
+ * allocation. Attention runs per (query head, block of query rows): the
+ * block only looks at keys up to its last row, which halves the work of a
+ * causal window; blocks are shared out over a few pthreads, each calling a
+ * single-threaded sgemm. */
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine_internal.h"
+
+#define OE_QBLOCK 128   /* query rows per attention task */
+#define OE_MAX_THREADS 16
+
+typedef struct attn_thread {
+    float *s, *sq;  /* scores [QBLOCK][max_n], full and quantized keys */
+} attn_thread;
+
+struct oe_ctx {
+    const oe_model *m;
+    int max_n;
+    int nthreads;
+    float *x, *h;            /* [n][hidden] */
+    float *q, *k, *v;        /* [n][Hq d], [n][Hkv d] */
+    float *kq, *vq;          /* quantized copies from the hook */
+    float *attn;             /* [n][Hq d] */
+    float *gate, *up;        /* [n][inter] */
+    float *rope_cos, *rope_sin; /* [max_n][d/2] */
+    attn_thread th[OE_MAX_THREADS];
+};
+
+void oe_forward_options_default(oe_forward_options *o)
+{
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->sink_tokens = 64;
+    o->recent_tokens = 256;
+    o->last_layer = -1;
+}
+
+void oe_ctx_free(oe_ctx *c)
+{
+    if (!c) return;
+    float *bufs[] = {c->x, c->h, c->q, c->k, c->v, c->kq, c->vq, c->attn, c->gate, c->up, c->rope_cos,
+                     c->rope_sin};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
+    for (int t = 0; t < OE_MAX_THREADS; t++) {
+        free(c->th[t].s);
+        free(c->th[t].sq);
+    }
+    free(c);
+}
+
+static float *alloc_f(size_t n, int *fail)
+{
+    float *p = malloc((n ? n : 1) * sizeof *p);
+    if (!p) *fail = 1;
+    return p;
+}
+
+oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out)
+{
+    if (!m || !out) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_ctx_create: NULL argument");
+    *out = NULL;
+    if (max_tokens <= 0 || max_tokens > (1 << 20))
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_ctx_create: max_tokens %d must be in 1..%d",
+                            max_tokens, 1 << 20);
+    const oe_config *cf = &m->cfg;
+    oe_ctx *c = calloc(1, sizeof *c);
+    if (!c) return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_ctx_create: out of memory");
+    c->m = m;
+    c->max_n = max_tokens;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    c->nthreads = ncpu < 1 ? 1 : ncpu > OE_MAX_THREADS ? OE_MAX_THREADS : (int)ncpu;
+    const char *env = getenv("OE_THREADS");
+    if (env && atoi(env) >= 1) c->nthreads = atoi(env) > OE_MAX_THREADS ? OE_MAX_THREADS : atoi(env);
+    size_t n = (size_t)max_tokens, d = (size_t)cf->head_dim, qd = (size_t)cf->num_q_heads * d,
+           kvd = (size_t)cf->num_kv_heads * d;
+    int fail = 0;
+    c->x = alloc_f(n * (size_t)cf->hidden, &fail);
+    c->h = alloc_f(n * (size_t)cf->hidden, &fail);
+    c->q = alloc_f(n * qd, &fail);
+    c->k = alloc_f(n * kvd, &fail);
+    c->v = alloc_f(n * kvd, &fail);
+    c->kq = alloc_f(n * kvd, &fail);
+    c->vq = alloc_f(n * kvd, &fail);
+    c->attn = alloc_f(n * qd, &fail);
+    c->gate = alloc_f(n * (size_t)cf->intermediate, &fail);
+    c->up = alloc_f(n * (size_t)cf->intermediate, &fail);
+    c->rope_cos = alloc_f(n * d / 2, &fail);
+    c->rope_sin = alloc_f(n * d / 2, &fail);
+    size_t blk = n < OE_QBLOCK ? n : OE_QBLOCK;
+    for (int t = 0; t < c->nthreads; t++) {
+        c->th[t].s = alloc_f(blk * n, &fail);
+        c->th[t].sq = alloc_f(blk * n, &fail);
+    }
+    if (fail) {
+        oe_ctx_free(c);
+        return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_ctx_create: out of memory for a %d-token window; use "
+                            "a shorter window", max_tokens);
+    }
+    /* Same recipe as transformers: inv_freq in fp32, angle = pos * inv_freq
+     * in fp32, cos/sin of that fp32 angle. */
+    for (size_t i = 0; i < d / 2; i++) {
+        float inv = (float)(1.0 / pow(cf->rope_theta, (double)(2 * i) / (double)d));
+        for (size_t p = 0; p < n; p++) {
+            float ang = (float)p * inv;
+            c->rope_cos[p * (d / 2) + i] = (float)cos((double)ang);
+            c->rope_sin[p * (d / 2) + i] = (float)sin((double)ang);
+        }
+    }
+    *out = c;
+    return OSCAR_OK;
+}
+
+/* out[i][:] = x[i][:] * rsqrt(mean(x^2) + eps) * w; rows of length len, stride ld. */
+static void rmsnorm_rows(float *out, const float *x, const float *w, int rows, int len, int ld, double eps)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * ld;
+        float *orow = out + (size_t)r * ld;
+        double ss = 0.0;
+        for (int i = 0; i < len; i++) ss += (double)xr[i] * xr[i];
+        float inv = (float)(1.0 / sqrt(ss / len + eps));
+        for (int i = 0; i < len; i++) orow[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* Y[n][out] = X[n][in] W^T (+ b). */
+static void linear(float *y, const float *x, const float *w, const float *b, int n, int in, int outd)
+{
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, outd, in, 1.0f, x, in, w, in, 0.0f, y, outd);
+    if (b)
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < outd; j++) y[(size_t)i * outd + j] += b[j];
+}
+
+/* Rotate-half RoPE on [n][heads][d] in place. */
+static void rope(const oe_ctx *c, float *x, int n, int heads, int d)
+{
+    int h2 = d / 2;
+    for (int p = 0; p < n; p++) {
+        const float *cs = c->rope_cos + (size_t)p * h2, *sn = c->rope_sin + (size_t)p * h2;
+        for (int hh = 0; hh < heads; hh++) {
+            float *v = x + ((size_t)p * heads + hh) * d;
+            for (int i = 0; i < h2; i++) {
+                float a = v[i], b = v[i + h2];
+                v[i] = a * cs[i] - b * sn[i];
+                v[i + h2] = b * cs[i] + a * sn[i];
+            }
+        }
+    }
+}
+
+typedef struct attn_job {
+    oe_ctx *c;
+    int n, Hq, Hkv, d;
+    int use_q;          /* quantized copies present */
+    int S0, W;
+    int nblocks;
+    atomic_int next;
+} attn_job;
+
+/* One (head, query block) task. */
+static void attn_task(attn_job *j, attn_thread *th, int task)
+{
+    oe_ctx *c = j->c;
+    const int d = j->d, Hq = j->Hq, Hkv = j->Hkv, n = j->n;
+    /* Largest blocks first so the tail of the schedule is short. */
+    int blk = j->nblocks - 1 - task / Hq, h = task % Hq;
+    int g = h / (Hq / Hkv);
+    int r0 = blk * OE_QBLOCK, r1 = r0 + OE_QBLOCK < n ? r0 + OE_QBLOCK : n, nb = r1 - r0, nk = r1;
+    const int ldq = Hq * d, ldk = Hkv * d;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    const float *Q = c->q + (size_t)r0 * ldq + (size_t)h * d;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, nk, d, scale, Q, ldq, c->k + (size_t)g * d, ldk,
+                0.0f, th->s, nk);
+    if (j->use_q)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, nk, d, scale, Q, ldq, c->kq + (size_t)g * d,
+                    ldk, 0.0f, th->sq, nk);
+    for (int i = 0; i < nb; i++) {
+        const int t = r0 + i;
+        float *s = th->s + (size_t)i * nk, *sq = th->sq + (size_t)i * nk;
+        /* Keys in [qlo, qhi] read the quantized copy (the 2-bit region). */
+        int qlo = j->S0, qhi = t - j->W;
+        if (!j->use_q) qhi = -1;
+        float mx = -INFINITY;
+        for (int p = 0; p <= t; p++) {
+            float v = (p >= qlo && p <= qhi) ? sq[p] : s[p];
+            if (v > mx) mx = v;
+        }
+        double sum = 0.0;
+        for (int p = 0; p <= t; p++) {
+            int isq = p >= qlo && p <= qhi;
+            float e = expf((isq ? sq[p] : s[p]) - mx);
+            sum += e;
+            if (j->use_q) {
+                s[p] = isq ? 0.0f : e;
+                sq[p] = isq ? e : 0.0f;
+            } else {
+                s[p] = e;
+            }
+        }
+        float inv = (float)(1.0 / sum);
+        for (int p = 0; p <= t; p++) s[p] *= inv;
+        for (int p = t + 1; p < nk; p++) s[p] = 0.0f;
+        if (j->use_q) {
+            for (int p = 0; p <= t; p++) sq[p] *= inv;
+            for (int p = t + 1; p < nk; p++) sq[p] = 0.0f;
+        }
+    }
+    float *O = c->attn + (size_t)r0 * ldq + (size_t)h * d;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, nk, 1.0f, th->s, nk, c->v + (size_t)g * d, ldk,
+                0.0f, O, ldq);
+    if (j->use_q)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, nk, 1.0f, th->sq, nk,
+                    c->vq + (size_t)g * d, ldk, 1.0f, O, ldq);
+}
+
+typedef struct attn_worker {
+    attn_job *j;
+    attn_thread *th;
+} attn_worker;
+
+static void *attn_worker_main(void *arg)
+{
+    attn_worker *w = arg;
+    int total = w->j->nblocks * w->j->Hq;
+    for (;;) {
+        int t = atomic_fetch_add(&w->j->next, 1);
+        if (t >= total) break;
+        attn_task(w->j, w->th, t);
+    }
+    return NULL;
+}
+
+static oscar_status attention(oe_ctx *c, int n, int use_q, int S0, int W)
+{
+    const oe_config *cf = &c->m->cfg;
+    attn_job j = {.c = c, .n = n, .Hq = cf->num_q_heads, .Hkv = cf->num_kv_heads, .d = cf->head_dim,
+                  .use_q = use_q, .S0 = S0, .W = W, .nblocks = (n + OE_QBLOCK - 1) / OE_QBLOCK};
+    atomic_init(&j.next, 0);
+    int nt = c->nthreads;
+    if (nt > j.nblocks * j.Hq) nt = j.nblocks * j.Hq;
+    attn_worker w[OE_MAX_THREADS];
+    pthread_t tid[OE_MAX_THREADS];
+    int started = 0;
+    int blas_threads = openblas_get_num_threads();
+    /* Parallel over tasks, so each sgemm stays on its own core. */
+    if (nt > 1) openblas_set_num_threads(1);
+    for (int t = 1; t < nt; t++) {
+        w[t] = (attn_worker){&j, &c->th[t]};
+        if (pthread_create(&tid[t], NULL, attn_worker_main, &w[t]) != 0) break;
+        started++;
+    }
+    w[0] = (attn_worker){&j, &c->th[0]};
+    attn_worker_main(&w[0]);
+    for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
+    if (nt > 1) openblas_set_num_threads(blas_threads);
+    return OSCAR_OK;
+}
+
+static void round_bf16_buf(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] = oe_round_bf16(x[i]);
+}
+
+oscar_status oe_forward(oe_ctx *c, const uint32_t *tokens, int n, const oe_forward_options *opt, float *logits)
+{
+    if (!c || !tokens) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: NULL context or tokens");
+    if (n <= 0) return oe_set_error(OSCAR_ERR_EMPTY, "oe_forward: the window holds no tokens");
+    if (n > c->max_n)
+        return oe_set_error(OSCAR_ERR_TOO_LONG, "oe_forward: %d tokens exceed the context's max_tokens %d; "
+                            "create the context with a larger window", n, c->max_n);
+    oe_forward_options def;
+    if (!opt) {
+        oe_forward_options_default(&def);
+        opt = &def;
+    }
+    const oe_model *m = c->m;
+    const oe_config *cf = &m->cfg;
+    if (opt->last_layer < -1 || opt->last_layer >= cf->num_layers)
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: last_layer %d must be -1 or in 0..%d",
+                            opt->last_layer, cf->num_layers - 1);
+    if (opt->kv_quant && (opt->sink_tokens < 0 || opt->recent_tokens < 0))
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: sink_tokens %d and recent_tokens %d must "
+                            "be >= 0", opt->sink_tokens, opt->recent_tokens);
+    const int H = cf->hidden, d = cf->head_dim, Hq = cf->num_q_heads, Hkv = cf->num_kv_heads,
+              FF = cf->intermediate, qd = Hq * d, kvd = Hkv * d;
+    const int last = opt->last_layer < 0 ? cf->num_layers - 1 : opt->last_layer;
+    const int want_logits = logits && !opt->skip_lm_head && last == cf->num_layers - 1;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] >= (uint32_t)cf->vocab)
+            return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: token %d is id %u, outside the "
+                                "vocabulary of %d; the token file does not belong to this model", i,
+                                tokens[i], cf->vocab);
+        memcpy(c->x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof(float));
+    }
+    for (int L = 0; L <= last; L++) {
+        const oe_layer *l = &m->layers[L];
+        rmsnorm_rows(c->h, c->x, l->attn_norm, n, H, H, cf->rms_eps);
+        linear(c->q, c->h, l->wq, l->bq, n, H, qd);
+        linear(c->k, c->h, l->wk, l->bk, n, H, kvd);
+        linear(c->v, c->h, l->wv, l->bv, n, H, kvd);
+        if (l->q_norm) {
+            rmsnorm_rows(c->q, c->q, l->q_norm, n * Hq, d, d, cf->rms_eps);
+            rmsnorm_rows(c->k, c->k, l->k_norm, n * Hkv, d, d, cf->rms_eps);
+        }
+        rope(c, c->q, n, Hq, d);
+        rope(c, c->k, n, Hkv, d);
+        if (opt->observer) {
+            oscar_status s = opt->observer(opt->observer_user, L, n, c->q, c->k, c->v);
+            if (s != OSCAR_OK)
+                return oe_set_error(s, "oe_forward: the observer stopped the forward at layer %d (status %d)",
+                                    L, (int)s);
+        }
+        /* Nothing reads the rest of the last layer when no logits are wanted. */
+        if (L == last && !want_logits) break;
+        int use_q = 0;
+        if (opt->kv_quant) {
+            oscar_status s = opt->kv_quant(opt->kv_quant_user, L, n, c->k, c->v, c->kq, c->vq);
+            if (s != OSCAR_OK)
+                return oe_set_error(s, "oe_forward: the KV quantization hook failed at layer %d (status %d)",
+                                    L, (int)s);
+            use_q = 1;
+        }
+        if (opt->kv_bf16) {
+            round_bf16_buf(c->k, (size_t)n * kvd);
+            round_bf16_buf(c->v, (size_t)n * kvd);
+        }
+        attention(c, n, use_q, opt->sink_tokens, opt->recent_tokens);
+        /* x += attn Wo^T: accumulate straight into the residual. */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, qd, 1.0f, c->attn, qd, l->wo, qd, 1.0f, c->x,
+                    H);
+        if (l->bo)
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < H; j++) c->x[(size_t)i * H + j] += l->bo[j];
+        rmsnorm_rows(c->h, c->x, l->mlp_norm, n, H, H, cf->rms_eps);
+        linear(c->gate, c->h, l->w_gate, NULL, n, H, FF);
+        linear(c->up, c->h, l->w_up, NULL, n, H, FF);
+        for (size_t i = 0; i < (size_t)n * FF; i++) {
+            float g = c->gate[i];
+            c->gate[i] = g / (1.0f + expf(-g)) * c->up[i];
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, FF, 1.0f, c->gate, FF, l->w_down, FF, 1.0f, c->x,
+                    H);
+    }
+    if (want_logits) {
+        rmsnorm_rows(c->h, c->x, m->final_norm, n, H, H, cf->rms_eps);
+        linear(logits, c->h, m->lm_head, NULL, n, H, cf->vocab);
+    }
+    return OSCAR_OK;
+}

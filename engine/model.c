@@ -1,0 +1,356 @@
+/* Hugging Face config.json + safetensors checkpoint -> fp32 weights. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+#define OE_MAX_SHARDS 256
+
+static int json_get_int(json_t *root, const char *key, int *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!json_is_integer(v) || json_integer_value(v) <= 0 || json_integer_value(v) > (1 << 30)) return 0;
+    *out = (int)json_integer_value(v);
+    return 1;
+}
+
+static int json_get_num(json_t *root, const char *key, double *out)
+{
+    json_t *v = json_object_get(root, key);
+    if (!json_is_number(v)) return 0;
+    *out = json_number_value(v);
+    return 1;
+}
+
+/* RoPE variants other than the plain one change positions; refusing is
+ * safer than silently computing something else. */
+static oscar_status check_rope_object(const char *path, json_t *r, const char *what)
+{
+    if (!r || json_is_null(r)) return OSCAR_OK;
+    if (!json_is_object(r))
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: '%s' is not an object", path, what);
+    json_t *t = json_object_get(r, "rope_type");
+    if (!t) t = json_object_get(r, "type");
+    if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "default")))
+        return oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: %s.rope_type '%s' (RoPE scaling) is not supported by "
+                            "the reference engine; only plain RoPE ('default') is", path, what,
+                            json_is_string(t) ? json_string_value(t) : "?");
+    return OSCAR_OK;
+}
+
+oscar_status oe_config_load(const char *path, oe_config *c)
+{
+    if (!path || !c) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_config_load: NULL argument");
+    memset(c, 0, sizeof *c);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return oe_set_error(OSCAR_ERR_IO, "%s: cannot read config (%s, line %d)", path, jerr.text, jerr.line);
+    oscar_status s = OSCAR_OK;
+    if (!json_is_object(root)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: not a JSON object", path);
+        goto done;
+    }
+    json_t *mt = json_object_get(root, "model_type");
+    const char *type = json_is_string(mt) ? json_string_value(mt) : "(missing)";
+    if (!strcmp(type, "llama")) c->arch = OE_ARCH_LLAMA;
+    else if (!strcmp(type, "qwen2")) c->arch = OE_ARCH_QWEN2;
+    else if (!strcmp(type, "qwen3")) c->arch = OE_ARCH_QWEN3;
+    else {
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported; the reference engine "
+                         "runs 'llama', 'qwen2' and 'qwen3' checkpoints", path, type);
+        goto done;
+    }
+    snprintf(c->model_type, sizeof c->model_type, "%s", type);
+    if (!json_get_int(root, "num_hidden_layers", &c->num_layers) ||
+        !json_get_int(root, "hidden_size", &c->hidden) ||
+        !json_get_int(root, "num_attention_heads", &c->num_q_heads) ||
+        !json_get_int(root, "intermediate_size", &c->intermediate) ||
+        !json_get_int(root, "vocab_size", &c->vocab)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: num_hidden_layers, hidden_size, num_attention_heads, "
+                         "intermediate_size and vocab_size must be positive integers", path);
+        goto done;
+    }
+    if (!json_get_int(root, "num_key_value_heads", &c->num_kv_heads)) c->num_kv_heads = c->num_q_heads;
+    if (!json_get_int(root, "head_dim", &c->head_dim)) {
+        if (c->hidden % c->num_q_heads) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no head_dim and hidden_size %d is not a multiple of "
+                             "num_attention_heads %d", path, c->hidden, c->num_q_heads);
+            goto done;
+        }
+        c->head_dim = c->hidden / c->num_q_heads;
+    }
+    if (c->num_q_heads % c->num_kv_heads || c->head_dim % 2) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: num_attention_heads %d must be a multiple of "
+                         "num_key_value_heads %d and head_dim %d even", path, c->num_q_heads, c->num_kv_heads,
+                         c->head_dim);
+        goto done;
+    }
+    if (!json_get_int(root, "max_position_embeddings", &c->max_position)) c->max_position = 0;
+    if (!json_get_num(root, "rms_norm_eps", &c->rms_eps)) c->rms_eps = 1e-6;
+    json_t *act = json_object_get(root, "hidden_act");
+    if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu"))) {
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (SwiGLU with silu only)",
+                         path, json_is_string(act) ? json_string_value(act) : "?");
+        goto done;
+    }
+    /* rope_theta: top level (older transformers) or rope_parameters (5.x). */
+    json_t *rp = json_object_get(root, "rope_parameters");
+    if ((s = check_rope_object(path, json_object_get(root, "rope_scaling"), "rope_scaling")) != OSCAR_OK ||
+        (s = check_rope_object(path, rp, "rope_parameters")) != OSCAR_OK)
+        goto done;
+    if (!json_get_num(root, "rope_theta", &c->rope_theta) &&
+        !(json_is_object(rp) && json_get_num(rp, "rope_theta", &c->rope_theta)))
+        c->rope_theta = 10000.0; /* the transformers default */
+    if (!(c->rope_theta > 0.0)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta must be positive", path);
+        goto done;
+    }
+    json_t *sw = json_object_get(root, "use_sliding_window");
+    if (json_is_true(sw)) {
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: use_sliding_window=true is not supported; the engine "
+                         "runs full causal attention", path);
+        goto done;
+    }
+    json_t *lt = json_object_get(root, "layer_types");
+    if (json_is_array(lt)) {
+        size_t i;
+        json_t *e;
+        json_array_foreach(lt, i, e)
+        {
+            if (!json_is_string(e) || strcmp(json_string_value(e), "full_attention")) {
+                s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: layer_types[%zu] is not 'full_attention'; "
+                                 "only full causal attention is supported", path, i);
+                goto done;
+            }
+        }
+    }
+    json_t *mb = json_object_get(root, "mlp_bias");
+    if (json_is_true(mb)) {
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: mlp_bias=true is not supported", path);
+        goto done;
+    }
+    json_t *tie = json_object_get(root, "tie_word_embeddings");
+    /* transformers defaults tie_word_embeddings to true when absent. */
+    c->tie_word_embeddings = tie ? json_is_true(tie) : 1;
+    c->qk_norm = c->arch == OE_ARCH_QWEN3;
+    json_t *ab = json_object_get(root, "attention_bias");
+    c->qkv_bias = c->arch == OE_ARCH_QWEN2 ? 1 : json_is_true(ab);
+done:
+    json_decref(root);
+    return s;
+}
+
+/* ------------------------------------------------------------- weights */
+typedef struct shard_set {
+    oe_safetensors *st[OE_MAX_SHARDS];
+    int n;
+} shard_set;
+
+static const oe_tensor *find_any(const shard_set *ss, const char *name)
+{
+    for (int i = 0; i < ss->n; i++) {
+        const oe_tensor *t = oe_st_find(ss->st[i], name);
+        if (t) return t;
+    }
+    return NULL;
+}
+
+/* Loads tensor `name` of shape [d0] or [d0][d1] (d1 = 0 for 1-D) into a
+ * fresh fp32 array. optional: absent -> *out = NULL, OK. */
+static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d0, int64_t d1, int optional,
+                                float **out)
+{
+    *out = NULL;
+    const oe_tensor *t = find_any(ss, name);
+    if (!t) {
+        if (optional) return OSCAR_OK;
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint lacks tensor '%s'; the weights do not match "
+                            "config.json", name);
+    }
+    int ok = d1 ? (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1) : (t->ndim == 1 && t->shape[0] == d0);
+    if (!ok)
+        return oe_set_error(OSCAR_ERR_SHAPE_MISMATCH, "tensor '%s' has shape [%" PRId64 "%s...] (%d dims) but "
+                            "config.json implies [%" PRId64 ", %" PRId64 "]", name,
+                            t->ndim ? t->shape[0] : 0, t->ndim > 1 ? ", " : "", t->ndim, d0, d1);
+    if (t->dtype != OE_F32 && t->dtype != OE_F16 && t->dtype != OE_BF16)
+        return oe_set_error(OSCAR_ERR_UNSUPPORTED, "tensor '%s' has dtype %s; weights must be F32, F16 or BF16",
+                            name, oe_dtype_name(t->dtype));
+    float *p = malloc((size_t)t->numel * sizeof *p);
+    if (!p) return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading '%s'", name);
+    oscar_status s = oe_tensor_to_f32(t, p, t->numel);
+    if (s != OSCAR_OK) {
+        free(p);
+        return s;
+    }
+    *out = p;
+    return OSCAR_OK;
+}
+
+static oscar_status open_shards(const char *dir, shard_set *ss)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        ss->n = 0;
+        oscar_status s = oe_st_open(path, &ss->st[0]);
+        if (s == OSCAR_OK) ss->n = 1;
+        return s;
+    }
+    fclose(f);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: invalid JSON (%s)", path, jerr.text);
+    json_t *wm = json_object_get(root, "weight_map");
+    oscar_status s = OSCAR_OK;
+    if (!json_is_object(wm)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no weight_map object", path);
+        goto done;
+    }
+    /* Distinct shard names, in first-seen order. */
+    const char *names[OE_MAX_SHARDS];
+    int nn = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val)
+    {
+        if (!json_is_string(val)) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: weight_map['%s'] is not a file name", path, key);
+            goto done;
+        }
+        const char *fn = json_string_value(val);
+        if (!*fn || strchr(fn, '/') || strchr(fn, '\\') || !strcmp(fn, "..")) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: shard name '%s' must be a plain file name in the "
+                             "model directory", path, fn);
+            goto done;
+        }
+        int seen = 0;
+        for (int i = 0; i < nn; i++) seen |= !strcmp(names[i], fn);
+        if (seen) continue;
+        if (nn == OE_MAX_SHARDS) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: more than %d shards", path, OE_MAX_SHARDS);
+            goto done;
+        }
+        names[nn++] = fn;
+    }
+    for (int i = 0; i < nn; i++) {
+        char sp[4096];
+        snprintf(sp, sizeof sp, "%s/%s", dir, names[i]);
+        if ((s = oe_st_open(sp, &ss->st[ss->n])) != OSCAR_OK) goto done;
+        ss->n++;
+    }
+    /* Every mapped tensor must be in the shard the index names. */
+    json_object_foreach(wm, key, val)
+    {
+        int found = 0;
+        for (int i = 0; i < nn && !found; i++)
+            if (!strcmp(names[i], json_string_value(val))) found = oe_st_find(ss->st[i], key) != NULL;
+        if (!found) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: tensor '%s' is not in shard '%s'", path, key,
+                             json_string_value(val));
+            goto done;
+        }
+    }
+done:
+    json_decref(root);
+    return s;
+}
+
+static void free_layer(oe_layer *l)
+{
+    float **fields[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk, &l->bv, &l->bo,
+                        &l->q_norm, &l->k_norm, &l->mlp_norm, &l->w_gate, &l->w_up, &l->w_down,
+                        &l->b_gate, &l->b_up, &l->b_down};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) free(*fields[i]);
+}
+
+void oe_model_free(oe_model *m)
+{
+    if (!m) return;
+    if (m->layers)
+        for (int i = 0; i < m->cfg.num_layers; i++) free_layer(&m->layers[i]);
+    free(m->layers);
+    if (m->lm_head != m->embed) free(m->lm_head);
+    free(m->embed);
+    free(m->final_norm);
+    free(m);
+}
+
+const oe_config *oe_model_config(const oe_model *m) { return m ? &m->cfg : NULL; }
+
+oscar_status oe_model_load(const char *dir, oe_model **out)
+{
+    if (!dir || !out) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_model_load: NULL argument");
+    *out = NULL;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    oe_model *m = calloc(1, sizeof *m);
+    shard_set *ss = calloc(1, sizeof *ss);
+    if (!m || !ss) {
+        free(m);
+        free(ss);
+        return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_model_load: out of memory");
+    }
+    oscar_status s = oe_config_load(path, &m->cfg);
+    if (s != OSCAR_OK) goto fail;
+    if ((s = open_shards(dir, ss)) != OSCAR_OK) goto fail;
+    const oe_config *c = &m->cfg;
+    m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
+    if (!m->layers) {
+        s = oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_model_load: out of memory");
+        goto fail;
+    }
+    const int64_t H = c->hidden, I = c->intermediate, d = c->head_dim, qd = (int64_t)c->num_q_heads * d,
+                  kvd = (int64_t)c->num_kv_heads * d;
+    if ((s = load_tensor(ss, "model.embed_tokens.weight", c->vocab, H, 0, &m->embed)) != OSCAR_OK) goto fail;
+    if ((s = load_tensor(ss, "model.norm.weight", H, 0, 0, &m->final_norm)) != OSCAR_OK) goto fail;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else if ((s = load_tensor(ss, "lm_head.weight", c->vocab, H, 0, &m->lm_head)) != OSCAR_OK) {
+        goto fail;
+    }
+    for (int L = 0; L < c->num_layers; L++) {
+        oe_layer *l = &m->layers[L];
+        char nm[256];
+#define LOAD(field, suffix, d0, d1, opt)                                                           \
+    do {                                                                                           \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", L, suffix);                                  \
+        if ((s = load_tensor(ss, nm, d0, d1, opt, &l->field)) != OSCAR_OK) goto fail;              \
+    } while (0)
+        LOAD(attn_norm, "input_layernorm.weight", H, 0, 0);
+        LOAD(wq, "self_attn.q_proj.weight", qd, H, 0);
+        LOAD(wk, "self_attn.k_proj.weight", kvd, H, 0);
+        LOAD(wv, "self_attn.v_proj.weight", kvd, H, 0);
+        LOAD(wo, "self_attn.o_proj.weight", H, qd, 0);
+        LOAD(bq, "self_attn.q_proj.bias", qd, 0, !c->qkv_bias);
+        LOAD(bk, "self_attn.k_proj.bias", kvd, 0, !c->qkv_bias);
+        LOAD(bv, "self_attn.v_proj.bias", kvd, 0, !c->qkv_bias);
+        LOAD(bo, "self_attn.o_proj.bias", H, 0, 1);
+        LOAD(q_norm, "self_attn.q_norm.weight", d, 0, !c->qk_norm);
+        LOAD(k_norm, "self_attn.k_norm.weight", d, 0, !c->qk_norm);
+        LOAD(mlp_norm, "post_attention_layernorm.weight", H, 0, 0);
+        LOAD(w_gate, "mlp.gate_proj.weight", I, H, 0);
+        LOAD(w_up, "mlp.up_proj.weight", I, H, 0);
+        LOAD(w_down, "mlp.down_proj.weight", H, I, 0);
+#undef LOAD
+        if (!c->qk_norm && (l->q_norm || l->k_norm)) {
+            s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "layer %d has q_norm/k_norm weights but model_type '%s' "
+                             "does not use them; check config.json", L, c->model_type);
+            goto fail;
+        }
+    }
+    for (int i = 0; i < ss->n; i++) oe_st_close(ss->st[i]);
+    free(ss);
+    *out = m;
+    return OSCAR_OK;
+fail:
+    for (int i = 0; i < ss->n; i++) oe_st_close(ss->st[i]);
+    free(ss);
+    oe_model_free(m);
+    return s;
+}

@@ -1,0 +1,63 @@
+/* Token files: uint32 little-endian ids, nothing else. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_internal.h"
+
+oscar_status oe_tokens_load(const char *path, int vocab, uint32_t **out, int64_t *count)
+{
+    if (!path || !out || !count) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_tokens_load: NULL argument");
+    *out = NULL;
+    *count = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return oe_set_error(OSCAR_ERR_IO, "%s: cannot open token file (%s)", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return oe_set_error(OSCAR_ERR_IO, "%s: cannot seek", path);
+    }
+    long sz = ftell(f);
+    rewind(f);
+    if (sz < 0 || sz % 4) {
+        fclose(f);
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: size %ld is not a multiple of 4; a token file holds "
+                            "uint32 little-endian ids", path, sz);
+    }
+    if (sz == 0) {
+        fclose(f);
+        return oe_set_error(OSCAR_ERR_EMPTY, "%s: the token file is empty", path);
+    }
+    int64_t n = sz / 4;
+    unsigned char *raw = malloc((size_t)sz);
+    uint32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!raw || !ids) {
+        free(raw);
+        free(ids);
+        fclose(f);
+        return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory for %" PRId64 " tokens", path, n);
+    }
+    size_t got = fread(raw, 1, (size_t)sz, f);
+    fclose(f);
+    if (got != (size_t)sz) {
+        free(raw);
+        free(ids);
+        return oe_set_error(OSCAR_ERR_IO, "%s: short read", path);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const unsigned char *p = raw + 4 * i;
+        ids[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+        if (vocab > 0 && ids[i] >= (uint32_t)vocab) {
+            uint32_t bad = ids[i];
+            free(raw);
+            free(ids);
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: token %" PRId64 " is id %u, outside the vocabulary "
+                                "of %d; the file was tokenized for another model", path, i, bad, vocab);
+        }
+    }
+    free(raw);
+    *out = ids;
+    *count = n;
+    return OSCAR_OK;
+}

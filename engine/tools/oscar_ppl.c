@@ -1,0 +1,98 @@
+/* oscar-ppl: fp32 perplexity of a Hugging Face checkpoint over a token file,
+ * with windows of --context tokens (window s feeds [s, s+ctx) and scores
+ * [s+1, s+ctx+1)). */
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+typedef struct progress_state {
+    double t0;
+    int ctx;
+} progress_state;
+
+static void progress(void *user, int64_t w, int64_t windows, double nll, int64_t scored)
+{
+    progress_state *ps = user;
+    double el = now_s() - ps->t0;
+    fprintf(stderr, "window %" PRId64 "/%" PRId64 "  running ppl %.4f  %.0f tokens/s\n", w, windows,
+            exp(nll / (double)scored), (double)(w * ps->ctx) / el);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: oscar-ppl MODEL_DIR --tokens FILE [--max-tokens N] [--context 2048]\n"
+                    "  MODEL_DIR  Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
+                    "  --tokens   uint32 little-endian token ids\n"
+                    "  --max-tokens  use only the first N tokens (windows need context+1 tokens each)\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *model_dir = NULL, *tok_path = NULL;
+    int64_t max_tokens = -1;
+    int ctx = 2048;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tok_path = argv[++i];
+        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) max_tokens = strtoll(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--context") && i + 1 < argc) ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage();
+            return 0;
+        } else if (argv[i][0] != '-' && !model_dir) model_dir = argv[i];
+        else {
+            usage();
+            return 2;
+        }
+    }
+    if (!model_dir || !tok_path || ctx <= 0) {
+        usage();
+        return 2;
+    }
+    double t0 = now_s();
+    oe_model *m = NULL;
+    if (oe_model_load(model_dir, &m) != OSCAR_OK) {
+        fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
+        return 1;
+    }
+    const oe_config *c = oe_model_config(m);
+    printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d (loaded in %.2f s)\n",
+           model_dir, c->model_type, c->num_layers, c->hidden, c->num_q_heads, c->num_kv_heads, c->head_dim,
+           c->vocab, now_s() - t0);
+    uint32_t *tok = NULL;
+    int64_t n = 0;
+    if (oe_tokens_load(tok_path, c->vocab, &tok, &n) != OSCAR_OK) {
+        fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
+        oe_model_free(m);
+        return 1;
+    }
+    if (max_tokens > 0 && max_tokens < n) n = max_tokens;
+    printf("tokens %s: using %" PRId64 " tokens, windows of %d\n", tok_path, n, ctx);
+    fflush(stdout);
+    progress_state ps = {now_s(), ctx};
+    oe_ppl_result r;
+    oscar_status s = oe_perplexity(m, tok, n, ctx, NULL, progress, &ps, &r);
+    double el = now_s() - ps.t0;
+    free(tok);
+    oe_model_free(m);
+    if (s != OSCAR_OK) {
+        fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
+        return 1;
+    }
+    printf("windows %" PRId64 ", scored tokens %" PRId64 ", mean NLL %.6f\n", r.windows, r.scored,
+           r.nll_sum / (double)r.scored);
+    printf("perplexity %.4f\n", r.ppl);
+    printf("time %.1f s, %.0f tokens/s (forward + lm_head)\n", el, (double)(r.windows * ctx) / el);
+    return 0;
+}
