@@ -1,0 +1,340 @@
+/* Runtime: status strings, method names, layout validation and sizes, backend
+ * discovery and its report, plans, argument checks and thread-local errors. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oscar/oscar.h"
+
+Test(status, every_code_has_a_string) {
+    for (int s = OSCAR_OK; s <= OSCAR_ERR_INTERNAL; s++) {
+        const char *str = oscar_status_string((oscar_status)s);
+        cr_assert(str && str[0], "status %d has no string", s);
+        cr_assert(strcmp(str, "unknown status code"), "status %d not described", s);
+    }
+    cr_assert_str_eq(oscar_status_string((oscar_status)12345), "unknown status code");
+}
+
+Test(status, version) {
+    int ma = -1, mi = -1, pa = -1;
+    const char *v = oscar_version(&ma, &mi, &pa);
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d.%d.%d", ma, mi, pa);
+    cr_assert_str_eq(v, buf);
+}
+
+Test(status, method_names_round_trip) {
+    for (int m = 0; m < OSCAR_METHOD_COUNT_; m++) {
+        oscar_method back;
+        cr_assert_eq(oscar_method_from_name(oscar_method_name((oscar_method)m), &back), OSCAR_OK);
+        cr_assert_eq((int)back, m);
+    }
+    oscar_method x;
+    cr_assert_eq(oscar_method_from_name("int3", &x), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "int3") && strstr(oscar_last_error(), "oscar2"),
+              "message should name the bad method and the valid ones: %s", oscar_last_error());
+}
+
+static oscar_layout_desc small_layout(void) {
+    oscar_layout_desc d;
+    oscar_layout_default(&d);
+    d.head_dim = 64;
+    d.group = 64;
+    d.num_q_heads = 4;
+    d.num_kv_heads = 2;
+    d.page_size = 16;
+    d.sink = 4;
+    d.recent = 8;
+    d.max_seq_len = 256;
+    d.method = OSCAR_METHOD_INT2;
+    return d;
+}
+
+Test(layout, default_is_valid_and_sized_per_format) {
+    oscar_layout_desc d;
+    oscar_layout_default(&d);
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_OK);
+    oscar_layout_sizes s;
+    cr_assert_eq(oscar_layout_sizes_get(&d, &s), OSCAR_OK);
+    /* FORMAT.md §3.3 worked example: d 128, G 128, P 64, H 8, F16 meta. */
+    cr_assert_eq(s.page_bytes, 36864u);
+    cr_assert_eq(s.v_codes_offset, 16384u);
+    cr_assert_eq(s.k_meta_offset, 32768u);
+    cr_assert_eq(s.v_meta_offset, 34816u);
+    cr_assert_eq(s.window_slot_bytes, (size_t)2 * 8 * (64 + 256) * 128 * 2);
+    cr_assert_float_eq(s.bits_per_element, 2.25, 1e-9);
+    int64_t pages;
+    cr_assert_eq(oscar_layout_pages_for(&d, 320, &pages), OSCAR_OK);
+    cr_assert_eq(pages, 0);
+    cr_assert_eq(oscar_layout_pages_for(&d, 321, &pages), OSCAR_OK);
+    cr_assert_eq(pages, 1);
+    cr_assert_eq(oscar_layout_pages_for(&d, 320 + 64 * 3 + 1, &pages), OSCAR_OK);
+    cr_assert_eq(pages, 4);
+    double bits;
+    cr_assert_eq(oscar_layout_bits_per_element(&d, 131072, &bits), OSCAR_OK);
+    double expect = ((131072.0 - 320) * 2.25 + 320 * 16.0) / 131072.0;
+    cr_assert_float_eq(bits, expect, 1e-9);
+    cr_assert(bits < 16.0 / 7.0, "128K-token sequence must be under 1/7 of BF16: %f", bits);
+}
+
+Test(layout, bad_fields_are_named) {
+    oscar_layout_desc d = small_layout();
+    d.head_dim = 96;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert(strstr(oscar_last_error(), "head_dim 96"), "%s", oscar_last_error());
+    d = small_layout();
+    d.group = 48;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_assert(strstr(oscar_last_error(), "group 48"), "%s", oscar_last_error());
+    d = small_layout();
+    d.group = 128; /* larger than head_dim 64 */
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED_GROUP);
+    d = small_layout();
+    d.num_q_heads = 3;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_INVALID_ARGUMENT);
+    d = small_layout();
+    d.page_size = 24;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "page_size 24"), "%s", oscar_last_error());
+    d = small_layout();
+    d.kv_dtype = OSCAR_DTYPE_F32;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_INVALID_ARGUMENT);
+    d = small_layout();
+    d.method = OSCAR_METHOD_KIVI2;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED);
+    cr_assert(strstr(oscar_last_error(), "kivi2"), "%s", oscar_last_error());
+    d = small_layout();
+    d.struct_size = 8;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_VERSION);
+    d = small_layout();
+    d.sink = -1;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_layout_validate(NULL), OSCAR_ERR_INVALID_ARGUMENT);
+}
+
+/* ---------------------------------------------------------------- registry */
+Test(registry, cpu_is_always_there) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "cpu";
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_str_eq(oscar_runtime_backend(rt), "cpu");
+    const char *rep = oscar_runtime_report(rt);
+    cr_assert(strstr(rep, "cpu") && strstr(rep, "chosen: cpu"), "%s", rep);
+    /* Every plugin is accounted for, found or skipped with a reason. */
+    cr_assert(strstr(rep, "cuda") && strstr(rep, "hip") && strstr(rep, "opencl"), "%s", rep);
+    oscar_runtime_destroy(rt);
+}
+
+Test(registry, unknown_backend_is_refused) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "metal";
+    oscar_runtime *rt = (oscar_runtime *)0x1;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_null(rt);
+    cr_assert(strstr(oscar_last_error(), "metal"), "%s", oscar_last_error());
+}
+
+Test(registry, env_override) {
+    setenv("OSCAR_BACKEND", "cpu", 1);
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(NULL, &rt), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_str_eq(oscar_runtime_backend(rt), "cpu");
+    cr_assert(strstr(oscar_runtime_report(rt), "OSCAR_BACKEND"), "%s", oscar_runtime_report(rt));
+    oscar_runtime_destroy(rt);
+    setenv("OSCAR_BACKEND", "nonsense", 1);
+    cr_assert_eq(oscar_runtime_create(NULL, &rt), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "OSCAR_BACKEND"), "%s", oscar_last_error());
+    unsetenv("OSCAR_BACKEND");
+}
+
+Test(registry, broken_plugins_are_skipped_with_reason) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.plugin_dir = OSCAR_FAKE_PLUGIN_DIR;
+    o.backend = "cpu";
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    const char *rep = oscar_runtime_report(rt);
+    cr_assert(strstr(rep, "plugin ABI 999"), "ABI mismatch not reported:\n%s", rep);
+    cr_assert(strstr(rep, "fake device is unplugged"), "probe reason not reported:\n%s", rep);
+    oscar_runtime_destroy(rt);
+}
+
+Test(registry, requested_but_absent_backend) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.plugin_dir = OSCAR_FAKE_PLUGIN_DIR;
+    o.backend = "hip"; /* no AMD GPU on CI machines; the HIP plugin can only be built */
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_ERR_NO_BACKEND);
+    cr_assert(strstr(oscar_last_error(), "hip") && strstr(oscar_last_error(), "skipped"), "%s", oscar_last_error());
+}
+
+/* ------------------------------------------------------------------ plans */
+typedef struct fixture {
+    oscar_runtime *rt;
+    oscar_plan *plan;
+    oscar_layout_desc l;
+    oscar_layout_sizes sz;
+    uint8_t *pages, *win, *ws;
+    int32_t lens[2], slots[2], bt[2 * 8], cu[3];
+    uint16_t *k, *v, *q, *out;
+    size_t ws_bytes;
+    oscar_cache cache;
+    oscar_batch batch;
+} fixture;
+
+static uint16_t bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void fixture_init(fixture *f, int validate) {
+    memset(f, 0, sizeof *f);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "cpu";
+    o.validate = validate;
+    cr_assert_eq(oscar_runtime_create(&o, &f->rt), OSCAR_OK, "%s", oscar_last_error());
+    f->l = small_layout();
+    cr_assert_eq(oscar_plan_create(f->rt, &f->l, NULL, &f->plan), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_layout_sizes_get(&f->l, &f->sz), OSCAR_OK);
+    f->pages = calloc(16, f->sz.page_bytes);
+    f->win = calloc(2, f->sz.window_slot_bytes);
+    cr_assert_eq(oscar_plan_workspace_bytes(f->plan, 2, 100, &f->ws_bytes), OSCAR_OK);
+    f->ws = calloc(1, f->ws_bytes);
+    f->lens[0] = 40, f->lens[1] = 17;
+    f->slots[0] = 1, f->slots[1] = 0;
+    for (int i = 0; i < 16; i++) f->bt[i] = 15 - i;
+    f->cu[0] = 0, f->cu[1] = 40, f->cu[2] = 57;
+    size_t row = 2 * 64, qrow = 4 * 64;
+    f->k = malloc(sizeof(uint16_t) * 57 * row);
+    f->v = malloc(sizeof(uint16_t) * 57 * row);
+    f->q = malloc(sizeof(uint16_t) * 2 * qrow);
+    f->out = malloc(sizeof(uint16_t) * 2 * qrow);
+    for (size_t i = 0; i < 57 * row; i++) {
+        f->k[i] = bf16((float)((i * 7919) % 101) / 50.0f - 1.0f);
+        f->v[i] = bf16((float)((i * 104729) % 97) / 48.0f - 1.0f);
+    }
+    for (size_t i = 0; i < 2 * qrow; i++) f->q[i] = bf16((float)((i * 31) % 17) / 8.0f - 1.0f);
+    f->cache = (oscar_cache){.pages = f->pages, .num_pages = 16, .windows = f->win, .num_window_slots = 2};
+    f->batch = (oscar_batch){.num_seqs = 2, .seq_lens = f->lens, .window_slots = f->slots, .block_table = f->bt,
+                             .block_table_stride = 8, .max_seq_len = 100};
+}
+
+static void fixture_fini(fixture *f) {
+    oscar_plan_destroy(f->plan);
+    oscar_runtime_destroy(f->rt);
+    free(f->pages), free(f->win), free(f->ws), free(f->k), free(f->v), free(f->q), free(f->out);
+}
+
+static oscar_status do_append(fixture *f) {
+    return oscar_append(f->plan, 0, &f->cache, &f->batch, f->cu, 57, f->k, f->v, 0, f->ws, f->ws_bytes, NULL);
+}
+static oscar_status do_decode(fixture *f) {
+    return oscar_decode(f->plan, 0, &f->cache, &f->batch, f->q, 0, f->out, 0, 0.0f, 0, f->ws, f->ws_bytes, NULL);
+}
+
+Test(plan, append_then_decode_on_cpu) {
+    fixture f;
+    fixture_init(&f, 0);
+    cr_assert_eq(do_append(&f), OSCAR_OK, "%s", oscar_last_error());
+    memset(f.out, 0xff, sizeof(uint16_t) * 2 * 4 * 64); /* NaN poison */
+    cr_assert_eq(do_decode(&f), OSCAR_OK, "%s", oscar_last_error());
+    for (int i = 0; i < 2 * 4 * 64; i++) cr_assert_neq(f.out[i], 0xffff, "output %d not written", i);
+    cr_assert_eq(oscar_plan_check(f.plan, f.ws, NULL), OSCAR_OK);
+    cr_assert(strstr(oscar_plan_variant(f.plan), "cpu"), "%s", oscar_plan_variant(f.plan));
+    fixture_fini(&f);
+}
+
+Test(plan, argument_errors) {
+    fixture f;
+    fixture_init(&f, 0);
+    /* Layer 0 of built-in parameters serves any layer index, negative never. */
+    cr_assert_eq(oscar_append(f.plan, -1, &f.cache, &f.batch, f.cu, 57, f.k, f.v, 0, f.ws, f.ws_bytes, NULL),
+                 OSCAR_ERR_INVALID_ARGUMENT);
+    oscar_batch b = f.batch;
+    b.num_seqs = 0;
+    cr_assert_eq(oscar_decode(f.plan, 0, &f.cache, &b, f.q, 0, f.out, 0, 0, 0, f.ws, f.ws_bytes, NULL), OSCAR_ERR_EMPTY);
+    cr_assert_eq(oscar_decode(f.plan, 0, &f.cache, &f.batch, f.q, 0, f.out, 0, 0, 0, f.ws, 1, NULL),
+                 OSCAR_ERR_WORKSPACE);
+    cr_assert(strstr(oscar_last_error(), "oscar_plan_workspace_bytes"), "%s", oscar_last_error());
+    b = f.batch;
+    b.max_seq_len = 1000; /* over the layout's 256 */
+    cr_assert_eq(oscar_decode(f.plan, 0, &f.cache, &b, f.q, 0, f.out, 0, 0, 0, f.ws, f.ws_bytes, NULL),
+                 OSCAR_ERR_TOO_LONG);
+    b = f.batch;
+    b.block_table_stride = 1; /* 100 tokens need 6 pages */
+    cr_assert_eq(oscar_decode(f.plan, 0, &f.cache, &b, f.q, 0, f.out, 0, 0, 0, f.ws, f.ws_bytes, NULL),
+                 OSCAR_ERR_TOO_LONG);
+    cr_assert_eq(oscar_append(f.plan, 0, &f.cache, &f.batch, f.cu, 0, f.k, f.v, 0, f.ws, f.ws_bytes, NULL),
+                 OSCAR_ERR_EMPTY);
+    cr_assert_eq(oscar_decode(f.plan, 0, &f.cache, &f.batch, f.q, 0, f.out, 0, NAN, 0, f.ws, f.ws_bytes, NULL),
+                 OSCAR_ERR_INVALID_ARGUMENT);
+    fixture_fini(&f);
+}
+
+Test(plan, bad_block_table_caught_in_validate_mode_and_by_cpu) {
+    for (int validate = 0; validate <= 1; validate++) {
+        fixture f;
+        fixture_init(&f, validate);
+        f.bt[0] = 99; /* sequence 0 needs pages: 40 - 4 - 8 = 28 tokens -> 2 pages */
+        cr_assert_eq(do_append(&f), OSCAR_ERR_BLOCK_TABLE, "validate=%d: %s", validate, oscar_last_error());
+        cr_assert(strstr(oscar_last_error(), "99"), "%s", oscar_last_error());
+        f.bt[0] = 15;
+        f.slots[1] = 7;
+        cr_assert_eq(do_decode(&f), OSCAR_ERR_BLOCK_TABLE, "validate=%d: %s", validate, oscar_last_error());
+        fixture_fini(&f);
+    }
+}
+
+Test(plan, params_required_and_shape_checked) {
+    oscar_runtime *rt;
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "cpu";
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK);
+    oscar_layout_desc l = small_layout();
+    l.method = OSCAR_METHOD_OSCAR2;
+    oscar_plan *p = NULL;
+    cr_assert_eq(oscar_plan_create(rt, &l, NULL, &p), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "oscar-calibrate"), "%s", oscar_last_error());
+    oscar_params *prm;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 8, 2, 128, &prm), OSCAR_OK);
+    cr_assert_eq(oscar_plan_create(rt, &l, prm, &p), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_assert(strstr(oscar_last_error(), "head_dim 128") && strstr(oscar_last_error(), "head_dim 64"), "%s",
+              oscar_last_error());
+    oscar_params_destroy(prm);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 4, 2, 64, &prm), OSCAR_OK);
+    cr_assert_eq(oscar_plan_create(rt, &l, prm, &p), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan_destroy(p);
+    oscar_params_destroy(prm);
+    oscar_runtime_destroy(rt);
+}
+
+/* ------------------------------------------------------ thread-local errors */
+static void *fail_in_thread(void *arg) {
+    (void)arg;
+    oscar_method m;
+    oscar_method_from_name("from-another-thread", &m);
+    return NULL;
+}
+
+Test(status, errors_are_per_thread) {
+    oscar_method m;
+    cr_assert_eq(oscar_method_from_name("mine", &m), OSCAR_ERR_INVALID_ARGUMENT);
+    pthread_t t;
+    pthread_create(&t, NULL, fail_in_thread, NULL);
+    pthread_join(t, NULL);
+    cr_assert(strstr(oscar_last_error(), "mine") && !strstr(oscar_last_error(), "another"), "%s", oscar_last_error());
+    /* A successful call clears the message. */
+    cr_assert_eq(oscar_method_from_name("int2", &m), OSCAR_OK);
+    cr_assert_str_eq(oscar_last_error(), "");
+}
