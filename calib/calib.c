@@ -1,0 +1,653 @@
+/* Calibration core: the OSCAR targets C_K and C_V, their eigen-rotations
+ * R = U.H.P, and clip ratios fitted on held-back rows (GUIDE §1, FORMAT §1).
+ *
+ * Normalisation (what oscar_calib_target returns), per layer, N tokens fed,
+ * g = num_q_heads / num_kv_heads, query head j reads KV head h = j / g:
+ *
+ *   C_Q,h = 1/(N g) * sum_t sum_{j: j/g = h} q_{t,j} q_{t,j}^T
+ *   C_K   = 1/Hkv * sum_h C_Q,h                (per_head: C_K,h = C_Q,h)
+ *   w_{t,h} = k_{t,h}^T C_Q,h k_{t,h}          (C_Q,h final from pass 0)
+ *   C_V,h = sum_t w_{t,h} v_{t,h} v_{t,h}^T / sum_t w_{t,h}
+ *         (= E_t[w~ v v^T] with w~ = w / mean_t(w), mean 1 over tokens of head h)
+ *   C_V   = 1/Hkv * sum_h C_V,h                (per_head: C_V,h)
+ *
+ * Every token counts once whatever window it came in (independent windows of
+ * 2048 are just N = 65536 rows); each KV head counts equally in the means.
+ * Sums are fp64; rows are accumulated as rank-k updates (cblas_dsyrk from
+ * OpenBLAS), so memory does not grow with the number of tokens.
+ */
+#include <cblas.h>
+#include <lapacke.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cpu_ref.h"
+#include "oscar_internal.h"
+
+/* Rows per rank-k update: bounds the scratch whatever n_tokens is. */
+#define CHUNK_ROWS 4096
+#define MAX_LAYERS 1024
+#define MAX_HEADS 4096
+#define MAX_HOLDOUT (1 << 20)
+
+enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
+
+static const float k_clip_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f,
+                                    0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
+#define CLIP_GRID_N ((int)(sizeof k_clip_grid / sizeof k_clip_grid[0]))
+
+struct oscar_calib {
+    oscar_calib_options o;
+    char model_hash[65];
+    int state;
+    int L, hq, hkv, d, g;
+    size_t dd;
+    double *cq;      /* [L][hkv][d][d] pass 0: sum of q q^T (upper triangle while accumulating) */
+    double *cqn;     /* [L][hkv][d][d] C_Q,h, full symmetric, set when pass 1 begins */
+    double *sv;      /* [L][hkv][d][d] pass 1: sum of w v v^T (upper triangle) */
+    double *sw;      /* [L][hkv] pass 1: sum of w */
+    int64_t *n0, *n1; /* [L] tokens fed in pass 0 / pass 1 */
+    /* Hold-out reservoir per layer (pass 1): rows of one token and one KV head. */
+    int cap;
+    float *res_k, *res_v; /* [L][cap][d] */
+    float *res_w;         /* [L][cap] raw weight w of the row's token and head */
+    int32_t *res_h;       /* [L][cap] KV head of the row */
+    int64_t *res_seen;    /* [L] rows offered */
+    uint64_t *rng;        /* [L] reservoir sampling state */
+    double *x, *y, *wt;   /* scratch: [CHUNK_ROWS][d], [CHUNK_ROWS][d], [CHUNK_ROWS] */
+    int64_t fed[2];       /* tokens fed per pass over all layers (progress) */
+    oscar_calib_layer_report *report; /* [L] after finalize */
+};
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layers, int num_q_heads,
+                                           int num_kv_heads, int head_dim) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->struct_size = sizeof *o;
+    o->num_layers = num_layers;
+    o->num_q_heads = num_q_heads;
+    o->num_kv_heads = num_kv_heads;
+    o->head_dim = head_dim;
+    o->group = head_dim;
+    o->per_head = 0;
+    o->method = OSCAR_METHOD_OSCAR2;
+    o->clip_k = 0.0f;
+    o->clip_v = 0.0f;
+    o->holdout_rows = 4096;
+}
+
+OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
+    if (!c) return;
+    free(c->cq);
+    free(c->cqn);
+    free(c->sv);
+    free(c->sw);
+    free(c->n0);
+    free(c->n1);
+    free(c->res_k);
+    free(c->res_v);
+    free(c->res_w);
+    free(c->res_h);
+    free(c->res_seen);
+    free(c->rng);
+    free(c->x);
+    free(c->y);
+    free(c->wt);
+    free(c->report);
+    free(c);
+}
+
+OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_calib **out) {
+    oscar_clear_error();
+    if (!o || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_create: NULL argument");
+    *out = NULL;
+    if (o->struct_size < sizeof *o)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_calib_options.struct_size is %u, expected %zu: fill the options with "
+                               "oscar_calib_options_default",
+                               o->struct_size, sizeof *o);
+    if (!oscar_head_dim_supported(o->head_dim))
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "head_dim %d is not supported: use 64, 128 or 256",
+                               o->head_dim);
+    if (o->num_layers <= 0 || o->num_layers > MAX_LAYERS)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "num_layers %d must be in [1, %d]", o->num_layers,
+                               MAX_LAYERS);
+    if (o->num_q_heads <= 0 || o->num_kv_heads <= 0 || o->num_q_heads > MAX_HEADS || o->num_kv_heads > MAX_HEADS ||
+        o->num_q_heads % o->num_kv_heads != 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "num_q_heads %d / num_kv_heads %d: both must be positive and KV heads must divide "
+                               "query heads",
+                               o->num_q_heads, o->num_kv_heads);
+    if (!oscar_group_supported(o->group, o->head_dim))
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_GROUP,
+                               "group %d is not supported for head_dim %d: use 32, 64 or 128 dividing head_dim",
+                               o->group, o->head_dim);
+    if (o->per_head != 0 && o->per_head != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "per_head must be 0 or 1 (got %d)", o->per_head);
+    if (o->method != OSCAR_METHOD_OSCAR2 && o->method != OSCAR_METHOD_OSCAR2_LM)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "calibration method must be OSCAR2 or OSCAR2_LM (got %d); other methods need no "
+                               "calibration: use oscar_params_create_builtin",
+                               (int)o->method);
+    if (!(o->clip_k >= 0.0f && o->clip_k <= 1.0f) || !(o->clip_v >= 0.0f && o->clip_v <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "clip_k %g / clip_v %g: use 0 to fit on held-back rows or a fixed ratio in (0, 1]",
+                               (double)o->clip_k, (double)o->clip_v);
+    if (o->holdout_rows < 1 || o->holdout_rows > MAX_HOLDOUT)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "holdout_rows %d must be in [1, %d] (default 4096)",
+                               o->holdout_rows, MAX_HOLDOUT);
+    if (o->model_hash && strlen(o->model_hash) > 64)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
+
+    oscar_calib *c = calloc(1, sizeof *c);
+    if (!c) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory creating the calibration");
+    c->o = *o;
+    c->o.struct_size = sizeof c->o;
+    if (o->model_hash) memcpy(c->model_hash, o->model_hash, strlen(o->model_hash) + 1);
+    c->o.model_hash = NULL; /* not kept: the caller's string may not outlive us */
+    c->state = STATE_CREATED;
+    c->L = o->num_layers;
+    c->hq = o->num_q_heads;
+    c->hkv = o->num_kv_heads;
+    c->d = o->head_dim;
+    c->g = o->num_q_heads / o->num_kv_heads;
+    c->dd = (size_t)c->d * (size_t)c->d;
+    c->cap = o->holdout_rows;
+    size_t nm = (size_t)c->L * (size_t)c->hkv * c->dd, nres = (size_t)c->L * (size_t)c->cap;
+    c->cq = calloc(nm, sizeof(double));
+    c->cqn = calloc(nm, sizeof(double));
+    c->sv = calloc(nm, sizeof(double));
+    c->sw = calloc((size_t)c->L * (size_t)c->hkv, sizeof(double));
+    c->n0 = calloc((size_t)c->L, sizeof(int64_t));
+    c->n1 = calloc((size_t)c->L, sizeof(int64_t));
+    c->res_k = malloc(nres * (size_t)c->d * sizeof(float));
+    c->res_v = malloc(nres * (size_t)c->d * sizeof(float));
+    c->res_w = malloc(nres * sizeof(float));
+    c->res_h = malloc(nres * sizeof(int32_t));
+    c->res_seen = calloc((size_t)c->L, sizeof(int64_t));
+    c->rng = calloc((size_t)c->L, sizeof(uint64_t));
+    c->x = malloc((size_t)CHUNK_ROWS * (size_t)c->d * sizeof(double));
+    c->y = malloc((size_t)CHUNK_ROWS * (size_t)c->d * sizeof(double));
+    c->wt = malloc((size_t)CHUNK_ROWS * sizeof(double));
+    c->report = calloc((size_t)c->L, sizeof *c->report);
+    if (!c->cq || !c->cqn || !c->sv || !c->sw || !c->n0 || !c->n1 || !c->res_k || !c->res_v || !c->res_w ||
+        !c->res_h || !c->res_seen || !c->rng || !c->x || !c->y || !c->wt || !c->report) {
+        oscar_calib_destroy(c);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
+                               "out of memory for calibration state (%d layers, %d KV heads, head_dim %d, %d "
+                               "hold-out rows): lower holdout_rows",
+                               o->num_layers, o->num_kv_heads, o->head_dim, o->holdout_rows);
+    }
+    /* Deterministic reservoir: the same feed order gives the same rows. */
+    for (int l = 0; l < c->L; l++) c->rng[l] = 0x05ca12000000ull + (uint64_t)l;
+    *out = c;
+    return OSCAR_OK;
+}
+
+/* Mirrors the upper triangle of a d x d row-major matrix into the lower. */
+static void symmetrize_upper(int d, double *a) {
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < i; j++) a[i * d + j] = a[j * d + i];
+}
+
+OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass) {
+    oscar_clear_error();
+    if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_begin_pass: calib is NULL");
+    if (pass == 0) {
+        if (c->state != STATE_CREATED)
+            return oscar_set_error(OSCAR_ERR_STATE,
+                                   "pass 0 can only begin once, right after oscar_calib_create: create a new "
+                                   "calibration to start over");
+        c->state = STATE_PASS0;
+        return OSCAR_OK;
+    }
+    if (pass == 1) {
+        if (c->state != STATE_PASS0)
+            return oscar_set_error(OSCAR_ERR_STATE,
+                                   "pass 1 begins after pass 0 (call oscar_calib_begin_pass(c, 0) and feed every "
+                                   "layer first)");
+        for (int l = 0; l < c->L; l++)
+            if (c->n0[l] == 0)
+                return oscar_set_error(OSCAR_ERR_STATE,
+                                       "layer %d got no tokens in pass 0: feed every layer before beginning pass 1",
+                                       l);
+        /* C_Q,h final: 1/(N g) * sum of q q^T over tokens and the group's query heads. */
+        for (int l = 0; l < c->L; l++)
+            for (int h = 0; h < c->hkv; h++) {
+                size_t off = ((size_t)l * (size_t)c->hkv + (size_t)h) * c->dd;
+                double inv = 1.0 / ((double)c->n0[l] * (double)c->g);
+                for (size_t i = 0; i < c->dd; i++) c->cqn[off + i] = c->cq[off + i] * inv;
+                symmetrize_upper(c->d, c->cqn + off);
+            }
+        c->state = STATE_PASS1;
+        return OSCAR_OK;
+    }
+    return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass must be 0 or 1 (got %d)", pass);
+}
+
+/* Finds the first non-finite element of a [n][heads][d] array; -1 if none. */
+static int64_t first_nonfinite(const void *a, oscar_dtype t, size_t count) {
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(oscar_load(t, a, i))) return (int64_t)i;
+    return -1;
+}
+
+/* Offers one (K, V) row pair to the layer's reservoir (Algorithm R with a
+ * deterministic generator): memory stays `cap` rows whatever N is. */
+static void reservoir_offer(oscar_calib *c, int l, int h, const void *k, const void *v, oscar_dtype t, size_t base,
+                            double w) {
+    int64_t seen = c->res_seen[l]++;
+    int64_t slot = seen;
+    if (seen >= c->cap) {
+        slot = (int64_t)(splitmix64(&c->rng[l]) % (uint64_t)(seen + 1));
+        if (slot >= c->cap) return;
+    }
+    size_t o = ((size_t)l * (size_t)c->cap + (size_t)slot);
+    for (int i = 0; i < c->d; i++) {
+        c->res_k[o * (size_t)c->d + (size_t)i] = oscar_load(t, k, base + (size_t)i);
+        c->res_v[o * (size_t)c->d + (size_t)i] = oscar_load(t, v, base + (size_t)i);
+    }
+    c->res_w[o] = (float)w;
+    c->res_h[o] = h;
+}
+
+OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
+                                        const void *v, oscar_dtype dtype) {
+    oscar_clear_error();
+    if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed: calib is NULL");
+    if (c->state != STATE_PASS0 && c->state != STATE_PASS1)
+        return oscar_set_error(OSCAR_ERR_STATE,
+                               c->state == STATE_FINAL
+                                   ? "oscar_calib_feed after finalize: create a new calibration to feed more tokens"
+                                   : "oscar_calib_feed before oscar_calib_begin_pass(c, 0): begin pass 0 first");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed: layer %d out of range [0, %d)", layer,
+                               c->L);
+    if (n_tokens < 0) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "n_tokens %d is negative", n_tokens);
+    if (n_tokens == 0) return oscar_set_error(OSCAR_ERR_EMPTY, "oscar_calib_feed: n_tokens is 0: feed at least one token");
+    if (dtype != OSCAR_DTYPE_F32 && dtype != OSCAR_DTYPE_BF16 && dtype != OSCAR_DTYPE_F16)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "dtype %d is not F32, BF16 or F16", (int)dtype);
+    const int pass = c->state;
+    if (pass == 0 && !q)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 0 needs the queries q (k and v may be NULL)");
+    if (pass == 1 && (!k || !v))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 1 needs the keys k and values v (q may be NULL)");
+    const int d = c->d, hq = c->hq, hkv = c->hkv, g = c->g;
+    const size_t n = (size_t)n_tokens;
+
+    /* Refuse before accumulating anything: a bad row leaves no trace. */
+    if (pass == 0) {
+        int64_t bad = first_nonfinite(q, dtype, n * (size_t)hq * (size_t)d);
+        if (bad >= 0)
+            return oscar_set_error(OSCAR_ERR_NONFINITE,
+                                   "layer %d: query of token %lld, head %lld is not finite: nothing accumulated; "
+                                   "check the model's activations",
+                                   layer, (long long)(bad / ((int64_t)hq * d)), (long long)(bad / d % hq));
+    } else {
+        for (int which = 0; which < 2; which++) {
+            int64_t bad = first_nonfinite(which ? v : k, dtype, n * (size_t)hkv * (size_t)d);
+            if (bad >= 0)
+                return oscar_set_error(OSCAR_ERR_NONFINITE,
+                                       "layer %d: %s of token %lld, KV head %lld is not finite: nothing accumulated; "
+                                       "check the model's activations",
+                                       layer, which ? "value" : "key", (long long)(bad / ((int64_t)hkv * d)),
+                                       (long long)(bad / d % hkv));
+        }
+    }
+
+    if (pass == 0) {
+        /* Per KV head: rows q_{t,j} for the group's query heads, rank-k update. */
+        const size_t tok_per_chunk = (size_t)(CHUNK_ROWS / g > 0 ? CHUNK_ROWS / g : 1);
+        for (int h = 0; h < hkv; h++) {
+            double *C = c->cq + ((size_t)layer * (size_t)hkv + (size_t)h) * c->dd;
+            for (size_t t0 = 0; t0 < n; t0 += tok_per_chunk) {
+                size_t t1 = t0 + tok_per_chunk < n ? t0 + tok_per_chunk : n, rows = 0;
+                for (size_t t = t0; t < t1; t++)
+                    for (int j = h * g; j < (h + 1) * g; j++, rows++) {
+                        size_t base = (t * (size_t)hq + (size_t)j) * (size_t)d;
+                        for (int i = 0; i < d; i++) c->x[rows * (size_t)d + (size_t)i] = oscar_load(dtype, q, base + (size_t)i);
+                    }
+                cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, (int)rows, 1.0, c->x, d, 1.0, C, d);
+            }
+        }
+        c->n0[layer] += (int64_t)n;
+    } else {
+        for (size_t t0 = 0; t0 < n; t0 += CHUNK_ROWS) {
+            size_t t1 = t0 + CHUNK_ROWS < n ? t0 + CHUNK_ROWS : n, rows = t1 - t0;
+            for (int h = 0; h < hkv; h++) {
+                size_t mo = ((size_t)layer * (size_t)hkv + (size_t)h) * c->dd;
+                for (size_t t = t0; t < t1; t++) {
+                    size_t base = (t * (size_t)hkv + (size_t)h) * (size_t)d;
+                    for (int i = 0; i < d; i++) c->x[(t - t0) * (size_t)d + (size_t)i] = oscar_load(dtype, k, base + (size_t)i);
+                }
+                /* w_t = k_t^T C_Q,h k_t: Y = K C_Q,h, then row dots. */
+                cblas_dsymm(CblasRowMajor, CblasRight, CblasUpper, (int)rows, d, 1.0, c->cqn + mo, d, c->x, d, 0.0,
+                            c->y, d);
+                double wsum = 0.0;
+                for (size_t r = 0; r < rows; r++) {
+                    double w = 0.0;
+                    for (int i = 0; i < d; i++) w += c->x[r * (size_t)d + (size_t)i] * c->y[r * (size_t)d + (size_t)i];
+                    if (w < 0.0) w = 0.0; /* C_Q is PSD: only rounding makes w negative */
+                    c->wt[r] = w;
+                    wsum += w;
+                }
+                /* sum w v v^T as a rank-k update of rows sqrt(w) v. */
+                for (size_t t = t0; t < t1; t++) {
+                    size_t base = (t * (size_t)hkv + (size_t)h) * (size_t)d;
+                    double sq = sqrt(c->wt[t - t0]);
+                    for (int i = 0; i < d; i++)
+                        c->x[(t - t0) * (size_t)d + (size_t)i] = sq * oscar_load(dtype, v, base + (size_t)i);
+                    reservoir_offer(c, layer, h, k, v, dtype, base, c->wt[t - t0]);
+                }
+                cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, (int)rows, 1.0, c->x, d, 1.0, c->sv + mo, d);
+                c->sw[(size_t)layer * (size_t)hkv + (size_t)h] += wsum;
+            }
+        }
+        c->n1[layer] += (int64_t)n;
+    }
+    c->fed[pass] += (int64_t)n;
+    if (c->o.progress) {
+        /* Pass 1 knows its total: the tokens pass 0 saw. */
+        int64_t total = 0;
+        if (pass == 1)
+            for (int l = 0; l < c->L; l++) total += c->n0[l];
+        c->o.progress(c->o.progress_user, pass == 0 ? "pass 0" : "pass 1", c->fed[pass], total);
+    }
+    return OSCAR_OK;
+}
+
+/* Target of (layer, which) for rotation index r (a KV head when per_head,
+ * else the mean over heads), full symmetric d x d. */
+static void target(const oscar_calib *c, int layer, int which, int r, double *out) {
+    int h0 = c->o.per_head ? r : 0, h1 = c->o.per_head ? r + 1 : c->hkv;
+    double scale = 1.0 / (double)(h1 - h0);
+    memset(out, 0, c->dd * sizeof(double));
+    for (int h = h0; h < h1; h++) {
+        size_t mo = ((size_t)layer * (size_t)c->hkv + (size_t)h) * c->dd;
+        if (which == OSCAR_K) {
+            for (size_t i = 0; i < c->dd; i++) out[i] += scale * c->cqn[mo + i];
+        } else {
+            double sw = c->sw[(size_t)layer * (size_t)c->hkv + (size_t)h];
+            double f = sw > 0.0 ? scale / sw : 0.0;
+            for (int i = 0; i < c->d; i++)
+                for (int j = i; j < c->d; j++) out[i * c->d + j] += f * c->sv[mo + (size_t)i * (size_t)c->d + (size_t)j];
+        }
+    }
+    if (which == OSCAR_V) symmetrize_upper(c->d, out);
+}
+
+OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
+                                          double *out) {
+    oscar_clear_error();
+    if (!c || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_target: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_target: layer %d out of range [0, %d)", layer,
+                               c->L);
+    if (which != OSCAR_K && which != OSCAR_V)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "which must be OSCAR_K or OSCAR_V (got %d)", (int)which);
+    int r = 0;
+    if (c->o.per_head) {
+        if (kv_head < 0 || kv_head >= c->hkv)
+            return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "kv_head %d out of range [0, %d)", kv_head, c->hkv);
+        r = kv_head;
+    }
+    if (which == OSCAR_K && c->state < STATE_PASS1)
+        return oscar_set_error(OSCAR_ERR_STATE,
+                               "C_K is defined after pass 0: call oscar_calib_begin_pass(c, 1) (or finalize) first");
+    if (which == OSCAR_V && !(c->state == STATE_FINAL || (c->state == STATE_PASS1 && c->n1[layer] > 0)))
+        return oscar_set_error(OSCAR_ERR_STATE, "C_V of layer %d is defined after pass 1 has fed that layer", layer);
+    target(c, layer, (int)which, r, out);
+    return OSCAR_OK;
+}
+
+/* ------------------------------------------------------------ finalize */
+
+/* Context of one error evaluation on the held-back rows of a layer. */
+typedef struct eval_ctx {
+    const oscar_calib *c;
+    int layer, which, nrot, lloyd_max;
+    const float *const *R; /* [nrot] rotation per rotation index, NULL = identity */
+    const double *const *Ct; /* [nrot] metric in rotated space, d x d */
+    double *e, *f;          /* scratch [CHUNK_ROWS][d] */
+    float *xr, *xq, *deq;   /* scratch [d] */
+    uint8_t *codes;         /* [d/4] */
+    float *meta;            /* [2 * ng] */
+} eval_ctx;
+
+/* Weighted sum over held-back rows of e^T Ct e, e = dequant(quant(x R)) - x R
+ * with clip ratio `clip`; clip < 0 evaluates x^T Ct x instead (the scale the
+ * relative errors are divided by). Weights: 1 for K; w / mean(w) of the row's
+ * head for V. Returns the sum; *wsum gets the sum of weights. */
+static double eval_error(eval_ctx *x, float clip, double *wsum) {
+    const oscar_calib *c = x->c;
+    const int d = c->d, l = x->layer;
+    const int64_t nrows = c->res_seen[l] < c->cap ? c->res_seen[l] : c->cap;
+    const float *rows = (x->which == OSCAR_K ? c->res_k : c->res_v) + (size_t)l * (size_t)c->cap * (size_t)d;
+    double total = 0.0, wt_total = 0.0;
+    for (int r = 0; r < x->nrot; r++) {
+        size_t nb = 0;
+        double wts[CHUNK_ROWS > 256 ? 256 : CHUNK_ROWS];
+        for (int64_t i = 0; i <= nrows; i++) {
+            int flush = (i == nrows) || nb == sizeof wts / sizeof wts[0];
+            if (flush && nb) {
+                cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nb, d, d, 1.0, x->e, d, x->Ct[r], d, 0.0,
+                            x->f, d);
+                for (size_t b = 0; b < nb; b++) {
+                    double s = 0.0;
+                    for (int j = 0; j < d; j++) s += x->e[b * (size_t)d + (size_t)j] * x->f[b * (size_t)d + (size_t)j];
+                    total += wts[b] * s;
+                    wt_total += wts[b];
+                }
+                nb = 0;
+            }
+            if (i == nrows) break;
+            size_t slot = (size_t)l * (size_t)c->cap + (size_t)i;
+            int h = c->res_h[slot];
+            if (x->nrot > 1 && h != r) continue;
+            double w = 1.0;
+            if (x->which == OSCAR_V) {
+                double mean = c->sw[(size_t)l * (size_t)c->hkv + (size_t)h] / (double)c->n1[l];
+                w = mean > 0.0 ? (double)c->res_w[slot] / mean : 0.0;
+            }
+            const float *row = rows + (size_t)i * (size_t)d;
+            if (x->R[r])
+                oscar_ref_rotate(d, row, x->R[r], x->xr);
+            else
+                memcpy(x->xr, row, (size_t)d * sizeof(float));
+            double *e = x->e + nb * (size_t)d;
+            if (clip < 0.0f) {
+                for (int j = 0; j < d; j++) e[j] = x->xr[j];
+            } else {
+                /* The cache quantizes the bf16-rounded rotated row. */
+                for (int j = 0; j < d; j++) x->xq[j] = oscar_round_to(OSCAR_DTYPE_BF16, x->xr[j]);
+                oscar_ref_quantize_row(d, c->o.group, x->lloyd_max, clip, OSCAR_DTYPE_F16, x->xq, x->codes, x->meta);
+                oscar_ref_dequantize_row(d, c->o.group, x->lloyd_max, x->codes, x->meta, x->deq);
+                for (int j = 0; j < d; j++) e[j] = (double)x->deq[j] - (double)x->xr[j];
+            }
+            wts[nb++] = w;
+        }
+    }
+    *wsum = wt_total;
+    return total;
+}
+
+/* Ct = R^T C R (R fp32 row-major, NULL = identity). */
+static void rotate_metric(int d, const double *C, const float *R, double *Rd, double *tmp, double *Ct) {
+    if (!R) {
+        memcpy(Ct, C, (size_t)d * (size_t)d * sizeof(double));
+        return;
+    }
+    for (size_t i = 0; i < (size_t)d * (size_t)d; i++) Rd[i] = R[i];
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, d, d, d, 1.0, C, d, Rd, d, 0.0, tmp, d);
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, d, 1.0, Rd, d, tmp, d, 0.0, Ct, d);
+}
+
+static double max_ortho_error(int d, const float *R) {
+    double worst = 0.0;
+    for (int i = 0; i < d; i++)
+        for (int j = i; j < d; j++) {
+            double s = 0.0;
+            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
+            double e = fabs(s - (i == j ? 1.0 : 0.0));
+            if (e > worst) worst = e;
+        }
+    return worst;
+}
+
+OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) {
+    oscar_clear_error();
+    if (!c || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_finalize: NULL argument");
+    *out = NULL;
+    if (c->state != STATE_PASS1)
+        return oscar_set_error(OSCAR_ERR_STATE, c->state == STATE_FINAL
+                                                    ? "oscar_calib_finalize was already called: parameters were returned then"
+                                                    : "finalize needs both passes: begin pass 0, feed, begin pass 1, feed "
+                                                      "the same tokens, then finalize");
+    for (int l = 0; l < c->L; l++)
+        if (c->n1[l] != c->n0[l])
+            return oscar_set_error(OSCAR_ERR_STATE,
+                                   "layer %d got %lld tokens in pass 0 but %lld in pass 1: feed the same windows in "
+                                   "both passes",
+                                   l, (long long)c->n0[l], (long long)c->n1[l]);
+    const int d = c->d, L = c->L, nrot = c->o.per_head ? c->hkv : 1;
+    const size_t dd = c->dd;
+    oscar_params *p = NULL;
+    oscar_status s = oscar_params_alloc(L, c->hq, c->hkv, d, c->o.per_head, &p);
+    if (s) return s;
+    p->method = c->o.method;
+    p->identity = 0;
+    p->group = c->o.group;
+    p->calib_tokens = c->n0[0] > INT32_MAX ? INT32_MAX : (int32_t)c->n0[0];
+    memcpy(p->model_hash, c->model_hash, sizeof p->model_hash);
+    snprintf(p->composition, sizeof p->composition, "U.H.P");
+    p->eig = malloc((size_t)L * 2 * (size_t)nrot * (size_t)d * sizeof(double));
+    /* Per layer and kind: targets, metrics and scratch for every rotation index. */
+    double *C = malloc((size_t)nrot * dd * sizeof(double)), *A = malloc(dd * sizeof(double)),
+           *U = malloc(dd * sizeof(double)), *lam = malloc((size_t)d * sizeof(double)),
+           *Ct = malloc(3 * (size_t)nrot * dd * sizeof(double)), *Rd = malloc(dd * sizeof(double)),
+           *tmp = malloc(dd * sizeof(double)), *e = malloc((size_t)256 * (size_t)d * sizeof(double)),
+           *f = malloc((size_t)256 * (size_t)d * sizeof(double));
+    float *H = malloc(dd * sizeof(float)), *fs = malloc(4 * (size_t)d * sizeof(float));
+    uint8_t *codes = malloc((size_t)d / 4);
+    const float **Rp = malloc(3 * (size_t)nrot * sizeof(float *));
+    const double **Cp = malloc(3 * (size_t)nrot * sizeof(double *));
+    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !codes || !Rp || !Cp) {
+        s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory finalizing the calibration");
+        goto done;
+    }
+    oscar_ref_hadamard(d, H);
+    for (int l = 0; l < L; l++) {
+        if (c->o.progress) c->o.progress(c->o.progress_user, "eigendecomposition", l, L);
+        for (int which = 0; which < 2; which++) {
+            for (int r = 0; r < nrot; r++) {
+                double *Cr = C + (size_t)r * dd;
+                target(c, l, which, r, Cr);
+                memcpy(A, Cr, dd * sizeof(double));
+                lapack_int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'V', 'U', d, A, d, lam);
+                if (info != 0) {
+                    s = oscar_set_error(OSCAR_ERR_INTERNAL,
+                                        "eigendecomposition of layer %d %c target failed (LAPACK info %d)", l,
+                                        which ? 'V' : 'K', (int)info);
+                    goto done;
+                }
+                /* LAPACK sorts ascending; rank 0 must be the largest. */
+                double *ev = oscar_params_eig_ptr(p, l, which, r);
+                for (int k = 0; k < d; k++) {
+                    ev[k] = lam[d - 1 - k];
+                    for (int i = 0; i < d; i++) U[i * d + k] = A[i * d + (d - 1 - k)];
+                }
+                float *R = oscar_params_rot_ptr(p, l, which, r);
+                oscar_ref_compose_rotation(d, U, R);
+                double oe = max_ortho_error(d, R);
+                if (!(oe <= 1e-4)) {
+                    s = oscar_set_error(OSCAR_ERR_INTERNAL,
+                                        "rotation of layer %d %c is not orthogonal after fp32 storage (max |R R^T - I| "
+                                        "= %g): report this with the calibration data",
+                                        l, which ? 'V' : 'K', oe);
+                    goto done;
+                }
+                /* Metrics: [0] none, [1] Hadamard, [2] OSCAR. */
+                rotate_metric(d, Cr, NULL, Rd, tmp, Ct + (size_t)(0 * nrot + r) * dd);
+                rotate_metric(d, Cr, H, Rd, tmp, Ct + (size_t)(1 * nrot + r) * dd);
+                rotate_metric(d, Cr, R, Rd, tmp, Ct + (size_t)(2 * nrot + r) * dd);
+                Rp[0 * nrot + r] = NULL;
+                Rp[1 * nrot + r] = H;
+                Rp[2 * nrot + r] = R;
+                for (int v = 0; v < 3; v++) Cp[v * nrot + r] = Ct + (size_t)(v * nrot + r) * dd;
+            }
+            if (c->o.progress) c->o.progress(c->o.progress_user, "clip fitting", 2 * l + which, 2 * L);
+            eval_ctx x = {.c = c, .layer = l, .which = which, .nrot = nrot, .lloyd_max = 0, .e = e, .f = f,
+                          .xr = fs, .xq = fs + d, .deq = fs + 2 * d, .codes = codes, .meta = fs + 3 * d};
+            double wsum, scale;
+            x.R = Rp + 0;
+            x.Ct = Cp + 0;
+            scale = eval_error(&x, -1.0f, &wsum);
+            double rel = scale > 0.0 ? 1.0 / scale : 0.0;
+            double err_none = eval_error(&x, 1.0f, &wsum) * rel;
+            x.R = Rp + nrot;
+            x.Ct = Cp + nrot;
+            double err_had = eval_error(&x, 1.0f, &wsum) * rel;
+            x.R = Rp + 2 * nrot;
+            x.Ct = Cp + 2 * nrot;
+            x.lloyd_max = c->o.method == OSCAR_METHOD_OSCAR2_LM;
+            float fixed = which == OSCAR_K ? c->o.clip_k : c->o.clip_v, best_c = fixed > 0.0f ? fixed : 1.0f;
+            double best = eval_error(&x, best_c, &wsum);
+            for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
+                double err = eval_error(&x, k_clip_grid[gi], &wsum);
+                if (err < best) { /* strict: ties keep the milder clip */
+                    best = err;
+                    best_c = k_clip_grid[gi];
+                }
+            }
+            p->clip[l * 2 + which] = best_c;
+            double *rep = which == OSCAR_K ? c->report[l].err_k : c->report[l].err_v;
+            rep[0] = err_none;
+            rep[1] = err_had;
+            rep[2] = best * rel;
+            if (which == OSCAR_K)
+                c->report[l].clip_k = best_c;
+            else
+                c->report[l].clip_v = best_c;
+        }
+    }
+    if (c->o.progress) c->o.progress(c->o.progress_user, "done", L, L);
+    c->state = STATE_FINAL;
+    *out = p;
+    p = NULL;
+done:
+    oscar_params_destroy(p);
+    free(C);
+    free(A);
+    free(U);
+    free(lam);
+    free(Ct);
+    free(Rd);
+    free(tmp);
+    free(e);
+    free(f);
+    free(H);
+    free(fs);
+    free(codes);
+    free(Rp);
+    free(Cp);
+    return s;
+}
+
+OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int layer, oscar_calib_layer_report *out) {
+    oscar_clear_error();
+    if (!c || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_layer_report_get: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)", layer, c->L);
+    if (c->state != STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE, "the layer report exists after oscar_calib_finalize: finalize first");
+    *out = c->report[layer];
+    return OSCAR_OK;
+}
