@@ -1,0 +1,352 @@
+/* Shared test helpers (see refcheck.h). Built from the cpu_ref primitives
+ * only, never from the backend code under test. */
+#include "refcheck.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+/* ---------------------------------------------------------------- random */
+uint64_t rc_fresh_seed(void) {
+    static uint64_t counter;
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    uint64_t s = (uint64_t)ts.tv_sec * 1000000007ull ^ (uint64_t)ts.tv_nsec ^ (++counter * 0x9e3779b97f4a7c15ull);
+    return s ? s : 1;
+}
+void rc_rng_seed(rc_rng *r, uint64_t seed) { r->s = seed ? seed : 0x1234567ull; }
+uint64_t rc_next(rc_rng *r) { /* splitmix64 */
+    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+double rc_uniform(rc_rng *r) { return (double)(rc_next(r) >> 11) * 0x1p-53; }
+double rc_normal(rc_rng *r) {
+    double u = rc_uniform(r), v = rc_uniform(r);
+    return sqrt(-2.0 * log(1.0 - u)) * cos(6.283185307179586 * v);
+}
+int rc_randint(rc_rng *r, int lo, int hi) { return lo + (int)(rc_next(r) % (uint64_t)(hi - lo + 1)); }
+void rc_shuffle_i32(rc_rng *r, int32_t *a, int n) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = rc_randint(r, 0, i);
+        int32_t t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+/* ------------------------------------------------------------ activations */
+void rc_gen_kv(rc_rng *r, int n_tokens, int H, int d, int n_outliers, oscar_dtype kv_dtype, float *out) {
+    float *mag = malloc((size_t)H * d * sizeof *mag), *off = malloc((size_t)H * d * sizeof *off);
+    for (int i = 0; i < H * d; i++) {
+        mag[i] = 1.0f;
+        off[i] = (float)(0.3 * rc_normal(r));
+    }
+    for (int h = 0; h < H; h++)
+        for (int o = 0; o < n_outliers; o++) {
+            int c = rc_randint(r, 0, d - 1);
+            mag[h * d + c] = (float)(10.0 + 40.0 * rc_uniform(r));
+            off[h * d + c] *= 5.0f;
+        }
+    for (int t = 0; t < n_tokens; t++)
+        for (int i = 0; i < H * d; i++)
+            out[(size_t)t * H * d + i] = oscar_round_to(kv_dtype, (float)(off[i] + mag[i] * rc_normal(r)));
+    free(mag);
+    free(off);
+}
+void rc_to_dtype(oscar_dtype t, const float *src, void *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) oscar_store(t, dst, i, src[i]);
+}
+void rc_from_dtype(oscar_dtype t, const void *src, float *dst, size_t n) {
+    for (size_t i = 0; i < n; i++) dst[i] = oscar_load(t, src, i);
+}
+void rc_random_rotation(rc_rng *r, int d, float *R) {
+    double *U = malloc((size_t)d * d * sizeof *U); /* columns orthonormalised */
+    for (int i = 0; i < d * d; i++) U[i] = rc_normal(r);
+    for (int c = 0; c < d; c++) {
+        for (int pass = 0; pass < 2; pass++) /* re-orthogonalise for fp64 accuracy */
+            for (int k = 0; k < c; k++) {
+                double dp = 0;
+                for (int i = 0; i < d; i++) dp += U[i * d + c] * U[i * d + k];
+                for (int i = 0; i < d; i++) U[i * d + c] -= dp * U[i * d + k];
+            }
+        double n = 0;
+        for (int i = 0; i < d; i++) n += U[i * d + c] * U[i * d + c];
+        n = 1.0 / sqrt(n);
+        for (int i = 0; i < d; i++) U[i * d + c] *= n;
+    }
+    oscar_ref_compose_rotation(d, U, R);
+    free(U);
+}
+double rc_orthogonality_error(int d, const float *R) {
+    double worst = 0;
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double s = 0;
+            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * R[j * d + k];
+            double e = fabs(s - (i == j ? 1.0 : 0.0));
+            if (e > worst) worst = e;
+        }
+    return worst;
+}
+void rc_poison(void *p, size_t bytes) { memset(p, 0xff, bytes); }
+
+/* ------------------------------------------------------- expected cache */
+int rc_region(const oscar_layout_desc *l, int p, int L) {
+    if (l->method == OSCAR_METHOD_BF16) return RC_PAGED16;
+    if (p < l->sink) return RC_SINK;
+    if (p < L - l->recent) return RC_2BIT;
+    return RC_RECENT;
+}
+
+int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot, float clip_k,
+                     float clip_v, int Lmax, const float *k, const float *v, rc_seq_ref *s) {
+    memset(s, 0, sizeof *s);
+    s->l = *l;
+    s->Lmax = Lmax;
+    s->H = l->num_kv_heads;
+    s->d = l->head_dim;
+    s->ng = l->head_dim / l->group;
+    int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
+    s->clip[0] = clips ? clip_k : 1.0f;
+    s->clip[1] = clips ? clip_v : 1.0f;
+    int lm = l->method == OSCAR_METHOD_OSCAR2_LM, d = s->d, H = s->H;
+    size_t rows = (size_t)(Lmax > 0 ? Lmax : 1) * H;
+    for (int kv = 0; kv < 2; kv++) {
+        s->rot[kv] = malloc(rows * d * sizeof(float));
+        s->deq[kv] = malloc(rows * d * sizeof(float));
+        s->codes[kv] = calloc(rows * d / 4, 1);
+        s->meta[kv] = calloc(rows * s->ng * 2, sizeof(float));
+        if (!s->rot[kv] || !s->deq[kv] || !s->codes[kv] || !s->meta[kv]) return -1;
+        const float *src = kv ? v : k, *R0 = kv ? rot_v : rot_k;
+        for (size_t row = 0; row < rows; row++) {
+            int p = (int)(row / H), h = (int)(row % H);
+            const float *R = R0 ? R0 + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
+            float *xr = s->rot[kv] + row * d;
+            oscar_ref_rotate(d, src + row * d, R, xr);
+            for (int j = 0; j < d; j++) xr[j] = oscar_round_to(l->kv_dtype, xr[j]);
+            if (l->method != OSCAR_METHOD_BF16 && p >= l->sink) {
+                oscar_ref_quantize_row(d, l->group, lm, s->clip[kv], l->meta_dtype, xr, s->codes[kv] + row * d / 4,
+                                       s->meta[kv] + row * s->ng * 2);
+                oscar_ref_dequantize_row(d, l->group, lm, s->codes[kv] + row * d / 4, s->meta[kv] + row * s->ng * 2,
+                                         s->deq[kv] + row * d);
+            } else {
+                memcpy(s->deq[kv] + row * d, xr, (size_t)d * sizeof(float));
+            }
+        }
+    }
+    return 0;
+}
+void rc_seq_ref_free(rc_seq_ref *s) {
+    for (int kv = 0; kv < 2; kv++) {
+        free(s->rot[kv]);
+        free(s->deq[kv]);
+        free(s->codes[kv]);
+        free(s->meta[kv]);
+    }
+    memset(s, 0, sizeof *s);
+}
+const float *rc_stored_row(const rc_seq_ref *s, int kv, int p, int h, int L) {
+    size_t row = ((size_t)p * s->H + h) * s->d;
+    return rc_region(&s->l, p, L) == RC_2BIT ? s->deq[kv] + row : s->rot[kv] + row;
+}
+
+/* Is the reference code choice of value j within 1e-4 of a boundary? */
+static int near_boundary(const rc_seq_ref *s, int kv, size_t row, int j) {
+    const float *x = s->rot[kv] + row * s->d;
+    float tau = s->clip[kv] < 1.0f ? oscar_ref_clip_tau(s->d, x, s->clip[kv]) : INFINITY;
+    float xv = fminf(fmaxf(x[j], -tau), tau);
+    const float *m = s->meta[kv] + row * s->ng * 2 + (size_t)(j / s->l.group) * 2;
+    if (m[0] == 0.0f) return 0;
+    float t = (xv - m[1]) / m[0];
+    static const float uni[3] = {0.5f, 1.5f, 2.5f}, lm[3] = {-OSCAR_LM_T, 0.0f, OSCAR_LM_T};
+    const float *bd = s->l.method == OSCAR_METHOD_OSCAR2_LM ? lm : uni;
+    for (int i = 0; i < 3; i++)
+        if (fabsf(t - bd[i]) < 1e-4f) return 1;
+    return 0;
+}
+
+int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *windows, const int32_t *bt_row,
+                   int32_t slot, int allow_boundary, char *msg, size_t msg_len) {
+    const oscar_layout_desc *l = &s->l;
+    oscar_ref_page_geom g;
+    oscar_ref_page_geom_init(l, &g);
+    int d = s->d, H = s->H, S0 = l->sink, W = l->recent, bad = 0;
+    size_t es = oscar_dtype_size(l->kv_dtype), ms = oscar_dtype_size(l->meta_dtype);
+    size_t slot_bytes = 2 * (size_t)H * (size_t)(S0 + W) * d * es;
+    uint16_t want16[256];
+    static const char *names[] = {"sink", "2-bit", "recent", "paged16"};
+    if (msg && msg_len) msg[0] = 0;
+    for (int p = 0; p < L; p++) {
+        int reg = rc_region(l, p, L);
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < H; h++) {
+                size_t row = (size_t)p * H + h;
+                int ok = 1;
+                if (reg == RC_2BIT) {
+                    int j2 = p - S0, r = j2 % g.P;
+                    const char *page = (const char *)pages + (size_t)bt_row[j2 / g.P] * g.page_bytes;
+                    size_t prow = (size_t)h * g.P + r;
+                    const uint8_t *codes = (const uint8_t *)page + (kv ? g.v_codes : g.k_codes) + prow * g.codes_row_bytes;
+                    const char *meta = page + (kv ? g.v_meta : g.k_meta) + prow * g.meta_row_bytes;
+                    const uint8_t *wc = s->codes[kv] + row * d / 4;
+                    const float *wm = s->meta[kv] + row * s->ng * 2;
+                    for (int i = 0; i < 2 * s->ng && ok; i++) {
+                        float got = oscar_load(l->meta_dtype, meta, (size_t)i);
+                        if (oscar_f32_to_bits(got) == oscar_f32_to_bits(wm[i])) continue;
+                        if (allow_boundary && fabsf(got - wm[i]) <= fabsf(wm[i]) * (ms == 2 ? 1e-3f : 1e-6f)) continue;
+                        ok = 0;
+                    }
+                    for (int j = 0; j < d && ok; j++)
+                        if (oscar_ref_code_at(codes, j) != oscar_ref_code_at(wc, j) &&
+                            !(allow_boundary && abs(oscar_ref_code_at(codes, j) - oscar_ref_code_at(wc, j)) == 1 &&
+                              near_boundary(s, kv, row, j)))
+                            ok = 0;
+                } else {
+                    const char *src;
+                    if (reg == RC_PAGED16) {
+                        int r = p % g.P;
+                        src = (const char *)pages + (size_t)bt_row[p / g.P] * g.page_bytes +
+                              (kv ? g.v_codes : g.k_codes) + ((size_t)h * g.P + r) * g.codes_row_bytes;
+                    } else {
+                        int wr = p < S0 ? p : S0 + (p - S0) % W;
+                        src = (const char *)windows + (size_t)slot * slot_bytes +
+                              (((size_t)kv * H + h) * (size_t)(S0 + W) + (size_t)wr) * d * es;
+                    }
+                    rc_to_dtype(l->kv_dtype, s->rot[kv] + row * d, want16, (size_t)d);
+                    ok = memcmp(src, want16, (size_t)d * es) == 0;
+                }
+                if (!ok) {
+                    if (!bad && msg && msg_len)
+                        snprintf(msg, msg_len, "L=%d: %s row of position %d (%s region), kv head %d differs", L,
+                                 kv ? "V" : "K", p, names[reg], h);
+                    bad++;
+                }
+            }
+    }
+    return bad;
+}
+
+void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const float *rot_k, const float *rot_v,
+                      int num_rot, double sm_scale, int rotated_output, double *out) {
+    int d = s->d, H = s->H, gq = Hq / H;
+    double *sc = malloc((size_t)L * sizeof *sc), qr[256], o[256];
+    for (int hq = 0; hq < Hq; hq++) {
+        int h = hq / gq;
+        const float *RK = rot_k ? rot_k + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
+        const float *RV = rot_v ? rot_v + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
+        for (int j = 0; j < d; j++) {
+            double a = 0;
+            if (RK)
+                for (int i = 0; i < d; i++) a += (double)q[hq * d + i] * RK[i * d + j];
+            else
+                a = q[hq * d + j];
+            qr[j] = a;
+        }
+        double mx = -INFINITY;
+        for (int p = 0; p < L; p++) {
+            const float *k = rc_stored_row(s, 0, p, h, L);
+            double a = 0;
+            for (int j = 0; j < d; j++) a += qr[j] * k[j];
+            sc[p] = a * sm_scale;
+            if (sc[p] > mx) mx = sc[p];
+        }
+        double sum = 0;
+        for (int j = 0; j < d; j++) o[j] = 0;
+        for (int p = 0; p < L; p++) {
+            double w = exp(sc[p] - mx);
+            sum += w;
+            const float *v = rc_stored_row(s, 1, p, h, L);
+            for (int j = 0; j < d; j++) o[j] += w * v[j];
+        }
+        for (int j = 0; j < d; j++) o[j] /= sum;
+        for (int i = 0; i < d; i++) {
+            double a = 0;
+            if (RV && !rotated_output)
+                for (int j = 0; j < d; j++) a += o[j] * RV[i * d + j];
+            else
+                a = o[i];
+            out[hq * d + i] = a;
+        }
+    }
+    free(sc);
+}
+
+int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n, char *msg, size_t msg_len) {
+    double mx = 0;
+    for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
+    double rel = t == OSCAR_DTYPE_BF16 ? 0x1p-8 : 0x1p-10;
+    int bad = 0;
+    if (msg && msg_len) msg[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        double got = oscar_load(t, out, i);
+        double tol = rel * fabs(ref[i]) + 2e-4 * mx + 1e-6;
+        if (!(fabs(got - ref[i]) <= tol)) {
+            if (!bad && msg && msg_len)
+                snprintf(msg, msg_len, "output %zu: got %.7g, float64 reference %.7g (tol %.3g)", i, got, ref[i], tol);
+            bad++;
+        }
+    }
+    return bad;
+}
+
+/* ----------------------------------------------------------- paged batch */
+int rc_pages_for(const oscar_layout_desc *l, int L) {
+    int n = l->method == OSCAR_METHOD_BF16 ? L : L - l->sink - l->recent;
+    return n <= 0 ? 0 : (n + l->page_size - 1) / l->page_size;
+}
+
+int rc_paged_init(rc_rng *r, const oscar_layout_desc *l, int num_seqs, const int32_t *max_lens, int spare_pages,
+                  rc_paged *b) {
+    memset(b, 0, sizeof *b);
+    b->l = *l;
+    oscar_ref_page_geom_init(l, &b->g);
+    b->num_seqs = num_seqs;
+    b->page_bytes = b->g.page_bytes;
+    b->slot_bytes = l->method == OSCAR_METHOD_BF16
+                        ? 0
+                        : 2 * (size_t)l->num_kv_heads * (size_t)(l->sink + l->recent) * l->head_dim *
+                              oscar_dtype_size(l->kv_dtype);
+    int total = 0, stride = 1;
+    for (int i = 0; i < num_seqs; i++) {
+        int np = rc_pages_for(l, max_lens[i]);
+        total += np;
+        if (np + 1 > stride) stride = np + 1; /* one unused column, left at -1 */
+    }
+    b->stride = stride;
+    b->num_pages = total + spare_pages;
+    b->num_slots = num_seqs + 1;
+    b->seq_lens = calloc((size_t)num_seqs, sizeof(int32_t));
+    b->window_slots = malloc((size_t)b->num_slots * sizeof(int32_t));
+    b->block_table = malloc((size_t)num_seqs * stride * sizeof(int32_t));
+    int32_t *ids = malloc((size_t)(b->num_pages > 0 ? b->num_pages : 1) * sizeof(int32_t));
+    b->pages = malloc(b->page_bytes * (size_t)(b->num_pages > 0 ? b->num_pages : 1));
+    b->windows = malloc(b->slot_bytes * (size_t)b->num_slots + 1);
+    if (!b->seq_lens || !b->window_slots || !b->block_table || !ids || !b->pages || !b->windows) {
+        free(ids);
+        return -1;
+    }
+    for (int i = 0; i < b->num_pages; i++) ids[i] = i;
+    rc_shuffle_i32(r, ids, b->num_pages);
+    for (int i = 0; i < b->num_slots; i++) b->window_slots[i] = i;
+    rc_shuffle_i32(r, b->window_slots, b->num_slots);
+    int next = 0;
+    for (int i = 0; i < num_seqs; i++) {
+        int np = rc_pages_for(l, max_lens[i]);
+        for (int c = 0; c < stride; c++) b->block_table[(size_t)i * stride + c] = c < np ? ids[next++] : -1;
+    }
+    free(ids);
+    rc_poison(b->pages, b->page_bytes * (size_t)(b->num_pages > 0 ? b->num_pages : 1));
+    rc_poison(b->windows, b->slot_bytes * (size_t)b->num_slots + 1);
+    return 0;
+}
+void rc_paged_free(rc_paged *b) {
+    free(b->seq_lens);
+    free(b->window_slots);
+    free(b->block_table);
+    free(b->pages);
+    free(b->windows);
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,114 @@
+/* Shared test helpers: random inputs with realistic outliers, the expected
+ * contents of a paged OSCAR cache built straight from the cpu_ref primitives
+ * (FORMAT.md §3.1 regions, no paging logic), a float64 naive attention over
+ * that expected cache, and a random paged batch with shuffled page ids.
+ * Used by the CPU backend tests and the GPU conformance tests: everything
+ * works on HOST copies of the caches (GPU tests read the pools back first). */
+#ifndef OSCAR_REFCHECK_H
+#define OSCAR_REFCHECK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cpu_ref.h"
+
+/* ---------------------------------------------------------------- random */
+typedef struct rc_rng {
+    uint64_t s;
+} rc_rng;
+/* A fresh seed for every call: time, pid-free counter mix. Print it on failure. */
+uint64_t rc_fresh_seed(void);
+void rc_rng_seed(rc_rng *r, uint64_t seed);
+uint64_t rc_next(rc_rng *r);
+double rc_uniform(rc_rng *r);              /* [0, 1) */
+double rc_normal(rc_rng *r);               /* N(0, 1) */
+int rc_randint(rc_rng *r, int lo, int hi); /* uniform in [lo, hi] */
+void rc_shuffle_i32(rc_rng *r, int32_t *a, int n);
+
+/* ------------------------------------------------------------ activations */
+/* n_tokens x H x d rows of N(0, 1) values where, per KV head, n_outliers
+ * channels (chosen at random once per call) carry a 10-50x larger magnitude
+ * (fixed per channel, like real keys), plus a per-channel offset. Values are
+ * rounded through kv_dtype (F32 = no rounding) so they are exactly
+ * representable as the cache input. */
+void rc_gen_kv(rc_rng *r, int n_tokens, int H, int d, int n_outliers, oscar_dtype kv_dtype, float *out);
+/* fp32 <-> 16-bit arrays (round to nearest even). */
+void rc_to_dtype(oscar_dtype t, const float *src, void *dst, size_t n);
+void rc_from_dtype(oscar_dtype t, const void *src, float *dst, size_t n);
+/* Random orthogonal d x d rotation built through oscar_ref_compose_rotation
+ * from a random orthonormal U (Gram-Schmidt in fp64). */
+void rc_random_rotation(rc_rng *r, int d, float *R);
+/* max |R R^T - I|. */
+double rc_orthogonality_error(int d, const float *R);
+/* Fills with 0xFF bytes: NaN in bf16, f16 and f32, and an invalid code pattern. */
+void rc_poison(void *p, size_t bytes);
+
+/* ------------------------------------------------------- expected cache */
+/* The expected cache of one sequence, for every position up to Lmax. What a
+ * position holds depends only on its row, so one build serves every length
+ * L <= Lmax: rc_region() picks sink / 2-bit / recent for a given L. */
+typedef struct rc_seq_ref {
+    oscar_layout_desc l;
+    int Lmax, H, d, ng;
+    float clip[2];     /* clip ratio applied (1 for methods that never clip) */
+    float *rot[2];     /* [Lmax][H][d] rotated rows rounded to kv_dtype (K, V) */
+    float *deq[2];     /* [Lmax][H][d] dequantized 2-bit rows (positions >= S0; quantized methods) */
+    uint8_t *codes[2]; /* [Lmax][H][d/4] packed codes */
+    float *meta[2];    /* [Lmax][H][ng*2] (a, b) already rounded to meta_dtype */
+} rc_seq_ref;
+
+enum { RC_SINK = 0, RC_2BIT = 1, RC_RECENT = 2, RC_PAGED16 = 3 /* BF16 method */ };
+/* Region of position p in a sequence of L tokens (FORMAT.md §3.1). */
+int rc_region(const oscar_layout_desc *l, int p, int L);
+
+/* k, v: [Lmax][H][d] original (unrotated) rows, representable in kv_dtype.
+ * rot_k, rot_v: [num_rot][d][d] rotations or NULL for the identity; num_rot 1
+ * or H. clip_k/clip_v are used only for OSCAR2/OSCAR2_LM. Returns 0 on success. */
+int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot, float clip_k,
+                     float clip_v, int Lmax, const float *k, const float *v, rc_seq_ref *out);
+void rc_seq_ref_free(rc_seq_ref *s);
+/* The stored row (rotated space, fp32) decode must read for position p of a
+ * length-L sequence: window/paged 16-bit row or the dequantized 2-bit row. */
+const float *rc_stored_row(const rc_seq_ref *s, int kv, int p, int h, int L);
+
+/* Compares one sequence's cache (host copies of the page pool and window
+ * pool) at length L with the expected cache, region by region: sink and
+ * recent window rows byte for byte, 2-bit codes and metadata, BF16 pages.
+ * bt_row: the sequence's block table row; slot: its window slot.
+ * allow_boundary: accept a code one level off where the reference t lies
+ * within 1e-4 of a rounding boundary and metadata within 1 f16 ulp
+ * (FORMAT.md §2.4, for GPU backends); 0 = bit exact.
+ * Returns the number of mismatching rows and describes the first in msg. */
+int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *windows, const int32_t *bt_row,
+                   int32_t slot, int allow_boundary, char *msg, size_t msg_len);
+
+/* Float64 naive decode attention of one sequence at length L over the
+ * expected cache: q [Hq][d] (original space, fp32 values), out [Hq][d]
+ * (original space, or rotated V space if rotated_output). */
+void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const float *rot_k, const float *rot_v,
+                      int num_rot, double sm_scale, int rotated_output, double *out);
+/* Compares n outputs stored in kv_dtype against the float64 reference within
+ * the output rounding (2^-8 relative for bf16, 2^-10 for f16) plus a small
+ * absolute slack scaled by the largest |ref|. Returns mismatches, first in msg. */
+int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n, char *msg, size_t msg_len);
+
+/* ----------------------------------------------------------- paged batch */
+/* Host-side paged batch: block table with shuffled physical page ids (some
+ * spare pages never used; unused table entries -1), shuffled window slots
+ * (one spare slot), pools poisoned with 0xFF so reading unwritten memory
+ * shows up as NaN. seq_lens start at 0: the caller sets them per append. */
+typedef struct rc_paged {
+    oscar_layout_desc l;
+    oscar_ref_page_geom g;
+    int num_seqs, stride, num_pages, num_slots;
+    size_t page_bytes, slot_bytes;
+    int32_t *seq_lens, *window_slots, *block_table;
+    void *pages, *windows;
+} rc_paged;
+int rc_paged_init(rc_rng *r, const oscar_layout_desc *l, int num_seqs, const int32_t *max_lens, int spare_pages,
+                  rc_paged *out);
+void rc_paged_free(rc_paged *b);
+/* Pages a sequence of L tokens needs (FORMAT.md §3.3/§3.4). */
+int rc_pages_for(const oscar_layout_desc *l, int L);
+
+#endif /* OSCAR_REFCHECK_H */

@@ -1,0 +1,514 @@
+/* CPU reference primitives: 16-bit conversions, rotations, clipping, 2-bit
+ * row quantization (FORMAT.md §1-§2), fakequant and the int-b baselines.
+ * Fresh random inputs every run; the seed is printed in every failure. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "refcheck.h"
+
+static const int k_dims[3] = {64, 128, 256};
+static const int k_groups[3] = {32, 64, 128};
+
+/* ------------------------------------------------------------ f16 */
+Test(f16, exhaustive_round_trip) {
+    for (uint32_t h = 0; h < 65536u; h++) {
+        float f = oscar_f16_to_f32((uint16_t)h);
+        uint16_t back = oscar_f32_to_f16(f);
+        int is_nan = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu);
+        if (is_nan) {
+            cr_assert(isnan(f), "half 0x%04x should be NaN", h);
+            cr_assert((back & 0x7c00u) == 0x7c00u && (back & 0x3ffu), "NaN 0x%04x lost: 0x%04x", h, back);
+            cr_assert((back & 0x8000u) == (h & 0x8000u), "NaN sign lost for 0x%04x", h);
+        } else {
+            cr_assert_eq(back, h, "half 0x%04x -> %g -> 0x%04x", h, (double)f, back);
+        }
+        /* Neighbouring halves are ordered and the value is exact (fp64 check). */
+        if (!is_nan && (h & 0x7c00u) != 0x7c00u) {
+            int e = (h >> 10) & 31, m = h & 0x3ff;
+            double want = e ? ldexp(1.0 + m / 1024.0, e - 15) : ldexp(m / 1024.0, -14);
+            if (h & 0x8000u) want = -want;
+            cr_assert_eq((double)f, want, "half 0x%04x decodes to %.10g, want %.10g", h, (double)f, want);
+        }
+    }
+}
+
+Test(f16, known_values) {
+    struct { float f; uint16_t h; } kv[] = {
+        {1.0f, 0x3c00}, {-2.0f, 0xc000}, {0.0f, 0x0000}, {-0.0f, 0x8000}, {65504.0f, 0x7bff},
+        {65519.99f, 0x7bff}, {65520.0f, 0x7c00}, {1e9f, 0x7c00}, {-1e9f, 0xfc00}, {INFINITY, 0x7c00},
+        {0x1p-24f, 0x0001}, {0x1p-25f, 0x0000}, {0x1.8p-25f, 0x0001}, {0x1.8p-24f, 0x0002}, /* tie -> even */
+        {0x1p-14f, 0x0400}, {0x1.ff8p-15f, 0x03ff}, {0x1.ffcp-15f, 0x0400}, /* tie: largest subnormal rounds up to normal */
+        {1.0f + 0x1p-11f, 0x3c00}, {1.0f + 0x3p-11f, 0x3c02}, {1.0f + 0x1p-10f, 0x3c01}, {0.1f, 0x2e66},
+        {3.14159265f, 0x4248}, {-65504.0f, 0xfbff}, {1e-8f, 0x0000},
+    };
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++)
+        cr_assert_eq(oscar_f32_to_f16(kv[i].f), kv[i].h, "f32 %a -> 0x%04x, want 0x%04x", (double)kv[i].f,
+                     oscar_f32_to_f16(kv[i].f), kv[i].h);
+    cr_assert(isnan(oscar_f16_to_f32(oscar_f32_to_f16(NAN))));
+    cr_assert(isinf(oscar_f16_to_f32(0x7c00)) && oscar_f16_to_f32(0xfc00) < 0);
+}
+
+#ifdef __FLT16_MAX__
+/* Compiler's own conversion (IEEE, RNE) as an independent oracle. */
+Test(f16, random_floats_match_compiler) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    for (int i = 0; i < 2000000; i++) {
+        uint32_t u = (uint32_t)rc_next(&r);
+        if (i & 1) u = (u & 0x8fffffffu) | 0x30000000u; /* concentrate on the half range */
+        float f = oscar_bits_to_f32(u);
+        if (isnan(f)) continue;
+        _Float16 h = (_Float16)f;
+        uint16_t want;
+        memcpy(&want, &h, 2);
+        cr_assert_eq(oscar_f32_to_f16(f), want, "seed %llu: %a -> 0x%04x, compiler 0x%04x",
+                     (unsigned long long)seed, (double)f, oscar_f32_to_f16(f), want);
+    }
+}
+#endif
+
+/* ------------------------------------------------------------ rotations */
+Test(rotation, hadamard_and_composed_are_orthogonal) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    for (int di = 0; di < 3; di++) {
+        int d = k_dims[di];
+        float *H = malloc((size_t)d * d * sizeof *H), *R = malloc((size_t)d * d * sizeof *R);
+        oscar_ref_hadamard(d, H);
+        cr_assert_lt(rc_orthogonality_error(d, H), 1e-5, "Hadamard d=%d", d);
+        rc_random_rotation(&r, d, R);
+        double e = rc_orthogonality_error(d, R);
+        cr_assert_lt(e, 1e-5, "seed %llu: composed rotation d=%d: max |R R^T - I| = %g", (unsigned long long)seed,
+                     d, e);
+        free(H);
+        free(R);
+    }
+}
+
+/* R = U . Pm . H with Pm[r][bitrev(r)] = 1, checked by brute-force products. */
+Test(rotation, composition_index_formula) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int d = 64, bits = 6;
+    double *U = malloc((size_t)d * d * sizeof *U), *UP = malloc((size_t)d * d * sizeof *UP);
+    float *H = malloc((size_t)d * d * sizeof *H), *R = malloc((size_t)d * d * sizeof *R);
+    for (int i = 0; i < d * d; i++) U[i] = rc_normal(&r); /* composition is linear: any U will do */
+    oscar_ref_hadamard(d, H);
+    /* (U Pm)[i][k] = sum_r U[i][r] Pm[r][k] */
+    for (int i = 0; i < d; i++)
+        for (int k = 0; k < d; k++) {
+            double s = 0;
+            for (int rr = 0; rr < d; rr++) s += U[i * d + rr] * (oscar_ref_bitrev(rr, bits) == k ? 1.0 : 0.0);
+            UP[i * d + k] = s;
+        }
+    oscar_ref_compose_rotation(d, U, R);
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double s = 0;
+            for (int k = 0; k < d; k++) s += UP[i * d + k] * H[k * d + j];
+            cr_assert_float_eq(R[i * d + j], s, 1e-5, "R[%d][%d] = %g, U.P.H = %g", i, j, (double)R[i * d + j], s);
+        }
+    /* Eigen-direction 0 (first column of U = e0 when U = I) spreads over all columns. */
+    cr_assert_eq(oscar_ref_bitrev(1, 3), 4);
+    cr_assert_eq(oscar_ref_bitrev(6, 3), 3);
+    cr_assert_eq(oscar_ref_bitrev(1, 7), 64);
+    free(U);
+    free(UP);
+    free(H);
+    free(R);
+}
+
+Test(rotation, rotate_unrotate_inverse) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int d = 128;
+    float *R = malloc((size_t)d * d * sizeof *R), x[128], y[128], z[128];
+    rc_random_rotation(&r, d, R);
+    rc_gen_kv(&r, 1, 1, d, 3, OSCAR_DTYPE_F32, x);
+    oscar_ref_rotate(d, x, R, y);
+    oscar_ref_unrotate(d, y, R, z);
+    for (int j = 0; j < d; j++) cr_assert_float_eq(z[j], x[j], 1e-3, "seed %llu j %d", (unsigned long long)seed, j);
+    free(R);
+}
+
+/* ------------------------------------------------------------ clipping */
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+Test(clip, tau_matches_brute_force_quantile) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    float x[256], s[256];
+    for (int it = 0; it < 3000; it++) {
+        int d = k_dims[it % 3];
+        float c = it % 7 == 0 ? 1.0f : (float)(0.5 + 0.5 * rc_uniform(&r));
+        if (it % 11 == 0) c = 0.96f;
+        rc_gen_kv(&r, 1, 1, d, it % 4, OSCAR_DTYPE_BF16, x); /* bf16: many exact ties */
+        for (int j = 0; j < d; j++) s[j] = fabsf(x[j]);
+        qsort(s, (size_t)d, sizeof(float), cmp_float);
+        float pos = c * (float)(d - 1);
+        int i = (int)floorf(pos);
+        float f = pos - (float)i;
+        float want = s[i] + f * (s[i + 1 < d ? i + 1 : d - 1] - s[i]);
+        float got = oscar_ref_clip_tau(d, x, c);
+        cr_assert_eq(got, want, "seed %llu it %d d %d c %.9g: tau %.9g, brute force %.9g", (unsigned long long)seed,
+                     it, d, (double)c, (double)got, (double)want);
+    }
+}
+
+/* ------------------------------------------------------------ rows */
+Test(row, bit_order_pack_unpack) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    for (int di = 0; di < 3; di++) {
+        int d = k_dims[di];
+        /* A row whose codes we know: group values exactly b + a*c with a = 1. */
+        float x[256], meta[16], out[256];
+        uint8_t codes[64];
+        int want[256];
+        for (int j = 0; j < d; j++) {
+            want[j] = rc_randint(&r, 0, 3);
+            x[j] = (float)want[j];
+        }
+        for (int g = 0; g < d / 32; g++) { /* make sure every group spans 0..3 */
+            x[g * 32] = 0.0f;
+            want[g * 32] = 0;
+            x[g * 32 + 1] = 3.0f;
+            want[g * 32 + 1] = 3;
+        }
+        oscar_ref_quantize_row(d, 32, 0, 1.0f, OSCAR_DTYPE_F16, x, codes, meta);
+        for (int j = 0; j < d; j++) {
+            int manual = (codes[j / 4] >> (2 * (j % 4))) & 3;
+            cr_assert_eq(manual, want[j], "d %d value %d: byte %d bits %d..%d hold %d, want %d", d, j, j / 4,
+                         2 * (j % 4), 2 * (j % 4) + 1, manual, want[j]);
+            cr_assert_eq(oscar_ref_code_at(codes, j), want[j]);
+        }
+        oscar_ref_dequantize_row(d, 32, 0, codes, meta, out);
+        for (int j = 0; j < d; j++) cr_assert_eq(out[j], x[j]);
+        /* value 0 in the two least significant bits */
+        cr_assert_eq(codes[0] & 3, want[0]);
+    }
+}
+
+Test(row, uniform_error_within_half_step) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    float x[256], out[256], meta[16];
+    uint8_t codes[64];
+    for (int it = 0; it < 2000; it++) {
+        int d = k_dims[it % 3], G = k_groups[(it / 3) % 3];
+        if (G > d) G = d;
+        oscar_dtype md = it & 1 ? OSCAR_DTYPE_F32 : OSCAR_DTYPE_F16;
+        rc_gen_kv(&r, 1, 1, d, rc_randint(&r, 0, 4), OSCAR_DTYPE_BF16, x);
+        oscar_ref_quantize_row(d, G, 0, 1.0f, md, x, codes, meta);
+        oscar_ref_dequantize_row(d, G, 0, codes, meta, out);
+        for (int g = 0; g < d / G; g++) {
+            float mn = x[g * G], mx = x[g * G];
+            for (int j = 0; j < G; j++) {
+                mn = fminf(mn, x[g * G + j]);
+                mx = fmaxf(mx, x[g * G + j]);
+            }
+            float a = meta[2 * g], b = meta[2 * g + 1];
+            cr_assert(isfinite(a) && isfinite(b) && a >= 0);
+            /* slack: the rounding of a and b to meta_dtype */
+            double slack = (md == OSCAR_DTYPE_F16 ? 0x1p-11 : 0x1p-23) * (fabs(mn) + 3.0 * (mx - mn)) * 1.01 + 1e-7;
+            for (int j = 0; j < G; j++) {
+                double e = fabs((double)out[g * G + j] - x[g * G + j]);
+                cr_assert_leq(e, a / 2.0 + slack, "seed %llu it %d d %d G %d value %d: |err| %g > a/2 %g",
+                              (unsigned long long)seed, it, d, G, g * G + j, e, a / 2.0);
+            }
+        }
+    }
+}
+
+Test(row, uniform_idempotent) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    float x[256], y[256], y2[256], m1[16], m2[16];
+    uint8_t c1[64], c2[64];
+    for (int it = 0; it < 2000; it++) {
+        int d = k_dims[it % 3], G = k_groups[(it / 3) % 3];
+        if (G > d) G = d;
+        rc_gen_kv(&r, 1, 1, d, rc_randint(&r, 0, 4), OSCAR_DTYPE_BF16, x);
+        float c = it % 2 ? 1.0f : 0.92f;
+        oscar_ref_quantize_row(d, G, 0, c, OSCAR_DTYPE_F16, x, c1, m1);
+        oscar_ref_dequantize_row(d, G, 0, c1, m1, y);
+        oscar_ref_quantize_row(d, G, 0, 1.0f, OSCAR_DTYPE_F16, y, c2, m2);
+        oscar_ref_dequantize_row(d, G, 0, c2, m2, y2);
+        cr_assert(memcmp(c1, c2, (size_t)d / 4) == 0, "seed %llu it %d: codes changed on re-quantization",
+                  (unsigned long long)seed, it);
+        for (int j = 0; j < d; j++)
+            cr_assert_eq(y[j], y2[j], "seed %llu it %d value %d: %g -> %g", (unsigned long long)seed, it, j,
+                         (double)y[j], (double)y2[j]);
+    }
+}
+
+Test(row, lloyd_max_beats_uniform_on_gaussian) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int d = 128;
+    float x[128], out[128], meta[16];
+    uint8_t codes[32];
+    double eu = 0, el = 0;
+    for (int it = 0; it < 500; it++) {
+        for (int j = 0; j < d; j++) x[j] = oscar_round_to(OSCAR_DTYPE_BF16, (float)rc_normal(&r));
+        for (int lm = 0; lm < 2; lm++) {
+            oscar_ref_quantize_row(d, 128, lm, 1.0f, OSCAR_DTYPE_F16, x, codes, meta);
+            oscar_ref_dequantize_row(d, 128, lm, codes, meta, out);
+            for (int j = 0; j < d; j++) *(lm ? &el : &eu) += (out[j] - x[j]) * (double)(out[j] - x[j]);
+        }
+    }
+    cr_assert_lt(el, 0.8 * eu, "seed %llu: Lloyd-Max MSE %g not below uniform %g", (unsigned long long)seed,
+                 el / (500.0 * d), eu / (500.0 * d));
+    /* ~0.1175 is the Gaussian-optimal 4-level MSE; per-row std estimates add a little */
+    cr_assert_lt(el / (500.0 * d), 0.14);
+}
+
+Test(row, lloyd_max_codes_and_degenerate_groups) {
+    float x[64], out[64], meta[4];
+    uint8_t codes[16];
+    for (int j = 0; j < 64; j++) x[j] = 2.5f;
+    for (int lm = 0; lm < 2; lm++) {
+        oscar_ref_quantize_row(64, 32, lm, 1.0f, OSCAR_DTYPE_F16, x, codes, meta);
+        oscar_ref_dequantize_row(64, 32, lm, codes, meta, out);
+        cr_assert_eq(meta[0], 0.0f);
+        for (int j = 0; j < 64; j++) {
+            cr_assert_eq(oscar_ref_code_at(codes, j), lm ? 2 : 0, "constant row, a == 0: code rule");
+            cr_assert_eq(out[j], 2.5f);
+        }
+    }
+}
+
+Test(row, degenerate_rows_have_finite_metadata) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    float x[128], out[128], meta[16];
+    uint8_t codes[32];
+    const float scales[] = {0.0f, 1e-30f, 1e-8f, 1e-5f, 1e4f, 1e6f, 1e30f};
+    for (size_t si = 0; si < sizeof scales / sizeof scales[0]; si++)
+        for (int kind = 0; kind < 3; kind++)
+            for (int md = 0; md < 2; md++)
+                for (int lm = 0; lm < 2; lm++) {
+                    for (int j = 0; j < 128; j++) {
+                        float v = kind == 0 ? 1.0f : (kind == 1 ? (float)rc_normal(&r) : (j == 5 ? 40.0f : 0.01f));
+                        x[j] = oscar_round_to(OSCAR_DTYPE_BF16, v * scales[si]);
+                    }
+                    oscar_dtype mdt = md ? OSCAR_DTYPE_F32 : OSCAR_DTYPE_F16;
+                    oscar_ref_quantize_row(128, 64, lm, lm ? 0.92f : 1.0f, mdt, x, codes, meta);
+                    oscar_ref_dequantize_row(128, 64, lm, codes, meta, out);
+                    for (int i = 0; i < 4; i++)
+                        cr_assert(isfinite(meta[i]), "scale %g kind %d meta %s lm %d: meta[%d] = %g",
+                                  (double)scales[si], kind, md ? "f32" : "f16", lm, i, (double)meta[i]);
+                    for (int j = 0; j < 128; j++) cr_assert(isfinite(out[j]));
+                }
+}
+
+/* ------------------------------------------------------------ fakequant */
+static double fq_mse(oscar_method m, const float *x, int n, int H, int d, int G) {
+    size_t cnt = (size_t)n * H * d;
+    float *y = malloc(cnt * sizeof *y);
+    memcpy(y, x, cnt * sizeof *y);
+    oscar_status s = oscar_fakequant(NULL, m, 0, OSCAR_V, G, n, H, d, y);
+    cr_assert_eq(s, OSCAR_OK, "%s: %s", oscar_method_name(m), oscar_last_error());
+    double e = 0;
+    for (size_t i = 0; i < cnt; i++) e += (y[i] - x[i]) * (double)(y[i] - x[i]);
+    free(y);
+    return e / (double)cnt;
+}
+
+Test(fakequant, int8_much_better_than_int4_than_int2) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int n = 64, H = 2, d = 128;
+    float *x = malloc((size_t)n * H * d * sizeof *x);
+    rc_gen_kv(&r, n, H, d, 4, OSCAR_DTYPE_F32, x);
+    for (int gi = 0; gi < 3; gi++) {
+        int G = k_groups[gi];
+        double e2 = fq_mse(OSCAR_METHOD_INT2, x, n, H, d, G), e4 = fq_mse(OSCAR_METHOD_INT4, x, n, H, d, G);
+        double e8 = fq_mse(OSCAR_METHOD_INT8, x, n, H, d, G), eb = fq_mse(OSCAR_METHOD_BF16, x, n, H, d, G);
+        cr_assert_lt(e4, e2 / 10, "seed %llu G %d: int4 %g int2 %g", (unsigned long long)seed, G, e4, e2);
+        cr_assert_lt(e8, e4 / 10, "seed %llu G %d: int8 %g int4 %g", (unsigned long long)seed, G, e8, e4);
+        cr_assert_lt(eb, e2 / 100);
+        double eq = fq_mse(OSCAR_METHOD_QUAROT2, x, n, H, d, G);
+        cr_assert_lt(eq, e2, "seed %llu G %d: Hadamard should help with outliers (quarot2 %g int2 %g)",
+                     (unsigned long long)seed, G, eq, e2);
+    }
+    free(x);
+}
+
+/* INT2 fakequant equals bf16 rounding + the 2-bit uniform row quantizer, and
+ * QUAROT2 equals Hadamard + the same + inverse Hadamard. */
+Test(fakequant, int2_and_quarot2_match_reference_pipeline) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int n = 5, H = 3, d = 64, G = 32;
+    float x[5 * 3 * 64], y[5 * 3 * 64], Hm[64 * 64], xr[64], q[64], meta[4];
+    uint8_t codes[16];
+    oscar_ref_hadamard(d, Hm);
+    rc_gen_kv(&r, n, H, d, 2, OSCAR_DTYPE_F32, x);
+    for (int m = 0; m < 2; m++) {
+        memcpy(y, x, sizeof x);
+        cr_assert_eq(oscar_fakequant(NULL, m ? OSCAR_METHOD_QUAROT2 : OSCAR_METHOD_INT2, 0, OSCAR_K, G, n, H, d, y),
+                     OSCAR_OK);
+        for (int row = 0; row < n * H; row++) {
+            float b[64], want[64];
+            oscar_ref_rotate(d, x + row * d, m ? Hm : NULL, xr);
+            for (int j = 0; j < d; j++) b[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
+            oscar_ref_quantize_row(d, G, 0, 1.0f, OSCAR_DTYPE_F16, b, codes, meta);
+            oscar_ref_dequantize_row(d, G, 0, codes, meta, q);
+            oscar_ref_unrotate(d, q, m ? Hm : NULL, want);
+            for (int j = 0; j < d; j++)
+                cr_assert_eq(y[row * d + j], want[j], "seed %llu method %d row %d j %d", (unsigned long long)seed, m,
+                             row, j);
+        }
+    }
+    /* 2-bit fakequant_uniform is the uniform row rule with F16 metadata. */
+    for (int it = 0; it < 200; it++) {
+        float a[128], b2[128], m2[8];
+        uint8_t c2[32];
+        rc_gen_kv(&r, 1, 1, 128, 3, OSCAR_DTYPE_BF16, a);
+        oscar_ref_quantize_row(128, 64, 0, 1.0f, OSCAR_DTYPE_F16, a, c2, m2);
+        oscar_ref_dequantize_row(128, 64, 0, c2, m2, b2);
+        oscar_ref_fakequant_uniform(128, 64, 2, a);
+        for (int j = 0; j < 128; j++) cr_assert_eq(a[j], b2[j]);
+    }
+}
+
+Test(fakequant, oscar2_with_params_matches_pipeline) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int n = 7, H = 2, d = 128, G = 64, layers = 2;
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, layers, 4, H, d, &p), OSCAR_OK);
+    /* a random calibrated-looking rotation for layer 1, K */
+    rc_random_rotation(&r, d, oscar_params_rot_ptr(p, 1, OSCAR_K, 0));
+    p->identity = 0;
+    float *x = malloc((size_t)n * H * d * sizeof *x), *y = malloc((size_t)n * H * d * sizeof *y);
+    rc_gen_kv(&r, n, H, d, 3, OSCAR_DTYPE_F32, x);
+    for (int lm = 0; lm < 2; lm++) {
+        memcpy(y, x, (size_t)n * H * d * sizeof *y);
+        oscar_method m = lm ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
+        cr_assert_eq(oscar_fakequant(p, m, 1, OSCAR_K, G, n, H, d, y), OSCAR_OK, "%s", oscar_last_error());
+        const float *R = oscar_params_rot_ptr(p, 1, OSCAR_K, 0);
+        for (int row = 0; row < n * H; row++) {
+            float xr[128], q[128], want[128], meta[4];
+            uint8_t codes[32];
+            oscar_ref_rotate(d, x + row * d, R, xr);
+            for (int j = 0; j < d; j++) xr[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
+            oscar_ref_quantize_row(d, G, lm, 0.96f, OSCAR_DTYPE_F16, xr, codes, meta);
+            oscar_ref_dequantize_row(d, G, lm, codes, meta, q);
+            oscar_ref_unrotate(d, q, R, want);
+            for (int j = 0; j < d; j++) cr_assert_eq(y[row * d + j], want[j], "seed %llu", (unsigned long long)seed);
+        }
+    }
+    free(x);
+    free(y);
+    oscar_params_destroy(p);
+}
+
+Test(fakequant, kivi2_shapes_and_axes) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int n = 64, H = 2, d = 128, G = 32;
+    float *x = malloc((size_t)n * H * d * sizeof *x), *y = malloc((size_t)n * H * d * sizeof *y);
+    rc_gen_kv(&r, n, H, d, 4, OSCAR_DTYPE_F32, x);
+    memcpy(y, x, (size_t)n * H * d * sizeof *y);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_KIVI2, 0, OSCAR_K, G, n, H, d, y), OSCAR_OK);
+    /* keys: each (32-token group, head, channel) column takes at most 4 values */
+    for (int t0 = 0; t0 < n; t0 += 32)
+        for (int c = 0; c < H * d; c++) {
+            float vals[4];
+            int nv = 0;
+            for (int t = t0; t < t0 + 32; t++) {
+                float v = y[(size_t)t * H * d + c];
+                int k = 0;
+                while (k < nv && vals[k] != v) k++;
+                if (k == nv) {
+                    cr_assert_lt(nv, 4, "seed %llu: key column %d has > 4 levels", (unsigned long long)seed, c);
+                    vals[nv++] = v;
+                }
+            }
+        }
+    /* per-channel over tokens handles channel outliers: error far below per-token int2 */
+    double ek = 0, ei = 0;
+    float *z = malloc((size_t)n * H * d * sizeof *z);
+    memcpy(z, x, (size_t)n * H * d * sizeof *z);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, G, n, H, d, z), OSCAR_OK);
+    for (int i = 0; i < n * H * d; i++) {
+        ek += (y[i] - x[i]) * (double)(y[i] - x[i]);
+        ei += (z[i] - x[i]) * (double)(z[i] - x[i]);
+    }
+    cr_assert_lt(ek, ei, "seed %llu: kivi2 K error %g not below int2 %g", (unsigned long long)seed, ek, ei);
+    /* values: per token over groups of G channels, same as INT2 */
+    memcpy(y, x, (size_t)n * H * d * sizeof *y);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_KIVI2, 0, OSCAR_V, G, n, H, d, y), OSCAR_OK);
+    memcpy(z, x, (size_t)n * H * d * sizeof *z);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_V, G, n, H, d, z), OSCAR_OK);
+    cr_assert(memcmp(y, z, (size_t)n * H * d * sizeof *y) == 0);
+    /* keys need whole groups of 32 tokens; values do not */
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_KIVI2, 0, OSCAR_K, G, 33, H, d, y), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_KIVI2, 0, OSCAR_V, G, 33, H, d, y), OSCAR_OK);
+    free(x);
+    free(y);
+    free(z);
+}
+
+Test(fakequant, bad_inputs_return_their_codes) {
+    float x[2 * 128];
+    for (int i = 0; i < 256; i++) x[i] = (float)i * 0.01f;
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 1, 1, 128, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 1, 1, 96, x), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 48, 1, 1, 128, x), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 128, 1, 1, 64, x), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 0, 1, 128, x), OSCAR_ERR_EMPTY);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, -3, 1, 128, x), OSCAR_ERR_EMPTY);
+    cr_assert_eq(oscar_fakequant(NULL, (oscar_method)99, 0, OSCAR_K, 0, 1, 1, 128, x), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_OSCAR2, 0, OSCAR_K, 0, 1, 1, 128, x), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_neq(oscar_last_error()[0], 0, "every failure leaves a message");
+    float keep[256];
+    memcpy(keep, x, sizeof x);
+    x[77] = NAN;
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT4, 0, OSCAR_K, 0, 2, 1, 128, x), OSCAR_ERR_NONFINITE);
+    x[77] = keep[77];
+    x[200] = -INFINITY;
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_QUAROT2, 0, OSCAR_K, 0, 2, 1, 128, x), OSCAR_ERR_NONFINITE);
+    x[200] = keep[200];
+    cr_assert(memcmp(x, keep, sizeof x) == 0, "refused calls leave the rows untouched");
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 4, 2, 128, &p), OSCAR_OK);
+    cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, 0, OSCAR_K, 0, 1, 1, 128, x), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, -1, OSCAR_K, 0, 1, 2, 128, x), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, 0, OSCAR_K, 0, 2, 2, 64, x), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, 5, OSCAR_K, 0, 1, 2, 128, x), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, 1, OSCAR_V, 0, 1, 2, 128, x), OSCAR_OK);
+    oscar_params_destroy(p);
+}
+
+Test(fakequant, method_bits) {
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_OSCAR2, 128, 128, OSCAR_DTYPE_F16), 2.25, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 64, OSCAR_DTYPE_F16), 2.5, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_QUAROT2, 128, 32, OSCAR_DTYPE_F16), 3.0, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_OSCAR2_LM, 128, 0, OSCAR_DTYPE_F16), 2.25, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_INT4, 128, 128, OSCAR_DTYPE_F16), 4.25, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_INT8, 64, 32, OSCAR_DTYPE_F16), 9.0, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_KIVI2, 128, 128, OSCAR_DTYPE_F16), (3.0 + 2.25) / 2, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_BF16, 128, 128, OSCAR_DTYPE_F16), 16.0, 1e-12);
+    cr_assert_float_eq(oscar_method_bits(OSCAR_METHOD_OSCAR2, 128, 128, OSCAR_DTYPE_F32), 2.5, 1e-12);
+}
