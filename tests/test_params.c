@@ -1,0 +1,637 @@
+/* Parameter object and parameter file: built-ins, accessors, bit-exact
+ * round trip, and every class of hostile file refused with the right code. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_ref.h"
+#include "oscar_internal.h"
+
+static uint64_t g_seed;
+static uint64_t rnd(void) {
+    g_seed ^= g_seed << 13;
+    g_seed ^= g_seed >> 7;
+    g_seed ^= g_seed << 17;
+    return g_seed;
+}
+static double urand(void) { return (double)(rnd() >> 11) * 0x1p-53; }
+static void seed_init(void) { g_seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() ^ 0x9e37ull; }
+
+static char g_dir[256];
+static void mk_dir(void) {
+    snprintf(g_dir, sizeof g_dir, "/tmp/oscar_test_params_XXXXXX");
+    cr_assert_not_null(mkdtemp(g_dir));
+}
+static void rm_dir(void) {
+    DIR *dp = opendir(g_dir);
+    if (!dp) return;
+    struct dirent *e;
+    char path[512];
+    while ((e = readdir(dp)))
+        if (e->d_name[0] != '.') {
+            snprintf(path, sizeof path, "%s/%s", g_dir, e->d_name);
+            unlink(path);
+        }
+    closedir(dp);
+    rmdir(g_dir);
+}
+
+/* Random orthogonal d x d (Gram-Schmidt in fp64, stored fp32). */
+static void random_orthogonal(int d, float *R) {
+    double *A = malloc(sizeof(double) * (size_t)d * (size_t)d);
+    for (int i = 0; i < d * d; i++) A[i] = urand() - 0.5;
+    for (int i = 0; i < d; i++) {
+        for (int j = 0; j < i; j++) {
+            double s = 0;
+            for (int k = 0; k < d; k++) s += A[i * d + k] * A[j * d + k];
+            for (int k = 0; k < d; k++) A[i * d + k] -= s * A[j * d + k];
+        }
+        double n = 0;
+        for (int k = 0; k < d; k++) n += A[i * d + k] * A[i * d + k];
+        n = sqrt(n);
+        for (int k = 0; k < d; k++) A[i * d + k] /= n;
+    }
+    for (int i = 0; i < d * d; i++) R[i] = (float)A[i];
+    free(A);
+}
+
+static oscar_params *random_params(int L, int hq, int hkv, int d, int per_head, int with_eig) {
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_alloc(L, hq, hkv, d, per_head, &p), OSCAR_OK, "%s", oscar_last_error());
+    p->method = OSCAR_METHOD_OSCAR2;
+    p->identity = 0;
+    p->calib_tokens = 1234;
+    snprintf(p->model_hash, sizeof p->model_hash, "hash-%llu", (unsigned long long)(rnd() % 100000));
+    snprintf(p->composition, sizeof p->composition, "U.H.P");
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int r = 0; r < p->num_rot; r++) random_orthogonal(d, oscar_params_rot_ptr(p, l, kv, r));
+    if (with_eig) {
+        p->eig = malloc(sizeof(double) * (size_t)L * 2 * (size_t)p->num_rot * (size_t)d);
+        for (size_t i = 0; i < (size_t)L * 2 * (size_t)p->num_rot * (size_t)d; i++) p->eig[i] = urand() * 10;
+    }
+    for (int i = 0; i < L * 2; i++) p->clip[i] = (float)(0.5 + 0.5 * urand());
+    return p;
+}
+
+static uint8_t *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *size = (size_t)n;
+    return b;
+}
+
+static void write_file(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+TestSuite(params, .init = seed_init);
+
+Test(params, builtin_methods) {
+    const int d = 64;
+    for (int m = 0; m < OSCAR_METHOD_COUNT_; m++) {
+        oscar_params *p = NULL;
+        cr_assert_eq(oscar_params_create_builtin((oscar_method)m, 3, 8, 2, d, &p), OSCAR_OK, "%s", oscar_last_error());
+        oscar_params_info info;
+        cr_assert_eq(oscar_params_get_info(p, &info), OSCAR_OK);
+        cr_assert_eq(info.num_layers, 3);
+        cr_assert_eq(info.head_dim, d);
+        cr_assert_eq((int)info.method, m);
+        cr_assert_eq(info.per_head, 0);
+        for (int l = 0; l < 3; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                const float *R;
+                cr_assert_eq(oscar_params_rotation(p, l, 0, (oscar_kv)kv, &R), OSCAR_OK);
+                for (int i = 0; i < d; i++)
+                    for (int j = 0; j < d; j++) {
+                        float want = (i == j) ? 1.0f : 0.0f;
+                        if (m == OSCAR_METHOD_QUAROT2)
+                            want = (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0f : 1.0f) / sqrtf((float)d);
+                        cr_assert_float_eq(R[i * d + j], want, 1e-6, "method %d l %d (%d,%d)", m, l, i, j);
+                    }
+                const double *ev = (const double *)1;
+                cr_assert_eq(oscar_params_eigenvalues(p, l, 0, (oscar_kv)kv, &ev), OSCAR_OK);
+                cr_assert_null(ev);
+                float c;
+                cr_assert_eq(oscar_params_clip(p, l, (oscar_kv)kv, &c), OSCAR_OK);
+                float want = 1.0f;
+                if (m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM) want = kv ? 0.92f : 0.96f;
+                cr_assert_eq(c, want);
+            }
+        cr_assert_str_eq(p->composition, m == OSCAR_METHOD_QUAROT2 ? "H" : "I");
+        cr_assert_eq(p->identity, m != OSCAR_METHOD_QUAROT2);
+        oscar_params_destroy(p);
+    }
+    oscar_params_destroy(NULL);
+}
+
+Test(params, builtin_bad_shapes) {
+    oscar_params *p = (oscar_params *)1;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 2, 8, 2, 96, &p), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert_null(p);
+    cr_assert(strstr(oscar_last_error(), "96") != NULL);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 2, 8, 3, 128, &p), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 0, 8, 2, 128, &p), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 2, -8, 2, 128, &p), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_COUNT_, 2, 8, 2, 128, &p), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 2, 8, 2, 128, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+}
+
+Test(params, accessors_and_clip) {
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 4, 8, 2, 128, &p), OSCAR_OK);
+    const float *R;
+    cr_assert_eq(oscar_params_rotation(p, 4, 0, OSCAR_K, &R), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_rotation(p, -1, 0, OSCAR_K, &R), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_rotation(p, 0, 0, (oscar_kv)2, &R), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_rotation(p, 0, 7, OSCAR_K, &R), OSCAR_OK); /* kv_head ignored unless per_head */
+    float bad[] = {0.0f, -0.1f, 1.0001f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(oscar_params_set_clip(p, 1, OSCAR_V, bad[i]), OSCAR_ERR_INVALID_ARGUMENT, "clip %g", (double)bad[i]);
+        cr_assert(strstr(oscar_last_error(), "(0, 1]") != NULL);
+    }
+    float c = (float)(0.01 + 0.99 * urand()), got;
+    cr_assert_eq(oscar_params_set_clip(p, 3, OSCAR_V, c), OSCAR_OK);
+    cr_assert_eq(oscar_params_clip(p, 3, OSCAR_V, &got), OSCAR_OK);
+    cr_assert_eq(got, c, "seed %llu", (unsigned long long)g_seed);
+    cr_assert_eq(oscar_params_clip(p, 3, OSCAR_K, &got), OSCAR_OK);
+    cr_assert_eq(got, 0.96f);
+    cr_assert_eq(oscar_params_set_clip(p, 1, OSCAR_V, 1.0f), OSCAR_OK);
+    oscar_params_destroy(p);
+
+    oscar_params *ph = random_params(2, 8, 4, 64, 1, 1);
+    cr_assert_eq(oscar_params_rotation(ph, 0, 4, OSCAR_K, &R), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_rotation(ph, 1, 3, OSCAR_V, &R), OSCAR_OK);
+    cr_assert_eq(R, oscar_params_rot_ptr(ph, 1, 1, 3));
+    oscar_params_destroy(ph);
+}
+
+Test(params, check_shape) {
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 8, 8, 2, 128, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_check_shape(p, 8, 8, 2, 128, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_params_check_shape(p, 8, 8, 2, 128, "anything"), OSCAR_OK); /* built-in: no hash */
+    cr_assert_eq(oscar_params_check_shape(p, 36, 32, 8, 128, NULL), OSCAR_ERR_SHAPE_MISMATCH);
+    const char *m = oscar_last_error();
+    cr_assert(strstr(m, "8 layers") && strstr(m, "36 layers") && strstr(m, "32 query heads") &&
+                  strstr(m, "recalibrate with oscar-calibrate for this model"),
+              "message: %s", m);
+    cr_assert_eq(oscar_params_check_shape(p, 8, 8, 2, 64, NULL), OSCAR_ERR_SHAPE_MISMATCH);
+    snprintf(p->model_hash, sizeof p->model_hash, "abc");
+    cr_assert_eq(oscar_params_check_shape(p, 8, 8, 2, 128, "abc"), OSCAR_OK);
+    cr_assert_eq(oscar_params_check_shape(p, 8, 8, 2, 128, "abd"), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_assert(strstr(oscar_last_error(), "abd") != NULL);
+    oscar_params_destroy(p);
+}
+
+static void assert_same(const oscar_params *a, const oscar_params *b) {
+    cr_assert_eq(a->num_layers, b->num_layers);
+    cr_assert_eq(a->num_q_heads, b->num_q_heads);
+    cr_assert_eq(a->num_kv_heads, b->num_kv_heads);
+    cr_assert_eq(a->head_dim, b->head_dim);
+    cr_assert_eq(a->per_head, b->per_head);
+    cr_assert_eq(a->num_rot, b->num_rot);
+    cr_assert_eq(a->method, b->method);
+    cr_assert_eq(a->identity, b->identity);
+    cr_assert_eq(a->calib_tokens, b->calib_tokens);
+    cr_assert_eq(a->group, b->group);
+    cr_assert_str_eq(a->model_hash, b->model_hash);
+    cr_assert_str_eq(a->composition, b->composition);
+    size_t d = (size_t)a->head_dim, nr = (size_t)a->num_layers * 2 * (size_t)a->num_rot;
+    cr_assert_eq(memcmp(a->rot, b->rot, nr * d * d * sizeof(float)), 0, "rotations differ (seed %llu)",
+                 (unsigned long long)g_seed);
+    cr_assert_eq(memcmp(a->clip, b->clip, (size_t)a->num_layers * 2 * sizeof(float)), 0);
+    cr_assert_eq(a->eig == NULL, b->eig == NULL);
+    if (a->eig) cr_assert_eq(memcmp(a->eig, b->eig, nr * d * sizeof(double)), 0);
+}
+
+Test(params, round_trip_bit_exact, .init = mk_dir, .fini = rm_dir) {
+    seed_init();
+    const int shapes[][5] = {{1, 1, 1, 64, 0}, {3, 8, 2, 128, 0}, {2, 8, 4, 64, 1}, {1, 4, 2, 256, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (int with_eig = 0; with_eig < 2; with_eig++) {
+            oscar_params *p = random_params(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4],
+                                            with_eig);
+            char path[400], tmp[420];
+            snprintf(path, sizeof path, "%s/p%zu_%d.safetensors", g_dir, s, with_eig);
+            snprintf(tmp, sizeof tmp, "%s.tmp", path);
+            cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(access(tmp, F_OK), -1, "atomic save left %s behind", tmp);
+            oscar_params *q = NULL;
+            cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s (seed %llu)", oscar_last_error(),
+                         (unsigned long long)g_seed);
+            assert_same(p, q);
+            /* Saving the loaded copy reproduces the file byte for byte. */
+            char path2[420];
+            snprintf(path2, sizeof path2, "%s.again", path);
+            cr_assert_eq(oscar_params_save(q, path2), OSCAR_OK);
+            size_t n1, n2;
+            uint8_t *b1 = read_file(path, &n1), *b2 = read_file(path2, &n2);
+            cr_assert_eq(n1, n2);
+            cr_assert_eq(memcmp(b1, b2, n1), 0);
+            /* Header padded to 8 bytes: tensor data aligned. */
+            uint64_t hn;
+            memcpy(&hn, b1, 8);
+            cr_assert_eq(hn % 8, 0);
+            free(b1);
+            free(b2);
+            oscar_params_destroy(p);
+            oscar_params_destroy(q);
+        }
+    /* Built-ins round trip too (no eigenvalues, identity flag recovered). */
+    for (int m = 0; m < OSCAR_METHOD_COUNT_; m++) {
+        oscar_params *p = NULL, *q = NULL;
+        cr_assert_eq(oscar_params_create_builtin((oscar_method)m, 2, 4, 2, 64, &p), OSCAR_OK);
+        char path[400];
+        snprintf(path, sizeof path, "%s/builtin%d.safetensors", g_dir, m);
+        cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
+        cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+        assert_same(p, q);
+        oscar_params_destroy(p);
+        oscar_params_destroy(q);
+    }
+}
+
+Test(params, save_errors, .init = mk_dir, .fini = rm_dir) {
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 1, 1, 1, 64, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_save(p, "/nonexistent-dir/x/p.safetensors"), OSCAR_ERR_IO);
+    cr_assert(strstr(oscar_last_error(), "/nonexistent-dir/x/p.safetensors") != NULL, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_save(NULL, "x"), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_save(p, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    oscar_params_destroy(p);
+    oscar_params *q = (oscar_params *)1;
+    char path[400];
+    snprintf(path, sizeof path, "%s/missing.safetensors", g_dir);
+    cr_assert_eq(oscar_params_load(path, &q), OSCAR_ERR_IO);
+    cr_assert_null(q);
+    cr_assert_eq(oscar_params_load(g_dir, &q), OSCAR_ERR_IO); /* a folder */
+}
+
+/* ------------------------------------------------------- hostile files */
+
+/* A valid file in memory to mutate: 2 layers, 4/2 heads, d 64, eigenvalues. */
+static uint8_t *g_file;
+static size_t g_size;
+static void valid_file(void) {
+    seed_init();
+    mk_dir();
+    oscar_params *p = random_params(2, 4, 2, 64, 0, 1);
+    char path[400];
+    snprintf(path, sizeof path, "%s/valid.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
+    oscar_params_destroy(p);
+    g_file = read_file(path, &g_size);
+}
+static void free_file(void) {
+    free(g_file);
+    rm_dir();
+}
+
+/* Loads bytes through both entry points (memory and path); both must agree. */
+static oscar_status load_bytes(const uint8_t *b, size_t n) {
+    oscar_params *p = (oscar_params *)1;
+    oscar_status s = oscar_params_load_memory(b, n, &p);
+    if (s == OSCAR_OK)
+        oscar_params_destroy(p);
+    else
+        cr_assert_null(p);
+    char path[400];
+    snprintf(path, sizeof path, "%s/mut.safetensors", g_dir);
+    write_file(path, b, n);
+    oscar_params *q = NULL;
+    oscar_status s2 = oscar_params_load(path, &q);
+    oscar_params_destroy(q);
+    cr_assert_eq(s, s2, "memory and file loaders disagree: %d vs %d", s, s2);
+    return s;
+}
+
+typedef void (*mutator)(json_t *hdr, json_t *meta, uint8_t *data, size_t data_size);
+
+/* Rebuilds the file after fn edits the header, the metadata object and/or
+ * the data bytes; returns the load status and copies the message. */
+static oscar_status load_mutated(mutator fn, char *msg, size_t msg_cap) {
+    uint64_t n;
+    memcpy(&n, g_file, 8);
+    json_error_t err;
+    json_t *hdr = json_loadb((const char *)g_file + 8, n, 0, &err);
+    cr_assert_not_null(hdr);
+    json_t *md = json_object_get(hdr, "__metadata__");
+    json_t *meta = json_loads(json_string_value(json_object_get(md, "oscar")), 0, &err);
+    size_t data_size = g_size - 8 - n;
+    uint8_t *data = malloc(data_size + 1);
+    memcpy(data, g_file + 8 + n, data_size);
+    fn(hdr, meta, data, data_size);
+    if (meta) {
+        char *ms = json_dumps(meta, JSON_COMPACT);
+        json_object_set_new(json_object_get(hdr, "__metadata__"), "oscar", json_string(ms));
+        free(ms);
+        json_decref(meta);
+    }
+    char *hs = json_dumps(hdr, JSON_COMPACT | JSON_ENCODE_ANY);
+    json_decref(hdr);
+    size_t hl = strlen(hs);
+    uint8_t *out = malloc(8 + hl + data_size);
+    uint64_t hl64 = hl;
+    memcpy(out, &hl64, 8);
+    memcpy(out + 8, hs, hl);
+    memcpy(out + 8 + hl, data, data_size);
+    oscar_status s = load_bytes(out, 8 + hl + data_size);
+    snprintf(msg, msg_cap, "%s", oscar_last_error());
+    free(hs);
+    free(out);
+    free(data);
+    return s;
+}
+
+static size_t tensor_begin(json_t *hdr, const char *name) {
+    return (size_t)json_integer_value(json_array_get(json_object_get(json_object_get(hdr, name), "data_offsets"), 0));
+}
+static void set_offsets(json_t *hdr, const char *name, json_int_t b, json_int_t e) {
+    json_t *off = json_object_get(json_object_get(hdr, name), "data_offsets");
+    json_array_set_new(off, 0, json_integer(b));
+    json_array_set_new(off, 1, json_integer(e));
+}
+
+static void m_none(json_t *h, json_t *m, uint8_t *d, size_t n) { (void)h, (void)m, (void)d, (void)n; }
+static void m_version(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "format_version", json_integer(OSCAR_PARAMS_FORMAT_VERSION + 1));
+}
+static void m_no_layers(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_del(m, "num_layers");
+}
+static void m_layers_str(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "num_layers", json_string("2"));
+}
+static void m_layers_huge(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "num_layers", json_integer(100000));
+}
+static void m_layers_more(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "num_layers", json_integer(3));
+}
+static void m_head_dim(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "head_dim", json_integer(96));
+}
+static void m_kv_div(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "num_kv_heads", json_integer(3));
+}
+static void m_method(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "method", json_string("int3"));
+}
+static void m_per_head(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "per_head", json_true()); /* shapes then disagree: num_rot 2 */
+}
+static void m_no_meta(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_del(h, "__metadata__");
+}
+static void m_meta_not_obj(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "__metadata__"), "oscar", json_string("[1,2]"));
+}
+static void m_hash_long(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    char s[100];
+    memset(s, 'a', 99);
+    s[99] = 0;
+    json_object_set_new(m, "model_hash", json_string(s));
+}
+static void m_missing_clip(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_del(h, "clip");
+}
+static void m_missing_rot(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_del(h, "layers.1.rot_v");
+}
+static void m_missing_eig(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_del(h, "layers.1.eig_v");
+}
+static void m_unknown_tensor(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set(h, "layers.7.rot_k", json_object_get(h, "layers.0.rot_k"));
+}
+static void m_dtype(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "layers.0.rot_k"), "dtype", json_string("F16"));
+}
+static void m_dtype_unknown(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("Q2"));
+}
+static void m_shape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_t *sh = json_array();
+    json_array_append_new(sh, json_integer(1));
+    json_array_append_new(sh, json_integer(32));
+    json_array_append_new(sh, json_integer(128));
+    json_object_set_new(json_object_get(h, "layers.1.rot_k"), "shape", sh);
+}
+static void m_shape_rank(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_t *sh = json_array();
+    json_array_append_new(sh, json_integer(4));
+    json_object_set_new(json_object_get(h, "clip"), "shape", sh);
+}
+static void m_oob(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d;
+    size_t b = n - 8; /* clip is 16 bytes: moved so it runs past the end */
+    set_offsets(h, "clip", (json_int_t)b, (json_int_t)b + 16);
+}
+static void m_negative(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    set_offsets(h, "clip", -16, 0);
+}
+static void m_overlap(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    size_t b = tensor_begin(h, "layers.0.rot_k");
+    set_offsets(h, "layers.0.rot_v", (json_int_t)b + 4, (json_int_t)b + 4 + 64 * 64 * 4);
+}
+static void m_short_span(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    size_t b = tensor_begin(h, "clip");
+    set_offsets(h, "clip", (json_int_t)b, (json_int_t)b + 12);
+}
+static void m_offsets_type(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "clip"), "data_offsets", json_string("0-16"));
+}
+static void m_tensor_not_obj(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(h, "clip", json_integer(3));
+}
+static void m_nan_rot(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)n;
+    float v = NAN;
+    memcpy(d + tensor_begin(h, "layers.1.rot_v") + 4 * 70, &v, 4);
+}
+static void m_inf_eig(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)n;
+    double v = -INFINITY;
+    memcpy(d + tensor_begin(h, "layers.0.eig_k") + 8 * 3, &v, 8);
+}
+static void m_not_orthogonal(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)n;
+    float *R = (float *)(void *)(d + tensor_begin(h, "layers.0.rot_k"));
+    float v;
+    memcpy(&v, R + 5, 4);
+    v += 0.01f;
+    memcpy(R + 5, &v, 4);
+}
+static float g_clip_value;
+static void m_clip(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)n;
+    memcpy(d + tensor_begin(h, "clip") + 4 * 3, &g_clip_value, 4);
+}
+Test(params, valid_mutation_baseline, .init = valid_file, .fini = free_file) {
+    char msg[512];
+    cr_assert_eq(load_mutated(m_none, msg, sizeof msg), OSCAR_OK, "%s", msg);
+}
+
+Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
+    struct {
+        mutator fn;
+        oscar_status want;
+        const char *needle;
+    } cases[] = {
+        {m_version, OSCAR_ERR_VERSION, "format_version"},
+        {m_no_layers, OSCAR_ERR_CORRUPT_FILE, "num_layers"},
+        {m_layers_str, OSCAR_ERR_CORRUPT_FILE, "num_layers"},
+        {m_layers_huge, OSCAR_ERR_CORRUPT_FILE, "num_layers"},
+        {m_layers_more, OSCAR_ERR_CORRUPT_FILE, "is not 3"},
+        {m_head_dim, OSCAR_ERR_CORRUPT_FILE, "head_dim"},
+        {m_kv_div, OSCAR_ERR_CORRUPT_FILE, "divide"},
+        {m_method, OSCAR_ERR_CORRUPT_FILE, "method"},
+        {m_per_head, OSCAR_ERR_CORRUPT_FILE, "dimension 0"},
+        {m_no_meta, OSCAR_ERR_CORRUPT_FILE, "__metadata__"},
+        {m_meta_not_obj, OSCAR_ERR_CORRUPT_FILE, "not a JSON object"},
+        {m_hash_long, OSCAR_ERR_CORRUPT_FILE, "model_hash"},
+        {m_missing_clip, OSCAR_ERR_CORRUPT_FILE, "clip"},
+        {m_missing_rot, OSCAR_ERR_CORRUPT_FILE, "layers.1.rot_v"},
+        {m_missing_eig, OSCAR_ERR_CORRUPT_FILE, "layers.1.eig_v"},
+        {m_unknown_tensor, OSCAR_ERR_CORRUPT_FILE, "layers.7.rot_k"},
+        {m_dtype, OSCAR_ERR_CORRUPT_FILE, "F16"},
+        {m_dtype_unknown, OSCAR_ERR_CORRUPT_FILE, "Q2"},
+        {m_shape, OSCAR_ERR_CORRUPT_FILE, "layers.1.rot_k"},
+        {m_shape_rank, OSCAR_ERR_CORRUPT_FILE, "rank"},
+        {m_oob, OSCAR_ERR_CORRUPT_FILE, "outside"},
+        {m_negative, OSCAR_ERR_CORRUPT_FILE, "outside"},
+        {m_overlap, OSCAR_ERR_CORRUPT_FILE, "overlap"},
+        {m_short_span, OSCAR_ERR_CORRUPT_FILE, "spans"},
+        {m_offsets_type, OSCAR_ERR_CORRUPT_FILE, "data_offsets"},
+        {m_tensor_not_obj, OSCAR_ERR_CORRUPT_FILE, "not an object"},
+        {m_nan_rot, OSCAR_ERR_CORRUPT_FILE, "non-finite"},
+        {m_inf_eig, OSCAR_ERR_CORRUPT_FILE, "not finite"},
+        {m_not_orthogonal, OSCAR_ERR_CORRUPT_FILE, "not orthogonal"},
+    };
+    char msg[512];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        oscar_status s = load_mutated(cases[i].fn, msg, sizeof msg);
+        cr_assert_eq(s, cases[i].want, "case %zu: got %d (%s)", i, s, msg);
+        cr_assert(strstr(msg, cases[i].needle) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i, msg,
+                  cases[i].needle);
+    }
+    float bad_clips[] = {0.0f, -0.5f, 1.5f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_clips / sizeof bad_clips[0]; i++) {
+        g_clip_value = bad_clips[i];
+        cr_assert_eq(load_mutated(m_clip, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "clip %g", (double)g_clip_value);
+        cr_assert(strstr(msg, "clip ratio of layer 1 V") != NULL, "%s", msg);
+    }
+}
+
+Test(params, raw_header_attacks, .init = valid_file, .fini = free_file) {
+    uint8_t *b = malloc(g_size + 64);
+    uint64_t n;
+    memcpy(&n, g_file, 8);
+    /* Header length over 16 MiB, past the end, and lengths near 2^64. */
+    uint64_t lens[] = {(16u << 20) + 1, (uint64_t)g_size, (uint64_t)g_size - 7, UINT64_MAX, UINT64_MAX - 7};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        memcpy(b, g_file, g_size);
+        memcpy(b, &lens[i], 8);
+        cr_assert_eq(load_bytes(b, g_size), OSCAR_ERR_CORRUPT_FILE, "len %llu", (unsigned long long)lens[i]);
+    }
+    /* Truncation at every interesting point: never OK, never a crash. */
+    size_t cuts[] = {0, 1, 7, 8, 9, 8 + (size_t)n / 2, 8 + (size_t)n, 8 + (size_t)n + 100, g_size - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++)
+        cr_assert_eq(load_bytes(g_file, cuts[i]), OSCAR_ERR_CORRUPT_FILE, "cut at %zu of %zu", cuts[i], g_size);
+    /* Non-object JSON and non-JSON headers. */
+    const char *heads[] = {"[]", "123", "\"str\"", "null", "{", "{\"a\":1,\"a\":2}", "{}"};
+    for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) {
+        uint64_t hl = strlen(heads[i]);
+        memcpy(b, &hl, 8);
+        memcpy(b + 8, heads[i], hl);
+        cr_assert_eq(load_bytes(b, 8 + hl), OSCAR_ERR_CORRUPT_FILE, "header %s", heads[i]);
+    }
+    /* Random byte flips: any status is fine except a crash; OK only if
+     * the flip left the file valid. */
+    for (int it = 0; it < 200; it++) {
+        memcpy(b, g_file, g_size);
+        int flips = 1 + (int)(rnd() % 4);
+        for (int f = 0; f < flips; f++) b[rnd() % g_size] ^= (uint8_t)(1u << (rnd() % 8));
+        oscar_params *p = NULL;
+        oscar_status s = oscar_params_load_memory(b, g_size, &p);
+        cr_assert(s == OSCAR_OK || s == OSCAR_ERR_CORRUPT_FILE || s == OSCAR_ERR_VERSION, "status %d", s);
+        oscar_params_destroy(p);
+    }
+    free(b);
+}
+
+/* Every file of the committed fuzz corpus: never a crash; valid_* load. */
+Test(params, fuzz_corpus_replay) {
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", __FILE__);
+    char *slash = strrchr(dir, '/');
+    cr_assert_not_null(slash);
+    *slash = '\0';
+    slash = strrchr(dir, '/');
+    cr_assert_not_null(slash);
+    snprintf(slash, sizeof dir - (size_t)(slash - dir), "/fuzz/corpus");
+    DIR *dp = opendir(dir);
+    cr_assert_not_null(dp, "fuzz corpus folder %s missing", dir);
+    struct dirent *e;
+    int files = 0, valid = 0;
+    while ((e = readdir(dp))) {
+        if (e->d_name[0] == '.') continue;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        oscar_params *p = NULL;
+        oscar_status s = oscar_params_load(path, &p);
+        if (strncmp(e->d_name, "valid_", 6) == 0) {
+            cr_assert_eq(s, OSCAR_OK, "%s: %s", e->d_name, oscar_last_error());
+            valid++;
+        } else {
+            cr_assert(s == OSCAR_OK || s == OSCAR_ERR_CORRUPT_FILE || s == OSCAR_ERR_VERSION, "%s: status %d",
+                      e->d_name, s);
+        }
+        oscar_params_destroy(p);
+        files++;
+    }
+    closedir(dp);
+    cr_assert_geq(files, 5);
+    cr_assert_geq(valid, 2);
+}
