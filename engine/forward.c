@@ -8,17 +8,21 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine_internal.h"
+#include "kernels.h"
 
-#define OE_QBLOCK 128   /* query rows per attention task */
+#define OE_QBLOCK 64
 #define OE_MAX_THREADS 16
 
 typedef struct attn_thread {
     float *s, *sq;  /* scores [QBLOCK][max_n], full and quantized keys */
+    float inv_sum[OE_QBLOCK]; /* 1 / softmax denominator per query row */
 } attn_thread;
 
 struct oe_ctx {
@@ -32,7 +36,19 @@ struct oe_ctx {
     float *gate, *up;        /* [n][inter] */
     float *rope_cos, *rope_sin; /* [max_n][d/2] */
     attn_thread th[OE_MAX_THREADS];
+    const oe_kernels *kern;
+    int profile;             /* OE_PROFILE=1: per-phase times on stderr at free */
+    double t_phase[6];
 };
+
+static const char *k_phase[6] = {"qkv+norm+rope", "attention", "o_proj", "mlp", "lm_head", "other"};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 void oe_forward_options_default(oe_forward_options *o)
 {
@@ -46,6 +62,8 @@ void oe_forward_options_default(oe_forward_options *o)
 void oe_ctx_free(oe_ctx *c)
 {
     if (!c) return;
+    if (c->profile)
+        for (int i = 0; i < 6; i++) fprintf(stderr, "oe profile: %-14s %8.3f s\n", k_phase[i], c->t_phase[i]);
     float *bufs[] = {c->x, c->h, c->q, c->k, c->v, c->kq, c->vq, c->attn, c->gate, c->up, c->rope_cos,
                      c->rope_sin};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]);
@@ -77,6 +95,8 @@ oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out)
     c->max_n = max_tokens;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     c->nthreads = ncpu < 1 ? 1 : ncpu > OE_MAX_THREADS ? OE_MAX_THREADS : (int)ncpu;
+    c->kern = oe_kernels_get();
+    c->profile = getenv("OE_PROFILE") != NULL;
     const char *env = getenv("OE_THREADS");
     if (env && atoi(env) >= 1) c->nthreads = atoi(env) > OE_MAX_THREADS ? OE_MAX_THREADS : atoi(env);
     size_t n = (size_t)max_tokens, d = (size_t)cf->head_dim, qd = (size_t)cf->num_q_heads * d,
@@ -131,13 +151,71 @@ static void rmsnorm_rows(float *out, const float *x, const float *w, int rows, i
     }
 }
 
-/* Y[n][out] = X[n][in] W^T (+ b). */
-static void linear(float *y, const float *x, const float *w, const float *b, int n, int in, int outd)
+/* Runs fn(arg, part, parts) for part = 0..parts-1 on parts threads (the
+ * caller is part 0). OpenBLAS is kept single-threaded during the forward,
+ * so the engine's own threads own the cores (no spinning BLAS workers). */
+typedef void (*par_fn)(void *arg, int part, int parts);
+typedef struct par_arg {
+    par_fn fn;
+    void *arg;
+    int part, parts;
+} par_arg;
+
+static void *par_main(void *p)
 {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, outd, in, 1.0f, x, in, w, in, 0.0f, y, outd);
-    if (b)
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < outd; j++) y[(size_t)i * outd + j] += b[j];
+    par_arg *a = p;
+    a->fn(a->arg, a->part, a->parts);
+    return NULL;
+}
+
+static void par_run(int parts, par_fn fn, void *arg)
+{
+    pthread_t tid[OE_MAX_THREADS];
+    par_arg a[OE_MAX_THREADS];
+    int started[OE_MAX_THREADS] = {0};
+    for (int t = 1; t < parts; t++) {
+        a[t] = (par_arg){fn, arg, t, parts};
+        started[t] = pthread_create(&tid[t], NULL, par_main, &a[t]) == 0;
+        if (!started[t]) fn(arg, t, parts); /* no thread: do that part here */
+    }
+    fn(arg, 0, parts);
+    for (int t = 1; t < parts; t++)
+        if (started[t]) pthread_join(tid[t], NULL);
+}
+
+typedef struct linear_job {
+    float *y;
+    const float *x, *w, *b;
+    int n, in, outd;
+    float beta;
+} linear_job;
+
+static void linear_part(void *p, int part, int parts)
+{
+    linear_job *j = p;
+    int r0 = (int)((int64_t)j->n * part / parts), r1 = (int)((int64_t)j->n * (part + 1) / parts);
+    if (r1 <= r0) return;
+    float *y = j->y + (size_t)r0 * j->outd;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, j->outd, j->in, 1.0f,
+                j->x + (size_t)r0 * j->in, j->in, j->w, j->in, j->beta, y, j->outd);
+    if (j->b)
+        for (int i = 0; i < r1 - r0; i++)
+            for (int c = 0; c < j->outd; c++) y[(size_t)i * j->outd + c] += j->b[c];
+}
+
+/* Y[n][out] = X[n][in] W^T (+ b) (+ Y when accumulate), rows split over threads. */
+static void linear_acc(const oe_ctx *c, float *y, const float *x, const float *w, const float *b, int n, int in,
+                       int outd, int accumulate)
+{
+    linear_job j = {y, x, w, b, n, in, outd, accumulate ? 1.0f : 0.0f};
+    int parts = n >= 2 * c->nthreads ? c->nthreads : 1;
+    par_run(parts, linear_part, &j);
+}
+
+static void linear(const oe_ctx *c, float *y, const float *x, const float *w, const float *b, int n, int in,
+                   int outd)
+{
+    linear_acc(c, y, x, w, b, n, in, outd, 0);
 }
 
 /* Rotate-half RoPE on [n][heads][d] in place. */
@@ -183,35 +261,26 @@ static void attn_task(attn_job *j, attn_thread *th, int task)
     if (j->use_q)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, nk, d, scale, Q, ldq, c->kq + (size_t)g * d,
                     ldk, 0.0f, th->sq, nk);
+    const oe_kernels *kn = c->kern;
     for (int i = 0; i < nb; i++) {
         const int t = r0 + i;
         float *s = th->s + (size_t)i * nk, *sq = th->sq + (size_t)i * nk;
-        /* Keys in [qlo, qhi] read the quantized copy (the 2-bit region). */
+        /* Keys in [qlo, qhi] read the quantized copy (the 2-bit region):
+         * merge their scores into s, softmax once, then split the
+         * probabilities back so P V + Pq Vq reads each key from one copy. */
         int qlo = j->S0, qhi = t - j->W;
-        if (!j->use_q) qhi = -1;
-        float mx = -INFINITY;
-        for (int p = 0; p <= t; p++) {
-            float v = (p >= qlo && p <= qhi) ? sq[p] : s[p];
-            if (v > mx) mx = v;
-        }
-        double sum = 0.0;
-        for (int p = 0; p <= t; p++) {
-            int isq = p >= qlo && p <= qhi;
-            float e = expf((isq ? sq[p] : s[p]) - mx);
-            sum += e;
-            if (j->use_q) {
-                s[p] = isq ? 0.0f : e;
-                sq[p] = isq ? e : 0.0f;
-            } else {
-                s[p] = e;
-            }
-        }
-        float inv = (float)(1.0 / sum);
-        for (int p = 0; p <= t; p++) s[p] *= inv;
-        for (int p = t + 1; p < nk; p++) s[p] = 0.0f;
+        if (qhi > t) qhi = t;
+        int has_q = j->use_q && qlo <= qhi;
+        if (has_q) memcpy(s + qlo, sq + qlo, (size_t)(qhi - qlo + 1) * sizeof *s);
+        /* Rows stay unnormalized; the output row is scaled after P V. */
+        th->inv_sum[i] = 1.0f / kn->softmax_exp(s, t + 1);
+        memset(s + t + 1, 0, (size_t)(nk - t - 1) * sizeof *s);
         if (j->use_q) {
-            for (int p = 0; p <= t; p++) sq[p] *= inv;
-            for (int p = t + 1; p < nk; p++) sq[p] = 0.0f;
+            memset(sq, 0, (size_t)nk * sizeof *sq);
+            if (has_q) {
+                memcpy(sq + qlo, s + qlo, (size_t)(qhi - qlo + 1) * sizeof *s);
+                memset(s + qlo, 0, (size_t)(qhi - qlo + 1) * sizeof *s);
+            }
         }
     }
     float *O = c->attn + (size_t)r0 * ldq + (size_t)h * d;
@@ -220,6 +289,7 @@ static void attn_task(attn_job *j, attn_thread *th, int task)
     if (j->use_q)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, d, nk, 1.0f, th->sq, nk,
                     c->vq + (size_t)g * d, ldk, 1.0f, O, ldq);
+    for (int i = 0; i < nb; i++) kn->scale(O + (size_t)i * ldq, d, th->inv_sum[i]);
 }
 
 typedef struct attn_worker {
@@ -250,9 +320,6 @@ static oscar_status attention(oe_ctx *c, int n, int use_q, int S0, int W)
     attn_worker w[OE_MAX_THREADS];
     pthread_t tid[OE_MAX_THREADS];
     int started = 0;
-    int blas_threads = openblas_get_num_threads();
-    /* Parallel over tasks, so each sgemm stays on its own core. */
-    if (nt > 1) openblas_set_num_threads(1);
     for (int t = 1; t < nt; t++) {
         w[t] = (attn_worker){&j, &c->th[t]};
         if (pthread_create(&tid[t], NULL, attn_worker_main, &w[t]) != 0) break;
@@ -261,7 +328,6 @@ static oscar_status attention(oe_ctx *c, int n, int use_q, int S0, int W)
     w[0] = (attn_worker){&j, &c->th[0]};
     attn_worker_main(&w[0]);
     for (int t = 1; t <= started; t++) pthread_join(tid[t], NULL);
-    if (nt > 1) openblas_set_num_threads(blas_threads);
     return OSCAR_OK;
 }
 
@@ -270,7 +336,8 @@ static void round_bf16_buf(float *x, size_t n)
     for (size_t i = 0; i < n; i++) x[i] = oe_round_bf16(x[i]);
 }
 
-oscar_status oe_forward(oe_ctx *c, const uint32_t *tokens, int n, const oe_forward_options *opt, float *logits)
+static oscar_status forward_impl(oe_ctx *c, const uint32_t *tokens, int n, const oe_forward_options *opt,
+                                 float *logits)
 {
     if (!c || !tokens) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: NULL context or tokens");
     if (n <= 0) return oe_set_error(OSCAR_ERR_EMPTY, "oe_forward: the window holds no tokens");
@@ -301,18 +368,28 @@ oscar_status oe_forward(oe_ctx *c, const uint32_t *tokens, int n, const oe_forwa
                                 tokens[i], cf->vocab);
         memcpy(c->x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof(float));
     }
+    double t = c->profile ? now_s() : 0;
+#define PHASE(i)                                                                                   \
+    do {                                                                                           \
+        if (c->profile) {                                                                          \
+            double t1 = now_s();                                                                   \
+            c->t_phase[i] += t1 - t;                                                               \
+            t = t1;                                                                                \
+        }                                                                                          \
+    } while (0)
     for (int L = 0; L <= last; L++) {
         const oe_layer *l = &m->layers[L];
         rmsnorm_rows(c->h, c->x, l->attn_norm, n, H, H, cf->rms_eps);
-        linear(c->q, c->h, l->wq, l->bq, n, H, qd);
-        linear(c->k, c->h, l->wk, l->bk, n, H, kvd);
-        linear(c->v, c->h, l->wv, l->bv, n, H, kvd);
+        linear(c, c->q, c->h, l->wq, l->bq, n, H, qd);
+        linear(c, c->k, c->h, l->wk, l->bk, n, H, kvd);
+        linear(c, c->v, c->h, l->wv, l->bv, n, H, kvd);
         if (l->q_norm) {
             rmsnorm_rows(c->q, c->q, l->q_norm, n * Hq, d, d, cf->rms_eps);
             rmsnorm_rows(c->k, c->k, l->k_norm, n * Hkv, d, d, cf->rms_eps);
         }
         rope(c, c->q, n, Hq, d);
         rope(c, c->k, n, Hkv, d);
+        PHASE(0);
         if (opt->observer) {
             oscar_status s = opt->observer(opt->observer_user, L, n, c->q, c->k, c->v);
             if (s != OSCAR_OK)
@@ -333,26 +410,35 @@ oscar_status oe_forward(oe_ctx *c, const uint32_t *tokens, int n, const oe_forwa
             round_bf16_buf(c->k, (size_t)n * kvd);
             round_bf16_buf(c->v, (size_t)n * kvd);
         }
+        PHASE(5);
         attention(c, n, use_q, opt->sink_tokens, opt->recent_tokens);
+        PHASE(1);
         /* x += attn Wo^T: accumulate straight into the residual. */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, qd, 1.0f, c->attn, qd, l->wo, qd, 1.0f, c->x,
-                    H);
-        if (l->bo)
-            for (int i = 0; i < n; i++)
-                for (int j = 0; j < H; j++) c->x[(size_t)i * H + j] += l->bo[j];
+        linear_acc(c, c->x, c->attn, l->wo, l->bo, n, qd, H, 1);
+        PHASE(2);
         rmsnorm_rows(c->h, c->x, l->mlp_norm, n, H, H, cf->rms_eps);
-        linear(c->gate, c->h, l->w_gate, NULL, n, H, FF);
-        linear(c->up, c->h, l->w_up, NULL, n, H, FF);
-        for (size_t i = 0; i < (size_t)n * FF; i++) {
-            float g = c->gate[i];
-            c->gate[i] = g / (1.0f + expf(-g)) * c->up[i];
-        }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, H, FF, 1.0f, c->gate, FF, l->w_down, FF, 1.0f, c->x,
-                    H);
+        linear(c, c->gate, c->h, l->w_gate, NULL, n, H, FF);
+        linear(c, c->up, c->h, l->w_up, NULL, n, H, FF);
+        c->kern->swiglu(c->gate, c->up, (long)n * FF);
+        linear_acc(c, c->x, c->gate, l->w_down, NULL, n, FF, H, 1);
+        PHASE(3);
     }
     if (want_logits) {
         rmsnorm_rows(c->h, c->x, m->final_norm, n, H, H, cf->rms_eps);
-        linear(logits, c->h, m->lm_head, NULL, n, H, cf->vocab);
+        linear(c, logits, c->h, m->lm_head, NULL, n, H, cf->vocab);
+        PHASE(4);
     }
+#undef PHASE
     return OSCAR_OK;
+}
+
+oscar_status oe_forward(oe_ctx *c, const uint32_t *tokens, int n, const oe_forward_options *opt, float *logits)
+{
+    /* The engine splits work over its own threads; a multi-threaded BLAS
+     * under them would only spin against them. Restored on return. */
+    int blas_threads = openblas_get_num_threads();
+    if (blas_threads != 1) openblas_set_num_threads(1);
+    oscar_status s = forward_impl(c, tokens, n, opt, logits);
+    if (blas_threads != 1) openblas_set_num_threads(blas_threads);
+    return s;
 }

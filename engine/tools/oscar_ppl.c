@@ -35,7 +35,8 @@ static void usage(void)
     fprintf(stderr, "usage: oscar-ppl MODEL_DIR --tokens FILE [--max-tokens N] [--context 2048]\n"
                     "  MODEL_DIR  Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
                     "  --tokens   uint32 little-endian token ids\n"
-                    "  --max-tokens  use only the first N tokens (windows need context+1 tokens each)\n");
+                    "  --max-tokens  feed only the first N tokens (floor(N/context) windows; window s\n"
+                    "                feeds [s, s+context) and scores tokens [s+1, s+context+1))\n");
 }
 
 int main(int argc, char **argv)
@@ -77,8 +78,11 @@ int main(int argc, char **argv)
         oe_model_free(m);
         return 1;
     }
-    if (max_tokens > 0 && max_tokens < n) n = max_tokens;
-    printf("tokens %s: using %" PRId64 " tokens, windows of %d\n", tok_path, n, ctx);
+    /* --max-tokens N feeds the first N tokens; the last window's last target
+     * is token N itself (reference.json's ppl_fp32_first_65536 is 32 windows
+     * feeding tokens [0, 65536) and scoring tokens [1, 65537)). */
+    if (max_tokens > 0 && max_tokens + 1 < n) n = max_tokens + 1;
+    printf("tokens %s: %" PRId64 " tokens available to windows of %d (+1 target)\n", tok_path, n, ctx);
     fflush(stdout);
     progress_state ps = {now_s(), ctx};
     oe_ppl_result r;
