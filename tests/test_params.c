@@ -321,6 +321,7 @@ static oscar_status load_bytes(const uint8_t *b, size_t n) {
     return s;
 }
 
+static int g_raw_meta; /* set by a mutator that wrote __metadata__.oscar itself */
 typedef void (*mutator)(json_t *hdr, json_t *meta, uint8_t *data, size_t data_size);
 
 /* Rebuilds the file after fn edits the header, the metadata object and/or
@@ -336,13 +337,14 @@ static oscar_status load_mutated(mutator fn, char *msg, size_t msg_cap) {
     size_t data_size = g_size - 8 - n;
     uint8_t *data = malloc(data_size + 1);
     memcpy(data, g_file + 8 + n, data_size);
+    g_raw_meta = 0;
     fn(hdr, meta, data, data_size);
-    if (meta) {
+    if (meta && !g_raw_meta) {
         char *ms = json_dumps(meta, JSON_COMPACT);
         json_object_set_new(json_object_get(hdr, "__metadata__"), "oscar", json_string(ms));
         free(ms);
-        json_decref(meta);
     }
+    json_decref(meta);
     char *hs = json_dumps(hdr, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(hdr);
     size_t hl = strlen(hs);
@@ -412,6 +414,7 @@ static void m_no_meta(json_t *h, json_t *m, uint8_t *d, size_t n) {
 static void m_meta_not_obj(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
     json_object_set_new(json_object_get(h, "__metadata__"), "oscar", json_string("[1,2]"));
+    g_raw_meta = 1;
 }
 static void m_hash_long(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)h, (void)d, (void)n;
