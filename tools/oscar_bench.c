@@ -63,7 +63,7 @@ static void synth_init(synth *s, int d) {
     for (int i = 0; i < d; i++) {
         s->k_scale[i] = 0.3f + 1.5f * expf(-(float)i / (float)d * 4.0f);
         s->v_scale[i] = 0.5f + 0.5f * (float)urand();
-        s->q_scale[i] = 0.5f + 1.0f * (float)urand();
+        s->q_scale[i] = 0.15f + 0.3f * (float)urand();
         s->k_bias[i] = 0.0f;
     }
     for (int o = 0; o < 4; o++) { /* outlier channel pairs, as RoPE pairs them */
@@ -72,7 +72,6 @@ static void synth_init(synth *s, int d) {
         s->k_scale[c] *= m;
         s->k_scale[c + d / 2] *= m;
         s->k_bias[c] = 2.0f * m;
-        s->q_scale[c] *= 2.0f;
     }
     for (int o = 0; o < 2; o++) s->v_scale[(int)(urand() * d)] *= 8.0f;
 }
