@@ -1,0 +1,396 @@
+/* Engine loading: hostile safetensors files and unsupported configs are
+ * refused with a clear message (never a crash), and small synthetic
+ * Llama / Qwen2 / Qwen3 checkpoints written here load and run. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+static char g_dir[256];
+
+static void make_dir(void)
+{
+    snprintf(g_dir, sizeof g_dir, "/tmp/oscar_engine_test_XXXXXX");
+    cr_assert(mkdtemp(g_dir), "mkdtemp failed");
+}
+
+static void remove_dir(void)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+static unsigned g_seed;
+static float frand(void) { return (float)rand_r(&g_seed) / (float)RAND_MAX * 2.0f - 1.0f; }
+
+/* A tensor to write: name, dims, fp32 values stored as dtype. */
+typedef struct wt {
+    char name[96];
+    int ndim;
+    int64_t shape[2];
+    const char *dtype; /* "F32" or "BF16" */
+} wt;
+
+static int64_t wt_numel(const wt *t) { return t->ndim == 1 ? t->shape[0] : t->shape[0] * t->shape[1]; }
+
+/* Writes a safetensors file of random tensors (values ~ scale). */
+static void write_st(const char *path, const wt *ts, int nt, float scale)
+{
+    char *hdr = malloc(65536);
+    size_t hl = 0;
+    int64_t off = 0;
+    hl += (size_t)snprintf(hdr + hl, 65536 - hl, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (int i = 0; i < nt; i++) {
+        int64_t bytes = wt_numel(&ts[i]) * (strcmp(ts[i].dtype, "F32") ? 2 : 4);
+        if (ts[i].ndim == 1)
+            hl += (size_t)snprintf(hdr + hl, 65536 - hl, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],"
+                                   "\"data_offsets\":[%lld,%lld]}", ts[i].name, ts[i].dtype,
+                                   (long long)ts[i].shape[0], (long long)off, (long long)(off + bytes));
+        else
+            hl += (size_t)snprintf(hdr + hl, 65536 - hl, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],"
+                                   "\"data_offsets\":[%lld,%lld]}", ts[i].name, ts[i].dtype,
+                                   (long long)ts[i].shape[0], (long long)ts[i].shape[1], (long long)off,
+                                   (long long)(off + bytes));
+        off += bytes;
+    }
+    hl += (size_t)snprintf(hdr + hl, 65536 - hl, "}");
+    cr_assert(hl < 65000);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    fwrite(len, 1, 8, f);
+    fwrite(hdr, 1, hl, f);
+    for (int i = 0; i < nt; i++) {
+        int is_norm = strstr(ts[i].name, "norm") != NULL;
+        for (int64_t e = 0; e < wt_numel(&ts[i]); e++) {
+            float v = is_norm ? 1.0f + 0.1f * frand() : scale * frand();
+            uint32_t u;
+            memcpy(&u, &v, 4);
+            if (!strcmp(ts[i].dtype, "F32")) {
+                fwrite(&u, 4, 1, f);
+            } else {
+                uint16_t b = (uint16_t)(u >> 16);
+                fwrite(&b, 2, 1, f);
+            }
+        }
+    }
+    fclose(f);
+    free(hdr);
+}
+
+typedef struct tiny_cfg {
+    const char *type;
+    int layers, hidden, heads, kv_heads, head_dim, inter, vocab, tie, bias, qk_norm;
+} tiny_cfg;
+
+/* config.json + model.safetensors of a random tiny model in g_dir. */
+static void write_model(const tiny_cfg *c, const char *extra_json)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "{\"model_type\":\"%s\",\"num_hidden_layers\":%d,\"hidden_size\":%d,\"num_attention_heads\":%d,"
+               "\"num_key_value_heads\":%d,\"head_dim\":%d,\"intermediate_size\":%d,\"vocab_size\":%d,"
+               "\"rms_norm_eps\":1e-6,\"rope_theta\":10000.0,\"tie_word_embeddings\":%s,\"hidden_act\":\"silu\"%s}",
+            c->type, c->layers, c->hidden, c->heads, c->kv_heads, c->head_dim, c->inter, c->vocab,
+            c->tie ? "true" : "false", extra_json ? extra_json : "");
+    fclose(f);
+    wt ts[128];
+    int n = 0;
+#define ADD(nm, d0, d1)                                                                            \
+    do {                                                                                           \
+        snprintf(ts[n].name, sizeof ts[n].name, "%s", nm);                                         \
+        ts[n].ndim = (d1) ? 2 : 1;                                                                 \
+        ts[n].shape[0] = d0;                                                                       \
+        ts[n].shape[1] = d1;                                                                       \
+        ts[n].dtype = (n % 2) ? "BF16" : "F32";                                                    \
+        n++;                                                                                       \
+    } while (0)
+    ADD("model.embed_tokens.weight", c->vocab, c->hidden);
+    ADD("model.norm.weight", c->hidden, 0);
+    if (!c->tie) ADD("lm_head.weight", c->vocab, c->hidden);
+    int qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
+    for (int L = 0; L < c->layers; L++) {
+        char nm[96];
+#define LADD(suffix, d0, d1)                                                                       \
+    do {                                                                                           \
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", L, suffix);                                  \
+        ADD(nm, d0, d1);                                                                           \
+    } while (0)
+        LADD("input_layernorm.weight", c->hidden, 0);
+        LADD("post_attention_layernorm.weight", c->hidden, 0);
+        LADD("self_attn.q_proj.weight", qd, c->hidden);
+        LADD("self_attn.k_proj.weight", kvd, c->hidden);
+        LADD("self_attn.v_proj.weight", kvd, c->hidden);
+        LADD("self_attn.o_proj.weight", c->hidden, qd);
+        if (c->bias) {
+            LADD("self_attn.q_proj.bias", qd, 0);
+            LADD("self_attn.k_proj.bias", kvd, 0);
+            LADD("self_attn.v_proj.bias", kvd, 0);
+        }
+        if (c->qk_norm) {
+            LADD("self_attn.q_norm.weight", c->head_dim, 0);
+            LADD("self_attn.k_norm.weight", c->head_dim, 0);
+        }
+        LADD("mlp.gate_proj.weight", c->inter, c->hidden);
+        LADD("mlp.up_proj.weight", c->inter, c->hidden);
+        LADD("mlp.down_proj.weight", c->hidden, c->inter);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", g_dir);
+    write_st(path, ts, n, 0.2f);
+}
+
+static void write_file(const char *name, const void *data, size_t len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fwrite(data, 1, len, f);
+    fclose(f);
+}
+
+static void *read_file(const char *name, size_t *len)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", g_dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert(f);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    rewind(f);
+    void *p = malloc(*len);
+    cr_assert_eq(fread(p, 1, *len, f), *len);
+    fclose(f);
+    return p;
+}
+
+static const tiny_cfg k_qwen3 = {"qwen3", 2, 64, 4, 2, 32, 96, 50, 1, 0, 1};
+static const tiny_cfg k_qwen2 = {"qwen2", 2, 64, 4, 2, 16, 96, 50, 0, 1, 0};
+static const tiny_cfg k_llama = {"llama", 3, 48, 6, 3, 8, 80, 40, 0, 0, 0};
+
+static void run_model(const tiny_cfg *tc)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s", g_dir);
+    oe_model *m = NULL;
+    cr_assert_eq(oe_model_load(path, &m), OSCAR_OK, "%s: %s", tc->type, oe_last_error());
+    const oe_config *c = oe_model_config(m);
+    cr_expect_eq(c->num_layers, tc->layers);
+    cr_expect_eq(c->qkv_bias, tc->bias);
+    cr_expect_eq(c->qk_norm, tc->qk_norm);
+    cr_expect_eq(c->tie_word_embeddings, tc->tie);
+    int n = 37; /* not a multiple of the attention block */
+    uint32_t tok[37];
+    for (int i = 0; i < n; i++) tok[i] = (uint32_t)(rand_r(&g_seed) % (unsigned)tc->vocab);
+    float *logits = malloc((size_t)n * tc->vocab * sizeof(float));
+    for (int i = 0; i < n * tc->vocab; i++) logits[i] = NAN;
+    oe_ctx *ctx = NULL;
+    cr_assert_eq(oe_ctx_create(m, n, &ctx), OSCAR_OK, "%s", oe_last_error());
+    cr_assert_eq(oe_forward(ctx, tok, n, NULL, logits), OSCAR_OK, "%s", oe_last_error());
+    for (int i = 0; i < n * tc->vocab; i++) cr_assert(isfinite(logits[i]), "%s: logit %d not finite", tc->type, i);
+    /* Causality: changing the last token leaves earlier rows unchanged. */
+    float *again = malloc((size_t)n * tc->vocab * sizeof(float));
+    tok[n - 1] = (tok[n - 1] + 1) % (uint32_t)tc->vocab;
+    cr_assert_eq(oe_forward(ctx, tok, n, NULL, again), OSCAR_OK);
+    for (int i = 0; i < (n - 1) * tc->vocab; i++)
+        cr_assert(fabsf(again[i] - logits[i]) <= 1e-5f * (1.0f + fabsf(logits[i])),
+                  "%s: row %d changed when only the last token did", tc->type, i / tc->vocab);
+    int diff = 0;
+    for (int i = (n - 1) * tc->vocab; i < n * tc->vocab; i++) diff |= again[i] != logits[i];
+    cr_expect(diff, "%s: last row did not change with the last token", tc->type);
+    /* Window too long and an out-of-vocabulary id are refused. */
+    cr_expect_eq(oe_forward(ctx, tok, n + 1, NULL, logits), OSCAR_ERR_TOO_LONG);
+    tok[3] = (uint32_t)tc->vocab;
+    cr_expect_eq(oe_forward(ctx, tok, n, NULL, logits), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(oe_last_error(), "vocabulary"), "message: %s", oe_last_error());
+    free(again);
+    free(logits);
+    oe_ctx_free(ctx);
+    oe_model_free(m);
+}
+
+static void seed(void)
+{
+    g_seed = (unsigned)time(NULL) ^ (unsigned)getpid();
+    printf("seed %u\n", g_seed);
+}
+
+Test(engine_load, synthetic_qwen3_qwen2_llama_run)
+{
+    seed();
+    const tiny_cfg *cs[3] = {&k_qwen3, &k_qwen2, &k_llama};
+    for (int i = 0; i < 3; i++) {
+        make_dir();
+        write_model(cs[i], NULL);
+        run_model(cs[i]);
+        remove_dir();
+    }
+}
+
+Test(engine_load, unsupported_configs_refused)
+{
+    seed();
+    make_dir();
+    oe_model *m = (oe_model *)(uintptr_t)1;
+    tiny_cfg bad = k_llama;
+    bad.type = "mistral";
+    write_model(&bad, NULL);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_UNSUPPORTED);
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "model_type 'mistral'"), "message: %s", oe_last_error());
+    write_model(&k_llama, ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0}");
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_UNSUPPORTED);
+    cr_expect(strstr(oe_last_error(), "yarn"), "message: %s", oe_last_error());
+    write_model(&k_llama, ",\"hidden_act\":\"gelu\"");
+    /* duplicate key -> JSON refused */
+    cr_expect_neq(oe_model_load(g_dir, &m), OSCAR_OK);
+    write_model(&k_llama, ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500000.0}");
+    cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(oe_model_config(m)->rope_theta, 10000.0,
+                 "top-level rope_theta wins over rope_parameters");
+    oe_model_free(m);
+    /* Weights not matching the config: q_proj has the wrong shape. */
+    tiny_cfg wrong = k_qwen3;
+    write_model(&wrong, NULL);
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    FILE *f = fopen(path, "w");
+    fprintf(f, "{\"model_type\":\"qwen3\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":2,"
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50}");
+    fclose(f);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_SHAPE_MISMATCH, "%s", oe_last_error());
+    cr_expect(strstr(oe_last_error(), "q_proj"), "message: %s", oe_last_error());
+    /* Missing config. */
+    unlink(path);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_IO);
+    remove_dir();
+}
+
+/* Every truncation and random header damage of a valid file: refused or
+ * parsed, never a crash or an out-of-bounds read (ASan). */
+Test(engine_load, corrupt_safetensors_refused)
+{
+    seed();
+    make_dir();
+    write_model(&k_qwen2, NULL);
+    size_t len = 0;
+    unsigned char *good = read_file("model.safetensors", &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | good[i];
+    char path[512];
+    snprintf(path, sizeof path, "%s/x.safetensors", g_dir);
+    oe_safetensors *st = NULL;
+    /* Truncations: inside the length, inside the header, inside the data. */
+    size_t cuts[] = {0, 3, 8, 9, 8 + (size_t)hl / 2, 8 + (size_t)hl, 8 + (size_t)hl + 1, len - 1};
+    for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+        write_file("x.safetensors", good, cuts[i]);
+        oscar_status s = oe_st_open(path, &st);
+        cr_expect_eq(s, OSCAR_ERR_CORRUPT_FILE, "truncated to %zu bytes: status %d (%s)", cuts[i], (int)s,
+                     oe_last_error());
+        cr_expect_null(st);
+        cr_expect(strlen(oe_last_error()) > 10);
+    }
+    /* The model loader reports the truncated shard too. */
+    write_file("model.safetensors", good, len - 5);
+    oe_model *m = NULL;
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE);
+    cr_expect(strstr(oe_last_error(), "truncated"), "message: %s", oe_last_error());
+    write_file("model.safetensors", good, len);
+    /* Header length larger than the file. */
+    unsigned char *bad = malloc(len);
+    memcpy(bad, good, len);
+    bad[6] = 0x7f;
+    write_file("x.safetensors", bad, len);
+    cr_expect_eq(oe_st_open(path, &st), OSCAR_ERR_CORRUPT_FILE);
+    /* Hand-written hostile headers. */
+    const char *hdrs[] = {
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,999]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}",
+        "{\"a\":{\"dtype\":\"Q4\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}",
+        "{\"a\":[1,2]}",
+        "[1,2,3]",
+        "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}",
+    };
+    for (size_t i = 0; i < sizeof hdrs / sizeof hdrs[0]; i++) {
+        size_t hn = strlen(hdrs[i]);
+        unsigned char *buf = calloc(1, 8 + hn + 8);
+        for (int b = 0; b < 8; b++) buf[b] = (unsigned char)((uint64_t)hn >> (8 * b));
+        memcpy(buf + 8, hdrs[i], hn);
+        write_file("x.safetensors", buf, 8 + hn + 8);
+        oscar_status s = oe_st_open(path, &st);
+        cr_expect(s == OSCAR_ERR_CORRUPT_FILE || s == OSCAR_ERR_UNSUPPORTED, "header %zu accepted (status %d)", i,
+                  (int)s);
+        free(buf);
+    }
+    /* The valid 8-byte one parses. */
+    {
+        const char *h = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+        size_t hn = strlen(h);
+        unsigned char *buf = calloc(1, 8 + hn + 8);
+        for (int b = 0; b < 8; b++) buf[b] = (unsigned char)((uint64_t)hn >> (8 * b));
+        memcpy(buf + 8, h, hn);
+        write_file("x.safetensors", buf, 8 + hn + 8);
+        cr_assert_eq(oe_st_open(path, &st), OSCAR_OK, "%s", oe_last_error());
+        cr_expect_eq(oe_st_count(st), 1);
+        oe_st_close(st);
+        free(buf);
+    }
+    /* Random byte damage inside the header: any status, no crash. */
+    for (int it = 0; it < 200; it++) {
+        memcpy(bad, good, len);
+        int flips = 1 + rand_r(&g_seed) % 4;
+        for (int k = 0; k < flips; k++) bad[8 + (size_t)rand_r(&g_seed) % hl] = (unsigned char)rand_r(&g_seed);
+        write_file("x.safetensors", bad, len);
+        if (oe_st_open(path, &st) == OSCAR_OK) {
+            for (int i = 0; i < oe_st_count(st); i++) {
+                const oe_tensor *t = oe_st_at(st, i);
+                float *tmp = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
+                (void)oe_tensor_to_f32(t, tmp, t->numel);
+                free(tmp);
+            }
+            oe_st_close(st);
+            st = NULL;
+        }
+    }
+    free(bad);
+    free(good);
+    remove_dir();
+}
+
+Test(engine_load, token_files_checked)
+{
+    seed();
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.tokens", g_dir);
+    uint32_t *ids = NULL;
+    int64_t n = 0;
+    unsigned char raw[12] = {1, 0, 0, 0, 0x10, 0x27, 0, 0, 0xff, 0, 0, 0}; /* 1, 10000, 255 */
+    write_file("t.tokens", raw, 12);
+    cr_assert_eq(oe_tokens_load(path, 20000, &ids, &n), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(n, 3);
+    cr_expect(ids[0] == 1 && ids[1] == 10000 && ids[2] == 255);
+    free(ids);
+    cr_expect_eq(oe_tokens_load(path, 8192, &ids, &n), OSCAR_ERR_CORRUPT_FILE);
+    cr_expect(strstr(oe_last_error(), "token 1 is id 10000"), "message: %s", oe_last_error());
+    cr_expect_null(ids);
+    write_file("t.tokens", raw, 11);
+    cr_expect_eq(oe_tokens_load(path, 20000, &ids, &n), OSCAR_ERR_CORRUPT_FILE);
+    write_file("t.tokens", raw, 0);
+    cr_expect_eq(oe_tokens_load(path, 20000, &ids, &n), OSCAR_ERR_EMPTY);
+    remove_dir();
+}
