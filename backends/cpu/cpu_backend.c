@@ -515,7 +515,8 @@ static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decod
                         for (int qi = 0; qi < nq; qi++) {
                             float w = s[qi][k];
                             float *ac = acc[qi];
-                            for (int j = 0; j < d; j++) ac[j] += w * row[j];
+                            for (int j = 0; j < d; j += 8) /* d is a multiple of 64 */
+                                for (int k = 0; k < 8; k++) ac[j + k] += w * row[j + k];
                         }
                     }
                 }

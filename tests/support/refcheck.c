@@ -44,11 +44,14 @@ void rc_gen_kv(rc_rng *r, int n_tokens, int H, int d, int n_outliers, oscar_dtyp
         mag[i] = 1.0f;
         off[i] = (float)(0.3 * rc_normal(r));
     }
+    /* Outlier channels as in real keys: a large signed offset that barely
+     * changes from token to token, plus noise at a third of that magnitude. */
     for (int h = 0; h < H; h++)
         for (int o = 0; o < n_outliers; o++) {
             int c = rc_randint(r, 0, d - 1);
-            mag[h * d + c] = (float)(10.0 + 40.0 * rc_uniform(r));
-            off[h * d + c] *= 5.0f;
+            double m = 10.0 + 40.0 * rc_uniform(r);
+            mag[h * d + c] = (float)(0.3 * m);
+            off[h * d + c] = (float)(rc_uniform(r) < 0.5 ? -m : m);
         }
     for (int t = 0; t < n_tokens; t++)
         for (int i = 0; i < H * d; i++)

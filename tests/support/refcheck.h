@@ -26,9 +26,10 @@ int rc_randint(rc_rng *r, int lo, int hi); /* uniform in [lo, hi] */
 void rc_shuffle_i32(rc_rng *r, int32_t *a, int n);
 
 /* ------------------------------------------------------------ activations */
-/* n_tokens x H x d rows of N(0, 1) values where, per KV head, n_outliers
- * channels (chosen at random once per call) carry a 10-50x larger magnitude
- * (fixed per channel, like real keys), plus a per-channel offset. Values are
+/* n_tokens x H x d rows of N(0, 1) values plus a small per-channel offset
+ * where, per KV head, n_outliers channels (chosen at random once per call)
+ * carry a 10-50x larger magnitude: a fixed signed offset of that size plus
+ * noise at 0.3x of it (like real key outlier channels). Values are
  * rounded through kv_dtype (F32 = no rounding) so they are exactly
  * representable as the cache input. */
 void rc_gen_kv(rc_rng *r, int n_tokens, int H, int d, int n_outliers, oscar_dtype kv_dtype, float *out);
