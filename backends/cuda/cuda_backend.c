@@ -1,0 +1,199 @@
+/* CUDA backend plugin (liboscar_backend_cuda.so); the HIP plugin compiles
+ * this same file with OSCAR_HIP defined (backends/hip/). Device pointers are
+ * plain pointers, stream is a cudaStream_t/hipStream_t or NULL (default
+ * stream). Kernels are the generated ones (gen/oscar_gen.py), looked up in
+ * the generated dispatch table by the layout's variant key. */
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef OSCAR_HIP
+#ifndef __HIP_PLATFORM_AMD__
+#define __HIP_PLATFORM_AMD__
+#endif
+#include <hip/hip_runtime_api.h>
+#include "oscar_hip_variants.h"
+#define GPU(x) hip##x
+#define GPU_OK hipSuccess
+#define GPU_NAME "hip"
+#define GPU_TABLE(x) oscar_hip_##x
+typedef hipError_t gpu_err_t;
+typedef hipStream_t gpu_stream_t;
+typedef struct hipDeviceProp_t gpu_prop_t;
+#else
+#include <cuda_runtime_api.h>
+#include "oscar_cuda_variants.h"
+#define GPU(x) cuda##x
+#define GPU_OK cudaSuccess
+#define GPU_NAME "cuda"
+#define GPU_TABLE(x) oscar_cuda_##x
+typedef cudaError_t gpu_err_t;
+typedef cudaStream_t gpu_stream_t;
+typedef struct cudaDeviceProp gpu_prop_t;
+#endif
+
+#include "gpu_core.h"
+
+typedef struct gpu_ctx {
+    gpu_ctx_head head;
+    int device;
+    int sms;
+    char name[300];
+} gpu_ctx;
+
+static oscar_status fail(oscar_errbuf *err, const char *what, gpu_err_t e) {
+    return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, GPU_NAME ": %s failed: %s", what, GPU(GetErrorString)(e));
+}
+
+static int g_probe(int device_index, oscar_errbuf *why) {
+    int n = 0;
+    gpu_err_t e = GPU(GetDeviceCount)(&n);
+    if (e != GPU_OK) {
+        oscar_errbuf_set(why, OSCAR_ERR_NO_BACKEND, GPU_NAME " runtime: %s (no driver or no device)",
+                         GPU(GetErrorString)(e));
+        return 0;
+    }
+    if (n <= device_index) {
+        oscar_errbuf_set(why, OSCAR_ERR_NO_BACKEND, GPU_NAME ": device %d requested, %d present", device_index, n);
+        return 0;
+    }
+    return 100;
+}
+
+static const gpu_vendor k_vendor;
+
+static oscar_status g_init(int device_index, void **ctx, oscar_errbuf *err) {
+    gpu_ctx *c = calloc(1, sizeof *c);
+    if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, GPU_NAME " init: out of host memory");
+    c->head.vendor = &k_vendor;
+    c->device = device_index;
+    gpu_err_t e = GPU(SetDevice)(device_index);
+    gpu_prop_t prop;
+    if (e == GPU_OK) e = GPU(GetDeviceProperties)(&prop, device_index);
+    if (e != GPU_OK) {
+        free(c);
+        return fail(err, "device selection", e);
+    }
+    c->sms = prop.multiProcessorCount;
+    snprintf(c->name, sizeof c->name, "%s (%d SMs, %.1f GiB)", prop.name, prop.multiProcessorCount,
+             (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    *ctx = c;
+    return OSCAR_OK;
+}
+
+static void g_shutdown(void *ctx) { free(ctx); }
+static const char *g_device_name(void *ctx) { return ((gpu_ctx *)ctx)->name; }
+static int g_units(void *ctx) { return ((gpu_ctx *)ctx)->sms; }
+
+static oscar_status g_alloc(void *ctx, size_t bytes, void **buf, oscar_errbuf *err) {
+    (void)ctx;
+    if (!buf) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, GPU_NAME " alloc: buf is NULL");
+    gpu_err_t e = GPU(Malloc)(buf, bytes ? bytes : 16);
+    if (e != GPU_OK)
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, GPU_NAME " alloc of %zu bytes: %s", bytes,
+                                GPU(GetErrorString)(e));
+    return OSCAR_OK;
+}
+
+static void g_free(void *ctx, void *buf) {
+    (void)ctx;
+    if (buf) GPU(Free)(buf);
+}
+
+static oscar_status g_write(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
+                            oscar_errbuf *err) {
+    (void)ctx;
+    if (!bytes) return OSCAR_OK;
+    if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, GPU_NAME " write: NULL buffer");
+    /* Pageable source: synchronous with respect to the host, ordered on the stream. */
+    gpu_err_t e = GPU(MemcpyAsync)((char *)dst + offset, src, bytes, GPU(MemcpyHostToDevice), (gpu_stream_t)stream);
+    if (e == GPU_OK) e = GPU(StreamSynchronize)((gpu_stream_t)stream);
+    return e == GPU_OK ? OSCAR_OK : fail(err, "memcpy to device", e);
+}
+
+static oscar_status g_read(void *ctx, void *dst, const void *src, size_t offset, size_t bytes, void *stream,
+                           oscar_errbuf *err) {
+    (void)ctx;
+    if (!bytes) return OSCAR_OK;
+    if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, GPU_NAME " read: NULL buffer");
+    gpu_err_t e = GPU(MemcpyAsync)(dst, (const char *)src + offset, bytes, GPU(MemcpyDeviceToHost), (gpu_stream_t)stream);
+    if (e == GPU_OK) e = GPU(StreamSynchronize)((gpu_stream_t)stream);
+    return e == GPU_OK ? OSCAR_OK : fail(err, "memcpy to host", e);
+}
+
+static oscar_status g_sync(void *ctx, void *stream, oscar_errbuf *err) {
+    (void)ctx;
+    gpu_err_t e = GPU(StreamSynchronize)((gpu_stream_t)stream);
+    return e == GPU_OK ? OSCAR_OK : fail(err, "stream synchronize", e);
+}
+
+static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
+    (void)ctx;
+    int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
+    int G = bf16m ? l->head_dim : l->group, kvb = l->kv_dtype == OSCAR_DTYPE_BF16,
+        mf32 = !bf16m && l->meta_dtype == OSCAR_DTYPE_F32, lm = l->method == OSCAR_METHOD_OSCAR2_LM;
+    const oscar_gpu_decode_variant *dv = NULL;
+    const oscar_gpu_append_variant *av = NULL;
+    for (int t = 0; t < GPU_TABLE(num_decode_tables); t++)
+        for (int i = 0; i < *GPU_TABLE(decode_table_sizes)[t]; i++) {
+            const oscar_gpu_decode_variant *v = &GPU_TABLE(decode_tables)[t][i];
+            if (v->d == l->head_dim && v->group == G && v->gqa == gq && v->kvb == kvb && v->mf32 == mf32 &&
+                v->lm == lm && v->bf16m == bf16m)
+                dv = v;
+        }
+    for (int t = 0; t < GPU_TABLE(num_append_tables); t++)
+        for (int i = 0; i < *GPU_TABLE(append_table_sizes)[t]; i++) {
+            const oscar_gpu_append_variant *v = &GPU_TABLE(append_tables)[t][i];
+            if (v->d == l->head_dim && v->group == G && v->kvb == kvb && v->mf32 == mf32 && v->bf16m == bf16m)
+                av = v;
+        }
+    if (!dv || !av)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                GPU_NAME " plan: no generated kernel for d%d group %d gqa %d %s meta %s %s; rebuild "
+                                "with -DOSCAR_GEN_SET=full or add it to gen/variants.json (docs/CODEGEN.md)",
+                                l->head_dim, G, gq, kvb ? "bf16" : "f16", mf32 ? "f32" : "f16",
+                                bf16m ? "bf16-method" : (lm ? "lloyd-max" : "uniform"));
+    const oscar_gpu_tuning *t = NULL;
+    for (int i = 0; i < GPU_TABLE(num_tuning); i++)
+        if (GPU_TABLE(tuning)[i].d == l->head_dim) t = &GPU_TABLE(tuning)[i];
+    k->store = av->store;
+    k->demote = av->demote;
+    k->rotate_q = dv->rotate_q;
+    k->decode = dv->decode;
+    k->merge = dv->merge;
+    k->threads = dv->threads;
+    k->elems = dv->elems;
+    k->min_chunk = t ? t->min_chunk : 256;
+    k->blocks_per_sm = t ? t->blocks_per_sm : 4;
+    k->owner = NULL;
+    snprintf(k->name, sizeof k->name, "%s", dv->name);
+    return OSCAR_OK;
+}
+
+static void g_release(void *ctx, gpu_kernels *k) {
+    (void)ctx;
+    (void)k;
+}
+
+static oscar_status g_launch(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                             const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    (void)ctx;
+    void *argv[40];
+    if (nargs > 40) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
+    for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
+    dim3 grid = {gx, gy, gz}, blk = {block, 1, 1};
+    gpu_err_t e = GPU(LaunchKernel)(kernel, grid, blk, argv, 0, (gpu_stream_t)stream);
+    if (e == GPU_OK) e = GPU(GetLastError)();
+    return e == GPU_OK ? OSCAR_OK : fail(err, "kernel launch", e);
+}
+
+static const gpu_vendor k_vendor = {GPU_NAME, g_select, g_release, g_launch, g_units,
+                                    g_alloc,  g_free,   g_write,   g_read,   g_sync};
+
+static const oscar_backend_api k_api = {
+    OSCAR_BACKEND_ABI_VERSION, GPU_NAME,          g_probe,         g_init,
+    g_shutdown,                g_device_name,     g_alloc,         g_free,
+    g_write,                   g_read,            g_sync,          gpu_plan_create,
+    gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
+    gpu_append,                gpu_decode};
+
+__attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }

@@ -1,0 +1,375 @@
+/* Shared host logic of the GPU plugins; see gpu_core.h. */
+#include "gpu_core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LOG2E 1.4426950408889634f
+#define ALIGN256(x) (((x) + 255u) & ~(size_t)255u)
+
+typedef struct gpu_plan {
+    oscar_layout_desc l;
+    int num_layers, num_rot, identity, quantized, lm, S0, W, lp, gqa;
+    size_t page_bytes, slot_bytes, kc, vc, km, vm;
+    void *rot_k, *rot_v, *rot_vt; /* device fp32 [layers][num_rot][d][d]; rot_vt transposed; NULL if identity */
+    float *clip_k, *clip_v;       /* host, per layer */
+    gpu_kernels k;
+} gpu_plan;
+
+static const gpu_vendor *V(void *ctx) { return ((gpu_ctx_head *)ctx)->vendor; }
+
+static int log2_exact(int x) {
+    int b = 0;
+    while ((1 << b) < x) b++;
+    return (1 << b) == x ? b : -1;
+}
+
+void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int min_chunk, int target_blocks,
+                       int max_splits, int *nsplit, int *chunk) {
+    int64_t per = (int64_t)num_seqs * kv_heads;
+    int64_t want = per > 0 ? (target_blocks + per - 1) / per : 1;
+    int64_t cap = ((int64_t)max_len + min_chunk - 1) / min_chunk;
+    if (want > cap) want = cap;
+    if (want > max_splits) want = max_splits;
+    if (want < 1) want = 1;
+    int64_t c = ((int64_t)max_len + want - 1) / want;
+    c = (c + threads - 1) / threads * threads;
+    if (c < threads) c = threads;
+    *chunk = (int)c;
+    *nsplit = (int)(((int64_t)max_len + c - 1) / c);
+    if (*nsplit < 1) *nsplit = 1;
+}
+
+static void plan_free(void *ctx, gpu_plan *p) {
+    if (!p) return;
+    if (p->rot_k) V(ctx)->free(ctx, p->rot_k);
+    if (p->rot_v) V(ctx)->free(ctx, p->rot_v);
+    if (p->rot_vt) V(ctx)->free(ctx, p->rot_vt);
+    if (p->k.owner || p->k.decode) V(ctx)->release(ctx, &p->k);
+    free(p->clip_k);
+    free(p->clip_v);
+    free(p);
+}
+
+oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
+                             size_t variant_len, oscar_errbuf *err) {
+    const char *nm = V(ctx)->name;
+    if (!desc || !bplan) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: NULL descriptor", nm);
+    const oscar_layout_desc *l = &desc->layout;
+    int d = l->head_dim;
+    if (d != 64 && d != 128 && d != 256)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "%s plan: head_dim %d; use 64, 128 or 256", nm, d);
+    int bf16m = l->method == OSCAR_METHOD_BF16;
+    if (!bf16m && ((l->group != 32 && l->group != 64 && l->group != 128) || l->group > d || d % l->group))
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
+                                "%s plan: group %d; use 32, 64 or 128 dividing head_dim %d", nm, l->group, d);
+    if ((int)l->method < 0 || l->method > OSCAR_METHOD_BF16)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "%s plan: method %d has no paged cache; use oscar2, oscar2-lm, int2, quarot2 or bf16",
+                                nm, (int)l->method);
+    if (l->num_kv_heads < 1 || l->num_q_heads < l->num_kv_heads || l->num_q_heads % l->num_kv_heads ||
+        l->sink < 0 || l->recent < 0 || l->max_seq_len < 1 || desc->num_layers < 1 ||
+        (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s plan: inconsistent shape (q heads %d, kv heads %d, sink %d, recent %d, layers %d, "
+                                "rotations per layer %d); validate the layout first",
+                                nm, l->num_q_heads, l->num_kv_heads, l->sink, l->recent, desc->num_layers,
+                                desc->num_rot);
+    int lp = log2_exact(l->page_size);
+    if (lp < 4 || lp > 7)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "%s plan: page_size %d; use 16, 32, 64 or 128", nm,
+                                l->page_size);
+    if ((l->kv_dtype != OSCAR_DTYPE_BF16 && l->kv_dtype != OSCAR_DTYPE_F16) ||
+        (l->meta_dtype != OSCAR_DTYPE_F16 && l->meta_dtype != OSCAR_DTYPE_F32))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s plan: kv_dtype must be BF16 or F16 and meta_dtype F16 or F32", nm);
+    if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: rotations missing (rot_k/rot_v NULL)", nm);
+
+    gpu_plan *p = calloc(1, sizeof *p);
+    if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
+    p->l = *l;
+    p->num_layers = desc->num_layers;
+    p->num_rot = desc->num_rot;
+    p->identity = desc->identity_rotation;
+    p->quantized = !bf16m;
+    p->lm = l->method == OSCAR_METHOD_OSCAR2_LM;
+    p->S0 = bf16m ? 0 : l->sink;
+    p->W = bf16m ? 0 : l->recent;
+    p->lp = lp;
+    p->gqa = l->num_q_heads / l->num_kv_heads;
+    size_t H = (size_t)l->num_kv_heads, P = (size_t)l->page_size, D = (size_t)d;
+    size_t rows = H * P;
+    if (bf16m) {
+        p->kc = 0;
+        p->vc = rows * D * 2;
+        p->km = p->vm = p->page_bytes = 2 * rows * D * 2;
+        p->slot_bytes = 0;
+        p->l.group = d;
+    } else {
+        size_t ng = D / (size_t)l->group, msz = l->meta_dtype == OSCAR_DTYPE_F32 ? 4 : 2;
+        p->kc = 0;
+        p->vc = rows * D / 4;
+        p->km = 2 * rows * D / 4;
+        p->vm = p->km + rows * ng * 2 * msz;
+        p->page_bytes = p->vm + rows * ng * 2 * msz;
+        p->slot_bytes = 2 * H * (size_t)(p->S0 + p->W) * D * 2;
+    }
+    size_t nl = (size_t)desc->num_layers;
+    p->clip_k = malloc(nl * sizeof(float));
+    p->clip_v = malloc(nl * sizeof(float));
+    if (!p->clip_k || !p->clip_v) {
+        plan_free(ctx, p);
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
+    }
+    int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
+    for (size_t i = 0; i < nl; i++) {
+        float ck = clips && desc->clip_k ? desc->clip_k[i] : 1.0f;
+        float cv = clips && desc->clip_v ? desc->clip_v[i] : 1.0f;
+        if (!(ck > 0.0f && ck <= 1.0f) || !(cv > 0.0f && cv <= 1.0f)) {
+            plan_free(ctx, p);
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "%s plan: clip ratio of layer %zu outside (0, 1] (K %g, V %g)", nm, i, (double)ck,
+                                    (double)cv);
+        }
+        p->clip_k[i] = ck;
+        p->clip_v[i] = cv;
+    }
+    oscar_status st;
+    if (!p->identity) {
+        size_t n = nl * (size_t)desc->num_rot * D * D, bytes = n * sizeof(float);
+        float *t = malloc(bytes);
+        if (!t) {
+            plan_free(ctx, p);
+            return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
+        }
+        /* R_V^T per (layer, rotation) so the merge kernel reads it coalesced. */
+        for (size_t r = 0; r < nl * (size_t)desc->num_rot; r++)
+            for (size_t i = 0; i < D; i++)
+                for (size_t j = 0; j < D; j++) t[r * D * D + i * D + j] = desc->rot_v[r * D * D + j * D + i];
+        if ((st = V(ctx)->alloc(ctx, bytes, &p->rot_k, err)) || (st = V(ctx)->alloc(ctx, bytes, &p->rot_v, err)) ||
+            (st = V(ctx)->alloc(ctx, bytes, &p->rot_vt, err)) ||
+            (st = V(ctx)->write(ctx, p->rot_k, 0, desc->rot_k, bytes, NULL, err)) ||
+            (st = V(ctx)->write(ctx, p->rot_v, 0, desc->rot_v, bytes, NULL, err)) ||
+            (st = V(ctx)->write(ctx, p->rot_vt, 0, t, bytes, NULL, err)) || (st = V(ctx)->sync(ctx, NULL, err))) {
+            free(t);
+            plan_free(ctx, p);
+            return st;
+        }
+        free(t);
+    }
+    if ((st = V(ctx)->select(ctx, &p->l, &p->k, err))) {
+        plan_free(ctx, p);
+        return st;
+    }
+    if (variant && variant_len) snprintf(variant, variant_len, "%s:%s", nm, p->k.name);
+    *bplan = p;
+    return OSCAR_OK;
+}
+
+void gpu_plan_destroy(void *ctx, void *bplan) { plan_free(ctx, bplan); }
+
+static int target_blocks(void *ctx, const gpu_plan *p) {
+    int cu = V(ctx)->compute_units(ctx);
+    if (cu < 1) cu = 1;
+    return cu * (p->k.blocks_per_sm > 0 ? p->k.blocks_per_sm : 2);
+}
+
+/* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */
+static size_t qt_bytes(const gpu_plan *p, int seqs) {
+    return ALIGN256((size_t)seqs * (size_t)p->l.num_q_heads * (size_t)p->l.head_dim * sizeof(float));
+}
+static size_t part_bytes(const gpu_plan *p, int seqs, int splits) {
+    return (size_t)seqs * (size_t)p->l.num_q_heads * (size_t)splits * (size_t)(p->l.head_dim + 2) * sizeof(float);
+}
+
+oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_seq_len, size_t *bytes,
+                                 oscar_errbuf *err) {
+    const gpu_plan *p = bplan;
+    if (!p || !bytes || max_seqs < 1 || max_seq_len < 1)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s workspace_bytes: need a plan, an output and max_seqs, max_seq_len >= 1",
+                                V(ctx)->name);
+    int nsplit, chunk;
+    gpu_choose_splits(max_seqs, p->l.num_kv_heads, max_seq_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p),
+                      1 << 20, &nsplit, &chunk);
+    *bytes = OSCAR_WORKSPACE_HEADER + qt_bytes(p, max_seqs) + part_bytes(p, max_seqs, nsplit);
+    return OSCAR_OK;
+}
+
+oscar_status gpu_workspace_init(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err) {
+    (void)bplan;
+    uint32_t zero = 0;
+    if (!workspace) return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE, "%s workspace_init: workspace is NULL", V(ctx)->name);
+    return V(ctx)->write(ctx, workspace, 0, &zero, sizeof zero, stream, err);
+}
+
+oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err) {
+    (void)bplan;
+    const char *nm = V(ctx)->name;
+    if (!workspace) return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE, "%s check: workspace is NULL", nm);
+    uint32_t w = 0, zero = 0;
+    oscar_status st;
+    if ((st = V(ctx)->read(ctx, &w, workspace, 0, sizeof w, stream, err)) || (st = V(ctx)->sync(ctx, stream, err)))
+        return st;
+    if (!w) return OSCAR_OK;
+    if ((st = V(ctx)->write(ctx, workspace, 0, &zero, sizeof zero, stream, err)) || (st = V(ctx)->sync(ctx, stream, err)))
+        return st;
+    oscar_status s = (w & OSCAR_DEVERR_BLOCK_TABLE) ? OSCAR_ERR_BLOCK_TABLE
+                     : (w & OSCAR_DEVERR_NONFINITE) ? OSCAR_ERR_NONFINITE
+                                                    : OSCAR_ERR_TOO_LONG;
+    return oscar_errbuf_set(err, s,
+                            "%s device kernels reported:%s%s%s; the offending rows were skipped (page/slot out of "
+                            "range or length invalid) or stored as zeros (NaN/Inf); fix the block table, window "
+                            "slots, seq_lens/cu_new or the activations",
+                            nm, (w & OSCAR_DEVERR_BLOCK_TABLE) ? " block table entry or window slot out of range" : "",
+                            (w & OSCAR_DEVERR_NONFINITE) ? " NaN/Inf in a K/V row" : "",
+                            (w & OSCAR_DEVERR_LENGTH) ? " seq_len or new-token count out of range" : "");
+}
+
+static oscar_status check_common(void *ctx, const gpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b,
+                                 const void *ws, size_t ws_bytes, const char *fn, oscar_errbuf *err) {
+    const char *nm = V(ctx)->name;
+    if (!p) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: plan is NULL", nm, fn);
+    if (layer < 0 || layer >= p->num_layers)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: layer %d outside [0, %d)", nm, fn, layer,
+                                p->num_layers);
+    if (b->num_seqs < 1)
+        return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s %s: num_seqs is %d; pass at least one sequence", nm, fn,
+                                b->num_seqs);
+    if (b->num_seqs > 65535)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: num_seqs %d above 65535; split the batch",
+                                nm, fn, b->num_seqs);
+    if (!b->seq_lens || !b->block_table || (p->quantized && p->S0 + p->W > 0 && (!b->window_slots || !c->windows)))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s %s: seq_lens, block_table%s must not be NULL", nm, fn,
+                                p->quantized ? ", window_slots and cache.windows" : "");
+    if (!c->pages && c->num_pages > 0)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: cache.pages is NULL", nm, fn);
+    if (b->block_table_stride < 0 || c->num_pages < 0 || c->num_window_slots < 0)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: negative stride or pool size", nm, fn);
+    if (!ws || ws_bytes < OSCAR_WORKSPACE_HEADER)
+        return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
+                                "%s %s: workspace missing or smaller than %u bytes; size it with "
+                                "oscar_plan_workspace_bytes",
+                                nm, fn, OSCAR_WORKSPACE_HEADER);
+    return OSCAR_OK;
+}
+
+oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
+    const gpu_plan *p = bplan;
+    const char *nm = V(ctx)->name;
+    oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                   "oscar_append", err);
+    if (st) return st;
+    if (!a->cu_new) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s oscar_append: cu_new is NULL", nm);
+    if (a->total_new < 0)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s oscar_append: total_new %d is negative", nm,
+                                a->total_new);
+    if (a->total_new == 0) return OSCAR_OK;
+    int H = p->l.num_kv_heads, D = p->l.head_dim;
+    if (!a->k || !a->v) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s oscar_append: k or v is NULL", nm);
+    if (a->kv_stride < (int64_t)H * D)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s oscar_append: kv_stride %lld smaller than num_kv_heads * head_dim = %d", nm,
+                                (long long)a->kv_stride, H * D);
+    const oscar_batch *b = &a->batch;
+    int nseq = b->num_seqs, num_rot = p->num_rot, identity = p->identity, lm = p->lm, lp = p->lp, S0 = p->S0,
+        W = p->W, max_len = p->l.max_seq_len, bt_stride = b->block_table_stride, num_pages = a->cache.num_pages,
+        num_slots = a->cache.num_window_slots;
+    if (b->max_seq_len > 0 && b->max_seq_len < max_len) max_len = b->max_seq_len;
+    float ck = p->clip_k[a->layer], cv = p->clip_v[a->layer];
+    int64_t kv_stride = a->kv_stride, rot_off = (int64_t)a->layer * num_rot * D * D;
+    int64_t page_bytes = (int64_t)p->page_bytes, slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
+            vc = (int64_t)p->vc, km = (int64_t)p->km, vm = (int64_t)p->vm;
+    void *pages = a->cache.pages, *windows = a->cache.windows, *ws = a->workspace;
+    const void *bt = b->block_table, *lens = b->seq_lens, *slots = b->window_slots, *cu = a->cu_new, *k = a->k,
+               *v = a->v;
+    void *rk = p->rot_k, *rv = p->rot_v;
+    if (p->quantized && W > 0) {
+        gpu_arg da[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
+                        {&slots, sizeof slots}, {&cu, sizeof cu}, {&ws, sizeof ws}, {&ck, 4}, {&cv, 4}, {&lm, 4},
+                        {&num_pages, 4}, {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
+                        {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
+        unsigned gx = (unsigned)(a->total_new < W ? a->total_new : W);
+        if (gx > 1024) gx = 1024;
+        st = V(ctx)->launch(ctx, p->k.demote, gx, (unsigned)(2 * H), (unsigned)nseq, (unsigned)D, da,
+                            (int)(sizeof da / sizeof da[0]), a->stream, err);
+        if (st) return st;
+    }
+    gpu_arg sa[] = {{&k, sizeof k}, {&v, sizeof v}, {&kv_stride, 8}, {&pages, sizeof pages},
+                    {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens}, {&slots, sizeof slots},
+                    {&cu, sizeof cu}, {&nseq, 4}, {&ws, sizeof ws}, {&rk, sizeof rk}, {&rv, sizeof rv},
+                    {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&ck, 4}, {&cv, 4}, {&lm, 4}, {&num_pages, 4},
+                    {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4}, {&max_len, 4},
+                    {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
+    return V(ctx)->launch(ctx, p->k.store, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, sa,
+                          (int)(sizeof sa / sizeof sa[0]), a->stream, err);
+}
+
+oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
+    const gpu_plan *p = bplan;
+    const char *nm = V(ctx)->name;
+    oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                   "oscar_decode", err);
+    if (st) return st;
+    if (!a->q || !a->out)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s oscar_decode: q or out is NULL", nm);
+    const oscar_batch *b = &a->batch;
+    int H = p->l.num_kv_heads, Hq = p->l.num_q_heads, D = p->l.head_dim, nseq = b->num_seqs;
+    if (a->q_stride < (int64_t)Hq * D || a->out_stride < (int64_t)Hq * D)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim "
+                                "= %d",
+                                nm, (long long)a->q_stride, (long long)a->out_stride, Hq * D);
+    int max_len = p->l.max_seq_len;
+    if (b->max_seq_len > 0 && b->max_seq_len < max_len) max_len = b->max_seq_len;
+    size_t qtb = qt_bytes(p, nseq);
+    size_t avail = a->workspace_bytes > OSCAR_WORKSPACE_HEADER + qtb ? a->workspace_bytes - OSCAR_WORKSPACE_HEADER - qtb
+                                                                     : 0;
+    size_t one = part_bytes(p, nseq, 1);
+    if (avail < one)
+        return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
+                                "%s oscar_decode: workspace of %zu bytes too small for %d sequences (need at least "
+                                "%zu); size it with oscar_plan_workspace_bytes",
+                                nm, a->workspace_bytes, nseq, OSCAR_WORKSPACE_HEADER + qtb + one);
+    int max_splits = (int)(avail / one > (size_t)(1 << 20) ? (1 << 20) : avail / one);
+    int nsplit, chunk;
+    gpu_choose_splits(nseq, H, max_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p), max_splits, &nsplit,
+                      &chunk);
+    if (nsplit > max_splits) {
+        /* chunk rounding can need one more split than fits: widen chunks. */
+        chunk = (int)(((int64_t)max_len + max_splits - 1) / max_splits);
+        chunk = (chunk + p->k.threads - 1) / p->k.threads * p->k.threads;
+        nsplit = (max_len + chunk - 1) / chunk;
+    }
+    int64_t qt_off = OSCAR_WORKSPACE_HEADER, part_off = OSCAR_WORKSPACE_HEADER + (int64_t)qtb;
+    int64_t q_stride = a->q_stride, out_stride = a->out_stride, rot_off = (int64_t)a->layer * p->num_rot * D * D;
+    int num_rot = p->num_rot, identity = p->identity, rotated = a->rotated_output ? 1 : 0, lp = p->lp, S0 = p->S0,
+        W = p->W, bt_stride = b->block_table_stride, num_pages = a->cache.num_pages,
+        num_slots = a->cache.num_window_slots;
+    float scale = a->sm_scale * LOG2E;
+    int64_t page_bytes = (int64_t)p->page_bytes, slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
+            vc = (int64_t)p->vc, km = (int64_t)p->km, vm = (int64_t)p->vm;
+    const void *q = a->q, *pages = a->cache.pages, *windows = a->cache.windows, *bt = b->block_table,
+               *lens = b->seq_lens, *slots = b->window_slots, *rk = p->rot_k, *rvt = p->rot_vt;
+    void *ws = a->workspace, *out = a->out;
+    gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
+                    {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
+    st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ra,
+                        (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+    if (st) return st;
+    gpu_arg dargs[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
+                       {&slots, sizeof slots}, {&ws, sizeof ws}, {&qt_off, 8}, {&part_off, 8}, {&num_pages, 4},
+                       {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&Hq, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
+                       {&max_len, 4}, {&chunk, 4}, {&nsplit, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8},
+                       {&vc, 8}, {&km, 8}, {&vm, 8}};
+    st = V(ctx)->launch(ctx, p->k.decode, (unsigned)nsplit, (unsigned)H, (unsigned)nseq, (unsigned)p->k.threads, dargs,
+                        (int)(sizeof dargs / sizeof dargs[0]), a->stream, err);
+    if (st) return st;
+    gpu_arg ma[] = {{&ws, sizeof ws}, {&part_off, 8}, {&lens, sizeof lens}, {&chunk, 4}, {&nsplit, 4}, {&max_len, 4},
+                    {&rvt, sizeof rvt}, {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&rotated, 4},
+                    {&out, sizeof out}, {&out_stride, 8}, {&Hq, 4}, {&H, 4}};
+    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ma,
+                          (int)(sizeof ma / sizeof ma[0]), a->stream, err);
+}

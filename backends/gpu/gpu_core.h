@@ -1,0 +1,65 @@
+/* Host logic shared by the GPU plugins (CUDA, HIP, OpenCL): plans, argument
+ * validation, workspace layout, split-KV sizing and the launch sequence of
+ * the generated kernels. Each plugin supplies a gpu_vendor table (memory,
+ * kernel selection, launch) and compiles this file into its own .so; no
+ * liboscar symbol is used (runtime/oscar_backend.h inline helpers only). */
+#ifndef OSCAR_GPU_CORE_H
+#define OSCAR_GPU_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oscar_backend.h"
+
+/* One kernel argument: its bytes, as cudaLaunchKernel / clSetKernelArg take them.
+ * Buffers are passed as their handle value (device pointer or cl_mem). */
+typedef struct gpu_arg {
+    const void *p;
+    size_t n;
+} gpu_arg;
+
+/* The kernels of one plan (handles: CUDA/HIP function addresses, cl_kernel). */
+typedef struct gpu_kernels {
+    const void *store, *demote, *rotate_q, *decode, *merge;
+    int threads, elems, min_chunk, blocks_per_sm;
+    char name[128];
+    void *owner; /* vendor data released by release() */
+} gpu_kernels;
+
+typedef struct gpu_vendor {
+    const char *name;
+    /* Finds (CUDA/HIP) or compiles (OpenCL) the kernels for a layout. */
+    oscar_status (*select)(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err);
+    void (*release)(void *ctx, gpu_kernels *k);
+    oscar_status (*launch)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                           const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err);
+    int (*compute_units)(void *ctx);
+    oscar_status (*alloc)(void *ctx, size_t bytes, void **buf, oscar_errbuf *err);
+    void (*free)(void *ctx, void *buf);
+    oscar_status (*write)(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
+                          oscar_errbuf *err);
+    oscar_status (*read)(void *ctx, void *dst, const void *src, size_t offset, size_t bytes, void *stream,
+                         oscar_errbuf *err);
+    oscar_status (*sync)(void *ctx, void *stream, oscar_errbuf *err);
+} gpu_vendor;
+
+/* Every vendor context starts with this header. */
+typedef struct gpu_ctx_head {
+    const gpu_vendor *vendor;
+} gpu_ctx_head;
+
+oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
+                             size_t variant_len, oscar_errbuf *err);
+void gpu_plan_destroy(void *ctx, void *bplan);
+oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_seq_len, size_t *bytes,
+                                 oscar_errbuf *err);
+oscar_status gpu_workspace_init(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);
+oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);
+oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err);
+oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err);
+
+/* Decode split sizing (exposed for the benchmark and tests). */
+void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int min_chunk, int target_blocks,
+                       int max_splits, int *nsplit, int *chunk);
+
+#endif

@@ -1,0 +1,275 @@
+/* OpenCL backend plugin (liboscar_backend_opencl.so). Buffers are cl_mem
+ * handles passed as void*; stream is a cl_command_queue or NULL for the
+ * backend's own in-order queue. Kernels are compiled at plan time from the
+ * generated source (templates/ rendered into oscar_opencl_source.c) with the
+ * shape as -D constants; programs are cached per context by their options. */
+#ifndef CL_TARGET_OPENCL_VERSION
+#define CL_TARGET_OPENCL_VERSION 120
+#endif
+#include <CL/cl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_core.h"
+
+extern const char oscar_opencl_source[];
+extern const size_t oscar_opencl_source_len;
+extern const int oscar_opencl_tuning[3][5];
+
+#define MAX_PROGRAMS 64
+
+typedef struct cl_prog_entry {
+    char opts[256];
+    cl_program prog;
+} cl_prog_entry;
+
+typedef struct cl_ctx {
+    gpu_ctx_head head;
+    cl_platform_id platform;
+    cl_device_id device;
+    cl_context context;
+    cl_command_queue queue;
+    cl_uint compute_units;
+    char name[256];
+    cl_prog_entry progs[MAX_PROGRAMS];
+    int nprogs;
+} cl_ctx;
+
+typedef struct cl_plan_kernels {
+    cl_kernel k[5];
+} cl_plan_kernels;
+
+static cl_command_queue Q(cl_ctx *c, void *stream) { return stream ? (cl_command_queue)stream : c->queue; }
+
+static oscar_status cl_fail(oscar_errbuf *err, const char *what, cl_int rc) {
+    return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, "opencl: %s failed with error %d", what, (int)rc);
+}
+
+/* First device of the index-th overall (platform, device) pair. */
+static cl_int find_device(int index, cl_platform_id *plat, cl_device_id *dev, char *why, size_t whylen) {
+    cl_uint np = 0;
+    cl_int rc = clGetPlatformIDs(0, NULL, &np);
+    if (rc != CL_SUCCESS || np == 0) {
+        snprintf(why, whylen, "no OpenCL platform (clGetPlatformIDs: %d, %u platforms); install an ICD such as pocl",
+                 (int)rc, np);
+        return rc != CL_SUCCESS ? rc : CL_DEVICE_NOT_FOUND;
+    }
+    cl_platform_id ps[16];
+    if (np > 16) np = 16;
+    clGetPlatformIDs(np, ps, NULL);
+    int seen = 0;
+    for (cl_uint i = 0; i < np; i++) {
+        cl_uint nd = 0;
+        if (clGetDeviceIDs(ps[i], CL_DEVICE_TYPE_ALL, 0, NULL, &nd) != CL_SUCCESS || nd == 0) continue;
+        cl_device_id ds[16];
+        if (nd > 16) nd = 16;
+        clGetDeviceIDs(ps[i], CL_DEVICE_TYPE_ALL, nd, ds, NULL);
+        for (cl_uint j = 0; j < nd; j++, seen++)
+            if (seen == index) {
+                *plat = ps[i];
+                *dev = ds[j];
+                return CL_SUCCESS;
+            }
+    }
+    snprintf(why, whylen, "OpenCL device index %d not found (%d devices on %u platforms)", index, seen, np);
+    return CL_DEVICE_NOT_FOUND;
+}
+
+static int ocl_probe(int device_index, oscar_errbuf *why) {
+    cl_platform_id p;
+    cl_device_id d;
+    char msg[256];
+    if (find_device(device_index, &p, &d, msg, sizeof msg) != CL_SUCCESS) {
+        oscar_errbuf_set(why, OSCAR_ERR_NO_BACKEND, "%s", msg);
+        return 0;
+    }
+    return 100;
+}
+
+static const gpu_vendor k_vendor;
+
+static oscar_status ocl_init(int device_index, void **ctx, oscar_errbuf *err) {
+    cl_ctx *c = calloc(1, sizeof *c);
+    if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl init: out of host memory");
+    c->head.vendor = &k_vendor;
+    char msg[256];
+    cl_int rc = find_device(device_index, &c->platform, &c->device, msg, sizeof msg);
+    if (rc != CL_SUCCESS) {
+        free(c);
+        return oscar_errbuf_set(err, OSCAR_ERR_NO_BACKEND, "opencl init: %s", msg);
+    }
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)c->platform, 0};
+    c->context = clCreateContext(props, 1, &c->device, NULL, NULL, &rc);
+    if (rc == CL_SUCCESS) c->queue = clCreateCommandQueue(c->context, c->device, 0, &rc);
+    if (rc != CL_SUCCESS) {
+        if (c->context) clReleaseContext(c->context);
+        free(c);
+        return cl_fail(err, "context/queue creation", rc);
+    }
+    clGetDeviceInfo(c->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof c->compute_units, &c->compute_units, NULL);
+    char dn[200] = "", pn[48] = "";
+    clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof dn - 1, dn, NULL);
+    clGetPlatformInfo(c->platform, CL_PLATFORM_NAME, sizeof pn - 1, pn, NULL);
+    snprintf(c->name, sizeof c->name, "%s (%s)", dn, pn);
+    *ctx = c;
+    return OSCAR_OK;
+}
+
+static void ocl_shutdown(void *ctx) {
+    cl_ctx *c = ctx;
+    if (!c) return;
+    for (int i = 0; i < c->nprogs; i++) clReleaseProgram(c->progs[i].prog);
+    clReleaseCommandQueue(c->queue);
+    clReleaseContext(c->context);
+    free(c);
+}
+
+static const char *ocl_device_name(void *ctx) { return ((cl_ctx *)ctx)->name; }
+
+static oscar_status ocl_alloc(void *ctx, size_t bytes, void **buf, oscar_errbuf *err) {
+    cl_ctx *c = ctx;
+    cl_int rc;
+    if (!buf) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl alloc: buf is NULL");
+    cl_mem m = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 16, NULL, &rc);
+    if (rc != CL_SUCCESS)
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl alloc: clCreateBuffer(%zu bytes) failed (%d)",
+                                bytes, (int)rc);
+    *buf = m;
+    return OSCAR_OK;
+}
+
+static void ocl_free(void *ctx, void *buf) {
+    (void)ctx;
+    if (buf) clReleaseMemObject((cl_mem)buf);
+}
+
+static oscar_status ocl_write(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
+                              oscar_errbuf *err) {
+    if (!bytes) return OSCAR_OK;
+    if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl write: NULL buffer");
+    /* Blocking: the caller may reuse src at once (not a hot-path call). */
+    cl_int rc = clEnqueueWriteBuffer(Q(ctx, stream), (cl_mem)dst, CL_TRUE, offset, bytes, src, 0, NULL, NULL);
+    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueWriteBuffer", rc);
+}
+
+static oscar_status ocl_read(void *ctx, void *dst, const void *src, size_t offset, size_t bytes, void *stream,
+                             oscar_errbuf *err) {
+    if (!bytes) return OSCAR_OK;
+    if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl read: NULL buffer");
+    cl_int rc = clEnqueueReadBuffer(Q(ctx, stream), (cl_mem)src, CL_TRUE, offset, bytes, dst, 0, NULL, NULL);
+    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueReadBuffer", rc);
+}
+
+static oscar_status ocl_sync(void *ctx, void *stream, oscar_errbuf *err) {
+    cl_int rc = clFinish(Q(ctx, stream));
+    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clFinish", rc);
+}
+
+static int ocl_compute_units(void *ctx) { return (int)((cl_ctx *)ctx)->compute_units; }
+
+static const int *tuning_of(int d) {
+    for (int i = 0; i < 3; i++)
+        if (oscar_opencl_tuning[i][0] == d) return oscar_opencl_tuning[i];
+    return oscar_opencl_tuning[1];
+}
+
+static oscar_status ocl_select(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
+    cl_ctx *c = ctx;
+    const int *t = tuning_of(l->head_dim);
+    int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
+    int G = bf16m ? l->head_dim : l->group;
+    char opts[256];
+    snprintf(opts, sizeof opts,
+             "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
+             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d",
+             l->head_dim, G, l->head_dim / G, l->kv_dtype == OSCAR_DTYPE_BF16, l->meta_dtype == OSCAR_DTYPE_F32,
+             bf16m, gq, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2]);
+    if (gq > 16)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "opencl plan: %d query heads per KV head; at most 16 are supported", gq);
+    cl_program prog = NULL;
+    for (int i = 0; i < c->nprogs; i++)
+        if (!strcmp(c->progs[i].opts, opts)) prog = c->progs[i].prog;
+    cl_int rc;
+    if (!prog) {
+        const char *src = oscar_opencl_source;
+        size_t len = oscar_opencl_source_len;
+        prog = clCreateProgramWithSource(c->context, 1, &src, &len, &rc);
+        if (rc != CL_SUCCESS) return cl_fail(err, "clCreateProgramWithSource", rc);
+        rc = clBuildProgram(prog, 1, &c->device, opts, NULL, NULL);
+        if (rc != CL_SUCCESS) {
+            char log[400] = "";
+            clGetProgramBuildInfo(prog, c->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+            clReleaseProgram(prog);
+            return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, "opencl plan: kernel build failed (%d) for %s: %s",
+                                    (int)rc, opts, log);
+        }
+        if (c->nprogs < MAX_PROGRAMS) {
+            snprintf(c->progs[c->nprogs].opts, sizeof c->progs[c->nprogs].opts, "%s", opts);
+            c->progs[c->nprogs++].prog = prog;
+        } else {
+            /* Cache full: the plan keeps its kernels, the program is released with them. */
+        }
+    }
+    cl_plan_kernels *pk = calloc(1, sizeof *pk);
+    if (!pk) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl plan: out of host memory");
+    static const char *names[5] = {"oscar_store", "oscar_demote", "oscar_rotate_q", "oscar_decode", "oscar_merge"};
+    for (int i = 0; i < 5; i++) {
+        pk->k[i] = clCreateKernel(prog, names[i], &rc);
+        if (rc != CL_SUCCESS) {
+            for (int j = 0; j < i; j++) clReleaseKernel(pk->k[j]);
+            free(pk);
+            return cl_fail(err, "clCreateKernel", rc);
+        }
+    }
+    int cached = 0;
+    for (int i = 0; i < c->nprogs; i++) cached |= c->progs[i].prog == prog;
+    if (!cached) clReleaseProgram(prog); /* kernels hold a reference */
+    k->store = pk->k[0];
+    k->demote = pk->k[1];
+    k->rotate_q = pk->k[2];
+    k->decode = pk->k[3];
+    k->merge = pk->k[4];
+    k->threads = t[1];
+    k->elems = t[2];
+    k->min_chunk = t[3];
+    k->blocks_per_sm = t[4];
+    k->owner = pk;
+    snprintf(k->name, sizeof k->name, "d%d_g%d_q%d_%s_m%s%s", l->head_dim, G, gq,
+             l->kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16", l->meta_dtype == OSCAR_DTYPE_F32 ? "f32" : "f16",
+             bf16m ? "_paged16" : (l->method == OSCAR_METHOD_OSCAR2_LM ? "_lm" : "_u"));
+    return OSCAR_OK;
+}
+
+static void ocl_release(void *ctx, gpu_kernels *k) {
+    (void)ctx;
+    cl_plan_kernels *pk = k->owner;
+    if (!pk) return;
+    for (int i = 0; i < 5; i++) clReleaseKernel(pk->k[i]);
+    free(pk);
+    k->owner = NULL;
+}
+
+static oscar_status ocl_launch(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                               const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    cl_kernel kn = (cl_kernel)kernel;
+    for (int i = 0; i < nargs; i++) {
+        cl_int rc = clSetKernelArg(kn, (cl_uint)i, args[i].n, args[i].p);
+        if (rc != CL_SUCCESS) return cl_fail(err, "clSetKernelArg", rc);
+    }
+    size_t global[3] = {(size_t)gx * block, gy, gz}, local[3] = {block, 1, 1};
+    cl_int rc = clEnqueueNDRangeKernel(Q(ctx, stream), kn, 3, NULL, global, local, 0, NULL, NULL);
+    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueNDRangeKernel", rc);
+}
+
+static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_launch, ocl_compute_units,
+                                    ocl_alloc, ocl_free,   ocl_write,   ocl_read,   ocl_sync};
+
+static const oscar_backend_api k_api = {
+    OSCAR_BACKEND_ABI_VERSION, "opencl",           ocl_probe,       ocl_init,
+    ocl_shutdown,              ocl_device_name,    ocl_alloc,       ocl_free,
+    ocl_write,                 ocl_read,           ocl_sync,        gpu_plan_create,
+    gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
+    gpu_append,                gpu_decode};
+
+__attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }
