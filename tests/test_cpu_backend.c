@@ -308,6 +308,10 @@ Test(cpu_backend, large_shapes_chunks_and_prefill) {
     cfg c2 = {128, 64, 64, 16, 64, 32, 4, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
     int lens2[] = {79, 80, 81, 143, 144, 145, 207, 300};
     run_scenario(&c2, 8, lens2, TOKENS);
+    /* GQA 16: more query heads per KV head than the decode processes at once */
+    cfg c3 = {64, 32, 16, 8, 16, 32, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    int lens3[] = {1, 23, 24, 25, 57};
+    run_scenario(&c3, 5, lens3, CHUNKS);
 }
 
 /* ---------------------------------------------------------- bad inputs */
