@@ -1,0 +1,225 @@
+/* oscar-calibrate: OSCAR rotations and clips for a Hugging Face checkpoint,
+ * computed with the reference engine over independent windows of a token
+ * file (GUIDE §1; docs/CALIBRATION.md). Exit codes: 0 ok, 1 runtime failure,
+ * 2 bad input (arguments, model directory, token file, unsupported shape). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "oscar_calibrate.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void usage(FILE *fp) {
+    fprintf(fp,
+            "usage: oscar-calibrate MODEL_DIR --tokens FILE --out PARAMS.safetensors [options]\n"
+            "  MODEL_DIR        Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
+            "  --tokens FILE    uint32 little-endian token ids\n"
+            "  --out FILE       parameter file to write (docs/FORMAT.md)\n"
+            "  --max-tokens N   use the first N tokens (default 65536), as floor(N / window) windows\n"
+            "  --window N       tokens per independent window (default 2048)\n"
+            "  --group N        quant group used when fitting clips (default head_dim)\n"
+            "  --per-head       one rotation per KV head instead of per layer\n"
+            "  --lloyd-max      fit for Lloyd-Max 2-bit levels (method OSCAR2_LM)\n"
+            "  --clip-k C       fixed key clip ratio in (0, 1] (default: fitted)\n"
+            "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
+            "  --threads N      engine threads (default: all cores)\n"
+            "  --recompute      run the forward again in pass 1 instead of caching pass 0's K/V\n");
+}
+
+static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, "oscar-calibrate: %s wants an integer in [%" PRId64 ", %" PRId64 "], got '%s'\n", flag, lo,
+                hi, s);
+        return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+static int parse_clip(const char *flag, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0.0 && v <= 1.0)) {
+        fprintf(stderr, "oscar-calibrate: %s wants a clip ratio in (0, 1], got '%s'\n", flag, s);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const char *model_dir = NULL, *tok_path = NULL, *out_path = NULL;
+    ocal_options o;
+    ocal_options_default(&o);
+    o.progress = stderr;
+    int64_t v = 0, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--tokens") && has) tok_path = argv[++i];
+        else if (!strcmp(a, "--out") && has) out_path = argv[++i];
+        else if (!strcmp(a, "--max-tokens") && has) {
+            if (!parse_int(a, argv[++i], 1, INT64_MAX, &o.max_tokens)) return 2;
+        } else if (!strcmp(a, "--window") && has) {
+            if (!parse_int(a, argv[++i], 1, 1 << 20, &v)) return 2;
+            o.window = (int)v;
+        } else if (!strcmp(a, "--group") && has) {
+            if (!parse_int(a, argv[++i], 1, 1 << 16, &v)) return 2;
+            o.group = (int)v;
+        } else if (!strcmp(a, "--threads") && has) {
+            if (!parse_int(a, argv[++i], 1, 1024, &threads)) return 2;
+        } else if (!strcmp(a, "--clip-k") && has) {
+            if (!parse_clip(a, argv[++i], &o.clip_k)) return 2;
+        } else if (!strcmp(a, "--clip-v") && has) {
+            if (!parse_clip(a, argv[++i], &o.clip_v)) return 2;
+        } else if (!strcmp(a, "--per-head")) o.per_head = 1;
+        else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
+        else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;
+        else if (a[0] != '-' && !model_dir) model_dir = a;
+        else {
+            fprintf(stderr, "oscar-calibrate: unknown or incomplete argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_dir || !tok_path || !out_path) {
+        fprintf(stderr, "oscar-calibrate: MODEL_DIR, --tokens and --out are required\n");
+        usage(stderr);
+        return 2;
+    }
+    if (o.max_tokens < o.window) {
+        fprintf(stderr,
+                "oscar-calibrate: --max-tokens %" PRId64 " is smaller than one window of %d tokens: raise "
+                "--max-tokens or lower --window\n",
+                o.max_tokens, o.window);
+        return 2;
+    }
+    /* The engine reads OE_THREADS when its context is created. */
+    if (threads > 0) {
+        char buf[16];
+        snprintf(buf, sizeof buf, "%d", (int)threads);
+        setenv("OE_THREADS", buf, 1);
+    }
+
+    /* Check the shape on config.json before loading any weight. */
+    struct stat sb;
+    if (stat(model_dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        fprintf(stderr, "oscar-calibrate: model directory '%s' does not exist or is not a directory\n", model_dir);
+        return 2;
+    }
+    char cfg_path[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", model_dir);
+    oe_config cfg;
+    if (oe_config_load(cfg_path, &cfg) != OSCAR_OK) {
+        fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
+        return 2;
+    }
+    if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256) {
+        fprintf(stderr, "oscar-calibrate: %s has head_dim %d; liboscar supports head_dim 64, 128 or 256\n", model_dir,
+                cfg.head_dim);
+        return 2;
+    }
+    int group = o.group > 0 ? o.group : cfg.head_dim;
+    if (!(group == 32 || group == 64 || group == 128) || cfg.head_dim % group != 0) {
+        fprintf(stderr, "oscar-calibrate: --group %d is not supported for head_dim %d: use 32, 64 or 128 dividing it\n",
+                group, cfg.head_dim);
+        return 2;
+    }
+
+    double t_start = now_s();
+    uint32_t *tok = NULL;
+    int64_t ntok = 0;
+    if (oe_tokens_load(tok_path, cfg.vocab, &tok, &ntok) != OSCAR_OK) {
+        fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
+        return 2;
+    }
+    if (ocal_window_count(&o, ntok) < 1) {
+        fprintf(stderr, "oscar-calibrate: %s holds %" PRId64 " tokens, fewer than one window of %d\n", tok_path, ntok,
+                o.window);
+        free(tok);
+        return 2;
+    }
+    oe_model *m = NULL;
+    if (oe_model_load(model_dir, &m) != OSCAR_OK) {
+        fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
+        free(tok);
+        return 1;
+    }
+    double t_load = now_s() - t_start;
+    char hash[17];
+    ocal_model_hash(&cfg, hash);
+    printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d, fingerprint %s (loaded in "
+           "%.2f s)\n",
+           model_dir, cfg.model_type, cfg.num_layers, cfg.hidden, cfg.num_q_heads, cfg.num_kv_heads, cfg.head_dim,
+           cfg.vocab, hash, t_load);
+    printf("tokens %s: %" PRId64 " available, %d windows of %d (%" PRId64 " tokens)\n", tok_path, ntok,
+           ocal_window_count(&o, ntok), o.window, (int64_t)ocal_window_count(&o, ntok) * o.window);
+    fflush(stdout);
+
+    oscar_calib *calib = NULL;
+    oscar_params *params = NULL;
+    ocal_stats st;
+    char err[1024];
+    oscar_status s = ocal_run(m, tok, ntok, &o, &calib, &params, &st, err, sizeof err);
+    free(tok);
+    oe_model_free(m);
+    if (s != OSCAR_OK) {
+        fprintf(stderr, "oscar-calibrate: %s\n", err);
+        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP ? 2 : 1;
+    }
+    if (oscar_params_save(params, out_path) != OSCAR_OK) {
+        fprintf(stderr, "oscar-calibrate: %s\n", oscar_last_error());
+        oscar_params_destroy(params);
+        oscar_calib_destroy(calib);
+        return 1;
+    }
+
+    printf("\nattention-aware relative 2-bit error on held-back rows (lower is better)\n");
+    printf("layer |   K none  K Hadamard    K OSCAR  clip_k |   V none  V Hadamard    V OSCAR  clip_v\n");
+    printf("------+--------------------------------------------+------------------------------------------\n");
+    for (int l = 0; l < cfg.num_layers; l++) {
+        oscar_calib_layer_report r;
+        if (oscar_calib_layer_report_get(calib, l, &r) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s\n", oscar_last_error());
+            break;
+        }
+        printf("%5d | %8.4f  %10.4f  %9.4f  %6.2f | %8.4f  %10.4f  %9.4f  %6.2f\n", l, r.err_k[0], r.err_k[1],
+               r.err_k[2], (double)r.clip_k, r.err_v[0], r.err_v[1], r.err_v[2], (double)r.clip_v);
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double wall = now_s() - t_start;
+    printf("\npass 0: %.1f s (%.0f tokens/s; forward, calib feed %.1f s)\n", st.t_pass[0],
+           (double)st.tokens / st.t_pass[0], st.t_feed[0]);
+    printf("pass 1: %.1f s (%.0f tokens/s; %s, calib feed %.1f s)\n", st.t_pass[1],
+           (double)st.tokens / st.t_pass[1], st.cached ? "from the pass-0 K/V cache, no forward" : "forward again",
+           st.t_feed[1]);
+    if (st.cached) printf("K/V cache: %.0f MiB\n", (double)st.cache_bytes / (1024.0 * 1024.0));
+    printf("finalize: %.1f s (eigendecompositions, clip fitting)\n", st.t_finalize);
+    printf("wall time %.1f s (model load %.1f s), CPU time %.1f s, peak memory %.0f MiB (ru_maxrss)\n", wall,
+           t_load, (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
+               (double)ru.ru_stime.tv_usec * 1e-6,
+           (double)ru.ru_maxrss / 1024.0);
+    printf("wrote %s (%d layers, %s, %" PRId64 " calibration tokens)\n", out_path, cfg.num_layers,
+           o.lloyd_max ? "OSCAR2_LM" : "OSCAR2", st.tokens);
+    oscar_params_destroy(params);
+    oscar_calib_destroy(calib);
+    return 0;
+}

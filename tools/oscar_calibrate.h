@@ -1,0 +1,58 @@
+/* Calibration driver shared by oscar-calibrate and its reference test: runs
+ * the reference engine over independent windows of a token file and feeds
+ * the calibration core (two passes), then finalizes. */
+#ifndef OSCAR_CALIBRATE_H
+#define OSCAR_CALIBRATE_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine.h"
+#include "oscar/oscar.h"
+
+/* How pass 1 gets its keys and values. */
+typedef enum ocal_pass1 {
+    OCAL_PASS1_AUTO = 0,      /* cache when it fits under cache_limit_bytes, else recompute */
+    OCAL_PASS1_CACHE = 1,     /* keep pass 0's fp32 K/V of every window: pass 1 runs no forward */
+    OCAL_PASS1_RECOMPUTE = 2  /* run the forward again */
+} ocal_pass1;
+
+typedef struct ocal_options {
+    int window;              /* tokens per independent window (default 2048) */
+    int64_t max_tokens;      /* use floor(min(max_tokens, tokens) / window) windows (default 65536) */
+    int group;               /* quant group for clip fitting (0: head_dim) */
+    int per_head;            /* one rotation per KV head */
+    int lloyd_max;           /* OSCAR2_LM instead of OSCAR2 */
+    float clip_k, clip_v;    /* 0: fit */
+    ocal_pass1 pass1;
+    int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
+    FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */
+} ocal_options;
+
+typedef struct ocal_stats {
+    int windows;
+    int64_t tokens;           /* tokens per pass */
+    int cached;               /* 1 when pass 1 came from the K/V cache */
+    int64_t cache_bytes;
+    double t_pass[2];         /* seconds of pass 0 / pass 1 (forwards + feeding) */
+    double t_feed[2];         /* of which inside oscar_calib_feed */
+    double t_finalize;
+} ocal_stats;
+
+void ocal_options_default(ocal_options *o);
+
+/* Stable fingerprint of the config fields the parameters depend on:
+ * FNV-1a 64 over "arch=..;layers=..;hidden=..;heads=..;kv_heads=..;head_dim=..;
+ * rope_theta=..;qk_norm=..;vocab=..", as 16 lowercase hex digits (out >= 17 bytes). */
+void ocal_model_hash(const oe_config *cf, char *out);
+
+/* Number of windows the options give over n_tokens tokens (0: not even one). */
+int ocal_window_count(const ocal_options *o, int64_t n_tokens);
+
+/* Runs both passes and finalizes. On success *calib (finalized, for targets
+ * and the layer report) and *params belong to the caller. On failure returns
+ * the status and writes a message naming the problem into err. */
+oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, const ocal_options *o,
+                      oscar_calib **calib, oscar_params **params, ocal_stats *stats, char *err, size_t err_len);
+
+#endif

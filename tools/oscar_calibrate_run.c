@@ -1,0 +1,241 @@
+/* Calibration driver: engine forwards over independent windows feeding the
+ * calibration core (see oscar_calibrate.h).
+ *
+ * Pass 1 needs only the post-RoPE keys and values (oscar_calib_feed ignores
+ * q in pass 1), so by default pass 0 keeps every window's fp32 K/V of every
+ * layer and pass 1 feeds them back without a forward. The feed sequence
+ * (window by window, layer 0..L-1, same fp32 data, same single-threaded
+ * BLAS as inside oe_forward) is the one a recomputing pass 1 makes, so the
+ * result is bit-identical; OCAL_PASS1_RECOMPUTE exists to check that. The
+ * cache grows with the tokens (windows * layers * window * 2 Hkv * d * 4 bytes);
+ * the calibration core's own memory does not. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "oscar_calibrate.h"
+
+/* OpenBLAS thread control (libopenblas is linked through the engine). The
+ * engine runs its forward with one BLAS thread; feeding from the cache does
+ * the same so both pass-1 paths run the same dsyrk/dsymm code. */
+int openblas_get_num_threads(void);
+void openblas_set_num_threads(int num_threads);
+
+static double ocal_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ocal_options_default(ocal_options *o) {
+    memset(o, 0, sizeof *o);
+    o->window = 2048;
+    o->max_tokens = 65536;
+    o->pass1 = OCAL_PASS1_AUTO;
+}
+
+void ocal_model_hash(const oe_config *cf, char *out) {
+    static const char *arch[] = {"llama", "qwen2", "qwen3"};
+    char buf[512];
+    int ai = (int)cf->arch;
+    snprintf(buf, sizeof buf,
+             "arch=%s;layers=%d;hidden=%d;heads=%d;kv_heads=%d;head_dim=%d;rope_theta=%.17g;qk_norm=%d;vocab=%d",
+             ai >= 0 && ai < 3 ? arch[ai] : "unknown", cf->num_layers, cf->hidden, cf->num_q_heads,
+             cf->num_kv_heads, cf->head_dim, cf->rope_theta, cf->qk_norm, cf->vocab);
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
+    for (const unsigned char *p = (const unsigned char *)buf; *p; p++) {
+        h ^= *p;
+        h *= 0x100000001b3ull;
+    }
+    snprintf(out, 17, "%016" PRIx64, h);
+}
+
+int ocal_window_count(const ocal_options *o, int64_t n_tokens) {
+    if (o->window <= 0) return 0;
+    int64_t n = o->max_tokens > 0 && o->max_tokens < n_tokens ? o->max_tokens : n_tokens;
+    int64_t w = n / o->window;
+    return w > INT32_MAX ? INT32_MAX : (int)w;
+}
+
+typedef struct feed_state {
+    oscar_calib *calib;
+    int L, hkv, d, n;
+    float *cache;     /* [windows][L][2][n][hkv][d] or NULL */
+    int window;       /* current window index */
+    oscar_status status;
+    double t_feed;    /* seconds inside oscar_calib_feed */
+} feed_state;
+
+static float *cache_slot(const feed_state *f, int window, int layer, int which) {
+    size_t per = (size_t)f->n * (size_t)f->hkv * (size_t)f->d;
+    return f->cache + (((size_t)window * (size_t)f->L + (size_t)layer) * 2 + (size_t)which) * per;
+}
+
+/* Pass 0 observer: q/k/v -> C_Q, and K/V into the cache. */
+static oscar_status observe_pass0(void *user, int layer, int n, const float *q, const float *k, const float *v) {
+    feed_state *f = user;
+    double t0 = ocal_now();
+    oscar_status s = oscar_calib_feed(f->calib, layer, n, q, k, v, OSCAR_DTYPE_F32);
+    f->t_feed += ocal_now() - t0;
+    if (s) return f->status = s;
+    if (f->cache) {
+        size_t bytes = (size_t)n * (size_t)f->hkv * (size_t)f->d * sizeof(float);
+        memcpy(cache_slot(f, f->window, layer, 0), k, bytes);
+        memcpy(cache_slot(f, f->window, layer, 1), v, bytes);
+    }
+    return OSCAR_OK;
+}
+
+/* Pass 1 observer (recompute path): k/v -> C_V. */
+static oscar_status observe_pass1(void *user, int layer, int n, const float *q, const float *k, const float *v) {
+    feed_state *f = user;
+    (void)q;
+    double t0 = ocal_now();
+    oscar_status s = oscar_calib_feed(f->calib, layer, n, NULL, k, v, OSCAR_DTYPE_F32);
+    f->t_feed += ocal_now() - t0;
+    if (s) f->status = s;
+    return s;
+}
+
+static void progress_line(FILE *fp, int pass, int w, int nw, int64_t window, double t0) {
+    if (!fp) return;
+    double el = ocal_now() - t0, tps = el > 0 ? (double)((int64_t)w * window) / el : 0.0;
+    double eta = w > 0 ? el / w * (nw - w) : 0.0;
+    fprintf(fp, "pass %d  window %d/%d  %.0f tokens/s  ETA %.1f s\n", pass, w, nw, tps, eta);
+    fflush(fp);
+}
+
+static oscar_status fail(oscar_status s, char *err, size_t len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, len, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, const ocal_options *o,
+                      oscar_calib **calib_out, oscar_params **params_out, ocal_stats *st, char *err,
+                      size_t err_len) {
+    const oe_config *cf = oe_model_config(m);
+    *calib_out = NULL;
+    *params_out = NULL;
+    memset(st, 0, sizeof *st);
+    if (err_len) err[0] = '\0';
+    const int nw = ocal_window_count(o, n_tokens), n = o->window;
+    if (nw < 1)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, err, err_len,
+                    "%" PRId64 " tokens (max-tokens %" PRId64 ") do not fill one window of %d: give more tokens or a "
+                    "smaller --window",
+                    n_tokens, o->max_tokens, o->window);
+
+    char hash[17];
+    ocal_model_hash(cf, hash);
+    oscar_calib_options co;
+    oscar_calib_options_default(&co, cf->num_layers, cf->num_q_heads, cf->num_kv_heads, cf->head_dim);
+    if (o->group > 0) co.group = o->group;
+    co.per_head = o->per_head;
+    co.method = o->lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
+    co.clip_k = o->clip_k;
+    co.clip_v = o->clip_v;
+    co.model_hash = hash;
+    oscar_calib *calib = NULL;
+    oscar_status s = oscar_calib_create(&co, &calib);
+    if (s) return fail(s, err, err_len, "%s", oscar_last_error());
+
+    feed_state f = {.calib = calib, .L = cf->num_layers, .hkv = cf->num_kv_heads, .d = cf->head_dim, .n = n};
+    size_t cache_bytes = (size_t)nw * (size_t)cf->num_layers * 2 * (size_t)n * (size_t)cf->num_kv_heads *
+                         (size_t)cf->head_dim * sizeof(float);
+    int use_cache = o->pass1 == OCAL_PASS1_CACHE;
+    if (o->pass1 == OCAL_PASS1_AUTO) {
+        int64_t limit = o->cache_limit_bytes;
+        if (limit <= 0) {
+            long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            limit = pages > 0 && psz > 0 ? (int64_t)pages * psz / 2 : (int64_t)1 << 30;
+        }
+        use_cache = (int64_t)cache_bytes <= limit;
+    }
+    if (use_cache) {
+        f.cache = malloc(cache_bytes);
+        if (!f.cache) {
+            if (o->pass1 == OCAL_PASS1_CACHE) {
+                oscar_calib_destroy(calib);
+                return fail(OSCAR_ERR_OUT_OF_MEMORY, err, err_len,
+                            "out of memory for the pass-1 K/V cache (%zu MiB): use fewer tokens or recompute",
+                            cache_bytes >> 20);
+            }
+            use_cache = 0; /* AUTO: fall back to a second forward */
+        }
+    }
+    st->windows = nw;
+    st->tokens = (int64_t)nw * n;
+    st->cached = use_cache;
+    st->cache_bytes = use_cache ? (int64_t)cache_bytes : 0;
+
+    oe_ctx *ctx = NULL;
+    if (oe_ctx_create(m, n, &ctx) != OSCAR_OK) {
+        s = fail(OSCAR_ERR_OUT_OF_MEMORY, err, err_len, "%s", oe_last_error());
+        goto out;
+    }
+    oe_forward_options fo;
+    oe_forward_options_default(&fo);
+    fo.skip_lm_head = 1;
+    fo.observer_user = &f;
+
+    for (int pass = 0; pass < 2; pass++) {
+        double t0 = ocal_now();
+        if ((s = oscar_calib_begin_pass(calib, pass)) != OSCAR_OK) {
+            fail(s, err, err_len, "%s", oscar_last_error());
+            goto out;
+        }
+        fo.observer = pass == 0 ? observe_pass0 : observe_pass1;
+        f.t_feed = 0.0;
+        for (int w = 0; w < nw; w++) {
+            const uint32_t *tw = tokens + (size_t)w * (size_t)n;
+            f.window = w;
+            f.status = OSCAR_OK;
+            if (pass == 1 && use_cache) {
+                int bt = openblas_get_num_threads();
+                if (bt != 1) openblas_set_num_threads(1);
+                double tf = ocal_now();
+                for (int l = 0; l < f.L && s == OSCAR_OK; l++)
+                    s = oscar_calib_feed(calib, l, n, NULL, cache_slot(&f, w, l, 0), cache_slot(&f, w, l, 1),
+                                         OSCAR_DTYPE_F32);
+                f.t_feed += ocal_now() - tf;
+                if (bt != 1) openblas_set_num_threads(bt);
+                if (s) {
+                    fail(s, err, err_len, "pass 1, window %d: %s", w, oscar_last_error());
+                    goto out;
+                }
+            } else if ((s = oe_forward(ctx, tw, n, &fo, NULL)) != OSCAR_OK) {
+                /* The observer's calib status names the real problem. */
+                fail(s, err, err_len, "pass %d, window %d: %s", pass, w,
+                     f.status ? oscar_last_error() : oe_last_error());
+                goto out;
+            }
+            progress_line(o->progress, pass, w + 1, nw, n, t0);
+        }
+        st->t_pass[pass] = ocal_now() - t0;
+        st->t_feed[pass] = f.t_feed;
+    }
+    free(f.cache); /* before finalize: peak memory is the cache or finalize, not both */
+    f.cache = NULL;
+    double t0 = ocal_now();
+    if ((s = oscar_calib_finalize(calib, params_out)) != OSCAR_OK) {
+        fail(s, err, err_len, "%s", oscar_last_error());
+        goto out;
+    }
+    st->t_finalize = ocal_now() - t0;
+out:
+    oe_ctx_free(ctx);
+    free(f.cache);
+    if (s) {
+        oscar_calib_destroy(calib);
+        return s;
+    }
+    *calib_out = calib;
+    return OSCAR_OK;
+}
