@@ -517,3 +517,56 @@ Test(cpu_backend, plan_refuses_bad_descriptors) {
     api->free(NULL, buf);
     cr_assert_gt(api->probe(0, &err), 0);
 }
+
+/* The shared comparison helper must see a single flipped code, metadata
+ * value or window byte, also in its tolerant (GPU) mode. */
+Test(refcheck, compare_detects_corruption) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    cfg c = {64, 32, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    env e;
+    env_init(&e, &c, &r, seed);
+    int L = 60;
+    float *K = malloc((size_t)L * 2 * 64 * sizeof(float)), *V = malloc((size_t)L * 2 * 64 * sizeof(float));
+    rc_gen_kv(&r, L, 2, 64, 2, c.kv, K);
+    rc_gen_kv(&r, L, 2, 64, 2, c.kv, V);
+    rc_seq_ref ref;
+    cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
+                                  e.clip_v[LAYER], L, K, V, &ref), 0);
+    rc_paged b;
+    int32_t maxl = L;
+    cr_assert_eq(rc_paged_init(&r, &e.l, 1, &maxl, 0, &b), 0);
+    int n = L;
+    oscar_errbuf err;
+    cr_assert_eq(do_append(&e, &b, &K, &V, &n, 0, &err), OSCAR_OK);
+    char msg[256];
+    const int32_t *bt = b.block_table;
+    cr_assert_eq(rc_compare_seq(&ref, L, b.pages, b.windows, bt, b.window_slots[0], 0, msg, sizeof msg), 0, "%s", msg);
+    /* 2-bit position 20 (history index 16: page 1, row 0), V codes, head 1 */
+    uint8_t *vc = (uint8_t *)b.pages + (size_t)bt[1] * b.page_bytes + b.g.v_codes + (size_t)(1 * 16 + 0) * 16;
+    uint8_t keep = vc[3];
+    vc[3] ^= 0x0c; /* value 13: code changes by 1, 2 or 3 levels */
+    int tolerant = rc_compare_seq(&ref, L, b.pages, b.windows, bt, b.window_slots[0], 1, msg, sizeof msg);
+    cr_assert_eq(rc_compare_seq(&ref, L, b.pages, b.windows, bt, b.window_slots[0], 0, msg, sizeof msg), 1, "%s", msg);
+    cr_assert(strstr(msg, "position 20") && strstr(msg, "2-bit"), "%s", msg);
+    cr_assert_leq(tolerant, 1); /* tolerant mode may forgive only a boundary case */
+    vc[3] = keep;
+    /* K metadata (scale of group 0) of position 5 (history row 1), head 0 */
+    uint16_t *km = (uint16_t *)((char *)b.pages + (size_t)bt[0] * b.page_bytes + b.g.k_meta) + 1 * 2 + 2;
+    uint16_t km0 = *km;
+    *km ^= 0x0400; /* exponent bit: far more than one ulp */
+    cr_assert_eq(rc_compare_seq(&ref, L, b.pages, b.windows, bt, b.window_slots[0], 1, msg, sizeof msg), 1, "%s", msg);
+    *km = km0;
+    /* recent window row of the last position, K head 0, one bf16 mantissa bit */
+    size_t wrow = 4 + (size_t)((L - 1 - 4) % 8);
+    uint16_t *w = (uint16_t *)((char *)b.windows + (size_t)b.window_slots[0] * b.slot_bytes) + wrow * 64 + 7;
+    *w ^= 1;
+    cr_assert_eq(rc_compare_seq(&ref, L, b.pages, b.windows, bt, b.window_slots[0], 1, msg, sizeof msg), 1, "%s", msg);
+    cr_assert(strstr(msg, "recent"), "%s", msg);
+    free(K);
+    free(V);
+    rc_seq_ref_free(&ref);
+    rc_paged_free(&b);
+    env_free(&e);
+}

@@ -48,7 +48,10 @@ void oscar_ref_unrotate(int d, const float *y, const float *R, float *out);
 float oscar_ref_clip_tau(int d, const float *x, float c);
 /* Quantizes one rotated, kv_dtype-rounded row: clip with ratio c (>= 1: none),
  * per-group metadata (a, b) rounded to meta_dtype, codes packed four per byte.
- * codes: d/4 bytes; meta: ng*2 floats (already rounded values). */
+ * codes: d/4 bytes; meta: ng*2 floats (already rounded values).
+ * Metadata beyond the F16 range saturates to +-65504 instead of becoming Inf
+ * (rows that large cannot be represented anyway; the reconstruction stays
+ * finite). Rows must be finite. */
 void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
                             uint8_t *codes, float *meta);
 /* x^ = b + a * level[code] for every value. */
@@ -58,11 +61,15 @@ void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *co
 static inline int oscar_ref_code_at(const uint8_t *codes, int j) { return (codes[j >> 2] >> (2 * (j & 3))) & 3; }
 
 /* Per-token asymmetric b-bit quantize-dequantize in place (int2/int4/int8
- * baselines, groups of `group` along the row; fp16 metadata). */
+ * baselines, groups of `group` along the row; fp16 metadata): a = (max-min) /
+ * (2^b - 1), b = min, both rounded to fp16 first, code = clamp(floor(t + 0.5)).
+ * bits = 2 gives exactly oscar_ref_quantize_row's uniform rule with c = 1. */
 void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
 
 /* ----------------------------------------------------------- paged cache */
-/* Byte offset of row (kv_head, row) arrays inside a page, per FORMAT.md §3.3. */
+/* Byte offset of row (kv_head, row) arrays inside a page, per FORMAT.md §3.3.
+ * For the BF16 method (§3.4) k_codes/v_codes are the K and V [H][P][d] 16-bit
+ * arrays, codes_row_bytes = d * sizeof(kv_dtype) and there is no metadata. */
 typedef struct oscar_ref_page_geom {
     int d, group, ng, H, P;
     size_t codes_row_bytes;   /* d/4 */
