@@ -456,6 +456,10 @@ static void bad_inputs_for(oscar_method m) {
     EXPECT(raw_append(&t, &bt, &cc, cu, -1, 0, &err), OSCAR_ERR_TOO_LONG, "append: block table too narrow");
     EXPECT(raw_decode(&t, &bt, &cc), OSCAR_ERR_TOO_LONG, "decode: block table too narrow");
     bt.block_table_stride = t.b.stride;
+    bt.block_table = NULL; /* allowed only while no sequence needs pages */
+    EXPECT(raw_append(&t, &bt, &cc, cu, -1, 0, &err), OSCAR_ERR_INVALID_ARGUMENT, "append: NULL block table");
+    EXPECT(raw_decode(&t, &bt, &cc), OSCAR_ERR_INVALID_ARGUMENT, "decode: NULL block table");
+    bt.block_table = bt_copy;
     /* zero sequences, a zero-length sequence */
     bt.num_seqs = 0;
     EXPECT(raw_append(&t, &bt, &cc, cu, -1, 0, &err), OSCAR_ERR_EMPTY, "append: zero sequences");
@@ -479,6 +483,45 @@ static void bad_inputs_for(oscar_method m) {
 Test(cpu_backend, bad_inputs_leave_cache_untouched) {
     bad_inputs_for(OSCAR_METHOD_OSCAR2);
     bad_inputs_for(OSCAR_METHOD_BF16);
+}
+
+/* A batch living entirely in the 16-bit windows needs no pages nor block table. */
+Test(cpu_backend, windows_only_batch_without_page_pool) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    cfg c = {64, 64, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    env e;
+    env_init(&e, &c, &r, seed);
+    int32_t maxl[2] = {12, 5};
+    rc_paged b;
+    cr_assert_eq(rc_paged_init(&r, &e.l, 2, maxl, 0, &b), 0);
+    float *K[2], *V[2];
+    rc_seq_ref refs[2];
+    for (int i = 0; i < 2; i++) {
+        K[i] = malloc((size_t)maxl[i] * 2 * 64 * sizeof(float));
+        V[i] = malloc((size_t)maxl[i] * 2 * 64 * sizeof(float));
+        rc_gen_kv(&r, maxl[i], 2, 64, 2, c.kv, K[i]);
+        rc_gen_kv(&r, maxl[i], 2, 64, 2, c.kv, V[i]);
+        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
+                                      e.clip_v[LAYER], maxl[i], K[i], V[i], &refs[i]), 0);
+    }
+    free(b.block_table);
+    b.block_table = NULL;
+    free(b.pages);
+    b.pages = NULL;
+    b.num_pages = 0;
+    int n[2] = {12, 5};
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(do_append(&e, &b, K, V, n, 0, &err), OSCAR_OK, "seed %llu: %s", (unsigned long long)seed, err.msg);
+    check_decode(&e, &b, refs, &r, 0, seed);
+    for (int i = 0; i < 2; i++) {
+        free(K[i]);
+        free(V[i]);
+        rc_seq_ref_free(&refs[i]);
+    }
+    rc_paged_free(&b);
+    env_free(&e);
 }
 
 Test(cpu_backend, plan_refuses_bad_descriptors) {

@@ -240,9 +240,8 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
     if (b->num_seqs < 1)
         return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s: num_seqs is %d; pass at least one sequence", fn,
                                 b->num_seqs);
-    if (!b->seq_lens || !b->block_table || (p->quantized && !b->window_slots))
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "%s: seq_lens, block_table%s must not be NULL", fn,
+    if (!b->seq_lens || (p->quantized && !b->window_slots))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: seq_lens%s must not be NULL", fn,
                                 p->quantized ? " and window_slots" : "");
     if (b->block_table_stride < 0)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: block_table_stride %d is negative", fn,
@@ -266,9 +265,12 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
                                     "%s: sequence %d of %d tokens needs %lld pages but block_table_stride is %d; "
                                     "widen the block table",
                                     fn, i, L, (long long)np, b->block_table_stride);
-        if (np > 0 && !c->pages)
-            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: cache.pages is NULL", fn);
-        const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+        /* A batch that fits in the windows needs no page pool or block table. */
+        if (np > 0 && (!c->pages || !b->block_table))
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "%s: sequence %d needs %lld pages but cache.pages or block_table is NULL", fn, i,
+                                    (long long)np);
+        const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
         for (int64_t k = 0; k < np; k++)
             if (bt[k] < 0 || bt[k] >= c->num_pages)
                 return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
@@ -360,7 +362,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
         for (int i = 0; i < b->num_seqs; i++) {
             int64_t L = b->seq_lens[i], L0 = L - (a->cu_new[i + 1] - a->cu_new[i]);
             int64_t lo = L0 - p->W > p->S0 ? L0 - p->W : p->S0, hi = L0 < L - p->W ? L0 : L - p->W;
-            const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+            const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
             for (int64_t pos = lo; pos < hi; pos++) {
                 int r;
                 char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
@@ -374,7 +376,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
     /* Step 2: store the new tokens (rotated, rounded; 2-bit or window row). */
     for (int i = 0; i < b->num_seqs; i++) {
         int64_t L = b->seq_lens[i], n = a->cu_new[i + 1] - a->cu_new[i], L0 = L - n;
-        const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+        const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
         for (int64_t t = 0; t < n; t++) {
             int64_t pos = L0 + t;
             size_t tok = (size_t)(a->cu_new[i] + t);
@@ -477,7 +479,7 @@ static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decod
     float row[256], tmp[256];
     for (int i = 0; i < b->num_seqs; i++) {
         int64_t L = b->seq_lens[i];
-        const int32_t *bt = b->block_table + (size_t)i * (size_t)b->block_table_stride;
+        const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
         int32_t slot = p->quantized && p->S0 + p->W > 0 ? b->window_slots[i] : 0;
         for (int h = 0; h < H; h++) {
             const float *RK = rot_of(p, p->rot_k, a->layer, h), *RV = rot_of(p, p->rot_v, a->layer, h);
