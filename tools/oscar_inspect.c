@@ -1,0 +1,99 @@
+/* oscar-inspect PARAMS.safetensors: what a parameter file holds.
+ * Prints the metadata, then per layer the K/V clip ratios, the top
+ * eigenvalues, the spectrum concentration (share of the top 8 eigenvalues in
+ * the trace) and the orthogonality error max |R R^T - I| of each rotation.
+ * Exits non-zero with the library's message on a bad file. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "oscar/oscar.h"
+
+static double ortho_error(int d, const float *R) {
+    double worst = 0.0;
+    for (int i = 0; i < d; i++)
+        for (int j = i; j < d; j++) {
+            double s = 0.0;
+            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
+            double e = fabs(s - (i == j ? 1.0 : 0.0));
+            if (e > worst) worst = e;
+        }
+    return worst;
+}
+
+static int is_identity(int d, const float *R) {
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++)
+            if (R[i * d + j] != (i == j ? 1.0f : 0.0f)) return 0;
+    return 1;
+}
+
+/* "top: a b c  conc8 x%" or "(none)" for built-in parameters. */
+static void print_spectrum(int d, const double *lam) {
+    if (!lam) {
+        printf("eigenvalues (none: built-in)");
+        return;
+    }
+    double tr = 0.0, top8 = 0.0;
+    for (int i = 0; i < d; i++) {
+        tr += lam[i];
+        if (i < 8) top8 += lam[i];
+    }
+    printf("top eig %.4g %.4g %.4g %.4g  top-8 share %5.1f%%", lam[0], lam[1], lam[2], lam[3],
+           tr > 0.0 ? 100.0 * top8 / tr : 0.0);
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: %s PARAMS.safetensors\n", argv[0]);
+        return 2;
+    }
+    oscar_params *p = NULL;
+    oscar_status s = oscar_params_load(argv[1], &p);
+    if (s != OSCAR_OK) {
+        fprintf(stderr, "oscar-inspect: %s: %s\n", oscar_status_string(s), oscar_last_error());
+        return 1;
+    }
+    oscar_params_info info;
+    if ((s = oscar_params_get_info(p, &info)) != OSCAR_OK) {
+        fprintf(stderr, "oscar-inspect: %s\n", oscar_last_error());
+        oscar_params_destroy(p);
+        return 1;
+    }
+    printf("file          %s\n", argv[1]);
+    printf("method        %s\n", oscar_method_name(info.method));
+    printf("shape         %d layers, %d query heads, %d KV heads, head_dim %d\n", info.num_layers, info.num_q_heads,
+           info.num_kv_heads, info.head_dim);
+    printf("rotations     %s\n", info.per_head ? "one per KV head" : "one per layer (K and V)");
+    printf("calib tokens  %d\n", info.calib_tokens);
+    printf("model hash    %s\n", info.model_hash[0] ? info.model_hash : "(none)");
+    const int d = info.head_dim, nrot = info.per_head ? info.num_kv_heads : 1;
+    double worst_all = 0.0;
+    for (int l = 0; l < info.num_layers; l++) {
+        float ck = 0.0f, cv = 0.0f;
+        oscar_params_clip(p, l, OSCAR_K, &ck);
+        oscar_params_clip(p, l, OSCAR_V, &cv);
+        printf("layer %3d  clip K %.3f V %.3f\n", l, (double)ck, (double)cv);
+        for (int w = 0; w < 2; w++)
+            for (int r = 0; r < nrot; r++) {
+                const float *R = NULL;
+                const double *lam = NULL;
+                if (oscar_params_rotation(p, l, r, (oscar_kv)w, &R) != OSCAR_OK ||
+                    oscar_params_eigenvalues(p, l, r, (oscar_kv)w, &lam) != OSCAR_OK) {
+                    fprintf(stderr, "oscar-inspect: %s\n", oscar_last_error());
+                    oscar_params_destroy(p);
+                    return 1;
+                }
+                double oe = ortho_error(d, R);
+                if (oe > worst_all) worst_all = oe;
+                printf("    %c", w ? 'V' : 'K');
+                if (info.per_head) printf(" head %d", r);
+                printf("  |RR^T-I| %.2e%s  ", oe, is_identity(d, R) ? " (identity)" : "");
+                print_spectrum(d, lam);
+                printf("\n");
+            }
+    }
+    printf("max orthogonality error over all rotations: %.3e\n", worst_all);
+    oscar_params_destroy(p);
+    return 0;
+}
