@@ -1,0 +1,77 @@
+/* oscar-engine-bench: forward throughput of the reference engine, with and
+ * without the lm_head (calibration runs without), wall and CPU time. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+static double wall_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *tok_path = NULL;
+    int windows = 4, ctx = 2048;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tok_path = argv[++i];
+        else if (!strcmp(argv[i], "--windows") && i + 1 < argc) windows = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--context") && i + 1 < argc) ctx = atoi(argv[++i]);
+        else if (argv[i][0] != '-' && !dir) dir = argv[i];
+        else {
+            fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+            return 2;
+        }
+    }
+    if (!dir || !tok_path || windows < 1 || ctx < 1) {
+        fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+        return 2;
+    }
+    oe_model *m = NULL;
+    uint32_t *tok = NULL;
+    int64_t n = 0;
+    if (oe_model_load(dir, &m) != OSCAR_OK || oe_tokens_load(tok_path, oe_model_config(m)->vocab, &tok, &n) != OSCAR_OK) {
+        fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+        oe_model_free(m);
+        return 1;
+    }
+    if ((int64_t)windows * ctx > n) windows = (int)(n / ctx);
+    oe_ctx *c = NULL;
+    float *logits = malloc((size_t)ctx * oe_model_config(m)->vocab * sizeof(float));
+    if (!logits || oe_ctx_create(m, ctx, &c) != OSCAR_OK) {
+        fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+        return 1;
+    }
+    for (int mode = 0; mode < 2; mode++) {
+        oe_forward_options o;
+        oe_forward_options_default(&o);
+        o.skip_lm_head = mode == 0;
+        double w0 = wall_s(), c0 = cpu_s();
+        for (int w = 0; w < windows; w++)
+            if (oe_forward(c, tok + (size_t)w * ctx, ctx, &o, logits) != OSCAR_OK) {
+                fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+                return 1;
+            }
+        double wall = wall_s() - w0, cpu = cpu_s() - c0;
+        printf("%-16s %d windows x %d: %.2f s wall (%.0f tokens/s), %.2f s CPU (%.0f tokens per CPU-second)\n",
+               mode == 0 ? "no lm_head" : "with lm_head", windows, ctx, wall, windows * ctx / wall, cpu,
+               windows * ctx / cpu);
+    }
+    free(logits);
+    free(tok);
+    oe_ctx_free(c);
+    oe_model_free(m);
+    return 0;
+}
