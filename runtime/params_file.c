@@ -374,7 +374,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
         goto done;
     }
 
-    int64_t fv, L, hq, hkv, d, group, sink, recent, ctok;
+    int64_t fv = 0, L = 0, hq = 0, hkv = 0, d = 0, group = 0, sink = 0, recent = 0, ctok = 0;
     if ((s = meta_int(meta, "format_version", 1, 1, INT32_MAX, 0, &fv))) goto done;
     if (fv > OSCAR_PARAMS_FORMAT_VERSION) {
         s = oscar_set_error(OSCAR_ERR_VERSION,
