@@ -1,0 +1,459 @@
+/* oscar-eval: perplexity, KL to BF16, top-1 agreement, retrieval and bits
+ * per element of every KV-cache method on a real model (docs/EVAL.md).
+ * Exit status: 0 done, 1 run failed, 2 bad input (the message says which). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "oscar_eval.h"
+
+#define EXIT_BAD_INPUT 2
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: oscar-eval MODEL_DIR --tokens eval.tokens --out report.json [options]\n"
+            "  MODEL_DIR           Hugging Face Llama/Qwen2/Qwen3 checkpoint\n"
+            "  --tokens FILE       uint32 little-endian token ids\n"
+            "  --params P          OSCAR parameters (oscar-calibrate); needed by oscar2, oscar2-lm\n"
+            "  --methods LIST      comma-separated, default bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm\n"
+            "                      (bf16 = the reference; also int8)\n"
+            "  --context N         window length (default 2048)\n"
+            "  --max-tokens N      evaluated tokens per method: floor(N/context) windows (default 32768)\n"
+            "  --sink S0           first tokens kept in 16 bits (default 64)\n"
+            "  --recent W          last tokens kept in 16 bits (default 256)\n"
+            "  --group G           quant group along head_dim (default head_dim)\n"
+            "  --ablations         also run the ablations (fixed clips, Hadamard+clip, no clip,\n"
+            "                      Lloyd-Max), with windows and without\n"
+            "  --retrieval-trials N  random repeated-sequence trials (default 4; 0 = none)\n"
+            "  --retrieval-source text|random  the repeated sequence: a chunk of the token file\n"
+            "                      (default) or random ids from the vocabulary\n"
+            "  --seed N            seed of the retrieval sequences (default 1234)\n"
+            "  --threads N         windows evaluated in parallel, one engine context each (default 1;\n"
+            "                      the engine then splits each forward over the cores)\n"
+            "  --out FILE          report.json\n"
+            "  --md FILE           Markdown table\n"
+            "  --plot FILE         PNG: bits per element vs KL (needs gnuplot)\n");
+}
+
+static int bad(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "oscar-eval: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n");
+    return EXIT_BAD_INPUT;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+/* Whole-sequence bits per element at the context: the sink and recent
+ * windows in 16 bits, the rest at the method's figure. */
+static double bits_whole(double bits, int ctx, int sink, int recent)
+{
+    int w16 = sink + recent < ctx ? sink + recent : ctx;
+    return (16.0 * w16 + bits * (double)(ctx - w16)) / (double)ctx;
+}
+
+static int add_variant(ev_run *R, const char *name, const char *note, oscar_method m, const oscar_params *p,
+                       int sink, int recent, int group, int ablation)
+{
+    if (R->nvar >= EV_MAX_VARIANTS) return 0;
+    ev_variant *v = &R->vars[R->nvar++];
+    memset(v, 0, sizeof *v);
+    snprintf(v->name, sizeof v->name, "%s", name);
+    snprintf(v->note, sizeof v->note, "%s", note);
+    v->method = m;
+    v->params = p;
+    v->sink = m == OSCAR_METHOD_BF16 ? 0 : sink;
+    v->recent = m == OSCAR_METHOD_BF16 ? 0 : recent;
+    v->group = group;
+    v->ablation = ablation;
+    v->same_as = -1;
+    for (int i = 0; i + 1 < R->nvar; i++) {
+        const ev_variant *u = &R->vars[i];
+        if (u->same_as < 0 && u->method == m && u->params == p && u->sink == v->sink && u->recent == v->recent &&
+            u->group == group)
+            v->same_as = i;
+    }
+    v->bits = oscar_method_bits(m, R->d, group, OSCAR_DTYPE_F16);
+    v->bits_seq = m == OSCAR_METHOD_BF16 ? 16.0 : bits_whole(v->bits, R->ctx, v->sink, v->recent);
+    return 1;
+}
+
+/* A private copy of the parameters (the ablations change clips). */
+static oscar_params *load_copy(const char *path)
+{
+    oscar_params *p = NULL;
+    if (oscar_params_load(path, &p) != OSCAR_OK) {
+        fprintf(stderr, "oscar-eval: %s\n", oscar_last_error());
+        return NULL;
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    ev_settings S;
+    memset(&S, 0, sizeof S);
+    S.ret_source = "text";
+    const char *methods = "bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm";
+    long ctx = 2048, max_tokens = 32768, sink = 64, recent = 256, group = 0, threads = 1, trials = 4;
+    long long seed = 1234;
+    int ablations = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        long v;
+#define NEED_VAL                                                                                   \
+    do {                                                                                           \
+        if (!val) return bad("%s needs a value (see --help)", a, "");                              \
+        i++;                                                                                       \
+    } while (0)
+#define INT_OPT(flag, lo, hi, dst)                                                                 \
+    else if (!strcmp(a, flag)) {                                                                   \
+        NEED_VAL;                                                                                  \
+        if (!parse_int(val, lo, hi, &v)) return bad("%s: '%s' is not an integer in range", a, val); \
+        dst = v;                                                                                   \
+    }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--tokens")) {
+            NEED_VAL;
+            S.tokens_path = val;
+        } else if (!strcmp(a, "--params")) {
+            NEED_VAL;
+            S.params_path = val;
+        } else if (!strcmp(a, "--methods")) {
+            NEED_VAL;
+            methods = val;
+        } else if (!strcmp(a, "--out")) {
+            NEED_VAL;
+            S.out_json = val;
+        } else if (!strcmp(a, "--md")) {
+            NEED_VAL;
+            S.out_md = val;
+        } else if (!strcmp(a, "--plot")) {
+            NEED_VAL;
+            S.out_plot = val;
+        } else if (!strcmp(a, "--retrieval-source")) {
+            NEED_VAL;
+            if (strcmp(val, "text") && strcmp(val, "random"))
+                return bad("--retrieval-source: '%s' is not text or random%s", val, "");
+            S.ret_source = val;
+        } else if (!strcmp(a, "--ablations")) {
+            ablations = 1;
+        }
+        INT_OPT("--context", 1, 1 << 20, ctx)
+        INT_OPT("--max-tokens", 1, 1L << 40, max_tokens)
+        INT_OPT("--sink", 0, 1 << 20, sink)
+        INT_OPT("--recent", 0, 1 << 20, recent)
+        INT_OPT("--group", 0, 256, group)
+        INT_OPT("--threads", 1, EV_MAX_THREADS, threads)
+        INT_OPT("--retrieval-trials", 0, 1000, trials)
+        else if (!strcmp(a, "--seed")) {
+            NEED_VAL;
+            if (!parse_int(val, 0, 2147483647L, &v)) return bad("%s: '%s' is not a non-negative integer", a, val);
+            seed = v;
+        } else if (a[0] != '-' && !S.model_dir) {
+            S.model_dir = a;
+        } else {
+            usage(stderr);
+            return bad("unknown argument '%s'%s", a, "");
+        }
+#undef INT_OPT
+#undef NEED_VAL
+    }
+    if (!S.model_dir) return bad("no MODEL_DIR given (see --help)%s%s", "", "");
+    if (!S.tokens_path) return bad("--tokens FILE is required (uint32 token ids)%s%s", "", "");
+    if (!S.out_json) return bad("--out report.json is required%s%s", "", "");
+
+    /* Methods first: a typo should not cost a model load. */
+    oscar_method mlist[EV_MAX_VARIANTS];
+    char mnames[EV_MAX_VARIANTS][32];
+    int nm = 0, need_params = 0, has_ref = 0;
+    {
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", methods);
+        for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            if (nm >= 16) return bad("--methods: too many methods (at most 16)%s%s", "", "");
+            if (oscar_method_from_name(tok, &mlist[nm]) != OSCAR_OK)
+                return bad("--methods: unknown method '%s': %s", tok, oscar_last_error());
+            for (int j = 0; j < nm; j++)
+                if (mlist[j] == mlist[nm]) return bad("--methods: '%s' given twice%s", tok, "");
+            snprintf(mnames[nm], sizeof mnames[nm], "%s", tok);
+            need_params |= mlist[nm] == OSCAR_METHOD_OSCAR2 || mlist[nm] == OSCAR_METHOD_OSCAR2_LM;
+            has_ref |= mlist[nm] == OSCAR_METHOD_BF16;
+            nm++;
+        }
+    }
+    if (nm == 0) return bad("--methods is empty%s%s", "", "");
+    if ((need_params || ablations) && !S.params_path)
+        return bad("oscar2, oscar2-lm and --ablations need --params P (make P with oscar-calibrate)%s%s", "", "");
+
+    double t_start = ev_now(), cpu_start = ev_cpu_seconds();
+    time_t now = time(NULL);
+    strftime(S.started, sizeof S.started, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+
+    /* Engine threads: with several windows in parallel, split the cores. */
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (ncpu < 1) ncpu = 1;
+    int engine_threads = (int)(ncpu / threads > 0 ? ncpu / threads : 1);
+    if (!getenv("OE_THREADS")) {
+        char tb[16];
+        snprintf(tb, sizeof tb, "%d", engine_threads);
+        setenv("OE_THREADS", tb, 1);
+    } else {
+        engine_threads = atoi(getenv("OE_THREADS"));
+    }
+
+    oe_config cfg;
+    {
+        char cpath[4096];
+        snprintf(cpath, sizeof cpath, "%s/config.json", S.model_dir);
+        if (oe_config_load(cpath, &cfg) != OSCAR_OK) return bad("%s%s", oe_last_error(), "");
+    }
+    if (cfg.max_position > 0 && ctx > cfg.max_position) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%ld", ctx);
+        snprintf(b, sizeof b, "%d", cfg.max_position);
+        return bad("--context %s exceeds the model's max_position_embeddings %s; use a shorter context", a, b);
+    }
+    int d = cfg.head_dim;
+    if (group != 0 && (group > d || d % group != 0 || (group != 32 && group != 64 && group != 128))) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%ld", group);
+        snprintf(b, sizeof b, "%d", d);
+        return bad("--group %s unsupported for head_dim %s: use 32, 64 or 128 dividing head_dim", a, b);
+    }
+    if (group == 0) group = d;
+    for (int j = 0; j < nm; j++)
+        if (mlist[j] == OSCAR_METHOD_KIVI2 && recent < 31)
+            fprintf(stderr, "oscar-eval: warning: kivi2 with --recent %ld < 31: a key group of 32 tokens then "
+                            "includes keys after the query (see docs/EVAL.md)\n", recent);
+
+    /* Parameters before the (slow) model load: wrong shape is bad input. */
+    oscar_params *P = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL;
+    if (S.params_path) {
+        if (oscar_params_load(S.params_path, &P) != OSCAR_OK)
+            return bad("--params %s: %s", S.params_path, oscar_last_error());
+        if (oscar_params_check_shape(P, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, NULL) != OSCAR_OK) {
+            int rc = bad("--params %s does not belong to this model: %s", S.params_path, oscar_last_error());
+            oscar_params_destroy(P);
+            return rc;
+        }
+    }
+
+    oe_model *model = NULL;
+    if (oe_model_load(S.model_dir, &model) != OSCAR_OK) {
+        oscar_params_destroy(P);
+        return bad("%s%s", oe_last_error(), "");
+    }
+    uint32_t *tok = NULL;
+    int64_t ntok = 0;
+    if (oe_tokens_load(S.tokens_path, cfg.vocab, &tok, &ntok) != OSCAR_OK) {
+        oe_model_free(model);
+        oscar_params_destroy(P);
+        return bad("%s%s", oe_last_error(), "");
+    }
+    int64_t windows = max_tokens / ctx;
+    if ((ntok - 1) / ctx < windows) windows = (ntok - 1) / ctx;
+    if (windows < 1) {
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%lld", (long long)ntok);
+        snprintf(b, sizeof b, "%ld", ctx + 1 > max_tokens + 1 ? ctx + 1 : ctx + 1);
+        free(tok);
+        oe_model_free(model);
+        oscar_params_destroy(P);
+        if (max_tokens < ctx) return bad("--max-tokens is below one window of --context tokens%s%s", "", "");
+        return bad("the token file holds %s tokens; one window needs %s (context + 1)", a, b);
+    }
+
+    static ev_run R;
+    memset(&R, 0, sizeof R);
+    R.model = model;
+    R.ctx = (int)ctx;
+    R.vocab = cfg.vocab;
+    R.Hkv = cfg.num_kv_heads;
+    R.d = d;
+    R.ref_index = -1;
+    pthread_mutex_init(&R.log_mu, NULL);
+    int rc = 0;
+    uint32_t *ret_tok = NULL;
+    /* The reference always runs (KL and top-1 need it); it is reported only
+     * when asked for. */
+    add_variant(&R, "bf16", "K/V rounded to bf16 everywhere, no 2-bit region (the reference)",
+                OSCAR_METHOD_BF16, NULL, 0, 0, (int)group, has_ref ? 0 : -1);
+    R.ref_index = 0;
+    for (int j = 0; j < nm; j++) {
+        if (mlist[j] == OSCAR_METHOD_BF16) continue;
+        const char *note = "";
+        switch (mlist[j]) {
+        case OSCAR_METHOD_INT4: note = "per-token asymmetric 4-bit, no rotation"; break;
+        case OSCAR_METHOD_INT8: note = "per-token asymmetric 8-bit, no rotation"; break;
+        case OSCAR_METHOD_INT2: note = "per-token asymmetric 2-bit, no rotation, no clip"; break;
+        case OSCAR_METHOD_QUAROT2: note = "Hadamard rotation, per-token asymmetric 2-bit, no clip"; break;
+        case OSCAR_METHOD_KIVI2:
+            note = "K per channel over groups of 32 tokens from S0 (tail < 32 kept bf16), V per token"; break;
+        case OSCAR_METHOD_OSCAR2: note = "calibrated rotation + fitted clips, uniform 2-bit"; break;
+        case OSCAR_METHOD_OSCAR2_LM: note = "calibrated rotation + fitted clips, Lloyd-Max 2-bit levels"; break;
+        default: break;
+        }
+        int calibrated = mlist[j] == OSCAR_METHOD_OSCAR2 || mlist[j] == OSCAR_METHOD_OSCAR2_LM;
+        add_variant(&R, mnames[j], note, mlist[j], calibrated ? P : NULL, (int)sink, (int)recent, (int)group, 0);
+    }
+    if (ablations) {
+        int L = cfg.num_layers;
+        P_fixed = load_copy(S.params_path);
+        P_noclip = load_copy(S.params_path);
+        if (!P_fixed || !P_noclip ||
+            oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, L, cfg.num_q_heads, cfg.num_kv_heads, d, &P_hclip) !=
+                OSCAR_OK) {
+            if (!P_hclip && P_fixed && P_noclip) fprintf(stderr, "oscar-eval: %s\n", oscar_last_error());
+            rc = 1;
+            goto done;
+        }
+        for (int l = 0; l < L; l++)
+            for (int kv = 0; kv < 2; kv++) {
+                float c = 1.0f;
+                oscar_params_clip(P, l, (oscar_kv)kv, &c);
+                oscar_params_set_clip(P_fixed, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
+                oscar_params_set_clip(P_noclip, l, (oscar_kv)kv, 1.0f);
+                /* QUAROT2 built-ins hold the Hadamard rotation; with method
+                 * OSCAR2, oscar_fakequant rotates by it and clips by these. */
+                oscar_params_set_clip(P_hclip, l, (oscar_kv)kv, c);
+            }
+        int wins[2][2] = {{(int)sink, (int)recent}, {0, 0}};
+        for (int wi = 0; wi < 2; wi++) {
+            int s0 = wins[wi][0], w = wins[wi][1];
+            char suf[24], nm2[96];
+#define ABL(base, note, m, p)                                                                      \
+    do {                                                                                           \
+        snprintf(nm2, sizeof nm2, "%s%s", base, suf);                                             \
+        add_variant(&R, nm2, note, m, p, s0, w, (int)group, 1);                                   \
+    } while (0)
+            snprintf(suf, sizeof suf, "@s%dw%d", s0, w);
+            ABL("oscar2-fitted-clip", "OSCAR rotation, clips fitted on calibration data", OSCAR_METHOD_OSCAR2, P);
+            ABL("oscar2-fixed-clip", "OSCAR rotation, published clips 0.96 K / 0.92 V", OSCAR_METHOD_OSCAR2,
+                P_fixed);
+            ABL("hadamard-clip", "Hadamard rotation (QuaRot) with OSCAR's fitted clips", OSCAR_METHOD_OSCAR2,
+                P_hclip);
+            ABL("oscar2-no-clip", "OSCAR rotation, no clipping (c = 1)", OSCAR_METHOD_OSCAR2, P_noclip);
+            ABL("oscar2-lm", "OSCAR rotation + fitted clips, Lloyd-Max levels", OSCAR_METHOD_OSCAR2_LM, P);
+            if (wi == 1) {
+                ABL("int2", "no rotation, no clip", OSCAR_METHOD_INT2, NULL);
+                ABL("quarot2", "Hadamard rotation, no clip", OSCAR_METHOD_QUAROT2, NULL);
+            }
+#undef ABL
+        }
+    }
+
+    /* Jobs: eval windows, then retrieval trials. */
+    int R_len = (int)((ctx - sink) / 2);
+    int do_ret = trials > 0;
+    if (do_ret && (R_len < recent + 1 || R_len < 8)) {
+        fprintf(stderr, "oscar-eval: warning: context %ld leaves copies of %d tokens after the sink of %ld; "
+                        "retrieval needs copies longer than the recent window %ld: retrieval skipped\n",
+                ctx, R_len, sink, recent);
+        do_ret = 0;
+    }
+    int njobs = (int)windows + (do_ret ? (int)trials : 0);
+    R.jobs = calloc((size_t)njobs, sizeof *R.jobs);
+    R.stats = calloc((size_t)njobs * (size_t)R.nvar, sizeof *R.stats);
+    ret_tok = do_ret ? malloc((size_t)trials * (size_t)ctx * sizeof *ret_tok) : NULL;
+    if (!R.jobs || !R.stats || (do_ret && !ret_tok)) {
+        fprintf(stderr, "oscar-eval: out of memory for %d jobs\n", njobs);
+        rc = 1;
+        goto done;
+    }
+    for (int w = 0; w < windows; w++)
+        R.jobs[w] = (ev_job){.tokens = tok + (size_t)w * ctx, .n = (int)ctx, .r0 = 0, .r1 = (int)ctx, .index = w};
+    for (int t = 0; do_ret && t < trials; t++) {
+        /* Prefix of S0 real tokens (a natural sink), then a sequence of R
+         * tokens twice: first copy [S0, S0+R), second [S0+R, S0+2R). Row i of
+         * the second copy predicts token i+1, whose earlier occurrence (row
+         * i+1-R) lies R-1 >= W keys behind: in the 2-bit region. The
+         * sequence is a chunk of the token file after the evaluated windows
+         * (text) or random ids (random). */
+        uint32_t *tt = ret_tok + (size_t)t * ctx;
+        uint64_t st = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)t + 1;
+        for (int i = 0; i < 4; i++) xorshift(&st);
+        int64_t span = (int64_t)sink + R_len, avail = ntok - span;
+        int64_t off = windows * ctx + (int64_t)t * span;
+        if (off > avail) off = avail > 0 ? (int64_t)(xorshift(&st) % (uint64_t)avail) : 0;
+        for (int i = 0; i < span; i++) tt[i] = tok[off + i];
+        for (int i = 0; i < R_len; i++) {
+            if (!strcmp(S.ret_source, "random")) tt[sink + i] = (uint32_t)(xorshift(&st) % (uint64_t)cfg.vocab);
+            tt[sink + R_len + i] = tt[sink + i];
+        }
+        int n = (int)sink + 2 * R_len;
+        R.jobs[windows + t] = (ev_job){.tokens = tt, .n = n, .r0 = (int)sink + R_len, .r1 = n - 1,
+                                       .b0 = (int)sink, .b1 = (int)sink + R_len - 1, .retrieval = 1, .index = t};
+    }
+    R.njobs = njobs;
+    R.t_start = t_start;
+    S.ctx = (int)ctx;
+    S.windows = (int)windows;
+    S.eval_tokens = windows * ctx;
+    S.tokens_in_file = ntok;
+    S.sink = (int)sink;
+    S.recent = (int)recent;
+    S.group = (int)group;
+    S.workers = (int)threads;
+    S.engine_threads = engine_threads;
+    S.ret_trials = do_ret ? (int)trials : 0;
+    S.ret_len = R_len;
+    S.ret_first = (int)sink;
+    S.ret_second = (int)sink + R_len;
+    S.seed = (uint64_t)seed;
+    fprintf(stderr, "oscar-eval: %s, %d windows of %ld tokens (%lld evaluated), %d retrieval trials, %d variants, "
+                    "%ld worker(s) x %d engine thread(s)\n",
+            S.model_dir, (int)windows, ctx, (long long)S.eval_tokens, S.ret_trials, R.nvar, threads, engine_threads);
+    {
+        char err[700] = "";
+        int hook_threads = engine_threads;
+        if (ev_execute(&R, (int)threads, hook_threads, err, sizeof err) != OSCAR_OK) {
+            fprintf(stderr, "oscar-eval: evaluation failed: %s\n", err);
+            rc = 1;
+            goto done;
+        }
+    }
+    S.wall_s = ev_now() - t_start;
+    S.cpu_s = ev_cpu_seconds() - cpu_start;
+    if (ev_write_json(&R, &S) != 0) rc = 1;
+    if (S.out_md && ev_write_md(&R, &S) != 0) rc = 1;
+    if (S.out_plot && ev_write_plot(&R, &S) != 0) rc = 1;
+    fprintf(stderr, "oscar-eval: done in %.1f s wall, %.1f s CPU\n", S.wall_s, S.cpu_s);
+
+done:
+    free(R.jobs);
+    free(R.stats);
+    free(ret_tok);
+    pthread_mutex_destroy(&R.log_mu);
+    free(tok);
+    oe_model_free(model);
+    oscar_params_destroy(P);
+    oscar_params_destroy(P_fixed);
+    oscar_params_destroy(P_noclip);
+    oscar_params_destroy(P_hclip);
+    return rc;
+}

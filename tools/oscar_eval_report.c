@@ -1,0 +1,246 @@
+/* oscar-eval reports: report.json (jansson), a Markdown table and a gnuplot
+ * PNG of bits per element against KL. */
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oscar_eval.h"
+
+void ev_totals(const ev_run *R, int v, ev_total *out)
+{
+    memset(out, 0, sizeof *out);
+    int src = R->vars[v].same_as >= 0 ? R->vars[v].same_as : v;
+    int64_t top1 = 0, rc = 0;
+    for (int j = 0; j < R->njobs; j++) {
+        const ev_stats *s = &R->stats[(size_t)j * R->nvar + src];
+        out->nll += s->nll;
+        out->kl += s->kl;
+        top1 += s->top1;
+        out->scored += s->scored;
+        rc += s->ret_correct;
+        out->ret_total += s->ret_total;
+        out->seconds += s->seconds;
+        out->hook_seconds += s->hook_seconds;
+    }
+    if (out->scored > 0) {
+        out->ppl = exp(out->nll / (double)out->scored);
+        out->kl /= (double)out->scored;
+        out->top1 = (double)top1 / (double)out->scored;
+        out->nll /= (double)out->scored;
+    }
+    out->retrieval = out->ret_total > 0 ? (double)rc / (double)out->ret_total : NAN;
+}
+
+/* BF16's accuracy on the first copy, where nothing can be retrieved: what
+ * the retrieval figures would be without the copy. */
+static double ret_base(const ev_run *R)
+{
+    int64_t bc = 0, bt = 0;
+    for (int j = 0; j < R->njobs; j++) {
+        bc += R->stats[(size_t)j * R->nvar + R->ref_index].base_correct;
+        bt += R->stats[(size_t)j * R->nvar + R->ref_index].base_total;
+    }
+    return bt > 0 ? (double)bc / (double)bt : NAN;
+}
+
+static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
+
+static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
+{
+    const ev_variant *var = &R->vars[v];
+    ev_total t;
+    ev_totals(R, v, &t);
+    json_t *o = json_object();
+    json_object_set_new(o, "ppl", json_real(t.ppl));
+    json_object_set_new(o, "delta_ppl", json_real(t.ppl - ref_ppl));
+    json_object_set_new(o, "kl", json_real(t.kl));
+    json_object_set_new(o, "top1", json_real(t.top1));
+    json_object_set_new(o, "retrieval", num_or_null(t.retrieval));
+    json_object_set_new(o, "bits_per_element", json_real(var->bits));
+    json_object_set_new(o, "bits_whole_sequence", json_real(var->bits_seq));
+    json_object_set_new(o, "method", json_string(oscar_method_name(var->method)));
+    json_object_set_new(o, "sink", json_integer(var->sink));
+    json_object_set_new(o, "recent", json_integer(var->recent));
+    json_object_set_new(o, "group", json_integer(var->group));
+    json_object_set_new(o, "mean_nll", json_real(t.nll));
+    json_object_set_new(o, "scored_tokens", json_integer(t.scored));
+    json_object_set_new(o, "retrieval_predictions", json_integer(t.ret_total));
+    json_object_set_new(o, "seconds", json_real(t.seconds));
+    json_object_set_new(o, "hook_seconds", json_real(t.hook_seconds));
+    if (var->same_as >= 0) json_object_set_new(o, "same_run_as", json_string(R->vars[var->same_as].name));
+    json_object_set_new(o, "note", json_string(var->note));
+    return o;
+}
+
+int ev_write_json(const ev_run *R, const ev_settings *S)
+{
+    ev_total ref;
+    ev_totals(R, R->ref_index, &ref);
+    json_t *root = json_object(), *st = json_object(), *ms = json_object(), *ab = json_object();
+    json_object_set_new(st, "model", json_string(S->model_dir));
+    json_object_set_new(st, "params", S->params_path ? json_string(S->params_path) : json_null());
+    json_object_set_new(st, "tokens", json_string(S->tokens_path));
+    json_object_set_new(st, "tokens_in_file", json_integer(S->tokens_in_file));
+    json_object_set_new(st, "context", json_integer(S->ctx));
+    json_object_set_new(st, "windows", json_integer(S->windows));
+    json_object_set_new(st, "evaluated_tokens", json_integer(S->eval_tokens));
+    json_object_set_new(st, "sink", json_integer(S->sink));
+    json_object_set_new(st, "recent", json_integer(S->recent));
+    json_object_set_new(st, "group", json_integer(S->group));
+    json_object_set_new(st, "meta_dtype", json_string("f16"));
+    json_object_set_new(st, "library_version", json_string(oscar_version(NULL, NULL, NULL)));
+    json_object_set_new(st, "reference", json_string("bf16: K/V rounded to bf16 everywhere, no 2-bit region"));
+    json_object_set_new(st, "region_rule", json_string("key p is read quantized by query t iff sink <= p <= t - recent"));
+    json_object_set_new(st, "started_utc", json_string(S->started));
+    json_t *rt = json_object();
+    json_object_set_new(rt, "trials", json_integer(S->ret_trials));
+    json_object_set_new(rt, "source", json_string(S->ret_source));
+    json_object_set_new(rt, "bf16_first_copy_top1", num_or_null(ret_base(R)));
+    json_object_set_new(rt, "copy_length", json_integer(S->ret_len));
+    json_object_set_new(rt, "first_copy_start", json_integer(S->ret_first));
+    json_object_set_new(rt, "second_copy_start", json_integer(S->ret_second));
+    json_object_set_new(rt, "seed", json_integer((json_int_t)S->seed));
+    json_object_set_new(rt, "scored_per_trial", json_integer(S->ret_len - 1));
+    json_object_set_new(st, "retrieval", rt);
+    json_t *tm = json_object();
+    json_object_set_new(tm, "wall_seconds", json_real(S->wall_s));
+    json_object_set_new(tm, "cpu_seconds", json_real(S->cpu_s));
+    json_object_set_new(tm, "workers", json_integer(S->workers));
+    json_object_set_new(tm, "engine_threads", json_integer(S->engine_threads));
+    json_object_set_new(st, "timing", tm);
+    json_object_set_new(root, "settings", st);
+    for (int v = 0; v < R->nvar; v++) {
+        if (R->vars[v].ablation < 0) continue;
+        json_object_set_new(R->vars[v].ablation ? ab : ms, R->vars[v].name, variant_json(R, v, ref.ppl));
+    }
+    json_object_set_new(root, "methods", ms);
+    if (json_object_size(ab) > 0) json_object_set_new(root, "ablations", ab);
+    else json_decref(ab);
+    json_object_set_new(root, "reference_ppl", json_real(ref.ppl));
+    int rc = json_dump_file(root, S->out_json, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+    json_decref(root);
+    if (rc != 0) {
+        fprintf(stderr, "oscar-eval: cannot write %s; check the folder exists and is writable\n", S->out_json);
+        return 1;
+    }
+    return 0;
+}
+
+static void md_row(FILE *f, const ev_run *R, int v, double ref_ppl)
+{
+    const ev_variant *var = &R->vars[v];
+    ev_total t;
+    ev_totals(R, v, &t);
+    char ret[32];
+    if (isfinite(t.retrieval)) snprintf(ret, sizeof ret, "%.3f", t.retrieval);
+    else snprintf(ret, sizeof ret, "-");
+    fprintf(f, "| %s | %d/%d | %.3f | %.3f | %.4f | %+.4f | %.5f | %.4f | %s |\n", var->name, var->sink,
+            var->recent, var->bits, var->bits_seq, t.ppl, t.ppl - ref_ppl, t.kl, t.top1, ret);
+}
+
+int ev_write_md(const ev_run *R, const ev_settings *S)
+{
+    FILE *f = fopen(S->out_md, "w");
+    if (!f) {
+        fprintf(stderr, "oscar-eval: cannot write %s; check the folder exists and is writable\n", S->out_md);
+        return 1;
+    }
+    ev_total ref;
+    ev_totals(R, R->ref_index, &ref);
+    fprintf(f, "Model `%s`, tokens `%s`, context %d, %d windows (%lld evaluated tokens per method), group %d, "
+               "fp16 metadata, liboscar %s. KL is KL(p_bf16 || p_method) per token (nats); top-1 is agreement "
+               "with BF16's argmax; retrieval is top-1 accuracy on the second copy of a %d-token sequence (%s, "
+               "%d trials) whose first copy lies in the 2-bit region (BF16 on the first copy, with nothing to "
+               "retrieve: %.3f). Bits: of the 2-bit region / of the whole sequence at context %d with the 16-bit "
+               "windows.\n\n",
+            S->model_dir, S->tokens_path, S->ctx, S->windows, (long long)S->eval_tokens, S->group,
+            oscar_version(NULL, NULL, NULL), S->ret_len, S->ret_source, S->ret_trials, ret_base(R), S->ctx);
+    const char *hdr = "| method | S0/W | bits/elt | bits/elt (seq) | ppl | delta ppl | KL | top-1 | retrieval |\n"
+                      "|---|---|---|---|---|---|---|---|---|\n";
+    fputs(hdr, f);
+    for (int v = 0; v < R->nvar; v++)
+        if (R->vars[v].ablation == 0) md_row(f, R, v, ref.ppl);
+    int any = 0;
+    for (int v = 0; v < R->nvar; v++)
+        if (R->vars[v].ablation == 1) {
+            if (!any) fprintf(f, "\nAblations (`@sS0wW`: windows; s0w0 = every key in 2 bits):\n\n%s", hdr);
+            any = 1;
+            md_row(f, R, v, ref.ppl);
+        }
+    fprintf(f, "\nRun: %.0f s wall, %.0f s CPU (%d worker(s) x %d engine thread(s)).\n", S->wall_s, S->cpu_s,
+            S->workers, S->engine_threads);
+    if (fclose(f) != 0) {
+        fprintf(stderr, "oscar-eval: error writing %s\n", S->out_md);
+        return 1;
+    }
+    return 0;
+}
+
+/* Plot: one labelled point per (non-ablation) method; BF16 has KL 0 and
+ * cannot sit on a log axis, so it is left out (said in the title). */
+int ev_write_plot(const ev_run *R, const ev_settings *S)
+{
+    if (system("command -v gnuplot > /dev/null 2>&1") != 0) {
+        fprintf(stderr, "oscar-eval: warning: gnuplot not found; %s not written (apt install gnuplot-nox)\n",
+                S->out_plot);
+        return 0;
+    }
+    size_t len = strlen(S->out_plot) + 8;
+    char *dat = malloc(len), *gp = malloc(len), *cmd = malloc(2 * len + 64);
+    if (!dat || !gp || !cmd) {
+        free(dat), free(gp), free(cmd);
+        return 1;
+    }
+    snprintf(dat, len, "%s.dat", S->out_plot);
+    snprintf(gp, len, "%s.gp", S->out_plot);
+    FILE *f = fopen(dat, "w");
+    int rc = 1;
+    if (!f) goto out;
+    /* Labels of points at the same bits are spread to the right. */
+    fprintf(f, "# method bits_per_element kl label_x\n");
+    for (int v = 0; v < R->nvar; v++) {
+        ev_total t;
+        ev_totals(R, v, &t);
+        if (R->vars[v].ablation != 0 || !(t.kl > 0.0)) continue;
+        int same = 0;
+        for (int u = 0; u < v; u++) {
+            ev_total tu;
+            ev_totals(R, u, &tu);
+            same += R->vars[u].ablation == 0 && tu.kl > 0.0 && fabs(R->vars[u].bits - R->vars[v].bits) < 1e-9;
+        }
+        fprintf(f, "\"%s\" %.4f %.6g %.4f\n", R->vars[v].name, R->vars[v].bits, t.kl,
+                R->vars[v].bits + 0.06 + 0.45 * same);
+    }
+    fclose(f);
+    /* pngcairo where built in, else the libgd png terminal. */
+    const char *term = system("gnuplot -e 'set terminal pngcairo' > /dev/null 2>&1") == 0 ? "pngcairo" : "png";
+    f = fopen(gp, "w");
+    if (!f) goto out;
+    fprintf(f,
+            "set terminal %s size 900,600\n"
+            "set output '%s'\n"
+            "set title \"KL(p_bf16 || p_method) per token vs bits per element\\ncontext %d, sink %d, recent %d "
+            "(bf16: 16 bits, KL 0, not shown)\" noenhanced\n"
+            "set xlabel 'bits per element (quantized region, metadata counted)'\n"
+            "set ylabel 'mean KL per token (nats), log scale'\n"
+            "set logscale y\n"
+            "set grid\n"
+            "set key off\n"
+            "set xrange [1.5:*]\n"
+            "plot '%s' using 2:3 with points pt 7 ps 1.5, '' using 4:3:1 with labels left noenhanced\n",
+            term, S->out_plot, S->ctx, S->sink, S->recent, dat);
+    fclose(f);
+    snprintf(cmd, 2 * len + 64, "gnuplot '%s'", gp);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "oscar-eval: gnuplot failed on %s; the plot was not written\n", gp);
+        goto out;
+    }
+    rc = 0;
+out:
+    free(dat);
+    free(gp);
+    free(cmd);
+    return rc;
+}
