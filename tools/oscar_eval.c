@@ -19,6 +19,8 @@ static void usage(FILE *f)
             "  MODEL_DIR           Hugging Face Llama/Qwen2/Qwen3 checkpoint\n"
             "  --tokens FILE       uint32 little-endian token ids\n"
             "  --params P          OSCAR parameters (oscar-calibrate); needed by oscar2, oscar2-lm\n"
+            "  --params-lm P       parameters calibrated for Lloyd-Max levels (oscar-calibrate --lloyd-max)\n"
+            "                      for oscar2-lm; default: --params\n"
             "  --methods LIST      comma-separated, default bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm\n"
             "                      (bf16 = the reference; also int8)\n"
             "  --context N         window length (default 2048)\n"
@@ -28,6 +30,8 @@ static void usage(FILE *f)
             "  --group G           quant group along head_dim (default head_dim)\n"
             "  --ablations         also run the ablations (fixed clips, Hadamard+clip, no clip,\n"
             "                      Lloyd-Max), with windows and without\n"
+            "  --per-layer LIST    also run each listed method with one layer quantized at a time\n"
+            "                      (diagnosis: which layers cost the most)\n"
             "  --retrieval-trials N  random repeated-sequence trials (default 4; 0 = none)\n"
             "  --retrieval-source text|random  the repeated sequence: a chunk of the token file\n"
             "                      (default) or random ids from the vocabulary\n"
@@ -88,6 +92,7 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
     v->group = group;
     v->ablation = ablation;
     v->same_as = -1;
+    v->only_layer = -1;
     for (int i = 0; i + 1 < R->nvar; i++) {
         const ev_variant *u = &R->vars[i];
         if (u->same_as < 0 && u->method == m && u->params == p && u->sink == v->sink && u->recent == v->recent &&
@@ -119,6 +124,7 @@ int main(int argc, char **argv)
     long ctx = 2048, max_tokens = 32768, sink = 64, recent = 256, group = 0, threads = 1, trials = 4;
     long long seed = 1234;
     int ablations = 0;
+    const char *per_layer = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -143,6 +149,12 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--params")) {
             NEED_VAL;
             S.params_path = val;
+        } else if (!strcmp(a, "--per-layer")) {
+            NEED_VAL;
+            per_layer = val;
+        } else if (!strcmp(a, "--params-lm")) {
+            NEED_VAL;
+            S.params_lm_path = val;
         } else if (!strcmp(a, "--methods")) {
             NEED_VAL;
             methods = val;
@@ -252,7 +264,7 @@ int main(int argc, char **argv)
                             "includes keys after the query (see docs/EVAL.md)\n", recent);
 
     /* Parameters before the (slow) model load: wrong shape is bad input. */
-    oscar_params *P = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL;
+    oscar_params *P = NULL, *P_lm = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL;
     if (S.params_path) {
         if (oscar_params_load(S.params_path, &P) != OSCAR_OK)
             return bad("--params %s: %s", S.params_path, oscar_last_error());
@@ -262,10 +274,25 @@ int main(int argc, char **argv)
             return rc;
         }
     }
+    if (S.params_lm_path) {
+        int rc = 0;
+        if (oscar_params_load(S.params_lm_path, &P_lm) != OSCAR_OK)
+            rc = bad("--params-lm %s: %s", S.params_lm_path, oscar_last_error());
+        else if (oscar_params_check_shape(P_lm, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, NULL) !=
+                 OSCAR_OK)
+            rc = bad("--params-lm %s does not belong to this model: %s", S.params_lm_path, oscar_last_error());
+        if (rc) {
+            oscar_params_destroy(P);
+            oscar_params_destroy(P_lm);
+            return rc;
+        }
+    }
+    const oscar_params *PL = P_lm ? P_lm : P;
 
     oe_model *model = NULL;
     if (oe_model_load(S.model_dir, &model) != OSCAR_OK) {
         oscar_params_destroy(P);
+        oscar_params_destroy(P_lm);
         return bad("%s%s", oe_last_error(), "");
     }
     uint32_t *tok = NULL;
@@ -273,6 +300,7 @@ int main(int argc, char **argv)
     if (oe_tokens_load(S.tokens_path, cfg.vocab, &tok, &ntok) != OSCAR_OK) {
         oe_model_free(model);
         oscar_params_destroy(P);
+        oscar_params_destroy(P_lm);
         return bad("%s%s", oe_last_error(), "");
     }
     int64_t windows = max_tokens / ctx;
@@ -284,6 +312,7 @@ int main(int argc, char **argv)
         free(tok);
         oe_model_free(model);
         oscar_params_destroy(P);
+        oscar_params_destroy(P_lm);
         if (max_tokens < ctx) return bad("--max-tokens is below one window of --context tokens%s%s", "", "");
         return bad("the token file holds %s tokens; one window needs %s (context + 1)", a, b);
     }
@@ -319,7 +348,8 @@ int main(int argc, char **argv)
         default: break;
         }
         int calibrated = mlist[j] == OSCAR_METHOD_OSCAR2 || mlist[j] == OSCAR_METHOD_OSCAR2_LM;
-        add_variant(&R, mnames[j], note, mlist[j], calibrated ? P : NULL, (int)sink, (int)recent, (int)group, 0);
+        add_variant(&R, mnames[j], note, mlist[j],
+                    calibrated ? (mlist[j] == OSCAR_METHOD_OSCAR2_LM ? PL : P) : NULL, (int)sink, (int)recent, (int)group, 0);
     }
     if (ablations) {
         int L = cfg.num_layers;
@@ -358,12 +388,44 @@ int main(int argc, char **argv)
             ABL("hadamard-clip", "Hadamard rotation (QuaRot) with OSCAR's fitted clips", OSCAR_METHOD_OSCAR2,
                 P_hclip);
             ABL("oscar2-no-clip", "OSCAR rotation, no clipping (c = 1)", OSCAR_METHOD_OSCAR2, P_noclip);
-            ABL("oscar2-lm", "OSCAR rotation + fitted clips, Lloyd-Max levels", OSCAR_METHOD_OSCAR2_LM, P);
+            ABL("oscar2-lm", "OSCAR rotation + fitted clips, Lloyd-Max levels", OSCAR_METHOD_OSCAR2_LM, PL);
             if (wi == 1) {
                 ABL("int2", "no rotation, no clip", OSCAR_METHOD_INT2, NULL);
                 ABL("quarot2", "Hadamard rotation, no clip", OSCAR_METHOD_QUAROT2, NULL);
             }
 #undef ABL
+        }
+    }
+
+    if (per_layer) {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", per_layer);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            oscar_method m;
+            if (oscar_method_from_name(t, &m) != OSCAR_OK || m == OSCAR_METHOD_BF16) {
+                fprintf(stderr, "oscar-eval: --per-layer: '%s' is not a quantized method\n", t);
+                rc = EXIT_BAD_INPUT;
+                goto done;
+            }
+            int calibrated = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
+            if (calibrated && !P) {
+                fprintf(stderr, "oscar-eval: --per-layer %s needs --params\n", t);
+                rc = EXIT_BAD_INPUT;
+                goto done;
+            }
+            for (int l = 0; l < cfg.num_layers; l++) {
+                char nm3[64];
+                snprintf(nm3, sizeof nm3, "%s#L%d", t, l);
+                if (!add_variant(&R, nm3, "only this layer quantized, the others bf16", m,
+                                 calibrated ? (m == OSCAR_METHOD_OSCAR2_LM ? PL : P) : NULL, (int)sink, (int)recent,
+                                 (int)group, 2)) {
+                    fprintf(stderr, "oscar-eval: too many variants (at most %d)\n", EV_MAX_VARIANTS);
+                    rc = EXIT_BAD_INPUT;
+                    goto done;
+                }
+                R.vars[R.nvar - 1].only_layer = l;
+                R.vars[R.nvar - 1].same_as = -1;
+            }
         }
     }
 
@@ -452,6 +514,7 @@ done:
     free(tok);
     oe_model_free(model);
     oscar_params_destroy(P);
+    oscar_params_destroy(P_lm);
     oscar_params_destroy(P_fixed);
     oscar_params_destroy(P_noclip);
     oscar_params_destroy(P_hclip);

@@ -11,7 +11,7 @@
 #include "oscar/oscar.h"
 
 #define EV_MAX_THREADS 64
-#define EV_MAX_VARIANTS 32
+#define EV_MAX_VARIANTS 64
 
 /* One evaluated configuration: a method, its parameters and windows. */
 typedef struct ev_variant {
@@ -20,7 +20,8 @@ typedef struct ev_variant {
     oscar_method method;          /* BF16: the reference (no 2-bit region) */
     const oscar_params *params;   /* NULL for methods without rotation/clip */
     int sink, recent, group;
-    int ablation;                 /* 1: listed under "ablations"; -1: reference not asked for */
+    int ablation;                 /* 1: "ablations"; 2: "per_layer"; -1: reference not asked for */
+    int only_layer;               /* >= 0: quantize this layer only (per-layer diagnosis) */
     int same_as;                  /* >= 0: identical to that variant, not run again */
     double bits;                  /* bits per element of the 2-bit (quantized) region */
     double bits_seq;              /* whole sequence at the context, 16-bit windows counted */
@@ -78,7 +79,7 @@ typedef struct ev_total {
 void ev_totals(const ev_run *R, int v, ev_total *out);
 
 typedef struct ev_settings {
-    const char *model_dir, *params_path, *tokens_path, *out_json, *out_md, *out_plot;
+    const char *model_dir, *params_path, *params_lm_path, *tokens_path, *out_json, *out_md, *out_plot;
     int ctx, windows, sink, recent, group, threads, workers, engine_threads;
     int64_t eval_tokens, tokens_in_file;
     int ret_trials, ret_len, ret_first, ret_second;

@@ -78,9 +78,11 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
 {
     ev_total ref;
     ev_totals(R, R->ref_index, &ref);
-    json_t *root = json_object(), *st = json_object(), *ms = json_object(), *ab = json_object();
+    json_t *root = json_object(), *st = json_object(), *ms = json_object(), *ab = json_object(),
+           *pl = json_object();
     json_object_set_new(st, "model", json_string(S->model_dir));
     json_object_set_new(st, "params", S->params_path ? json_string(S->params_path) : json_null());
+    json_object_set_new(st, "params_lm", S->params_lm_path ? json_string(S->params_lm_path) : json_null());
     json_object_set_new(st, "tokens", json_string(S->tokens_path));
     json_object_set_new(st, "tokens_in_file", json_integer(S->tokens_in_file));
     json_object_set_new(st, "context", json_integer(S->ctx));
@@ -113,11 +115,14 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
     json_object_set_new(root, "settings", st);
     for (int v = 0; v < R->nvar; v++) {
         if (R->vars[v].ablation < 0) continue;
-        json_object_set_new(R->vars[v].ablation ? ab : ms, R->vars[v].name, variant_json(R, v, ref.ppl));
+        json_t *dst = R->vars[v].ablation == 2 ? pl : R->vars[v].ablation ? ab : ms;
+        json_object_set_new(dst, R->vars[v].name, variant_json(R, v, ref.ppl));
     }
     json_object_set_new(root, "methods", ms);
     if (json_object_size(ab) > 0) json_object_set_new(root, "ablations", ab);
     else json_decref(ab);
+    if (json_object_size(pl) > 0) json_object_set_new(root, "per_layer", pl);
+    else json_decref(pl);
     json_object_set_new(root, "reference_ppl", json_real(ref.ppl));
     int rc = json_dump_file(root, S->out_json, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
     json_decref(root);
@@ -166,6 +171,13 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
     for (int v = 0; v < R->nvar; v++)
         if (R->vars[v].ablation == 1) {
             if (!any) fprintf(f, "\nAblations (`@sS0wW`: windows; s0w0 = every key in 2 bits):\n\n%s", hdr);
+            any = 1;
+            md_row(f, R, v, ref.ppl);
+        }
+    any = 0;
+    for (int v = 0; v < R->nvar; v++)
+        if (R->vars[v].ablation == 2) {
+            if (!any) fprintf(f, "\nPer layer (`METHOD#Ln`: only layer n quantized, the others bf16):\n\n%s", hdr);
             any = 1;
             md_row(f, R, v, ref.ppl);
         }

@@ -110,6 +110,10 @@ static oscar_status kv_hook(void *user, int layer, int n, const float *k, const 
             kq[i] = oe_round_bf16(kq[i]);
             vq[i] = oe_round_bf16(vq[i]);
         }
+        if (var->only_layer >= 0 && layer != var->only_layer) {
+            h->hook_s += now_s() - t0;
+            return OSCAR_OK; /* this layer stays bf16 */
+        }
         int hik = hi, align = 1;
         if (var->method == OSCAR_METHOD_KIVI2) {
             /* KIVI keys: groups of 32 tokens from S0; the tail of < 32 rows
