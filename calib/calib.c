@@ -240,6 +240,21 @@ static int64_t first_nonfinite(const void *a, oscar_dtype t, size_t count) {
     return -1;
 }
 
+/* Converts d elements of a host array of dtype t, from index base, to fp64
+ * (one dtype switch per row, not per element). */
+static void load_row(oscar_dtype t, const void *a, size_t base, int d, double *out) {
+    if (t == OSCAR_DTYPE_F32) {
+        const float *f = (const float *)a + base;
+        for (int i = 0; i < d; i++) out[i] = f[i];
+    } else if (t == OSCAR_DTYPE_BF16) {
+        const uint16_t *h = (const uint16_t *)a + base;
+        for (int i = 0; i < d; i++) out[i] = oscar_bf16_to_f32(h[i]);
+    } else {
+        const uint16_t *h = (const uint16_t *)a + base;
+        for (int i = 0; i < d; i++) out[i] = oscar_f16_to_f32(h[i]);
+    }
+}
+
 /* Offers one (K, V) row pair to the layer's reservoir (Algorithm R with a
  * deterministic generator): memory stays `cap` rows whatever N is. */
 static void reservoir_offer(oscar_calib *c, int l, int h, const void *k, const void *v, oscar_dtype t, size_t base,
@@ -312,8 +327,7 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
                 size_t t1 = t0 + tok_per_chunk < n ? t0 + tok_per_chunk : n, rows = 0;
                 for (size_t t = t0; t < t1; t++)
                     for (int j = h * g; j < (h + 1) * g; j++, rows++) {
-                        size_t base = (t * (size_t)hq + (size_t)j) * (size_t)d;
-                        for (int i = 0; i < d; i++) c->x[rows * (size_t)d + (size_t)i] = oscar_load(dtype, q, base + (size_t)i);
+                        load_row(dtype, q, (t * (size_t)hq + (size_t)j) * (size_t)d, d, c->x + rows * (size_t)d);
                     }
                 cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, (int)rows, 1.0, c->x, d, 1.0, C, d);
             }
@@ -325,8 +339,7 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
             for (int h = 0; h < hkv; h++) {
                 size_t mo = ((size_t)layer * (size_t)hkv + (size_t)h) * c->dd;
                 for (size_t t = t0; t < t1; t++) {
-                    size_t base = (t * (size_t)hkv + (size_t)h) * (size_t)d;
-                    for (int i = 0; i < d; i++) c->x[(t - t0) * (size_t)d + (size_t)i] = oscar_load(dtype, k, base + (size_t)i);
+                    load_row(dtype, k, (t * (size_t)hkv + (size_t)h) * (size_t)d, d, c->x + (t - t0) * (size_t)d);
                 }
                 /* w_t = k_t^T C_Q,h k_t: Y = K C_Q,h, then row dots. */
                 cblas_dsymm(CblasRowMajor, CblasRight, CblasUpper, (int)rows, d, 1.0, c->cqn + mo, d, c->x, d, 0.0,
@@ -342,9 +355,9 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
                 /* sum w v v^T as a rank-k update of rows sqrt(w) v. */
                 for (size_t t = t0; t < t1; t++) {
                     size_t base = (t * (size_t)hkv + (size_t)h) * (size_t)d;
-                    double sq = sqrt(c->wt[t - t0]);
-                    for (int i = 0; i < d; i++)
-                        c->x[(t - t0) * (size_t)d + (size_t)i] = sq * oscar_load(dtype, v, base + (size_t)i);
+                    double sq = sqrt(c->wt[t - t0]), *row = c->x + (t - t0) * (size_t)d;
+                    load_row(dtype, v, base, d, row);
+                    for (int i = 0; i < d; i++) row[i] *= sq;
                     reservoir_offer(c, layer, h, k, v, dtype, base, c->wt[t - t0]);
                 }
                 cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, (int)rows, 1.0, c->x, d, 1.0, c->sv + mo, d);
@@ -418,6 +431,8 @@ typedef struct eval_ctx {
     const double *const *Ct; /* [nrot] metric in rotated space, d x d */
     double *e, *f;          /* scratch [CHUNK_ROWS][d] */
     float *xr, *xq, *deq;   /* scratch [d] */
+    float *rot_rows;        /* [cap][d] held-back rows rotated by R (computed once per R) */
+    int rotated;            /* rot_rows valid for the current R */
     uint8_t *codes;         /* [d/4] */
     float *meta;            /* [2 * ng] */
 } eval_ctx;
@@ -432,6 +447,18 @@ static double eval_error(eval_ctx *x, float clip, double *wsum) {
     const int64_t nrows = c->res_seen[l] < c->cap ? c->res_seen[l] : c->cap;
     const float *rows = (x->which == OSCAR_K ? c->res_k : c->res_v) + (size_t)l * (size_t)c->cap * (size_t)d;
     double total = 0.0, wt_total = 0.0;
+    /* Rotating is the costly part and the same for every clip ratio: once per R. */
+    if (!x->rotated) {
+        for (int64_t i = 0; i < nrows; i++) {
+            const float *Ri = x->R[x->nrot > 1 ? c->res_h[(size_t)l * (size_t)c->cap + (size_t)i] : 0];
+            float *dst = x->rot_rows + (size_t)i * (size_t)d;
+            if (Ri)
+                oscar_ref_rotate(d, rows + (size_t)i * (size_t)d, Ri, dst);
+            else
+                memcpy(dst, rows + (size_t)i * (size_t)d, (size_t)d * sizeof(float));
+        }
+        x->rotated = 1;
+    }
     for (int r = 0; r < x->nrot; r++) {
         size_t nb = 0;
         double wts[CHUNK_ROWS > 256 ? 256 : CHUNK_ROWS];
@@ -457,11 +484,7 @@ static double eval_error(eval_ctx *x, float clip, double *wsum) {
                 double mean = c->sw[(size_t)l * (size_t)c->hkv + (size_t)h] / (double)c->n1[l];
                 w = mean > 0.0 ? (double)c->res_w[slot] / mean : 0.0;
             }
-            const float *row = rows + (size_t)i * (size_t)d;
-            if (x->R[r])
-                oscar_ref_rotate(d, row, x->R[r], x->xr);
-            else
-                memcpy(x->xr, row, (size_t)d * sizeof(float));
+            memcpy(x->xr, x->rot_rows + (size_t)i * (size_t)d, (size_t)d * sizeof(float));
             double *e = x->e + nb * (size_t)d;
             if (clip < 0.0f) {
                 for (int j = 0; j < d; j++) e[j] = x->xr[j];
@@ -535,11 +558,12 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
            *Ct = malloc(3 * (size_t)nrot * dd * sizeof(double)), *Rd = malloc(dd * sizeof(double)),
            *tmp = malloc(dd * sizeof(double)), *e = malloc((size_t)256 * (size_t)d * sizeof(double)),
            *f = malloc((size_t)256 * (size_t)d * sizeof(double));
-    float *H = malloc(dd * sizeof(float)), *fs = malloc(4 * (size_t)d * sizeof(float));
+    float *H = malloc(dd * sizeof(float)), *fs = malloc(4 * (size_t)d * sizeof(float)),
+          *rot_rows = malloc((size_t)c->cap * (size_t)d * sizeof(float));
     uint8_t *codes = malloc((size_t)d / 4);
     const float **Rp = malloc(3 * (size_t)nrot * sizeof(float *));
     const double **Cp = malloc(3 * (size_t)nrot * sizeof(double *));
-    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !codes || !Rp || !Cp) {
+    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp || !Cp) {
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory finalizing the calibration");
         goto done;
     }
@@ -585,7 +609,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
             }
             if (c->o.progress) c->o.progress(c->o.progress_user, "clip fitting", 2 * l + which, 2 * L);
             eval_ctx x = {.c = c, .layer = l, .which = which, .nrot = nrot, .lloyd_max = 0, .e = e, .f = f,
-                          .xr = fs, .xq = fs + d, .deq = fs + 2 * d, .codes = codes, .meta = fs + 3 * d};
+                          .xr = fs, .xq = fs + d, .deq = fs + 2 * d, .codes = codes, .meta = fs + 3 * d,
+                          .rot_rows = rot_rows, .rotated = 0};
             double wsum, scale;
             x.R = Rp + 0;
             x.Ct = Cp + 0;
@@ -594,9 +619,11 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
             double err_none = eval_error(&x, 1.0f, &wsum) * rel;
             x.R = Rp + nrot;
             x.Ct = Cp + nrot;
+            x.rotated = 0;
             double err_had = eval_error(&x, 1.0f, &wsum) * rel;
             x.R = Rp + 2 * nrot;
             x.Ct = Cp + 2 * nrot;
+            x.rotated = 0;
             x.lloyd_max = c->o.method == OSCAR_METHOD_OSCAR2_LM;
             float fixed = which == OSCAR_K ? c->o.clip_k : c->o.clip_v, best_c = fixed > 0.0f ? fixed : 1.0f;
             double best = eval_error(&x, best_c, &wsum);
@@ -635,6 +662,7 @@ done:
     free(f);
     free(H);
     free(fs);
+    free(rot_rows);
     free(codes);
     free(Rp);
     free(Cp);
