@@ -1,0 +1,388 @@
+/* KV sizing, page allocator and FIFO scheduler of the GPU engine (see ge_sched.h). */
+#include "ge_sched.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char g_err[512];
+
+const char *ge_last_error(void) { return g_err; }
+
+oscar_status ge_set_error(oscar_status s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* ----------------------------------------------------------------- sizing */
+static oscar_status sizes(const oscar_layout_desc *l, int num_layers, oscar_layout_sizes *sz)
+{
+    if (!l || num_layers <= 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge sizing: NULL layout or %d layers", num_layers);
+    if (oscar_layout_sizes_get(l, sz) != OSCAR_OK)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge sizing: %s", oscar_last_error());
+    return OSCAR_OK;
+}
+
+static size_t slot_bytes(const oscar_layout_desc *l, const oscar_layout_sizes *sz)
+{
+    /* The BF16 method keeps no windows: no slot memory. */
+    return l->method == OSCAR_METHOD_BF16 ? 0 : sz->window_slot_bytes;
+}
+
+oscar_status ge_kv_seq_bytes(const oscar_layout_desc *l, int num_layers, int64_t len, size_t *bytes)
+{
+    oscar_layout_sizes sz;
+    oscar_status s = sizes(l, num_layers, &sz);
+    if (s != OSCAR_OK) return s;
+    int64_t pages;
+    if (!bytes || len < 0 || oscar_layout_pages_for(l, len, &pages) != OSCAR_OK)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_seq_bytes: NULL output or negative length");
+    *bytes = (size_t)num_layers * ((size_t)pages * sz.page_bytes + slot_bytes(l, &sz));
+    return OSCAR_OK;
+}
+
+oscar_status ge_kv_bytes_per_token(const oscar_layout_desc *l, int num_layers, double *bytes)
+{
+    oscar_layout_sizes sz;
+    oscar_status s = sizes(l, num_layers, &sz);
+    if (s != OSCAR_OK) return s;
+    if (!bytes) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_bytes_per_token: NULL output");
+    *bytes = (double)num_layers * (double)sz.page_bytes / (double)l->page_size;
+    return OSCAR_OK;
+}
+
+oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, size_t budget, int max_slots,
+                            ge_kv_plan *out)
+{
+    oscar_layout_sizes sz;
+    oscar_status s = sizes(l, num_layers, &sz);
+    if (s != OSCAR_OK) return s;
+    if (!out || max_slots <= 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_plan_for: NULL output or %d slots", max_slots);
+    memset(out, 0, sizeof *out);
+    size_t per_layer = budget / (size_t)num_layers;
+    size_t wb = slot_bytes(l, &sz);
+    size_t windows = (size_t)max_slots * wb;
+    if (windows > per_layer)
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_kv_plan_for: %d window slots need %zu bytes per layer, "
+                            "more than the budget's %zu; lower the batch or raise the KV budget",
+                            max_slots, windows, per_layer);
+    size_t np = (per_layer - windows) / sz.page_bytes;
+    if (np > INT32_MAX) np = INT32_MAX;
+    out->num_pages = (int32_t)np;
+    out->num_slots = max_slots;
+    out->page_bytes = sz.page_bytes;
+    out->window_slot_bytes = wb;
+    out->pool_bytes_per_layer = np * sz.page_bytes;
+    out->window_bytes_per_layer = windows;
+    out->total_bytes = (size_t)num_layers * (out->pool_bytes_per_layer + windows);
+    return OSCAR_OK;
+}
+
+oscar_status ge_max_batch(const oscar_layout_desc *l, int num_layers, size_t budget, int64_t len, int *batch,
+                          ge_kv_plan *plan)
+{
+    if (!batch) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_max_batch: NULL output");
+    *batch = 0;
+    size_t per_seq;
+    oscar_status s = ge_kv_seq_bytes(l, num_layers, len, &per_seq);
+    if (s != OSCAR_OK) return s;
+    int64_t pages;
+    oscar_layout_pages_for(l, len, &pages);
+    /* Upper bound from bytes, then step down until pages and slots fit
+     * (page rounding per layer can cost one sequence). */
+    int64_t b = per_seq ? (int64_t)(budget / per_seq) : 0;
+    if (b > 1 << 20) b = 1 << 20;
+    for (; b > 0; b--) {
+        ge_kv_plan p;
+        if (ge_kv_plan_for(l, num_layers, budget, (int)b, &p) != OSCAR_OK) continue;
+        if ((int64_t)p.num_pages >= b * pages) {
+            *batch = (int)b;
+            if (plan) *plan = p;
+            return OSCAR_OK;
+        }
+    }
+    if (plan) memset(plan, 0, sizeof *plan);
+    return OSCAR_OK;
+}
+
+/* ---------------------------------------------------------- page allocator */
+oscar_status ge_pages_init(ge_pages *a, int32_t capacity)
+{
+    if (!a || capacity < 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_pages_init: NULL allocator or %d pages", capacity);
+    memset(a, 0, sizeof *a);
+    a->free_ids = malloc(((size_t)capacity + 1) * sizeof *a->free_ids);
+    a->in_use = calloc((size_t)capacity + 1, 1);
+    if (!a->free_ids || !a->in_use) {
+        ge_pages_release(a);
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_pages_init: out of host memory for %d pages", capacity);
+    }
+    a->capacity = capacity;
+    /* Lowest ids on top of the stack: handed out first. */
+    for (int32_t i = 0; i < capacity; i++) a->free_ids[i] = capacity - 1 - i;
+    a->n_free = capacity;
+    return OSCAR_OK;
+}
+
+void ge_pages_release(ge_pages *a)
+{
+    if (!a) return;
+    free(a->free_ids);
+    free(a->in_use);
+    memset(a, 0, sizeof *a);
+}
+
+oscar_status ge_pages_alloc(ge_pages *a, int32_t n, int32_t *out)
+{
+    if (!a || n < 0 || (n && !out))
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_pages_alloc: NULL argument or %d pages", n);
+    if (n > a->n_free)
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_pages_alloc: %d pages asked, %d free of %d", n,
+                            a->n_free, a->capacity);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t id = a->free_ids[--a->n_free];
+        a->in_use[id] = 1;
+        out[i] = id;
+    }
+    return OSCAR_OK;
+}
+
+oscar_status ge_pages_free(ge_pages *a, int32_t n, const int32_t *ids)
+{
+    if (!a || n < 0 || (n && !ids))
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_pages_free: NULL argument or %d pages", n);
+    for (int32_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= a->capacity || !a->in_use[ids[i]])
+            return ge_set_error(OSCAR_ERR_BLOCK_TABLE, "ge_pages_free: page %d is out of range or not in use "
+                                "(double free?)", ids[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (ids[j] == ids[i])
+                return ge_set_error(OSCAR_ERR_BLOCK_TABLE, "ge_pages_free: page %d listed twice", ids[i]);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        a->in_use[ids[i]] = 0;
+        a->free_ids[a->n_free++] = ids[i];
+    }
+    return OSCAR_OK;
+}
+
+/* -------------------------------------------------------------- scheduler */
+oscar_status ge_sched_init(ge_sched *s, const oscar_layout_desc *l, int32_t num_pages, int32_t num_slots)
+{
+    if (!s || !l || num_pages < 0 || num_slots <= 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_init: NULL argument, %d pages or %d slots",
+                            num_pages, num_slots);
+    memset(s, 0, sizeof *s);
+    int64_t stride;
+    if (oscar_layout_pages_for(l, l->max_seq_len, &stride) != OSCAR_OK)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_init: %s", oscar_last_error());
+    if (stride < 1) stride = 1; /* a table with no columns would be an empty allocation */
+    s->layout = *l;
+    s->num_slots = num_slots;
+    s->stride = (int32_t)stride;
+    oscar_status st = ge_pages_init(&s->pages, num_pages);
+    if (st != OSCAR_OK) return st;
+    s->block_table = malloc((size_t)num_slots * (size_t)stride * sizeof *s->block_table);
+    s->slots = calloc((size_t)num_slots, sizeof *s->slots);
+    if (!s->block_table || !s->slots) {
+        ge_sched_release(s);
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_sched_init: out of host memory");
+    }
+    for (size_t i = 0; i < (size_t)num_slots * (size_t)stride; i++) s->block_table[i] = -1;
+    return OSCAR_OK;
+}
+
+void ge_sched_release(ge_sched *s)
+{
+    if (!s) return;
+    ge_pages_release(&s->pages);
+    free(s->block_table);
+    free(s->slots);
+    free(s->reqs);
+    memset(s, 0, sizeof *s);
+}
+
+static int64_t pages_for(const ge_sched *s, int64_t len)
+{
+    int64_t p = 0;
+    oscar_layout_pages_for(&s->layout, len, &p);
+    return p;
+}
+
+oscar_status ge_sched_submit(ge_sched *s, int32_t prompt_len, int32_t max_new, int32_t *id)
+{
+    if (!s || prompt_len <= 0 || max_new < 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_submit: prompt of %d tokens, %d new", prompt_len,
+                            max_new);
+    int64_t target = (int64_t)prompt_len + max_new;
+    if (target > s->layout.max_seq_len)
+        return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_sched_submit: %lld tokens exceed max_seq_len %d",
+                            (long long)target, s->layout.max_seq_len);
+    if (pages_for(s, target) > s->pages.capacity)
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_sched_submit: %lld tokens need %lld pages, the pool "
+                            "has %d; raise the KV budget", (long long)target, (long long)pages_for(s, target),
+                            s->pages.capacity);
+    if (s->n_reqs == s->cap_reqs) {
+        int32_t cap = s->cap_reqs ? 2 * s->cap_reqs : 64;
+        ge_request *r = realloc(s->reqs, (size_t)cap * sizeof *r);
+        if (!r) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_sched_submit: out of host memory");
+        s->reqs = r;
+        s->cap_reqs = cap;
+    }
+    s->reqs[s->n_reqs] = (ge_request){prompt_len, max_new, -1, 0};
+    if (id) *id = s->n_reqs;
+    s->n_reqs++;
+    return OSCAR_OK;
+}
+
+oscar_status ge_sched_admit(ge_sched *s, int32_t max_tokens, int32_t *out_slots, int32_t *n)
+{
+    if (!s || !out_slots || !n) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_admit: NULL argument");
+    *n = 0;
+    int64_t tokens = 0;
+    while (s->head < s->n_reqs) {
+        ge_request *r = &s->reqs[s->head];
+        if (*n > 0 && tokens + r->prompt_len > max_tokens) break;
+        int32_t slot = -1;
+        for (int32_t i = 0; i < s->num_slots; i++)
+            if (s->slots[i].state == GE_SLOT_FREE) {
+                slot = i;
+                break;
+            }
+        if (slot < 0) break;
+        int32_t target = r->prompt_len + r->max_new;
+        int32_t np = (int32_t)pages_for(s, target);
+        if (np > s->pages.n_free) break;
+        int32_t *row = s->block_table + (size_t)slot * s->stride;
+        if (ge_pages_alloc(&s->pages, np, row) != OSCAR_OK) break;
+        s->slots[slot] = (ge_slot){GE_SEQ_PREFILL, s->head, 0, target, np};
+        r->slot = slot;
+        out_slots[(*n)++] = slot;
+        tokens += r->prompt_len;
+        s->running++;
+        s->head++;
+    }
+    return OSCAR_OK;
+}
+
+static oscar_status check_slot(const ge_sched *s, int32_t slot, const char *fn)
+{
+    if (!s || slot < 0 || slot >= s->num_slots || s->slots[slot].state == GE_SLOT_FREE)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: slot %d holds no running sequence", fn, slot);
+    return OSCAR_OK;
+}
+
+oscar_status ge_sched_advance(ge_sched *s, int32_t slot, int32_t n)
+{
+    oscar_status st = check_slot(s, slot, "ge_sched_advance");
+    if (st != OSCAR_OK) return st;
+    ge_slot *q = &s->slots[slot];
+    if (n < 0 || (int64_t)q->len + n > q->target)
+        return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_sched_advance: slot %d at %d tokens cannot take %d more "
+                            "(reserved %d)", slot, q->len, n, q->target);
+    q->len += n;
+    q->state = GE_SEQ_DECODE;
+    return OSCAR_OK;
+}
+
+oscar_status ge_sched_finish(ge_sched *s, int32_t slot)
+{
+    oscar_status st = check_slot(s, slot, "ge_sched_finish");
+    if (st != OSCAR_OK) return st;
+    ge_slot *q = &s->slots[slot];
+    int32_t *row = s->block_table + (size_t)slot * s->stride;
+    st = ge_pages_free(&s->pages, q->n_pages, row);
+    if (st != OSCAR_OK) return st;
+    for (int32_t i = 0; i < s->stride; i++) row[i] = -1;
+    s->reqs[q->req].done = 1;
+    memset(q, 0, sizeof *q);
+    s->running--;
+    return OSCAR_OK;
+}
+
+oscar_status ge_sched_batch(const ge_sched *s, int32_t n, const int32_t *slots, const int32_t *new_tokens,
+                            int32_t *seq_lens, int32_t *window_slots, int32_t *block_table, int32_t *cu_new,
+                            int32_t *max_len)
+{
+    if (!s || n <= 0 || !slots || !new_tokens || !seq_lens || !window_slots || !block_table || !cu_new || !max_len)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_batch: NULL argument or %d sequences", n);
+    cu_new[0] = 0;
+    *max_len = 0;
+    for (int32_t i = 0; i < n; i++) {
+        oscar_status st = check_slot(s, slots[i], "ge_sched_batch");
+        if (st != OSCAR_OK) return st;
+        const ge_slot *q = &s->slots[slots[i]];
+        int64_t len = (int64_t)q->len + new_tokens[i];
+        if (new_tokens[i] <= 0 || len > q->target)
+            return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_sched_batch: slot %d at %d tokens with %d new exceeds "
+                                "its reservation of %d", slots[i], q->len, new_tokens[i], q->target);
+        seq_lens[i] = (int32_t)len;
+        window_slots[i] = slots[i];
+        memcpy(block_table + (size_t)i * s->stride, s->block_table + (size_t)slots[i] * s->stride,
+               (size_t)s->stride * sizeof *block_table);
+        cu_new[i + 1] = cu_new[i] + new_tokens[i];
+        if (len > *max_len) *max_len = (int32_t)len;
+    }
+    return OSCAR_OK;
+}
+
+oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len)
+{
+#define BAD(...)                                                                                       \
+    do {                                                                                               \
+        if (msg && msg_len) snprintf(msg, msg_len, __VA_ARGS__);                                       \
+        free(owner);                                                                                   \
+        return OSCAR_ERR_INTERNAL;                                                                     \
+    } while (0)
+    int32_t cap = s->pages.capacity;
+    int32_t *owner = malloc(((size_t)cap + 1) * sizeof *owner);
+    if (!owner) {
+        if (msg && msg_len) snprintf(msg, msg_len, "out of memory");
+        return OSCAR_ERR_OUT_OF_MEMORY;
+    }
+    for (int32_t i = 0; i < cap; i++) owner[i] = -1;
+    int64_t held = 0;
+    int32_t running = 0;
+    for (int32_t sl = 0; sl < s->num_slots; sl++) {
+        const ge_slot *q = &s->slots[sl];
+        const int32_t *row = s->block_table + (size_t)sl * s->stride;
+        if (q->state == GE_SLOT_FREE) {
+            for (int32_t j = 0; j < s->stride; j++)
+                if (row[j] != -1) BAD("free slot %d has block table entry %d = %d", sl, j, row[j]);
+            continue;
+        }
+        running++;
+        if (q->n_pages != pages_for(s, q->target)) BAD("slot %d holds %d pages, needs %lld", sl, q->n_pages,
+                                                       (long long)pages_for(s, q->target));
+        if (q->len > q->target) BAD("slot %d length %d over its reservation %d", sl, q->len, q->target);
+        for (int32_t j = 0; j < s->stride; j++) {
+            int32_t id = row[j];
+            if (j >= q->n_pages) {
+                if (id != -1) BAD("slot %d entry %d past its pages is %d", sl, j, id);
+                continue;
+            }
+            if (id < 0 || id >= cap) BAD("slot %d entry %d = %d out of range", sl, j, id);
+            if (owner[id] != -1) BAD("page %d held by slots %d and %d", id, owner[id], sl);
+            if (!s->pages.in_use[id]) BAD("page %d held by slot %d but marked free", id, sl);
+            owner[id] = sl;
+            held++;
+        }
+    }
+    if (running != s->running) BAD("%d running slots, counter says %d", running, s->running);
+    if (held + s->pages.n_free != cap) BAD("%lld pages held + %d free != %d", (long long)held, s->pages.n_free, cap);
+    for (int32_t i = 0; i < s->pages.n_free; i++) {
+        int32_t id = s->pages.free_ids[i];
+        if (id < 0 || id >= cap || owner[id] != -1 || s->pages.in_use[id]) BAD("free list entry %d = %d is held", i, id);
+        owner[id] = -2;
+    }
+    free(owner);
+    return OSCAR_OK;
+#undef BAD
+}

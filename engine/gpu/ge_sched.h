@@ -1,0 +1,128 @@
+/* Host-side bookkeeping of the GPU engine's paged KV cache: KV sizing for a
+ * memory budget, the page allocator (free list) and the FIFO request
+ * scheduler that owns window slots and block tables. Plain C, no CUDA, so
+ * it is tested on the CPU (tests/test_e2e_sched.c).
+ *
+ * One page id names the same page in every layer's pool (each layer has its
+ * own pool of num_pages pages), so one allocator and one block table serve
+ * all layers. The window slot of a running sequence is also its row in the
+ * host block table. */
+#ifndef OSCAR_GE_SCHED_H
+#define OSCAR_GE_SCHED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oscar/oscar.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Message of the last failing ge_* call in this thread ("" if none). */
+const char *ge_last_error(void);
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+oscar_status ge_set_error(oscar_status s, const char *fmt, ...);
+
+/* ----------------------------------------------------------------- sizing */
+typedef struct ge_kv_plan {
+    int32_t num_pages;        /* pages per layer pool */
+    int32_t num_slots;        /* window slots per layer (0 for BF16: no windows) */
+    size_t page_bytes, window_slot_bytes;
+    size_t pool_bytes_per_layer;   /* num_pages * page_bytes */
+    size_t window_bytes_per_layer; /* num_slots * window_slot_bytes */
+    size_t total_bytes;            /* all layers, <= the budget */
+} ge_kv_plan;
+
+/* KV bytes (all layers) of one sequence of len tokens: its pages plus its
+ * window slot. */
+oscar_status ge_kv_seq_bytes(const oscar_layout_desc *l, int num_layers, int64_t len, size_t *bytes);
+/* Asymptotic KV bytes per token (all layers, paged part only). */
+oscar_status ge_kv_bytes_per_token(const oscar_layout_desc *l, int num_layers, double *bytes);
+/* Pools for a budget with max_slots window slots: the rest of the budget
+ * goes to pages. Refused when the slots alone exceed the budget. */
+oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, size_t budget, int max_slots,
+                            ge_kv_plan *out);
+/* Largest batch of sequences of len tokens whose pages and window slots fit
+ * the budget (0 when not even one fits), with the plan for that batch. */
+oscar_status ge_max_batch(const oscar_layout_desc *l, int num_layers, size_t budget, int64_t len, int *batch,
+                          ge_kv_plan *plan);
+
+/* ---------------------------------------------------------- page allocator */
+typedef struct ge_pages {
+    int32_t *free_ids; /* stack of free page ids */
+    int32_t n_free;
+    int32_t capacity;
+    uint8_t *in_use;   /* [capacity], catches double frees */
+} ge_pages;
+
+oscar_status ge_pages_init(ge_pages *a, int32_t capacity);
+void ge_pages_release(ge_pages *a);
+/* All or nothing: n ids into out, or OSCAR_ERR_OUT_OF_MEMORY and nothing taken. */
+oscar_status ge_pages_alloc(ge_pages *a, int32_t n, int32_t *out);
+/* Refuses ids out of range or not in use (nothing freed then). */
+oscar_status ge_pages_free(ge_pages *a, int32_t n, const int32_t *ids);
+
+/* -------------------------------------------------------------- scheduler */
+typedef enum ge_seq_state { GE_SLOT_FREE = 0, GE_SEQ_PREFILL = 1, GE_SEQ_DECODE = 2 } ge_seq_state;
+
+typedef struct ge_request {
+    int32_t prompt_len, max_new;
+    int32_t slot;   /* -1 until admitted */
+    int32_t done;
+} ge_request;
+
+typedef struct ge_slot {
+    ge_seq_state state;
+    int32_t req;      /* request id */
+    int32_t len;      /* tokens in the cache */
+    int32_t target;   /* prompt_len + max_new: the length reserved */
+    int32_t n_pages;  /* pages held (reserved at admission for target) */
+} ge_slot;
+
+typedef struct ge_sched {
+    oscar_layout_desc layout;
+    int32_t num_slots, stride; /* stride: block table columns = pages for max_seq_len */
+    ge_pages pages;
+    int32_t *block_table;      /* [num_slots][stride], -1 where unused */
+    ge_slot *slots;
+    ge_request *reqs;
+    int32_t n_reqs, cap_reqs, head; /* FIFO: requests head.. not yet admitted */
+    int32_t running;
+} ge_sched;
+
+/* num_pages: pages per layer pool; num_slots: window slots = most running sequences. */
+oscar_status ge_sched_init(ge_sched *s, const oscar_layout_desc *l, int32_t num_pages, int32_t num_slots);
+void ge_sched_release(ge_sched *s);
+/* Queues a request; refuses one that could never run (longer than
+ * max_seq_len or needing more pages than the pool holds). *id may be NULL. */
+oscar_status ge_sched_submit(ge_sched *s, int32_t prompt_len, int32_t max_new, int32_t *id);
+/* Admits queued requests in FIFO order while the head fits: a free slot,
+ * its pages (reserved for prompt + max_new, so a running sequence never
+ * waits for a page), and at most max_tokens prompt tokens in total (the
+ * head is always admitted when nothing else was, if it fits). Stops at the
+ * first that does not fit (no overtaking). Writes admitted slots to
+ * out_slots (capacity num_slots) and their count to *n. */
+oscar_status ge_sched_admit(ge_sched *s, int32_t max_tokens, int32_t *out_slots, int32_t *n);
+/* The sequence in slot gained n tokens in the cache. */
+oscar_status ge_sched_advance(ge_sched *s, int32_t slot, int32_t n);
+/* The sequence in slot is done: pages back to the free list, slot free. */
+oscar_status ge_sched_finish(ge_sched *s, int32_t slot);
+/* Fills the oscar_batch host arrays for the sequences in slots[0..n) after
+ * each gains new_tokens[i] tokens: seq_lens (after), window_slots, the
+ * compacted block table [n][stride] and cu_new [n+1]; *max_len gets the
+ * longest. Nothing in the scheduler changes. */
+oscar_status ge_sched_batch(const ge_sched *s, int32_t n, const int32_t *slots, const int32_t *new_tokens,
+                            int32_t *seq_lens, int32_t *window_slots, int32_t *block_table, int32_t *cu_new,
+                            int32_t *max_len);
+/* Consistency check: every page either free or held by exactly one running
+ * slot, counts agree, block table rows match n_pages. OSCAR_OK or
+ * OSCAR_ERR_INTERNAL with the problem written to msg. */
+oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,297 @@
+/* GPU engine host bookkeeping (engine/gpu/ge_sched.c), tested on the CPU:
+ * KV sizing against the storage format's arithmetic, largest batch for a
+ * budget against brute force, the page allocator (all or nothing, double
+ * frees refused) and the FIFO scheduler under random request streams (no
+ * page leaks, no page owned twice, FIFO order, budget respected). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../engine/gpu/ge_sched.c"
+
+static unsigned seed_now(void)
+{
+    static unsigned counter;
+    return (unsigned)time(NULL) * 2654435761u + ++counter * 40503u;
+}
+
+static uint32_t rnd(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(*s >> 33);
+}
+
+static oscar_layout_desc qwen3_8b(oscar_method m)
+{
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.num_q_heads = 32;
+    l.num_kv_heads = 8;
+    l.method = m;
+    l.max_seq_len = 131072;
+    return l;
+}
+
+Test(e2e_sizing, qwen3_8b_bytes_match_the_format)
+{
+    /* FORMAT.md 3.3/3.4: d 128, G 128, P 64, H 8, F16 meta: 36864-byte 2-bit
+     * pages; BF16 pages K [8][64][128] + V of bf16 = 262144; windows
+     * 2 * 8 * (64 + 256) * 128 * 2 = 1310720 bytes. */
+    oscar_layout_desc o = qwen3_8b(OSCAR_METHOD_OSCAR2), b = qwen3_8b(OSCAR_METHOD_BF16);
+    size_t by;
+    cr_assert_eq(ge_kv_seq_bytes(&o, 36, 8192 + 1024, &by), OSCAR_OK);
+    int64_t pages = (8192 + 1024 - 64 - 256 + 63) / 64;
+    cr_assert_eq(by, (size_t)36 * ((size_t)pages * 36864 + 1310720), "oscar2 bytes %zu", by);
+    cr_assert_eq(ge_kv_seq_bytes(&b, 36, 8192 + 1024, &by), OSCAR_OK);
+    cr_assert_eq(by, (size_t)36 * (size_t)((8192 + 1024) / 64) * 262144, "bf16 bytes %zu", by);
+    double bpt;
+    cr_assert_eq(ge_kv_bytes_per_token(&b, 36, &bpt), OSCAR_OK);
+    cr_assert_float_eq(bpt, 36.0 * 8 * 128 * 2 * 2, 1e-9);
+    cr_assert_eq(ge_kv_bytes_per_token(&o, 36, &bpt), OSCAR_OK);
+    cr_assert_float_eq(bpt, 36.0 * 36864 / 64, 1e-9);
+    /* Short sequences live in the windows only: no pages. */
+    cr_assert_eq(ge_kv_seq_bytes(&o, 36, 320, &by), OSCAR_OK);
+    cr_assert_eq(by, (size_t)36 * 1310720);
+    cr_assert_neq(ge_kv_seq_bytes(&o, 0, 320, &by), OSCAR_OK);
+    cr_assert_neq(ge_kv_seq_bytes(&o, 36, -1, &by), OSCAR_OK);
+    oscar_layout_desc bad = o;
+    bad.head_dim = 96;
+    cr_assert_neq(ge_kv_seq_bytes(&bad, 36, 10, &by), OSCAR_OK);
+    cr_assert(strlen(ge_last_error()) > 0);
+}
+
+/* Brute force: does a batch of b sequences of len tokens fit the budget? */
+static int fits(const oscar_layout_desc *l, int layers, size_t budget, int64_t len, int b)
+{
+    oscar_layout_sizes sz;
+    oscar_layout_sizes_get(l, &sz);
+    int64_t pages;
+    oscar_layout_pages_for(l, len, &pages);
+    size_t wb = l->method == OSCAR_METHOD_BF16 ? 0 : sz.window_slot_bytes;
+    size_t per_layer = budget / (size_t)layers;
+    if ((size_t)b * wb > per_layer) return 0;
+    return (int64_t)((per_layer - (size_t)b * wb) / sz.page_bytes) >= (int64_t)b * pages;
+}
+
+Test(e2e_sizing, largest_batch_is_largest)
+{
+    unsigned seed = seed_now();
+    uint64_t s = seed;
+    const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_INT2, OSCAR_METHOD_BF16, OSCAR_METHOD_OSCAR2_LM};
+    for (int it = 0; it < 300; it++) {
+        oscar_layout_desc l = qwen3_8b(ms[rnd(&s) % 4]);
+        l.page_size = 16 << (rnd(&s) % 4);
+        l.group = 32 << (rnd(&s) % 3);
+        l.sink = (int)(rnd(&s) % 130);
+        l.recent = (int)(rnd(&s) % 300);
+        l.num_kv_heads = 1 << (rnd(&s) % 4);
+        int layers = 1 + (int)(rnd(&s) % 40);
+        int64_t len = 1 + rnd(&s) % 140000;
+        size_t budget = (size_t)(rnd(&s) % 60000) * (1u << 20) + rnd(&s) % 4096;
+        int b = -1;
+        ge_kv_plan p;
+        cr_assert_eq(ge_max_batch(&l, layers, budget, len, &b, &p), OSCAR_OK, "seed %u: %s", seed, ge_last_error());
+        cr_assert(b >= 0);
+        if (b > 0) {
+            cr_assert(fits(&l, layers, budget, len, b), "seed %u it %d: batch %d reported but does not fit", seed, it, b);
+            cr_assert_leq(p.total_bytes, budget, "seed %u: plan %zu over budget %zu", seed, p.total_bytes, budget);
+            cr_assert_eq(p.num_slots, b);
+            int64_t pages;
+            oscar_layout_pages_for(&l, len, &pages);
+            cr_assert_geq((int64_t)p.num_pages, pages * b, "seed %u", seed);
+        }
+        cr_assert_not(fits(&l, layers, budget, len, b + 1), "seed %u it %d: batch %d fits too (len %lld, budget %zu)",
+                      seed, it, b + 1, (long long)len, budget);
+    }
+}
+
+Test(e2e_sizing, plan_refuses_slots_over_budget)
+{
+    oscar_layout_desc o = qwen3_8b(OSCAR_METHOD_OSCAR2);
+    ge_kv_plan p;
+    cr_assert_eq(ge_kv_plan_for(&o, 36, 36u * 1310720u * 3u, 4, &p), OSCAR_ERR_OUT_OF_MEMORY);
+    cr_assert_eq(ge_kv_plan_for(&o, 36, 36u * (1310720u * 3u + 36864u * 5u + 7u), 3, &p), OSCAR_OK);
+    cr_assert_eq(p.num_pages, 5);
+    cr_assert_eq(p.num_slots, 3);
+}
+
+Test(e2e_pages, alloc_free_all_or_nothing)
+{
+    unsigned seed = seed_now();
+    uint64_t s = seed;
+    ge_pages a;
+    int32_t cap = 1 + (int32_t)(rnd(&s) % 500);
+    cr_assert_eq(ge_pages_init(&a, cap), OSCAR_OK);
+    int32_t *held = malloc((size_t)cap * sizeof *held), n_held = 0;
+    int32_t *buf = malloc(((size_t)cap + 10) * sizeof *buf);
+    for (int it = 0; it < 5000; it++) {
+        if (rnd(&s) % 2) {
+            int32_t n = (int32_t)(rnd(&s) % (uint32_t)(cap / 4 + 2));
+            for (int32_t i = 0; i < n; i++) buf[i] = -7;
+            oscar_status st = ge_pages_alloc(&a, n, buf);
+            if (n > cap - n_held) {
+                cr_assert_eq(st, OSCAR_ERR_OUT_OF_MEMORY, "seed %u", seed);
+                for (int32_t i = 0; i < n; i++) cr_assert_eq(buf[i], -7, "seed %u: failed alloc wrote ids", seed);
+                cr_assert_eq(a.n_free, cap - n_held);
+            } else {
+                cr_assert_eq(st, OSCAR_OK, "seed %u", seed);
+                for (int32_t i = 0; i < n; i++) {
+                    cr_assert(buf[i] >= 0 && buf[i] < cap);
+                    for (int32_t j = 0; j < n_held; j++) cr_assert_neq(buf[i], held[j], "seed %u: page handed out twice", seed);
+                    held[n_held++] = buf[i];
+                }
+            }
+        } else if (n_held) {
+            int32_t n = 1 + (int32_t)(rnd(&s) % (uint32_t)n_held);
+            /* free a random subset: the last n after a shuffle */
+            for (int32_t i = n_held - 1; i > 0; i--) {
+                int32_t j = (int32_t)(rnd(&s) % (uint32_t)(i + 1)), t = held[i];
+                held[i] = held[j];
+                held[j] = t;
+            }
+            cr_assert_eq(ge_pages_free(&a, n, held + n_held - n), OSCAR_OK, "seed %u", seed);
+            /* a double free is refused and changes nothing */
+            int32_t nf = a.n_free;
+            cr_assert_eq(ge_pages_free(&a, 1, held + n_held - 1), OSCAR_ERR_BLOCK_TABLE, "seed %u", seed);
+            cr_assert_eq(a.n_free, nf);
+            n_held -= n;
+        }
+        cr_assert_eq(a.n_free + n_held, cap, "seed %u: leak", seed);
+    }
+    int32_t oob = cap;
+    cr_assert_eq(ge_pages_free(&a, 1, &oob), OSCAR_ERR_BLOCK_TABLE);
+    free(held);
+    free(buf);
+    ge_pages_release(&a);
+}
+
+Test(e2e_sched, random_streams_fifo_no_leaks)
+{
+    unsigned seed = seed_now();
+    uint64_t s = seed;
+    char msg[256];
+    for (int round = 0; round < 20; round++) {
+        oscar_layout_desc l = qwen3_8b(rnd(&s) % 2 ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2);
+        l.page_size = 16 << (rnd(&s) % 3);
+        l.sink = (int)(rnd(&s) % 40);
+        l.recent = (int)(rnd(&s) % 80);
+        l.max_seq_len = 200 + (int)(rnd(&s) % 2000);
+        int32_t slots = 1 + (int32_t)(rnd(&s) % 12);
+        int64_t max_pages;
+        oscar_layout_pages_for(&l, l.max_seq_len, &max_pages);
+        int32_t pages = (int32_t)(max_pages / 2 + rnd(&s) % (uint32_t)(3 * max_pages + 1));
+        ge_sched sc;
+        cr_assert_eq(ge_sched_init(&sc, &l, pages, slots), OSCAR_OK, "%s", ge_last_error());
+        int32_t nreq = 10 + (int32_t)(rnd(&s) % 60), accepted = 0;
+        int32_t *order = malloc(((size_t)nreq + 1) * sizeof *order);
+        for (int32_t r = 0; r < nreq; r++) {
+            int32_t pl = 1 + (int32_t)(rnd(&s) % (uint32_t)l.max_seq_len), mn = (int32_t)(rnd(&s) % 300), id;
+            oscar_status st = ge_sched_submit(&sc, pl, mn, &id);
+            int64_t need;
+            oscar_layout_pages_for(&l, (int64_t)pl + mn, &need);
+            if ((int64_t)pl + mn > l.max_seq_len) cr_assert_eq(st, OSCAR_ERR_TOO_LONG, "seed %u", seed);
+            else if (need > pages) cr_assert_eq(st, OSCAR_ERR_OUT_OF_MEMORY, "seed %u", seed);
+            else {
+                cr_assert_eq(st, OSCAR_OK, "seed %u: %s", seed, ge_last_error());
+                cr_assert_eq(id, accepted, "seed %u: ids are dense", seed);
+                accepted++;
+            }
+        }
+        int32_t admitted_total = 0, finished = 0, guard = 0;
+        int32_t *out = malloc((size_t)slots * sizeof *out);
+        while (finished < accepted) {
+            cr_assert(++guard < 100000, "seed %u: scheduler stalled", seed);
+            int32_t n = -1;
+            int32_t max_tok = 1 + (int32_t)(rnd(&s) % 3000);
+            cr_assert_eq(ge_sched_admit(&sc, max_tok, out, &n), OSCAR_OK);
+            int32_t tok = 0;
+            for (int32_t i = 0; i < n; i++) {
+                int32_t req = sc.slots[out[i]].req;
+                cr_assert_eq(req, admitted_total, "seed %u: admission out of FIFO order", seed);
+                cr_assert_eq(sc.reqs[req].slot, out[i]);
+                order[admitted_total++] = req;
+                tok += sc.reqs[req].prompt_len;
+            }
+            if (n > 1) cr_assert_leq(tok, max_tok, "seed %u: prefill token cap exceeded", seed);
+            /* Nothing admitted while nothing runs would be a stall: the head must fit an empty pool. */
+            if (sc.running == 0) cr_assert_eq(sc.head, sc.n_reqs, "seed %u: head does not fit an empty cache", seed);
+            cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "seed %u: %s", seed, msg);
+            /* Advance every running sequence: prompt first, then one token at a time; some finish. */
+            for (int32_t sl = 0; sl < slots; sl++) {
+                ge_slot *q = &sc.slots[sl];
+                if (q->state == GE_SLOT_FREE) continue;
+                int32_t step = q->state == GE_SEQ_PREFILL ? sc.reqs[q->req].prompt_len : 1;
+                if (q->len + step <= q->target && rnd(&s) % 4) {
+                    int32_t sl_lens, ws, cu[2], ml;
+                    int32_t *bt = malloc((size_t)sc.stride * sizeof *bt);
+                    cr_assert_eq(ge_sched_batch(&sc, 1, &sl, &step, &sl_lens, &ws, bt, cu, &ml), OSCAR_OK);
+                    cr_assert_eq(sl_lens, q->len + step);
+                    cr_assert_eq(ws, sl);
+                    cr_assert_eq(cu[1], step);
+                    int64_t need;
+                    oscar_layout_pages_for(&l, sl_lens, &need);
+                    for (int64_t j = 0; j < need; j++) cr_assert(bt[j] >= 0 && bt[j] < pages, "seed %u", seed);
+                    free(bt);
+                    cr_assert_eq(ge_sched_advance(&sc, sl, step), OSCAR_OK);
+                }
+                if (q->len >= q->target || rnd(&s) % 16 == 0) {
+                    cr_assert_eq(ge_sched_finish(&sc, sl), OSCAR_OK);
+                    finished++;
+                }
+            }
+            cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "seed %u: %s", seed, msg);
+            cr_assert_leq(sc.running, slots);
+        }
+        cr_assert_eq(admitted_total, accepted);
+        cr_assert_eq(sc.pages.n_free, pages, "seed %u: pages leaked", seed);
+        cr_assert_eq(ge_sched_finish(&sc, 0), OSCAR_ERR_INVALID_ARGUMENT);
+        free(out);
+        free(order);
+        ge_sched_release(&sc);
+    }
+}
+
+Test(e2e_sched, batch_arrays_and_refusals)
+{
+    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
+    l.sink = 4;
+    l.recent = 8;
+    l.page_size = 16;
+    l.max_seq_len = 100;
+    ge_sched sc;
+    cr_assert_eq(ge_sched_init(&sc, &l, 12, 3), OSCAR_OK);
+    cr_assert_eq(sc.stride, 6); /* ceil((100 - 12) / 16) */
+    cr_assert_eq(ge_sched_submit(&sc, 60, 40, NULL), OSCAR_OK);  /* 6 pages */
+    cr_assert_eq(ge_sched_submit(&sc, 10, 2, NULL), OSCAR_OK);   /* 0 pages */
+    cr_assert_eq(ge_sched_submit(&sc, 50, 10, NULL), OSCAR_OK);  /* 3 pages */
+    cr_assert_eq(ge_sched_submit(&sc, 90, 0, NULL), OSCAR_OK);   /* 5 pages: waits */
+    cr_assert_eq(ge_sched_submit(&sc, 90, 11, NULL), OSCAR_ERR_TOO_LONG);
+    int32_t out[3], n;
+    cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(sc.pages.n_free, 3);
+    int32_t slots[3] = {out[0], out[1], out[2]}, nt[3] = {60, 10, 50};
+    int32_t lens[3], ws[3], cu[4], ml, bt[18];
+    memset(bt, 0x7f, sizeof bt);
+    cr_assert_eq(ge_sched_batch(&sc, 3, slots, nt, lens, ws, bt, cu, &ml), OSCAR_OK);
+    cr_assert_eq(cu[3], 120);
+    cr_assert_eq(ml, 60);
+    cr_assert_eq(bt[6 * 1 + 0], -1); /* the short one holds no pages */
+    for (int j = 0; j < 6; j++) cr_assert(bt[j] >= 0 && bt[j] < 12);
+    /* the fourth waits until pages free up, then is admitted */
+    cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(ge_sched_finish(&sc, slots[0]), OSCAR_OK);
+    cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+    cr_assert_eq(n, 1);
+    int32_t bad = 13; /* slot 1 reserved 12 tokens */
+    cr_assert_eq(ge_sched_batch(&sc, 1, &slots[1], &bad, lens, ws, bt, cu, &ml), OSCAR_ERR_TOO_LONG);
+    char msg[200];
+    cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+    /* corrupt the table: the check must notice */
+    sc.block_table[(size_t)out[0] * sc.stride] = sc.block_table[(size_t)slots[2] * sc.stride];
+    cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_ERR_INTERNAL);
+    ge_sched_release(&sc);
+}
