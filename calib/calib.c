@@ -76,7 +76,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->num_q_heads = num_q_heads;
     o->num_kv_heads = num_kv_heads;
     o->head_dim = head_dim;
-    o->group = head_dim;
+    o->group = head_dim > 0 && head_dim < 128 ? head_dim : 128; /* whole head; 256 needs two groups of 128 */
     o->per_head = 0;
     o->method = OSCAR_METHOD_OSCAR2;
     o->clip_k = 0.0f;

@@ -43,7 +43,7 @@ oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_head
     p->num_rot = per_head ? num_kv_heads : 1;
     p->identity = 1;
     p->method = OSCAR_METHOD_INT2;
-    p->group = head_dim;
+    p->group = head_dim < 128 ? head_dim : 128; /* whole head, capped at the largest supported group */
     p->sink = 64;
     p->recent = 256;
     p->calib_tokens = 0;

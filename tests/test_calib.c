@@ -496,6 +496,11 @@ Test(calib, bad_options) {
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
     oscar_calib_options_default(&o, 0, 8, 2, 128);
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    /* head_dim 256: the default group (128) is valid. */
+    oscar_calib_options_default(&o, 1, 2, 1, 256);
+    cr_assert_eq(o.group, 128);
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
+    oscar_calib_destroy(c);
 }
 
 /* Reservoir: bounded, deterministic for the same feed order. */

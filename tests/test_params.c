@@ -395,6 +395,10 @@ static void m_head_dim(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)h, (void)d, (void)n;
     json_object_set_new(m, "head_dim", json_integer(96));
 }
+static void m_group(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "group", json_integer(48));
+}
 static void m_kv_div(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)h, (void)d, (void)n;
     json_object_set_new(m, "num_kv_heads", json_integer(3));
@@ -529,6 +533,7 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
         {m_layers_more, OSCAR_ERR_CORRUPT_FILE, "is not 3"},
         {m_head_dim, OSCAR_ERR_CORRUPT_FILE, "head_dim"},
         {m_kv_div, OSCAR_ERR_CORRUPT_FILE, "divide"},
+        {m_group, OSCAR_ERR_CORRUPT_FILE, "group 48"},
         {m_method, OSCAR_ERR_CORRUPT_FILE, "method"},
         {m_per_head, OSCAR_ERR_CORRUPT_FILE, "dimension 0"},
         {m_no_meta, OSCAR_ERR_CORRUPT_FILE, "__metadata__"},
