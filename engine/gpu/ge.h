@@ -1,0 +1,95 @@
+/* GPU engine: a CUDA runner for Llama / Qwen2 / Qwen3 models whose KV cache
+ * is liboscar's paged cache in device buffers the engine owns, written and
+ * read only through the public API (oscar_append, oscar_decode), so the
+ * same code serves the BF16 method and the 2-bit methods.
+ *
+ * Weights live on the device in bf16 (or fp32 in the check mode act_f32),
+ * GEMMs are cuBLAS (bf16 in, fp32 accumulate and output). Prefill: the
+ * prompts of a step are concatenated (cu_seqlens); their K/V are appended
+ * to the cache and the prompt attends to its own exact bf16 K/V through
+ * ge_k_prefill_attention (as the published method does at prefill).
+ * Decode: oscar_append of one token per sequence, then oscar_decode. */
+#ifndef OSCAR_GE_H
+#define OSCAR_GE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "ge_sched.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ge_options {
+    oscar_method method;      /* BF16 (paged 16-bit) or a 2-bit method */
+    const char *params_path;  /* parameter file, or NULL for built-in parameters */
+    size_t kv_budget;         /* bytes for all layers' page and window pools */
+    int max_batch;            /* window slots = most running sequences */
+    int max_seq_len;          /* longest sequence (prompt + generated) */
+    int max_prefill_tokens;   /* most prompt tokens in one prefill step */
+    int mlp_chunk;            /* MLP rows per GEMM pass (bounds activation memory) */
+    int act_f32;              /* 1: fp32 weights and activations (agreement checks) */
+    int page_size, sink, recent;
+    int device;
+    const char *plugin_dir;   /* where liboscar_backend_cuda.so is, or NULL */
+    int validate;             /* liboscar host-side validation of every call */
+    int check_every;          /* oscar_plan_check every this many steps (0: only at the end) */
+} ge_options;
+
+void ge_options_default(ge_options *o);
+
+/* The per-layer cache layout the engine uses for a model and options
+ * (group = min(head_dim, 128), F16 metadata, BF16 windows). */
+void ge_layout_make(const oe_config *c, const ge_options *o, oscar_layout_desc *l);
+
+typedef struct ge_engine ge_engine;
+
+/* Uploads a CPU-engine model (fp32 host weights) converted to bf16 (or fp32). */
+oscar_status ge_create_from_model(const oe_model *m, const ge_options *o, ge_engine **out);
+/* Random weights generated on the device (hash-based), no host copies. */
+oscar_status ge_create_random(const oe_config *cfg, uint64_t seed, const ge_options *o, ge_engine **out);
+void ge_destroy(ge_engine *e);
+
+const oe_config *ge_config(const ge_engine *e);
+ge_sched *ge_engine_sched(ge_engine *e);
+const ge_kv_plan *ge_engine_kv(const ge_engine *e);
+const char *ge_engine_variant(const ge_engine *e);
+const char *ge_engine_device(const ge_engine *e);
+/* Device memory the engine allocated: weights, KV pools, workspace, activations. */
+void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *workspace, size_t *activations);
+
+/* One forward step over the sequences in slots[0..n): sequence i brings
+ * n_new[i] tokens (tokens concatenated). All n_new == 1: a decode step
+ * (oscar_append + oscar_decode). Otherwise a prefill step: every sequence
+ * must start empty and bring its whole prompt. next[i] gets the greedy
+ * token after each sequence's last new token; logits (host, [n][vocab],
+ * may be NULL) their logits. Advances the scheduler. */
+oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
+                     int32_t *next, float *logits);
+/* Fills slot's cache up to len tokens with random K/V through oscar_append
+ * (layer by layer, chunks of max_prefill_tokens): a cache at a long context
+ * for decode timing without running the prompt through the model. */
+oscar_status ge_fill_synthetic(ge_engine *e, int32_t slot, int32_t len, uint64_t seed);
+/* Synchronizes and reports device errors (CUDA and liboscar's error word). */
+oscar_status ge_sync_check(ge_engine *e);
+
+typedef struct ge_gen_stats {
+    double prefill_s, decode_s;
+    int64_t prefill_tokens, decode_tokens, steps;
+    int max_running;
+} ge_gen_stats;
+
+/* Greedy generation of n_req prompts with FIFO admission (ge_sched): out
+ * [n_req][max_new] tokens; logits (may be NULL) [n_req][max_new][vocab].
+ * stepwise: prompts go through decode steps one token at a time instead of
+ * the prefill path (every query then reads the cache, as the CPU engine's
+ * KV hook does). */
+oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts, const int32_t *prompt_lens,
+                         int max_new, int stepwise, int32_t *out, float *logits, ge_gen_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,723 @@
+/* Host part of the GPU engine (see ge.h): weights, KV pools, activations,
+ * the forward step, cuBLAS and liboscar calls. Every CUDA/cuBLAS call is
+ * checked; failures come back as oscar_status with a message in
+ * ge_last_error(). */
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_internal.h"
+#include "ge.h"
+#include "ge_kernels.h"
+
+#define CU(call)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess)                                                                            \
+            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,    \
+                                cudaGetErrorString(e_));                                                  \
+    } while (0)
+#define KL(call)                                                                                          \
+    do {                                                                                                  \
+        int e_ = (call);                                                                                  \
+        if (e_ != 0)                                                                                      \
+            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: kernel %s failed: %s", __FILE__, __LINE__,    \
+                                #call, cudaGetErrorString((cudaError_t)e_));                              \
+    } while (0)
+#define BL(call)                                                                                          \
+    do {                                                                                                  \
+        cublasStatus_t b_ = (call);                                                                       \
+        if (b_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: cuBLAS status %d", __FILE__,       \
+                                __LINE__, #call, (int)b_);                                                \
+    } while (0)
+#define OS(call)                                                                                          \
+    do {                                                                                                  \
+        oscar_status s_ = (call);                                                                         \
+        if (s_ != OSCAR_OK)                                                                               \
+            return ge_set_error(s_, "%s:%d: %s: %s", __FILE__, __LINE__, #call, oscar_last_error());    \
+    } while (0)
+#define GE(call)                                                                                          \
+    do {                                                                                                  \
+        oscar_status s_ = (call);                                                                         \
+        if (s_ != OSCAR_OK) return s_;                                                                    \
+    } while (0)
+
+typedef struct ge_layer {
+    void *wqkv, *wo, *wgu, *wdown;      /* weight dtype: [QKV][H], [H][Hq d], [2FF][H], [H][FF] */
+    float *attn_norm, *mlp_norm, *q_norm, *k_norm, *bqkv, *bo;
+} ge_layer;
+
+struct ge_engine {
+    oe_config cfg;
+    ge_options opt;
+    int f32;       /* weights and GEMM activations in fp32 */
+    size_t wsz;    /* bytes per weight / act element */
+    int QKV;       /* (Hq + 2 Hkv) d */
+    cudaStream_t st;
+    cublasHandle_t blas;
+    oscar_runtime *rt;
+    oscar_params *prm;
+    oscar_plan *plan;
+    oscar_layout_desc layout;
+    ge_kv_plan kv;
+    char *kv_pages, *kv_windows;
+    oscar_cache *caches;
+    void *ws;
+    size_t ws_bytes;
+    void *embed, *lm_head;
+    float *final_norm;
+    ge_layer *L;
+    float *rope_cos, *rope_sin;
+    int max_T, max_S;
+    float *x, *qkv, *q32, *gu, *last, *logits;
+    void *h, *qb, *kb, *vb, *attn, *attn16, *act, *hl;
+    int32_t *d_ids, *d_pos, *d_cu, *d_lens, *d_slots, *d_bt, *d_rows, *d_next;
+    int32_t *h_pos, *h_cu, *h_lens, *h_slots, *h_bt, *h_rows;
+    size_t mem_weights, mem_kv, mem_ws, mem_act;
+    ge_sched sched;
+    int64_t steps;
+    /* every device allocation, freed in ge_destroy */
+    void **allocs;
+    int n_allocs, cap_allocs;
+};
+
+void ge_options_default(ge_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->method = OSCAR_METHOD_OSCAR2;
+    o->kv_budget = (size_t)1 << 30;
+    o->max_batch = 1;
+    o->max_seq_len = 4096;
+    o->max_prefill_tokens = 8192;
+    o->mlp_chunk = 4096;
+    o->page_size = 64;
+    o->sink = 64;
+    o->recent = 256;
+    o->check_every = 64;
+}
+
+static oscar_status dalloc(ge_engine *e, void **p, size_t bytes, size_t *counter, const char *what)
+{
+    *p = NULL;
+    if (e->n_allocs == e->cap_allocs) {
+        int cap = e->cap_allocs ? 2 * e->cap_allocs : 256;
+        void **a = realloc(e->allocs, (size_t)cap * sizeof *a);
+        if (!a) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+        e->allocs = a;
+        e->cap_allocs = cap;
+    }
+    cudaError_t err = cudaMalloc(p, bytes ? bytes : 16);
+    if (err != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "cudaMalloc of %.3f GiB for %s failed (%s); %.2f of %.2f GiB "
+                            "free: lower the KV budget, the batch or max_prefill_tokens",
+                            bytes / 1073741824.0, what, cudaGetErrorString(err), fr / 1073741824.0,
+                            tot / 1073741824.0);
+    }
+    e->allocs[e->n_allocs++] = *p;
+    if (counter) *counter += bytes;
+    return OSCAR_OK;
+}
+
+void ge_destroy(ge_engine *e)
+{
+    if (!e) return;
+    if (e->st) cudaStreamSynchronize(e->st);
+    for (int i = 0; i < e->n_allocs; i++) cudaFree(e->allocs[i]);
+    free(e->allocs);
+    free(e->L);
+    free(e->caches);
+    free(e->h_pos);
+    free(e->h_cu);
+    free(e->h_lens);
+    free(e->h_slots);
+    free(e->h_bt);
+    free(e->h_rows);
+    oscar_plan_destroy(e->plan);
+    oscar_params_destroy(e->prm);
+    oscar_runtime_destroy(e->rt);
+    if (e->blas) cublasDestroy(e->blas);
+    if (e->st) cudaStreamDestroy(e->st);
+    ge_sched_release(&e->sched);
+    free(e);
+}
+
+const oe_config *ge_config(const ge_engine *e) { return &e->cfg; }
+ge_sched *ge_engine_sched(ge_engine *e) { return &e->sched; }
+const ge_kv_plan *ge_engine_kv(const ge_engine *e) { return &e->kv; }
+const char *ge_engine_variant(const ge_engine *e) { return oscar_plan_variant(e->plan); }
+const char *ge_engine_device(const ge_engine *e) { return oscar_runtime_device(e->rt); }
+
+void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *workspace, size_t *activations)
+{
+    if (weights) *weights = e->mem_weights;
+    if (kv) *kv = e->mem_kv;
+    if (workspace) *workspace = e->mem_ws;
+    if (activations) *activations = e->mem_act;
+}
+
+void ge_layout_make(const oe_config *c, const ge_options *o, oscar_layout_desc *l)
+{
+    oscar_layout_default(l);
+    l->head_dim = c->head_dim;
+    l->group = c->head_dim < 128 ? c->head_dim : 128;
+    l->num_q_heads = c->num_q_heads;
+    l->num_kv_heads = c->num_kv_heads;
+    l->page_size = o->page_size;
+    l->sink = o->sink;
+    l->recent = o->recent;
+    l->max_seq_len = o->max_seq_len;
+    l->method = o->method;
+}
+
+/* Everything except the weights: runtime, plan, pools, workspace, activations, scheduler. */
+static oscar_status setup_common(ge_engine *e)
+{
+    const oe_config *c = &e->cfg;
+    const ge_options *o = &e->opt;
+    if (o->max_batch <= 0 || o->max_seq_len <= 0 || o->max_prefill_tokens <= 0 || o->mlp_chunk <= 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: max_batch %d, max_seq_len %d, max_prefill_tokens %d "
+                            "and mlp_chunk %d must be positive", o->max_batch, o->max_seq_len,
+                            o->max_prefill_tokens, o->mlp_chunk);
+    if (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
+        return ge_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "ge: head_dim %d; the GPU engine runs 64, 128 or 256",
+                            c->head_dim);
+    CU(cudaSetDevice(o->device));
+    CU(cudaStreamCreateWithFlags(&e->st, cudaStreamNonBlocking));
+    BL(cublasCreate(&e->blas));
+    BL(cublasSetStream(e->blas, e->st));
+    e->QKV = (c->num_q_heads + 2 * c->num_kv_heads) * c->head_dim;
+
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cuda";
+    ro.plugin_dir = o->plugin_dir;
+    ro.device_index = o->device;
+    ro.validate = o->validate;
+    if (oscar_runtime_create(&ro, &e->rt) != OSCAR_OK) {
+        oscar_runtime_options_default(&ro);
+        ro.plugin_dir = o->plugin_dir;
+        oscar_runtime *probe = NULL;
+        const char *why = oscar_last_error();
+        static _Thread_local char report[2048];
+        snprintf(report, sizeof report, "%s", why);
+        if (oscar_runtime_create(&ro, &probe) == OSCAR_OK) {
+            snprintf(report, sizeof report, "%s\n%s", why, oscar_runtime_report(probe));
+            oscar_runtime_destroy(probe);
+        }
+        return ge_set_error(OSCAR_ERR_NO_BACKEND, "ge: liboscar's CUDA backend is not available: %s\n(set "
+                            "OSCAR_PLUGIN_PATH to the folder of liboscar_backend_cuda.so)", report);
+    }
+    if (o->params_path) {
+        OS(oscar_params_load(o->params_path, &e->prm));
+        OS(oscar_params_check_shape(e->prm, c->num_layers, c->num_q_heads, c->num_kv_heads, c->head_dim, NULL));
+    } else {
+        OS(oscar_params_create_builtin(o->method, c->num_layers, c->num_q_heads, c->num_kv_heads, c->head_dim,
+                                       &e->prm));
+    }
+    oscar_layout_desc *l = &e->layout;
+    ge_layout_make(c, o, l);
+    OS(oscar_layout_validate(l));
+    OS(oscar_plan_create(e->rt, l, e->prm, &e->plan));
+
+    /* KV pools: one allocation per kind for all layers. */
+    GE(ge_kv_plan_for(l, c->num_layers, o->kv_budget, o->max_batch, &e->kv));
+    if (e->kv.num_pages <= 0 && o->method == OSCAR_METHOD_BF16)
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge: a KV budget of %zu bytes holds no page", o->kv_budget);
+    size_t pool = e->kv.pool_bytes_per_layer, win = e->kv.window_bytes_per_layer;
+    GE(dalloc(e, (void **)&e->kv_pages, (size_t)c->num_layers * pool, &e->mem_kv, "KV page pools"));
+    if (win) GE(dalloc(e, (void **)&e->kv_windows, (size_t)c->num_layers * win, &e->mem_kv, "KV window pools"));
+    e->caches = calloc((size_t)c->num_layers, sizeof *e->caches);
+    if (!e->caches) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; i < c->num_layers; i++) {
+        e->caches[i].pages = e->kv_pages + (size_t)i * pool;
+        e->caches[i].num_pages = e->kv.num_pages;
+        e->caches[i].windows = win ? e->kv_windows + (size_t)i * win : NULL;
+        e->caches[i].num_window_slots = o->max_batch;
+    }
+    e->max_S = o->max_batch;
+    e->max_T = o->max_prefill_tokens > o->max_batch ? o->max_prefill_tokens : o->max_batch;
+    OS(oscar_plan_workspace_bytes(e->plan, e->max_S, o->max_seq_len, &e->ws_bytes));
+    GE(dalloc(e, &e->ws, e->ws_bytes, &e->mem_ws, "liboscar workspace"));
+    OS(oscar_plan_workspace_init(e->plan, e->ws, e->st));
+    GE(ge_sched_init(&e->sched, l, e->kv.num_pages, o->max_batch));
+
+    /* Activations. */
+    size_t T = (size_t)e->max_T, S = (size_t)e->max_S, H = (size_t)c->hidden, d = (size_t)c->head_dim,
+           qd = (size_t)c->num_q_heads * d, kvd = (size_t)c->num_kv_heads * d, FF = (size_t)c->intermediate,
+           V = (size_t)c->vocab, MC = (size_t)(o->mlp_chunk < e->max_T ? o->mlp_chunk : e->max_T), w = e->wsz;
+    size_t *ma = &e->mem_act;
+    GE(dalloc(e, (void **)&e->x, T * H * 4, ma, "residual"));
+    GE(dalloc(e, &e->h, T * H * w, ma, "normed activations"));
+    GE(dalloc(e, (void **)&e->qkv, T * (size_t)e->QKV * 4, ma, "qkv"));
+    GE(dalloc(e, (void **)&e->q32, T * qd * 4, ma, "q fp32"));
+    GE(dalloc(e, &e->qb, T * qd * 2, ma, "q bf16"));
+    GE(dalloc(e, &e->kb, T * kvd * 2, ma, "k bf16"));
+    GE(dalloc(e, &e->vb, T * kvd * 2, ma, "v bf16"));
+    GE(dalloc(e, &e->attn, T * qd * w, ma, "attention output"));
+    GE(dalloc(e, &e->attn16, S * qd * 2, ma, "decode output"));
+    GE(dalloc(e, (void **)&e->gu, MC * 2 * FF * 4, ma, "gate/up"));
+    GE(dalloc(e, &e->act, MC * FF * w, ma, "SwiGLU"));
+    GE(dalloc(e, (void **)&e->last, S * H * 4, ma, "last rows"));
+    GE(dalloc(e, &e->hl, S * H * w, ma, "last rows normed"));
+    GE(dalloc(e, (void **)&e->logits, S * V * 4, ma, "logits"));
+    size_t stride = (size_t)e->sched.stride;
+    GE(dalloc(e, (void **)&e->d_ids, T * 4, ma, "ids"));
+    GE(dalloc(e, (void **)&e->d_pos, T * 4, ma, "positions"));
+    GE(dalloc(e, (void **)&e->d_cu, (S + 1) * 4, ma, "cu_seqlens"));
+    GE(dalloc(e, (void **)&e->d_lens, S * 4, ma, "seq_lens"));
+    GE(dalloc(e, (void **)&e->d_slots, S * 4, ma, "window slots"));
+    GE(dalloc(e, (void **)&e->d_bt, S * stride * 4, ma, "block table"));
+    GE(dalloc(e, (void **)&e->d_rows, S * 4, ma, "last rows"));
+    GE(dalloc(e, (void **)&e->d_next, S * 4, ma, "next tokens"));
+    e->h_pos = malloc(T * 4);
+    e->h_cu = malloc((S + 1) * 4);
+    e->h_lens = malloc(S * 4);
+    e->h_slots = malloc(S * 4);
+    e->h_bt = malloc(S * stride * 4);
+    e->h_rows = malloc(S * 4);
+    if (!e->h_pos || !e->h_cu || !e->h_lens || !e->h_slots || !e->h_bt || !e->h_rows)
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+
+    /* RoPE tables for every position, same recipe as the CPU engine. */
+    int h2 = c->head_dim / 2;
+    float *inv = malloc((size_t)h2 * sizeof *inv), *d_inv;
+    if (!inv) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; i < h2; i++) inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->head_dim));
+    oscar_status s = dalloc(e, (void **)&d_inv, (size_t)h2 * 4, ma, "inv_freq");
+    if (s == OSCAR_OK && cudaMemcpy(d_inv, inv, (size_t)h2 * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+        s = ge_set_error(OSCAR_ERR_BACKEND, "ge: upload of inv_freq failed");
+    free(inv);
+    GE(s);
+    GE(dalloc(e, (void **)&e->rope_cos, (size_t)o->max_seq_len * h2 * 4, ma, "RoPE cos"));
+    GE(dalloc(e, (void **)&e->rope_sin, (size_t)o->max_seq_len * h2 * 4, ma, "RoPE sin"));
+    KL(ge_k_rope_table(e->rope_cos, e->rope_sin, d_inv, o->max_seq_len, c->head_dim, e->st));
+    CU(cudaStreamSynchronize(e->st));
+    return OSCAR_OK;
+}
+
+static oscar_status new_engine(const oe_config *cfg, const ge_options *o, ge_engine **out)
+{
+    *out = NULL;
+    ge_engine *e = calloc(1, sizeof *e);
+    if (!e) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    e->cfg = *cfg;
+    if (o) e->opt = *o;
+    else ge_options_default(&e->opt);
+    e->f32 = e->opt.act_f32 != 0;
+    e->wsz = e->f32 ? 4 : 2;
+    e->L = calloc((size_t)cfg->num_layers, sizeof *e->L);
+    if (!e->L) {
+        free(e);
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    *out = e;
+    return OSCAR_OK;
+}
+
+/* Host fp32 rows -> device weight dtype at dst (+ element offset). */
+static oscar_status upload(ge_engine *e, void *dst, size_t off, const float *src, size_t n, float *stage, int to_f32)
+{
+    CU(cudaMemcpy(stage, src, n * 4, cudaMemcpyHostToDevice));
+    void *d = (char *)dst + off * (to_f32 ? 4 : e->wsz);
+    KL(ge_k_convert(d, to_f32, stage, n, e->st));
+    CU(cudaStreamSynchronize(e->st));
+    return OSCAR_OK;
+}
+
+static oscar_status create_from_model(const oe_model *m, ge_engine *e)
+{
+    const oe_config *c = &e->cfg;
+    size_t H = (size_t)c->hidden, d = (size_t)c->head_dim, qd = (size_t)c->num_q_heads * d,
+           kvd = (size_t)c->num_kv_heads * d, FF = (size_t)c->intermediate, V = (size_t)c->vocab, w = e->wsz;
+    size_t biggest = V * H > FF * H ? V * H : FF * H;
+    float *stage;
+    GE(dalloc(e, (void **)&stage, biggest * 4, NULL, "upload staging"));
+    size_t *mw = &e->mem_weights;
+    GE(dalloc(e, &e->embed, V * H * w, mw, "embedding"));
+    GE(upload(e, e->embed, 0, m->embed, V * H, stage, e->f32));
+    if (m->lm_head == m->embed) e->lm_head = e->embed;
+    else {
+        GE(dalloc(e, &e->lm_head, V * H * w, mw, "lm_head"));
+        GE(upload(e, e->lm_head, 0, m->lm_head, V * H, stage, e->f32));
+    }
+    GE(dalloc(e, (void **)&e->final_norm, H * 4, mw, "final norm"));
+    GE(upload(e, e->final_norm, 0, m->final_norm, H, stage, 1));
+    for (int i = 0; i < c->num_layers; i++) {
+        const oe_layer *s = &m->layers[i];
+        ge_layer *g = &e->L[i];
+        if (s->b_gate || s->b_up || s->b_down)
+            return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge: MLP biases are not supported");
+        GE(dalloc(e, &g->wqkv, (size_t)e->QKV * H * w, mw, "wqkv"));
+        GE(upload(e, g->wqkv, 0, s->wq, qd * H, stage, e->f32));
+        GE(upload(e, g->wqkv, qd * H, s->wk, kvd * H, stage, e->f32));
+        GE(upload(e, g->wqkv, (qd + kvd) * H, s->wv, kvd * H, stage, e->f32));
+        GE(dalloc(e, &g->wo, H * qd * w, mw, "wo"));
+        GE(upload(e, g->wo, 0, s->wo, H * qd, stage, e->f32));
+        GE(dalloc(e, &g->wgu, 2 * FF * H * w, mw, "w_gate/w_up"));
+        GE(upload(e, g->wgu, 0, s->w_gate, FF * H, stage, e->f32));
+        GE(upload(e, g->wgu, FF * H, s->w_up, FF * H, stage, e->f32));
+        GE(dalloc(e, &g->wdown, H * FF * w, mw, "w_down"));
+        GE(upload(e, g->wdown, 0, s->w_down, H * FF, stage, e->f32));
+        GE(dalloc(e, (void **)&g->attn_norm, H * 4, mw, "norm"));
+        GE(upload(e, g->attn_norm, 0, s->attn_norm, H, stage, 1));
+        GE(dalloc(e, (void **)&g->mlp_norm, H * 4, mw, "norm"));
+        GE(upload(e, g->mlp_norm, 0, s->mlp_norm, H, stage, 1));
+        if (s->q_norm) {
+            GE(dalloc(e, (void **)&g->q_norm, d * 4, mw, "q norm"));
+            GE(upload(e, g->q_norm, 0, s->q_norm, d, stage, 1));
+            GE(dalloc(e, (void **)&g->k_norm, d * 4, mw, "k norm"));
+            GE(upload(e, g->k_norm, 0, s->k_norm, d, stage, 1));
+        }
+        if (s->bq || s->bk || s->bv) {
+            GE(dalloc(e, (void **)&g->bqkv, (size_t)e->QKV * 4, mw, "qkv bias"));
+            CU(cudaMemset(g->bqkv, 0, (size_t)e->QKV * 4));
+            if (s->bq) GE(upload(e, g->bqkv, 0, s->bq, qd, stage, 1));
+            if (s->bk) GE(upload(e, g->bqkv, qd, s->bk, kvd, stage, 1));
+            if (s->bv) GE(upload(e, g->bqkv, qd + kvd, s->bv, kvd, stage, 1));
+        }
+        if (s->bo) {
+            GE(dalloc(e, (void **)&g->bo, H * 4, mw, "o bias"));
+            GE(upload(e, g->bo, 0, s->bo, H, stage, 1));
+        }
+    }
+    return OSCAR_OK;
+}
+
+oscar_status ge_create_from_model(const oe_model *m, const ge_options *o, ge_engine **out)
+{
+    if (!m || !out) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_create_from_model: NULL argument");
+    ge_engine *e;
+    GE(new_engine(oe_model_config(m), o, &e));
+    oscar_status s = setup_common(e);
+    if (s == OSCAR_OK) s = create_from_model(m, e);
+    if (s != OSCAR_OK) {
+        ge_destroy(e);
+        return s;
+    }
+    *out = e;
+    return OSCAR_OK;
+}
+
+static oscar_status rand_w(ge_engine *e, void **p, size_t n, int f32, uint64_t seed, float scale, float offset,
+                           const char *what)
+{
+    GE(dalloc(e, p, n * (f32 ? 4 : e->wsz), &e->mem_weights, what));
+    KL(ge_k_fill_random(*p, f32, n, seed, scale, offset, e->st));
+    return OSCAR_OK;
+}
+
+oscar_status ge_create_random(const oe_config *cfg, uint64_t seed, const ge_options *o, ge_engine **out)
+{
+    if (!cfg || !out) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_create_random: NULL argument");
+    ge_engine *e;
+    GE(new_engine(cfg, o, &e));
+    oscar_status s = setup_common(e);
+    const oe_config *c = &e->cfg;
+    size_t H = (size_t)c->hidden, d = (size_t)c->head_dim, qd = (size_t)c->num_q_heads * d,
+           FF = (size_t)c->intermediate, V = (size_t)c->vocab;
+    /* Uniform +-sqrt(3 / fan_in): unit variance through each projection. */
+    float aH = sqrtf(3.0f / (float)H), aQ = sqrtf(3.0f / (float)qd), aF = sqrtf(3.0f / (float)FF);
+    uint64_t k = seed * 1000003u;
+    if (s == OSCAR_OK) s = rand_w(e, &e->embed, V * H, e->f32, k++, 1.0f, 0.0f, "embedding");
+    if (s == OSCAR_OK) {
+        if (c->tie_word_embeddings) e->lm_head = e->embed;
+        else s = rand_w(e, &e->lm_head, V * H, e->f32, k++, aH, 0.0f, "lm_head");
+    }
+    if (s == OSCAR_OK) s = rand_w(e, (void **)&e->final_norm, H, 1, k++, 0.0f, 1.0f, "final norm");
+    for (int i = 0; s == OSCAR_OK && i < c->num_layers; i++) {
+        ge_layer *g = &e->L[i];
+        s = rand_w(e, &g->wqkv, (size_t)e->QKV * H, e->f32, k++, aH, 0.0f, "wqkv");
+        if (s == OSCAR_OK) s = rand_w(e, &g->wo, H * qd, e->f32, k++, aQ, 0.0f, "wo");
+        if (s == OSCAR_OK) s = rand_w(e, &g->wgu, 2 * FF * H, e->f32, k++, aH, 0.0f, "w_gate/w_up");
+        if (s == OSCAR_OK) s = rand_w(e, &g->wdown, H * FF, e->f32, k++, aF, 0.0f, "w_down");
+        if (s == OSCAR_OK) s = rand_w(e, (void **)&g->attn_norm, H, 1, k++, 0.0f, 1.0f, "norm");
+        if (s == OSCAR_OK) s = rand_w(e, (void **)&g->mlp_norm, H, 1, k++, 0.0f, 1.0f, "norm");
+        if (s == OSCAR_OK && c->qk_norm) {
+            s = rand_w(e, (void **)&g->q_norm, d, 1, k++, 0.0f, 1.0f, "q norm");
+            if (s == OSCAR_OK) s = rand_w(e, (void **)&g->k_norm, d, 1, k++, 0.0f, 1.0f, "k norm");
+        }
+        if (s == OSCAR_OK && c->qkv_bias) s = rand_w(e, (void **)&g->bqkv, (size_t)e->QKV, 1, k++, 0.02f, 0.0f, "bias");
+    }
+    if (s == OSCAR_OK && cudaStreamSynchronize(e->st) != cudaSuccess)
+        s = ge_set_error(OSCAR_ERR_BACKEND, "ge: random weight generation failed: %s",
+                         cudaGetErrorString(cudaGetLastError()));
+    if (s != OSCAR_OK) {
+        ge_destroy(e);
+        return s;
+    }
+    *out = e;
+    return OSCAR_OK;
+}
+
+/* Y[M][N] (+)= X[M][K] W[N][K]^T, W and X in the weight dtype, Y fp32. */
+static oscar_status gemm(ge_engine *e, int M, int N, int K, const void *W, const void *X, float *Y, float beta)
+{
+    if (M <= 0) return OSCAR_OK;
+    const float alpha = 1.0f;
+    cudaDataType_t t = e->f32 ? CUDA_R_32F : CUDA_R_16BF;
+    BL(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W, t, K, X, t, K, &beta, Y, CUDA_R_32F, N,
+                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return OSCAR_OK;
+}
+
+oscar_status ge_sync_check(ge_engine *e)
+{
+    CU(cudaStreamSynchronize(e->st));
+    CU(cudaGetLastError());
+    OS(oscar_plan_check(e->plan, e->ws, e->st));
+    return OSCAR_OK;
+}
+
+static oscar_status upload_batch(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, int *max_len)
+{
+    int32_t ml;
+    GE(ge_sched_batch(&e->sched, n, slots, n_new, e->h_lens, e->h_slots, e->h_bt, e->h_cu, &ml));
+    *max_len = ml;
+    size_t stride = (size_t)e->sched.stride;
+    CU(cudaMemcpyAsync(e->d_lens, e->h_lens, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_slots, e->h_slots, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_bt, e->h_bt, (size_t)n * stride * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_cu, e->h_cu, (size_t)(n + 1) * 4, cudaMemcpyHostToDevice, e->st));
+    return OSCAR_OK;
+}
+
+static oscar_batch make_batch(const ge_engine *e, int n, int max_len)
+{
+    oscar_batch b = {n, e->d_lens, e->d_slots, e->d_bt, e->sched.stride, max_len};
+    return b;
+}
+
+oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
+                     int32_t *next, float *logits)
+{
+    if (!e || n <= 0 || !slots || !n_new || !tokens || !next)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: NULL argument or %d sequences", n);
+    const oe_config *c = &e->cfg;
+    if (n > e->max_S) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: %d sequences, max_batch %d", n, e->max_S);
+    int decode = 1;
+    int64_t T = 0;
+    for (int i = 0; i < n; i++) {
+        if (n_new[i] != 1) decode = 0;
+        T += n_new[i];
+    }
+    if (T > e->max_T)
+        return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_step: %lld tokens in one step, the engine holds %d "
+                            "(max_prefill_tokens)", (long long)T, e->max_T);
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= e->sched.num_slots)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: slot %d out of range", slots[i]);
+    for (int i = 0; i < n && !decode; i++)
+        if (e->sched.slots[slots[i]].len != 0)
+            return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; a prefill step "
+                                "takes whole prompts (feed continuations one token at a time)", slots[i],
+                                e->sched.slots[slots[i]].len);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: token %lld is %d, outside the vocabulary of %d",
+                                (long long)t, tokens[t], c->vocab);
+    int max_len;
+    GE(upload_batch(e, n, slots, n_new, &max_len));
+    int max_new = 0;
+    for (int i = 0; i < n; i++) {
+        int L0 = e->h_lens[i] - n_new[i];
+        for (int j = 0; j < n_new[i]; j++) e->h_pos[e->h_cu[i] + j] = L0 + j;
+        e->h_rows[i] = e->h_cu[i + 1] - 1;
+        if (n_new[i] > max_new) max_new = n_new[i];
+    }
+    CU(cudaMemcpyAsync(e->d_pos, e->h_pos, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_rows, e->h_rows, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_ids, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
+    oscar_batch b = make_batch(e, n, max_len);
+
+    const int H = c->hidden, d = c->head_dim, Hq = c->num_q_heads, Hkv = c->num_kv_heads, qd = Hq * d,
+              FF = c->intermediate, Ti = (int)T;
+    const float eps = (float)c->rms_eps, scale = (float)(1.0 / sqrt((double)d));
+    const int f32 = e->f32, MC = e->opt.mlp_chunk < e->max_T ? e->opt.mlp_chunk : e->max_T;
+    KL(ge_k_embed(e->x, e->embed, f32, e->d_ids, Ti, H, e->st));
+    for (int li = 0; li < c->num_layers; li++) {
+        const ge_layer *g = &e->L[li];
+        KL(ge_k_rmsnorm(e->h, f32, e->x, g->attn_norm, Ti, H, eps, e->st));
+        GE(gemm(e, Ti, e->QKV, H, g->wqkv, e->h, e->qkv, 0.0f));
+        KL(ge_k_qkv_post(e->qkv, g->bqkv, g->q_norm, g->k_norm, e->rope_cos, e->rope_sin, e->d_pos, Ti, Hq, Hkv, d,
+                         eps, e->q32, e->qb, e->kb, e->vb, e->st));
+        OS(oscar_append(e->plan, li, &e->caches[li], &b, e->d_cu, (int32_t)T, e->kb, e->vb, 0, e->ws, e->ws_bytes,
+                        e->st));
+        if (decode) {
+            void *o = f32 ? e->attn16 : e->attn;
+            OS(oscar_decode(e->plan, li, &e->caches[li], &b, e->qb, 0, o, 0, scale, 0, e->ws, e->ws_bytes, e->st));
+            if (f32) KL(ge_k_bf16_to_f32(e->attn, e->attn16, (size_t)n * qd, e->st));
+        } else {
+            KL(ge_k_prefill_attention(e->attn, f32, e->q32, e->kb, e->vb, e->d_cu, n, max_new, Hq, Hkv, d, scale,
+                                      e->st));
+        }
+        GE(gemm(e, Ti, H, qd, g->wo, e->attn, e->x, 1.0f));
+        if (g->bo) KL(ge_k_add_bias(e->x, g->bo, Ti, H, e->st));
+        KL(ge_k_rmsnorm(e->h, f32, e->x, g->mlp_norm, Ti, H, eps, e->st));
+        for (int r0 = 0; r0 < Ti; r0 += MC) {
+            int rows = Ti - r0 < MC ? Ti - r0 : MC;
+            GE(gemm(e, rows, 2 * FF, H, g->wgu, (const char *)e->h + (size_t)r0 * H * e->wsz, e->gu, 0.0f));
+            KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->st));
+            GE(gemm(e, rows, H, FF, g->wdown, e->act, e->x + (size_t)r0 * H, 1.0f));
+        }
+    }
+    KL(ge_k_gather_rows(e->last, e->x, e->d_rows, n, H, e->st));
+    KL(ge_k_rmsnorm(e->hl, f32, e->last, e->final_norm, n, H, eps, e->st));
+    GE(gemm(e, n, c->vocab, H, e->lm_head, e->hl, e->logits, 0.0f));
+    KL(ge_k_argmax(e->d_next, e->logits, n, c->vocab, e->st));
+    CU(cudaMemcpyAsync(next, e->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, e->st));
+    if (logits)
+        CU(cudaMemcpyAsync(logits, e->logits, (size_t)n * c->vocab * 4, cudaMemcpyDeviceToHost, e->st));
+    CU(cudaStreamSynchronize(e->st));
+    e->steps++;
+    if (e->opt.validate || (e->opt.check_every > 0 && e->steps % e->opt.check_every == 0)) GE(ge_sync_check(e));
+    for (int i = 0; i < n; i++) GE(ge_sched_advance(&e->sched, slots[i], n_new[i]));
+    return OSCAR_OK;
+}
+
+oscar_status ge_fill_synthetic(ge_engine *e, int32_t slot, int32_t len, uint64_t seed)
+{
+    if (!e || slot < 0 || slot >= e->sched.num_slots || e->sched.slots[slot].state == GE_SLOT_FREE)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_fill_synthetic: slot %d holds no sequence", slot);
+    const oe_config *c = &e->cfg;
+    size_t kvd = (size_t)c->num_kv_heads * c->head_dim;
+    int chunk = e->max_T;
+    /* Random rows of roughly the spread of real post-RoPE keys/values. */
+    KL(ge_k_fill_random(e->kb, 0, (size_t)chunk * kvd, seed * 2 + 1, 2.0f, 0.0f, e->st));
+    KL(ge_k_fill_random(e->vb, 0, (size_t)chunk * kvd, seed * 2 + 2, 1.0f, 0.0f, e->st));
+    while (e->sched.slots[slot].len < len) {
+        int32_t n = len - e->sched.slots[slot].len;
+        if (n > chunk) n = chunk;
+        int max_len;
+        GE(upload_batch(e, 1, &slot, &n, &max_len));
+        oscar_batch b = make_batch(e, 1, max_len);
+        for (int li = 0; li < c->num_layers; li++)
+            OS(oscar_append(e->plan, li, &e->caches[li], &b, e->d_cu, n, e->kb, e->vb, 0, e->ws, e->ws_bytes, e->st));
+        CU(cudaStreamSynchronize(e->st));
+        GE(ge_sched_advance(&e->sched, slot, n));
+    }
+    return ge_sync_check(e);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts, const int32_t *prompt_lens,
+                         int max_new, int stepwise, int32_t *out, float *logits, ge_gen_stats *st)
+{
+    if (!e || n_req <= 0 || !prompts || !prompt_lens || max_new <= 0 || !out)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_generate: NULL argument, %d requests or %d new tokens",
+                            n_req, max_new);
+    ge_gen_stats local;
+    if (!st) st = &local;
+    memset(st, 0, sizeof *st);
+    ge_sched *s = &e->sched;
+    const size_t V = (size_t)e->cfg.vocab;
+    int32_t first = s->n_reqs;
+    for (int r = 0; r < n_req; r++) {
+        if (!stepwise && prompt_lens[r] > e->opt.max_prefill_tokens)
+            return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_generate: prompt %d has %d tokens, max_prefill_tokens is %d",
+                                r, prompt_lens[r], e->opt.max_prefill_tokens);
+        GE(ge_sched_submit(s, prompt_lens[r], max_new, NULL));
+    }
+    int S = e->max_S;
+    int32_t *adm = malloc((size_t)S * 4), *sl = malloc((size_t)S * 4), *nn = malloc((size_t)S * 4),
+            *tok = malloc(((size_t)e->max_T + (size_t)S) * 4), *nx = malloc((size_t)S * 4),
+            *ngen = calloc((size_t)n_req, 4);
+    float *lg = logits ? malloc((size_t)S * V * 4) : NULL;
+    oscar_status rc = OSCAR_OK;
+    if (!adm || !sl || !nn || !tok || !nx || !ngen || (logits && !lg)) {
+        rc = ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+        goto done;
+    }
+    int done_count = 0;
+    while (done_count < n_req) {
+        int32_t na = 0;
+        if ((rc = ge_sched_admit(s, e->opt.max_prefill_tokens, adm, &na)) != OSCAR_OK) goto done;
+        if (na > 0) {
+            double t0 = now_s();
+            if (stepwise) {
+                for (int i = 0; i < na; i++) {
+                    int r = s->slots[adm[i]].req - first;
+                    for (int j = 0; j < prompt_lens[r]; j++) {
+                        int32_t one = 1;
+                        rc = ge_step(e, 1, &adm[i], &one, &prompts[r][j], nx, lg);
+                        if (rc != OSCAR_OK) goto done;
+                    }
+                    out[(size_t)r * max_new] = nx[0];
+                    if (logits) memcpy(logits + (size_t)r * max_new * V, lg, V * 4);
+                    ngen[r] = 1;
+                }
+            } else {
+                int64_t T = 0;
+                for (int i = 0; i < na; i++) {
+                    int r = s->slots[adm[i]].req - first;
+                    nn[i] = prompt_lens[r];
+                    memcpy(tok + T, prompts[r], (size_t)nn[i] * 4);
+                    T += nn[i];
+                }
+                if ((rc = ge_step(e, na, adm, nn, tok, nx, lg)) != OSCAR_OK) goto done;
+                for (int i = 0; i < na; i++) {
+                    int r = s->slots[adm[i]].req - first;
+                    out[(size_t)r * max_new] = nx[i];
+                    if (logits) memcpy(logits + (size_t)r * max_new * V, lg + (size_t)i * V, V * 4);
+                    ngen[r] = 1;
+                }
+            }
+            for (int i = 0; i < na; i++) st->prefill_tokens += prompt_lens[s->slots[adm[i]].req - first];
+            st->prefill_s += now_s() - t0;
+        }
+        /* Sequences that are complete leave; their pages go back. */
+        int n = 0;
+        for (int32_t k = 0; k < s->num_slots; k++) {
+            if (s->slots[k].state == GE_SLOT_FREE) continue;
+            int r = s->slots[k].req - first;
+            if (ngen[r] >= max_new) {
+                if ((rc = ge_sched_finish(s, k)) != OSCAR_OK) goto done;
+                done_count++;
+                continue;
+            }
+            sl[n] = k;
+            nn[n] = 1;
+            tok[n] = out[(size_t)r * max_new + ngen[r] - 1];
+            n++;
+        }
+        if (n > st->max_running) st->max_running = n;
+        if (n == 0 && na == 0 && s->running == 0 && done_count < n_req) {
+            rc = ge_set_error(OSCAR_ERR_INTERNAL, "ge_generate: the next request cannot be admitted into an empty cache");
+            goto done;
+        }
+        if (n == 0) continue; /* admit again */
+        double t0 = now_s();
+        if ((rc = ge_step(e, n, sl, nn, tok, nx, lg)) != OSCAR_OK) goto done;
+        st->decode_s += now_s() - t0;
+        st->decode_tokens += n;
+        st->steps++;
+        for (int i = 0; i < n; i++) {
+            int r = s->slots[sl[i]].req - first;
+            out[(size_t)r * max_new + ngen[r]] = nx[i];
+            if (logits) memcpy(logits + ((size_t)r * max_new + ngen[r]) * V, lg + (size_t)i * V, V * 4);
+            ngen[r]++;
+        }
+    }
+    rc = ge_sync_check(e);
+done:
+    free(adm);
+    free(sl);
+    free(nn);
+    free(tok);
+    free(nx);
+    free(ngen);
+    free(lg);
+    return rc;
+}
