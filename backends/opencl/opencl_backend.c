@@ -19,7 +19,7 @@ extern const int oscar_opencl_tuning[3][5];
 #define MAX_PROGRAMS 64
 
 typedef struct cl_prog_entry {
-    char opts[256];
+    char opts[384];
     cl_program prog;
 } cl_prog_entry;
 
@@ -178,12 +178,13 @@ static oscar_status ocl_select(void *ctx, const oscar_layout_desc *l, gpu_kernel
     const int *t = tuning_of(l->head_dim);
     int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
     int G = bf16m ? l->head_dim : l->group;
-    char opts[256];
+    char opts[384];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
-             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d",
+             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d%s",
              l->head_dim, G, l->head_dim / G, l->kv_dtype == OSCAR_DTYPE_BF16, l->meta_dtype == OSCAR_DTYPE_F32,
-             bf16m, gq, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2]);
+             bf16m, gq, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2],
+             getenv("OSCAR_OPENCL_OPTIONS") ? getenv("OSCAR_OPENCL_OPTIONS") : "");
     if (gq > 16)
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
                                 "opencl plan: %d query heads per KV head; at most 16 are supported", gq);

@@ -1,0 +1,668 @@
+/* GPU backend conformance: every plugin that can run here (OpenCL on PoCL in
+ * CI; CUDA on a GPU machine; HIP where an AMD GPU exists) is loaded directly
+ * (dlopen + oscar_backend_entry_v1, no runtime) and driven with the same
+ * inputs as the CPU reference backend oscar_cpu_backend(). After every append
+ * the device pools are read back and compared: with the expected cache built
+ * from the reference primitives (codes may differ only where the reference t
+ * lies within 1e-4 of a rounding boundary, FORMAT.md §2.4), byte for byte
+ * with the CPU backend's pools outside such codes, and untouched memory
+ * (spare pages, the spare window slot) must still hold the 0xFF poison.
+ * Decode outputs are checked against a float64 attention and the CPU
+ * backend's outputs within bf16/f16 output rounding. Bad block-table entries,
+ * window slots and NaN rows must raise the device flag reported by check().
+ * OSCAR_REQUIRE_BACKENDS="opencl,cuda" turns a missing backend into a failure. */
+#include <criterion/criterion.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "refcheck.h"
+
+#define LAYERS 2
+#define LAYER 1
+
+static const char *const k_backends[] = {"opencl", "cuda", "hip"};
+#define NB 3
+
+/* ------------------------------------------------------------ plugins */
+typedef struct plug {
+    void *so;
+    const oscar_backend_api *api;
+    void *ctx;
+    char why[600];
+} plug;
+
+static int required(const char *name) {
+    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
+    if (!r) return 0;
+    size_t n = strlen(name);
+    for (const char *p = r; (p = strstr(p, name)); p += n)
+        if ((p == r || p[-1] == ',' || p[-1] == ' ') && (p[n] == 0 || p[n] == ',' || p[n] == ' ')) return 1;
+    return 0;
+}
+
+/* Loads liboscar_backend_NAME.so from $OSCAR_PLUGIN_PATH (or the dynamic
+ * loader's path) and initialises device 0. Returns 0 with a reason if absent. */
+static int plug_open(const char *name, plug *p) {
+    memset(p, 0, sizeof *p);
+    char file[600];
+    const char *path = getenv("OSCAR_PLUGIN_PATH");
+    char dirs[1024];
+    snprintf(dirs, sizeof dirs, "%s", path ? path : "");
+    for (char *save = NULL, *d = strtok_r(dirs, ":", &save); d && !p->so; d = strtok_r(NULL, ":", &save)) {
+        snprintf(file, sizeof file, "%s/liboscar_backend_%s.so", d, name);
+        p->so = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!p->so) {
+        snprintf(file, sizeof file, "liboscar_backend_%s.so", name);
+        p->so = dlopen(file, RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!p->so) {
+        snprintf(p->why, sizeof p->why, "plugin not found (%s)", dlerror());
+        return 0;
+    }
+    oscar_backend_entry_fn entry;
+    *(void **)&entry = dlsym(p->so, OSCAR_BACKEND_ENTRY_SYMBOL);
+    cr_assert(entry, "%s: no %s symbol", name, OSCAR_BACKEND_ENTRY_SYMBOL);
+    p->api = entry();
+    cr_assert_eq(p->api->abi_version, OSCAR_BACKEND_ABI_VERSION);
+    cr_assert_str_eq(p->api->name, name);
+    oscar_errbuf why = {{0}};
+    if (p->api->probe(0, &why) <= 0) {
+        snprintf(p->why, sizeof p->why, "probe: %.500s", why.msg);
+        return 0;
+    }
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(p->api->init(0, &p->ctx, &err), OSCAR_OK, "%s init: %s", name, err.msg);
+    return 1;
+}
+static void plug_close(plug *p) {
+    if (p->ctx) p->api->shutdown(p->ctx);
+    /* The plugin stays loaded: vendor runtimes do not like being unloaded. */
+}
+
+/* Calls fn for each backend that runs here; a required one that does not fails. */
+#define FOR_EACH_BACKEND(P, ...)                                                                               \
+    do {                                                                                                       \
+        int ran_ = 0;                                                                                          \
+        for (int bi_ = 0; bi_ < NB; bi_++) {                                                                   \
+            plug P;                                                                                            \
+            if (!plug_open(k_backends[bi_], &P)) {                                                             \
+                cr_assert(!required(k_backends[bi_]), "backend %s required by OSCAR_REQUIRE_BACKENDS: %s",      \
+                          k_backends[bi_], P.why);                                                             \
+                cr_log_info("backend %s skipped: %s", k_backends[bi_], P.why);                                 \
+                continue;                                                                                      \
+            }                                                                                                  \
+            ran_++;                                                                                            \
+            __VA_ARGS__;                                                                                       \
+            plug_close(&P);                                                                                    \
+        }                                                                                                      \
+        if (!ran_) cr_log_warn("no GPU backend available: nothing compared");                                  \
+    } while (0)
+
+/* ------------------------------------------------------------- device helpers */
+static void *dev_alloc(plug *p, size_t bytes) {
+    void *b = NULL;
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(p->api->alloc(p->ctx, bytes ? bytes : 16, &b, &err), OSCAR_OK, "%s alloc: %s", p->api->name,
+                 err.msg);
+    return b;
+}
+static void *dev_upload(plug *p, const void *src, size_t bytes) {
+    void *b = dev_alloc(p, bytes);
+    oscar_errbuf err = {{0}};
+    if (bytes) cr_assert_eq(p->api->write(p->ctx, b, 0, src, bytes, NULL, &err), OSCAR_OK, "write: %s", err.msg);
+    return b;
+}
+static void dev_download(plug *p, void *dst, const void *src, size_t bytes) {
+    oscar_errbuf err = {{0}};
+    if (bytes) cr_assert_eq(p->api->read(p->ctx, dst, src, 0, bytes, NULL, &err), OSCAR_OK, "read: %s", err.msg);
+    cr_assert_eq(p->api->sync(p->ctx, NULL, &err), OSCAR_OK, "sync: %s", err.msg);
+}
+
+/* ------------------------------------------------------------- scenario */
+typedef struct cfg {
+    int d, G, P, S0, W, Hq, H;
+    oscar_method method;
+    oscar_dtype kv, meta;
+    int per_head;
+} cfg;
+
+typedef struct env {
+    const oscar_backend_api *cpu;
+    void *cpu_ctx, *cpu_plan;
+    plug *g;
+    void *g_plan;
+    oscar_layout_desc l;
+    int num_rot, identity;
+    float *rot_k, *rot_v;
+    float clip_k[LAYERS], clip_v[LAYERS];
+    uint64_t cpu_ws[OSCAR_WORKSPACE_HEADER / 8];
+    void *g_ws;
+    size_t g_ws_bytes;
+    /* device pools mirroring the host rc_paged pools */
+    void *d_pages, *d_windows;
+    size_t pages_bytes, windows_bytes;
+    void *h_pages, *h_windows; /* read-back copies */
+    char variant[128];
+} env;
+
+/* Returns 0 if the backend does not build this variant (skipped with a note). */
+static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int max_seqs, int max_len) {
+    memset(e, 0, sizeof *e);
+    e->g = g;
+    e->cpu = oscar_cpu_backend();
+    oscar_layout_desc *l = &e->l;
+    l->struct_size = sizeof *l;
+    l->head_dim = c->d;
+    l->group = c->G;
+    l->num_q_heads = c->Hq;
+    l->num_kv_heads = c->H;
+    l->page_size = c->P;
+    l->sink = c->S0;
+    l->recent = c->W;
+    l->max_seq_len = 100000;
+    l->kv_dtype = c->kv;
+    l->meta_dtype = c->meta;
+    l->method = c->method;
+    e->num_rot = c->per_head ? c->H : 1;
+    e->identity = c->method == OSCAR_METHOD_INT2 || c->method == OSCAR_METHOD_BF16;
+    size_t dd = (size_t)c->d * c->d, n = (size_t)LAYERS * e->num_rot;
+    if (!e->identity) {
+        e->rot_k = malloc(n * dd * sizeof(float));
+        e->rot_v = malloc(n * dd * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            if (c->method == OSCAR_METHOD_QUAROT2) {
+                oscar_ref_hadamard(c->d, e->rot_k + i * dd);
+                oscar_ref_hadamard(c->d, e->rot_v + i * dd);
+            } else {
+                rc_random_rotation(r, c->d, e->rot_k + i * dd);
+                rc_random_rotation(r, c->d, e->rot_v + i * dd);
+            }
+        }
+    }
+    for (int i = 0; i < LAYERS; i++) {
+        e->clip_k[i] = (float)(0.9 + 0.1 * rc_uniform(r));
+        e->clip_v[i] = rc_uniform(r) < 0.2 ? 1.0f : (float)(0.85 + 0.1 * rc_uniform(r));
+    }
+    oscar_errbuf err = {{0}};
+    oscar_backend_plan_desc pd = {.layout = *l, .num_layers = LAYERS, .num_rot = e->num_rot,
+                                  .identity_rotation = e->identity, .rot_k = e->rot_k, .rot_v = e->rot_v,
+                                  .clip_k = e->clip_k, .clip_v = e->clip_v};
+    oscar_status s = g->api->plan_create(g->ctx, &pd, &e->g_plan, e->variant, sizeof e->variant, &err);
+    if (s == OSCAR_ERR_UNSUPPORTED) {
+        cr_log_info("%s: variant not built, skipped: %s", g->api->name, err.msg);
+        free(e->rot_k);
+        free(e->rot_v);
+        return 0;
+    }
+    cr_assert_eq(s, OSCAR_OK, "seed %llu: %s plan_create: %s", (unsigned long long)seed, g->api->name, err.msg);
+    cr_assert_eq(e->cpu->init(0, &e->cpu_ctx, &err), OSCAR_OK);
+    cr_assert_eq(e->cpu->plan_create(e->cpu_ctx, &pd, &e->cpu_plan, NULL, 0, &err), OSCAR_OK, "cpu plan: %s",
+                 err.msg);
+    cr_assert_eq(e->cpu->workspace_init(e->cpu_ctx, e->cpu_plan, e->cpu_ws, NULL, &err), OSCAR_OK);
+    cr_assert_eq(g->api->workspace_bytes(g->ctx, e->g_plan, max_seqs, max_len, &e->g_ws_bytes, &err), OSCAR_OK,
+                 "workspace_bytes: %s", err.msg);
+    e->g_ws = dev_alloc(g, e->g_ws_bytes);
+    cr_assert_eq(g->api->workspace_init(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK);
+    return 1;
+}
+
+static void env_bind_pools(env *e, const rc_paged *b) {
+    e->pages_bytes = b->page_bytes * (size_t)(b->num_pages > 0 ? b->num_pages : 1);
+    e->windows_bytes = b->slot_bytes * (size_t)b->num_slots + 1;
+    e->d_pages = dev_upload(e->g, b->pages, e->pages_bytes);
+    e->d_windows = dev_upload(e->g, b->windows, e->windows_bytes);
+    e->h_pages = malloc(e->pages_bytes);
+    e->h_windows = malloc(e->windows_bytes);
+}
+
+static void env_free(env *e) {
+    plug *g = e->g;
+    g->api->free(g->ctx, e->g_ws);
+    g->api->free(g->ctx, e->d_pages);
+    g->api->free(g->ctx, e->d_windows);
+    g->api->plan_destroy(g->ctx, e->g_plan);
+    e->cpu->plan_destroy(e->cpu_ctx, e->cpu_plan);
+    e->cpu->shutdown(e->cpu_ctx);
+    free(e->h_pages);
+    free(e->h_windows);
+    free(e->rot_k);
+    free(e->rot_v);
+}
+
+static const float *layer_rot(const env *e, int kv) {
+    const float *b = kv ? e->rot_v : e->rot_k;
+    return b ? b + (size_t)LAYER * e->num_rot * e->l.head_dim * e->l.head_dim : NULL;
+}
+
+static oscar_batch batch_of(const rc_paged *b) {
+    oscar_batch bt = {.num_seqs = b->num_seqs, .seq_lens = b->seq_lens, .window_slots = b->window_slots,
+                      .block_table = b->block_table, .block_table_stride = b->stride, .max_seq_len = 0};
+    for (int i = 0; i < b->num_seqs; i++)
+        if (b->seq_lens[i] > bt.max_seq_len) bt.max_seq_len = b->seq_lens[i];
+    return bt;
+}
+
+/* Device copies of a batch's index arrays. */
+typedef struct dev_batch {
+    void *lens, *slots, *bt;
+} dev_batch;
+static oscar_batch dev_batch_of(env *e, const rc_paged *b, dev_batch *db) {
+    oscar_batch bt = batch_of(b);
+    db->lens = dev_upload(e->g, b->seq_lens, (size_t)b->num_seqs * 4);
+    db->slots = dev_upload(e->g, b->window_slots, (size_t)b->num_slots * 4);
+    db->bt = dev_upload(e->g, b->block_table, (size_t)b->num_seqs * b->stride * 4);
+    bt.seq_lens = db->lens;
+    bt.window_slots = db->slots;
+    bt.block_table = db->bt;
+    return bt;
+}
+static void dev_batch_free(env *e, dev_batch *db) {
+    e->g->api->free(e->g->ctx, db->lens);
+    e->g->api->free(e->g->ctx, db->slots);
+    e->g->api->free(e->g->ctx, db->bt);
+}
+
+/* Appends n[i] tokens to every sequence on both backends. */
+static void do_append(env *e, rc_paged *b, float *const *K, float *const *V, const int *n, int pad, uint64_t seed) {
+    int H = e->l.num_kv_heads, d = e->l.head_dim;
+    int32_t *cu = malloc((size_t)(b->num_seqs + 1) * sizeof *cu);
+    cu[0] = 0;
+    for (int i = 0; i < b->num_seqs; i++) cu[i + 1] = cu[i] + n[i];
+    int total = cu[b->num_seqs];
+    int64_t stride = (int64_t)H * d + pad;
+    size_t es = oscar_dtype_size(e->l.kv_dtype), kvb = (size_t)(total ? total : 1) * stride * es;
+    char *kb = malloc(kvb), *vb = malloc(kvb);
+    rc_poison(kb, kvb);
+    rc_poison(vb, kvb);
+    for (int i = 0; i < b->num_seqs; i++) {
+        int L0 = b->seq_lens[i];
+        for (int t = 0; t < n[i]; t++) {
+            size_t src = (size_t)(L0 + t) * H * d, dst = (size_t)(cu[i] + t) * stride * es;
+            rc_to_dtype(e->l.kv_dtype, K[i] + src, kb + dst, (size_t)H * d);
+            rc_to_dtype(e->l.kv_dtype, V[i] + src, vb + dst, (size_t)H * d);
+        }
+        b->seq_lens[i] = L0 + n[i];
+    }
+    oscar_errbuf err = {{0}};
+    oscar_backend_append_args a = {.layer = LAYER, .cache = {b->pages, b->num_pages, b->windows, b->num_slots},
+                                   .batch = batch_of(b), .cu_new = cu, .total_new = total, .k = kb, .v = vb,
+                                   .kv_stride = stride, .workspace = e->cpu_ws, .workspace_bytes = sizeof e->cpu_ws};
+    cr_assert_eq(e->cpu->append(e->cpu_ctx, e->cpu_plan, &a, &err), OSCAR_OK, "seed %llu: cpu append: %s",
+                 (unsigned long long)seed, err.msg);
+    dev_batch db;
+    plug *g = e->g;
+    void *dcu = dev_upload(g, cu, (size_t)(b->num_seqs + 1) * 4), *dk = dev_upload(g, kb, kvb),
+         *dv = dev_upload(g, vb, kvb);
+    oscar_backend_append_args ga = {.layer = LAYER, .cache = {e->d_pages, b->num_pages, e->d_windows, b->num_slots},
+                                    .batch = dev_batch_of(e, b, &db), .cu_new = dcu, .total_new = total, .k = dk,
+                                    .v = dv, .kv_stride = stride, .workspace = e->g_ws,
+                                    .workspace_bytes = e->g_ws_bytes};
+    cr_assert_eq(g->api->append(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s append: %s",
+                 (unsigned long long)seed, g->api->name, err.msg);
+    cr_assert_eq(g->api->check(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK, "seed %llu: %s check: %s",
+                 (unsigned long long)seed, g->api->name, err.msg);
+    dev_batch_free(e, &db);
+    g->api->free(g->ctx, dcu);
+    g->api->free(g->ctx, dk);
+    g->api->free(g->ctx, dv);
+    free(cu);
+    free(kb);
+    free(vb);
+}
+
+/* Pools read back; cache compared with the expected cache (boundary rule),
+ * with the CPU backend byte for byte, and poison checked where nothing may write. */
+static void check_cache(env *e, const rc_paged *b, rc_seq_ref *refs, uint64_t seed, const char *what) {
+    dev_download(e->g, e->h_pages, e->d_pages, e->pages_bytes);
+    dev_download(e->g, e->h_windows, e->d_windows, e->windows_bytes);
+    char msg[256];
+    for (int i = 0; i < b->num_seqs; i++) {
+        int bad = rc_compare_seq(&refs[i], b->seq_lens[i], e->h_pages, e->h_windows,
+                                 b->block_table + (size_t)i * b->stride, b->window_slots[i], 1, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "seed %llu %s (%s, %s), sequence %d of L=%d: %d rows differ; first: %s",
+                     (unsigned long long)seed, e->g->api->name, e->variant, what, i, b->seq_lens[i], bad, msg);
+    }
+    /* Byte differences with the CPU backend: only boundary codes may differ,
+     * so they must be rare (each is a whole byte holding 4 codes). */
+    size_t diff = 0, used = 0;
+    const unsigned char *a = e->h_pages, *c = b->pages;
+    for (size_t j = 0; j < e->pages_bytes; j++) diff += a[j] != c[j];
+    const unsigned char *wa = e->h_windows, *wc = b->windows;
+    for (size_t j = 0; j < e->windows_bytes; j++) {
+        cr_assert_eq(wa[j], wc[j], "seed %llu %s (%s, %s): window pool byte %zu differs from the CPU backend "
+                     "(0x%02x vs 0x%02x)", (unsigned long long)seed, e->g->api->name, e->variant, what, j, wa[j], wc[j]);
+    }
+    for (int i = 0; i < b->num_seqs; i++) used += (size_t)rc_pages_for(&e->l, b->seq_lens[i]) * b->page_bytes;
+    cr_assert_leq(diff * 200, used + 200, "seed %llu %s (%s, %s): %zu page bytes differ from the CPU backend",
+                  (unsigned long long)seed, e->g->api->name, e->variant, what, diff);
+    /* Pages no sequence needs yet must still hold the poison. */
+    char *usedmap = calloc((size_t)b->num_pages + 1, 1);
+    for (int i = 0; i < b->num_seqs; i++)
+        for (int k = 0; k < rc_pages_for(&e->l, b->seq_lens[i]); k++) usedmap[b->block_table[(size_t)i * b->stride + k]] = 1;
+    for (int pg = 0; pg < b->num_pages; pg++)
+        if (!usedmap[pg])
+            for (size_t j = 0; j < b->page_bytes; j++)
+                cr_assert_eq(a[(size_t)pg * b->page_bytes + j], 0xff,
+                             "seed %llu %s (%s): unused page %d byte %zu was written", (unsigned long long)seed,
+                             e->g->api->name, e->variant, pg, j);
+    free(usedmap);
+}
+
+static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int rotated_output, uint64_t seed) {
+    int Hq = e->l.num_q_heads, d = e->l.head_dim, qpad = rc_randint(r, 0, 3) * 8, opad = rc_randint(r, 0, 2) * 8;
+    size_t es = oscar_dtype_size(e->l.kv_dtype);
+    int64_t qs = (int64_t)Hq * d + qpad, os = (int64_t)Hq * d + opad;
+    size_t qbytes = (size_t)b->num_seqs * qs * es, obytes = (size_t)b->num_seqs * os * es;
+    float *q = malloc((size_t)b->num_seqs * Hq * d * sizeof *q);
+    char *qb = malloc(qbytes), *ob = malloc(obytes), *cob = malloc(obytes);
+    double *ref = malloc((size_t)Hq * d * sizeof *ref);
+    rc_gen_kv(r, b->num_seqs, Hq, d, 2, e->l.kv_dtype, q);
+    rc_poison(qb, qbytes);
+    rc_poison(ob, obytes);
+    rc_poison(cob, obytes);
+    for (int i = 0; i < b->num_seqs; i++)
+        rc_to_dtype(e->l.kv_dtype, q + (size_t)i * Hq * d, qb + (size_t)i * qs * es, (size_t)Hq * d);
+    float sm = (float)(rc_uniform(r) < 0.5 ? 1.0 / sqrt(d) : 0.3 / sqrt(d));
+    oscar_errbuf err = {{0}};
+    oscar_backend_decode_args ca = {.layer = LAYER, .cache = {b->pages, b->num_pages, b->windows, b->num_slots},
+                                    .batch = batch_of(b), .q = qb, .q_stride = qs, .out = cob, .out_stride = os,
+                                    .sm_scale = sm, .rotated_output = rotated_output, .workspace = e->cpu_ws,
+                                    .workspace_bytes = sizeof e->cpu_ws};
+    cr_assert_eq(e->cpu->decode(e->cpu_ctx, e->cpu_plan, &ca, &err), OSCAR_OK, "cpu decode: %s", err.msg);
+    plug *g = e->g;
+    dev_batch db;
+    void *dq = dev_upload(g, qb, qbytes), *dout = dev_upload(g, ob, obytes);
+    oscar_backend_decode_args ga = {.layer = LAYER, .cache = {e->d_pages, b->num_pages, e->d_windows, b->num_slots},
+                                    .batch = dev_batch_of(e, b, &db), .q = dq, .q_stride = qs, .out = dout,
+                                    .out_stride = os, .sm_scale = sm, .rotated_output = rotated_output,
+                                    .workspace = e->g_ws, .workspace_bytes = e->g_ws_bytes};
+    cr_assert_eq(g->api->decode(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s decode: %s",
+                 (unsigned long long)seed, g->api->name, err.msg);
+    dev_download(g, ob, dout, obytes);
+    cr_assert_eq(g->api->check(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK, "check after decode: %s", err.msg);
+    char msg[256];
+    for (int i = 0; i < b->num_seqs; i++) {
+        rc_attention_f64(&refs[i], b->seq_lens[i], Hq, q + (size_t)i * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
+                         e->num_rot, sm, rotated_output, ref);
+        const char *o = ob + (size_t)i * os * es;
+        int bad = rc_check_output(e->l.kv_dtype, o, ref, (size_t)Hq * d, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "seed %llu %s (%s): decode of sequence %d (L=%d, rotated_output %d): %d outputs off; %s",
+                     (unsigned long long)seed, g->api->name, e->variant, i, b->seq_lens[i], rotated_output, bad, msg);
+        /* Against the CPU backend's own output: each is within output rounding
+         * of the float64 reference, so they agree within two 16-bit ulps. */
+        float *gf = malloc((size_t)Hq * d * sizeof *gf), *cf = malloc((size_t)Hq * d * sizeof *cf);
+        rc_from_dtype(e->l.kv_dtype, o, gf, (size_t)Hq * d);
+        rc_from_dtype(e->l.kv_dtype, cob + (size_t)i * os * es, cf, (size_t)Hq * d);
+        double rel = e->l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x1p-7 : 0x1p-9, mx = 0.0;
+        for (int j = 0; j < Hq * d; j++) mx = fabs(cf[j]) > mx ? fabs(cf[j]) : mx;
+        for (int j = 0; j < Hq * d; j++) {
+            double a = fabs(gf[j]) > fabs(cf[j]) ? fabs(gf[j]) : fabs(cf[j]);
+            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + 0.01 * mx,
+                          "seed %llu %s (%s): decode of sequence %d output %d: %g vs CPU backend %g",
+                          (unsigned long long)seed, g->api->name, e->variant, i, j, gf[j], cf[j]);
+        }
+        free(gf);
+        free(cf);
+        for (size_t j = (size_t)Hq * d * es; j < (size_t)os * es; j++)
+            cr_assert_eq((unsigned char)o[j], 0xff, "seed %llu: decode wrote into the output stride padding",
+                         (unsigned long long)seed);
+    }
+    dev_batch_free(e, &db);
+    g->api->free(g->ctx, dq);
+    g->api->free(g->ctx, dout);
+    free(q);
+    free(qb);
+    free(ob);
+    free(cob);
+    free(ref);
+}
+
+enum { TOKENS = 0, CHUNKS = 1, PREFILL = 2 };
+
+static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens, int mode) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int maxlen = 1;
+    for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
+    env e;
+    if (!env_init(&e, g, c, &r, seed, nseq, maxlen)) return;
+    int H = c->H, d = c->d;
+    float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
+    rc_seq_ref *refs = calloc((size_t)nseq, sizeof *refs);
+    int32_t *maxl = malloc((size_t)nseq * sizeof *maxl);
+    for (int i = 0; i < nseq; i++) {
+        maxl[i] = final_lens[i];
+        K[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
+        V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
+        rc_gen_kv(&r, final_lens[i], H, d, 3, c->kv, K[i]);
+        rc_gen_kv(&r, final_lens[i], H, d, 2, c->kv, V[i]);
+        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
+                                      e.clip_v[LAYER], final_lens[i], K[i], V[i], &refs[i]),
+                     0);
+    }
+    rc_paged b;
+    cr_assert_eq(rc_paged_init(&r, &e.l, nseq, maxl, 3, &b), 0);
+    env_bind_pools(&e, &b);
+    int *n = malloc((size_t)nseq * sizeof *n), steps = 0;
+    const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
+    for (;;) {
+        int any = 0;
+        for (int i = 0; i < nseq; i++) {
+            int rem = final_lens[i] - b.seq_lens[i];
+            if (mode == TOKENS) n[i] = rem > 0;
+            else if (mode == PREFILL) n[i] = rem;
+            else n[i] = rem > 0 ? rc_randint(&r, 0, rem < c->P + c->W + 5 ? rem : c->P + c->W + 5) : 0;
+            if (b.seq_lens[i] == 0 && n[i] == 0) n[i] = 1;
+            any |= n[i] > 0;
+        }
+        if (!any) break;
+        do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
+        /* Token by token: check every few steps (PoCL under ASan is slow). */
+        if (mode != TOKENS || steps % 7 == 0) check_cache(&e, &b, refs, seed, what);
+        if (mode != TOKENS || steps % 23 == 0) check_decode(&e, &b, refs, &r, 0, seed);
+        steps++;
+    }
+    check_cache(&e, &b, refs, seed, what);
+    check_decode(&e, &b, refs, &r, 0, seed);
+    check_decode(&e, &b, refs, &r, 1, seed);
+    for (int i = 0; i < nseq; i++) {
+        free(K[i]);
+        free(V[i]);
+        rc_seq_ref_free(&refs[i]);
+    }
+    free(K);
+    free(V);
+    free(refs);
+    free(maxl);
+    free(n);
+    rc_paged_free(&b);
+    env_free(&e);
+}
+
+static int boundary_lens(const cfg *c, int *out) {
+    int S = c->S0 + c->W, P = c->P, n = 0;
+    int cand[] = {1, c->S0 - 1, c->S0, S - 1, S, S + 1, S + P - 1, S + P + 1, S + 2 * P + 3};
+    for (size_t i = 0; i < sizeof cand / sizeof cand[0]; i++)
+        if (cand[i] >= 1) out[n++] = cand[i];
+    return n;
+}
+
+static void run_boundaries(plug *g, const cfg *c) {
+    int lens[16];
+    int n = boundary_lens(c, lens);
+    run_scenario(g, c, n, lens, TOKENS);
+    run_scenario(g, c, n, lens, CHUNKS);
+    run_scenario(g, c, n, lens, PREFILL);
+}
+
+/* GQA 4, uniform levels, small windows, page 16: every schedule, every region boundary. */
+Test(conformance, oscar2_d64_g32_all_schedules, .timeout = 600) {
+    cfg c = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, run_boundaries(&g, &c));
+}
+/* Lloyd-Max, per-head rotations, f16 windows, f32 and f16 metadata, GQA 4 and 8. */
+Test(conformance, lloyd_max_f16_f32_meta, .timeout = 600) {
+    cfg c = {128, 64, 32, 3, 5, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
+    cfg c2 = {64, 64, 16, 2, 6, 16, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    FOR_EACH_BACKEND(g, {
+        run_boundaries(&g, &c);
+        run_boundaries(&g, &c2);
+    });
+}
+/* W = 0 (no recent window), no sink, INT2 and QUAROT2 (no clip), GQA 1. */
+Test(conformance, no_windows_int2_quarot2, .timeout = 600) {
+    cfg c = {64, 32, 16, 5, 0, 4, 4, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 16, 0, 0, 2, 2, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c3 = {128, 32, 64, 2, 9, 8, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, {
+        int lens[] = {1, 5, 6, 21, 40};
+        run_scenario(&g, &c, 5, lens, CHUNKS);
+        run_scenario(&g, &c2, 5, lens, PREFILL);
+        run_boundaries(&g, &c3);
+    });
+}
+/* The BF16 method (16-bit pages, no windows): the library's own yardstick. */
+Test(conformance, bf16_method_paged16, .timeout = 600) {
+    cfg c = {128, 128, 16, 64, 256, 8, 2, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 32, 0, 0, 8, 1, OSCAR_METHOD_BF16, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, {
+        int lens[] = {1, 15, 16, 17, 49};
+        run_scenario(&g, &c, 5, lens, TOKENS);
+        run_scenario(&g, &c, 5, lens, PREFILL);
+        run_scenario(&g, &c2, 5, lens, CHUNKS);
+    });
+}
+/* Default-like shapes: d 256 and 128, page 64, large windows, long prefill in
+ * one append, one long sequence alone (several decode splits), GQA 8. */
+Test(conformance, large_shapes_long_prefill_splits, .timeout = 600) {
+    cfg c = {256, 128, 64, 64, 256, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {128, 128, 64, 64, 256, 8, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c3 = {128, 128, 16, 4, 32, 8, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, {
+        int lens[] = {1, 63, 320, 321, 449};
+        run_scenario(&g, &c, 5, lens, PREFILL);
+        int one[] = {2500};
+        run_scenario(&g, &c2, 1, one, PREFILL);
+        run_scenario(&g, &c3, 1, one, CHUNKS);
+    });
+}
+
+/* ---------------------------------------------------------- device flags */
+static void flag_case(plug *g, oscar_method m) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    cfg c = {64, 32, 16, 4, 8, 8, 2, m, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    env e;
+    if (!env_init(&e, g, &c, &r, seed, 2, 200)) return;
+    int32_t maxl[2] = {100, 100};
+    rc_paged b;
+    cr_assert_eq(rc_paged_init(&r, &e.l, 2, maxl, 3, &b), 0);
+    env_bind_pools(&e, &b);
+    float *K[2], *V[2];
+    for (int i = 0; i < 2; i++) {
+        K[i] = malloc(100 * 2 * 64 * sizeof(float));
+        V[i] = malloc(100 * 2 * 64 * sizeof(float));
+        rc_gen_kv(&r, 100, 2, 64, 2, c.kv, K[i]);
+        rc_gen_kv(&r, 100, 2, 64, 2, c.kv, V[i]);
+    }
+    int n[2] = {60, 70};
+    do_append(&e, &b, K, V, n, 0, seed);
+    oscar_errbuf err = {{0}};
+    /* Bad page id, then bad window slot, then a NaN row: each raises its flag. */
+    for (int which = 0; which < 3; which++) {
+        if (m == OSCAR_METHOD_BF16 && which == 1) continue; /* no windows */
+        rc_paged bb = b;
+        int32_t *bt = malloc((size_t)b.num_seqs * b.stride * 4), *slots = malloc((size_t)b.num_slots * 4);
+        memcpy(bt, b.block_table, (size_t)b.num_seqs * b.stride * 4);
+        memcpy(slots, b.window_slots, (size_t)b.num_slots * 4);
+        int32_t lens[2] = {b.seq_lens[0] + 1, b.seq_lens[1] + 1};
+        int last = rc_pages_for(&e.l, lens[1]) - 1;
+        if (which == 0) bt[(size_t)1 * b.stride + (last > 0 ? last : 0)] = which == 0 ? b.num_pages + 7 : -1;
+        if (which == 1) slots[0] = b.num_slots + 3;
+        bb.block_table = bt;
+        bb.window_slots = slots;
+        bb.seq_lens = lens;
+        dev_batch db;
+        oscar_batch dbt = dev_batch_of(&e, &bb, &db);
+        int32_t cu[3] = {0, 1, 2};
+        size_t row = (size_t)e.l.num_kv_heads * 64 * 2;
+        uint16_t *kv = malloc(2 * row);
+        for (size_t j = 0; j < row; j++) kv[j] = 0x3f80; /* 1.0 in bf16 */
+        if (which == 2) kv[5] = 0x7fc0;                  /* NaN */
+        void *dcu = dev_upload(g, cu, sizeof cu), *dk = dev_upload(g, kv, 2 * row);
+        oscar_backend_append_args ga = {.layer = LAYER, .cache = {e.d_pages, b.num_pages, e.d_windows, b.num_slots},
+                                        .batch = dbt, .cu_new = dcu, .total_new = 2, .k = dk, .v = dk,
+                                        .kv_stride = (int64_t)e.l.num_kv_heads * 64, .workspace = e.g_ws,
+                                        .workspace_bytes = e.g_ws_bytes};
+        cr_assert_eq(g->api->append(g->ctx, e.g_plan, &ga, &err), OSCAR_OK);
+        oscar_status want = which == 2 ? OSCAR_ERR_NONFINITE : OSCAR_ERR_BLOCK_TABLE;
+        oscar_status got = g->api->check(g->ctx, e.g_plan, e.g_ws, NULL, &err);
+        if (which == 0 && last < 0) want = OSCAR_OK;
+        cr_assert_eq(got, want, "seed %llu %s method %d case %d: check returned %d, want %d (%s)",
+                     (unsigned long long)seed, g->api->name, (int)m, which, (int)got, (int)want, err.msg);
+        /* The flag is cleared by check. */
+        cr_assert_eq(g->api->check(g->ctx, e.g_plan, e.g_ws, NULL, &err), OSCAR_OK);
+        /* Decode with a bad block table raises the flag as well (no crash, no stray read). */
+        if (which != 2) {
+            size_t qb = (size_t)2 * e.l.num_q_heads * 64 * 2;
+            uint16_t *qq = calloc(1, qb);
+            void *dq = dev_upload(g, qq, qb), *dout = dev_alloc(g, qb);
+            free(qq);
+            oscar_backend_decode_args da = {.layer = LAYER,
+                                            .cache = {e.d_pages, b.num_pages, e.d_windows, b.num_slots},
+                                            .batch = dbt, .q = dq, .q_stride = (int64_t)e.l.num_q_heads * 64,
+                                            .out = dout, .out_stride = (int64_t)e.l.num_q_heads * 64,
+                                            .sm_scale = 0.125f, .workspace = e.g_ws, .workspace_bytes = e.g_ws_bytes};
+            cr_assert_eq(g->api->decode(g->ctx, e.g_plan, &da, &err), OSCAR_OK);
+            got = g->api->check(g->ctx, e.g_plan, e.g_ws, NULL, &err);
+            if (!(which == 0 && last < 0))
+                cr_assert_eq(got, OSCAR_ERR_BLOCK_TABLE, "seed %llu %s: decode over a bad %s did not raise the flag",
+                             (unsigned long long)seed, g->api->name, which == 0 ? "page id" : "window slot");
+            g->api->free(g->ctx, dq);
+            g->api->free(g->ctx, dout);
+        }
+        g->api->free(g->ctx, dcu);
+        g->api->free(g->ctx, dk);
+        dev_batch_free(&e, &db);
+        free(kv);
+        free(bt);
+        free(slots);
+    }
+    for (int i = 0; i < 2; i++) {
+        free(K[i]);
+        free(V[i]);
+    }
+    rc_paged_free(&b);
+    env_free(&e);
+}
+
+Test(conformance, device_error_flags, .timeout = 300) {
+    FOR_EACH_BACKEND(g, {
+        flag_case(&g, OSCAR_METHOD_OSCAR2);
+        flag_case(&g, OSCAR_METHOD_BF16);
+    });
+}
+
+/* Plans refuse what the format does not allow, with a message. */
+Test(conformance, plan_refuses_bad_layouts) {
+    FOR_EACH_BACKEND(g, {
+        oscar_layout_desc l = {sizeof l, 96, 32, 8, 2, 16, 4, 8, 1000, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
+                               OSCAR_METHOD_INT2};
+        oscar_backend_plan_desc pd = {.layout = l, .num_layers = 1, .num_rot = 1, .identity_rotation = 1};
+        void *plan = NULL;
+        oscar_errbuf err = {{0}};
+        cr_assert_eq(g.api->plan_create(g.ctx, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+        pd.layout.head_dim = 64;
+        pd.layout.group = 48;
+        cr_assert_eq(g.api->plan_create(g.ctx, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED_GROUP);
+        pd.layout.group = 32;
+        pd.layout.page_size = 24;
+        cr_assert_neq(g.api->plan_create(g.ctx, &pd, &plan, NULL, 0, &err), OSCAR_OK);
+        cr_assert(strlen(err.msg) > 10);
+    });
+}
