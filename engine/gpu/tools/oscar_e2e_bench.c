@@ -1,0 +1,301 @@
+/* oscar-e2e-bench: end-to-end decode speed of a Qwen3-8B-shaped model with
+ * random bf16 weights (generated on the device) under one KV memory budget.
+ *
+ *   oscar-e2e-bench [--method bf16|oscar2|int2|...] [--budget-gb G] [--prompt P] [--gen N]
+ *       [--batch B] [--max-batch-cap C] [--real-prefill R] [--time-limit S]
+ *       [--long 32768,131072] [--long-steps K] [--layers L] [--md FILE]
+ *
+ * Throughput run: the largest batch whose pages and window slots fit G GB
+ * for sequences of P + N tokens (or --batch B). R of them (default 1) are
+ * prefilled for real through the model (timed: prefill tokens/s); the rest
+ * get a synthetic cache of P random K/V rows written through oscar_append
+ * (the same write path; decode speed does not depend on the values). Then
+ * every sequence decodes N tokens together (greedy), each step timed:
+ * generated tokens/s = batch * steps / decode time, time per output token =
+ * median step time. --time-limit stops decoding early (reported).
+ * Long-context runs: batch 1, synthetic cache of C tokens, K decode steps.
+ * Peak device memory is read from cudaMemGetInfo after each run. One
+ * Markdown row per run goes to stdout and to --md. */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ge.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static oe_config qwen3_8b(int layers)
+{
+    oe_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = OE_ARCH_QWEN3;
+    snprintf(c.model_type, sizeof c.model_type, "qwen3");
+    c.num_layers = layers;
+    c.hidden = 4096;
+    c.num_q_heads = 32;
+    c.num_kv_heads = 8;
+    c.head_dim = 128;
+    c.intermediate = 12288;
+    c.vocab = 151936;
+    c.max_position = 131072;
+    c.rms_eps = 1e-6;
+    c.rope_theta = 1e6;
+    c.tie_word_embeddings = 0;
+    c.qk_norm = 1;
+    return c;
+}
+
+typedef struct run_result {
+    int batch, steps, real_prefill;
+    double tok_s, tpot_ms, prefill_tok_s, fill_s, peak_gib, kv_gib, bits;
+    int truncated;
+} run_result;
+
+static FILE *g_md;
+
+static void md(const char *fmt, const char *a, const char *b, run_result *r, int context)
+{
+    (void)fmt;
+    char line[512];
+    snprintf(line, sizeof line, "| %s | %s | %d | %d | %.3f | %.1f | %.2f | %s | %.1f | %.1f |%s\n", a, b, context,
+             r->batch, r->bits, r->tok_s, r->tpot_ms,
+             r->real_prefill ? "" : "-", r->kv_gib, r->peak_gib, r->truncated ? " stopped early" : "");
+    if (r->real_prefill) {
+        char pf[32];
+        snprintf(pf, sizeof pf, "%.0f", r->prefill_tok_s);
+        snprintf(line, sizeof line, "| %s | %s | %d | %d | %.3f | %.1f | %.2f | %s | %.1f | %.1f |%s\n", a, b,
+                 context, r->batch, r->bits, r->tok_s, r->tpot_ms, pf, r->kv_gib, r->peak_gib,
+                 r->truncated ? " (stopped early)" : "");
+    }
+    fputs(line, stdout);
+    if (g_md) fputs(line, g_md);
+}
+
+/* One engine, `batch` sequences of prompt + gen tokens. */
+static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen, int real_prefill, double time_limit,
+               uint64_t seed, run_result *r)
+{
+    memset(r, 0, sizeof *r);
+    o.max_batch = batch;
+    o.max_seq_len = prompt + gen;
+    ge_engine *e = NULL;
+    double t0 = now_s();
+    if (ge_create_random(c, seed, &o, &e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        return 1;
+    }
+    size_t mw, mk, mws, ma;
+    ge_engine_memory(e, &mw, &mk, &mws, &ma);
+    fprintf(stderr, "engine up in %.1f s: weights %.2f GiB, KV %.2f GiB (%d pages/layer, %d slots), workspace %.2f "
+                    "GiB, activations %.2f GiB; variant %s\n",
+            now_s() - t0, mw / 1073741824.0, mk / 1073741824.0, ge_engine_kv(e)->num_pages,
+            ge_engine_kv(e)->num_slots, mws / 1073741824.0, ma / 1073741824.0, ge_engine_variant(e));
+    r->kv_gib = mk / 1073741824.0;
+    oscar_layout_desc l;
+    ge_layout_make(c, &o, &l);
+    oscar_layout_bits_per_element(&l, prompt + gen, &r->bits);
+    ge_sched *s = ge_engine_sched(e);
+    int32_t *slots = malloc((size_t)batch * 4), *nn = malloc((size_t)batch * 4), *nx = malloc((size_t)batch * 4);
+    int32_t *tok = malloc(((size_t)prompt > (size_t)batch ? (size_t)prompt : (size_t)batch) * 4);
+    double *dt = malloc(((size_t)gen + 1) * sizeof *dt);
+    int rc = 1;
+    if (!slots || !nn || !nx || !tok || !dt) goto out;
+    for (int i = 0; i < batch; i++)
+        if (ge_sched_submit(s, prompt, gen, NULL) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+            goto out;
+        }
+    int32_t n = 0;
+    if (ge_sched_admit(s, 1 << 30, slots, &n) != OSCAR_OK || n != batch) {
+        fprintf(stderr, "oscar-e2e-bench: admitted %d of %d sequences (%s)\n", n, batch, ge_last_error());
+        goto out;
+    }
+    uint64_t st = seed * 7919u + 1;
+    if (real_prefill > batch) real_prefill = batch;
+    double tp = now_s();
+    for (int i = 0; i < real_prefill; i++) {
+        for (int j = 0; j < prompt; j++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            tok[j] = (int32_t)((st >> 33) % (uint64_t)c->vocab);
+        }
+        if (ge_step(e, 1, &slots[i], &prompt, tok, nx, NULL) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: real prefill: %s\n", ge_last_error());
+            goto out;
+        }
+    }
+    if (real_prefill) {
+        r->real_prefill = real_prefill;
+        r->prefill_tok_s = (double)real_prefill * prompt / (now_s() - tp);
+        fprintf(stderr, "real prefill: %d x %d tokens, %.0f tokens/s\n", real_prefill, prompt, r->prefill_tok_s);
+    }
+    tp = now_s();
+    for (int i = real_prefill; i < batch; i++)
+        if (ge_fill_synthetic(e, slots[i], prompt, seed + (uint64_t)i) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: synthetic fill: %s\n", ge_last_error());
+            goto out;
+        }
+    r->fill_s = now_s() - tp;
+    fprintf(stderr, "synthetic cache fill: %d x %d tokens in %.1f s\n", batch - real_prefill, prompt, r->fill_s);
+    for (int i = 0; i < batch; i++) {
+        nn[i] = 1;
+        tok[i] = (int32_t)(i % c->vocab);
+    }
+    /* gen decode steps take every sequence from prompt to prompt + gen tokens. */
+    double td = now_s(), total = 0;
+    int steps = 0;
+    for (; steps < gen; steps++) {
+        double a = now_s();
+        if (ge_step(e, batch, slots, nn, tok, nx, NULL) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: decode step %d: %s\n", steps, ge_last_error());
+            goto out;
+        }
+        dt[steps] = now_s() - a;
+        total += dt[steps];
+        memcpy(tok, nx, (size_t)batch * 4);
+        if (steps == 0) fprintf(stderr, "first decode step: %.2f ms\n", dt[0] * 1e3);
+        if (time_limit > 0 && now_s() - td > time_limit && steps + 1 < gen) {
+            r->truncated = 1;
+            steps++;
+            break;
+        }
+    }
+    if (ge_sync_check(e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        goto out;
+    }
+    /* The first step pays one-off costs (cuBLAS heuristics): leave it out when there are others. */
+    int skip = steps > 1 ? 1 : 0;
+    double sum = 0;
+    for (int i = skip; i < steps; i++) sum += dt[i];
+    qsort(dt + skip, (size_t)(steps - skip), sizeof *dt, cmp_d);
+    r->steps = steps;
+    r->batch = batch;
+    r->tok_s = (double)batch * (steps - skip) / sum;
+    r->tpot_ms = 1e3 * dt[skip + (steps - skip) / 2];
+    size_t fr = 0, totm = 0;
+    cudaMemGetInfo(&fr, &totm);
+    r->peak_gib = (double)(totm - fr) / 1073741824.0;
+    fprintf(stderr, "decode: %d steps in %.2f s, %.1f tokens/s, median step %.2f ms\n", steps, total, r->tok_s,
+            r->tpot_ms);
+    rc = 0;
+out:
+    free(slots);
+    free(nn);
+    free(nx);
+    free(tok);
+    free(dt);
+    ge_destroy(e);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
+    double budget_gb = 40.0, time_limit = 60.0;
+    int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;
+    int max_prefill = 8192;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+        if (!strcmp(a, "--method") && more) method_name = argv[++i];
+        else if (!strcmp(a, "--budget-gb") && more) budget_gb = atof(argv[++i]);
+        else if (!strcmp(a, "--prompt") && more) prompt = atoi(argv[++i]);
+        else if (!strcmp(a, "--gen") && more) gen = atoi(argv[++i]);
+        else if (!strcmp(a, "--batch") && more) batch = atoi(argv[++i]);
+        else if (!strcmp(a, "--max-batch-cap") && more) cap = atoi(argv[++i]);
+        else if (!strcmp(a, "--real-prefill") && more) real_prefill = atoi(argv[++i]);
+        else if (!strcmp(a, "--time-limit") && more) time_limit = atof(argv[++i]);
+        else if (!strcmp(a, "--long") && more) longs = argv[++i];
+        else if (!strcmp(a, "--long-steps") && more) long_steps = atoi(argv[++i]);
+        else if (!strcmp(a, "--layers") && more) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--max-prefill") && more) max_prefill = atoi(argv[++i]);
+        else if (!strcmp(a, "--params") && more) params = argv[++i];
+        else if (!strcmp(a, "--md") && more) md_path = argv[++i];
+        else {
+            fprintf(stderr, "oscar-e2e-bench: unknown or incomplete option '%s'\n", a);
+            return 2;
+        }
+    }
+    oscar_method method;
+    if (oscar_method_from_name(method_name, &method) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", oscar_last_error());
+        return 2;
+    }
+    if (prompt <= 0 || gen <= 0 || layers <= 0 || budget_gb <= 0) {
+        fprintf(stderr, "oscar-e2e-bench: --prompt, --gen, --layers and --budget-gb must be positive\n");
+        return 2;
+    }
+    if (md_path && !(g_md = fopen(md_path, "a"))) {
+        fprintf(stderr, "oscar-e2e-bench: cannot open %s\n", md_path);
+        return 1;
+    }
+    oe_config c = qwen3_8b(layers);
+    ge_options o;
+    ge_options_default(&o);
+    o.method = method;
+    o.params_path = params;
+    o.kv_budget = (size_t)(budget_gb * 1e9);
+    o.max_prefill_tokens = prompt < max_prefill ? prompt : max_prefill;
+    o.check_every = 256;
+    o.max_seq_len = prompt + gen;
+    oscar_layout_desc l;
+    ge_layout_make(&c, &o, &l);
+    int best = 0;
+    if (ge_max_batch(&l, c.num_layers, o.kv_budget, prompt + gen, &best, NULL) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        return 1;
+    }
+    double bpt;
+    size_t seq_bytes;
+    ge_kv_bytes_per_token(&l, c.num_layers, &bpt);
+    ge_kv_seq_bytes(&l, c.num_layers, prompt + gen, &seq_bytes);
+    fprintf(stderr, "%s: %.1f KB KV per token (paged), %.1f MB per %d-token sequence; largest batch in %.1f GB: %d\n",
+            oscar_method_name(method), bpt / 1e3, seq_bytes / 1e6, prompt + gen, budget_gb, best);
+    int b = batch > 0 ? batch : best;
+    if (b > cap) b = cap;
+    if (b <= 0) {
+        fprintf(stderr, "oscar-e2e-bench: not one sequence of %d tokens fits %.1f GB\n", prompt + gen, budget_gb);
+        return 1;
+    }
+    char cfg[96];
+    snprintf(cfg, sizeof cfg, "%.0f GB, %d+%d, largest batch %d", budget_gb, prompt, gen, best);
+    run_result r;
+    int rc = run(&c, o, b, prompt, gen, real_prefill, time_limit, 1, &r);
+    if (rc == 0) md("", oscar_method_name(method), cfg, &r, prompt);
+    /* Batch 1 at long context. */
+    for (const char *p = longs; rc == 0 && p && *p;) {
+        int ctx = atoi(p);
+        if (ctx > 0) {
+            ge_options lo = o;
+            lo.max_seq_len = ctx + long_steps;
+            oscar_layout_desc ll;
+            ge_layout_make(&c, &lo, &ll);
+            size_t need;
+            ge_kv_seq_bytes(&ll, c.num_layers, ctx + long_steps, &need);
+            lo.kv_budget = need + (size_t)c.num_layers * (1u << 20);
+            run_result lr;
+            if (run(&c, lo, 1, ctx, long_steps, 0, time_limit, 2, &lr) == 0) {
+                snprintf(cfg, sizeof cfg, "batch 1, %d context", ctx);
+                md("", oscar_method_name(method), cfg, &lr, ctx);
+            } else rc = 1;
+        }
+        p = strchr(p, ',');
+        if (p) p++;
+    }
+    if (g_md) fclose(g_md);
+    return rc;
+}

@@ -1,0 +1,234 @@
+/* oscar-gpu-generate: greedy generation with the GPU engine on a Hugging
+ * Face checkpoint, and (--check) its agreement with the CPU engine.
+ *
+ *   oscar-gpu-generate MODEL_DIR --prompt-tokens FILE --n N [--method bf16|oscar2|int2|...]
+ *       [--params P] [--prompt-len L] [--offset O] [--fp32] [--stepwise]
+ *       [--check [--min-agree A] [--max-logit-diff D] [--first K]]
+ *
+ * --check runs the CPU engine (fp32, K/V rounded to bf16 like the cache;
+ * for 2-bit methods its KV hook quantizes the region S0 <= p <= t - W with
+ * oscar_fakequant, liboscar's CPU reference) over prompt + generated tokens
+ * in one causal pass (teacher forcing with the GPU's tokens). At each step
+ * it compares the GPU's greedy token with the CPU's argmax and the two
+ * logit rows. If every step agrees, the CPU engine run greedily would
+ * produce exactly the GPU's tokens. A disagreement counts as a near tie
+ * (tolerated) when the CPU's own margin between its top token and the
+ * GPU's token is at most twice that step's largest logit difference.
+ * Pass: agreement rate (near ties counted as agreeing) >= A and the largest
+ * logit difference over the first K steps <= D. Exit status 3 on failure. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ge.h"
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: oscar-gpu-generate MODEL_DIR --prompt-tokens FILE --n N [--method M] [--params P]\n"
+                    "       [--prompt-len L] [--offset O] [--fp32] [--stepwise] [--sink S] [--recent W]\n"
+                    "       [--check [--min-agree A] [--max-logit-diff D] [--first K]]\n");
+}
+
+typedef struct hook_ctx {
+    const oscar_params *p;
+    oscar_method m;
+    int Hkv, d, group;
+    oscar_status st;
+} hook_ctx;
+
+static oscar_status kv_hook(void *user, int layer, int n, const float *k, const float *v, float *kq, float *vq)
+{
+    hook_ctx *h = user;
+    size_t bytes = (size_t)n * h->Hkv * h->d * sizeof(float);
+    memcpy(kq, k, bytes);
+    memcpy(vq, v, bytes);
+    oscar_status s = oscar_fakequant(h->p, h->m, layer, OSCAR_K, h->group, n, h->Hkv, h->d, kq);
+    if (s == OSCAR_OK) s = oscar_fakequant(h->p, h->m, layer, OSCAR_V, h->group, n, h->Hkv, h->d, vq);
+    if (s != OSCAR_OK) fprintf(stderr, "fakequant: %s\n", oscar_last_error());
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || argv[1][0] == '-') {
+        usage();
+        return 2;
+    }
+    const char *dir = argv[1], *tok_path = NULL, *params = NULL, *method_name = "bf16";
+    int n_gen = 64, plen = 512, fp32 = 0, stepwise = 0, check = 0, first = 16, sink = 64, recent = 256;
+    long offset = 0;
+    double min_agree = 1.0, max_diff = 1e30;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+        if (!strcmp(a, "--prompt-tokens") && more) tok_path = argv[++i];
+        else if (!strcmp(a, "--n") && more) n_gen = atoi(argv[++i]);
+        else if (!strcmp(a, "--method") && more) method_name = argv[++i];
+        else if (!strcmp(a, "--params") && more) params = argv[++i];
+        else if (!strcmp(a, "--prompt-len") && more) plen = atoi(argv[++i]);
+        else if (!strcmp(a, "--offset") && more) offset = atol(argv[++i]);
+        else if (!strcmp(a, "--sink") && more) sink = atoi(argv[++i]);
+        else if (!strcmp(a, "--recent") && more) recent = atoi(argv[++i]);
+        else if (!strcmp(a, "--fp32")) fp32 = 1;
+        else if (!strcmp(a, "--stepwise")) stepwise = 1;
+        else if (!strcmp(a, "--check")) check = 1;
+        else if (!strcmp(a, "--min-agree") && more) min_agree = atof(argv[++i]);
+        else if (!strcmp(a, "--max-logit-diff") && more) max_diff = atof(argv[++i]);
+        else if (!strcmp(a, "--first") && more) first = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "oscar-gpu-generate: unknown or incomplete option '%s'\n", a);
+            usage();
+            return 2;
+        }
+    }
+    oscar_method method;
+    if (!tok_path || n_gen <= 0 || plen <= 0 || offset < 0) {
+        usage();
+        return 2;
+    }
+    if (oscar_method_from_name(method_name, &method) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", oscar_last_error());
+        return 2;
+    }
+    oe_model *m = NULL;
+    if (oe_model_load(dir, &m) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", oe_last_error());
+        return 1;
+    }
+    const oe_config *c = oe_model_config(m);
+    uint32_t *all = NULL;
+    int64_t count = 0;
+    if (oe_tokens_load(tok_path, c->vocab, &all, &count) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", oe_last_error());
+        return 1;
+    }
+    if (offset + plen > count) {
+        fprintf(stderr, "oscar-gpu-generate: %s holds %lld tokens, fewer than offset %ld + prompt %d\n", tok_path,
+                (long long)count, offset, plen);
+        return 1;
+    }
+    int32_t *prompt = malloc((size_t)plen * 4), *out = malloc((size_t)n_gen * 4);
+    float *glog = malloc((size_t)n_gen * c->vocab * 4);
+    if (!prompt || !out || !glog) return 1;
+    for (int i = 0; i < plen; i++) prompt[i] = (int32_t)all[offset + i];
+
+    ge_options o;
+    ge_options_default(&o);
+    o.method = method;
+    o.params_path = params;
+    o.max_batch = 1;
+    o.max_seq_len = plen + n_gen;
+    o.max_prefill_tokens = plen;
+    o.act_f32 = fp32;
+    o.sink = sink;
+    o.recent = recent;
+    o.check_every = 1;
+    oscar_layout_desc l;
+    ge_layout_make(c, &o, &l);
+    size_t need;
+    if (ge_kv_seq_bytes(&l, c->num_layers, plen + n_gen, &need) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
+        return 1;
+    }
+    o.kv_budget = need + (size_t)c->num_layers * 4096;
+    ge_engine *e = NULL;
+    if (ge_create_from_model(m, &o, &e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
+        return 1;
+    }
+    printf("device: %s\nvariant: %s\nmethod: %s, %s weights/activations, prefill %s, prompt %d tokens at offset %ld\n",
+           ge_engine_device(e), ge_engine_variant(e), oscar_method_name(method), fp32 ? "fp32" : "bf16",
+           stepwise ? "stepwise (decode path per prompt token)" : "exact (prompt attention on its bf16 K/V)", plen,
+           offset);
+    const int32_t *pp = prompt;
+    ge_gen_stats gs;
+    if (ge_generate(e, 1, &pp, &plen, n_gen, stepwise, out, glog, &gs) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
+        return 1;
+    }
+    printf("tokens:");
+    for (int i = 0; i < n_gen; i++) printf(" %d", out[i]);
+    printf("\nprefill %.3f s, decode %.3f s (%lld steps)\n", gs.prefill_s, gs.decode_s, (long long)gs.steps);
+    ge_destroy(e);
+    int rc = 0;
+    if (check) {
+        /* CPU reference over prompt + generated[0..n-2]: logits at positions plen-1 .. plen+n-2. */
+        int W = plen + n_gen - 1;
+        uint32_t *win = malloc((size_t)W * 4);
+        float *clog = malloc((size_t)W * c->vocab * 4);
+        if (!win || !clog) return 1;
+        for (int i = 0; i < plen; i++) win[i] = (uint32_t)prompt[i];
+        for (int i = 0; i + 1 < n_gen; i++) win[plen + i] = (uint32_t)out[i];
+        oe_ctx *ctx;
+        oe_forward_options fo;
+        oe_forward_options_default(&fo);
+        fo.kv_bf16 = 1;
+        fo.sink_tokens = sink;
+        fo.recent_tokens = recent;
+        oscar_params *prm = NULL;
+        hook_ctx hk = {0};
+        if (method != OSCAR_METHOD_BF16) {
+            oscar_status s = params ? oscar_params_load(params, &prm)
+                                    : oscar_params_create_builtin(method, c->num_layers, c->num_q_heads,
+                                                                  c->num_kv_heads, c->head_dim, &prm);
+            if (s != OSCAR_OK) {
+                fprintf(stderr, "oscar-gpu-generate: %s\n", oscar_last_error());
+                return 1;
+            }
+            hk = (hook_ctx){prm, method, c->num_kv_heads, c->head_dim, l.group, OSCAR_OK};
+            fo.kv_quant = kv_hook;
+            fo.kv_quant_user = &hk;
+        }
+        if (oe_ctx_create(m, W, &ctx) != OSCAR_OK || oe_forward(ctx, win, W, &fo, clog) != OSCAR_OK) {
+            fprintf(stderr, "oscar-gpu-generate: CPU reference: %s\n", oe_last_error());
+            return 1;
+        }
+        int agree = 0, ties = 0;
+        double worst = 0.0, worst_first = 0.0, sum = 0.0;
+        int first_miss = -1;
+        for (int i = 0; i < n_gen; i++) {
+            const float *cr = clog + (size_t)(plen - 1 + i) * c->vocab, *gr = glog + (size_t)i * c->vocab;
+            int top = 0;
+            double md = 0.0;
+            for (int j = 0; j < c->vocab; j++) {
+                if (cr[j] > cr[top]) top = j;
+                double dd = fabs((double)cr[j] - gr[j]);
+                if (!(dd <= md)) md = dd; /* NaN propagates as a failure */
+            }
+            sum += md;
+            if (!(md <= worst)) worst = md;
+            if (i < first && !(md <= worst_first)) worst_first = md;
+            if (top == out[i]) agree++;
+            else {
+                double margin = (double)cr[top] - cr[out[i]];
+                int tie = margin <= 2.0 * md;
+                ties += tie;
+                if (first_miss < 0) first_miss = i;
+                printf("step %d: GPU %d, CPU %d (CPU margin %.4f, max logit diff %.4f)%s\n", i, out[i], top, margin,
+                       md, tie ? " near tie" : "");
+            }
+        }
+        double rate = (double)(agree + ties) / n_gen;
+        int pass = rate >= min_agree && worst_first <= max_diff;
+        printf("check: %s vs CPU engine%s: %d/%d steps agree exactly, %d near ties, rate %.4f (need >= %.4f); max "
+               "logit diff %.5f over the first %d steps (need <= %.4f), %.5f over all, mean %.5f; first "
+               "disagreement %d: %s\n",
+               oscar_method_name(method), method == OSCAR_METHOD_BF16 ? " (bf16 K/V)" : " + fakequant hook", agree,
+               n_gen, ties, rate, min_agree, worst_first, first, max_diff, worst, sum / n_gen, first_miss,
+               pass ? "PASS" : "FAIL");
+        printf("RESULT|%s|%s|%s|%d/%d|%d|%.4f|%.5f|%.5f|%s\n", oscar_method_name(method), fp32 ? "fp32" : "bf16",
+               stepwise ? "stepwise" : "exact", agree, n_gen, ties, rate, worst_first, worst, pass ? "PASS" : "FAIL");
+        rc = pass ? 0 : 3;
+        oe_ctx_free(ctx);
+        oscar_params_destroy(prm);
+        free(win);
+        free(clog);
+    }
+    free(prompt);
+    free(out);
+    free(glog);
+    free(all);
+    oe_model_free(m);
+    return rc;
+}
