@@ -67,22 +67,19 @@ typedef struct run_result {
 
 static FILE *g_md;
 
-static void md(const char *fmt, const char *a, const char *b, run_result *r, int context)
+static void md(const char *method, const char *run, run_result *r, int context)
 {
-    (void)fmt;
+    char pf[32] = "-";
+    if (r->real_prefill) snprintf(pf, sizeof pf, "%.0f", r->prefill_tok_s);
     char line[512];
-    snprintf(line, sizeof line, "| %s | %s | %d | %d | %.3f | %.1f | %.2f | %s | %.1f | %.1f |%s\n", a, b, context,
-             r->batch, r->bits, r->tok_s, r->tpot_ms,
-             r->real_prefill ? "" : "-", r->kv_gib, r->peak_gib, r->truncated ? " stopped early" : "");
-    if (r->real_prefill) {
-        char pf[32];
-        snprintf(pf, sizeof pf, "%.0f", r->prefill_tok_s);
-        snprintf(line, sizeof line, "| %s | %s | %d | %d | %.3f | %.1f | %.2f | %s | %.1f | %.1f |%s\n", a, b,
-                 context, r->batch, r->bits, r->tok_s, r->tpot_ms, pf, r->kv_gib, r->peak_gib,
-                 r->truncated ? " (stopped early)" : "");
-    }
+    snprintf(line, sizeof line, "| %s | %s%s | %d | %d | %.3f | %.1f | %.2f | %s | %.1f | %.1f |\n", method, run,
+             r->truncated ? " (decode stopped early)" : "", context, r->batch, r->bits, r->tok_s, r->tpot_ms, pf,
+             r->kv_gib, r->peak_gib);
     fputs(line, stdout);
-    if (g_md) fputs(line, g_md);
+    if (g_md) {
+        fputs(line, g_md);
+        fflush(g_md);
+    }
 }
 
 /* One engine, `batch` sequences of prompt + gen tokens. */
@@ -275,7 +272,7 @@ int main(int argc, char **argv)
     snprintf(cfg, sizeof cfg, "%.0f GB, %d+%d, largest batch %d", budget_gb, prompt, gen, best);
     run_result r;
     int rc = run(&c, o, b, prompt, gen, real_prefill, time_limit, 1, &r);
-    if (rc == 0) md("", oscar_method_name(method), cfg, &r, prompt);
+    if (rc == 0) md(oscar_method_name(method), cfg, &r, prompt);
     /* Batch 1 at long context. */
     for (const char *p = longs; rc == 0 && p && *p;) {
         int ctx = atoi(p);
@@ -290,7 +287,7 @@ int main(int argc, char **argv)
             run_result lr;
             if (run(&c, lo, 1, ctx, long_steps, 0, time_limit, 2, &lr) == 0) {
                 snprintf(cfg, sizeof cfg, "batch 1, %d context", ctx);
-                md("", oscar_method_name(method), cfg, &lr, ctx);
+                md(oscar_method_name(method), cfg, &lr, ctx);
             } else rc = 1;
         }
         p = strchr(p, ',');

@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# One-shot GPU end-to-end check and benchmark of liboscar's GPU engine
+# (engine/gpu), for the H200 device machine. Builds (CUDA on, HIP/OpenCL
+# off), runs the real-weight agreement checks on tiny-qwen3 against the CPU
+# engine, then the Qwen3-8B-shaped random-weight benchmark (BF16 vs oscar2
+# under one KV budget, batch 1 at long context), and prints a Markdown
+# table last (also written to $OUT/e2e.md, the full log to $OUT/e2e.log).
+#
+#   perf/e2e/run.sh [--carry DIR] [--model DIR|TAR] [--tokens FILE] [--deps TAR]
+#                   [--budget-gb G] [--prompt P] [--gen N] [--no-check] [--no-bench]
+# --carry DIR: the folder perf/e2e/pack.sh made (deps.tar.xz, tiny-qwen3.tar.xz,
+# eval-head.tokens); explicit --model/--tokens/--deps override it.
+# Tolerances of the checks (oscar-gpu-generate --check, teacher forcing over
+# the GPU's 64 greedy tokens from a 1024-token prompt of eval.tokens):
+#   bf16 KV, fp32 weights/activations : every step agrees (near ties excepted), max logit diff <= 0.05 (first 16)
+#   bf16 KV, bf16 weights/activations : >= 90% agree, max logit diff <= 1.0 (first 16)
+#   oscar2 / int2, fp32, stepwise     : vs CPU engine + fakequant hook: >= 95% agree, max logit diff <= 0.25 (first 16)
+#   oscar2, bf16, exact prefill       : informational (>= 80%, <= 2.0): the prompt's own attention is exact here
+#                                       while the CPU hook quantizes it
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${OUT:-/tmp/e2e-out}
+mkdir -p "$out"
+log=$out/e2e.log
+exec > >(tee "$log") 2>&1
+carry= model= tokens= deps= budget=40 prompt=8192 gen=1024 do_check=1 do_bench=1
+while (($#)); do
+  case $1 in
+    --carry) carry=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --tokens) tokens=$2; shift 2 ;;
+    --deps) deps=$2; shift 2 ;;
+    --budget-gb) budget=$2; shift 2 ;;
+    --prompt) prompt=$2; shift 2 ;;
+    --gen) gen=$2; shift 2 ;;
+    --no-check) do_check=0; shift ;;
+    --no-bench) do_bench=0; shift ;;
+    *) echo "run.sh: unknown option $1"; exit 2 ;;
+  esac
+done
+if [[ -n $carry ]]; then
+  [[ -z $model && -e $carry/tiny-qwen3.tar.xz ]] && model=$carry/tiny-qwen3.tar.xz
+  [[ -z $tokens && -e $carry/eval-head.tokens ]] && tokens=$carry/eval-head.tokens
+  [[ -z $deps && -e $carry/deps.tar.xz ]] && deps=$carry/deps.tar.xz
+fi
+t_start=$(date +%s)
+echo "== e2e: $(date -u +%FT%TZ), $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi')"
+
+# ------------------------------------------------------------- dependencies
+have_deps() { pkg-config --exists jansson 2>/dev/null && ldconfig -p | grep -q liblapacke && ldconfig -p | grep -q libopenblas; }
+if ! have_deps; then
+  if [[ -z $deps ]]; then
+    echo "run.sh: jansson / LAPACKE / OpenBLAS missing and no --deps given; make them with perf/e2e/pack.sh"; exit 1
+  fi
+  mkdir -p /tmp/e2e-deps && tar -C /tmp/e2e-deps -xJf "$deps" || { echo "run.sh: cannot unpack $deps"; exit 1; }
+  export PKG_CONFIG_PATH=/tmp/e2e-deps/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export CMAKE_PREFIX_PATH=/tmp/e2e-deps${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+  export LD_LIBRARY_PATH=/tmp/e2e-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export LIBRARY_PATH=/tmp/e2e-deps/lib CPATH=/tmp/e2e-deps/include
+  echo "deps: unpacked $deps into /tmp/e2e-deps"
+fi
+if [[ -n $model && $model == *.tar.xz ]]; then
+  mkdir -p /tmp/e2e-model && tar -C /tmp/e2e-model -xJf "$model" || { echo "run.sh: cannot unpack $model"; exit 1; }
+  model=/tmp/e2e-model/tiny-qwen3
+fi
+
+# -------------------------------------------------------------------- build
+build=$root/build-e2e-dev
+gen_flag=()
+command -v ninja >/dev/null && gen_flag=(-G Ninja)
+[[ -f $build/CMakeCache.txt ]] && gen_flag=()
+echo "== build ($build)"
+if ! cmake -S "$root" -B "$build" "${gen_flag[@]}" -DCMAKE_BUILD_TYPE=Release -DOSCAR_CUDA=ON -DOSCAR_HIP=OFF \
+      -DOSCAR_OPENCL=OFF -DOSCAR_BUILD_TESTS=OFF -DOSCAR_GEN_SET=minimal -DOSCAR_CUDA_ARCHS=90 >"$out/cmake.txt" 2>&1; then
+  tail -40 "$out/cmake.txt"; echo "run.sh: configure failed"; exit 1
+fi
+grep -E "liboscar:" "$out/cmake.txt"
+if ! cmake --build "$build" -j"$(nproc)" --target oscar-gpu-generate oscar-e2e-bench oscar_backend_cuda \
+      >"$out/build.txt" 2>&1; then
+  grep -E "error|Error" "$out/build.txt" | head -40; echo "run.sh: build failed"; exit 1
+fi
+echo "build: done in $(( $(date +%s) - t_start )) s"
+export OSCAR_PLUGIN_PATH=$build/lib
+bin=$build/bin
+md=$out/e2e.md
+: >"$md"
+
+# ------------------------------------------------------------------ checks
+checks_ok=1
+if ((do_check)); then
+  if [[ -z $model || -z $tokens ]]; then
+    echo "== checks skipped: give --model and --tokens (or --carry)"; checks_ok=0
+  else
+    echo "== agreement checks on $model"
+    {
+      echo "### Agreement with the CPU engine (tiny-qwen3, prompt 1024 tokens of eval.tokens, 64 greedy steps)"
+      echo
+      echo "| KV method | weights/act | prefill | exact agree | near ties | rate | max logit diff (first 16) | max logit diff (all) | result |"
+      echo "|---|---|---|---|---|---|---|---|---|"
+    } >>"$md"
+    run_check() { # method fp32? stepwise? min_agree max_diff
+      local args=(--method "$1" --prompt-len 1024 --n 64 --check --min-agree "$4" --max-logit-diff "$5" --first 16)
+      [[ $2 == fp32 ]] && args+=(--fp32)
+      [[ $3 == stepwise ]] && args+=(--stepwise)
+      local o
+      o=$(timeout 180 "$bin/oscar-gpu-generate" "$model" --prompt-tokens "$tokens" "${args[@]}" 2>&1)
+      local rc=$?
+      echo "$o" | grep -vE "^tokens:" | sed 's/^/  /'
+      local line
+      line=$(echo "$o" | grep '^RESULT|' | tail -1)
+      if [[ -n $line ]]; then
+        echo "$line" | awk -F'|' '{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $2,$3,$4,$5,$6,$7,$8,$9,$10}' >>"$md"
+      else
+        echo "| $1 | $2 | $3 | - | - | - | - | - | ERROR (rc $rc) |" >>"$md"
+      fi
+      ((rc == 0)) || checks_ok=0
+    }
+    run_check bf16 fp32 exact 1.0 0.05
+    run_check bf16 bf16 exact 0.9 1.0
+    run_check oscar2 fp32 stepwise 0.95 0.25
+    run_check int2 fp32 stepwise 0.95 0.25
+    run_check oscar2 bf16 exact 0.8 2.0
+    echo >>"$md"
+  fi
+fi
+
+# ---------------------------------------------------------------- benchmark
+if ((do_bench)); then
+  echo "== benchmark: Qwen3-8B shape, random bf16 weights"
+  {
+    echo "### End to end, Qwen3-8B shape (36 layers, random bf16 weights), KV budget ${budget} GB"
+    echo
+    echo "| method | run | context | batch | KV bits/elem | generated tok/s | time per output token (ms) | prefill tok/s | KV GiB | device GiB used |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+  } >>"$md"
+  bench() { # method budget prompt gen long time_limit
+    timeout 200 "$bin/oscar-e2e-bench" --method "$1" --budget-gb "$2" --prompt "$3" --gen "$4" --long "$5" \
+      --long-steps 64 --time-limit "$6" --real-prefill 1 --md "$md"
+  }
+  for m in bf16 oscar2; do
+    left=$(( 470 - ($(date +%s) - t_start) ))
+    if ((left < 60)); then echo "bench $m skipped: time"; echo "| $m | skipped (time) |||||||||" >>"$md"; continue; fi
+    tl=$(( left > 300 ? 30 : 15 ))
+    if ! bench $m "$budget" "$prompt" "$gen" 32768,131072 $tl; then
+      echo "bench $m at ${budget} GB / $prompt+$gen failed; fallback 16 GB, 2048+256, long 32768"
+      bench $m 16 2048 256 32768 10 || echo "| $m | FAILED (see e2e.log) |||||||||" >>"$md"
+    fi
+  done
+  echo >>"$md"
+  echo "Generated tok/s: batch x decode steps / decode time (first step excluded); time per output token: median decode step." >>"$md"
+  echo "Caches beyond the really prefilled sequence are filled with random K/V through oscar_append (decode speed does not depend on the values)." >>"$md"
+fi
+
+echo
+echo "== summary ($(( $(date +%s) - t_start )) s)"
+cat "$md"
+((checks_ok)) || { echo "run.sh: some checks FAILED or did not run"; exit 3; }
