@@ -337,6 +337,7 @@ static oscar_status create_from_model(const oe_model *m, ge_engine *e)
     size_t H = (size_t)c->hidden, d = (size_t)c->head_dim, qd = (size_t)c->num_q_heads * d,
            kvd = (size_t)c->num_kv_heads * d, FF = (size_t)c->intermediate, V = (size_t)c->vocab, w = e->wsz;
     size_t biggest = V * H > FF * H ? V * H : FF * H;
+    if (qd * H > biggest) biggest = qd * H;
     float *stage;
     GE(dalloc(e, (void **)&stage, biggest * 4, NULL, "upload staging"));
     size_t *mw = &e->mem_weights;
@@ -377,7 +378,8 @@ static oscar_status create_from_model(const oe_model *m, ge_engine *e)
         }
         if (s->bq || s->bk || s->bv) {
             GE(dalloc(e, (void **)&g->bqkv, (size_t)e->QKV * 4, mw, "qkv bias"));
-            CU(cudaMemset(g->bqkv, 0, (size_t)e->QKV * 4));
+            /* On the engine's stream: the uploads below run there too. */
+            CU(cudaMemsetAsync(g->bqkv, 0, (size_t)e->QKV * 4, e->st));
             if (s->bq) GE(upload(e, g->bqkv, 0, s->bq, qd, stage, 1));
             if (s->bk) GE(upload(e, g->bqkv, qd, s->bk, kvd, stage, 1));
             if (s->bv) GE(upload(e, g->bqkv, qd + kvd, s->bv, kvd, stage, 1));
