@@ -423,6 +423,7 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
 enum { TOKENS = 0, CHUNKS = 1, PREFILL = 2 };
 
 static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens, int mode) {
+    cr_assert(nseq >= 1 && nseq <= 64);
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
     rc_rng_seed(&r, seed);
@@ -430,16 +431,17 @@ static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens,
     for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
     env e;
     if (!env_init(&e, g, c, &r, seed, nseq, maxlen)) return;
-    int H = c->H, d = c->d;
+    size_t H = (size_t)c->H, d = (size_t)c->d;
     float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
     rc_seq_ref *refs = calloc((size_t)nseq, sizeof *refs);
     int32_t *maxl = malloc((size_t)nseq * sizeof *maxl);
     for (int i = 0; i < nseq; i++) {
+        cr_assert(final_lens[i] >= 1 && final_lens[i] <= 100000);
         maxl[i] = final_lens[i];
         K[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
-        rc_gen_kv(&r, final_lens[i], H, d, 3, c->kv, K[i]);
-        rc_gen_kv(&r, final_lens[i], H, d, 2, c->kv, V[i]);
+        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
+        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
         cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
                                       e.clip_v[LAYER], final_lens[i], K[i], V[i], &refs[i]),
                      0);

@@ -1,0 +1,283 @@
+// Decode-attention benchmark of the CUDA plugin (liboscar_backend_cuda.so,
+// loaded like the runtime does: dlopen + oscar_backend_entry_v1).
+// Qwen3-8B shape: 32 q heads, 8 KV heads, d 128, group 128, page 64, sink 64,
+// recent 256, BF16 windows, F16 metadata. Batch x context grid; per point:
+// 2-bit OSCAR decode, the library's BF16 paged decode (same kernel family,
+// 16-bit pages), the write path (append of one token per sequence), each the
+// median of many CUDA-event-timed calls after warm-up, rotating enough cache
+// copies to exceed the L2. Bytes read are counted from the layout; GB/s and the
+// fraction of a measured device-to-device copy bandwidth are printed.
+//   bench_attention PLUGIN.so OUT.tsv [quick]
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "oscar_backend.h"
+
+#define CK(x)                                                                                       \
+    do {                                                                                            \
+        cudaError_t e_ = (x);                                                                       \
+        if (e_ != cudaSuccess) {                                                                    \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));      \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+#define OK(x)                                                                                       \
+    do {                                                                                            \
+        oscar_status s_ = (x);                                                                      \
+        if (s_ != OSCAR_OK) {                                                                       \
+            fprintf(stderr, "%s:%d %s: status %d %s\n", __FILE__, __LINE__, #x, (int)s_, err.msg);  \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static const oscar_backend_api *api;
+static void *ctx;
+static oscar_errbuf err;
+
+__global__ void fill_random(unsigned *p, size_t n, unsigned seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned x = (unsigned)i * 2654435761u ^ seed;
+        x ^= x >> 13;
+        x *= 0x5bd1e995u;
+        x ^= x >> 15;
+        p[i] = x;
+    }
+}
+// 16-bit values in [-2, 2): bf16 (exponent 126-128) or small f16.
+__global__ void fill_bf16(unsigned short *p, size_t n, unsigned seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned x = (unsigned)i * 2654435761u ^ seed;
+        x ^= x >> 13;
+        x *= 0x5bd1e995u;
+        x ^= x >> 15;
+        p[i] = (unsigned short)((x & 0x8000u) | 0x3e80u | (x & 0x7fu)); // +-[0.25, 0.5)
+    }
+}
+// Page metadata (f16 pairs a ~ 0.01, b ~ -0.06) of every page: the meta arrays
+// run from meta_off to the end of each page.
+__global__ void fill_meta(unsigned char *pages, size_t num_pages, size_t page_bytes, size_t meta_off) {
+    size_t pairs = (page_bytes - meta_off) / 4;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < num_pages * pairs;
+         i += (size_t)gridDim.x * blockDim.x) {
+        unsigned short *m = (unsigned short *)(pages + (i / pairs) * page_bytes + meta_off) + 2 * (i % pairs);
+        m[0] = 0x2200 + (unsigned short)(i % 64);
+        m[1] = 0xac00 + (unsigned short)(i % 128);
+    }
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+struct Case {
+    int B, L;
+};
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s liboscar_backend_cuda.so out.tsv [quick]\n", argv[0]);
+        return 2;
+    }
+    int quick = argc > 3;
+    void *so = dlopen(argv[1], RTLD_NOW);
+    if (!so) {
+        fprintf(stderr, "dlopen: %s\n", dlerror());
+        return 1;
+    }
+    oscar_backend_entry_fn entry;
+    *(void **)&entry = dlsym(so, OSCAR_BACKEND_ENTRY_SYMBOL);
+    api = entry();
+    OK(api->init(0, &ctx, &err));
+    printf("device: %s\n", api->device_name(ctx));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    size_t free_b, total_b;
+    CK(cudaMemGetInfo(&free_b, &total_b));
+
+    // Copy roofline: device-to-device copy of 4 GiB, bytes read + written.
+    double copy_bw;
+    {
+        size_t n = (size_t)4 << 30;
+        void *a, *b;
+        CK(cudaMalloc(&a, n));
+        CK(cudaMalloc(&b, n));
+        CK(cudaMemset(a, 1, n));
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        std::vector<float> ts;
+        for (int i = 0; i < 12; i++) {
+            cudaEventRecord(e0);
+            CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (i >= 2) ts.push_back(ms);
+        }
+        copy_bw = 2.0 * n / (median(ts) * 1e-3);
+        printf("copy roofline: %.0f GB/s (read + write)\n", copy_bw / 1e9);
+        cudaFree(a);
+        cudaFree(b);
+    }
+
+    const int Hq = 32, H = 8, D = 128, G = 128, P = 64, S0 = 64, W = 256;
+    FILE *out = fopen(argv[2], "w");
+    fprintf(out, "method\tbatch\tcontext\tsplits_variant\tmedian_us\tbytes\tGBps\tfrac_copy\tappend_us\n");
+    std::vector<Case> cases;
+    int Bs[] = {1, 8, 32, 64};
+    int Ls[] = {4096, 32768, 131072};
+    for (int L : Ls)
+        for (int B : Bs) cases.push_back({B, L});
+    if (quick) cases = {{1, 4096}, {32, 32768}};
+
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    for (int mi = 0; mi < 2; mi++) {
+        int bf16m = mi == 1;
+        oscar_layout_desc l = {sizeof l, D, G, Hq, H, P, S0, W, 131072 + 64, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
+                               bf16m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2};
+        // Hadamard rotation for both K and V (a real OSCAR rotation costs the same).
+        std::vector<float> R((size_t)D * D);
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++) R[(size_t)i * D + j] = (__builtin_popcount(i & j) & 1 ? -1.f : 1.f) / sqrtf(D);
+        float ck = 0.96f, cv = 0.92f;
+        oscar_backend_plan_desc pd = {l, 1, 1, bf16m, bf16m ? nullptr : R.data(), bf16m ? nullptr : R.data(), &ck, &cv};
+        void *plan;
+        char variant[128];
+        OK(api->plan_create(ctx, &pd, &plan, variant, sizeof variant, &err));
+        printf("%s variant %s\n", bf16m ? "bf16-paged" : "oscar2", variant);
+        int S = bf16m ? 0 : S0 + W;
+        size_t page_bytes = bf16m ? (size_t)2 * H * P * D * 2
+                                  : (size_t)2 * H * P * D / 4 + (size_t)2 * H * P * (D / G) * 2 * 2;
+        size_t slot_bytes = bf16m ? 0 : (size_t)2 * H * S * D * 2;
+        for (const Case &c : cases) {
+            int B = c.B, L = c.L;
+            int npages_seq = (std::max(0, L - S) + P - 1) / P;
+            size_t cache_bytes = (size_t)B * npages_seq * page_bytes + (size_t)B * slot_bytes;
+            // Rotate copies so that one round exceeds ~4x the L2.
+            int copies = (int)std::min<size_t>(8, std::max<size_t>(1, (size_t)(4 * 60e6) / std::max<size_t>(cache_bytes, 1) + 1));
+            if ((double)cache_bytes * copies > 0.8 * free_b) {
+                printf("skip %s B=%d L=%d: %.1f GB does not fit\n", bf16m ? "bf16" : "oscar2", B, L, cache_bytes * copies / 1e9);
+                continue;
+            }
+            std::vector<void *> pages(copies), wins(copies);
+            int num_pages = B * npages_seq + 1;
+            std::vector<int> bt((size_t)B * (npages_seq + 1)), perm(num_pages), lens(B, L), slots(B), cu(B + 1);
+            for (int i = 0; i < num_pages; i++) perm[i] = i;
+            srand(1234);
+            for (int i = num_pages - 1; i > 0; i--) std::swap(perm[i], perm[rand() % (i + 1)]);
+            for (int s = 0, k = 0; s < B; s++) {
+                for (int j = 0; j < npages_seq + 1; j++) bt[(size_t)s * (npages_seq + 1) + j] = j < npages_seq ? perm[k++] : perm[num_pages - 1];
+                slots[s] = s;
+            }
+            for (int i = 0; i <= B; i++) cu[i] = i;
+            for (int k = 0; k < copies; k++) {
+                CK(cudaMalloc(&pages[k], (size_t)num_pages * page_bytes));
+                fill_random<<<1024, 256>>>((unsigned *)pages[k], (size_t)num_pages * page_bytes / 4, 77u + k);
+                if (bf16m)
+                    fill_bf16<<<1024, 256>>>((unsigned short *)pages[k], (size_t)num_pages * page_bytes / 2, 5u + k);
+                else
+                    fill_meta<<<1024, 256>>>((unsigned char *)pages[k], num_pages, page_bytes, (size_t)2 * H * P * D / 4);
+                wins[k] = nullptr;
+                if (!bf16m) {
+                    CK(cudaMalloc(&wins[k], (size_t)B * slot_bytes));
+                    fill_bf16<<<1024, 256>>>((unsigned short *)wins[k], (size_t)B * slot_bytes / 2, 9u + k);
+                }
+            }
+            int *dbt, *dlens, *dslots, *dcu;
+            CK(cudaMalloc(&dbt, bt.size() * 4));
+            CK(cudaMalloc(&dlens, B * 4));
+            CK(cudaMalloc(&dslots, B * 4));
+            CK(cudaMalloc(&dcu, (B + 1) * 4));
+            CK(cudaMemcpy(dbt, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dlens, lens.data(), B * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dslots, slots.data(), B * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(dcu, cu.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+            void *q, *o, *kv, *ws;
+            CK(cudaMalloc(&q, (size_t)B * Hq * D * 2));
+            CK(cudaMalloc(&o, (size_t)B * Hq * D * 2));
+            CK(cudaMalloc(&kv, (size_t)B * H * D * 2));
+            fill_bf16<<<256, 256>>>((unsigned short *)q, (size_t)B * Hq * D, 3);
+            fill_bf16<<<256, 256>>>((unsigned short *)kv, (size_t)B * H * D, 4);
+            size_t wsb;
+            OK(api->workspace_bytes(ctx, plan, B, L, &wsb, &err));
+            CK(cudaMalloc(&ws, wsb));
+            OK(api->workspace_init(ctx, plan, ws, nullptr, &err));
+            CK(cudaDeviceSynchronize());
+            oscar_batch batch = {B, dlens, bf16m ? nullptr : dslots, dbt, npages_seq + 1, L};
+            auto decode = [&](int k) {
+                oscar_backend_decode_args a = {0, {pages[k], num_pages, wins[k], B}, batch, q, (int64_t)Hq * D, o,
+                                               (int64_t)Hq * D, 0.08838834764f, 0, ws, wsb, nullptr};
+                OK(api->decode(ctx, plan, &a, &err));
+            };
+            int iters = quick ? 20 : (L >= 131072 && B >= 32 ? 30 : 60);
+            for (int i = 0; i < 5; i++) decode(i % copies);
+            std::vector<float> ts;
+            for (int i = 0; i < iters; i++) {
+                cudaEventRecord(e0);
+                decode(i % copies);
+                cudaEventRecord(e1);
+                cudaEventSynchronize(e1);
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                ts.push_back(ms);
+            }
+            float t = median(ts) * 1000.f;
+            OK(api->check(ctx, plan, ws, nullptr, &err));
+            // Write path: append one token per sequence at position L-1 (lens stay L: the
+            // token replaces the last one, demoting one row, as a decode step does).
+            std::vector<float> ta;
+            for (int i = 0; i < iters + 3; i++) {
+                oscar_backend_append_args a = {0, {pages[i % copies], num_pages, wins[i % copies], B}, batch, dcu, B,
+                                               kv, kv, (int64_t)H * D, ws, wsb, nullptr};
+                cudaEventRecord(e0);
+                OK(api->append(ctx, plan, &a, &err));
+                cudaEventRecord(e1);
+                cudaEventSynchronize(e1);
+                float ms;
+                cudaEventElapsedTime(&ms, e0, e1);
+                if (i >= 3) ta.push_back(ms);
+            }
+            float tw = median(ta) * 1000.f;
+            OK(api->check(ctx, plan, ws, nullptr, &err));
+            // Bytes the decode must read: pages (codes + meta or 16-bit rows) + windows + q/out.
+            double tok2 = bf16m ? 0 : std::max(0, L - S), tok16 = bf16m ? L : std::min(L, S);
+            double bytes = B * (tok2 * H * (2.0 * D / 4 + 2.0 * (D / G) * 4) + tok16 * H * 2.0 * D * 2) +
+                           2.0 * B * Hq * D * 2;
+            double gbs = bytes / (t * 1e-6) / 1e9;
+            printf("%-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)\n",
+                   bf16m ? "bf16-paged" : "oscar2", B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw,
+                   100.0 * tw / t);
+            fprintf(out, "%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\n", bf16m ? "bf16-paged" : "oscar2", B, L, variant,
+                    t, bytes, gbs, gbs * 1e9 / copy_bw, tw);
+            fflush(out);
+            fflush(stdout);
+            for (int k = 0; k < copies; k++) {
+                cudaFree(pages[k]);
+                if (wins[k]) cudaFree(wins[k]);
+            }
+            cudaFree(dbt);
+            cudaFree(dlens);
+            cudaFree(dslots);
+            cudaFree(dcu);
+            cudaFree(q);
+            cudaFree(o);
+            cudaFree(kv);
+            cudaFree(ws);
+        }
+        api->plan_destroy(ctx, plan);
+    }
+    fprintf(out, "#copy_GBps\t%.1f\n", copy_bw / 1e9);
+    fclose(out);
+    api->shutdown(ctx);
+    return 0;
+}

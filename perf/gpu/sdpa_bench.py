@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""External yardstick: torch SDPA decode (1 query token) on contiguous BF16
+K/V, Qwen3-8B shape (32 q heads, 8 KV heads, d 128), FlashAttention backend
+when it accepts the call (GQA via enable_gqa), else the next one that does.
+Median of CUDA-event-timed calls after warm-up, rotating K/V copies so one
+round exceeds the L2. Writes TSV: backend, batch, context, median_us, bytes, GB/s.
+    python3 sdpa_bench.py OUT.tsv [quick]"""
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+HQ, HKV, D = 32, 8, 128
+quick = len(sys.argv) > 2
+cases = [(b, l) for l in (4096, 32768, 131072) for b in (1, 8, 32, 64)]
+if quick:
+    cases = [(1, 4096), (32, 32768)]
+out = open(sys.argv[1], "w")
+out.write("backend\tbatch\tcontext\tmedian_us\tbytes\tGBps\n")
+free, _ = torch.cuda.mem_get_info()
+for b, l in cases:
+    kv_bytes = 2 * b * HKV * l * D * 2
+    copies = max(1, min(8, int(4 * 60e6 // kv_bytes) + 1))
+    if kv_bytes * copies > 0.8 * free:
+        print("sdpa skip B=%d L=%d" % (b, l))
+        continue
+    q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
+    ks = [torch.randn(b, HKV, l, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    vs = [torch.randn(b, HKV, l, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    used = None
+    for be in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+               SDPBackend.MATH):
+        try:
+            with sdpa_kernel(be):
+                F.scaled_dot_product_attention(q, ks[0], vs[0], enable_gqa=True)
+            torch.cuda.synchronize()
+            used = be
+            break
+        except RuntimeError:
+            continue
+    iters = 20 if quick else 60
+    ts = []
+    with sdpa_kernel(used):
+        for i in range(iters + 5):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            F.scaled_dot_product_attention(q, ks[i % copies], vs[i % copies], enable_gqa=True)
+            e1.record()
+            e1.synchronize()
+            if i >= 5:
+                ts.append(e0.elapsed_time(e1))
+    ts.sort()
+    t_us = ts[len(ts) // 2] * 1000
+    nbytes = kv_bytes + 2 * b * HQ * D * 2
+    name = str(used).split(".")[-1]
+    print("sdpa %-20s B=%-3d L=%-6d %9.1f us %8.0f GB/s" % (name, b, l, t_us, nbytes / t_us / 1e3))
+    out.write("%s\t%d\t%d\t%.2f\t%d\t%.1f\n" % (name, b, l, t_us, nbytes, nbytes / t_us / 1e3))
+    out.flush()
+    del ks, vs, q
+    torch.cuda.empty_cache()
