@@ -79,7 +79,7 @@ if ! cmake -S "$root" -B "$build" "${gen_flag[@]}" -DCMAKE_BUILD_TYPE=Release -D
   tail -40 "$out/cmake.txt"; echo "run.sh: configure failed"; exit 1
 fi
 grep -E "liboscar:" "$out/cmake.txt"
-if ! cmake --build "$build" -j"$(nproc)" --target oscar-gpu-generate oscar-e2e-bench oscar_backend_cuda \
+if ! cmake --build "$build" -j"$(nproc)" --target oscar-gpu-generate oscar-e2e-bench oscar-gpu-selftest oscar_backend_cuda \
       >"$out/build.txt" 2>&1; then
   grep -E "error|Error" "$out/build.txt" | head -40; echo "run.sh: build failed"; exit 1
 fi
@@ -91,6 +91,8 @@ md=$out/e2e.md
 
 # ------------------------------------------------------------------ checks
 checks_ok=1
+echo "== kernel self-test"
+timeout 120 "$bin/oscar-gpu-selftest" || checks_ok=0
 if ((do_check)); then
   if [[ -z $model || -z $tokens ]]; then
     echo "== checks skipped: give --model and --tokens (or --carry)"; checks_ok=0

@@ -1,0 +1,275 @@
+/* oscar-gpu-selftest: the GPU engine's own kernels against host references
+ * on fresh random inputs (seed printed): prefill attention (fp64 reference,
+ * several prompts of awkward lengths, GQA, each head_dim), q/k norm + RoPE,
+ * RMSNorm, SwiGLU, argmax. Exit status 0 only if all pass. Localizes a
+ * failure of the end-to-end check (perf/e2e/run.sh runs it first). */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ge_kernels.h"
+
+static uint64_t g_s;
+static float frand(void)
+{
+    g_s = g_s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((g_s >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return x;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static uint16_t bf16_bits(float x)
+{
+    x = bf16_round(x);
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static float bits_f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static int g_fail;
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (cudaError_t)(x);                                                         \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static void report(const char *what, double err, double tol)
+{
+    int ok = err <= tol;
+    printf("%-44s max error %.3g (tolerance %.3g): %s\n", what, err, tol, ok ? "ok" : "FAIL");
+    if (!ok) g_fail = 1;
+}
+
+static void *dup_dev(const void *h, size_t bytes)
+{
+    void *d;
+    CK(cudaMalloc(&d, bytes ? bytes : 16));
+    CK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+    return d;
+}
+
+static void test_attention(int d, int Hq, int Hkv, int f32out)
+{
+    const int S = 4;
+    int lens[4] = {1, 63, 130, 257};
+    int cu[5] = {0};
+    for (int i = 0; i < S; i++) cu[i + 1] = cu[i] + lens[i];
+    int T = cu[S];
+    size_t nq = (size_t)T * Hq * d, nk = (size_t)T * Hkv * d;
+    float *q = malloc(nq * 4), *kf = malloc(nk * 4), *vf = malloc(nk * 4);
+    uint16_t *kb = malloc(nk * 2), *vb = malloc(nk * 2);
+    for (size_t i = 0; i < nq; i++) q[i] = 2.0f * frand();
+    for (size_t i = 0; i < nk; i++) {
+        kb[i] = bf16_bits(2.0f * frand());
+        vb[i] = bf16_bits(frand());
+        kf[i] = bits_f(kb[i]);
+        vf[i] = bits_f(vb[i]);
+    }
+    float *dq = dup_dev(q, nq * 4);
+    void *dk = dup_dev(kb, nk * 2), *dv = dup_dev(vb, nk * 2), *dcu = dup_dev(cu, sizeof cu), *dout;
+    CK(cudaMalloc(&dout, nq * 4));
+    CK(cudaMemset(dout, 0xff, nq * 4)); /* poison: NaN */
+    float scale = 1.0f / sqrtf((float)d);
+    CK(ge_k_prefill_attention(dout, f32out, dq, dk, dv, dcu, S, 257, Hq, Hkv, d, scale, NULL));
+    CK(cudaDeviceSynchronize());
+    float *o = malloc(nq * 4);
+    if (f32out) CK(cudaMemcpy(o, dout, nq * 4, cudaMemcpyDeviceToHost));
+    else {
+        uint16_t *ob = malloc(nq * 2);
+        CK(cudaMemcpy(ob, dout, nq * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < nq; i++) o[i] = bits_f(ob[i]);
+        free(ob);
+    }
+    double worst = 0;
+    double *sc = malloc(300 * sizeof *sc);
+    for (int s = 0; s < S; s++)
+        for (int t = cu[s]; t < cu[s + 1]; t++)
+            for (int h = 0; h < Hq; h++) {
+                int g = h / (Hq / Hkv);
+                const float *qr = q + ((size_t)t * Hq + h) * d;
+                double mx = -1e300, sum = 0;
+                for (int p = cu[s]; p <= t; p++) {
+                    double dot = 0;
+                    for (int i = 0; i < d; i++) dot += (double)qr[i] * kf[((size_t)p * Hkv + g) * d + i];
+                    sc[p - cu[s]] = dot * scale;
+                    if (sc[p - cu[s]] > mx) mx = sc[p - cu[s]];
+                }
+                for (int p = cu[s]; p <= t; p++) sum += sc[p - cu[s]] = exp(sc[p - cu[s]] - mx);
+                for (int i = 0; i < d; i++) {
+                    double acc = 0;
+                    for (int p = cu[s]; p <= t; p++) acc += sc[p - cu[s]] * vf[((size_t)p * Hkv + g) * d + i];
+                    double ref = acc / sum, got = o[((size_t)t * Hq + h) * d + i];
+                    double err = fabs(got - ref);
+                    if (!(err <= worst)) worst = err; /* NaN (an unwritten output) fails */
+                }
+            }
+    char name[96];
+    snprintf(name, sizeof name, "prefill attention d%d Hq%d Hkv%d %s", d, Hq, Hkv, f32out ? "fp32" : "bf16");
+    report(name, worst, f32out ? 2e-4 : 1e-2);
+    free(q); free(kf); free(vf); free(kb); free(vb); free(o); free(sc);
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dcu); cudaFree(dout);
+}
+
+static void test_qkv_post(void)
+{
+    const int T = 37, Hq = 8, Hkv = 2, d = 128, h2 = d / 2, nh = Hq + 2 * Hkv, maxp = 5000;
+    size_t n = (size_t)T * nh * d;
+    float *qkv = malloc(n * 4), *qn = malloc(d * 4), *kn = malloc(d * 4), *inv = malloc(h2 * 4);
+    int32_t pos[37];
+    for (size_t i = 0; i < n; i++) qkv[i] = 3.0f * frand();
+    for (int i = 0; i < d; i++) { qn[i] = 1.0f + 0.5f * frand(); kn[i] = 1.0f + 0.5f * frand(); }
+    for (int i = 0; i < h2; i++) inv[i] = (float)(1.0 / pow(1e6, 2.0 * i / d));
+    for (int t = 0; t < T; t++) pos[t] = (int32_t)((t * 131) % maxp);
+    float *dqkv = dup_dev(qkv, n * 4), *dqn = dup_dev(qn, d * 4), *dkn = dup_dev(kn, d * 4), *dinv = dup_dev(inv, h2 * 4);
+    int32_t *dpos = dup_dev(pos, sizeof pos);
+    float *dc, *ds, *dq32;
+    void *dq16, *dk16, *dv16;
+    CK(cudaMalloc((void **)&dc, (size_t)maxp * h2 * 4));
+    CK(cudaMalloc((void **)&ds, (size_t)maxp * h2 * 4));
+    CK(cudaMalloc((void **)&dq32, (size_t)T * Hq * d * 4));
+    CK(cudaMalloc(&dq16, (size_t)T * Hq * d * 2));
+    CK(cudaMalloc(&dk16, (size_t)T * Hkv * d * 2));
+    CK(cudaMalloc(&dv16, (size_t)T * Hkv * d * 2));
+    CK(ge_k_rope_table(dc, ds, dinv, maxp, d, NULL));
+    CK(ge_k_qkv_post(dqkv, NULL, dqn, dkn, dc, ds, dpos, T, Hq, Hkv, d, 1e-6f, dq32, dq16, dk16, dv16, NULL));
+    CK(cudaDeviceSynchronize());
+    float *q32 = malloc((size_t)T * Hq * d * 4);
+    uint16_t *k16 = malloc((size_t)T * Hkv * d * 2), *v16 = malloc((size_t)T * Hkv * d * 2);
+    CK(cudaMemcpy(q32, dq32, (size_t)T * Hq * d * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(k16, dk16, (size_t)T * Hkv * d * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(v16, dv16, (size_t)T * Hkv * d * 2, cudaMemcpyDeviceToHost));
+    double wq = 0, wk = 0, wv = 0;
+    float x[128];
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *src = qkv + ((size_t)t * nh + h) * d;
+            memcpy(x, src, sizeof x);
+            if (h < Hq + Hkv) {
+                const float *w = h < Hq ? qn : kn;
+                double ss = 0;
+                for (int i = 0; i < d; i++) ss += (double)x[i] * x[i];
+                float iv = (float)(1.0 / sqrt(ss / d + 1e-6));
+                for (int i = 0; i < d; i++) x[i] = w[i] * (x[i] * iv);
+                for (int i = 0; i < h2; i++) {
+                    float ang = (float)pos[t] * inv[i];
+                    float c = (float)cos((double)ang), s = (float)sin((double)ang), a = x[i], b = x[i + h2];
+                    x[i] = a * c - b * s;
+                    x[i + h2] = b * c + a * s;
+                }
+            }
+            for (int i = 0; i < d; i++) {
+                if (h < Hq) {
+                    double e = fabs(q32[((size_t)t * Hq + h) * d + i] - x[i]);
+                    if (!(e <= wq)) wq = e;
+                } else if (h < Hq + Hkv) {
+                    double e = fabs(bits_f(k16[((size_t)t * Hkv + h - Hq) * d + i]) - bf16_round(x[i]));
+                    if (!(e <= wk)) wk = e;
+                } else {
+                    double e = fabs(bits_f(v16[((size_t)t * Hkv + h - Hq - Hkv) * d + i]) - bf16_round(x[i]));
+                    if (!(e <= wv)) wv = e;
+                }
+            }
+        }
+    report("q/k norm + RoPE: q fp32", wq, 1e-5);
+    report("q/k norm + RoPE: k bf16 (vs rounded reference)", wk, 0.04); /* one bf16 ulp at 4 */
+    report("v passthrough bf16", wv, 0.0);
+    free(qkv); free(qn); free(kn); free(inv); free(q32); free(k16); free(v16);
+    cudaFree(dqkv); cudaFree(dqn); cudaFree(dkn); cudaFree(dinv); cudaFree(dpos); cudaFree(dc); cudaFree(ds);
+    cudaFree(dq32); cudaFree(dq16); cudaFree(dk16); cudaFree(dv16);
+}
+
+static void test_small(void)
+{
+    const int R = 5, H = 1000, FF = 333, V = 70001;
+    float *x = malloc((size_t)R * H * 4), *w = malloc(H * 4), *gu = malloc((size_t)R * 2 * FF * 4);
+    float *lg = malloc((size_t)R * V * 4);
+    for (int i = 0; i < R * H; i++) x[i] = 4.0f * frand();
+    for (int i = 0; i < H; i++) w[i] = frand();
+    for (int i = 0; i < R * 2 * FF; i++) gu[i] = 6.0f * frand();
+    for (int i = 0; i < R * V; i++) lg[i] = frand();
+    int want[5] = {0, V - 1, 12345, 777, 777};
+    for (int r = 0; r < R; r++) lg[(size_t)r * V + want[r]] = 2.0f;
+    lg[(size_t)4 * V + 9999] = 2.0f; /* a tie: the lowest index wins */
+    lg[(size_t)4 * V + 777] = 2.0f;
+    want[4] = 777;
+    float *dx = dup_dev(x, (size_t)R * H * 4), *dw = dup_dev(w, H * 4), *dgu = dup_dev(gu, (size_t)R * 2 * FF * 4),
+          *dlg = dup_dev(lg, (size_t)R * V * 4), *dn, *da;
+    int32_t *dam;
+    CK(cudaMalloc((void **)&dn, (size_t)R * H * 4));
+    CK(cudaMalloc((void **)&da, (size_t)R * FF * 4));
+    CK(cudaMalloc((void **)&dam, R * 4));
+    CK(ge_k_rmsnorm(dn, 1, dx, dw, R, H, 1e-6f, NULL));
+    CK(ge_k_swiglu(da, 1, dgu, R, FF, NULL));
+    CK(ge_k_argmax(dam, dlg, R, V, NULL));
+    CK(cudaDeviceSynchronize());
+    float *n = malloc((size_t)R * H * 4), *a = malloc((size_t)R * FF * 4);
+    int32_t am[5];
+    CK(cudaMemcpy(n, dn, (size_t)R * H * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(a, da, (size_t)R * FF * 4, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(am, dam, sizeof am, cudaMemcpyDeviceToHost));
+    double wn = 0, wa = 0;
+    for (int r = 0; r < R; r++) {
+        double ss = 0;
+        for (int i = 0; i < H; i++) ss += (double)x[r * H + i] * x[r * H + i];
+        float iv = (float)(1.0 / sqrt(ss / H + 1e-6));
+        for (int i = 0; i < H; i++) {
+            double e = fabs(n[r * H + i] - w[i] * (x[r * H + i] * iv));
+            if (!(e <= wn)) wn = e;
+        }
+        for (int i = 0; i < FF; i++) {
+            float g = gu[r * 2 * FF + i], u = gu[r * 2 * FF + FF + i];
+            double e = fabs(a[r * FF + i] - g / (1.0f + expf(-g)) * u);
+            if (!(e <= wa)) wa = e;
+        }
+    }
+    report("RMSNorm fp32", wn, 1e-5);
+    report("SwiGLU fp32", wa, 1e-5);
+    int bad = 0;
+    for (int r = 0; r < R; r++) bad += am[r] != want[r];
+    report("argmax (rows of 70001, a tie)", bad, 0);
+    free(x); free(w); free(gu); free(lg); free(n); free(a);
+    cudaFree(dx); cudaFree(dw); cudaFree(dgu); cudaFree(dlg); cudaFree(dn); cudaFree(da); cudaFree(dam);
+}
+
+int main(void)
+{
+    unsigned seed = (unsigned)time(NULL);
+    g_s = seed;
+    printf("oscar-gpu-selftest: seed %u\n", seed);
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        fprintf(stderr, "oscar-gpu-selftest: no CUDA device\n");
+        return 1;
+    }
+    test_attention(128, 8, 2, 1);
+    test_attention(128, 32, 8, 0);
+    test_attention(64, 4, 4, 1);
+    test_attention(256, 8, 1, 1);
+    test_qkv_post();
+    test_small();
+    printf("oscar-gpu-selftest: %s\n", g_fail ? "FAIL" : "all passed");
+    return g_fail ? 3 : 0;
+}
