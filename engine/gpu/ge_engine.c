@@ -228,8 +228,10 @@ static oscar_status setup_common(ge_engine *e)
 
     /* KV pools: one allocation per kind for all layers. */
     GE(ge_kv_plan_for(l, c->num_layers, o->kv_budget, o->max_batch, &e->kv));
-    if (e->kv.num_pages <= 0 && o->method == OSCAR_METHOD_BF16)
-        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge: a KV budget of %zu bytes holds no page", o->kv_budget);
+    /* liboscar wants a page pool even while every sequence fits its windows. */
+    if (e->kv.num_pages <= 0)
+        return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge: a KV budget of %zu bytes holds no page besides %d window "
+                            "slots; raise the budget", o->kv_budget, o->max_batch);
     size_t pool = e->kv.pool_bytes_per_layer, win = e->kv.window_bytes_per_layer;
     GE(dalloc(e, (void **)&e->kv_pages, (size_t)c->num_layers * pool, &e->mem_kv, "KV page pools"));
     if (win) GE(dalloc(e, (void **)&e->kv_windows, (size_t)c->num_layers * win, &e->mem_kv, "KV window pools"));

@@ -283,7 +283,7 @@ int main(int argc, char **argv)
             ge_layout_make(&c, &lo, &ll);
             size_t need;
             ge_kv_seq_bytes(&ll, c.num_layers, ctx + long_steps, &need);
-            lo.kv_budget = need + (size_t)c.num_layers * (1u << 20);
+            lo.kv_budget = need + (size_t)c.num_layers * (1u << 20); /* > one page */
             run_result lr;
             if (run(&c, lo, 1, ctx, long_steps, 0, time_limit, 2, &lr) == 0) {
                 snprintf(cfg, sizeof cfg, "batch 1, %d context", ctx);

@@ -131,7 +131,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
         return 1;
     }
-    o.kv_budget = need + (size_t)c->num_layers * 4096;
+    oscar_layout_sizes lsz;
+    oscar_layout_sizes_get(&l, &lsz);
+    o.kv_budget = need + (size_t)c->num_layers * (lsz.page_bytes + 4096); /* at least one page */
     ge_engine *e = NULL;
     if (ge_create_from_model(m, &o, &e) != OSCAR_OK) {
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
