@@ -21,6 +21,9 @@
 #   oscar2 / int2, fp32, stepwise     : vs CPU engine + fakequant hook: >= 90% agree, max logit diff <= 1.0 (first 16)
 #   oscar2, bf16, exact prefill       : looser (>= 75%, <= 3.0): the prompt's own attention is exact here
 #                                       while the CPU hook quantizes it
+#   batched (7 requests through 3 slots) vs each request alone, fp32: identical tokens up to near ties,
+#                                       logit diff <= 0.05 (bf16 KV) / 0.5 (oscar2: a GEMM rounding
+#                                       difference can flip a 2-bit code)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/e2e-out}
@@ -104,8 +107,9 @@ if ((do_check)); then
       echo "| KV method | weights/act | prefill | exact agree | near ties | rate | max logit diff (first 16) | max logit diff (all) | result |"
       echo "|---|---|---|---|---|---|---|---|---|"
     } >>"$md"
-    run_check() { # method fp32? stepwise? min_agree max_diff
+    run_check() { # method fp32|bf16 stepwise|exact|batched min_agree max_diff
       local args=(--method "$1" --prompt-len 1024 --n 64 --check --min-agree "$4" --max-logit-diff "$5" --first 16)
+      [[ $3 == batched ]] && args=(--method "$1" --prompt-len 300 --n 32 --batch-check 7 3 --max-logit-diff "$5")
       [[ $2 == fp32 ]] && args+=(--fp32)
       [[ $3 == stepwise ]] && args+=(--stepwise)
       local o
@@ -126,6 +130,9 @@ if ((do_check)); then
     run_check oscar2 fp32 stepwise 0.9 1.0
     run_check int2 fp32 stepwise 0.9 1.0
     run_check oscar2 bf16 exact 0.75 3.0
+    # Batched (7 requests, 3 slots: cu_seqlens prefill, FIFO refill, page reuse) vs each request alone.
+    run_check bf16 fp32 batched 1.0 0.05
+    run_check oscar2 fp32 batched 1.0 0.5
     echo >>"$md"
   fi
 fi

@@ -15,7 +15,14 @@
  * (tolerated) when the CPU's own margin between its top token and the
  * GPU's token is at most twice that step's largest logit difference.
  * Pass: agreement rate (near ties counted as agreeing) >= A and the largest
- * logit difference over the first K steps <= D. Exit status 3 on failure. */
+ * logit difference over the first K steps <= D. Exit status 3 on failure.
+ *
+ * --batch-check R B: R requests (prompts of awkward, different lengths from
+ * consecutive stretches of the token file) through an engine of B slots
+ * (batched prefill with cu_seqlens, batched decode, FIFO admission as
+ * sequences finish, pages reused), each compared with the same request
+ * run alone. Pass: up to each request's first divergence the logits differ
+ * by at most --max-logit-diff, and every divergence is a near tie. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +34,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: oscar-gpu-generate MODEL_DIR --prompt-tokens FILE --n N [--method M] [--params P]\n"
                     "       [--prompt-len L] [--offset O] [--fp32] [--stepwise] [--sink S] [--recent W]\n"
-                    "       [--check [--min-agree A] [--max-logit-diff D] [--first K]]\n");
+                    "       [--check [--min-agree A] [--max-logit-diff D] [--first K]] [--batch-check R B]\n");
 }
 
 typedef struct hook_ctx {
@@ -49,6 +56,118 @@ static oscar_status kv_hook(void *user, int layer, int n, const float *k, const 
     return s;
 }
 
+static ge_engine *make_engine(const oe_model *m, oscar_method method, const char *params, int fp32, int sink,
+                              int recent, int slots, int max_len, int max_prefill)
+{
+    const oe_config *c = oe_model_config(m);
+    ge_options o;
+    ge_options_default(&o);
+    o.method = method;
+    o.params_path = params;
+    o.max_batch = slots;
+    o.max_seq_len = max_len;
+    o.max_prefill_tokens = max_prefill;
+    o.act_f32 = fp32;
+    o.sink = sink;
+    o.recent = recent;
+    o.check_every = 1;
+    oscar_layout_desc l;
+    ge_layout_make(c, &o, &l);
+    size_t need;
+    oscar_layout_sizes lsz;
+    if (ge_kv_seq_bytes(&l, c->num_layers, max_len, &need) != OSCAR_OK || oscar_layout_sizes_get(&l, &lsz) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
+        return NULL;
+    }
+    o.kv_budget = (size_t)slots * need + (size_t)c->num_layers * (lsz.page_bytes + 4096);
+    ge_engine *e = NULL;
+    if (ge_create_from_model(m, &o, &e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
+        return NULL;
+    }
+    return e;
+}
+
+static int batch_check(const oe_model *m, const uint32_t *all, int64_t count, long offset, int plen, int n_gen,
+                       oscar_method method, const char *params, int fp32, int sink, int recent, int R, int B,
+                       double max_diff)
+{
+    const oe_config *c = oe_model_config(m);
+    const size_t V = (size_t)c->vocab;
+    if (B <= 0 || R <= 0) return 2;
+    int32_t **pr = calloc((size_t)R, sizeof *pr), *lens = malloc((size_t)R * 4);
+    int32_t *ob = malloc((size_t)R * n_gen * 4), *os = malloc((size_t)R * n_gen * 4);
+    float *lb = malloc((size_t)R * n_gen * V * 4), *ls = malloc((size_t)R * n_gen * V * 4);
+    if (!pr || !lens || !ob || !os || !lb || !ls) return 1;
+    long at = offset;
+    for (int r = 0; r < R; r++) {
+        lens[r] = plen - (int)((r * 37) % (plen > 1 ? plen - 1 : 1)); /* awkward, different lengths */
+        if (at + lens[r] > count) at = 0;
+        pr[r] = malloc((size_t)lens[r] * 4);
+        if (!pr[r]) return 1;
+        for (int j = 0; j < lens[r]; j++) pr[r][j] = (int32_t)all[at + j];
+        at += lens[r];
+    }
+    ge_engine *eb = make_engine(m, method, params, fp32, sink, recent, B, plen + n_gen, plen * B);
+    if (!eb) return 1;
+    ge_gen_stats gs;
+    if (ge_generate(eb, R, (const int32_t *const *)pr, lens, n_gen, 0, ob, lb, &gs) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: batched: %s\n", ge_last_error());
+        return 1;
+    }
+    printf("batched: %d requests through %d slots, at most %d decoding together, %lld decode steps\n", R, B,
+           gs.max_running, (long long)gs.steps);
+    ge_destroy(eb);
+    ge_engine *es = make_engine(m, method, params, fp32, sink, recent, 1, plen + n_gen, plen);
+    if (!es) return 1;
+    for (int r = 0; r < R; r++) {
+        const int32_t *p = pr[r];
+        if (ge_generate(es, 1, &p, &lens[r], n_gen, 0, os + (size_t)r * n_gen, ls + (size_t)r * n_gen * V, NULL) !=
+            OSCAR_OK) {
+            fprintf(stderr, "oscar-gpu-generate: alone: %s\n", ge_last_error());
+            return 1;
+        }
+    }
+    ge_destroy(es);
+    int pass = 1, same = 0;
+    double worst = 0;
+    for (int r = 0; r < R; r++) {
+        int i = 0;
+        for (; i < n_gen; i++) {
+            const float *a = lb + ((size_t)r * n_gen + i) * V, *b = ls + ((size_t)r * n_gen + i) * V;
+            double md = 0;
+            for (size_t j = 0; j < V; j++) {
+                double d = fabs((double)a[j] - b[j]);
+                if (!(d <= md)) md = d;
+            }
+            if (!(md <= worst)) worst = md;
+            int ta = ob[(size_t)r * n_gen + i], tb = os[(size_t)r * n_gen + i];
+            if (ta != tb) {
+                double margin = fabs((double)b[tb] - b[ta]);
+                int tie = margin <= 2.0 * md;
+                printf("request %d (prompt %d): batched and alone diverge at step %d (%d vs %d, margin %.4f, logit "
+                       "diff %.4f)%s\n", r, lens[r], i, ta, tb, margin, md, tie ? " near tie" : "");
+                if (!tie) pass = 0;
+                break;
+            }
+        }
+        same += i == n_gen;
+    }
+    if (!(worst <= max_diff)) pass = 0;
+    printf("batch check: %d/%d requests identical to their run alone; max logit diff before divergence %.5f (need <= "
+           "%.4f): %s\n", same, R, worst, max_diff, pass ? "PASS" : "FAIL");
+    printf("RESULT|%s|%s|batched %dx%d|%d/%d|-|%.4f|%.5f|%.5f|%s\n", oscar_method_name(method), fp32 ? "fp32" : "bf16",
+           R, B, same, R, (double)same / R, worst, worst, pass ? "PASS" : "FAIL");
+    for (int r = 0; r < R; r++) free(pr[r]);
+    free(pr);
+    free(lens);
+    free(ob);
+    free(os);
+    free(lb);
+    free(ls);
+    return pass ? 0 : 3;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
@@ -57,6 +176,7 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1], *tok_path = NULL, *params = NULL, *method_name = "bf16";
     int n_gen = 64, plen = 512, fp32 = 0, stepwise = 0, check = 0, first = 16, sink = 64, recent = 256;
+    int breq = 0, bslots = 0;
     long offset = 0;
     double min_agree = 1.0, max_diff = 1e30;
     for (int i = 2; i < argc; i++) {
@@ -73,6 +193,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--fp32")) fp32 = 1;
         else if (!strcmp(a, "--stepwise")) stepwise = 1;
         else if (!strcmp(a, "--check")) check = 1;
+        else if (!strcmp(a, "--batch-check") && i + 2 < argc) {
+            breq = atoi(argv[++i]);
+            bslots = atoi(argv[++i]);
+        }
         else if (!strcmp(a, "--min-agree") && more) min_agree = atof(argv[++i]);
         else if (!strcmp(a, "--max-logit-diff") && more) max_diff = atof(argv[++i]);
         else if (!strcmp(a, "--first") && more) first = atoi(argv[++i]);
@@ -108,6 +232,8 @@ int main(int argc, char **argv)
                 (long long)count, offset, plen);
         return 1;
     }
+    if (breq > 0) return batch_check(m, all, count, offset, plen, n_gen, method, params, fp32, sink, recent, breq,
+                                     bslots, max_diff);
     int32_t *prompt = malloc((size_t)plen * 4), *out = malloc((size_t)n_gen * 4);
     float *glog = malloc((size_t)n_gen * c->vocab * 4);
     if (!prompt || !out || !glog) return 1;
