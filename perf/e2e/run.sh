@@ -55,6 +55,37 @@ echo "== e2e: $(date -u +%FT%TZ), $(nvidia-smi -L 2>/dev/null | head -1 || echo 
 
 # ------------------------------------------------------------- dependencies
 have_deps() { pkg-config --exists jansson 2>/dev/null && ldconfig -p | grep -q liblapacke && ldconfig -p | grep -q libopenblas; }
+# A stand-in pkg-config that knows only the unpacked jansson, for an image without pkg-config.
+pkgconfig_shim() {
+  mkdir -p /tmp/e2e-deps/bin
+  cat >/tmp/e2e-deps/bin/pkg-config <<'SHIM'
+#!/bin/sh
+p=/tmp/e2e-deps; out=""; mod=""
+for a in "$@"; do case $a in --*) ;; *) mod=$a ;; esac; done
+for a in "$@"; do
+  case $a in
+    --version) echo 0.29.2; exit 0 ;;
+    --exists|--print-errors|--short-errors|--static) ;;
+    --modversion) out="$out 2.14" ;;
+    --variable=prefix) out="$out $p" ;;
+    --variable=includedir) out="$out $p/include" ;;
+    --variable=libdir) out="$out $p/lib" ;;
+    --variable=*) ;;
+    --cflags|--cflags-only-I) out="$out -I$p/include" ;;
+    --libs) out="$out -L$p/lib -ljansson" ;;
+    --libs-only-L) out="$out -L$p/lib" ;;
+    --libs-only-l) out="$out -ljansson" ;;
+    --*) ;;
+  esac
+done
+[ "$mod" = jansson ] || [ -z "$mod" ] || exit 1
+[ -n "$out" ] && echo $out
+exit 0
+SHIM
+  chmod +x /tmp/e2e-deps/bin/pkg-config
+  export PATH=/tmp/e2e-deps/bin:$PATH
+  echo "deps: no pkg-config on this machine; using a stand-in for jansson"
+}
 if ! have_deps; then
   if [[ -z $deps ]]; then
     echo "run.sh: jansson / LAPACKE / OpenBLAS missing and no --deps given; make them with perf/e2e/pack.sh"; exit 1
@@ -65,6 +96,7 @@ if ! have_deps; then
   export LD_LIBRARY_PATH=/tmp/e2e-deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export LIBRARY_PATH=/tmp/e2e-deps/lib CPATH=/tmp/e2e-deps/include
   echo "deps: unpacked $deps into /tmp/e2e-deps"
+  command -v pkg-config >/dev/null || pkgconfig_shim
 fi
 if [[ -n $model && $model == *.tar.xz ]]; then
   mkdir -p /tmp/e2e-model && tar -C /tmp/e2e-model -xJf "$model" || { echo "run.sh: cannot unpack $model"; exit 1; }
@@ -76,9 +108,15 @@ build=$root/build-e2e-dev
 gen_flag=()
 command -v ninja >/dev/null && gen_flag=(-G Ninja)
 [[ -f $build/CMakeCache.txt ]] && gen_flag=()
+# The CUDA plugin's kernels are generated with jinja2: use a python3 that has it.
+py=()
+for cand in "$(command -v python3)" /usr/bin/python3 /opt/torch/.venv/bin/python3; do
+  if [[ -x $cand ]] && "$cand" -c 'import jinja2' 2>/dev/null; then py=(-DPython3_EXECUTABLE="$cand"); break; fi
+done
+((${#py[@]})) || echo "run.sh: warning: no python3 with jinja2 found; the CUDA plugin's code generation will fail"
 echo "== build ($build)"
 if ! cmake -S "$root" -B "$build" "${gen_flag[@]}" -DCMAKE_BUILD_TYPE=Release -DOSCAR_CUDA=ON -DOSCAR_HIP=OFF \
-      -DOSCAR_OPENCL=OFF -DOSCAR_BUILD_TESTS=OFF -DOSCAR_GEN_SET=minimal -DOSCAR_CUDA_ARCHS=90 >"$out/cmake.txt" 2>&1; then
+      -DOSCAR_OPENCL=OFF -DOSCAR_BUILD_TESTS=OFF -DOSCAR_GEN_SET=minimal -DOSCAR_CUDA_ARCHS=90 "${py[@]}" >"$out/cmake.txt" 2>&1; then
   tail -40 "$out/cmake.txt"; echo "run.sh: configure failed"; exit 1
 fi
 grep -E "liboscar:" "$out/cmake.txt"
