@@ -75,12 +75,6 @@ oscar_status ge_fill_synthetic(ge_engine *e, int32_t slot, int32_t len, uint64_t
 /* Synchronizes and reports device errors (CUDA and liboscar's error word). */
 oscar_status ge_sync_check(ge_engine *e);
 
-typedef struct ge_gen_stats {
-    double prefill_s, decode_s;
-    int64_t prefill_tokens, decode_tokens, steps;
-    int max_running;
-} ge_gen_stats;
-
 /* Greedy generation of n_req prompts with FIFO admission (ge_sched): out
  * [n_req][max_new] tokens; logits (may be NULL) [n_req][max_new][vocab].
  * stepwise: prompts go through decode steps one token at a time instead of

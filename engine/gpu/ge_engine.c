@@ -609,119 +609,21 @@ oscar_status ge_fill_synthetic(ge_engine *e, int32_t slot, int32_t len, uint64_t
     return ge_sync_check(e);
 }
 
-static double now_s(void)
+static oscar_status step_cb(void *user, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
+                            int32_t *next, float *logits)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    return ge_step((ge_engine *)user, n, slots, n_new, tokens, next, logits);
 }
 
 oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts, const int32_t *prompt_lens,
                          int max_new, int stepwise, int32_t *out, float *logits, ge_gen_stats *st)
 {
-    if (!e || n_req <= 0 || !prompts || !prompt_lens || max_new <= 0 || !out)
-        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_generate: NULL argument, %d requests or %d new tokens",
-                            n_req, max_new);
-    ge_gen_stats local;
-    if (!st) st = &local;
-    memset(st, 0, sizeof *st);
-    ge_sched *s = &e->sched;
-    const size_t V = (size_t)e->cfg.vocab;
-    int32_t first = s->n_reqs;
-    for (int r = 0; r < n_req; r++) {
+    if (!e) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_generate: NULL engine");
+    for (int r = 0; prompt_lens && r < n_req; r++)
         if (!stepwise && prompt_lens[r] > e->opt.max_prefill_tokens)
             return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_generate: prompt %d has %d tokens, max_prefill_tokens is %d",
                                 r, prompt_lens[r], e->opt.max_prefill_tokens);
-        GE(ge_sched_submit(s, prompt_lens[r], max_new, NULL));
-    }
-    int S = e->max_S;
-    int32_t *adm = malloc((size_t)S * 4), *sl = malloc((size_t)S * 4), *nn = malloc((size_t)S * 4),
-            *tok = malloc(((size_t)e->max_T + (size_t)S) * 4), *nx = malloc((size_t)S * 4),
-            *ngen = calloc((size_t)n_req, 4);
-    float *lg = logits ? malloc((size_t)S * V * 4) : NULL;
-    oscar_status rc = OSCAR_OK;
-    if (!adm || !sl || !nn || !tok || !nx || !ngen || (logits && !lg)) {
-        rc = ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
-        goto done;
-    }
-    int done_count = 0;
-    while (done_count < n_req) {
-        int32_t na = 0;
-        if ((rc = ge_sched_admit(s, e->opt.max_prefill_tokens, adm, &na)) != OSCAR_OK) goto done;
-        if (na > 0) {
-            double t0 = now_s();
-            if (stepwise) {
-                for (int i = 0; i < na; i++) {
-                    int r = s->slots[adm[i]].req - first;
-                    for (int j = 0; j < prompt_lens[r]; j++) {
-                        int32_t one = 1;
-                        rc = ge_step(e, 1, &adm[i], &one, &prompts[r][j], nx, lg);
-                        if (rc != OSCAR_OK) goto done;
-                    }
-                    out[(size_t)r * max_new] = nx[0];
-                    if (logits) memcpy(logits + (size_t)r * max_new * V, lg, V * 4);
-                    ngen[r] = 1;
-                }
-            } else {
-                int64_t T = 0;
-                for (int i = 0; i < na; i++) {
-                    int r = s->slots[adm[i]].req - first;
-                    nn[i] = prompt_lens[r];
-                    memcpy(tok + T, prompts[r], (size_t)nn[i] * 4);
-                    T += nn[i];
-                }
-                if ((rc = ge_step(e, na, adm, nn, tok, nx, lg)) != OSCAR_OK) goto done;
-                for (int i = 0; i < na; i++) {
-                    int r = s->slots[adm[i]].req - first;
-                    out[(size_t)r * max_new] = nx[i];
-                    if (logits) memcpy(logits + (size_t)r * max_new * V, lg + (size_t)i * V, V * 4);
-                    ngen[r] = 1;
-                }
-            }
-            for (int i = 0; i < na; i++) st->prefill_tokens += prompt_lens[s->slots[adm[i]].req - first];
-            st->prefill_s += now_s() - t0;
-        }
-        /* Sequences that are complete leave; their pages go back. */
-        int n = 0;
-        for (int32_t k = 0; k < s->num_slots; k++) {
-            if (s->slots[k].state == GE_SLOT_FREE) continue;
-            int r = s->slots[k].req - first;
-            if (ngen[r] >= max_new) {
-                if ((rc = ge_sched_finish(s, k)) != OSCAR_OK) goto done;
-                done_count++;
-                continue;
-            }
-            sl[n] = k;
-            nn[n] = 1;
-            tok[n] = out[(size_t)r * max_new + ngen[r] - 1];
-            n++;
-        }
-        if (n > st->max_running) st->max_running = n;
-        if (n == 0 && na == 0 && s->running == 0 && done_count < n_req) {
-            rc = ge_set_error(OSCAR_ERR_INTERNAL, "ge_generate: the next request cannot be admitted into an empty cache");
-            goto done;
-        }
-        if (n == 0) continue; /* admit again */
-        double t0 = now_s();
-        if ((rc = ge_step(e, n, sl, nn, tok, nx, lg)) != OSCAR_OK) goto done;
-        st->decode_s += now_s() - t0;
-        st->decode_tokens += n;
-        st->steps++;
-        for (int i = 0; i < n; i++) {
-            int r = s->slots[sl[i]].req - first;
-            out[(size_t)r * max_new + ngen[r]] = nx[i];
-            if (logits) memcpy(logits + ((size_t)r * max_new + ngen[r]) * V, lg + (size_t)i * V, V * 4);
-            ngen[r]++;
-        }
-    }
-    rc = ge_sync_check(e);
-done:
-    free(adm);
-    free(sl);
-    free(nn);
-    free(tok);
-    free(nx);
-    free(ngen);
-    free(lg);
-    return rc;
+    GE(ge_run_requests(&e->sched, step_cb, e, e->cfg.vocab, e->opt.max_prefill_tokens, n_req, prompts, prompt_lens,
+                       max_new, stepwise, out, logits, st));
+    return ge_sync_check(e);
 }

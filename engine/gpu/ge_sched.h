@@ -122,6 +122,29 @@ oscar_status ge_sched_batch(const ge_sched *s, int32_t n, const int32_t *slots, 
  * OSCAR_ERR_INTERNAL with the problem written to msg. */
 oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len);
 
+/* ------------------------------------------------------------ request loop */
+typedef struct ge_gen_stats {
+    double prefill_s, decode_s;
+    int64_t prefill_tokens, decode_tokens, steps;
+    int max_running;
+} ge_gen_stats;
+
+/* One forward step (ge_step's contract): sequences slots[0..n) bring n_new[i]
+ * tokens (concatenated in tokens); next[i] gets the greedy token, logits
+ * ([n][vocab], may be NULL) the last rows' logits; advances the scheduler. */
+typedef oscar_status (*ge_step_fn)(void *user, int n, const int32_t *slots, const int32_t *n_new,
+                                   const int32_t *tokens, int32_t *next, float *logits);
+
+/* Greedy generation of n_req prompts: submitted to s in order, admitted FIFO
+ * (at most max_prefill_tokens prompt tokens per prefill step), prefilled
+ * (whole prompts in one step, or stepwise: one token per step), then decoded
+ * together one token per step; a sequence leaves after max_new tokens and
+ * its slot and pages go to the next request, so the batch stays full.
+ * out [n_req][max_new]; logits (may be NULL) [n_req][max_new][vocab]. */
+oscar_status ge_run_requests(ge_sched *s, ge_step_fn step, void *user, int vocab, int max_prefill_tokens,
+                             int n_req, const int32_t *const *prompts, const int32_t *prompt_lens, int max_new,
+                             int stepwise, int32_t *out, float *logits, ge_gen_stats *st);
+
 #ifdef __cplusplus
 }
 #endif
