@@ -20,7 +20,10 @@ int main(int argc, char **argv) {
     return oscar_params_save(p, argv[1]) != 0;
 }
 C
-cc -I"$ROOT/include" "$W/mk.c" -o "$W/mk" -L"$BUILD/lib" -loscar -Wl,-rpath,"$BUILD/lib" && "$W/mk" "$W/other.safetensors"
+# Sanitizer flags either way: harmless on a plain build, needed on an ASan one.
+cc -fsanitize=address,undefined -I"$ROOT/include" "$W/mk.c" -o "$W/mk" "$BUILD/lib/liboscar_core.a" \
+    -ljansson -llapacke -lopenblas -lm -ldl -lpthread && "$W/mk" "$W/other.safetensors"
+if [ ! -s "$W/other.safetensors" ]; then echo "FAIL: could not make the wrong-shape parameter file"; exit 1; fi
 python3 -c "import struct,sys; open(sys.argv[1],'wb').write(struct.pack('<100I',*range(100)))" "$W/short.tokens"
 fail=0
 check() {
