@@ -47,7 +47,7 @@ def tuning_for(spec, arch, d):
         sys.exit("oscar_gen: no tuning table for arch %r; add one to gen/variants.json" % arch)
     tt = t[str(d)]
     nt, e = tt["threads"], tt["elems"]
-    if d % e or (d // e) > nt or nt % (d // e) or nt & (nt - 1):
+    if d % e or (d // e) > nt or nt % (d // e) or nt & (nt - 1) or (tt["tpt"] * d // e) % tt["vb"]:
         sys.exit("oscar_gen: tuning %s d=%d: threads %d / elems %d do not tile head_dim" % (arch, d, nt, e))
     return tt
 
@@ -76,14 +76,14 @@ def enumerate_variants(spec, sel, arch):
                     for m in quant:
                         lm = 1 if m == "lloyd_max" else 0
                         for q in sel["gqa"]:
-                            decode.append(dict(base, GQ=q, LM=lm, NT=tt["threads"], E=tt["elems"],
+                            decode.append(dict(base, GQ=q, LM=lm, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
                                                sfx=sfx_of("d%d" % d, "g%d" % g, "q%d" % q, kv, "m" + meta,
                                                           "lm" if lm else "u")))
             if "bf16" in methods:
                 base = dict(D=d, G=d, NG=1, KVB=kvb, MF32=0, BF16M=1)
                 append.append(dict(base, sfx=sfx_of("d%d" % d, "paged16", kv)))
                 for q in sel["gqa"]:
-                    decode.append(dict(base, GQ=q, LM=0, NT=tt["threads"], E=tt["elems"],
+                    decode.append(dict(base, GQ=q, LM=0, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
                                        sfx=sfx_of("d%d" % d, "paged16", "q%d" % q, kv)))
     for v in append:
         v["with_helpers"] = True
@@ -137,8 +137,26 @@ def gpu_files(target, sel):
     ext = "cu" if target == "cuda" else "hip"
     files = ["oscar_%s_variants.h" % target, "oscar_%s_append.%s" % (target, ext),
              "oscar_%s_dispatch.%s" % (target, ext)]
-    files += ["oscar_%s_decode_d%d.%s" % (target, d, ext) for d in sel["head_dim"]]
+    files += ["oscar_%s_decode_%s.%s" % (target, part, ext) for part in decode_parts(sel)]
     return files
+
+
+def decode_parts(sel):
+    """Decode kernels are split over several files (head_dim x kv dtype x
+    method class) so a parallel build compiles them side by side."""
+    classes = []
+    if "uniform" in sel["method"]:
+        classes.append("u")
+    if "lloyd_max" in sel["method"]:
+        classes.append("lm")
+    if "bf16" in sel["method"]:
+        classes.append("paged16")
+    return ["d%d_%s_%s" % (d, kv, c) for d in sel["head_dim"] for kv in sel["kv_dtype"] for c in classes]
+
+
+def part_of(v):
+    c = "paged16" if v["BF16M"] else ("lm" if v["LM"] else "u")
+    return "d%d_%s_%s" % (v["D"], "bf16" if v["KVB"] else "f16", c)
 
 
 def write(path, text):
@@ -176,17 +194,19 @@ def gen_gpu(target, spec, sel, arch, out):
     body += [app_t.append_family(v) for v in append]
     write(path, "\n".join(body + app_lines) + "\n")
 
-    for d in sel["head_dim"]:
+    parts = decode_parts(sel)
+    for part in parts:
         body = [prelude, "#define GRID_X gridDim.x\n", '#include "oscar_%s_variants.h"' % target]
-        for v in rotq:
-            if v["D"] == d:
-                body.append(dec_t.rotq_merge_family(v))
-        dv = [v for v in decode if v["D"] == d]
+        dv = [v for v in decode if part_of(v) == part]
+        # Each file carries its own (small) rotate_q / merge: HIP cannot take the
+        # address of a kernel defined in another translation unit.
+        rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part.rsplit("_", 1)[0]][0]
+        body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + part)))
         for v in dv:
             body.append(dec_t.decode_family(v))
-        body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_d%d[] = {' % (target, d))
+        body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
         for v in dv:
-            r = rq[(v["D"], v["KVB"])]
+            r = "_" + part
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)oscar_merge%s, "%s"},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"], v["NT"], v["E"],
@@ -194,21 +214,21 @@ def gen_gpu(target, spec, sel, arch, out):
         if not dv:
             body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\"},")
         body.append("};")
-        body.append('extern "C" const int oscar_%s_decode_table_d%d_n = %d;' % (target, d, len(dv)))
-        write(os.path.join(out, "oscar_%s_decode_d%d.%s" % (target, d, ext)), "\n".join(body) + "\n")
+        body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
+        write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")
 
-    ds = sel["head_dim"]
+    ds = parts
     lines = ['/* Generated by gen/oscar_gen.py. Do not edit. */', '#include "oscar_%s_variants.h"' % target,
              'extern "C" {']
     for d in ds:
-        lines.append("extern const oscar_gpu_decode_variant oscar_%s_decode_table_d%d[];" % (target, d))
-        lines.append("extern const int oscar_%s_decode_table_d%d_n;" % (target, d))
+        lines.append("extern const oscar_gpu_decode_variant oscar_%s_decode_table_%s[];" % (target, d))
+        lines.append("extern const int oscar_%s_decode_table_%s_n;" % (target, d))
     lines.append("extern const oscar_gpu_append_variant oscar_%s_append_table[];" % target)
     lines.append("extern const int oscar_%s_append_table_n;" % target)
     lines.append("const oscar_gpu_decode_variant *const oscar_%s_decode_tables[] = {%s};"
-                 % (target, ", ".join("oscar_%s_decode_table_d%d" % (target, d) for d in ds)))
+                 % (target, ", ".join("oscar_%s_decode_table_%s" % (target, d) for d in ds)))
     lines.append("const int *const oscar_%s_decode_table_sizes[] = {%s};"
-                 % (target, ", ".join("&oscar_%s_decode_table_d%d_n" % (target, d) for d in ds)))
+                 % (target, ", ".join("&oscar_%s_decode_table_%s_n" % (target, d) for d in ds)))
     lines.append("const int oscar_%s_num_decode_tables = %d;" % (target, len(ds)))
     lines.append("const oscar_gpu_append_variant *const oscar_%s_append_tables[] = {oscar_%s_append_table};"
                  % (target, target))
@@ -238,7 +258,7 @@ def gen_opencl(spec, out):
     app_t = e.get_template("append.jinja").module
     dec_t = e.get_template("decode.jinja").module
     m = dict(D="OSCAR_D", G="OSCAR_G", NG="OSCAR_NG", KVB="OSCAR_KVB", MF32="OSCAR_MF32", BF16M="OSCAR_BF16M",
-             GQ="OSCAR_GQ", LM="OSCAR_LM", NT="OSCAR_NT", E="OSCAR_E", sfx="", qsfx="", with_helpers=True,
+             GQ="OSCAR_GQ", LM="OSCAR_LM", NT="OSCAR_NT", E="OSCAR_E", TPT="OSCAR_TPT", VB="OSCAR_VB", sfx="", qsfx="", with_helpers=True,
              BF16M_CONST=False)
     src = "\n".join([prelude, "#define GRID_X get_num_groups(0)\n", app_t.append_family(m),
                      dec_t.rotq_merge_family(m), dec_t.decode_family(m)])
@@ -247,11 +267,12 @@ def gen_opencl(spec, out):
              "#include <stddef.h>",
              "const char oscar_opencl_source[] =", c_string(src) + ";",
              "const size_t oscar_opencl_source_len = sizeof oscar_opencl_source - 1;",
-             "/* Tuning per head_dim: d, threads, elems, min_chunk, blocks per compute unit. */",
-             "const int oscar_opencl_tuning[3][5] = {"]
+             "/* Tuning per head_dim: d, threads, elems, min_chunk, blocks per compute unit, tpt, vb. */",
+             "const int oscar_opencl_tuning[3][7] = {"]
     for d in (64, 128, 256):
         tt = tuning_for(spec, "opencl", d)
-        lines.append("    {%d, %d, %d, %d, %d}," % (d, tt["threads"], tt["elems"], tt["min_chunk"], tt["blocks_per_sm"]))
+        lines.append("    {%d, %d, %d, %d, %d, %d, %d}," % (d, tt["threads"], tt["elems"], tt["min_chunk"],
+                                                        tt["blocks_per_sm"], tt["tpt"], tt["vb"]))
     lines.append("};")
     write(os.path.join(out, "oscar_opencl_source.c"), "\n".join(lines) + "\n")
 

@@ -14,7 +14,7 @@
 
 extern const char oscar_opencl_source[];
 extern const size_t oscar_opencl_source_len;
-extern const int oscar_opencl_tuning[3][5];
+extern const int oscar_opencl_tuning[3][7];
 
 #define MAX_PROGRAMS 64
 
@@ -181,9 +181,9 @@ static oscar_status ocl_select(void *ctx, const oscar_layout_desc *l, gpu_kernel
     char opts[384];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
-             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d%s",
+             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d -DOSCAR_TPT=%d -DOSCAR_VB=%d%s",
              l->head_dim, G, l->head_dim / G, l->kv_dtype == OSCAR_DTYPE_BF16, l->meta_dtype == OSCAR_DTYPE_F32,
-             bf16m, gq, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2],
+             bf16m, gq, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6],
              getenv("OSCAR_OPENCL_OPTIONS") ? getenv("OSCAR_OPENCL_OPTIONS") : "");
     if (gq > 16)
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
