@@ -3,7 +3,7 @@
 # Builds the CUDA plugin and the benchmark with CMake + ninja (perf/gpu is a
 # standalone project: CUDA, Python 3 + jinja2 only), runs the conformance test
 # against the CPU reference on CUDA (binary + Criterion libs carried in
-# .devcarry/, built on the dev machine: the GPU image has no Criterion), then
+# build-carry-conf/, built on the dev machine: the GPU image has no Criterion), then
 # times 2-bit decode, the library's BF16 paged decode, the write path and
 # torch SDPA. Prints the Markdown table last and writes everything under $OUT.
 #   bash perf/gpu/run.sh [quick]
@@ -20,10 +20,10 @@ cmake -S perf/gpu -B $B -G Ninja -DOSCAR_GEN_SET=$SET -DCMAKE_BUILD_TYPE=Release
   cmake --build $B -j16 >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 grep -E "registers|spill" "$OUT/build.log" | head -5
-if [ -x .devcarry/test_backend_conformance ]; then
+if [ -x build-carry-conf/test_backend_conformance ]; then
   t0=$(date +%s)
-  LD_LIBRARY_PATH=$PWD/.devcarry/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda \
-    timeout 300 .devcarry/test_backend_conformance --jobs 8 > "$OUT/conformance.log" 2>&1
+  LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda \
+    timeout 300 build-carry-conf/test_backend_conformance --jobs 8 > "$OUT/conformance.log" 2>&1
   echo "conformance rc=$? ($(( $(date +%s) - t0 )) s)"
   grep -E "Assertion|seed|Synthesis|FAIL|CRASH" "$OUT/conformance.log" | head -20
 fi
