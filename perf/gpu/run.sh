@@ -23,9 +23,9 @@ grep -E "registers|spill" "$OUT/build.log" | head -5
 if [ -x build-carry-conf/test_backend_conformance ]; then
   t0=$(date +%s)
   LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda \
-    timeout 300 build-carry-conf/test_backend_conformance --jobs 8 > "$OUT/conformance.log" 2>&1
+    timeout 300 build-carry-conf/test_backend_conformance --jobs 8 --verbose > "$OUT/conformance.log" 2>&1
   echo "conformance rc=$? ($(( $(date +%s) - t0 )) s)"
-  grep -E "Assertion|seed|Synthesis|FAIL|CRASH" "$OUT/conformance.log" | head -20
+  grep -E "Assertion|seed|Synthesis|FAIL|CRASH|skipped" "$OUT/conformance.log" | sort | uniq -c | head -20
 fi
 t0=$(date +%s)
 timeout 400 $B/bench_attention $B/lib/liboscar_backend_cuda.so "$OUT/oscar.tsv" $QUICK 2>&1 | tee "$OUT/bench.log" | tail -40
