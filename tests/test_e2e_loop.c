@@ -29,29 +29,29 @@ static oscar_status fake_step(void *user, int n, const int32_t *slots, const int
     fake *f = user;
     ge_sched *s = f->s;
     char msg[256];
-    cr_assert_eq(ge_sched_check(s, msg, sizeof msg), OSCAR_OK, "seed %u: %s", f->seed, msg);
+    if (ge_sched_check(s, msg, sizeof msg) != OSCAR_OK) cr_assert_fail("seed %u: %s", f->seed, msg);
     int decode = 1;
     for (int i = 0; i < n; i++) decode &= n_new[i] == 1;
     int32_t *lens = malloc((size_t)n * 4), *ws = malloc((size_t)n * 4), *cu = malloc(((size_t)n + 1) * 4),
             *bt = malloc((size_t)n * s->stride * 4), ml;
-    cr_assert_eq(ge_sched_batch(s, n, slots, n_new, lens, ws, bt, cu, &ml), OSCAR_OK, "seed %u: %s", f->seed,
-                 ge_last_error());
+    if (ge_sched_batch(s, n, slots, n_new, lens, ws, bt, cu, &ml) != OSCAR_OK)
+        cr_assert_fail("seed %u: %s", f->seed, ge_last_error());
     for (int i = 0; i < n; i++) {
-        for (int j = 0; j < i; j++) cr_assert_neq(slots[i], slots[j], "seed %u: slot twice in a step", f->seed);
-        if (!decode) cr_assert_eq(s->slots[slots[i]].len, 0, "seed %u: prefill of a started sequence", f->seed);
+        for (int j = 0; j < i; j++)
+            if (slots[i] == slots[j]) cr_assert_fail("seed %u: slot twice in a step", f->seed);
+        if (!decode && s->slots[slots[i]].len != 0) cr_assert_fail("seed %u: prefill of a started sequence", f->seed);
         int last = tokens[cu[i + 1] - 1];
-        cr_assert(last >= 0 && last < VOCAB);
+        if (last < 0 || last >= VOCAB) cr_assert_fail("seed %u: token %d", f->seed, last);
         next[i] = next_token(last, lens[i] - 1);
         if (logits)
             for (int v = 0; v < VOCAB; v++) logits[(size_t)i * VOCAB + v] = v == next[i] ? 1.0f : (float)slots[i];
-        cr_assert_eq(ge_sched_advance(s, slots[i], n_new[i]), OSCAR_OK);
+        if (ge_sched_advance(s, slots[i], n_new[i]) != OSCAR_OK) cr_assert_fail("seed %u: %s", f->seed, ge_last_error());
     }
     if (decode && f->check_full && s->head < s->n_reqs && s->running < s->num_slots) {
         int64_t need;
         const ge_request *h = &s->reqs[s->head];
         oscar_layout_pages_for(&s->layout, (int64_t)h->prompt_len + h->max_new, &need);
-        cr_assert_gt(need, s->pages.n_free, "seed %u: a slot is free and the queue head fits, yet it waits",
-                     f->seed);
+        if (need <= s->pages.n_free) cr_assert_fail("seed %u: a slot is free and the queue head fits, yet it waits", f->seed);
     }
     if (n > f->max_running) f->max_running = n;
     f->steps++;
@@ -99,10 +99,10 @@ static void run_case(unsigned seed, int stepwise, int cap)
     for (int r = 0; r < n_req; r++) {
         int tok = next_token(pr[r][lens[r] - 1], lens[r] - 1);
         for (int i = 0; i < max_new; i++) {
-            cr_assert_eq(out[(size_t)r * max_new + i], tok, "seed %u: request %d token %d is %d, expected %d", seed, r,
-                         i, out[(size_t)r * max_new + i], tok);
+            if (out[(size_t)r * max_new + i] != tok)
+                cr_assert_fail("seed %u: request %d token %d is %d, expected %d", seed, r, i, out[(size_t)r * max_new + i], tok);
             const float *row = lg + ((size_t)r * max_new + i) * VOCAB;
-            cr_assert_eq(row[tok], 1.0f, "seed %u: logits of request %d step %d misrouted", seed, r, i);
+            if (row[tok] != 1.0f) cr_assert_fail("seed %u: logits of request %d step %d misrouted", seed, r, i);
             tok = next_token(tok, lens[r] + i);
         }
     }
@@ -113,8 +113,6 @@ static void run_case(unsigned seed, int stepwise, int cap)
     cr_assert_leq(f.max_running, slots);
     cr_assert_eq(gs.decode_tokens, (int64_t)n_req * (max_new - 1), "seed %u: %lld decode tokens", seed,
                  (long long)gs.decode_tokens);
-    if (!stepwise && n_req >= slots && max_new > 1 && f.check_full)
-        cr_assert_geq(gs.max_running, 1);
     for (int r = 0; r < n_req; r++) free(pr[r]);
     free(pr);
     free(lens);

@@ -32,9 +32,17 @@ oscar_status ge_run_requests(ge_sched *s, ge_step_fn step, void *user, int vocab
         if (q != OSCAR_OK) return q;
     }
     int S = s->num_slots;
-    int64_t tok_cap = (max_prefill_tokens > 0 ? (int64_t)max_prefill_tokens : 0) + S;
-    for (int r = 0; r < n_req; r++)
-        if (prompt_lens[r] + (int64_t)S > tok_cap) tok_cap = prompt_lens[r] + (int64_t)S;
+    /* Token buffer: the most prompt tokens one prefill step can take (the cap,
+     * or all prompts if fewer, or the longest prompt admitted alone), or one
+     * token per slot in a decode step. */
+    int64_t all_prompts = 0, longest = 0;
+    for (int r = 0; r < n_req; r++) {
+        all_prompts += prompt_lens[r];
+        if (prompt_lens[r] > longest) longest = prompt_lens[r];
+    }
+    int64_t tok_cap = max_prefill_tokens > 0 && max_prefill_tokens < all_prompts ? max_prefill_tokens : all_prompts;
+    if (longest > tok_cap) tok_cap = longest;
+    tok_cap += S;
     int32_t *adm = malloc((size_t)S * 4), *sl = malloc((size_t)S * 4), *nn = malloc((size_t)S * 4),
             *tok = malloc((size_t)tok_cap * 4), *nx = malloc((size_t)S * 4),
             *ngen = calloc((size_t)n_req, 4);
