@@ -121,7 +121,7 @@ static float select_kth(float *v, int n, int k) {
 }
 
 float oscar_ref_clip_tau(int d, const float *x, float c) {
-    float s[256];
+    float s[256] = {0}; /* d <= 256; zeroed so no compiler sees an uninitialized tail */
     float mx = 0.0f;
     for (int j = 0; j < d; j++) {
         s[j] = fabsf(x[j]);
