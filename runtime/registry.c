@@ -93,10 +93,20 @@ static void try_plugin(oscar_runtime *rt, const oscar_runtime_options *o, candid
                        int ndirs) {
     c->score = 0;
     int found_any = 0;
+    char seen[16][PATH_MAX];
+    int nseen = 0;
     for (int i = 0; i < ndirs && !c->api; i++) {
         char path[PATH_MAX + 64];
         snprintf(path, sizeof path, "%s/liboscar_backend_%s.so", dirs[i], c->name);
         if (access(path, R_OK) != 0) continue;
+        /* The same file reached through two search folders is tried once. */
+        char real[PATH_MAX];
+        if (realpath(path, real)) {
+            int dup = 0;
+            for (int k = 0; k < nseen; k++) dup |= !strcmp(seen[k], real);
+            if (dup) continue;
+            if (nseen < 16) memcpy(seen[nseen++], real, sizeof real);
+        }
         found_any = 1;
         void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
         if (!dl) {
