@@ -206,3 +206,13 @@ OSCAR_API oscar_status oscar_params_check_shape(const oscar_params *p, int num_l
                                p->model_hash, model_hash);
     return OSCAR_OK;
 }
+
+oscar_status oscar_params_orthogonality_error(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                              double *err) {
+    const float *R;
+    oscar_status s = oscar_params_rotation(p, layer, kv_head, which, &R); /* validates and sets the error */
+    if (s != OSCAR_OK) return s;
+    if (!err) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_orthogonality_error: NULL output");
+    *err = oscar_ref_orthogonality_error(p->head_dim, R, INFINITY);
+    return OSCAR_OK;
+}

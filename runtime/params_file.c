@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "cpu_ref.h"
 #include "oscar_internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -258,20 +259,6 @@ static int tensor_index(const char *name, int num_layers) {
 static int cmp_slot(const void *a, const void *b) {
     const tensor_slot *x = *(const tensor_slot *const *)a, *y = *(const tensor_slot *const *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
-
-/* max |R R^T - I| over a d x d fp32 matrix, in fp64; stops early once over tol. */
-static double ortho_error(int d, const float *R, double tol) {
-    double worst = 0.0;
-    for (int i = 0; i < d; i++)
-        for (int j = i; j < d; j++) {
-            double s = 0.0;
-            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
-            double e = fabs(s - (i == j ? 1.0 : 0.0));
-            if (e > worst) worst = e;
-            if (worst > tol) return worst;
-        }
-    return worst;
 }
 
 /* Checks one header entry: dtype, shape and byte range against what the
@@ -535,7 +522,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                     }
                     if (R[i] != ((i / (size_t)d) == (i % (size_t)d) ? 1.0f : 0.0f)) p->identity = 0;
                 }
-                double e = ortho_error((int)d, R, ORTHO_TOL);
+                double e = oscar_ref_orthogonality_error((int)d, R, ORTHO_TOL);
                 if (e > ORTHO_TOL) {
                     snprintf(msg, sizeof msg, "rotation layers.%lld.rot_%c[%lld] is not orthogonal (max |R R^T - I| = %.3g > 1e-3)",
                              (long long)l, kv ? 'v' : 'k', (long long)r, e);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "../tools/oscar_calibrate_run.c"
+#include "refcheck.h"
 
 static char g_model[4096], g_tokens[4096], g_ref[4096];
 
@@ -40,18 +41,6 @@ static double rel_frobenius(const double *a, const double *ref, size_t n) {
         den += ref[i] * ref[i];
     }
     return den > 0.0 ? sqrt(num / den) : sqrt(num);
-}
-
-static double max_orthogonality_error(int d, const float *R) {
-    double worst = 0.0;
-    for (int i = 0; i < d; i++)
-        for (int j = 0; j < d; j++) {
-            double s = 0.0;
-            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
-            double e = fabs(s - (i == j ? 1.0 : 0.0));
-            if (e > worst) worst = e;
-        }
-    return worst;
 }
 
 static void load_model_tokens(oe_model **m, uint32_t **tok, int64_t *n) {
@@ -123,7 +112,7 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
             const float *R = NULL;
             const double *lam = NULL;
             cr_assert_eq(oscar_params_rotation(p, l, 0, (oscar_kv)which, &R), OSCAR_OK, "%s", oscar_last_error());
-            double oe = max_orthogonality_error(d, R);
+            double oe = rc_orthogonality_error(d, R);
             cr_expect_lt(oe, 1e-5, "layer %d %c: max |R R^T - I| = %.3e", l, which ? 'V' : 'K', oe);
             cr_assert_eq(oscar_params_eigenvalues(p, l, 0, (oscar_kv)which, &lam), OSCAR_OK, "%s",
                          oscar_last_error());

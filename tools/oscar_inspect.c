@@ -9,18 +9,6 @@
 
 #include "oscar/oscar.h"
 
-static double ortho_error(int d, const float *R) {
-    double worst = 0.0;
-    for (int i = 0; i < d; i++)
-        for (int j = i; j < d; j++) {
-            double s = 0.0;
-            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
-            double e = fabs(s - (i == j ? 1.0 : 0.0));
-            if (e > worst) worst = e;
-        }
-    return worst;
-}
-
 static int is_identity(int d, const float *R) {
     for (int i = 0; i < d; i++)
         for (int j = 0; j < d; j++)
@@ -78,13 +66,14 @@ int main(int argc, char **argv) {
             for (int r = 0; r < nrot; r++) {
                 const float *R = NULL;
                 const double *lam = NULL;
+                double oe = 0.0;
                 if (oscar_params_rotation(p, l, r, (oscar_kv)w, &R) != OSCAR_OK ||
-                    oscar_params_eigenvalues(p, l, r, (oscar_kv)w, &lam) != OSCAR_OK) {
+                    oscar_params_eigenvalues(p, l, r, (oscar_kv)w, &lam) != OSCAR_OK ||
+                    oscar_params_orthogonality_error(p, l, r, (oscar_kv)w, &oe) != OSCAR_OK) {
                     fprintf(stderr, "oscar-inspect: %s\n", oscar_last_error());
                     oscar_params_destroy(p);
                     return 1;
                 }
-                double oe = ortho_error(d, R);
                 if (oe > worst_all) worst_all = oe;
                 printf("    %c", w ? 'V' : 'K');
                 if (info.per_head) printf(" head %d", r);

@@ -37,6 +37,9 @@ int oscar_ref_bitrev(int x, int bits);
 /* R = U . H . P (FORMAT.md §1). U: d x d row-major, column r = eigenvector of
  * rank r (largest eigenvalue first). R: d x d row-major fp32 out. */
 void oscar_ref_compose_rotation(int d, const double *U, float *R);
+/* max |R R^T - I| of a d x d row-major fp32 matrix, in fp64; returns as soon
+ * as the error exceeds stop_above (pass INFINITY for the exact maximum). */
+double oscar_ref_orthogonality_error(int d, const float *R, double stop_above);
 /* out = x R (R row-major d x d; NULL means identity). out may not alias x. */
 void oscar_ref_rotate(int d, const float *x, const float *R, float *out);
 /* out = y R^T (inverse rotation). out may not alias y. */

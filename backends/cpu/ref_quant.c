@@ -269,3 +269,16 @@ void oscar_ref_page_geom_init(const oscar_layout_desc *l, oscar_ref_page_geom *g
     g->v_meta = g->k_meta + rows * g->meta_row_bytes;
     g->page_bytes = g->v_meta + rows * g->meta_row_bytes;
 }
+
+double oscar_ref_orthogonality_error(int d, const float *R, double stop_above) {
+    double worst = 0.0;
+    for (int i = 0; i < d; i++)
+        for (int j = i; j < d; j++) { /* R R^T is symmetric: upper triangle */
+            double s = 0.0;
+            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
+            double e = fabs(s - (i == j ? 1.0 : 0.0));
+            if (e > worst) worst = e;
+            if (worst > stop_above) return worst;
+        }
+    return worst;
+}

@@ -178,6 +178,9 @@ OSCAR_API oscar_status oscar_params_get_info(const oscar_params *p, oscar_params
  * (a stored row is x R). kv_head is ignored unless per_head. Valid while p lives. */
 OSCAR_API oscar_status oscar_params_rotation(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                              const float **R);
+/* max |R R^T - I| of one rotation: a health check (about 1e-7 for a good file). */
+OSCAR_API oscar_status oscar_params_orthogonality_error(const oscar_params *p, int layer, int kv_head,
+                                                        oscar_kv which, double *err);
 /* Borrowed pointer to head_dim eigenvalues (largest first) of the layer's
  * target covariance, or NULL for built-in parameters. */
 OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer, int kv_head, oscar_kv which,
@@ -202,12 +205,20 @@ typedef struct oscar_calib_options {
     int32_t group;              /* quant group used when fitting clips (default head_dim) */
     int32_t per_head;           /* 0: one rotation per layer (default); 1: per KV head */
     oscar_method method;        /* OSCAR2 (default) or OSCAR2_LM */
-    float clip_k, clip_v;       /* > 0: fixed clip ratio; 0: fit on held-back rows (default) */
+    float clip_k, clip_v;       /* > 0: fixed clip ratio; 0: fit (default; see clip_objective) */
     int32_t holdout_rows;       /* rows per layer kept for clip fitting (default 4096) */
     const char *model_hash;     /* opaque fingerprint (<= 64 chars) of the model fields that
                                    matter, computed by the engine; stored and compared verbatim */
     oscar_progress_fn progress; /* may be NULL */
     void *progress_user;
+    /* Added after the first release (struct_size tells them apart). */
+    int32_t sink, recent;       /* cache layout the clips are fitted for: positions < sink and the
+                                   last `recent` positions stay full precision (default 64, 256) */
+    int32_t clip_objective;     /* 0 (default): attention-output error on probes (one query
+                                   position of a fed window and its keys/values, per layer and KV
+                                   head, bounded count); falls back to 1 for a layer without probes.
+                                   1: mean attention-aware squared score error e^T C e of
+                                   held-back rows */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -224,7 +235,11 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
 /* Feeds n_tokens rows of one layer, post-RoPE (and post q/k-norm):
  * q [n_tokens][num_q_heads][head_dim], k and v [n_tokens][num_kv_heads][head_dim],
  * host memory, dtype F32, BF16 or F16. Accumulates in fp64; memory does not
- * grow with the number of tokens. Non-finite rows are refused. */
+ * grow with the number of tokens. Non-finite rows are refused.
+ * One feed is taken to be one causal window (positions 0..n_tokens-1, each
+ * attending to the earlier ones): feeds of at least sink + recent + 32 tokens
+ * give attention probes (queries kept in pass 0, the keys and values up to the
+ * probe position taken from the same feed index of that layer in pass 1). */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
 /* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
@@ -243,6 +258,17 @@ typedef struct oscar_calib_layer_report {
     float clip_k, clip_v;
 } oscar_calib_layer_report;
 OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int layer, oscar_calib_layer_report *out);
+/* Per-layer probe diagnostic after finalize: relative attention-output error
+ * sum ||o^ - o||^2 / sum ||o||^2 over the layer's probes and query heads, with
+ * only K quantized (V exact), only V quantized (K exact) and both; [0] none
+ * and [1] Hadamard at clip 1, [2] OSCAR at the chosen clips. probes == 0
+ * (feeds shorter than sink + recent + 32) leaves the errors 0. */
+typedef struct oscar_calib_attn_report {
+    double err_k[3], err_v[3], err_kv[3];
+    int32_t probes;
+} oscar_calib_attn_report;
+OSCAR_API oscar_status oscar_calib_layer_attn_report_get(const oscar_calib *c, int layer,
+                                                         oscar_calib_attn_report *out);
 
 /* ------------------------------------------------------------- fake quant */
 /* Quantize-dequantize rows on the host exactly as the cache would store them

@@ -83,17 +83,7 @@ void rc_random_rotation(rc_rng *r, int d, float *R) {
     oscar_ref_compose_rotation(d, U, R);
     free(U);
 }
-double rc_orthogonality_error(int d, const float *R) {
-    double worst = 0;
-    for (int i = 0; i < d; i++)
-        for (int j = 0; j < d; j++) {
-            double s = 0;
-            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * R[j * d + k];
-            double e = fabs(s - (i == j ? 1.0 : 0.0));
-            if (e > worst) worst = e;
-        }
-    return worst;
-}
+double rc_orthogonality_error(int d, const float *R) { return oscar_ref_orthogonality_error(d, R, INFINITY); }
 void rc_poison(void *p, size_t bytes) { memset(p, 0xff, bytes); }
 
 /* ------------------------------------------------------- expected cache */
