@@ -10,21 +10,8 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "shared_dir.h"
 
-static int shared_dir(char *buf, size_t len)
-{
-    const char *env = getenv("OSCAR_SHARED_DIR");
-    if (env && *env) snprintf(buf, len, "%s", env);
-    else {
-        snprintf(buf, len, "%s", __FILE__);
-        char *slash = strrchr(buf, '/');
-        if (slash) *slash = 0;
-        size_t l = strlen(buf);
-        snprintf(buf + l, len - l, "/../../shared");
-    }
-    struct stat sb;
-    return stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
 
 static oe_model *g_m;
 static uint32_t *g_tok;
@@ -34,7 +21,7 @@ static unsigned g_seed;
 static void setup(void)
 {
     char sh[4096], path[4200];
-    if (!shared_dir(sh, sizeof sh)) cr_skip_test("shared folder %s absent", sh);
+    if (!rc_shared_dir(sh, sizeof sh)) cr_skip_test("shared folder %s absent", sh);
     snprintf(path, sizeof path, "%s/models/tiny-qwen3", sh);
     cr_assert_eq(oe_model_load(path, &g_m), OSCAR_OK, "%s", oe_last_error());
     snprintf(path, sizeof path, "%s/data/tiny-qwen3/eval.tokens", sh);

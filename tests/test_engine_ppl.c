@@ -10,21 +10,8 @@
 #include <time.h>
 
 #include "engine.h"
+#include "shared_dir.h"
 
-static int shared_dir(char *buf, size_t len)
-{
-    const char *env = getenv("OSCAR_SHARED_DIR");
-    if (env && *env) snprintf(buf, len, "%s", env);
-    else {
-        snprintf(buf, len, "%s", __FILE__);
-        char *slash = strrchr(buf, '/');
-        if (slash) *slash = 0;
-        size_t l = strlen(buf);
-        snprintf(buf + l, len - l, "/../../shared");
-    }
-    struct stat sb;
-    return stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
 
 static void progress(void *user, int64_t w, int64_t windows, double nll, int64_t scored)
 {
@@ -36,7 +23,7 @@ static void progress(void *user, int64_t w, int64_t windows, double nll, int64_t
 Test(engine_ppl, first_65536_eval_tokens_match_reference, .timeout = 1500)
 {
     char sh[4096], path[4200];
-    if (!shared_dir(sh, sizeof sh)) cr_skip_test("shared folder %s absent", sh);
+    if (!rc_shared_dir(sh, sizeof sh)) cr_skip_test("shared folder %s absent", sh);
     snprintf(path, sizeof path, "%s/models/tiny-qwen3", sh);
     oe_model *m = NULL;
     cr_assert_eq(oe_model_load(path, &m), OSCAR_OK, "%s", oe_last_error());

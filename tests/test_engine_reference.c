@@ -8,22 +8,8 @@
 #include <sys/stat.h>
 
 #include "engine.h"
+#include "shared_dir.h"
 
-/* ../shared: from OSCAR_SHARED_DIR (ctest sets it), else next to the source tree. */
-static int shared_dir(char *buf, size_t len)
-{
-    const char *env = getenv("OSCAR_SHARED_DIR");
-    if (env && *env) snprintf(buf, len, "%s", env);
-    else {
-        snprintf(buf, len, "%s", __FILE__);
-        char *slash = strrchr(buf, '/');
-        if (slash) *slash = 0; /* tests/ */
-        size_t l = strlen(buf);
-        snprintf(buf + l, len - l, "/../../shared");
-    }
-    struct stat sb;
-    return stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
 
 #define MAXL 64
 
@@ -69,7 +55,7 @@ static float *ref_tensor(const oe_safetensors *st, const char *name, int64_t exp
 Test(engine_reference, logits_and_qkv_match_transformers, .timeout = 300)
 {
     char sh[4096], path[4200];
-    if (!shared_dir(sh, sizeof sh)) cr_skip_test("shared folder %s absent", sh);
+    if (!rc_shared_dir(sh, sizeof sh)) cr_skip_test("shared folder %s absent", sh);
     snprintf(path, sizeof path, "%s/models/tiny-qwen3", sh);
     oe_model *m = NULL;
     cr_assert_eq(oe_model_load(path, &m), OSCAR_OK, "%s", oe_last_error());
