@@ -14,6 +14,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "engine.h"
 #include "ge_sched.h"
@@ -82,6 +83,21 @@ oscar_status ge_sync_check(ge_engine *e);
  * KV hook does). */
 oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts, const int32_t *prompt_lens,
                          int max_new, int stepwise, int32_t *out, float *logits, ge_gen_stats *st);
+
+/* Diagnostics (oscar-gpu-generate --debug-layers). While set, ge_step
+ * synchronizes after each stage and hands a host fp32 copy of the device
+ * activations to fn: layer -1 "embed" [T][H]; per layer "q" [T][Hq d]
+ * (fp32, after q-norm and RoPE), "k", "v" [T][Hkv d] (the bf16 rows the
+ * cache gets), "attn" (attention output), "x" (residual after the layer).
+ * Slow; NULL turns it off. */
+typedef void (*ge_debug_fn)(void *user, int layer, const char *what, const float *data, size_t rows,
+                            size_t cols);
+void ge_set_debug(ge_engine *e, ge_debug_fn fn, void *user);
+/* Downloads every device weight and compares it with the model's host
+ * weights; a line on f (may be NULL) per mismatching tensor and for the
+ * first layer's; *worst_rel: the largest max|diff| / max|host| (0 in fp32
+ * mode when the upload is right, <= 2^-8 or so in bf16). */
+oscar_status ge_debug_weights(ge_engine *e, const oe_model *m, FILE *f, double *worst_rel);
 
 #ifdef __cplusplus
 }

@@ -81,6 +81,8 @@ struct ge_engine {
     size_t mem_weights, mem_kv, mem_ws, mem_act;
     ge_sched sched;
     int64_t steps;
+    ge_debug_fn dbg; /* diagnostics (ge_set_debug), NULL in normal runs */
+    void *dbg_user;
     /* every device allocation, freed in ge_destroy */
     void **allocs;
     int n_allocs, cap_allocs;
@@ -293,7 +295,9 @@ static oscar_status setup_common(ge_engine *e)
     if (!inv) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
     for (int i = 0; i < h2; i++) inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->head_dim));
     oscar_status s = dalloc(e, (void **)&d_inv, (size_t)h2 * 4, ma, "inv_freq");
-    if (s == OSCAR_OK && cudaMemcpy(d_inv, inv, (size_t)h2 * 4, cudaMemcpyHostToDevice) != cudaSuccess)
+    /* On the engine's stream, as the kernel that reads it (see upload()). */
+    if (s == OSCAR_OK && (cudaMemcpyAsync(d_inv, inv, (size_t)h2 * 4, cudaMemcpyHostToDevice, e->st) != cudaSuccess ||
+                          cudaStreamSynchronize(e->st) != cudaSuccess))
         s = ge_set_error(OSCAR_ERR_BACKEND, "ge: upload of inv_freq failed");
     free(inv);
     GE(s);
@@ -323,10 +327,15 @@ static oscar_status new_engine(const oe_config *cfg, const ge_options *o, ge_eng
     return OSCAR_OK;
 }
 
-/* Host fp32 rows -> device weight dtype at dst (+ element offset). */
+/* Host fp32 rows -> device weight dtype at dst (+ element offset).
+ * The copy must go on the engine's stream: a plain cudaMemcpy from pageable
+ * memory runs on the legacy default stream and may return before its DMA
+ * has landed, and the engine's stream is non-blocking (no implicit ordering
+ * with the legacy stream), so the conversion kernel could read the staging
+ * buffer while it still held the previous tensor. */
 static oscar_status upload(ge_engine *e, void *dst, size_t off, const float *src, size_t n, float *stage, int to_f32)
 {
-    CU(cudaMemcpy(stage, src, n * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpyAsync(stage, src, n * 4, cudaMemcpyHostToDevice, e->st));
     void *d = (char *)dst + off * (to_f32 ? 4 : e->wsz);
     KL(ge_k_convert(d, to_f32, stage, n, e->st));
     CU(cudaStreamSynchronize(e->st));
@@ -498,6 +507,116 @@ static oscar_batch make_batch(const ge_engine *e, int n, int max_len)
     return b;
 }
 
+void ge_set_debug(ge_engine *e, ge_debug_fn fn, void *user)
+{
+    if (!e) return;
+    e->dbg = fn;
+    e->dbg_user = user;
+}
+
+static float bf16_bits_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Device buffer (fp32 or bf16) -> fresh host fp32 copy; NULL on failure (error set). */
+static float *download_f32(ge_engine *e, const void *dev, int is_f32, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    uint16_t *b = is_f32 ? NULL : malloc((n ? n : 1) * sizeof *b);
+    cudaError_t err = cudaStreamSynchronize(e->st);
+    if (err == cudaSuccess && h && (is_f32 || b))
+        err = cudaMemcpy(is_f32 ? (void *)h : (void *)b, dev, n * (is_f32 ? 4 : 2), cudaMemcpyDeviceToHost);
+    if (!h || (!is_f32 && !b) || err != cudaSuccess) {
+        if (err != cudaSuccess) ge_set_error(OSCAR_ERR_BACKEND, "ge debug: download failed: %s", cudaGetErrorString(err));
+        else ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge debug: out of host memory");
+        free(h);
+        free(b);
+        return NULL;
+    }
+    if (!is_f32)
+        for (size_t i = 0; i < n; i++) h[i] = bf16_bits_to_f32(b[i]);
+    free(b);
+    return h;
+}
+
+static oscar_status dbg_emit(ge_engine *e, int layer, const char *what, const void *dev, int is_f32, size_t rows,
+                             size_t cols)
+{
+    float *h = download_f32(e, dev, is_f32, rows * cols);
+    if (!h) return OSCAR_ERR_BACKEND;
+    e->dbg(e->dbg_user, layer, what, h, rows, cols);
+    free(h);
+    return OSCAR_OK;
+}
+
+/* Largest |device - host| over n elements at element offset off of dev, and the largest |host|. */
+static oscar_status cmp_weight(ge_engine *e, FILE *f, const char *name, int layer, const void *dev, size_t off,
+                               int is_f32, const float *host, size_t n, double *worst_rel)
+{
+    if (!host) return OSCAR_OK;
+    const char *p = (const char *)dev + off * (is_f32 ? 4 : 2);
+    float *h = download_f32(e, p, is_f32, n);
+    if (!h) return OSCAR_ERR_BACKEND;
+    double md = 0, mr = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        double dd = fabs((double)h[i] - host[i]);
+        if (!(dd <= md)) {
+            md = dd;
+            at = i;
+        }
+        if (fabs((double)host[i]) > mr) mr = fabs((double)host[i]);
+    }
+    double rel = mr > 0 ? md / mr : md;
+    if (!(rel <= *worst_rel)) *worst_rel = rel;
+    /* bf16 storage rounds by up to 2^-9 relative. */
+    int bad = !(rel <= (is_f32 ? 0.0 : 4e-3));
+    if (f && (bad || layer <= 0))
+        fprintf(f, "weights: layer %d %-10s %zu elements: max |gpu - host| %.3g (max |host| %.3g) at %zu%s\n", layer,
+                name, n, md, mr, at, bad ? "  MISMATCH" : "");
+    free(h);
+    return OSCAR_OK;
+}
+
+oscar_status ge_debug_weights(ge_engine *e, const oe_model *m, FILE *f, double *worst_rel)
+{
+    if (!e || !m || !worst_rel) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_debug_weights: NULL argument");
+    *worst_rel = 0;
+    const oe_config *c = &e->cfg;
+    size_t H = (size_t)c->hidden, d = (size_t)c->head_dim, qd = (size_t)c->num_q_heads * d,
+           kvd = (size_t)c->num_kv_heads * d, FF = (size_t)c->intermediate, V = (size_t)c->vocab;
+    const int f32 = e->f32;
+    GE(cmp_weight(e, f, "embed", -1, e->embed, 0, f32, m->embed, V * H, worst_rel));
+    GE(cmp_weight(e, f, "lm_head", -1, e->lm_head, 0, f32, m->lm_head, V * H, worst_rel));
+    GE(cmp_weight(e, f, "final_norm", -1, e->final_norm, 0, 1, m->final_norm, H, worst_rel));
+    for (int i = 0; i < c->num_layers; i++) {
+        const oe_layer *s = &m->layers[i];
+        const ge_layer *g = &e->L[i];
+        GE(cmp_weight(e, f, "wq", i, g->wqkv, 0, f32, s->wq, qd * H, worst_rel));
+        GE(cmp_weight(e, f, "wk", i, g->wqkv, qd * H, f32, s->wk, kvd * H, worst_rel));
+        GE(cmp_weight(e, f, "wv", i, g->wqkv, (qd + kvd) * H, f32, s->wv, kvd * H, worst_rel));
+        GE(cmp_weight(e, f, "wo", i, g->wo, 0, f32, s->wo, H * qd, worst_rel));
+        GE(cmp_weight(e, f, "w_gate", i, g->wgu, 0, f32, s->w_gate, FF * H, worst_rel));
+        GE(cmp_weight(e, f, "w_up", i, g->wgu, FF * H, f32, s->w_up, FF * H, worst_rel));
+        GE(cmp_weight(e, f, "w_down", i, g->wdown, 0, f32, s->w_down, H * FF, worst_rel));
+        GE(cmp_weight(e, f, "attn_norm", i, g->attn_norm, 0, 1, s->attn_norm, H, worst_rel));
+        GE(cmp_weight(e, f, "mlp_norm", i, g->mlp_norm, 0, 1, s->mlp_norm, H, worst_rel));
+        if (g->q_norm) GE(cmp_weight(e, f, "q_norm", i, g->q_norm, 0, 1, s->q_norm, d, worst_rel));
+        if (g->k_norm) GE(cmp_weight(e, f, "k_norm", i, g->k_norm, 0, 1, s->k_norm, d, worst_rel));
+        if (g->bqkv) {
+            GE(cmp_weight(e, f, "bq", i, g->bqkv, 0, 1, s->bq, qd, worst_rel));
+            GE(cmp_weight(e, f, "bk", i, g->bqkv, qd, 1, s->bk, kvd, worst_rel));
+            GE(cmp_weight(e, f, "bv", i, g->bqkv, qd + kvd, 1, s->bv, kvd, worst_rel));
+        }
+        if (g->bo) GE(cmp_weight(e, f, "bo", i, g->bo, 0, 1, s->bo, H, worst_rel));
+    }
+    return OSCAR_OK;
+}
+
 oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
                      int32_t *next, float *logits)
 {
@@ -545,12 +664,19 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
     const float eps = (float)c->rms_eps, scale = (float)(1.0 / sqrt((double)d));
     const int f32 = e->f32, MC = e->opt.mlp_chunk < e->max_T ? e->opt.mlp_chunk : e->max_T;
     KL(ge_k_embed(e->x, e->embed, f32, e->d_ids, Ti, H, e->st));
+    const int kvd = Hkv * d;
+    if (e->dbg) GE(dbg_emit(e, -1, "embed", e->x, 1, (size_t)Ti, (size_t)H));
     for (int li = 0; li < c->num_layers; li++) {
         const ge_layer *g = &e->L[li];
         KL(ge_k_rmsnorm(e->h, f32, e->x, g->attn_norm, Ti, H, eps, e->st));
         GE(gemm(e, Ti, e->QKV, H, g->wqkv, e->h, e->qkv, 0.0f));
         KL(ge_k_qkv_post(e->qkv, g->bqkv, g->q_norm, g->k_norm, e->rope_cos, e->rope_sin, e->d_pos, Ti, Hq, Hkv, d,
                          eps, e->q32, e->qb, e->kb, e->vb, e->st));
+        if (e->dbg) {
+            GE(dbg_emit(e, li, "q", e->q32, 1, (size_t)Ti, (size_t)qd));
+            GE(dbg_emit(e, li, "k", e->kb, 0, (size_t)Ti, (size_t)kvd));
+            GE(dbg_emit(e, li, "v", e->vb, 0, (size_t)Ti, (size_t)kvd));
+        }
         OS(oscar_append(e->plan, li, &e->caches[li], &b, e->d_cu, (int32_t)T, e->kb, e->vb, 0, e->ws, e->ws_bytes,
                         e->st));
         if (decode) {
@@ -561,6 +687,7 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
             KL(ge_k_prefill_attention(e->attn, f32, e->q32, e->kb, e->vb, e->d_cu, n, max_new, Hq, Hkv, d, scale,
                                       e->st));
         }
+        if (e->dbg) GE(dbg_emit(e, li, "attn", e->attn, f32, (size_t)(decode ? n : Ti), (size_t)qd));
         GE(gemm(e, Ti, H, qd, g->wo, e->attn, e->x, 1.0f));
         if (g->bo) KL(ge_k_add_bias(e->x, g->bo, Ti, H, e->st));
         KL(ge_k_rmsnorm(e->h, f32, e->x, g->mlp_norm, Ti, H, eps, e->st));
@@ -570,6 +697,7 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
             KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->st));
             GE(gemm(e, rows, H, FF, g->wdown, e->act, e->x + (size_t)r0 * H, 1.0f));
         }
+        if (e->dbg) GE(dbg_emit(e, li, "x", e->x, 1, (size_t)Ti, (size_t)H));
     }
     KL(ge_k_gather_rows(e->last, e->x, e->d_rows, n, H, e->st));
     KL(ge_k_rmsnorm(e->hl, f32, e->last, e->final_norm, n, H, eps, e->st));
