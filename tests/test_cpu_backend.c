@@ -12,12 +12,7 @@
 #define LAYERS 2
 #define LAYER 1 /* not layer 0: catches a wrong per-layer offset */
 
-typedef struct cfg {
-    int d, G, P, S0, W, Hq, H;
-    oscar_method method;
-    oscar_dtype kv, meta;
-    int per_head;
-} cfg;
+typedef rc_cfg cfg;
 
 typedef struct env {
     const oscar_backend_api *api;
@@ -33,42 +28,10 @@ static void env_init(env *e, const cfg *c, rc_rng *r, uint64_t seed) {
     memset(e, 0, sizeof *e);
     e->api = oscar_cpu_backend();
     cr_assert_eq(e->api->abi_version, OSCAR_BACKEND_ABI_VERSION);
-    oscar_layout_desc *l = &e->l;
-    l->struct_size = sizeof *l;
-    l->head_dim = c->d;
-    l->group = c->G;
-    l->num_q_heads = c->Hq;
-    l->num_kv_heads = c->H;
-    l->page_size = c->P;
-    l->sink = c->S0;
-    l->recent = c->W;
-    l->max_seq_len = 100000;
-    l->kv_dtype = c->kv;
-    l->meta_dtype = c->meta;
-    l->method = c->method;
-    e->num_rot = c->per_head ? c->H : 1;
-    e->identity = c->method == OSCAR_METHOD_INT2 || c->method == OSCAR_METHOD_BF16;
-    size_t dd = (size_t)c->d * c->d, n = (size_t)LAYERS * e->num_rot;
-    if (!e->identity) {
-        e->rot_k = malloc(n * dd * sizeof(float));
-        e->rot_v = malloc(n * dd * sizeof(float));
-        for (size_t i = 0; i < n; i++) {
-            if (c->method == OSCAR_METHOD_QUAROT2) {
-                oscar_ref_hadamard(c->d, e->rot_k + i * dd);
-                oscar_ref_hadamard(c->d, e->rot_v + i * dd);
-            } else {
-                rc_random_rotation(r, c->d, e->rot_k + i * dd);
-                rc_random_rotation(r, c->d, e->rot_v + i * dd);
-            }
-        }
-    }
-    for (int i = 0; i < LAYERS; i++) {
-        e->clip_k[i] = (float)(0.9 + 0.1 * rc_uniform(r));
-        e->clip_v[i] = rc_uniform(r) < 0.2 ? 1.0f : (float)(0.85 + 0.1 * rc_uniform(r));
-    }
+    rc_plan_setup(c, LAYERS, r, &e->l, &e->num_rot, &e->identity, &e->rot_k, &e->rot_v, e->clip_k, e->clip_v);
     oscar_errbuf err = {{0}};
     cr_assert_eq(e->api->init(0, &e->ctx, &err), OSCAR_OK);
-    oscar_backend_plan_desc pd = {.layout = *l, .num_layers = LAYERS, .num_rot = e->num_rot,
+    oscar_backend_plan_desc pd = {.layout = e->l, .num_layers = LAYERS, .num_rot = e->num_rot,
                                   .identity_rotation = e->identity, .rot_k = e->rot_k, .rot_v = e->rot_v,
                                   .clip_k = e->clip_k, .clip_v = e->clip_v};
     char variant[64];

@@ -343,3 +343,41 @@ void rc_paged_free(rc_paged *b) {
     free(b->windows);
     memset(b, 0, sizeof *b);
 }
+
+void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l, int *num_rot, int *identity,
+                   float **rot_k, float **rot_v, float *clip_k, float *clip_v) {
+    memset(l, 0, sizeof *l);
+    l->struct_size = sizeof *l;
+    l->head_dim = c->d;
+    l->group = c->G;
+    l->num_q_heads = c->Hq;
+    l->num_kv_heads = c->H;
+    l->page_size = c->P;
+    l->sink = c->S0;
+    l->recent = c->W;
+    l->max_seq_len = 100000;
+    l->kv_dtype = c->kv;
+    l->meta_dtype = c->meta;
+    l->method = c->method;
+    *num_rot = c->per_head ? c->H : 1;
+    *identity = c->method == OSCAR_METHOD_INT2 || c->method == OSCAR_METHOD_BF16;
+    *rot_k = *rot_v = NULL;
+    size_t dd = (size_t)c->d * c->d, n = (size_t)layers * (size_t)*num_rot;
+    if (!*identity) {
+        *rot_k = malloc(n * dd * sizeof(float));
+        *rot_v = malloc(n * dd * sizeof(float));
+        for (size_t i = 0; i < n; i++) {
+            if (c->method == OSCAR_METHOD_QUAROT2) {
+                oscar_ref_hadamard(c->d, *rot_k + i * dd);
+                oscar_ref_hadamard(c->d, *rot_v + i * dd);
+            } else {
+                rc_random_rotation(r, c->d, *rot_k + i * dd);
+                rc_random_rotation(r, c->d, *rot_v + i * dd);
+            }
+        }
+    }
+    for (int i = 0; i < layers; i++) {
+        clip_k[i] = (float)(0.9 + 0.1 * rc_uniform(r));
+        clip_v[i] = rc_uniform(r) < 0.2 ? 1.0f : (float)(0.85 + 0.1 * rc_uniform(r));
+    }
+}

@@ -112,4 +112,20 @@ void rc_paged_free(rc_paged *b);
 /* Pages a sequence of L tokens needs (FORMAT.md §3.3/§3.4). */
 int rc_pages_for(const oscar_layout_desc *l, int L);
 
+
+/* ------------------------------------------------------- plan setup */
+/* One test shape. */
+typedef struct rc_cfg {
+    int d, G, P, S0, W, Hq, H;
+    oscar_method method;
+    oscar_dtype kv, meta;
+    int per_head;
+} rc_cfg;
+/* Fills the layout of c (max_seq_len 100000) and what a plan needs for
+ * `layers` layers: rotations (Hadamard for QUAROT2, random orthogonal for the
+ * OSCAR methods, none = NULL for INT2/BF16; malloc'ed [layers][num_rot][d][d],
+ * the caller frees) and random clip ratios (K in [0.9, 1], V 1 or [0.85, 0.95]). */
+void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l, int *num_rot, int *identity,
+                   float **rot_k, float **rot_v, float *clip_k, float *clip_v);
+
 #endif /* OSCAR_REFCHECK_H */
