@@ -30,12 +30,26 @@
 #define MAX_LAYERS 1024
 #define MAX_HEADS 4096
 #define MAX_HOLDOUT (1 << 20)
+/* Attention probes per (layer, KV head): memory is at most
+ * L * Hkv * PROBES_PER_HEAD * (2 * n + g) * d floats for windows of n tokens,
+ * whatever the number of windows. */
+#define PROBES_PER_HEAD 8
+#define PROBE_MARGIN 32 /* the 2-bit region of a probe holds at least this many rows */
 
 enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 
 static const float k_clip_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f,
                                     0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
 #define CLIP_GRID_N ((int)(sizeof k_clip_grid / sizeof k_clip_grid[0]))
+
+/* One attention probe: the g queries at position t of one fed window that
+ * read KV head h, and that window's keys and values of h at 0..t. */
+typedef struct probe {
+    int64_t feed; /* per-layer feed index (same in both passes) */
+    int n, t;     /* feed length and query position; t < 0: slot empty or dropped */
+    float *q;     /* [g][d], pass 0 */
+    float *k, *v; /* [t + 1][d], pass 1; NULL until then */
+} probe;
 
 struct oscar_calib {
     oscar_calib_options o;
@@ -58,6 +72,11 @@ struct oscar_calib {
     double *x, *y, *wt;   /* scratch: [CHUNK_ROWS][d], [CHUNK_ROWS][d], [CHUNK_ROWS] */
     int64_t fed[2];       /* tokens fed per pass over all layers (progress) */
     oscar_calib_layer_report *report; /* [L] after finalize */
+    probe *probes;        /* [L][hkv][PROBES_PER_HEAD] */
+    int64_t *probe_offers; /* [L][hkv] windows offered to the probe reservoir */
+    uint64_t *probe_rng;  /* [L] */
+    int64_t *feeds;       /* [2][L] feeds per pass and layer */
+    oscar_calib_attn_report *attn; /* [L] after finalize */
 };
 
 static uint64_t splitmix64(uint64_t *s) {
@@ -82,6 +101,9 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->clip_k = 0.0f;
     o->clip_v = 0.0f;
     o->holdout_rows = 4096;
+    o->sink = 64;
+    o->recent = 256;
+    o->clip_objective = 0;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -102,6 +124,17 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->y);
     free(c->wt);
     free(c->report);
+    if (c->probes)
+        for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD; i++) {
+            free(c->probes[i].q);
+            free(c->probes[i].k);
+            free(c->probes[i].v);
+        }
+    free(c->probes);
+    free(c->probe_offers);
+    free(c->probe_rng);
+    free(c->feeds);
+    free(c->attn);
     free(c);
 }
 
@@ -144,6 +177,15 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (o->holdout_rows < 1 || o->holdout_rows > MAX_HOLDOUT)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "holdout_rows %d must be in [1, %d] (default 4096)",
                                o->holdout_rows, MAX_HOLDOUT);
+    if (o->sink < 0 || o->recent < 1 || o->sink > (1 << 24) || o->recent > (1 << 24))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "sink %d / recent %d: the cache layout wants sink >= 0 and recent >= 1 (defaults 64, "
+                               "256)",
+                               o->sink, o->recent);
+    if (o->clip_objective != 0 && o->clip_objective != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "clip_objective must be 0 (attention probes) or 1 (held-back rows), got %d",
+                               o->clip_objective);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -178,6 +220,17 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->y = malloc((size_t)CHUNK_ROWS * (size_t)c->d * sizeof(double));
     c->wt = malloc((size_t)CHUNK_ROWS * sizeof(double));
     c->report = calloc((size_t)c->L, sizeof *c->report);
+    c->probes = calloc((size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD, sizeof *c->probes);
+    c->probe_offers = calloc((size_t)c->L * (size_t)c->hkv, sizeof(int64_t));
+    c->probe_rng = calloc((size_t)c->L, sizeof(uint64_t));
+    c->feeds = calloc(2 * (size_t)c->L, sizeof(int64_t));
+    c->attn = calloc((size_t)c->L, sizeof *c->attn);
+    if (!c->probes || !c->probe_offers || !c->probe_rng || !c->feeds || !c->attn) {
+        oscar_calib_destroy(c);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for calibration state (%d layers)",
+                               o->num_layers);
+    }
+    for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD; i++) c->probes[i].t = -1;
     if (!c->cq || !c->cqn || !c->sv || !c->sw || !c->n0 || !c->n1 || !c->res_k || !c->res_v || !c->res_w ||
         !c->res_h || !c->res_seen || !c->rng || !c->x || !c->y || !c->wt || !c->report) {
         oscar_calib_destroy(c);
@@ -187,7 +240,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                o->num_layers, o->num_kv_heads, o->head_dim, o->holdout_rows);
     }
     /* Deterministic reservoir: the same feed order gives the same rows. */
-    for (int l = 0; l < c->L; l++) c->rng[l] = 0x05ca12000000ull + (uint64_t)l;
+    for (int l = 0; l < c->L; l++) {
+        c->rng[l] = 0x05ca12000000ull + (uint64_t)l;
+        c->probe_rng[l] = 0x9e0be5000000ull + (uint64_t)l;
+    }
     *out = c;
     return OSCAR_OK;
 }
@@ -274,6 +330,84 @@ static void reservoir_offer(oscar_calib *c, int l, int h, const void *k, const v
     c->res_h[o] = h;
 }
 
+/* Probes. A feed is one causal window; a window long enough offers one probe
+ * per KV head to that (layer, head)'s reservoir in pass 0 (Algorithm R with a
+ * deterministic generator, so the same feeds give the same probes): the query
+ * position t is drawn from the window's second half with at least
+ * PROBE_MARGIN rows in the 2-bit region [sink, t - recent]. Pass 1 feeds the
+ * same windows in the same order, so the probe's keys and values are copied
+ * from pass 0's feed when it gave them (the tool does), else from pass 1's
+ * feed with the same per-layer index. Allocation failures are
+ * reported before anything of the feed is accumulated. */
+/* Copies KV head h's rows 0..t of a feed into the probe; -1 out of memory. */
+static int probe_copy_kv(const oscar_calib *c, probe *p, int h, const void *k, const void *v, oscar_dtype dtype) {
+    const int d = c->d, hkv = c->hkv;
+    size_t rows = (size_t)p->t + 1;
+    p->k = malloc(rows * (size_t)d * sizeof(float));
+    p->v = malloc(rows * (size_t)d * sizeof(float));
+    if (!p->k || !p->v) {
+        free(p->k);
+        free(p->v);
+        p->k = p->v = NULL;
+        return -1;
+    }
+    for (size_t r = 0; r < rows; r++)
+        for (int i = 0; i < d; i++) {
+            size_t src = (r * (size_t)hkv + (size_t)h) * (size_t)d + (size_t)i;
+            p->k[r * (size_t)d + (size_t)i] = oscar_load(dtype, k, src);
+            p->v[r * (size_t)d + (size_t)i] = oscar_load(dtype, v, src);
+        }
+    return 0;
+}
+
+static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void *q, const void *k, const void *v,
+                                   oscar_dtype dtype, int pass) {
+    const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv;
+    const int64_t feed = c->feeds[(size_t)pass * (size_t)c->L + (size_t)layer];
+    const int64_t lo0 = (int64_t)c->o.sink + c->o.recent + PROBE_MARGIN;
+    if ((int64_t)n < lo0 + 1) return OSCAR_OK;
+    for (int h = 0; h < hkv; h++) {
+        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * PROBES_PER_HEAD;
+        if (pass == 0) {
+            int64_t seen = c->probe_offers[(size_t)layer * (size_t)hkv + (size_t)h]++;
+            int64_t slot = seen;
+            if (seen >= PROBES_PER_HEAD) {
+                slot = (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(seen + 1));
+                if (slot >= PROBES_PER_HEAD) continue;
+            }
+            probe *p = ph + slot;
+            if (!p->q && !(p->q = malloc((size_t)g * (size_t)d * sizeof(float))))
+                return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping an attention probe");
+            int64_t lo = n / 2 > lo0 ? n / 2 : lo0, hi = n - 1;
+            p->t = (int)(lo + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(hi - lo + 1)));
+            p->n = n;
+            p->feed = feed;
+            for (int j = 0; j < g; j++)
+                for (int i = 0; i < d; i++)
+                    p->q[(size_t)j * (size_t)d + (size_t)i] =
+                        oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+            /* Keys and values given in pass 0 are kept right away; otherwise pass 1 brings them. */
+            free(p->k);
+            free(p->v);
+            p->k = p->v = NULL;
+            if (k && v && probe_copy_kv(c, p, h, k, v, dtype))
+                return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping an attention probe");
+        } else {
+            for (int s = 0; s < PROBES_PER_HEAD; s++) {
+                probe *p = ph + s;
+                if (p->t < 0 || p->feed != feed || p->k) continue;
+                if (p->n != n) { /* not the window pass 0 saw: drop the probe */
+                    p->t = -1;
+                    continue;
+                }
+                if (probe_copy_kv(c, p, h, k, v, dtype))
+                    return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping an attention probe");
+            }
+        }
+    }
+    return OSCAR_OK;
+}
+
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype) {
     oscar_clear_error();
@@ -318,6 +452,8 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
         }
     }
 
+    oscar_status ps = probes_capture(c, layer, n_tokens, q, k, v, dtype, pass);
+    if (ps) return ps;
     if (pass == 0) {
         /* Per KV head: rows q_{t,j} for the group's query heads, rank-k update. */
         const size_t tok_per_chunk = (size_t)(CHUNK_ROWS / g > 0 ? CHUNK_ROWS / g : 1);
@@ -367,6 +503,7 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
         c->n1[layer] += (int64_t)n;
     }
     c->fed[pass] += (int64_t)n;
+    c->feeds[(size_t)pass * (size_t)c->L + (size_t)layer]++;
     if (c->o.progress) {
         /* Pass 1 knows its total: the tokens pass 0 saw. */
         int64_t total = 0;
@@ -513,6 +650,251 @@ static void rotate_metric(int d, const double *C, const float *R, double *Rd, do
     cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, d, d, d, 1.0, Rd, d, tmp, d, 0.0, Ct, d);
 }
 
+/* The probes of one layer under one rotation set: rotated, bf16-rounded keys
+ * and values (as the cache stores them before quantizing), the same with the
+ * 2-bit region [sink, t - recent] quantized, rotated queries and the exact
+ * attention outputs. Scores and outputs do not depend on the rotation (it is
+ * orthogonal), so everything is computed in the rotated space. */
+typedef struct probe_set {
+    const oscar_calib *c;
+    int np, maxT;
+    const probe **p; /* [np] */
+    int *h;          /* [np] KV head */
+    float **kr, **vr, **kq, **vq, **qr; /* [np] each */
+    double **o;      /* [np] exact outputs [g][d] */
+    float *S;        /* scratch [g][maxT] */
+    float *ob;       /* scratch [g][d] */
+    float *xq;       /* scratch [d] */
+    uint8_t *codes;  /* [d / 4] */
+    float *meta;     /* [2 * groups] */
+} probe_set;
+
+static void probe_set_free(probe_set *ps) {
+    for (int i = 0; i < ps->np; i++) {
+        if (ps->kr) free(ps->kr[i]);
+        if (ps->vr) free(ps->vr[i]);
+        if (ps->kq) free(ps->kq[i]);
+        if (ps->vq) free(ps->vq[i]);
+        if (ps->qr) free(ps->qr[i]);
+        if (ps->o) free(ps->o[i]);
+    }
+    free(ps->p);
+    free(ps->h);
+    free(ps->kr);
+    free(ps->vr);
+    free(ps->kq);
+    free(ps->vq);
+    free(ps->qr);
+    free(ps->o);
+    free(ps->S);
+    free(ps->ob);
+    free(ps->xq);
+    free(ps->codes);
+    free(ps->meta);
+    memset(ps, 0, sizeof *ps);
+}
+
+/* Collects the complete probes of `layer`; 0 on success (np may be 0), -1 out of memory. */
+static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
+    memset(ps, 0, sizeof *ps);
+    ps->c = c;
+    const size_t cap = (size_t)c->hkv * PROBES_PER_HEAD, d = (size_t)c->d, g = (size_t)c->g;
+    ps->p = calloc(cap, sizeof *ps->p);
+    ps->h = calloc(cap, sizeof *ps->h);
+    if (!ps->p || !ps->h) return -1;
+    for (size_t i = 0; i < cap; i++) {
+        const probe *p = c->probes + (size_t)layer * cap + i;
+        if (p->t < 0 || !p->k) continue;
+        ps->p[ps->np] = p;
+        ps->h[ps->np] = (int)(i / PROBES_PER_HEAD);
+        if (p->t + 1 > ps->maxT) ps->maxT = p->t + 1;
+        ps->np++;
+    }
+    if (ps->np == 0) return 0;
+    size_t np = (size_t)ps->np;
+    ps->kr = calloc(np, sizeof(float *));
+    ps->vr = calloc(np, sizeof(float *));
+    ps->kq = calloc(np, sizeof(float *));
+    ps->vq = calloc(np, sizeof(float *));
+    ps->qr = calloc(np, sizeof(float *));
+    ps->o = calloc(np, sizeof(double *));
+    ps->S = malloc(g * (size_t)ps->maxT * sizeof(float));
+    ps->ob = malloc(g * d * sizeof(float));
+    ps->xq = malloc(d * sizeof(float));
+    ps->codes = malloc(d / 4);
+    ps->meta = malloc(2 * d * sizeof(float));
+    if (!ps->kr || !ps->vr || !ps->kq || !ps->vq || !ps->qr || !ps->o || !ps->S || !ps->ob || !ps->xq ||
+        !ps->codes || !ps->meta)
+        return -1;
+    for (size_t i = 0; i < np; i++) {
+        size_t rows = (size_t)ps->p[i]->t + 1;
+        ps->kr[i] = malloc(rows * d * sizeof(float));
+        ps->vr[i] = malloc(rows * d * sizeof(float));
+        ps->kq[i] = malloc(rows * d * sizeof(float));
+        ps->vq[i] = malloc(rows * d * sizeof(float));
+        ps->qr[i] = malloc(g * d * sizeof(float));
+        ps->o[i] = malloc(g * d * sizeof(double));
+        if (!ps->kr[i] || !ps->vr[i] || !ps->kq[i] || !ps->vq[i] || !ps->qr[i] || !ps->o[i]) return -1;
+    }
+    return 0;
+}
+
+/* y = bf16(x R) row by row (R NULL: identity), rows x d. */
+static void rotate_rows(int d, size_t rows, const float *x, const float *R, int round_bf16, float *y) {
+    if (R)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, d, d, 1.0f, x, d, R, d, 0.0f, y, d);
+    else
+        memcpy(y, x, rows * (size_t)d * sizeof(float));
+    if (round_bf16)
+        for (size_t i = 0; i < rows * (size_t)d; i++) y[i] = oscar_round_to(OSCAR_DTYPE_BF16, y[i]);
+}
+
+/* Rotates the probes' keys and queries (which == K) or values (V) by the
+ * rotation set R[nrot] (R[r] NULL: identity); the quantized copy starts exact. */
+static void probe_set_rotate(probe_set *ps, int which, const float *const *R, int nrot) {
+    const oscar_calib *c = ps->c;
+    const int d = c->d;
+    for (int i = 0; i < ps->np; i++) {
+        const float *Ri = R[nrot > 1 ? ps->h[i] : 0];
+        size_t rows = (size_t)ps->p[i]->t + 1;
+        if (which == OSCAR_K) {
+            rotate_rows(d, rows, ps->p[i]->k, Ri, 1, ps->kr[i]);
+            rotate_rows(d, (size_t)c->g, ps->p[i]->q, Ri, 0, ps->qr[i]);
+            memcpy(ps->kq[i], ps->kr[i], rows * (size_t)d * sizeof(float));
+        } else {
+            rotate_rows(d, rows, ps->p[i]->v, Ri, 1, ps->vr[i]);
+            memcpy(ps->vq[i], ps->vr[i], rows * (size_t)d * sizeof(float));
+        }
+    }
+}
+
+/* Quantizes the 2-bit region [sink, t - recent] of every probe's K or V rows
+ * with clip ratio `clip`, as the cache does (group, fp16 metadata). */
+static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max) {
+    const oscar_calib *c = ps->c;
+    const int d = c->d;
+    for (int i = 0; i < ps->np; i++) {
+        const float *src = which == OSCAR_K ? ps->kr[i] : ps->vr[i];
+        float *dst = which == OSCAR_K ? ps->kq[i] : ps->vq[i];
+        for (int r = c->o.sink; r <= ps->p[i]->t - c->o.recent; r++) {
+            oscar_ref_quantize_row(d, c->o.group, lloyd_max, clip, OSCAR_DTYPE_F16, src + (size_t)r * (size_t)d,
+                                   ps->codes, ps->meta);
+            oscar_ref_dequantize_row(d, c->o.group, lloyd_max, ps->codes, ps->meta, dst + (size_t)r * (size_t)d);
+        }
+    }
+}
+
+/* softmax(q K^T / sqrt(d)) V for the g queries of probe i into ps->ob. */
+static void probe_attend(probe_set *ps, int i, const float *K, const float *V) {
+    const int d = ps->c->d, g = ps->c->g, T = ps->p[i]->t + 1;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, T, d, (float)(1.0 / sqrt((double)d)), ps->qr[i], d, K, d,
+                0.0f, ps->S, T);
+    for (int j = 0; j < g; j++) {
+        float *s = ps->S + (size_t)j * (size_t)T;
+        float m = s[0];
+        for (int r = 1; r < T; r++) m = s[r] > m ? s[r] : m;
+        double z = 0.0;
+        for (int r = 0; r < T; r++) z += exp((double)s[r] - (double)m);
+        for (int r = 0; r < T; r++) s[r] = (float)(exp((double)s[r] - (double)m) / z);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, T, 1.0f, ps->S, T, V, d, 0.0f, ps->ob, d);
+}
+
+/* Exact outputs from the rotated bf16 rows (after rotating both K and V). */
+static void probe_set_exact(probe_set *ps) {
+    const size_t gd = (size_t)ps->c->g * (size_t)ps->c->d;
+    for (int i = 0; i < ps->np; i++) {
+        probe_attend(ps, i, ps->kr[i], ps->vr[i]);
+        for (size_t e = 0; e < gd; e++) ps->o[i][e] = ps->ob[e];
+    }
+}
+
+/* sum ||o^ - o||^2 / sum ||o||^2 over probes and query heads, with the
+ * quantized K (qk) and/or V (qv) rows. */
+static double probe_set_error(probe_set *ps, int qk, int qv) {
+    const size_t gd = (size_t)ps->c->g * (size_t)ps->c->d;
+    double num = 0.0, den = 0.0;
+    for (int i = 0; i < ps->np; i++) {
+        probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], qv ? ps->vq[i] : ps->vr[i]);
+        for (size_t e = 0; e < gd; e++) {
+            double diff = (double)ps->ob[e] - ps->o[i][e];
+            num += diff * diff;
+            den += ps->o[i][e] * ps->o[i][e];
+        }
+    }
+    return den > 0.0 ? num / den : 0.0;
+}
+
+/* Rotation set s (0 none, 1 Hadamard, 2 OSCAR) of (layer, which) as nrot pointers. */
+static void rotation_set(const oscar_params *p, int layer, int which, int s, int nrot, const float *H,
+                         const float **out) {
+    for (int r = 0; r < nrot; r++)
+        out[r] = s == 0 ? NULL : s == 1 ? H : oscar_params_rot_ptr(p, layer, which, r);
+}
+
+/* Probe objective of one layer: fits c_K with V exact, then c_V with K
+ * quantized at c_K (fixed ratios are kept), and fills the attention report.
+ * fix_k / fix_v > 0 are used as they are (fixed ratios, or the row
+ * objective's choice when only the report is wanted).
+ * Returns 0, or -1 out of memory; *fitted is 1 when the layer has probes. */
+static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, const float *H, const float **Rk,
+                           const float **Rv, float fix_k, float fix_v, float *clip_k, float *clip_v, int *fitted) {
+    probe_set ps;
+    *fitted = 0;
+    oscar_calib_attn_report *rep = c->attn + layer;
+    memset(rep, 0, sizeof *rep);
+    if (probe_set_init(c, layer, &ps)) {
+        probe_set_free(&ps);
+        return -1;
+    }
+    rep->probes = ps.np;
+    if (ps.np == 0) {
+        probe_set_free(&ps);
+        return 0;
+    }
+    const int nrot = c->o.per_head ? c->hkv : 1, lm = c->o.method == OSCAR_METHOD_OSCAR2_LM;
+    for (int s = 0; s < 3; s++) {
+        rotation_set(p, layer, OSCAR_K, s, nrot, H, Rk);
+        rotation_set(p, layer, OSCAR_V, s, nrot, H, Rv);
+        probe_set_rotate(&ps, OSCAR_K, Rk, nrot);
+        probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
+        probe_set_exact(&ps);
+        if (s < 2) {
+            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0);
+            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0);
+            rep->err_k[s] = probe_set_error(&ps, 1, 0);
+            rep->err_v[s] = probe_set_error(&ps, 0, 1);
+            rep->err_kv[s] = probe_set_error(&ps, 1, 1);
+            continue;
+        }
+        for (int which = 0; which < 2; which++) {
+            float fixed = which == OSCAR_K ? fix_k : fix_v, best_c = fixed > 0.0f ? fixed : 1.0f;
+            probe_set_quantize(&ps, which, best_c, lm);
+            double best = probe_set_error(&ps, 1, which == OSCAR_V);
+            for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
+                probe_set_quantize(&ps, which, k_clip_grid[gi], lm);
+                double err = probe_set_error(&ps, 1, which == OSCAR_V);
+                if (err < best) { /* strict: ties keep the milder clip */
+                    best = err;
+                    best_c = k_clip_grid[gi];
+                }
+            }
+            probe_set_quantize(&ps, which, best_c, lm); /* K stays at c_K while V is fitted */
+            if (which == OSCAR_K) {
+                *clip_k = best_c;
+                rep->err_k[2] = best;
+            } else {
+                *clip_v = best_c;
+                rep->err_kv[2] = best;
+                rep->err_v[2] = probe_set_error(&ps, 0, 1);
+            }
+        }
+    }
+    probe_set_free(&ps);
+    *fitted = 1;
+    return 0;
+}
+
 static double max_ortho_error(int d, const float *R) {
     double worst = 0.0;
     for (int i = 0; i < d; i++)
@@ -555,15 +937,16 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     /* Per layer and kind: targets, metrics and scratch for every rotation index. */
     double *C = malloc((size_t)nrot * dd * sizeof(double)), *A = malloc(dd * sizeof(double)),
            *U = malloc(dd * sizeof(double)), *lam = malloc((size_t)d * sizeof(double)),
-           *Ct = malloc(3 * (size_t)nrot * dd * sizeof(double)), *Rd = malloc(dd * sizeof(double)),
+           *Ct = malloc(6 * (size_t)nrot * dd * sizeof(double)), *Rd = malloc(dd * sizeof(double)),
            *tmp = malloc(dd * sizeof(double)), *e = malloc((size_t)256 * (size_t)d * sizeof(double)),
            *f = malloc((size_t)256 * (size_t)d * sizeof(double));
     float *H = malloc(dd * sizeof(float)), *fs = malloc(4 * (size_t)d * sizeof(float)),
-          *rot_rows = malloc((size_t)c->cap * (size_t)d * sizeof(float));
+          *rot_rows = malloc(2 * (size_t)c->cap * (size_t)d * sizeof(float));
     uint8_t *codes = malloc((size_t)d / 4);
-    const float **Rp = malloc(3 * (size_t)nrot * sizeof(float *));
-    const double **Cp = malloc(3 * (size_t)nrot * sizeof(double *));
-    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp || !Cp) {
+    const float **Rp = malloc(6 * (size_t)nrot * sizeof(float *));
+    const double **Cp = malloc(6 * (size_t)nrot * sizeof(double *));
+    const float **Rpr = malloc(2 * (size_t)nrot * sizeof(float *)); /* probe rotation sets (K, V) */
+    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp || !Cp || !Rpr) {
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory finalizing the calibration");
         goto done;
     }
@@ -598,31 +981,44 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                                         l, which ? 'V' : 'K', oe);
                     goto done;
                 }
-                /* Metrics: [0] none, [1] Hadamard, [2] OSCAR. */
-                rotate_metric(d, Cr, NULL, Rd, tmp, Ct + (size_t)(0 * nrot + r) * dd);
-                rotate_metric(d, Cr, H, Rd, tmp, Ct + (size_t)(1 * nrot + r) * dd);
-                rotate_metric(d, Cr, R, Rd, tmp, Ct + (size_t)(2 * nrot + r) * dd);
-                Rp[0 * nrot + r] = NULL;
-                Rp[1 * nrot + r] = H;
-                Rp[2 * nrot + r] = R;
-                for (int v = 0; v < 3; v++) Cp[v * nrot + r] = Ct + (size_t)(v * nrot + r) * dd;
+                /* Metrics: [0] none, [1] Hadamard, [2] OSCAR, per kind. */
+                double *Ctw = Ct + (size_t)which * 3 * (size_t)nrot * dd;
+                const float **Rpw = Rp + (size_t)which * 3 * (size_t)nrot;
+                const double **Cpw = Cp + (size_t)which * 3 * (size_t)nrot;
+                rotate_metric(d, Cr, NULL, Rd, tmp, Ctw + (size_t)(0 * nrot + r) * dd);
+                rotate_metric(d, Cr, H, Rd, tmp, Ctw + (size_t)(1 * nrot + r) * dd);
+                rotate_metric(d, Cr, R, Rd, tmp, Ctw + (size_t)(2 * nrot + r) * dd);
+                Rpw[0 * nrot + r] = NULL;
+                Rpw[1 * nrot + r] = H;
+                Rpw[2 * nrot + r] = R;
+                for (int v = 0; v < 3; v++) Cpw[v * nrot + r] = Ctw + (size_t)(v * nrot + r) * dd;
             }
+        }
+        /* Held-back rows: errors of none / Hadamard, and the row objective's
+         * clip (it decides under clip_objective 1 or for a layer without probes). */
+        eval_ctx xs[2];
+        double rel[2], row_best[2];
+        float row_c[2];
+        for (int which = 0; which < 2; which++) {
+            const float **Rpw = Rp + (size_t)which * 3 * (size_t)nrot;
+            const double **Cpw = Cp + (size_t)which * 3 * (size_t)nrot;
             if (c->o.progress) c->o.progress(c->o.progress_user, "clip fitting", 2 * l + which, 2 * L);
+            /* Each kind rotates into its own half of rot_rows: the chosen clip is re-evaluated below. */
             eval_ctx x = {.c = c, .layer = l, .which = which, .nrot = nrot, .lloyd_max = 0, .e = e, .f = f,
                           .xr = fs, .xq = fs + d, .deq = fs + 2 * d, .codes = codes, .meta = fs + 3 * d,
-                          .rot_rows = rot_rows, .rotated = 0};
+                          .rot_rows = rot_rows + (size_t)which * (size_t)c->cap * (size_t)d, .rotated = 0};
             double wsum, scale;
-            x.R = Rp + 0;
-            x.Ct = Cp + 0;
+            x.R = Rpw + 0;
+            x.Ct = Cpw + 0;
             scale = eval_error(&x, -1.0f, &wsum);
-            double rel = scale > 0.0 ? 1.0 / scale : 0.0;
-            double err_none = eval_error(&x, 1.0f, &wsum) * rel;
-            x.R = Rp + nrot;
-            x.Ct = Cp + nrot;
+            rel[which] = scale > 0.0 ? 1.0 / scale : 0.0;
+            double err_none = eval_error(&x, 1.0f, &wsum) * rel[which];
+            x.R = Rpw + nrot;
+            x.Ct = Cpw + nrot;
             x.rotated = 0;
-            double err_had = eval_error(&x, 1.0f, &wsum) * rel;
-            x.R = Rp + 2 * nrot;
-            x.Ct = Cp + 2 * nrot;
+            double err_had = eval_error(&x, 1.0f, &wsum) * rel[which];
+            x.R = Rpw + 2 * nrot;
+            x.Ct = Cpw + 2 * nrot;
             x.rotated = 0;
             x.lloyd_max = c->o.method == OSCAR_METHOD_OSCAR2_LM;
             float fixed = which == OSCAR_K ? c->o.clip_k : c->o.clip_v, best_c = fixed > 0.0f ? fixed : 1.0f;
@@ -634,16 +1030,39 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                     best_c = k_clip_grid[gi];
                 }
             }
-            p->clip[l * 2 + which] = best_c;
+            row_c[which] = best_c;
+            row_best[which] = best;
+            xs[which] = x;
             double *rep = which == OSCAR_K ? c->report[l].err_k : c->report[l].err_v;
             rep[0] = err_none;
             rep[1] = err_had;
-            rep[2] = best * rel;
-            if (which == OSCAR_K)
-                c->report[l].clip_k = best_c;
-            else
-                c->report[l].clip_v = best_c;
         }
+        /* Attention probes decide the clips (objective 0), or only report the
+         * attention error at the row objective's clips (objective 1). */
+        const int by_probes = c->o.clip_objective == 0;
+        float ck = row_c[0], cv = row_c[1];
+        int fitted = 0;
+        if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, by_probes ? c->o.clip_k : row_c[0],
+                            by_probes ? c->o.clip_v : row_c[1], &ck, &cv, &fitted)) {
+            s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
+                                "out of memory evaluating the attention probes of layer %d: feed shorter windows",
+                                l);
+            goto done;
+        }
+        if (!by_probes || !fitted) {
+            ck = row_c[0];
+            cv = row_c[1];
+        }
+        for (int which = 0; which < 2; which++) {
+            float cc = which == OSCAR_K ? ck : cv;
+            double wsum, best = row_best[which];
+            if (cc != row_c[which]) best = eval_error(&xs[which], cc, &wsum);
+            p->clip[l * 2 + which] = cc;
+            double *rep = which == OSCAR_K ? c->report[l].err_k : c->report[l].err_v;
+            rep[2] = best * rel[which];
+        }
+        c->report[l].clip_k = ck;
+        c->report[l].clip_v = cv;
     }
     if (c->o.progress) c->o.progress(c->o.progress_user, "done", L, L);
     c->state = STATE_FINAL;
@@ -666,7 +1085,22 @@ done:
     free(codes);
     free(Rp);
     free(Cp);
+    free(Rpr);
     return s;
+}
+
+OSCAR_API oscar_status oscar_calib_layer_attn_report_get(const oscar_calib *c, int layer,
+                                                         oscar_calib_attn_report *out) {
+    oscar_clear_error();
+    if (!c || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_layer_attn_report_get: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)", layer, c->L);
+    if (c->state != STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE,
+                               "the attention report exists after oscar_calib_finalize: finalize first");
+    *out = c->attn[layer];
+    return OSCAR_OK;
 }
 
 OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int layer, oscar_calib_layer_report *out) {

@@ -561,3 +561,262 @@ Test(calib, accumulation_speed) {
     free(k);
     free(v);
 }
+
+/* ------------------------------------------------------------ attention probes */
+
+/* Feeds L layers of s window by window (windows of `win` tokens, the last one
+ * shorter), q/k/v in pass 0 when kv0, else q only; k/v in pass 1. */
+static oscar_params *calibrate_windows(oscar_calib_options *o, synth *s, int win, int kv0, oscar_calib **cal) {
+    oscar_calib *c = NULL;
+    cr_assert_eq(oscar_calib_create(o, &c), OSCAR_OK, "%s", oscar_last_error());
+    for (int pass = 0; pass < 2; pass++) {
+        cr_assert_eq(oscar_calib_begin_pass(c, pass), OSCAR_OK, "%s", oscar_last_error());
+        for (int l = 0; l < o->num_layers; l++)
+            for (int t = 0; t < s[l].n; t += win) {
+                int w = s[l].n - t < win ? s[l].n - t : win;
+                const float *q = s[l].q + (size_t)t * (size_t)s[l].hq * (size_t)s[l].d;
+                const float *k = s[l].k + (size_t)t * (size_t)s[l].hkv * (size_t)s[l].d;
+                const float *v = s[l].v + (size_t)t * (size_t)s[l].hkv * (size_t)s[l].d;
+                cr_assert_eq(oscar_calib_feed(c, l, w, pass == 0 ? q : NULL, pass == 1 || kv0 ? k : NULL,
+                                              pass == 1 || kv0 ? v : NULL, OSCAR_DTYPE_F32),
+                             OSCAR_OK, "%s", oscar_last_error());
+            }
+    }
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_calib_finalize(c, &p), OSCAR_OK, "%s", oscar_last_error());
+    *cal = c;
+    return p;
+}
+
+/* Probes: at most 8 per (layer, KV head) whatever the number of windows, the
+ * same for the same feeds (and whether k/v come in pass 0 or pass 1), none
+ * from windows shorter than sink + recent + 32 (the rows objective decides then). */
+Test(calib, probes_bounded_and_deterministic) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12 + (int)(rnd() % 8);
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, l);
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, L, hq, hkv, d);
+    cr_assert_eq(o.sink, 64);
+    cr_assert_eq(o.recent, 256);
+    cr_assert_eq(o.clip_objective, 0);
+    o.sink = 8;
+    o.recent = 32 + (int)(rnd() % 40);
+    o.holdout_rows = 512;
+    oscar_calib *c[3];
+    oscar_params *p[3];
+    p[0] = calibrate_windows(&o, s, win, 1, &c[0]);
+    p[1] = calibrate_windows(&o, s, win, 1, &c[1]);
+    p[2] = calibrate_windows(&o, s, win, 0, &c[2]);
+    for (int l = 0; l < L; l++) {
+        oscar_calib_attn_report a[3];
+        for (int r = 0; r < 3; r++) {
+            memset(&a[r], 0xff, sizeof a[r]); /* poisoned */
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], l, &a[r]), OSCAR_OK);
+        }
+        cr_assert_eq(a[0].probes, 8 * hkv, "layer %d: %d probes from %d windows", l, a[0].probes, nwin);
+        for (int i = 0; i < 3; i++) {
+            /* Relative to |o|^2, which averaging many values makes small: may exceed 1. */
+            cr_assert(isfinite(a[0].err_k[i]) && a[0].err_k[i] > 0, "err_k[%d] %g", i, a[0].err_k[i]);
+            cr_assert(isfinite(a[0].err_v[i]) && a[0].err_v[i] > 0, "err_v[%d] %g", i, a[0].err_v[i]);
+            cr_assert(isfinite(a[0].err_kv[i]) && a[0].err_kv[i] > 0, "err_kv[%d] %g", i, a[0].err_kv[i]);
+        }
+        cr_assert_eq(memcmp(&a[0], &a[1], sizeof a[0]), 0, "layer %d: same feeds, different probes", l);
+        cr_assert_eq(memcmp(&a[0], &a[2], sizeof a[0]), 0, "layer %d: k/v in pass 1 gave other probes", l);
+        for (int w = 0; w < 2; w++) {
+            float x, y;
+            oscar_params_clip(p[0], l, (oscar_kv)w, &x);
+            oscar_params_clip(p[2], l, (oscar_kv)w, &y);
+            cr_assert_eq(x, y);
+        }
+    }
+    for (int r = 0; r < 3; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    /* Windows too short for a probe: the rows objective decides, as with clip_objective 1. */
+    o.recent = win - o.sink - 32;
+    p[0] = calibrate_windows(&o, s, win, 1, &c[0]);
+    o.clip_objective = 1;
+    p[1] = calibrate_windows(&o, s, win, 1, &c[1]);
+    for (int l = 0; l < L; l++) {
+        oscar_calib_attn_report a;
+        cr_assert_eq(oscar_calib_layer_attn_report_get(c[0], l, &a), OSCAR_OK);
+        cr_assert_eq(a.probes, 0);
+        cr_assert_eq(a.err_kv[2], 0.0);
+        for (int w = 0; w < 2; w++) {
+            float x, y;
+            oscar_params_clip(p[0], l, (oscar_kv)w, &x);
+            oscar_params_clip(p[1], l, (oscar_kv)w, &y);
+            cr_assert_eq(x, y, "layer %d: no probes but clips differ from the rows objective", l);
+        }
+    }
+    oscar_calib_attn_report a;
+    cr_assert_eq(oscar_calib_layer_attn_report_get(c[0], L, &a), OSCAR_ERR_INVALID_ARGUMENT);
+    for (int r = 0; r < 2; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    o.clip_objective = 2;
+    oscar_calib *bad = (oscar_calib *)1;
+    cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    o.clip_objective = 0;
+    o.recent = 0;
+    cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    o.recent = 10;
+    o.sink = -1;
+    cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
+/* Attention error against a brute-force fp64 computation: one window of
+ * sink + recent + 33 tokens gives exactly one probe per KV head, at its last
+ * position t = n - 1. */
+Test(calib, probe_error_matches_brute_force) {
+    const int d = 64, hq = 2, hkv = 1, sink = 4 + (int)(rnd() % 8), recent = 16 + (int)(rnd() % 16);
+    const int n = sink + recent + 33, t = n - 1;
+    synth s;
+    synth_make(&s, n, hq, hkv, d, 1);
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, 1, hq, hkv, d);
+    o.sink = sink;
+    o.recent = recent;
+    o.clip_k = 0.9f;
+    o.clip_v = 0.85f;
+    o.group = 32;
+    oscar_calib *c;
+    oscar_params *p = calibrate_windows(&o, &s, n, 0, &c);
+    oscar_calib_attn_report a;
+    cr_assert_eq(oscar_calib_layer_attn_report_get(c, 0, &a), OSCAR_OK);
+    cr_assert_eq(a.probes, 1);
+    const float *R[2];
+    float clip[2] = {0.9f, 0.85f};
+    cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_K, &R[0]), OSCAR_OK);
+    cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_V, &R[1]), OSCAR_OK);
+    /* Rotated bf16 rows, exact and with the 2-bit region quantized. */
+    float *x[2], *xq[2], row[64], meta[4];
+    uint8_t codes[16];
+    for (int w = 0; w < 2; w++) {
+        x[w] = malloc(sizeof(float) * (size_t)n * d);
+        xq[w] = malloc(sizeof(float) * (size_t)n * d);
+        for (int r = 0; r < n; r++) {
+            oscar_ref_rotate(d, (w ? s.v : s.k) + (size_t)r * d, R[w], row);
+            for (int i = 0; i < d; i++) x[w][(size_t)r * d + i] = oscar_round_to(OSCAR_DTYPE_BF16, row[i]);
+            memcpy(xq[w] + (size_t)r * d, x[w] + (size_t)r * d, sizeof row);
+            if (r >= sink && r <= t - recent) {
+                oscar_ref_quantize_row(d, 32, 0, clip[w], OSCAR_DTYPE_F16, x[w] + (size_t)r * d, codes, meta);
+                oscar_ref_dequantize_row(d, 32, 0, codes, meta, xq[w] + (size_t)r * d);
+            }
+        }
+    }
+    double num[3] = {0}, den = 0; /* K only, V only, both */
+    for (int j = 0; j < hq; j++) {
+        float qr[64];
+        oscar_ref_rotate(d, s.q + ((size_t)t * hq + j) * d, R[0], qr);
+        double o_[4][64];
+        for (int m = 0; m < 4; m++) { /* m bit 0: K quantized, bit 1: V quantized */
+            const float *K = (m & 1) ? xq[0] : x[0], *V = (m & 2) ? xq[1] : x[1];
+            double sc[1024], mx = -1e300, z = 0;
+            for (int r = 0; r < n; r++) {
+                double acc = 0;
+                for (int i = 0; i < d; i++) acc += (double)qr[i] * K[(size_t)r * d + i];
+                sc[r] = acc / sqrt((double)d);
+                mx = fmax(mx, sc[r]);
+            }
+            for (int r = 0; r < n; r++) z += exp(sc[r] - mx);
+            for (int i = 0; i < d; i++) o_[m][i] = 0;
+            for (int r = 0; r < n; r++)
+                for (int i = 0; i < d; i++) o_[m][i] += exp(sc[r] - mx) / z * V[(size_t)r * d + i];
+        }
+        for (int i = 0; i < d; i++) {
+            den += o_[0][i] * o_[0][i];
+            for (int m = 1; m < 4; m++) num[m - 1] += (o_[m][i] - o_[0][i]) * (o_[m][i] - o_[0][i]);
+        }
+    }
+    double want[3] = {num[0] / den, num[1] / den, num[2] / den}, got[3] = {a.err_k[2], a.err_v[2], a.err_kv[2]};
+    for (int m = 0; m < 3; m++)
+        cr_assert(fabs(got[m] - want[m]) <= 2e-3 * want[m] + 1e-9, "%s: report %.8g, brute force %.8g (seed %llu)",
+                  m == 0 ? "K" : m == 1 ? "V" : "KV", got[m], want[m], (unsigned long long)g_seed);
+    for (int w = 0; w < 2; w++) {
+        free(x[w]);
+        free(xq[w]);
+    }
+    oscar_params_destroy(p);
+    oscar_calib_destroy(c);
+    synth_free(&s);
+}
+
+/* A few keys carry very large scores: queries are 3 u + 0.5 noise (u the first
+ * coordinate), ordinary keys N(0, I), and 2 % "spike" keys add B u (B = 12),
+ * scoring ~ 3B / sqrt(d) = 4.5 nats above the rest: softmax gives the few
+ * spikes in a window about half of the attention.
+ * R = U.H.P maps u onto a Walsh row: a spike's rotated coordinates are
+ * +-B/sqrt(d) plus noise, and its largest ones are those aligned with the
+ * query direction, exactly what a clip saturates, so a clip shrinks the
+ * spikes' scores. The rows objective averages the score error over all rows,
+ * where the many ordinary rows want a clip; the probes see the spikes. */
+static void spike_synth(synth *s, int n, int hkv, int d, double spike_p, double spike_b) {
+    const int hq = 2 * hkv;
+    s->n = n, s->hq = hq, s->hkv = hkv, s->d = d;
+    s->q = malloc(sizeof(float) * (size_t)n * (size_t)hq * (size_t)d);
+    s->k = malloc(sizeof(float) * (size_t)n * (size_t)hkv * (size_t)d);
+    s->v = malloc(sizeof(float) * (size_t)n * (size_t)hkv * (size_t)d);
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < hq; j++)
+            for (int i = 0; i < d; i++)
+                s->q[((size_t)t * hq + j) * d + i] = (float)((i == 0 ? 3.0 : 0.0) + 0.5 * nrand());
+        for (int h = 0; h < hkv; h++) {
+            int spike = urand() < spike_p;
+            for (int i = 0; i < d; i++) {
+                s->k[((size_t)t * hkv + h) * d + i] = (float)(nrand() + (spike && i == 0 ? spike_b : 0.0));
+                s->v[((size_t)t * hkv + h) * d + i] = (float)nrand();
+            }
+        }
+    }
+}
+
+/* Per layer the probes' choice varies with which spikes the 8 probes per head
+ * hold (a single layer was not milder in about 1 draw in 6 while this was
+ * written); the rows objective picks ~0.88 on this data. Over 6 independent
+ * layers the mean probe clip_k must be milder: it was by 0.04-0.07 in every
+ * trial (see the commit message). */
+Test(calib, probes_keep_large_scores) {
+    const int d = 64, win = 384, nwin = 10, HKV = 2, L = 6;
+    synth s[6];
+    for (int l = 0; l < L; l++) spike_synth(&s[l], win * nwin, HKV, d, 0.02, 12.0);
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, L, 2 * HKV, HKV, d);
+    o.sink = 16;
+    o.recent = 64;
+    o.holdout_rows = 2048;
+    oscar_calib *c[2];
+    oscar_params *p[2];
+    p[0] = calibrate_windows(&o, s, win, 1, &c[0]);
+    o.clip_objective = 1;
+    p[1] = calibrate_windows(&o, s, win, 1, &c[1]);
+    double mean_k[2] = {0, 0};
+    for (int l = 0; l < L; l++) {
+        float ck[2], cv[2];
+        oscar_calib_attn_report a[2];
+        for (int r = 0; r < 2; r++) {
+            oscar_params_clip(p[r], l, OSCAR_K, &ck[r]);
+            oscar_params_clip(p[r], l, OSCAR_V, &cv[r]);
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], l, &a[r]), OSCAR_OK);
+            mean_k[r] += ck[r] / (double)L;
+        }
+        cr_log_info("spikes layer %d: probes clip K %.2f V %.2f (attn K err %.5f); rows clip K %.2f V %.2f (attn K "
+                    "err %.5f)",
+                    l, (double)ck[0], (double)cv[0], a[0].err_k[2], (double)ck[1], (double)cv[1], a[1].err_k[2]);
+        /* Same probes in both runs; c_K minimises the K-only attention error over the grid. */
+        cr_assert_leq(a[0].err_k[2], a[1].err_k[2], "layer %d: K attention error %g at the probes' clip > %g at the rows'",
+                      l, a[0].err_k[2], a[1].err_k[2]);
+    }
+    cr_assert_gt(mean_k[0], mean_k[1], "mean probe clip_k %.3f is not milder than the rows' %.3f (seed %llu)",
+                 mean_k[0], mean_k[1], (unsigned long long)g_seed);
+    fprintf(stderr, "spikes: mean clip_k probes %.3f rows %.3f\n", mean_k[0], mean_k[1]);
+    for (int r = 0; r < 2; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}

@@ -32,6 +32,10 @@ static void usage(FILE *fp) {
             "  --lloyd-max      fit for Lloyd-Max 2-bit levels (method OSCAR2_LM)\n"
             "  --clip-k C       fixed key clip ratio in (0, 1] (default: fitted)\n"
             "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
+            "  --clip-objective probes|rows  what the fitted clips minimise: attention-output error on\n"
+            "                   probes (default) or the score error of held-back rows\n"
+            "  --sink N         cache sink the clips are fitted for (default 64)\n"
+            "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --threads N      engine threads (default: all cores)\n"
             "  --recompute      run the forward again in pass 1 instead of caching pass 0's K/V\n");
 }
@@ -89,6 +93,21 @@ int main(int argc, char **argv) {
             if (!parse_clip(a, argv[++i], &o.clip_k)) return 2;
         } else if (!strcmp(a, "--clip-v") && has) {
             if (!parse_clip(a, argv[++i], &o.clip_v)) return 2;
+        } else if (!strcmp(a, "--clip-objective") && has) {
+            const char *ob = argv[++i];
+            if (!strcmp(ob, "probes")) o.clip_objective = 0;
+            else if (!strcmp(ob, "rows")) o.clip_objective = 1;
+            else {
+                fprintf(stderr, "oscar-calibrate: --clip-objective wants 'probes' or 'rows', got '%s'\n", ob);
+                return 2;
+            }
+        } else if (!strcmp(a, "--sink") && has) {
+            if (!parse_int(a, argv[++i], 0, 1 << 24, &v)) return 2;
+            o.sink = (int)v;
+            if (o.sink == 0) o.sink = -1; /* explicit 0: no sink (0 in ocal_options means default) */
+        } else if (!strcmp(a, "--recent") && has) {
+            if (!parse_int(a, argv[++i], 1, 1 << 24, &v)) return 2;
+            o.recent = (int)v;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
         else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
         else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;
@@ -202,6 +221,19 @@ int main(int argc, char **argv) {
         }
         printf("%5d | %8.4f  %10.4f  %9.4f  %6.2f | %8.4f  %10.4f  %9.4f  %6.2f\n", l, r.err_k[0], r.err_k[1],
                r.err_k[2], (double)r.clip_k, r.err_v[0], r.err_v[1], r.err_v[2], (double)r.clip_v);
+    }
+    printf("\nrelative attention-output error on probes, sum |o^-o|^2 / sum |o|^2 (lower is better;\n"
+           "none/Hadamard at clip 1, OSCAR at the chosen clips; K: V exact, V: K exact, KV: both)\n");
+    printf("layer | probes |   K none   K Had  K OSCAR |   V none   V Had  V OSCAR |  KV none  KV Had KV OSCAR\n");
+    for (int l = 0; l < cfg.num_layers; l++) {
+        oscar_calib_attn_report r;
+        if (oscar_calib_layer_attn_report_get(calib, l, &r) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s\n", oscar_last_error());
+            break;
+        }
+        printf("%5d | %6d | %8.5f %7.5f %8.5f | %8.5f %7.5f %8.5f | %8.5f %7.5f %8.5f\n", l, (int)r.probes,
+               r.err_k[0], r.err_k[1], r.err_k[2], r.err_v[0], r.err_v[1], r.err_v[2], r.err_kv[0], r.err_kv[1],
+               r.err_kv[2]);
     }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);

@@ -141,6 +141,9 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     co.method = o->lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
     co.clip_k = o->clip_k;
     co.clip_v = o->clip_v;
+    if (o->sink != 0) co.sink = o->sink < 0 ? 0 : o->sink;
+    if (o->recent > 0) co.recent = o->recent;
+    co.clip_objective = o->clip_objective;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);

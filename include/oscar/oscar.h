@@ -238,8 +238,9 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * grow with the number of tokens. Non-finite rows are refused.
  * One feed is taken to be one causal window (positions 0..n_tokens-1, each
  * attending to the earlier ones): feeds of at least sink + recent + 32 tokens
- * give attention probes (queries kept in pass 0, the keys and values up to the
- * probe position taken from the same feed index of that layer in pass 1). */
+ * give attention probes for clip fitting (queries kept in pass 0; the keys and
+ * values up to the probe position from pass 0 when given there, else from the
+ * feed with the same per-layer index in pass 1). */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
 /* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
