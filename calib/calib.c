@@ -13,6 +13,13 @@
  *
  * Every token counts once whatever window it came in (independent windows of
  * 2048 are just N = 65536 rows); each KV head counts equally in the means.
+ *
+ * Clips (docs/CALIBRATION.md, "Clip objective"): by default chosen on
+ * attention probes (a few query positions per layer and KV head with their
+ * window's keys and values), minimising the relative attention-output error
+ * of the cache's 2-bit region; clip_objective = 1 keeps the older mean
+ * e^T C~ e over held-back rows. Probes are kept under either objective (the
+ * attention report needs them).
  * Sums are fp64; rows are accumulated as rank-k updates (cblas_dsyrk from
  * OpenBLAS), so memory does not grow with the number of tokens.
  */
@@ -48,7 +55,7 @@ typedef struct probe {
     int64_t feed; /* per-layer feed index (same in both passes) */
     int n, t;     /* feed length and query position; t < 0: slot empty or dropped */
     float *q;     /* [g][d], pass 0 */
-    float *k, *v; /* [t + 1][d], pass 1; NULL until then */
+    float *k, *v; /* [t + 1][d], from pass 0 when given there, else pass 1; NULL until then */
 } probe;
 
 struct oscar_calib {

@@ -590,7 +590,7 @@ static oscar_params *calibrate_windows(oscar_calib_options *o, synth *s, int win
 
 /* Probes: at most 8 per (layer, KV head) whatever the number of windows, the
  * same for the same feeds (and whether k/v come in pass 0 or pass 1), none
- * from windows shorter than sink + recent + 32 (the rows objective decides then). */
+ * from windows of at most sink + recent + 32 tokens (the rows objective decides then). */
 Test(calib, probes_bounded_and_deterministic) {
     const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12 + (int)(rnd() % 8);
     synth s[2];

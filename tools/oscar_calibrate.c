@@ -225,6 +225,7 @@ int main(int argc, char **argv) {
     printf("\nrelative attention-output error on probes, sum |o^-o|^2 / sum |o|^2 (lower is better;\n"
            "none/Hadamard at clip 1, OSCAR at the chosen clips; K: V exact, V: K exact, KV: both)\n");
     printf("layer | probes |   K none   K Had  K OSCAR |   V none   V Had  V OSCAR |  KV none  KV Had KV OSCAR\n");
+    int no_probes = 0;
     for (int l = 0; l < cfg.num_layers; l++) {
         oscar_calib_attn_report r;
         if (oscar_calib_layer_attn_report_get(calib, l, &r) != OSCAR_OK) {
@@ -234,7 +235,12 @@ int main(int argc, char **argv) {
         printf("%5d | %6d | %8.5f %7.5f %8.5f | %8.5f %7.5f %8.5f | %8.5f %7.5f %8.5f\n", l, (int)r.probes,
                r.err_k[0], r.err_k[1], r.err_k[2], r.err_v[0], r.err_v[1], r.err_v[2], r.err_kv[0], r.err_kv[1],
                r.err_kv[2]);
+        no_probes += r.probes == 0;
     }
+    if (no_probes)
+        printf("%d layer(s) without probes (windows shorter than sink + recent + 33 tokens): their clips come "
+               "from the held-back rows\n",
+               no_probes);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double wall = now_s() - t_start;

@@ -237,7 +237,7 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * host memory, dtype F32, BF16 or F16. Accumulates in fp64; memory does not
  * grow with the number of tokens. Non-finite rows are refused.
  * One feed is taken to be one causal window (positions 0..n_tokens-1, each
- * attending to the earlier ones): feeds of at least sink + recent + 32 tokens
+ * attending to the earlier ones): feeds of at least sink + recent + 33 tokens
  * give attention probes for clip fitting (queries kept in pass 0; the keys and
  * values up to the probe position from pass 0 when given there, else from the
  * feed with the same per-layer index in pass 1). */
@@ -263,7 +263,7 @@ OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int la
  * sum ||o^ - o||^2 / sum ||o||^2 over the layer's probes and query heads, with
  * only K quantized (V exact), only V quantized (K exact) and both; [0] none
  * and [1] Hadamard at clip 1, [2] OSCAR at the chosen clips. probes == 0
- * (feeds shorter than sink + recent + 32) leaves the errors 0. */
+ * (all feeds shorter than sink + recent + 33) leaves the errors 0. */
 typedef struct oscar_calib_attn_report {
     double err_k[3], err_v[3], err_kv[3];
     int32_t probes;
