@@ -902,18 +902,6 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
     return 0;
 }
 
-static double max_ortho_error(int d, const float *R) {
-    double worst = 0.0;
-    for (int i = 0; i < d; i++)
-        for (int j = i; j < d; j++) {
-            double s = 0.0;
-            for (int k = 0; k < d; k++) s += (double)R[i * d + k] * (double)R[j * d + k];
-            double e = fabs(s - (i == j ? 1.0 : 0.0));
-            if (e > worst) worst = e;
-        }
-    return worst;
-}
-
 OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) {
     oscar_clear_error();
     if (!c || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_finalize: NULL argument");
@@ -980,7 +968,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                 }
                 float *R = oscar_params_rot_ptr(p, l, which, r);
                 oscar_ref_compose_rotation(d, U, R);
-                double oe = max_ortho_error(d, R);
+                double oe = oscar_ref_orthogonality_error(d, R, INFINITY);
                 if (!(oe <= 1e-4)) {
                     s = oscar_set_error(OSCAR_ERR_INTERNAL,
                                         "rotation of layer %d %c is not orthogonal after fp32 storage (max |R R^T - I| "
