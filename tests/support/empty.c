@@ -1,2 +1,0 @@
-/* keeps the support archive non-empty */
-typedef int oscar_testsupport_empty;
