@@ -52,6 +52,21 @@ def tuning_for(spec, arch, d):
     return tt
 
 
+def tc_decode(spec, target, arch, v):
+    """True when the CUDA tensor-core decode (decode_mma.jinja) serves variant v."""
+    tc = spec["tuning"].get(arch, {}).get("tc_decode")
+    return (target == "cuda" and tc is not None and not v["BF16M"] and not v["LM"] and not v["MF32"]
+            and v["D"] in tc["head_dim"] and v["GQ"] in tc["gqa"])
+
+
+def mma_stages(ng):
+    """Deepest cp.async pipeline (<= 4 tiles per warp) within 48 KB of static shared memory."""
+    for nst in (4, 3, 2):
+        if 4 * nst * (2 * 32 * 40 + 2 * 32 * ng * 4) + 1024 + 1024 * ng + 256 <= 48 * 1024:
+            return nst
+    sys.exit("oscar_gen: tensor-core decode does not fit shared memory for %d groups" % ng)
+
+
 def sfx_of(*parts):
     return "_" + "_".join(str(p) for p in parts)
 
@@ -176,7 +191,10 @@ def gen_gpu(target, spec, sel, arch, out):
     prelude = e.get_template("prelude.jinja").render(target=target)
     app_t = e.get_template("append.jinja").module
     dec_t = e.get_template("decode.jinja").module
+    mma_t = e.get_template("decode_mma.jinja").module
     write(os.path.join(out, "oscar_%s_variants.h" % target), HEADER.format(T=target.upper(), t=target))
+    for v in decode:
+        v["TC"] = tc_decode(spec, target, arch, v)
 
 
     # Tables live next to their kernels (HIP cannot reference a __global__
@@ -202,15 +220,20 @@ def gen_gpu(target, spec, sel, arch, out):
         # address of a kernel defined in another translation unit.
         rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part.rsplit("_", 1)[0]][0]
         body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + part)))
+        if any(v["TC"] for v in dv):
+            body.append(mma_t.mma_helpers())
         for v in dv:
-            body.append(dec_t.decode_family(v))
+            if v["TC"]:
+                body.append(mma_t.decode_mma_family(dict(v, NST=mma_stages(v["NG"]))))
+            else:
+                body.append(dec_t.decode_family(v))
         body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
         for v in dv:
             r = "_" + part
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)oscar_merge%s, "%s"},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"], v["NT"], v["E"],
-                           v["sfx"], r, r, v["sfx"][1:]))
+                           v["sfx"], r, r, v["sfx"][1:] + ("_tc" if v["TC"] else "")))
         if not dv:
             body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\"},")
         body.append("};")

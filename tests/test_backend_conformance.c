@@ -519,6 +519,26 @@ Test(conformance, large_shapes_long_prefill_splits, .timeout = 600) {
 }
 
 /* ---------------------------------------------------------- device flags */
+/* The Qwen3-8B / Llama-3-8B attention shape (d 128, GQA 4), which the CUDA
+ * plugin decodes on the int8 tensor cores (templates/decode_mma.jinja): groups
+ * 128, 64 and 32, BF16 and F16 windows, per-head rotations, lengths below
+ * S0 + W, not a multiple of the page or of the 32-token tile, mixed in one
+ * batch, and one long sequence over several splits. */
+Test(conformance, d128_gqa4_tensor_core_shapes, .timeout = 900) {
+    cfg c = {128, 128, 64, 64, 256, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {128, 64, 16, 3, 29, 4, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 1};
+    cfg c3 = {128, 32, 32, 0, 0, 8, 2, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, {
+        int lens[] = {1, 63, 320, 321, 449, 1111};
+        run_scenario(&g, &c, 6, lens, PREFILL);
+        int one[] = {3001};
+        run_scenario(&g, &c, 1, one, CHUNKS);
+        int l2[] = {1, 3, 31, 32, 33, 100, 517};
+        run_scenario(&g, &c2, 7, l2, CHUNKS);
+        run_scenario(&g, &c3, 7, l2, PREFILL);
+    });
+}
+
 static void flag_case(plug *g, oscar_method m) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
