@@ -109,6 +109,14 @@ typedef struct oe_forward_options {
     int kv_bf16;        /* round the full-precision K/V to bf16 (the cache's 16-bit windows) */
     int skip_lm_head;   /* no final norm / logits (calibration) */
     int last_layer;     /* stop after this layer (0-based); -1 = all layers */
+    /* Residual-stream snapshot and resume, so a caller that changes only
+     * layer l's KV quantization reruns layers l.. alone (clip search in
+     * tools/oscar_calibrate_search.c). The result is bit-identical to a
+     * full forward with the same hooks. */
+    int first_layer;    /* > 0: start at this layer from x_in instead of the embeddings */
+    const float *x_in;  /* [n][hidden] residual entering first_layer (required when > 0) */
+    int save_layer;     /* with x_save: copy the residual entering this layer */
+    float *x_save;      /* [n][hidden] or NULL */
 } oe_forward_options;
 
 void oe_forward_options_default(oe_forward_options *o);

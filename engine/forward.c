@@ -361,13 +361,21 @@ static oscar_status forward_impl(oe_ctx *c, const uint32_t *tokens, int n, const
               FF = cf->intermediate, qd = Hq * d, kvd = Hkv * d;
     const int last = opt->last_layer < 0 ? cf->num_layers - 1 : opt->last_layer;
     const int want_logits = logits && !opt->skip_lm_head && last == cf->num_layers - 1;
+    if (opt->first_layer < 0 || opt->first_layer > last || (opt->first_layer > 0 && !opt->x_in))
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: first_layer %d must be in 0..%d, with x_in "
+                            "when > 0", opt->first_layer, last);
+    if (opt->x_save && (opt->save_layer < opt->first_layer || opt->save_layer > last))
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: save_layer %d must be in %d..%d",
+                            opt->save_layer, opt->first_layer, last);
     for (int i = 0; i < n; i++) {
         if (tokens[i] >= (uint32_t)cf->vocab)
             return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: token %d is id %u, outside the "
                                 "vocabulary of %d; the token file does not belong to this model", i,
                                 tokens[i], cf->vocab);
-        memcpy(c->x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof(float));
+        if (opt->first_layer == 0)
+            memcpy(c->x + (size_t)i * H, m->embed + (size_t)tokens[i] * H, (size_t)H * sizeof(float));
     }
+    if (opt->first_layer > 0) memcpy(c->x, opt->x_in, (size_t)n * (size_t)H * sizeof(float));
     double t = c->profile ? now_s() : 0;
 #define PHASE(i)                                                                                   \
     do {                                                                                           \
@@ -377,8 +385,9 @@ static oscar_status forward_impl(oe_ctx *c, const uint32_t *tokens, int n, const
             t = t1;                                                                                \
         }                                                                                          \
     } while (0)
-    for (int L = 0; L <= last; L++) {
+    for (int L = opt->first_layer; L <= last; L++) {
         const oe_layer *l = &m->layers[L];
+        if (opt->x_save && L == opt->save_layer) memcpy(opt->x_save, c->x, (size_t)n * (size_t)H * sizeof(float));
         rmsnorm_rows(c->h, c->x, l->attn_norm, n, H, H, cf->rms_eps);
         linear(c, c->q, c->h, l->wq, l->bq, n, H, qd);
         linear(c, c->k, c->h, l->wk, l->bk, n, H, kvd);

@@ -36,6 +36,10 @@ static void usage(FILE *fp) {
             "                   probes (default) or the score error of held-back rows\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
+            "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
+            "                   distribution on N held-out windows of the token file, right after the\n"
+            "                   calibration windows (default 4; 0: keep the fitted clips)\n"
+            "  --clip-search-sweeps N  passes over the layers (default 1)\n"
             "  --threads N      engine threads (default: all cores)\n"
             "  --recompute      run the forward again in pass 1 instead of caching pass 0's K/V\n");
 }
@@ -70,7 +74,7 @@ int main(int argc, char **argv) {
     ocal_options o;
     ocal_options_default(&o);
     o.progress = stderr;
-    int64_t v = 0, threads = 0;
+    int64_t v = 0, threads = 0, search_windows = 4, search_sweeps = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -93,6 +97,10 @@ int main(int argc, char **argv) {
             if (!parse_clip(a, argv[++i], &o.clip_k)) return 2;
         } else if (!strcmp(a, "--clip-v") && has) {
             if (!parse_clip(a, argv[++i], &o.clip_v)) return 2;
+        } else if (!strcmp(a, "--clip-search") && has) {
+            if (!parse_int(a, argv[++i], 0, 1 << 20, &search_windows)) return 2;
+        } else if (!strcmp(a, "--clip-search-sweeps") && has) {
+            if (!parse_int(a, argv[++i], 1, 100, &search_sweeps)) return 2;
         } else if (!strcmp(a, "--clip-objective") && has) {
             const char *ob = argv[++i];
             if (!strcmp(ob, "probes")) o.clip_objective = 0;
@@ -197,11 +205,56 @@ int main(int argc, char **argv) {
     ocal_stats st;
     char err[1024];
     oscar_status s = ocal_run(m, tok, ntok, &o, &calib, &params, &st, err, sizeof err);
+    if (s != OSCAR_OK) {
+        free(tok);
+        oe_model_free(m);
+        fprintf(stderr, "oscar-calibrate: %s\n", err);
+        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP ? 2 : 1;
+    }
+    /* Held-out windows for the clip search: the tokens right after the
+     * calibration windows (never the ones the covariances came from). */
+    ocal_search_options so;
+    ocal_search_options_default(&so);
+    so.window = o.window;
+    so.sink = o.sink < 0 ? 0 : o.sink > 0 ? o.sink : 64;
+    so.recent = o.recent > 0 ? o.recent : 256;
+    so.group = o.group;
+    so.method = o.lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
+    so.sweeps = (int)search_sweeps;
+    so.fix_k = o.clip_k > 0.0f;
+    so.fix_v = o.clip_v > 0.0f;
+    so.progress = stderr;
+    int64_t h0 = st.tokens, avail = (ntok - h0) / o.window;
+    so.windows = (int)(search_windows < avail ? search_windows : avail);
+    ocal_search_stats ss;
+    memset(&ss, 0, sizeof ss);
+    float *clip0 = calloc((size_t)cfg.num_layers * 2, sizeof(float));
+    int searched = 0;
+    if (!clip0) s = OSCAR_ERR_OUT_OF_MEMORY;
+    for (int l = 0; clip0 && l < cfg.num_layers; l++) {
+        oscar_params_clip(params, l, OSCAR_K, &clip0[2 * l]);
+        oscar_params_clip(params, l, OSCAR_V, &clip0[2 * l + 1]);
+    }
+    if (s == OSCAR_OK && search_windows > 0 && !(so.fix_k && so.fix_v)) {
+        if (so.windows < 1)
+            fprintf(stderr, "oscar-calibrate: no clip search: %s has no full window of %d tokens after the %" PRId64
+                    " calibration tokens\n", tok_path, o.window, h0);
+        else if (so.window <= so.sink + so.recent + 1)
+            fprintf(stderr, "oscar-calibrate: no clip search: windows of %d have no query reading a 2-bit key "
+                    "(sink %d + recent %d)\n", so.window, so.sink, so.recent);
+        else {
+            s = ocal_clip_search(m, tok + h0, ntok - h0, params, &so, &ss, err, sizeof err);
+            searched = s == OSCAR_OK;
+        }
+    }
     free(tok);
     oe_model_free(m);
     if (s != OSCAR_OK) {
-        fprintf(stderr, "oscar-calibrate: %s\n", err);
-        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP ? 2 : 1;
+        fprintf(stderr, "oscar-calibrate: clip search: %s\n", err);
+        free(clip0);
+        oscar_params_destroy(params);
+        oscar_calib_destroy(calib);
+        return 1;
     }
     if (oscar_params_save(params, out_path) != OSCAR_OK) {
         fprintf(stderr, "oscar-calibrate: %s\n", oscar_last_error());
@@ -241,6 +294,25 @@ int main(int argc, char **argv) {
         printf("%d layer(s) without probes (windows shorter than sink + recent + 33 tokens): their clips come "
                "from the held-back rows\n",
                no_probes);
+    if (searched) {
+        printf("\nclip search: mean KL(p_bf16 || p_oscar2) per scored token on %d held-out windows of %d "
+               "(tokens [%" PRId64 ", %" PRId64 "), rows %d..%d of each; sink %d, recent %d)\n",
+               so.windows, so.window, h0, h0 + (int64_t)so.windows * so.window, so.sink + so.recent, so.window - 2,
+               so.sink, so.recent);
+        printf("layer | fitted clip_k clip_v | searched clip_k clip_v\n");
+        for (int l = 0; l < cfg.num_layers; l++) {
+            float ck, cv;
+            oscar_params_clip(params, l, OSCAR_K, &ck);
+            oscar_params_clip(params, l, OSCAR_V, &cv);
+            printf("%5d |          %4.2f   %4.2f |            %4.2f   %4.2f\n", l, (double)clip0[2 * l],
+                   (double)clip0[2 * l + 1], (double)ck, (double)cv);
+        }
+        printf("held-out KL %.5f -> %.5f, delta NLL %+.5f -> %+.5f (%" PRId64 " scored tokens); %d evaluations, "
+               "%.1f forward-equivalents per window, %.1f s\n",
+               ss.kl_start, ss.kl_final, ss.dnll_start, ss.dnll_final, ss.scored, ss.evals, ss.forward_equiv,
+               ss.seconds);
+    }
+    free(clip0);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     double wall = now_s() - t_start;

@@ -57,4 +57,45 @@ int ocal_window_count(const ocal_options *o, int64_t n_tokens);
 oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, const ocal_options *o,
                       oscar_calib **calib, oscar_params **params, ocal_stats *stats, char *err, size_t err_len);
 
+/* ------------------------------------------------------------------------
+ * End-to-end clip search (tools/oscar_calibrate_search.c). After finalize the
+ * clips are refined per layer by the mean KL(p_bf16 || p_quantized) of the
+ * next-token distributions on held-out windows of the calibration text (not
+ * the windows the covariances came from), with the cache quantized exactly as
+ * oscar-eval does it (bf16 rows, 2-bit region S0 <= p <= t - W). Greedy
+ * coordinate descent over the layers in order: at layer l the residual stream
+ * entering l (earlier layers at their chosen clips) is kept per window, so a
+ * candidate reruns layers l.. only; c_K then c_V move one grid step at a
+ * time from their current value while the KL falls. */
+typedef struct ocal_search_options {
+    int windows;            /* held-out windows (0: no search) */
+    int window;             /* tokens per window */
+    int sink, recent;       /* cache layout (the eval's S0, W) */
+    int group;              /* quant group (0: head_dim) */
+    oscar_method method;    /* OSCAR2 or OSCAR2_LM */
+    int sweeps;             /* passes over all layers (default 1) */
+    int fix_k, fix_v;       /* 1: leave that clip as it is */
+    FILE *progress;         /* one line per layer; NULL: silent */
+} ocal_search_options;
+
+typedef struct ocal_search_stats {
+    double kl_start, kl_final;     /* mean KL per scored row (nats) at the start / chosen clips */
+    double dnll_start, dnll_final; /* mean NLL minus the bf16 reference's, per scored row */
+    int64_t scored;                /* rows scored per evaluation (all windows) */
+    int evals;                     /* candidate clip settings evaluated */
+    double forward_equiv;          /* layer forwards run / num_layers, per window */
+    double seconds;
+} ocal_search_stats;
+
+void ocal_search_options_default(ocal_search_options *o);
+
+/* Tokens needed: windows * window. p's clips are updated in place. */
+oscar_status ocal_clip_search(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, oscar_params *p,
+                              const ocal_search_options *o, ocal_search_stats *st, char *err, size_t err_len);
+
+/* Mean KL and delta NLL per scored row of p on the same held-out windows,
+ * without changing anything (what the search minimises). */
+oscar_status ocal_heldout_kl(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, const oscar_params *p,
+                             const ocal_search_options *o, double *kl, double *dnll, char *err, size_t err_len);
+
 #endif
