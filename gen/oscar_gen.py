@@ -62,7 +62,7 @@ def tc_decode(spec, target, arch, v):
 def mma_stages(ng):
     """Deepest cp.async pipeline (<= 4 tiles per warp) within 48 KB of static shared memory."""
     for nst in (4, 3, 2):
-        if 4 * nst * (2 * 32 * 40 + 2 * 32 * ng * 4) + 1024 + 1024 * ng + 256 <= 48 * 1024:
+        if 4 * nst * (2 * 32 * 40 + 2 * 32 * ng * 4) + 1536 + 1024 * ng + 256 <= 48 * 1024:
             return nst
     sys.exit("oscar_gen: tensor-core decode does not fit shared memory for %d groups" % ng)
 

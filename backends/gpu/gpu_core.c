@@ -25,13 +25,33 @@ static int log2_exact(int x) {
 }
 
 void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int min_chunk, int target_blocks,
-                       int max_splits, int *nsplit, int *chunk) {
+                       int resident, int max_splits, int *nsplit, int *chunk) {
     int64_t per = (int64_t)num_seqs * kv_heads;
-    int64_t want = per > 0 ? (target_blocks + per - 1) / per : 1;
     int64_t cap = ((int64_t)max_len + min_chunk - 1) / min_chunk;
-    if (want > cap) want = cap;
-    if (want > max_splits) want = max_splits;
-    if (want < 1) want = 1;
+    if (cap > max_splits) cap = max_splits;
+    if (cap < 1) cap = 1;
+    int64_t want;
+    if (resident > 0 && per > 0) {
+        int64_t best = -1;
+        want = 1;
+        for (int64_t ns = 1; ns <= cap && ns <= 4096; ns++) {
+            int64_t c = ((int64_t)max_len + ns - 1) / ns;
+            c = (c + threads - 1) / threads * threads;
+            int64_t used = ((int64_t)max_len + c - 1) / c;
+            if (used != ns) continue; /* same chunk as a smaller count */
+            /* a CTA's fixed cost (q setup, pipeline fill, partial write) ~ 512 tokens */
+            int64_t waves = (per * ns + resident - 1) / resident;
+            int64_t cost = waves * (c + 512);
+            if (best < 0 || cost < best) {
+                best = cost;
+                want = ns;
+            }
+        }
+    } else {
+        want = per > 0 ? (target_blocks + per - 1) / per : 1;
+        if (want > cap) want = cap;
+        if (want < 1) want = 1;
+    }
     int64_t c = ((int64_t)max_len + want - 1) / want;
     c = (c + threads - 1) / threads * threads;
     if (c < threads) c = threads;
@@ -174,6 +194,10 @@ static int target_blocks(void *ctx, const gpu_plan *p) {
     if (cu < 1) cu = 1;
     return cu * (p->k.blocks_per_sm > 0 ? p->k.blocks_per_sm : 2);
 }
+static int resident_blocks(void *ctx, const gpu_plan *p) {
+    int cu = V(ctx)->compute_units(ctx);
+    return p->k.resident > 0 ? (cu < 1 ? 1 : cu) * p->k.resident : 0;
+}
 
 /* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */
 static size_t qt_bytes(const gpu_plan *p, int seqs) {
@@ -192,7 +216,7 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
                                 V(ctx)->name);
     int nsplit, chunk;
     gpu_choose_splits(max_seqs, p->l.num_kv_heads, max_seq_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p),
-                      1 << 20, &nsplit, &chunk);
+                      resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
     *bytes = OSCAR_WORKSPACE_HEADER + qt_bytes(p, max_seqs) + part_bytes(p, max_seqs, nsplit);
     return OSCAR_OK;
 }
@@ -335,8 +359,8 @@ oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args 
                                 nm, a->workspace_bytes, nseq, OSCAR_WORKSPACE_HEADER + qtb + one);
     int max_splits = (int)(avail / one > (size_t)(1 << 20) ? (1 << 20) : avail / one);
     int nsplit, chunk;
-    gpu_choose_splits(nseq, H, max_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p), max_splits, &nsplit,
-                      &chunk);
+    gpu_choose_splits(nseq, H, max_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p), resident_blocks(ctx, p),
+                      max_splits, &nsplit, &chunk);
     if (nsplit > max_splits) {
         /* chunk rounding can need one more split than fits: widen chunks. */
         chunk = (int)(((int64_t)max_len + max_splits - 1) / max_splits);

@@ -22,6 +22,7 @@ typedef struct gpu_arg {
 typedef struct gpu_kernels {
     const void *store, *demote, *rotate_q, *decode, *merge;
     int threads, elems, min_chunk, blocks_per_sm;
+    int resident; /* decode CTAs resident per compute unit when known (occupancy query), else 0 */
     char name[128];
     void *owner; /* vendor data released by release() */
 } gpu_kernels;
@@ -58,8 +59,12 @@ oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, os
 oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err);
 oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err);
 
-/* Decode split sizing (exposed for the benchmark and tests). */
+/* Decode split sizing (exposed for the benchmark and tests). With resident
+ * > 0 (CTAs the whole device holds at once) the split count minimises
+ * waves x (chunk + a CTA's fixed cost), the critical path of equal-work CTAs,
+ * so the last wave is not a thin tail and chunks do not shrink to overhead;
+ * otherwise it aims at target_blocks CTAs. */
 void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int min_chunk, int target_blocks,
-                       int max_splits, int *nsplit, int *chunk);
+                       int resident, int max_splits, int *nsplit, int *chunk);
 
 #endif

@@ -80,6 +80,19 @@ struct Case {
     int B, L;
 };
 
+// OSCAR_BENCH_CASES="32x32768,1x131072" restricts the grid (profiling runs).
+static bool wanted(int B, int L) {
+    const char *e = getenv("OSCAR_BENCH_CASES");
+    if (!e || !*e) return true;
+    char key[32];
+    snprintf(key, sizeof key, "%dx%d", B, L);
+    for (const char *p = e; (p = strstr(p, key)) != nullptr; p++) {
+        char after = p[strlen(key)];
+        if ((p == e || p[-1] == ',') && (after == ',' || after == 0)) return true;
+    }
+    return false;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s liboscar_backend_cuda.so out.tsv [quick]\n", argv[0]);
@@ -141,8 +154,11 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
+    // OSCAR_BENCH_METHODS=oscar2 skips the BF16-paged yardstick (profiling runs).
+    const char *only = getenv("OSCAR_BENCH_METHODS");
     for (int mi = 0; mi < 2; mi++) {
         int bf16m = mi == 1;
+        if (only && *only && !strstr(only, bf16m ? "bf16" : "oscar2")) continue;
         oscar_layout_desc l = {sizeof l, D, G, Hq, H, P, S0, W, 131072 + 64, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
                                bf16m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2};
         // Hadamard rotation for both K and V (a real OSCAR rotation costs the same).
@@ -161,6 +177,7 @@ int main(int argc, char **argv) {
         size_t slot_bytes = bf16m ? 0 : (size_t)2 * H * S * D * 2;
         for (const Case &c : cases) {
             int B = c.B, L = c.L;
+            if (!wanted(B, L)) continue;
             int npages_seq = (std::max(0, L - S) + P - 1) / P;
             size_t cache_bytes = (size_t)B * npages_seq * page_bytes + (size_t)B * slot_bytes;
             // Rotate copies so that one round exceeds ~4x the L2.

@@ -9,6 +9,9 @@
 
 /* ---------------------------------------------------------------- random */
 uint64_t rc_fresh_seed(void) {
+    /* OSCAR_TEST_SEED replays a failure: every scenario then uses that seed. */
+    const char *env = getenv("OSCAR_TEST_SEED");
+    if (env && *env) return strtoull(env, NULL, 10);
     static uint64_t counter;
     struct timespec ts;
     timespec_get(&ts, TIME_UTC);
