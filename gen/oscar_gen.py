@@ -59,10 +59,12 @@ def tc_decode(spec, target, arch, v):
             and v["D"] in tc["head_dim"] and v["GQ"] in tc["gqa"])
 
 
-def mma_stages(ng):
-    """Deepest cp.async pipeline (<= 4 tiles per warp) within 48 KB of static shared memory."""
+def mma_stages(ng, occ):
+    """Deepest cp.async pipeline (<= 4 tiles per warp) within 48 KB of static
+    shared memory and the share of one SM (227 KB) that occ resident CTAs allow."""
+    budget = min(48 * 1024, 227 * 1024 // occ - 1024)
     for nst in (4, 3, 2):
-        if 4 * nst * (2 * 32 * 40 + 2 * 32 * ng * 4) + 1536 + 1024 * ng + 256 <= 48 * 1024:
+        if 4 * nst * (2 * 32 * 40 + 2 * 32 * ng * 4) + 1536 + 1024 * ng + 256 <= budget:
             return nst
     sys.exit("oscar_gen: tensor-core decode does not fit shared memory for %d groups" % ng)
 
@@ -224,7 +226,8 @@ def gen_gpu(target, spec, sel, arch, out):
             body.append(mma_t.mma_helpers())
         for v in dv:
             if v["TC"]:
-                body.append(mma_t.decode_mma_family(dict(v, NST=mma_stages(v["NG"]))))
+                occ = spec["tuning"][arch]["tc_decode"].get("ctas_per_sm", 4)
+                body.append(mma_t.decode_mma_family(dict(v, NST=mma_stages(v["NG"], occ), OCC=occ)))
             else:
                 body.append(dec_t.decode_family(v))
         body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
