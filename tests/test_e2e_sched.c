@@ -224,7 +224,7 @@ Test(e2e_sched, random_streams_fifo_no_leaks)
                 if (q->state == GE_SLOT_FREE) continue;
                 int32_t step = q->state == GE_SEQ_PREFILL ? sc.reqs[q->req].prompt_len : 1;
                 if (q->len + step <= q->target && rnd(&s) % 4) {
-                    int32_t sl_lens, ws, cu[2], ml;
+                    int32_t sl_lens = -1, ws = -1, cu[2] = {0, 0}, ml = 0; /* set by ge_sched_batch */
                     int32_t *bt = malloc((size_t)sc.stride * sizeof *bt);
                     cr_assert_eq(ge_sched_batch(&sc, 1, &sl, &step, &sl_lens, &ws, bt, cu, &ml), OSCAR_OK);
                     cr_assert_eq(sl_lens, q->len + step);

@@ -38,7 +38,9 @@ static void usage(FILE *fp) {
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
             "                   distribution on N held-out windows of the token file, right after the\n"
-            "                   calibration windows (default 4; 0: keep the fitted clips)\n"
+            "                   calibration windows (default 0: keep the probe-fitted clips; docs/eval\n"
+            "                   uses 4: ~250 s more for tiny-qwen3 on 2 cores, a CPU forward of the\n"
+            "                   model per candidate clip, so it grows with the model)\n"
             "  --clip-search-sweeps N  passes over the layers (default 1)\n"
             "  --threads N      engine threads (default: all cores)\n"
             "  --recompute      run the forward again in pass 1 instead of caching pass 0's K/V\n");
@@ -74,7 +76,7 @@ int main(int argc, char **argv) {
     ocal_options o;
     ocal_options_default(&o);
     o.progress = stderr;
-    int64_t v = 0, threads = 0, search_windows = 4, search_sweeps = 1;
+    int64_t v = 0, threads = 0, search_windows = 0, search_sweeps = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;

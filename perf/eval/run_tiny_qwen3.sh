@@ -15,9 +15,9 @@ mkdir -p "$WORK" "$OUT"
 cmake --build "$BUILD" -j2 --target oscar-eval oscar-calibrate >/dev/null
 T=/usr/bin/time
 $T -f "calibrate (uniform): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \
-    --tokens "$DATA/calib.tokens" --out "$WORK/tiny-qwen3.oscar.safetensors" > "$WORK/calib.log" 2>&1
+    --tokens "$DATA/calib.tokens" --clip-search 4 --out "$WORK/tiny-qwen3.oscar.safetensors" > "$WORK/calib.log" 2>&1
 $T -f "calibrate (Lloyd-Max): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \
-    --tokens "$DATA/calib.tokens" --lloyd-max --out "$WORK/tiny-qwen3.oscar-lm.safetensors" > "$WORK/calib_lm.log" 2>&1
+    --tokens "$DATA/calib.tokens" --lloyd-max --clip-search 4 --out "$WORK/tiny-qwen3.oscar-lm.safetensors" > "$WORK/calib_lm.log" 2>&1
 tail -n 2 "$WORK/calib.log" "$WORK/calib_lm.log"
 $T -f "evaluate: %e s wall, %U s user" "$BUILD/bin/oscar-eval" "$MODEL" \
     --params "$WORK/tiny-qwen3.oscar.safetensors" --params-lm "$WORK/tiny-qwen3.oscar-lm.safetensors" \
