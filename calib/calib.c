@@ -111,6 +111,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->sink = 64;
     o->recent = 256;
     o->clip_objective = 0;
+    o->permutation = 0;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -193,6 +194,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "clip_objective must be 0 (attention probes) or 1 (held-back rows), got %d",
                                o->clip_objective);
+    if (o->permutation < 0 || o->permutation > 2)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "permutation must be 0 (bit-reversal), 1 (random) or 2 (m-sequence), got %d",
+                               o->permutation);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -967,7 +972,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                     for (int i = 0; i < d; i++) U[i * d + k] = A[i * d + (d - 1 - k)];
                 }
                 float *R = oscar_params_rot_ptr(p, l, which, r);
-                oscar_ref_compose_rotation(d, U, R);
+                if (c->o.permutation == 0) oscar_ref_compose_rotation(d, U, R); /* published */
+                else oscar_ref_compose_rotation_perm(d, U, c->o.permutation, R);
                 double oe = oscar_ref_orthogonality_error(d, R, INFINITY);
                 if (!(oe <= 1e-4)) {
                     s = oscar_set_error(OSCAR_ERR_INTERNAL,

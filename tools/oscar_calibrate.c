@@ -34,6 +34,8 @@ static void usage(FILE *fp) {
             "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
             "  --clip-objective probes|rows  what the fitted clips minimise: attention-output error on\n"
             "                   probes (default) or the score error of held-back rows\n"
+            "  --permutation bitrev|random|spread  placement of the eigen-directions in R = U.H.P\n"
+            "                   (default bitrev, the published one; docs/eval/permutation.md)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
@@ -109,6 +111,15 @@ int main(int argc, char **argv) {
             else if (!strcmp(ob, "rows")) o.clip_objective = 1;
             else {
                 fprintf(stderr, "oscar-calibrate: --clip-objective wants 'probes' or 'rows', got '%s'\n", ob);
+                return 2;
+            }
+        } else if (!strcmp(a, "--permutation") && has) {
+            const char *pm = argv[++i];
+            if (!strcmp(pm, "bitrev")) o.permutation = 0;
+            else if (!strcmp(pm, "random")) o.permutation = 1;
+            else if (!strcmp(pm, "spread")) o.permutation = 2;
+            else {
+                fprintf(stderr, "oscar-calibrate: --permutation wants 'bitrev', 'random' or 'spread', got '%s'\n", pm);
                 return 2;
             }
         } else if (!strcmp(a, "--sink") && has) {

@@ -37,6 +37,17 @@ int oscar_ref_bitrev(int x, int bits);
 /* R = U . H . P (FORMAT.md §1). U: d x d row-major, column r = eigenvector of
  * rank r (largest eigenvalue first). R: d x d row-major fp32 out. */
 void oscar_ref_compose_rotation(int d, const double *U, float *R);
+/* Placement P of the eigen-directions in R = U . H . P (docs/eval/permutation.md):
+ * BITREV is the published one (oscar_ref_compose_rotation); RANDOM a fixed
+ * pseudo-random permutation; SPREAD the m-sequence order x^(r-1) in GF(2^bits),
+ * whose top positions are not XOR-closed. Rank 0 keeps row 0 in all three. */
+enum { OSCAR_REF_PERM_BITREV = 0, OSCAR_REF_PERM_RANDOM = 1, OSCAR_REF_PERM_SPREAD = 2 };
+/* pos[r] = Hadamard row of eigen-direction r (d entries, d a power of two
+ * <= 256). Returns 0, or -1 for an unknown permutation or bad d. */
+int oscar_ref_rotation_positions(int d, int permutation, int *pos);
+/* R = U . H . P with the given placement; BITREV gives exactly
+ * oscar_ref_compose_rotation. Returns 0, or -1 as above. */
+int oscar_ref_compose_rotation_perm(int d, const double *U, int permutation, float *R);
 /* max |R R^T - I| of a d x d row-major fp32 matrix, in fp64; returns as soon
  * as the error exceeds stop_above (pass INFINITY for the exact maximum). */
 double oscar_ref_orthogonality_error(int d, const float *R, double stop_above);

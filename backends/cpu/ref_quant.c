@@ -3,6 +3,7 @@
  * sequential sums, no threads: the definition every backend is checked against. */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "cpu_ref.h"
@@ -56,6 +57,73 @@ void oscar_ref_compose_rotation(int d, const double *U, float *R) {
         fwht_f64(d, v);
         for (int j = 0; j < d; j++) R[(size_t)i * d + j] = (float)(v[j] * s);
     }
+}
+
+/* Alternative placements of the eigen-directions (docs/eval/permutation.md).
+ * pos[r] is the Hadamard row (Walsh function) that eigen-direction r goes to;
+ * rank 0 (the largest) always keeps row 0, the constant Walsh function, as under
+ * bit-reversal, so the variants differ only in where ranks 1..d-1 go. */
+
+/* Primitive polynomials over GF(2) of degree 1..8 (bit b = coefficient of x^b):
+ * the powers of x then run through every non-zero element. */
+static const unsigned prim_poly[9] = {0, 0x3, 0x7, 0xB, 0x13, 0x25, 0x43, 0x83, 0x11D};
+
+int oscar_ref_rotation_positions(int d, int permutation, int *pos) {
+    int bits = log2_exact(d);
+    if (d < 1 || d > 256 || (1 << bits) != d) return -1;
+    switch (permutation) {
+    case OSCAR_REF_PERM_BITREV:
+        for (int r = 0; r < d; r++) pos[r] = oscar_ref_bitrev(r, bits);
+        return 0;
+    case OSCAR_REF_PERM_RANDOM: {
+        /* Fisher-Yates over ranks 1..d-1 with a fixed-seed 64-bit LCG (Knuth's
+         * MMIX constants), high bits used: the same permutation on every run. */
+        uint64_t st = 0x0123456789ABCDEFull;
+        for (int r = 0; r < d; r++) pos[r] = r;
+        for (int i = d - 1; i >= 2; i--) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            int j = 1 + (int)((st >> 33) % (uint64_t)i); /* in [1, i] */
+            int t = pos[i];
+            pos[i] = pos[j];
+            pos[j] = t;
+        }
+        return 0;
+    }
+    case OSCAR_REF_PERM_SPREAD: {
+        /* pos[r] = x^(r-1) in GF(2^bits) for r >= 1 (an m-sequence order). The
+         * first `bits` of them are the unit vectors (Rademacher functions), so
+         * any top-k set with 2 < k <= d/2 spans more than log2(k) dimensions and
+         * is not XOR-closed, unlike bit-reversal, whose top 2^m positions are the
+         * multiples of d/2^m (Walsh functions constant over blocks of d/2^m). */
+        pos[0] = 0;
+        if (d == 1) return 0;
+        unsigned a = 1;
+        for (int r = 1; r < d; r++) {
+            pos[r] = (int)a;
+            a <<= 1;
+            if (a & (unsigned)d) a ^= prim_poly[bits];
+        }
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* R[i][j] = sum_r U[i][r] * H[pos[r]][j], as oscar_ref_compose_rotation (which
+ * is this with the bit-reversal positions, computed the same way). */
+int oscar_ref_compose_rotation_perm(int d, const double *U, int permutation, float *R) {
+    int pos[256], inv[256];
+    if (oscar_ref_rotation_positions(d, permutation, pos) != 0) return -1;
+    for (int r = 0; r < d; r++) inv[pos[r]] = r;
+    double v[256];
+    double s = 1.0 / sqrt((double)d);
+    for (int i = 0; i < d; i++) {
+        for (int k = 0; k < d; k++) v[k] = U[(size_t)i * d + inv[k]];
+        fwht_f64(d, v);
+        for (int j = 0; j < d; j++) R[(size_t)i * d + j] = (float)(v[j] * s);
+    }
+    return 0;
 }
 
 void oscar_ref_rotate(int d, const float *restrict x, const float *restrict R, float *restrict out) {

@@ -219,6 +219,11 @@ typedef struct oscar_calib_options {
                                    head, bounded count); falls back to 1 for a layer without probes.
                                    1: mean attention-aware squared score error e^T C e of
                                    held-back rows */
+    int32_t permutation;        /* placement P of the eigen-directions in R = U.H.P:
+                                   0 (default): bit-reversal (published); 1: a fixed
+                                   pseudo-random permutation; 2: m-sequence order, whose top
+                                   positions are not XOR-closed (docs/eval/permutation.md).
+                                   The file format is the same for all. */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
