@@ -315,7 +315,13 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                         {&slots, sizeof slots}, {&cu, sizeof cu}, {&ws, sizeof ws}, {&ck, 4}, {&cv, 4}, {&lm, 4},
                         {&num_pages, 4}, {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                         {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
-        unsigned gx = (unsigned)(a->total_new < W ? a->total_new : W);
+        /* Blocks per (row kind, head, sequence); each walks rows x, x + gx, ...
+         * A sequence demotes at most min(new tokens, W) rows, so size by the
+         * mean new tokens per sequence: a decode step (one token each) gets
+         * one block per sequence instead of total_new mostly idle ones. */
+        int64_t per = ((int64_t)a->total_new + nseq - 1) / nseq;
+        unsigned gx = (unsigned)(per < W ? per : W);
+        if (gx < 1) gx = 1;
         if (gx > 1024) gx = 1024;
         st = V(ctx)->launch(ctx, p->k.demote, gx, (unsigned)(2 * H), (unsigned)nseq, (unsigned)D, da,
                             (int)(sizeof da / sizeof da[0]), a->stream, err);
