@@ -263,6 +263,7 @@ Test(calib, finalize_rotations_and_report) {
     for (int l = 0; l < L; l++) synth_make(&s[l], n, hq, hkv, d, 1);
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
+    o.permutation = 0; /* the published bit-reversal, which the check below undoes */
     o.holdout_rows = 4096;
     o.model_hash = "synthetic-model";
     int calls = 0;

@@ -141,7 +141,7 @@ Test(permutation, composed_rotation_orthogonal_and_exact) {
 Test(permutation, calib_option_default_and_validation) {
     oscar_calib_options o;
     oscar_calib_options_default(&o, 1, 2, 1, 64);
-    cr_assert_eq(o.permutation, 0);
+    cr_assert_eq(o.permutation, 2); /* m-sequence default (docs/eval/permutation.md) */
     oscar_calib *c = NULL;
     o.permutation = 3;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);

@@ -26,7 +26,7 @@ typedef struct ocal_options {
     float clip_k, clip_v;    /* 0: fit */
     int sink, recent;        /* cache layout the clips are fitted for (0: the core's defaults 64, 256; sink < 0: none) */
     int clip_objective;      /* 0: attention probes (default), 1: held-back rows */
-    int permutation;         /* oscar_calib_options.permutation (0: bit-reversal, default) */
+    int permutation;         /* oscar_calib_options.permutation; -1 (default): the library's (m-sequence) */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

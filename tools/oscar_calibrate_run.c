@@ -36,6 +36,7 @@ void ocal_options_default(ocal_options *o) {
     o->window = 2048;
     o->max_tokens = 65536;
     o->pass1 = OCAL_PASS1_AUTO;
+    o->permutation = -1;
 }
 
 void ocal_model_hash(const oe_config *cf, char *out) {
@@ -144,7 +145,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->sink != 0) co.sink = o->sink < 0 ? 0 : o->sink;
     if (o->recent > 0) co.recent = o->recent;
     co.clip_objective = o->clip_objective;
-    co.permutation = o->permutation;
+    if (o->permutation >= 0) co.permutation = o->permutation;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);

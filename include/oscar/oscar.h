@@ -220,8 +220,8 @@ typedef struct oscar_calib_options {
                                    1: mean attention-aware squared score error e^T C e of
                                    held-back rows */
     int32_t permutation;        /* placement P of the eigen-directions in R = U.H.P:
-                                   0 (default): bit-reversal (published); 1: a fixed
-                                   pseudo-random permutation; 2: m-sequence order, whose top
+                                   0: bit-reversal (published); 1: a fixed pseudo-random
+                                   permutation; 2 (default): m-sequence order, whose top
                                    positions are not XOR-closed (docs/eval/permutation.md).
                                    The file format is the same for all. */
 } oscar_calib_options;
