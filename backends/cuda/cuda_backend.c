@@ -166,11 +166,9 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->blocks_per_sm = t ? t->blocks_per_sm : 4;
     k->owner = NULL;
     /* The tensor-core decode sizes its splits by the CTAs the device holds at once. */
-    size_t nl = strlen(dv->name);
     int occ = 0;
     k->resident = 0;
-    if (nl > 3 && !strcmp(dv->name + nl - 3, "_tc") &&
-        GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->decode, dv->threads, 0) == GPU_OK && occ > 0)
+    if (dv->tc && GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->decode, dv->threads, 0) == GPU_OK && occ > 0)
         k->resident = occ;
     snprintf(k->name, sizeof k->name, "%s", dv->name);
     return OSCAR_OK;

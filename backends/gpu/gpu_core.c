@@ -34,18 +34,25 @@ void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int
     if (resident > 0 && per > 0) {
         int64_t best = -1;
         want = 1;
-        for (int64_t ns = 1; ns <= cap && ns <= 4096; ns++) {
+        /* Runs on every decode call: visit each distinct chunk once (a few
+         * dozen), not every split count. */
+        for (int64_t ns = 1; ns <= cap && ns <= 4096;) {
             int64_t c = ((int64_t)max_len + ns - 1) / ns;
             c = (c + threads - 1) / threads * threads;
             int64_t used = ((int64_t)max_len + c - 1) / c;
-            if (used != ns) continue; /* same chunk as a smaller count */
-            /* a CTA's fixed cost (q setup, pipeline fill, partial write) ~ 512 tokens */
-            int64_t waves = (per * ns + resident - 1) / resident;
-            int64_t cost = waves * (c + 512);
-            if (best < 0 || cost < best) {
-                best = cost;
-                want = ns;
+            if (used == ns) { /* else: same chunk as a smaller count */
+                /* a CTA's fixed cost (q setup, pipeline fill, partial write) ~ 512 tokens */
+                int64_t waves = (per * ns + resident - 1) / resident;
+                int64_t cost = waves * (c + 512);
+                if (best < 0 || cost < best) {
+                    best = cost;
+                    want = ns;
+                }
             }
+            if (c <= threads) break;
+            /* next count whose chunk is smaller: ceil(max_len / ns') <= c - threads */
+            int64_t next = ((int64_t)max_len + c - threads - 1) / (c - threads);
+            ns = next > ns ? next : ns + 1;
         }
     } else {
         want = per > 0 ? (target_blocks + per - 1) / per : 1;

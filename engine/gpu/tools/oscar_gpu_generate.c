@@ -139,8 +139,9 @@ static void dbg_gpu(void *user, int layer, const char *what, const float *data, 
     }
 }
 
+/* The engine for slots sequences of up to max_len tokens; its KV layout in *lout when not NULL. */
 static ge_engine *make_engine(const oe_model *m, oscar_method method, const char *params, int fp32, int sink,
-                              int recent, int slots, int max_len, int max_prefill)
+                              int recent, int slots, int max_len, int max_prefill, oscar_layout_desc *lout)
 {
     const oe_config *c = oe_model_config(m);
     ge_options o;
@@ -156,6 +157,7 @@ static ge_engine *make_engine(const oe_model *m, oscar_method method, const char
     o.check_every = 1;
     oscar_layout_desc l;
     ge_layout_make(c, &o, &l);
+    if (lout) *lout = l;
     size_t need;
     oscar_layout_sizes lsz;
     if (ge_kv_seq_bytes(&l, c->num_layers, max_len, &need) != OSCAR_OK || oscar_layout_sizes_get(&l, &lsz) != OSCAR_OK) {
@@ -191,7 +193,7 @@ static int batch_check(const oe_model *m, const uint32_t *all, int64_t count, lo
         for (int j = 0; j < lens[r]; j++) pr[r][j] = (int32_t)all[at + j];
         at += lens[r];
     }
-    ge_engine *eb = make_engine(m, method, params, fp32, sink, recent, B, plen + n_gen, plen * B);
+    ge_engine *eb = make_engine(m, method, params, fp32, sink, recent, B, plen + n_gen, plen * B, NULL);
     if (!eb) return 1;
     ge_gen_stats gs;
     if (ge_generate(eb, R, (const int32_t *const *)pr, lens, n_gen, 0, ob, lb, &gs) != OSCAR_OK) {
@@ -201,7 +203,7 @@ static int batch_check(const oe_model *m, const uint32_t *all, int64_t count, lo
     printf("batched: %d requests through %d slots, at most %d decoding together, %lld decode steps\n", R, B,
            gs.max_running, (long long)gs.steps);
     ge_destroy(eb);
-    ge_engine *es = make_engine(m, method, params, fp32, sink, recent, 1, plen + n_gen, plen);
+    ge_engine *es = make_engine(m, method, params, fp32, sink, recent, 1, plen + n_gen, plen, NULL);
     if (!es) return 1;
     for (int r = 0; r < R; r++) {
         const int32_t *p = pr[r];
@@ -287,7 +289,7 @@ static int debug_layers(const oe_model *m, const int32_t *prompt, int plen, int 
     }
     oe_ctx_free(ctx);
     d.clast = clog + (size_t)(plen - 1) * c->vocab;
-    ge_engine *e = make_engine(m, OSCAR_METHOD_BF16, NULL, fp32, sink, recent, 1, plen + 1, plen);
+    ge_engine *e = make_engine(m, OSCAR_METHOD_BF16, NULL, fp32, sink, recent, 1, plen + 1, plen, NULL);
     if (!e) return 1;
     double wrel = 0;
     if (ge_debug_weights(e, m, stdout, &wrel) != OSCAR_OK) {
@@ -408,32 +410,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < plen; i++) prompt[i] = (int32_t)all[offset + i];
     if (debug) return debug_layers(m, prompt, plen, fp32, sink, recent);
 
-    ge_options o;
-    ge_options_default(&o);
-    o.method = method;
-    o.params_path = params;
-    o.max_batch = 1;
-    o.max_seq_len = plen + n_gen;
-    o.max_prefill_tokens = plen;
-    o.act_f32 = fp32;
-    o.sink = sink;
-    o.recent = recent;
-    o.check_every = 1;
     oscar_layout_desc l;
-    ge_layout_make(c, &o, &l);
-    size_t need;
-    if (ge_kv_seq_bytes(&l, c->num_layers, plen + n_gen, &need) != OSCAR_OK) {
-        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
-        return 1;
-    }
-    oscar_layout_sizes lsz;
-    oscar_layout_sizes_get(&l, &lsz);
-    o.kv_budget = need + (size_t)c->num_layers * (lsz.page_bytes + 4096); /* at least one page */
-    ge_engine *e = NULL;
-    if (ge_create_from_model(m, &o, &e) != OSCAR_OK) {
-        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
-        return 1;
-    }
+    ge_engine *e = make_engine(m, method, params, fp32, sink, recent, 1, plen + n_gen, plen, &l);
+    if (!e) return 1;
     printf("device: %s\nvariant: %s\nmethod: %s, %s weights/activations, prefill %s, prompt %d tokens at offset %ld\n",
            ge_engine_device(e), ge_engine_variant(e), oscar_method_name(method), fp32 ? "fp32" : "bf16",
            stepwise ? "stepwise (decode path per prompt token)" : "exact (prompt attention on its bf16 K/V)", plen,
