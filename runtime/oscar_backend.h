@@ -52,6 +52,9 @@ typedef struct oscar_backend_plan_desc {
     const float *rot_v;       /* same */
     const float *clip_k;      /* [num_layers] clip ratio, 1 = none */
     const float *clip_v;      /* [num_layers] */
+    /* Error-feedback weights, same layout as rot_k / rot_v (strictly upper
+     * triangular, FORMAT.md §2.3), or NULL: round to nearest. */
+    const float *fb_k, *fb_v;
 } oscar_backend_plan_desc;
 
 typedef struct oscar_backend_append_args {

@@ -77,6 +77,8 @@ struct oscar_params {
     float *rot;            /* [num_layers][2][num_rot][d][d] */
     double *eig;           /* [num_layers][2][num_rot][d], or NULL */
     float *clip;           /* [num_layers][2] */
+    float *fb;             /* [num_layers][2][num_rot][d][d] error-feedback weights (strictly upper
+                              triangular; FORMAT.md §2.3), or NULL: nearest rounding */
 };
 
 /* Allocates parameters with identity rotations, no eigenvalues and clip 1.
@@ -86,6 +88,13 @@ oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_head
 static inline float *oscar_params_rot_ptr(const oscar_params *p, int layer, int kv, int r) {
     size_t d = (size_t)p->head_dim;
     return p->rot + (((size_t)layer * 2 + (size_t)kv) * (size_t)p->num_rot + (size_t)r) * d * d;
+}
+/* Error-feedback weights of (layer, kind, rotation index), or NULL when the
+ * parameters round to nearest. */
+static inline float *oscar_params_fb_ptr(const oscar_params *p, int layer, int kv, int r) {
+    if (!p->fb) return NULL;
+    size_t d = (size_t)p->head_dim;
+    return p->fb + (((size_t)layer * 2 + (size_t)kv) * (size_t)p->num_rot + (size_t)r) * d * d;
 }
 static inline double *oscar_params_eig_ptr(const oscar_params *p, int layer, int kv, int r) {
     if (!p->eig) return NULL;

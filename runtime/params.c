@@ -102,6 +102,7 @@ OSCAR_API void oscar_params_destroy(oscar_params *p) {
     free(p->rot);
     free(p->eig);
     free(p->clip);
+    free(p->fb);
     free(p);
 }
 
@@ -161,6 +162,17 @@ OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer
     oscar_status s = check_index(p, "oscar_params_eigenvalues", layer, kv_head, which, &r);
     if (s != OSCAR_OK) return s;
     *lambda = oscar_params_eig_ptr(p, layer, (int)which, r);
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                             const float **F) {
+    oscar_clear_error();
+    if (!F) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_feedback: F is NULL");
+    int r;
+    oscar_status s = check_index(p, "oscar_params_feedback", layer, kv_head, which, &r);
+    if (s != OSCAR_OK) return s;
+    *F = oscar_params_fb_ptr(p, layer, (int)which, r);
     return OSCAR_OK;
 }
 

@@ -23,6 +23,8 @@
 #define MAX_LAYERS 1024
 #define MAX_HEADS 4096
 #define ORTHO_TOL 1e-3
+#define FB_MAX 16.0f /* |feedback weight| bound; calibration gives <= 1 after damping */
+#define NKIND 6      /* tensors per layer: rot_k rot_v eig_k eig_v fb_k fb_v */
 
 /* ------------------------------------------------------------------ save */
 
@@ -81,7 +83,8 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     json_t *meta = json_object();
     char version[32];
     snprintf(version, sizeof version, "%d.%d.%d", OSCAR_VERSION_MAJOR, OSCAR_VERSION_MINOR, OSCAR_VERSION_PATCH);
-    json_object_set_new(meta, "format_version", json_integer(OSCAR_PARAMS_FORMAT_VERSION));
+    /* Version 1 readers know everything but the feedback weights. */
+    json_object_set_new(meta, "format_version", json_integer(p->fb ? 2 : 1));
     json_object_set_new(meta, "library_version", json_string(version));
     json_object_set_new(meta, "method", json_string(oscar_method_name(p->method)));
     json_object_set_new(meta, "num_layers", json_integer(p->num_layers));
@@ -104,7 +107,7 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     if (!bad) bad = json_object_set_new(md, "oscar", json_string(meta_str)) || json_object_set(hdr, "__metadata__", md);
     json_decref(md);
     free(meta_str);
-    /* Data order: per layer rot_k, rot_v, eig_k, eig_v; then clip. */
+    /* Data order: per layer rot_k, rot_v, eig_k, eig_v, fb_k, fb_v; then clip. */
     size_t off = 0;
     int64_t shape3[3] = {(int64_t)nr, (int64_t)d, (int64_t)d}, shape2[2] = {(int64_t)nr, (int64_t)d};
     char name[64];
@@ -116,6 +119,10 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
         for (int kv = 0; kv < 2 && !bad && p->eig; kv++) {
             snprintf(name, sizeof name, "layers.%d.eig_%c", l, kv ? 'v' : 'k');
             bad = add_tensor(hdr, name, "F64", 2, shape2, &off, eig_bytes) != 0;
+        }
+        for (int kv = 0; kv < 2 && !bad && p->fb; kv++) {
+            snprintf(name, sizeof name, "layers.%d.fb_%c", l, kv ? 'v' : 'k');
+            bad = add_tensor(hdr, name, "F32", 3, shape3, &off, rot_bytes) != 0;
         }
     }
     int64_t clip_shape[2] = {p->num_layers, 2};
@@ -151,6 +158,7 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
         for (int kv = 0; kv < 2 && !err; kv++) err = write_all(fd, oscar_params_rot_ptr(p, l, kv, 0), rot_bytes);
         for (int kv = 0; kv < 2 && !err && p->eig; kv++)
             err = write_all(fd, oscar_params_eig_ptr(p, l, kv, 0), eig_bytes);
+        for (int kv = 0; kv < 2 && !err && p->fb; kv++) err = write_all(fd, oscar_params_fb_ptr(p, l, kv, 0), rot_bytes);
     }
     if (!err) err = write_all(fd, p->clip, (size_t)p->num_layers * 2 * sizeof(float));
     if (!err) err = fsync(fd);
@@ -227,10 +235,11 @@ typedef struct tensor_slot {
     int found;
 } tensor_slot;
 
-/* Parses "layers.{l}.{rot,eig}_{k,v}" or "clip" into a slot index:
- * layer * 4 + {rot_k 0, rot_v 1, eig_k 2, eig_v 3}; clip is num_layers * 4. */
+/* Parses "layers.{l}.{rot,eig,fb}_{k,v}" or "clip" into a slot index:
+ * layer * NKIND + {rot_k 0, rot_v 1, eig_k 2, eig_v 3, fb_k 4, fb_v 5};
+ * clip is num_layers * NKIND. */
 static int tensor_index(const char *name, int num_layers) {
-    if (strcmp(name, "clip") == 0) return num_layers * 4;
+    if (strcmp(name, "clip") == 0) return num_layers * NKIND;
     if (strncmp(name, "layers.", 7) != 0) return -1;
     const char *s = name + 7;
     long l = 0;
@@ -251,9 +260,13 @@ static int tensor_index(const char *name, int num_layers) {
         kind = 2;
     else if (strcmp(s, "eig_v") == 0)
         kind = 3;
+    else if (strcmp(s, "fb_k") == 0)
+        kind = 4;
+    else if (strcmp(s, "fb_v") == 0)
+        kind = 5;
     else
         return -1;
-    return (int)l * 4 + kind;
+    return (int)l * NKIND + kind;
 }
 
 static int cmp_slot(const void *a, const void *b) {
@@ -417,7 +430,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
     /* Every header key must be an expected tensor with the right dtype,
      * shape and an exact, in-bounds byte range. */
     const int64_t nr = per_head ? hkv : 1;
-    const size_t nslots = (size_t)L * 4 + 1;
+    const size_t nslots = (size_t)L * NKIND + 1;
     slots = calloc(nslots, sizeof *slots);
     order = calloc(nslots, sizeof *order);
     if (!slots || !order) {
@@ -430,14 +443,14 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
         if (strcmp(key, "__metadata__") == 0) continue;
         int idx = tensor_index(key, (int)L);
         if (idx < 0) {
-            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig of a layer < %lld, nor clip)", key,
+            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig/fb of a layer < %lld, nor clip)", key,
                      (long long)L);
             s = corrupt(msg);
             goto done;
         }
-        int kind = idx == (int)L * 4 ? 4 : idx % 4;
+        int kind = idx == (int)L * NKIND ? NKIND : idx % NKIND;
         int64_t sh3[3] = {nr, d, d}, sh2[2] = {nr, d}, shc[2] = {L, 2};
-        if (kind <= 1)
+        if (kind <= 1 || kind == 4 || kind == 5)
             s = check_entry(key, val, "F32", 3, sh3, 4, data_size, &slots[idx]);
         else if (kind <= 3)
             s = check_entry(key, val, "F64", 2, sh2, 8, data_size, &slots[idx]);
@@ -445,28 +458,36 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
             s = check_entry(key, val, "F32", 2, shc, 4, data_size, &slots[idx]);
         if (s) goto done;
     }
-    int have_eig = slots[2].found;
+    int have_eig = slots[2].found, have_fb = slots[4].found;
+    if (have_fb && fv < 2) {
+        s = corrupt("feedback weights (fb_k, fb_v) need format_version 2");
+        goto done;
+    }
     size_t nfound = 0;
     for (int64_t l = 0; l < L; l++)
-        for (int k = 0; k < 4; k++) {
-            tensor_slot *t = &slots[l * 4 + k];
-            if (!t->found && (k < 2 || have_eig)) {
-                snprintf(msg, sizeof msg, "tensor \"layers.%lld.%s_%c\" is missing", (long long)l, k < 2 ? "rot" : "eig",
+        for (int k = 0; k < NKIND; k++) {
+            tensor_slot *t = &slots[l * NKIND + k];
+            int opt = k >= 4 ? have_fb : k >= 2 ? have_eig : 1; /* optional kinds: all layers or none */
+            const char *kname = k < 2 ? "rot" : k < 4 ? "eig" : "fb";
+            if (!t->found && opt) {
+                snprintf(msg, sizeof msg, "tensor \"layers.%lld.%s_%c\" is missing", (long long)l, kname,
                          k % 2 ? 'v' : 'k');
                 s = corrupt(msg);
                 goto done;
             }
-            if (t->found && k >= 2 && !have_eig) {
-                s = corrupt("eigenvalues are given for some layers but not layer 0: give all or none");
+            if (t->found && !opt) {
+                snprintf(msg, sizeof msg, "%s tensors are given for some layers but not layer 0 K: give all or none",
+                         kname);
+                s = corrupt(msg);
                 goto done;
             }
             if (t->found) order[nfound++] = t;
         }
-    if (!slots[L * 4].found) {
+    if (!slots[L * NKIND].found) {
         s = corrupt("tensor \"clip\" is missing");
         goto done;
     }
-    order[nfound++] = &slots[L * 4];
+    order[nfound++] = &slots[L * NKIND];
     qsort(order, nfound, sizeof *order, cmp_slot);
     for (size_t i = 1; i < nfound; i++)
         if (order[i]->begin < order[i - 1]->end) {
@@ -496,16 +517,27 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
             goto done;
         }
     }
+    if (have_fb) {
+        p->fb = malloc((size_t)L * 2 * (size_t)nr * dd * sizeof(float));
+        if (!p->fb) {
+            s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading feedback weights");
+            goto done;
+        }
+    }
     for (int64_t l = 0; l < L; l++)
         for (int kv = 0; kv < 2; kv++) {
-            tensor_slot *t = &slots[l * 4 + kv];
+            tensor_slot *t = &slots[l * NKIND + kv];
             memcpy(oscar_params_rot_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
             if (have_eig) {
-                t = &slots[l * 4 + 2 + kv];
+                t = &slots[l * NKIND + 2 + kv];
                 memcpy(oscar_params_eig_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
             }
+            if (have_fb) {
+                t = &slots[l * NKIND + 4 + kv];
+                memcpy(oscar_params_fb_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
+            }
         }
-    memcpy(p->clip, tensor_data + slots[L * 4].begin, (size_t)L * 2 * sizeof(float));
+    memcpy(p->clip, tensor_data + slots[L * NKIND].begin, (size_t)L * 2 * sizeof(float));
 
     /* Values: finite, orthogonal rotations, clips in (0, 1]. */
     p->identity = 1;
@@ -528,6 +560,21 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                              (long long)l, kv ? 'v' : 'k', (long long)r, e);
                     s = corrupt(msg);
                     goto done;
+                }
+                const float *F = oscar_params_fb_ptr(p, (int)l, kv, (int)r);
+                for (size_t i = 0; F && i < dd; i++) {
+                    /* Strictly upper triangular and bounded: the write path then cannot overflow
+                     * on sane rows, and a hostile file cannot make it read a weight twice. */
+                    int upper = i % (size_t)d > i / (size_t)d;
+                    if (!isfinite(F[i]) || (!upper && F[i] != 0.0f) || fabsf(F[i]) > FB_MAX) {
+                        snprintf(msg, sizeof msg,
+                                 "feedback weights layers.%lld.fb_%c[%lld] entry (%zu, %zu) = %g: must be finite, "
+                                 "|F| <= 16 and 0 on and below the diagonal",
+                                 (long long)l, kv ? 'v' : 'k', (long long)r, i / (size_t)d, i % (size_t)d,
+                                 (double)F[i]);
+                        s = corrupt(msg);
+                        goto done;
+                    }
                 }
                 const double *ev = oscar_params_eig_ptr(p, (int)l, kv, (int)r);
                 for (int64_t i = 0; ev && i < d; i++)

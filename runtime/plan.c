@@ -53,9 +53,15 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
     /* params->rot is [L][2][num_rot][d][d]; the plugin ABI wants K and V apart. */
     size_t per = (size_t)params->num_rot * (size_t)d * (size_t)d;
     float *rk = malloc(sizeof(float) * per * (size_t)L), *rv = malloc(sizeof(float) * per * (size_t)L);
-    if (!rk || !rv) {
+    /* Feedback weights belong to the calibrated methods' rotations only. */
+    const int use_fb = needs_params && params->fb;
+    float *fk = use_fb ? malloc(sizeof(float) * per * (size_t)L) : NULL,
+          *fv = use_fb ? malloc(sizeof(float) * per * (size_t)L) : NULL;
+    if (!rk || !rv || (use_fb && (!fk || !fv))) {
         free(rk);
         free(rv);
+        free(fk);
+        free(fv);
         free(clip);
         free(plan);
         oscar_params_destroy(owned);
@@ -64,6 +70,10 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
     for (int l = 0; l < L; l++) {
         memcpy(rk + per * (size_t)l, oscar_params_rot_ptr(params, l, 0, 0), sizeof(float) * per);
         memcpy(rv + per * (size_t)l, oscar_params_rot_ptr(params, l, 1, 0), sizeof(float) * per);
+        if (use_fb) {
+            memcpy(fk + per * (size_t)l, oscar_params_fb_ptr(params, l, 0, 0), sizeof(float) * per);
+            memcpy(fv + per * (size_t)l, oscar_params_fb_ptr(params, l, 1, 0), sizeof(float) * per);
+        }
     }
     oscar_backend_plan_desc desc = {
         .layout = *layout,
@@ -74,6 +84,8 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         .rot_v = rv,
         .clip_k = clip,
         .clip_v = clip + L,
+        .fb_k = fk,
+        .fb_v = fv,
     };
     if (m == OSCAR_METHOD_INT2 || m == OSCAR_METHOD_BF16) {
         /* Force identity whatever the parameters hold. */
@@ -93,6 +105,8 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
     s = rt->api->plan_create(rt->ctx, &desc, &plan->bplan, plan->variant, sizeof plan->variant, &e);
     free(rk);
     free(rv);
+    free(fk);
+    free(fv);
     free(clip);
     oscar_params_destroy(owned);
     if (s != OSCAR_OK) {

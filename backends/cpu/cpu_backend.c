@@ -21,6 +21,7 @@ typedef struct cpu_plan {
     int S0, W;
     size_t slot_bytes, esize, msize;
     float *rot_k, *rot_v; /* [layers][num_rot][d][d], NULL when identity */
+    float *fb_k, *fb_v;   /* [layers][num_rot][d][d] error-feedback weights, NULL: nearest rounding */
     float *clip_k, *clip_v; /* [layers], 1 for methods that never clip */
     float lut[256][4];      /* byte of 4 codes -> 4 levels */
 } cpu_plan;
@@ -85,6 +86,8 @@ static void cpu_plan_free(cpu_plan *p) {
     if (!p) return;
     free(p->rot_k);
     free(p->rot_v);
+    free(p->fb_k);
+    free(p->fb_v);
     free(p->clip_k);
     free(p->clip_v);
     free(p);
@@ -151,6 +154,16 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
     if (!p->identity) {
         memcpy(p->rot_k, desc->rot_k, rot_elems * sizeof(float));
         memcpy(p->rot_v, desc->rot_v, rot_elems * sizeof(float));
+    }
+    if (desc->fb_k && desc->fb_v) {
+        p->fb_k = malloc(rot_elems * sizeof(float));
+        p->fb_v = malloc(rot_elems * sizeof(float));
+        if (!p->fb_k || !p->fb_v) {
+            cpu_plan_free(p);
+            return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory for feedback weights");
+        }
+        memcpy(p->fb_k, desc->fb_k, rot_elems * sizeof(float));
+        memcpy(p->fb_v, desc->fb_v, rot_elems * sizeof(float));
     }
     int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
     for (size_t i = 0; i < nl; i++) {
@@ -309,10 +322,15 @@ static void store_row(const cpu_plan *p, const float *x, void *dst) {
         for (int j = 0; j < p->g.d; j++) h[j] = oscar_f32_to_f16(x[j]);
 }
 /* Quantizes a rotated kv_dtype-rounded row into page row (h, r). */
-static void store_2bit(const cpu_plan *p, char *page, int kv, int h, int r, float clip, const float *x) {
+static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, int r, float clip, const float *x) {
     uint8_t codes[64];
     float meta[16];
-    oscar_ref_quantize_row(p->g.d, p->g.group, p->lm, clip, p->l.meta_dtype, x, codes, meta);
+    const float *fbase = kv ? p->fb_v : p->fb_k, *fb = NULL;
+    if (fbase) {
+        size_t d = (size_t)p->l.head_dim;
+        fb = fbase + ((size_t)layer * (size_t)p->num_rot + (size_t)(p->num_rot == 1 ? 0 : h)) * d * d;
+    }
+    oscar_ref_quantize_row_fb(p->g.d, p->g.group, p->lm, clip, p->l.meta_dtype, x, fb, codes, meta);
     size_t row = (size_t)h * (size_t)p->g.P + (size_t)r;
     memcpy(page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes, codes, p->g.codes_row_bytes);
     void *m = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;
@@ -369,7 +387,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                 for (int kv = 0; kv < 2; kv++)
                     for (int h = 0; h < H; h++) {
                         load_row(p, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos), x);
-                        store_2bit(p, page, kv, h, r, clip[kv], x);
+                        store_2bit(p, page, a->layer, kv, h, r, clip[kv], x);
                     }
             }
         }
@@ -401,7 +419,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                       ((size_t)h * (size_t)p->g.P + (size_t)r) * p->g.codes_row_bytes);
                     } else if (pos >= p->S0 && pos < L - p->W) {
                         char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
-                        store_2bit(p, page, kv, h, r, clip[kv], xr);
+                        store_2bit(p, page, a->layer, kv, h, r, clip[kv], xr);
                     } else {
                         store_row(p, xr, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos));
                     }

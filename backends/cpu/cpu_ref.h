@@ -68,6 +68,12 @@ float oscar_ref_clip_tau(int d, const float *x, float c);
  * finite). Rows must be finite. */
 void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
                             uint8_t *codes, float *meta);
+/* The same with error-feedback rounding (FORMAT.md §2.3): fb is the
+ * strictly upper-triangular d x d matrix of the parameters (row j: weights
+ * of value j's rounding error on the values after it), NULL = nearest.
+ * Metadata is that of oscar_ref_quantize_row; codes may differ. */
+void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
+                               const float *fb, uint8_t *codes, float *meta);
 /* x^ = b + a * level[code] for every value. */
 void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *codes, const float *meta,
                               float *out);

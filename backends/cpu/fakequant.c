@@ -122,7 +122,8 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
             if (calibrated) R = p->identity ? NULL : oscar_params_rot_ptr(p, layer, (int)which, p->per_head ? h : 0);
             oscar_ref_rotate(d, row, R, xr);
             for (int j = 0; j < d; j++) xr[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
-            oscar_ref_quantize_row(d, group, lm, c, OSCAR_DTYPE_F16, xr, codes, meta);
+            const float *fb = calibrated ? oscar_params_fb_ptr(p, layer, (int)which, p->per_head ? h : 0) : NULL;
+            oscar_ref_quantize_row_fb(d, group, lm, c, OSCAR_DTYPE_F16, xr, fb, codes, meta);
             oscar_ref_dequantize_row(d, group, lm, codes, meta, deq);
             oscar_ref_unrotate(d, deq, R, row);
         }

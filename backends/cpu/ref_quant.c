@@ -225,13 +225,24 @@ static float meta_round(oscar_dtype meta, float v) {
 
 static const float k_lm_levels[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
 
-void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
-                            uint8_t *codes, float *meta) {
+/* Code of value t = (x - b) / a on the level grid. NaN (only from absurd
+ * rows under error feedback) maps to a valid code instead of a cast of NaN. */
+static int level_code(int lloyd_max, float t) {
+    if (!lloyd_max) {
+        float r = floorf(t + 0.5f);
+        return !(r >= 0.0f) ? 0 : (r > 3.0f ? 3 : (int)r);
+    }
+    return t < -OSCAR_LM_T ? 0 : (t < 0.0f ? 1 : (t < OSCAR_LM_T ? 2 : 3));
+}
+
+void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
+                               const float *fb, uint8_t *codes, float *meta) {
     float tau = (c < 1.0f) ? oscar_ref_clip_tau(d, x, c) : INFINITY;
     float v[256];
     for (int j = 0; j < d; j++) v[j] = x[j] < -tau ? -tau : (x[j] > tau ? tau : x[j]);
     memset(codes, 0, (size_t)d / 4);
     int ng = d / group;
+    /* Metadata from the clipped row, before any feedback. */
     for (int g = 0; g < ng; g++) {
         const float *gv = v + (size_t)g * group;
         float a, b;
@@ -255,27 +266,28 @@ void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtyp
             a = sqrtf(ss / (float)group);
             b = mean;
         }
-        a = meta_round(meta_dtype, a);
-        b = meta_round(meta_dtype, b);
-        meta[2 * g] = a;
-        meta[2 * g + 1] = b;
-        for (int j = 0; j < group; j++) {
-            int code;
-            if (a == 0.0f) {
-                code = lloyd_max ? 2 : 0;
-            } else {
-                float t = (gv[j] - b) / a;
-                if (!lloyd_max) {
-                    float r = floorf(t + 0.5f);
-                    code = r < 0.0f ? 0 : (r > 3.0f ? 3 : (int)r);
-                } else {
-                    code = t < -OSCAR_LM_T ? 0 : (t < 0.0f ? 1 : (t < OSCAR_LM_T ? 2 : 3));
-                }
-            }
-            int idx = g * group + j;
-            codes[idx >> 2] |= (uint8_t)(code << (2 * (idx & 3)));
-        }
+        meta[2 * g] = meta_round(meta_dtype, a);
+        meta[2 * g + 1] = meta_round(meta_dtype, b);
     }
+    /* Values in order; with feedback, value j's rounding error e is carried
+     * into the later values (v[k] -= e * fb[j][k]) so the row's error is small
+     * in the attention metric, not per value (FORMAT.md §2.3). */
+    for (int j = 0; j < d; j++) {
+        int g = j / group;
+        float a = meta[2 * g], b = meta[2 * g + 1];
+        int code = a == 0.0f ? (lloyd_max ? 2 : 0) : level_code(lloyd_max, (v[j] - b) / a);
+        codes[j >> 2] |= (uint8_t)(code << (2 * (j & 3)));
+        if (!fb) continue;
+        float e = v[j] - (b + a * (lloyd_max ? k_lm_levels[code] : (float)code));
+        if (e == 0.0f) continue;
+        const float *row = fb + (size_t)j * (size_t)d;
+        for (int k = j + 1; k < d; k++) v[k] = v[k] - e * row[k];
+    }
+}
+
+void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
+                            uint8_t *codes, float *meta) {
+    oscar_ref_quantize_row_fb(d, group, lloyd_max, c, meta_dtype, x, NULL, codes, meta);
 }
 
 void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *codes, const float *meta,

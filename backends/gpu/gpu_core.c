@@ -113,6 +113,12 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: rotations missing (rot_k/rot_v NULL)", nm);
 
+    if (desc->fb_k || desc->fb_v)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "%s plan: these parameters use error-feedback rounding, which this backend's write "
+                                "path does not implement yet; use the cpu backend or calibrate with "
+                                "--rounding nearest",
+                                nm);
     gpu_plan *p = calloc(1, sizeof *p);
     if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
     p->l = *l;

@@ -46,9 +46,9 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 1
+#define OSCAR_BACKEND_ABI_VERSION 2 /* 2: plan descriptor carries error-feedback weights */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
-#define OSCAR_PARAMS_FORMAT_VERSION 1
+#define OSCAR_PARAMS_FORMAT_VERSION 2 /* 2: error-feedback weights (files without them are written as 1) */
 
 /* Returns "MAJOR.MINOR.PATCH"; *major etc. may be NULL. Static string. */
 OSCAR_API const char *oscar_version(int *major, int *minor, int *patch);
@@ -185,6 +185,14 @@ OSCAR_API oscar_status oscar_params_orthogonality_error(const oscar_params *p, i
  * target covariance, or NULL for built-in parameters. */
 OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                                 const double **lambda);
+/* Borrowed pointer to the row-major head_dim x head_dim error-feedback weights
+ * F of the write path (strictly upper triangular: value j's rounding error e
+ * is carried into later values k as x_k -= e * F[j][k], so a row's error is
+ * small in the metric attention feels; docs/FORMAT.md §2.3), or NULL when the
+ * parameters round to nearest (built-in parameters, or calibrated with
+ * rounding = 0). Valid while p lives. */
+OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                             const float **F);
 /* Clip ratio c in (0, 1]: per stored row, values are clipped to +-tau, tau the
  * c-quantile of the row's absolute values. 1 means no clipping. */
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c);

@@ -9,7 +9,7 @@ static int probe_never(int device_index, oscar_errbuf *why) {
 }
 
 static const oscar_backend_api fake_api = {
-    .abi_version = FAKE_ABI,
+    .abi_version = FAKE_ABI ? FAKE_ABI : OSCAR_BACKEND_ABI_VERSION,
     .name = FAKE_NAME,
     .probe = probe_never,
 };
