@@ -84,6 +84,8 @@ struct oscar_calib {
     uint64_t *probe_rng;  /* [L] */
     int64_t *feeds;       /* [2][L] feeds per pass and layer */
     oscar_calib_attn_report *attn; /* [L] after finalize */
+    double *vmetric;      /* [L][hkv][d][d] value-error metrics (oscar_calib_set_value_metric), or NULL */
+    uint8_t *vmetric_set; /* [L][hkv] */
 };
 
 static uint64_t splitmix64(uint64_t *s) {
@@ -112,6 +114,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->recent = 256;
     o->clip_objective = 0;
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
+    o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -143,6 +146,8 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->probe_rng);
     free(c->feeds);
     free(c->attn);
+    free(c->vmetric);
+    free(c->vmetric_set);
     free(c);
 }
 
@@ -198,6 +203,9 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "permutation must be 0 (bit-reversal), 1 (random) or 2 (m-sequence), got %d",
                                o->permutation);
+    if (o->rounding != 0 && o->rounding != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "rounding must be 0 (nearest) or 1 (error feedback), got %d", o->rounding);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -570,7 +578,102 @@ OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int k
     return OSCAR_OK;
 }
 
+OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, int kv_head, const double *M) {
+    oscar_clear_error();
+    if (!c || !M) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_set_value_metric: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)", layer, c->L);
+    if (kv_head < 0 || kv_head >= c->hkv)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "kv_head %d out of range [0, %d)", kv_head, c->hkv);
+    if (c->state == STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE, "oscar_calib_set_value_metric after finalize: set it before");
+    const int d = c->d;
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double a = M[(size_t)i * d + j], b = M[(size_t)j * d + i];
+            if (!isfinite(a) || fabs(a - b) > 1e-6 * (fabs(a) + fabs(b)) + 1e-300 || (i == j && a < 0.0))
+                return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                       "value metric of layer %d head %d: entry (%d, %d) = %g is not finite, not "
+                                       "symmetric or a negative diagonal; pass W_O^T W_O-like PSD matrices",
+                                       layer, kv_head, i, j, a);
+        }
+    if (!c->vmetric) {
+        c->vmetric = calloc((size_t)c->L * (size_t)c->hkv * c->dd, sizeof(double));
+        c->vmetric_set = calloc((size_t)c->L * (size_t)c->hkv, 1);
+        if (!c->vmetric || !c->vmetric_set) {
+            free(c->vmetric);
+            free(c->vmetric_set);
+            c->vmetric = NULL;
+            c->vmetric_set = NULL;
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory storing value metrics");
+        }
+    }
+    size_t slot = (size_t)layer * (size_t)c->hkv + (size_t)kv_head;
+    memcpy(c->vmetric + slot * c->dd, M, c->dd * sizeof(double));
+    c->vmetric_set[slot] = 1;
+    return OSCAR_OK;
+}
+
 /* ------------------------------------------------------------ finalize */
+
+#define FB_DAMP 1e-3   /* relative ridge on the metric: a nearly singular metric stays well posed */
+#define FB_LIMIT 16.0  /* the parameter file's bound on |F| */
+
+/* The value metric of (layer, rotation index r) into M: the head's, or with
+ * one rotation per layer the mean over heads. 0 when not given. */
+static int value_metric(const oscar_calib *c, int layer, int r, double *M) {
+    if (!c->vmetric) return 0;
+    const size_t base = (size_t)layer * (size_t)c->hkv;
+    if (c->o.per_head) {
+        if (!c->vmetric_set[base + (size_t)r]) return 0;
+        memcpy(M, c->vmetric + (base + (size_t)r) * c->dd, c->dd * sizeof(double));
+        return 1;
+    }
+    int n = 0;
+    memset(M, 0, c->dd * sizeof(double));
+    for (int h = 0; h < c->hkv; h++) {
+        if (!c->vmetric_set[base + (size_t)h]) continue;
+        const double *Mh = c->vmetric + (base + (size_t)h) * c->dd;
+        for (size_t i = 0; i < c->dd; i++) M[i] += Mh[i];
+        n++;
+    }
+    for (size_t i = 0; i < c->dd && n; i++) M[i] /= n;
+    return n > 0;
+}
+
+/* Error-feedback weights for metric Ct (rotated space, d x d): with
+ * U^T U = (Ct + damp I)^-1, U upper triangular, F[j][k] = U[j][k] / U[j][j]
+ * for k > j (0 elsewhere). Rounding value j then moves the later values so the
+ * error e minimises e^T Ct e given the earlier choices (the GPTQ/OBQ update).
+ * A zero metric gives F = 0 (nearest). Returns 0, or -1 when LAPACK fails. */
+static int feedback_weights(int d, const double *Ct, double *A, float *F) {
+    const size_t dd = (size_t)d * (size_t)d;
+    double tr = 0.0;
+    for (int i = 0; i < d; i++) tr += Ct[(size_t)i * d + i];
+    memset(F, 0, dd * sizeof(float));
+    if (!(tr > 0.0)) return 0;
+    for (double damp = FB_DAMP; damp <= 1.0; damp *= 10.0) {
+        memcpy(A, Ct, dd * sizeof(double));
+        for (int i = 0; i < d; i++) A[(size_t)i * d + i] += damp * tr / d;
+        if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', d, A, d) || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'U', d, A, d) ||
+            LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', d, A, d))
+            return -1;
+        int ok = 1;
+        for (int j = 0; j < d && ok; j++)
+            for (int k = j + 1; k < d; k++) {
+                double v = A[(size_t)j * d + k] / A[(size_t)j * d + j];
+                if (!(fabs(v) <= FB_LIMIT)) {
+                    ok = 0;
+                    break;
+                }
+                F[(size_t)j * d + k] = (float)v;
+            }
+        if (ok) return 0;
+        memset(F, 0, dd * sizeof(float)); /* more ridge: smaller weights */
+    }
+    return 0; /* nearest for this metric */
+}
+
 
 /* Context of one error evaluation on the held-back rows of a layer. */
 typedef struct eval_ctx {
@@ -578,6 +681,7 @@ typedef struct eval_ctx {
     int layer, which, nrot, lloyd_max;
     const float *const *R; /* [nrot] rotation per rotation index, NULL = identity */
     const double *const *Ct; /* [nrot] metric in rotated space, d x d */
+    const float *const *F;   /* [nrot] error-feedback weights, or NULL: nearest */
     double *e, *f;          /* scratch [CHUNK_ROWS][d] */
     float *xr, *xq, *deq;   /* scratch [d] */
     float *rot_rows;        /* [cap][d] held-back rows rotated by R (computed once per R) */
@@ -640,7 +744,8 @@ static double eval_error(eval_ctx *x, float clip, double *wsum) {
             } else {
                 /* The cache quantizes the bf16-rounded rotated row. */
                 for (int j = 0; j < d; j++) x->xq[j] = oscar_round_to(OSCAR_DTYPE_BF16, x->xr[j]);
-                oscar_ref_quantize_row(d, c->o.group, x->lloyd_max, clip, OSCAR_DTYPE_F16, x->xq, x->codes, x->meta);
+                oscar_ref_quantize_row_fb(d, c->o.group, x->lloyd_max, clip, OSCAR_DTYPE_F16, x->xq,
+                                          x->F ? x->F[r] : NULL, x->codes, x->meta);
                 oscar_ref_dequantize_row(d, c->o.group, x->lloyd_max, x->codes, x->meta, x->deq);
                 for (int j = 0; j < d; j++) e[j] = (double)x->deq[j] - (double)x->xr[j];
             }
@@ -782,15 +887,16 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
 
 /* Quantizes the 2-bit region [sink, t - recent] of every probe's K or V rows
  * with clip ratio `clip`, as the cache does (group, fp16 metadata). */
-static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max) {
+static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max, const float *const *F) {
     const oscar_calib *c = ps->c;
     const int d = c->d;
     for (int i = 0; i < ps->np; i++) {
         const float *src = which == OSCAR_K ? ps->kr[i] : ps->vr[i];
         float *dst = which == OSCAR_K ? ps->kq[i] : ps->vq[i];
+        const float *Fi = F ? F[c->o.per_head ? ps->h[i] : 0] : NULL;
         for (int r = c->o.sink; r <= ps->p[i]->t - c->o.recent; r++) {
-            oscar_ref_quantize_row(d, c->o.group, lloyd_max, clip, OSCAR_DTYPE_F16, src + (size_t)r * (size_t)d,
-                                   ps->codes, ps->meta);
+            oscar_ref_quantize_row_fb(d, c->o.group, lloyd_max, clip, OSCAR_DTYPE_F16, src + (size_t)r * (size_t)d,
+                                      Fi, ps->codes, ps->meta);
             oscar_ref_dequantize_row(d, c->o.group, lloyd_max, ps->codes, ps->meta, dst + (size_t)r * (size_t)d);
         }
     }
@@ -850,7 +956,8 @@ static void rotation_set(const oscar_params *p, int layer, int which, int s, int
  * objective's choice when only the report is wanted).
  * Returns 0, or -1 out of memory; *fitted is 1 when the layer has probes. */
 static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, const float *H, const float **Rk,
-                           const float **Rv, float fix_k, float fix_v, float *clip_k, float *clip_v, int *fitted) {
+                           const float **Rv, const float *const *Fk, const float *const *Fv, float fix_k, float fix_v,
+                           float *clip_k, float *clip_v, int *fitted) {
     probe_set ps;
     *fitted = 0;
     oscar_calib_attn_report *rep = c->attn + layer;
@@ -872,8 +979,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
         probe_set_exact(&ps);
         if (s < 2) {
-            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0);
-            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0);
+            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0, NULL);
+            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0, NULL);
             rep->err_k[s] = probe_set_error(&ps, 1, 0);
             rep->err_v[s] = probe_set_error(&ps, 0, 1);
             rep->err_kv[s] = probe_set_error(&ps, 1, 1);
@@ -881,17 +988,18 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         }
         for (int which = 0; which < 2; which++) {
             float fixed = which == OSCAR_K ? fix_k : fix_v, best_c = fixed > 0.0f ? fixed : 1.0f;
-            probe_set_quantize(&ps, which, best_c, lm);
+            const float *const *Fw = which == OSCAR_K ? Fk : Fv;
+            probe_set_quantize(&ps, which, best_c, lm, Fw);
             double best = probe_set_error(&ps, 1, which == OSCAR_V);
             for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
-                probe_set_quantize(&ps, which, k_clip_grid[gi], lm);
+                probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw);
                 double err = probe_set_error(&ps, 1, which == OSCAR_V);
                 if (err < best) { /* strict: ties keep the milder clip */
                     best = err;
                     best_c = k_clip_grid[gi];
                 }
             }
-            probe_set_quantize(&ps, which, best_c, lm); /* K stays at c_K while V is fitted */
+            probe_set_quantize(&ps, which, best_c, lm, Fw); /* K stays at c_K while V is fitted */
             if (which == OSCAR_K) {
                 *clip_k = best_c;
                 rep->err_k[2] = best;
@@ -946,7 +1054,11 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     const float **Rp = malloc(6 * (size_t)nrot * sizeof(float *));
     const double **Cp = malloc(6 * (size_t)nrot * sizeof(double *));
     const float **Rpr = malloc(2 * (size_t)nrot * sizeof(float *)); /* probe rotation sets (K, V) */
-    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp || !Cp || !Rpr) {
+    const float **Fp = calloc(2 * (size_t)nrot, sizeof(float *));   /* feedback weights (K, V), NULL: nearest */
+    double *Mv = malloc(dd * sizeof(double));
+    if (c->o.rounding) p->fb = calloc((size_t)L * 2 * (size_t)nrot * dd, sizeof(float));
+    if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp ||
+        !Cp || !Rpr || !Fp || !Mv || (c->o.rounding && !p->fb)) {
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory finalizing the calibration");
         goto done;
     }
@@ -993,6 +1105,25 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                 Rpw[1 * nrot + r] = H;
                 Rpw[2 * nrot + r] = R;
                 for (int v = 0; v < 3; v++) Cpw[v * nrot + r] = Ctw + (size_t)(v * nrot + r) * dd;
+                /* Feedback metric: keys the OSCAR metric R^T C_K R; values R^T M R of the
+                 * caller's value metric (none: nearest). */
+                if (!p->fb) continue;
+                const double *Mf = NULL;
+                if (which == OSCAR_K) {
+                    Mf = Ctw + (size_t)(2 * nrot + r) * dd;
+                } else if (value_metric(c, l, r, tmp)) {
+                    rotate_metric(d, tmp, R, Rd, A, Mv);
+                    Mf = Mv;
+                }
+                float *F = oscar_params_fb_ptr(p, l, which, r);
+                if (Mf && feedback_weights(d, Mf, A, F)) {
+                    s = oscar_set_error(OSCAR_ERR_INTERNAL,
+                                        "Cholesky factor of layer %d %c feedback metric failed: report this with the "
+                                        "calibration data",
+                                        l, which ? 'V' : 'K');
+                    goto done;
+                }
+                Fp[(size_t)which * (size_t)nrot + (size_t)r] = Mf ? F : NULL;
             }
         }
         /* Held-back rows: errors of none / Hadamard, and the row objective's
@@ -1022,6 +1153,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
             x.Ct = Cpw + 2 * nrot;
             x.rotated = 0;
             x.lloyd_max = c->o.method == OSCAR_METHOD_OSCAR2_LM;
+            x.F = p->fb ? Fp + (size_t)which * (size_t)nrot : NULL;
             float fixed = which == OSCAR_K ? c->o.clip_k : c->o.clip_v, best_c = fixed > 0.0f ? fixed : 1.0f;
             double best = eval_error(&x, best_c, &wsum);
             for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
@@ -1043,7 +1175,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         const int by_probes = c->o.clip_objective == 0;
         float ck = row_c[0], cv = row_c[1];
         int fitted = 0;
-        if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, by_probes ? c->o.clip_k : row_c[0],
+        if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, p->fb ? Fp : NULL, p->fb ? Fp + nrot : NULL, by_probes ? c->o.clip_k : row_c[0],
                             by_probes ? c->o.clip_v : row_c[1], &ck, &cv, &fitted)) {
             s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
                                 "out of memory evaluating the attention probes of layer %d: feed shorter windows",
@@ -1087,6 +1219,8 @@ done:
     free(Rp);
     free(Cp);
     free(Rpr);
+    free(Fp);
+    free(Mv);
     return s;
 }
 

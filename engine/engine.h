@@ -84,6 +84,10 @@ oscar_status oe_model_load(const char *dir, oe_model **out);
 oscar_status oe_config_load(const char *config_path, oe_config *out);
 void oe_model_free(oe_model *m);
 const oe_config *oe_model_config(const oe_model *m);
+/* The value-error metric of KV head h of a layer for error-feedback rounding:
+ * M = sum over the query heads q reading h of W_O,q^T W_O,q (W_O,q: the
+ * o_proj columns of head q), head_dim x head_dim doubles into M (caller's). */
+oscar_status oe_model_value_metric(const oe_model *m, int layer, int kv_head, double *M);
 
 /* ---------------------------------------------------------------- forward */
 /* Observer: post-RoPE (post q/k-norm) q [n][Hq][d], k [n][Hkv][d],

@@ -281,6 +281,27 @@ void oe_model_free(oe_model *m)
     free(m);
 }
 
+oscar_status oe_model_value_metric(const oe_model *m, int layer, int kv_head, double *M) {
+    if (!m || !M) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_model_value_metric: NULL argument");
+    const oe_config *c = &m->cfg;
+    if (layer < 0 || layer >= c->num_layers || kv_head < 0 || kv_head >= c->num_kv_heads)
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_model_value_metric: layer %d / kv head %d out of range", layer,
+                       kv_head);
+    const int d = c->head_dim, g = c->num_q_heads / c->num_kv_heads, ld = c->num_q_heads * d;
+    const float *wo = m->layers[layer].wo; /* [hidden][Hq d] */
+    for (int i = 0; i < d * d; i++) M[i] = 0.0;
+    for (int q = kv_head * g; q < (kv_head + 1) * g; q++)
+        for (int r = 0; r < c->hidden; r++) {
+            const float *row = wo + (size_t)r * (size_t)ld + (size_t)q * (size_t)d;
+            for (int i = 0; i < d; i++) {
+                double a = row[i];
+                if (a == 0.0) continue;
+                for (int j = 0; j < d; j++) M[(size_t)i * d + j] += a * row[j];
+            }
+        }
+    return OSCAR_OK;
+}
+
 const oe_config *oe_model_config(const oe_model *m) { return m ? &m->cfg : NULL; }
 
 oscar_status oe_model_load(const char *dir, oe_model **out)

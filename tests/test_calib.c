@@ -821,3 +821,121 @@ Test(calib, probes_keep_large_scores) {
     }
     for (int l = 0; l < L; l++) synth_free(&s[l]);
 }
+
+/* ------------------------------------------------- error-feedback rounding */
+
+/* Mean e^T Ct e of fresh rows quantized at clip 1, Ct = R^T C R. */
+static double metric_error(int d, const float *R, const double *C, const float *F, const float *rows, int n) {
+    double *Ct = calloc((size_t)d * d, sizeof(double)), *tmp = calloc((size_t)d * d, sizeof(double));
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double a = 0;
+            for (int k = 0; k < d; k++) a += C[(size_t)i * d + k] * R[(size_t)k * d + j];
+            tmp[(size_t)i * d + j] = a;
+        }
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double a = 0;
+            for (int k = 0; k < d; k++) a += (double)R[(size_t)k * d + i] * tmp[(size_t)k * d + j];
+            Ct[(size_t)i * d + j] = a;
+        }
+    float xr[256], xq[256], deq[256], meta[16];
+    uint8_t codes[64];
+    double total = 0;
+    for (int t = 0; t < n; t++) {
+        oscar_ref_rotate(d, rows + (size_t)t * d, R, xr);
+        for (int j = 0; j < d; j++) xq[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
+        oscar_ref_quantize_row_fb(d, d, 0, 1.0f, OSCAR_DTYPE_F16, xq, F, codes, meta);
+        oscar_ref_dequantize_row(d, d, 0, codes, meta, deq);
+        double e[256], s = 0;
+        for (int j = 0; j < d; j++) e[j] = (double)deq[j] - xr[j];
+        for (int i = 0; i < d; i++)
+            for (int j = 0; j < d; j++) s += e[i] * Ct[(size_t)i * d + j] * e[j];
+        total += s;
+    }
+    free(Ct);
+    free(tmp);
+    return total / n;
+}
+
+Test(calib, feedback_weights) {
+    const int d = 128, hq = 4, hkv = 2, n = 2500, L = 1;
+    synth s[1], fresh;
+    synth_make(&s[0], n, hq, hkv, d, 0);
+    synth_make(&fresh, 300, hq, hkv, d, 0);
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, L, hq, hkv, d);
+    cr_assert_eq(o.rounding, 1, "error feedback is the default");
+    oscar_calib *c1, *c0;
+    /* Value metric: an anisotropic PSD matrix (a stand-in for W_O^T W_O). */
+    double *M = calloc((size_t)d * d, sizeof(double));
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) M[(size_t)i * d + j] = (i == j ? 1.0 : 0.0) + 0.5 * cos(0.1 * i) * cos(0.1 * j);
+    cr_assert_eq(oscar_calib_create(&o, &c1), OSCAR_OK, "%s", oscar_last_error());
+    for (int h = 0; h < hkv; h++) cr_assert_eq(oscar_calib_set_value_metric(c1, 0, h, M), OSCAR_OK, "%s", oscar_last_error());
+    /* Bad metrics are refused by name. */
+    M[5] += 1.0;
+    cr_assert_eq(oscar_calib_set_value_metric(c1, 0, 0, M), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "symmetric") != NULL, "%s", oscar_last_error());
+    M[5] -= 1.0;
+    cr_assert_eq(oscar_calib_set_value_metric(c1, 1, 0, M), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_set_value_metric(c1, 0, hkv, M), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_set_value_metric(c1, 0, 0, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_begin_pass(c1, 0), OSCAR_OK);
+    feed_pass(c1, 0, &s[0], 0, OSCAR_DTYPE_F32, s[0].q, s[0].k, s[0].v);
+    cr_assert_eq(oscar_calib_begin_pass(c1, 1), OSCAR_OK);
+    feed_pass(c1, 0, &s[0], 1, OSCAR_DTYPE_F32, s[0].q, s[0].k, s[0].v);
+    oscar_params *p1 = NULL;
+    cr_assert_eq(oscar_calib_finalize(c1, &p1), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_calib_set_value_metric(c1, 0, 0, M), OSCAR_ERR_STATE);
+    o.rounding = 0;
+    oscar_params *p0 = calibrate(&o, s, &c0);
+    const float *F0 = (const float *)1, *FK, *FV;
+    cr_assert_eq(oscar_params_feedback(p0, 0, 0, OSCAR_K, &F0), OSCAR_OK);
+    cr_assert_null(F0, "rounding 0 writes no feedback weights");
+    cr_assert_eq(oscar_params_feedback(p1, 0, 0, OSCAR_K, &FK), OSCAR_OK);
+    cr_assert_eq(oscar_params_feedback(p1, 0, 0, OSCAR_V, &FV), OSCAR_OK);
+    cr_assert_not_null(FK);
+    cr_assert_not_null(FV);
+    int nz_k = 0, nz_v = 0;
+    for (int j = 0; j < d; j++)
+        for (int k = 0; k < d; k++) {
+            float fk = FK[(size_t)j * d + k], fv = FV[(size_t)j * d + k];
+            cr_assert(isfinite(fk) && fabsf(fk) <= 16.0f && isfinite(fv) && fabsf(fv) <= 16.0f);
+            if (k <= j) cr_assert(fk == 0.0f && fv == 0.0f, "weight (%d, %d) on/below the diagonal", j, k);
+            nz_k += fk != 0.0f;
+            nz_v += fv != 0.0f;
+        }
+    cr_assert_gt(nz_k, d * (d - 1) / 4, "key weights mostly zero");
+    cr_assert_gt(nz_v, d * (d - 1) / 4, "value weights mostly zero although a metric was given");
+    /* What the weights are for: fresh keys' error in the attention metric. */
+    double *CK = malloc(sizeof(double) * (size_t)d * d);
+    cr_assert_eq(oscar_calib_target(c1, 0, 0, OSCAR_K, CK), OSCAR_OK);
+    const float *R;
+    cr_assert_eq(oscar_params_rotation(p1, 0, 0, OSCAR_K, &R), OSCAR_OK);
+    float *rows = malloc(sizeof(float) * 300 * (size_t)d);
+    for (int t = 0; t < 300; t++) memcpy(rows + (size_t)t * d, fresh.k + (size_t)t * hkv * d, sizeof(float) * (size_t)d);
+    double e_near = metric_error(d, R, CK, NULL, rows, 300), e_fb = metric_error(d, R, CK, FK, rows, 300);
+    cr_assert_lt(e_fb, 0.85 * e_near, "feedback %g vs nearest %g (seed %llu)", e_fb, e_near, (unsigned long long)g_seed);
+    /* Without a value metric the values round to nearest (all-zero weights). */
+    oscar_calib *c2;
+    o.rounding = 1;
+    oscar_params *p2 = calibrate(&o, s, &c2);
+    cr_assert_eq(oscar_params_feedback(p2, 0, 0, OSCAR_V, &FV), OSCAR_OK);
+    for (int i = 0; i < d * d; i++) cr_assert(FV[i] == 0.0f);
+    o.rounding = 2;
+    oscar_calib *bad = (oscar_calib *)1;
+    cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "rounding") != NULL, "%s", oscar_last_error());
+    free(rows);
+    free(CK);
+    free(M);
+    oscar_params_destroy(p0);
+    oscar_params_destroy(p1);
+    oscar_params_destroy(p2);
+    oscar_calib_destroy(c0);
+    oscar_calib_destroy(c1);
+    oscar_calib_destroy(c2);
+    synth_free(&s[0]);
+    synth_free(&fresh);
+}

@@ -643,3 +643,130 @@ Test(params, fuzz_corpus_replay) {
     cr_assert_geq(files, 5);
     cr_assert_geq(valid, 2);
 }
+
+/* ------------------------------------------------- error-feedback weights */
+
+static void random_fb(oscar_params *p) {
+    size_t d = (size_t)p->head_dim, n = (size_t)p->num_layers * 2 * (size_t)p->num_rot;
+    p->fb = calloc(n * d * d, sizeof(float));
+    cr_assert_not_null(p->fb);
+    for (size_t m = 0; m < n; m++)
+        for (size_t j = 0; j < d; j++)
+            for (size_t k = j + 1; k < d; k++) p->fb[(m * d + j) * d + k] = (float)(0.6 * urand() - 0.3);
+}
+
+static int64_t file_format_version(const char *path) {
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    uint64_t hn;
+    memcpy(&hn, b, 8);
+    json_error_t err;
+    json_t *hdr = json_loadb((const char *)b + 8, hn, 0, &err);
+    json_t *meta = json_loads(json_string_value(json_object_get(json_object_get(hdr, "__metadata__"), "oscar")), 0, &err);
+    int64_t v = json_integer_value(json_object_get(meta, "format_version"));
+    json_decref(meta);
+    json_decref(hdr);
+    free(b);
+    return v;
+}
+
+Test(params, feedback_round_trip_and_version, .init = mk_dir, .fini = rm_dir) {
+    seed_init();
+    const int shapes[][5] = {{2, 8, 2, 128, 0}, {2, 8, 4, 64, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        oscar_params *p = random_params(shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], shapes[s][4], 1);
+        char path[400];
+        snprintf(path, sizeof path, "%s/plain%zu.safetensors", g_dir, s);
+        cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(file_format_version(path), 1, "files without feedback stay readable by version-1 loaders");
+        random_fb(p);
+        snprintf(path, sizeof path, "%s/fb%zu.safetensors", g_dir, s);
+        cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(file_format_version(path), 2);
+        oscar_params *q = NULL;
+        cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+        assert_same(p, q);
+        size_t d = (size_t)p->head_dim, n = (size_t)p->num_layers * 2 * (size_t)p->num_rot * d * d;
+        cr_assert_not_null(q->fb);
+        cr_assert_eq(memcmp(p->fb, q->fb, n * sizeof(float)), 0, "feedback weights differ (seed %llu)",
+                     (unsigned long long)g_seed);
+        /* The accessor hands out the (layer, head) slice. */
+        const float *F = NULL;
+        int last = p->per_head ? p->num_kv_heads - 1 : 0;
+        cr_assert_eq(oscar_params_feedback(q, 1, last, OSCAR_V, &F), OSCAR_OK);
+        cr_assert_eq(F, oscar_params_fb_ptr(q, 1, OSCAR_V, last));
+        cr_assert_eq(oscar_params_feedback(q, 2, 0, OSCAR_K, &F), OSCAR_ERR_INVALID_ARGUMENT);
+        oscar_params_destroy(p);
+        oscar_params_destroy(q);
+    }
+    oscar_params *b = NULL;
+    const float *F = (const float *)1;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 1, 2, 1, 64, &b), OSCAR_OK);
+    cr_assert_eq(oscar_params_feedback(b, 0, 0, OSCAR_K, &F), OSCAR_OK);
+    cr_assert_null(F, "built-in parameters round to nearest");
+    oscar_params_destroy(b);
+}
+
+static void valid_fb_file(void) {
+    seed_init();
+    mk_dir();
+    oscar_params *p = random_params(2, 4, 2, 64, 0, 1);
+    random_fb(p);
+    char path[400];
+    snprintf(path, sizeof path, "%s/valid_fb.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
+    oscar_params_destroy(p);
+    g_file = read_file(path, &g_size);
+}
+static float g_fb_value;
+static int g_fb_index;
+static void m_fb_value(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)n;
+    memcpy(d + tensor_begin(h, "layers.1.fb_v") + 4 * (size_t)g_fb_index, &g_fb_value, 4);
+}
+static void m_fb_v1(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "format_version", json_integer(1));
+}
+static void m_fb_missing(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_del(h, "layers.1.fb_k");
+}
+static void m_fb_dtype(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "layers.0.fb_v"), "dtype", json_string("F64"));
+}
+
+Test(params, feedback_corrupt_files_refused, .init = valid_fb_file, .fini = free_file) {
+    char msg[512];
+    cr_assert_eq(load_mutated(m_none, msg, sizeof msg), OSCAR_OK, "%s", msg);
+    struct {
+        mutator fn;
+        const char *needle;
+    } cases[] = {
+        {m_fb_v1, "format_version 2"},
+        {m_fb_missing, "layers.1.fb_k"},
+        {m_fb_dtype, "layers.0.fb_v"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(load_mutated(cases[i].fn, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "case %zu: %s", i, msg);
+        cr_assert(strstr(msg, cases[i].needle) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i, msg,
+                  cases[i].needle);
+    }
+    /* Values: (row, column) of a 64 x 64 matrix. */
+    struct {
+        int j, k;
+        float v;
+    } bad[] = {{3, 3, 0.5f}, {10, 2, -0.1f}, {0, 5, 16.5f}, {7, 40, NAN}, {7, 41, -INFINITY}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g_fb_index = bad[i].j * 64 + bad[i].k;
+        g_fb_value = bad[i].v;
+        cr_assert_eq(load_mutated(m_fb_value, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "entry (%d, %d) = %g: %s",
+                     bad[i].j, bad[i].k, (double)bad[i].v, msg);
+        cr_assert(strstr(msg, "layers.1.fb_v") != NULL, "%s", msg);
+    }
+    /* A large but allowed weight above the diagonal loads. */
+    g_fb_index = 5;
+    g_fb_value = -16.0f;
+    cr_assert_eq(load_mutated(m_fb_value, msg, sizeof msg), OSCAR_OK, "%s", msg);
+}

@@ -37,6 +37,9 @@ static void usage(FILE *fp) {
             "  --permutation bitrev|random|spread  placement of the eigen-directions in R = U.H.P\n"
             "                   (default spread, the m-sequence order; bitrev is the published one;\n"
             "                   docs/eval/permutation.md)\n"
+            "  --rounding feedback|nearest  write-path rounding the parameters ask for (default\n"
+            "                   feedback: rounding errors carried along the row in the attention\n"
+            "                   metric, docs/eval/feedback.md; nearest is the published rule)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
@@ -121,6 +124,14 @@ int main(int argc, char **argv) {
             else if (!strcmp(pm, "spread")) o.permutation = 2;
             else {
                 fprintf(stderr, "oscar-calibrate: --permutation wants 'bitrev', 'random' or 'spread', got '%s'\n", pm);
+                return 2;
+            }
+        } else if (!strcmp(a, "--rounding") && has) {
+            const char *rm = argv[++i];
+            if (!strcmp(rm, "nearest")) o.rounding = 0;
+            else if (!strcmp(rm, "feedback")) o.rounding = 1;
+            else {
+                fprintf(stderr, "oscar-calibrate: --rounding wants 'nearest' or 'feedback', got '%s'\n", rm);
                 return 2;
             }
         } else if (!strcmp(a, "--sink") && has) {

@@ -27,6 +27,7 @@ typedef struct ocal_options {
     int sink, recent;        /* cache layout the clips are fitted for (0: the core's defaults 64, 256; sink < 0: none) */
     int clip_objective;      /* 0: attention probes (default), 1: held-back rows */
     int permutation;         /* oscar_calib_options.permutation; -1 (default): the library's (m-sequence) */
+    int rounding;            /* oscar_calib_options.rounding; -1 (default): the library's (error feedback) */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

@@ -37,6 +37,7 @@ void ocal_options_default(ocal_options *o) {
     o->max_tokens = 65536;
     o->pass1 = OCAL_PASS1_AUTO;
     o->permutation = -1;
+    o->rounding = -1;
 }
 
 void ocal_model_hash(const oe_config *cf, char *out) {
@@ -146,10 +147,26 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->recent > 0) co.recent = o->recent;
     co.clip_objective = o->clip_objective;
     if (o->permutation >= 0) co.permutation = o->permutation;
+    if (o->rounding >= 0) co.rounding = o->rounding;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
     if (s) return fail(s, err, err_len, "%s", oscar_last_error());
+    if (co.rounding) {
+        /* Value errors are weighed by what the output projection makes of them. */
+        double *M = malloc((size_t)cf->head_dim * (size_t)cf->head_dim * sizeof(double));
+        const char *why = M ? NULL : "out of memory";
+        for (int l = 0; !why && l < cf->num_layers; l++)
+            for (int h = 0; !why && h < cf->num_kv_heads; h++) {
+                if ((s = oe_model_value_metric(m, l, h, M))) why = oe_last_error();
+                else if ((s = oscar_calib_set_value_metric(calib, l, h, M))) why = oscar_last_error();
+            }
+        free(M);
+        if (why) {
+            oscar_calib_destroy(calib);
+            return fail(s ? s : OSCAR_ERR_OUT_OF_MEMORY, err, err_len, "value metric: %s", why);
+        }
+    }
 
     feed_state f = {.calib = calib, .L = cf->num_layers, .hkv = cf->num_kv_heads, .d = cf->head_dim, .n = n};
     size_t cache_bytes = (size_t)nw * (size_t)cf->num_layers * 2 * (size_t)n * (size_t)cf->num_kv_heads *

@@ -232,6 +232,12 @@ typedef struct oscar_calib_options {
                                    permutation; 2 (default): m-sequence order, whose top
                                    positions are not XOR-closed (docs/eval/permutation.md).
                                    The file format is the same for all. */
+    int32_t rounding;           /* write-path rounding the parameters ask for: 1 (default): error
+                                   feedback, each value's rounding error carried into later values
+                                   so the row's error is small in the metric attention feels
+                                   (keys: R^T C_K R; values: R^T M R with M from
+                                   oscar_calib_set_value_metric, else nearest); clips are fitted
+                                   for it. 0: nearest (published). docs/FORMAT.md §2.3 */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -256,6 +262,14 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * feed with the same per-layer index in pass 1). */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
+/* Optional metric of value errors for error-feedback rounding: a head_dim x
+ * head_dim symmetric PSD matrix M (row-major, doubles, copied) such that a
+ * value error e (original space) costs e^T M e downstream, e.g. the sum over
+ * the query heads reading KV head kv_head of W_O,q^T W_O,q (W_O,q: the
+ * output projection's columns of query head q). Without it values round to
+ * nearest. Call any time before finalize; with per_head == 0 the heads'
+ * metrics are averaged (give all heads of a layer or none). */
+OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, int kv_head, const double *M);
 /* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
  * after the passes that define them: C_K after pass 0, C_V after pass 1.
  * out is head_dim*head_dim doubles, row-major, caller-owned. */
