@@ -134,6 +134,7 @@ typedef struct env {
     oscar_layout_desc l;
     int num_rot, identity;
     float *rot_k, *rot_v;
+    float *fb_k, *fb_v; /* [LAYERS][num_rot][d][d] error-feedback weights, NULL: nearest */
     float clip_k[LAYERS], clip_v[LAYERS];
     uint64_t cpu_ws[OSCAR_WORKSPACE_HEADER / 8];
     void *g_ws;
@@ -145,21 +146,45 @@ typedef struct env {
     char variant[128];
 } env;
 
-/* Returns 0 if the backend does not build this variant (skipped with a note). */
-static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int max_seqs, int max_len) {
+/* Error-feedback weights as calibration makes them (normalised upper
+ * Cholesky factor of a metric's inverse), from a different random
+ * anisotropic metric for every (layer, K/V, rotation index), so a wrong
+ * layer, kind or head offset shows. */
+static float *random_feedback(rc_rng *r, int num_rot, int d) {
+    size_t dd = (size_t)d * d, n = (size_t)LAYERS * num_rot;
+    float *F = malloc(n * dd * sizeof *F);
+    double *C = malloc(dd * sizeof *C);
+    for (size_t i = 0; i < n; i++) {
+        rc_random_metric(r, d, 1e3, C);
+        double mx = rc_feedback_weights(d, C, 1e-3, F + i * dd);
+        cr_assert(mx > 0.0 && mx <= 16.0, "feedback weights: max |F| %g", mx);
+    }
+    free(C);
+    return F;
+}
+
+/* Returns 0 if the backend does not build this variant (skipped with a note).
+ * fb: give both backends error-feedback weights. */
+static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int max_seqs, int max_len, int fb) {
     memset(e, 0, sizeof *e);
     e->g = g;
     e->cpu = oscar_cpu_backend();
     rc_plan_setup(c, LAYERS, r, &e->l, &e->num_rot, &e->identity, &e->rot_k, &e->rot_v, e->clip_k, e->clip_v);
+    if (fb) {
+        e->fb_k = random_feedback(r, e->num_rot, c->d);
+        e->fb_v = random_feedback(r, e->num_rot, c->d);
+    }
     oscar_errbuf err = {{0}};
     oscar_backend_plan_desc pd = {.layout = e->l, .num_layers = LAYERS, .num_rot = e->num_rot,
                                   .identity_rotation = e->identity, .rot_k = e->rot_k, .rot_v = e->rot_v,
-                                  .clip_k = e->clip_k, .clip_v = e->clip_v};
+                                  .clip_k = e->clip_k, .clip_v = e->clip_v, .fb_k = e->fb_k, .fb_v = e->fb_v};
     oscar_status s = g->api->plan_create(g->ctx, &pd, &e->g_plan, e->variant, sizeof e->variant, &err);
     if (s == OSCAR_ERR_UNSUPPORTED) {
         fprintf(stderr, "%s: variant not built, skipped: %s\n", g->api->name, err.msg);
         free(e->rot_k);
         free(e->rot_v);
+        free(e->fb_k);
+        free(e->fb_v);
         return 0;
     }
     cr_assert_eq(s, OSCAR_OK, "seed %llu: %s plan_create: %s", (unsigned long long)seed, g->api->name, err.msg);
@@ -195,10 +220,16 @@ static void env_free(env *e) {
     free(e->h_windows);
     free(e->rot_k);
     free(e->rot_v);
+    free(e->fb_k);
+    free(e->fb_v);
 }
 
 static const float *layer_rot(const env *e, int kv) {
     const float *b = kv ? e->rot_v : e->rot_k;
+    return b ? b + (size_t)LAYER * e->num_rot * e->l.head_dim * e->l.head_dim : NULL;
+}
+static const float *layer_fb(const env *e, int kv) {
+    const float *b = kv ? e->fb_v : e->fb_k;
     return b ? b + (size_t)LAYER * e->num_rot * e->l.head_dim * e->l.head_dim : NULL;
 }
 
@@ -387,7 +418,29 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
 
 enum { TOKENS = 0, CHUNKS = 1, PREFILL = 2 };
 
-static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens, int mode) {
+/* With feedback weights the reference's codes must differ from nearest
+ * rounding's on most 2-bit rows, or matching them would prove nothing. */
+static void check_feedback_matters(const env *e, const rc_seq_ref *refs, int nseq, uint64_t seed) {
+    int d = e->l.head_dim, G = e->l.group, lm = e->l.method == OSCAR_METHOD_OSCAR2_LM;
+    size_t rows = 0, changed = 0;
+    uint8_t codes[64];
+    float meta[16];
+    for (int i = 0; i < nseq; i++)
+        for (int p = e->l.sink; p < refs[i].Lmax; p++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < refs[i].H; h++) {
+                    size_t row = (size_t)p * refs[i].H + h;
+                    oscar_ref_quantize_row(d, G, lm, refs[i].clip[kv], e->l.meta_dtype, refs[i].rot[kv] + row * d,
+                                           codes, meta);
+                    changed += memcmp(codes, refs[i].codes[kv] + row * d / 4, (size_t)d / 4) != 0;
+                    rows++;
+                }
+    if (rows) fprintf(stderr, "feedback changed the codes of %zu of %zu rows\n", changed, rows);
+    cr_assert_geq(changed * 4, rows * 3, "seed %llu: feedback changed the codes of only %zu of %zu rows",
+                  (unsigned long long)seed, changed, rows);
+}
+
+static void run_scenario_fb(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb) {
     cr_assert(nseq >= 1 && nseq <= 64);
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
@@ -395,7 +448,7 @@ static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens,
     int maxlen = 1;
     for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
     env e;
-    if (!env_init(&e, g, c, &r, seed, nseq, maxlen)) return;
+    if (!env_init(&e, g, c, &r, seed, nseq, maxlen, fb)) return;
     size_t H = (size_t)c->H, d = (size_t)c->d;
     float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
     rc_seq_ref *refs = calloc((size_t)nseq, sizeof *refs);
@@ -407,10 +460,12 @@ static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens,
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
         rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
-        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
-                                      e.clip_v[LAYER], final_lens[i], K[i], V[i], &refs[i]),
+        cr_assert_eq(rc_seq_ref_build_fb(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), layer_fb(&e, 0), layer_fb(&e, 1),
+                                         e.num_rot, e.clip_k[LAYER], e.clip_v[LAYER], final_lens[i], K[i], V[i],
+                                         &refs[i]),
                      0);
     }
+    if (fb) check_feedback_matters(&e, refs, nseq, seed);
     rc_paged b;
     cr_assert_eq(rc_paged_init(&r, &e.l, nseq, maxl, 3, &b), 0);
     env_bind_pools(&e, &b);
@@ -448,6 +503,10 @@ static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens,
     free(n);
     rc_paged_free(&b);
     env_free(&e);
+}
+
+static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens, int mode) {
+    run_scenario_fb(g, c, nseq, final_lens, mode, 0);
 }
 
 static int boundary_lens(const cfg *c, int *out) {
@@ -518,6 +577,35 @@ Test(conformance, large_shapes_long_prefill_splits, .timeout = 600) {
     });
 }
 
+/* Error-feedback rounding (parameters with fb_k/fb_v): the append kernels
+ * must carry each value's rounding error into the later values exactly as
+ * the reference does, so codes match it like nearest rounding's do (a
+ * boundary case ends the row's comparison: refcheck.h). Per-head and shared
+ * rotations, groups 32/64/128, uniform and Lloyd-Max levels, f16/f32
+ * metadata, pages 16-64; demotion from the recent window (small W, token by
+ * token) and direct stores (prefill, chunks). */
+Test(conformance, error_feedback_rounding, .timeout = 900) {
+    cfg c = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c2 = {128, 64, 32, 3, 5, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
+    cfg c3 = {128, 128, 64, 64, 256, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c4 = {256, 128, 16, 4, 32, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c5 = {128, 32, 32, 3, 29, 4, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    FOR_EACH_BACKEND(g, {
+        int lens[16];
+        int n = boundary_lens(&c, lens);
+        run_scenario_fb(&g, &c, n, lens, TOKENS, 1);
+        run_scenario_fb(&g, &c, n, lens, CHUNKS, 1);
+        int l2[] = {1, 3, 9, 31, 40, 77};
+        run_scenario_fb(&g, &c2, 6, l2, CHUNKS, 1);
+        int l3[] = {1, 63, 320, 321, 449};
+        run_scenario_fb(&g, &c3, 5, l3, PREFILL, 1);
+        int l4[] = {5, 36, 37, 90};
+        run_scenario_fb(&g, &c4, 4, l4, CHUNKS, 1);
+        int l5[] = {1, 32, 33, 100, 170};
+        run_scenario_fb(&g, &c5, 5, l5, TOKENS, 1);
+    });
+}
+
 /* ---------------------------------------------------------- device flags */
 /* The Qwen3-8B / Llama-3-8B attention shape (d 128, GQA 4), which the CUDA
  * plugin decodes on the int8 tensor cores (templates/decode_mma.jinja): groups
@@ -545,7 +633,7 @@ static void flag_case(plug *g, oscar_method m) {
     rc_rng_seed(&r, seed);
     cfg c = {64, 32, 16, 4, 8, 8, 2, m, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
     env e;
-    if (!env_init(&e, g, &c, &r, seed, 2, 200)) return;
+    if (!env_init(&e, g, &c, &r, seed, 2, 200, 0)) return;
     int32_t maxl[2] = {100, 100};
     rc_paged b;
     cr_assert_eq(rc_paged_init(&r, &e.l, 2, maxl, 3, &b), 0);

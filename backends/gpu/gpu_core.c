@@ -12,6 +12,7 @@ typedef struct gpu_plan {
     int num_layers, num_rot, identity, quantized, lm, S0, W, lp, gqa;
     size_t page_bytes, slot_bytes, kc, vc, km, vm;
     void *rot_k, *rot_v, *rot_vt; /* device fp32 [layers][num_rot][d][d]; rot_vt transposed; NULL if identity */
+    void *fb_k, *fb_v; /* device fp32 error-feedback weights, same layout; NULL: round to nearest */
     float *clip_k, *clip_v;       /* host, per layer */
     gpu_kernels k;
 } gpu_plan;
@@ -72,6 +73,8 @@ static void plan_free(void *ctx, gpu_plan *p) {
     if (p->rot_k) V(ctx)->free(ctx, p->rot_k);
     if (p->rot_v) V(ctx)->free(ctx, p->rot_v);
     if (p->rot_vt) V(ctx)->free(ctx, p->rot_vt);
+    if (p->fb_k) V(ctx)->free(ctx, p->fb_k);
+    if (p->fb_v) V(ctx)->free(ctx, p->fb_v);
     if (p->k.owner || p->k.decode) V(ctx)->release(ctx, &p->k);
     free(p->clip_k);
     free(p->clip_v);
@@ -113,12 +116,6 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: rotations missing (rot_k/rot_v NULL)", nm);
 
-    if (desc->fb_k || desc->fb_v)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "%s plan: these parameters use error-feedback rounding, which this backend's write "
-                                "path does not implement yet; use the cpu backend or calibrate with "
-                                "--rounding nearest",
-                                nm);
     gpu_plan *p = calloc(1, sizeof *p);
     if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
     p->l = *l;
@@ -190,6 +187,18 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
             return st;
         }
         free(t);
+    }
+    /* Error-feedback weights: used when both are given, as the CPU backend
+     * does; only the 2-bit methods quantize. */
+    if (p->quantized && desc->fb_k && desc->fb_v) {
+        size_t bytes = nl * (size_t)desc->num_rot * D * D * sizeof(float);
+        if ((st = V(ctx)->alloc(ctx, bytes, &p->fb_k, err)) || (st = V(ctx)->alloc(ctx, bytes, &p->fb_v, err)) ||
+            (st = V(ctx)->write(ctx, p->fb_k, 0, desc->fb_k, bytes, NULL, err)) ||
+            (st = V(ctx)->write(ctx, p->fb_v, 0, desc->fb_v, bytes, NULL, err)) ||
+            (st = V(ctx)->sync(ctx, NULL, err))) {
+            plan_free(ctx, p);
+            return st;
+        }
     }
     if ((st = V(ctx)->select(ctx, &p->l, &p->k, err))) {
         plan_free(ctx, p);
@@ -322,10 +331,12 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     void *pages = a->cache.pages, *windows = a->cache.windows, *ws = a->workspace;
     const void *bt = b->block_table, *lens = b->seq_lens, *slots = b->window_slots, *cu = a->cu_new, *k = a->k,
                *v = a->v;
-    void *rk = p->rot_k, *rv = p->rot_v;
+    void *rk = p->rot_k, *rv = p->rot_v, *fk = p->fb_k, *fv = p->fb_v;
+    int fb_on = fk != NULL;
     if (p->quantized && W > 0) {
         gpu_arg da[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
-                        {&slots, sizeof slots}, {&cu, sizeof cu}, {&ws, sizeof ws}, {&ck, 4}, {&cv, 4}, {&lm, 4},
+                        {&slots, sizeof slots}, {&cu, sizeof cu}, {&ws, sizeof ws}, {&fk, sizeof fk},
+                        {&fv, sizeof fv}, {&rot_off, 8}, {&num_rot, 4}, {&fb_on, 4}, {&ck, 4}, {&cv, 4}, {&lm, 4},
                         {&num_pages, 4}, {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                         {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
         /* Blocks per (row kind, head, sequence); each walks rows x, x + gx, ...
@@ -343,7 +354,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     gpu_arg sa[] = {{&k, sizeof k}, {&v, sizeof v}, {&kv_stride, 8}, {&pages, sizeof pages},
                     {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens}, {&slots, sizeof slots},
                     {&cu, sizeof cu}, {&nseq, 4}, {&ws, sizeof ws}, {&rk, sizeof rk}, {&rv, sizeof rv},
-                    {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&ck, 4}, {&cv, 4}, {&lm, 4}, {&num_pages, 4},
+                    {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&fk, sizeof fk}, {&fv, sizeof fv},
+                    {&fb_on, 4}, {&ck, 4}, {&cv, 4}, {&lm, 4}, {&num_pages, 4},
                     {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4}, {&max_len, 4},
                     {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
     return V(ctx)->launch(ctx, p->k.store, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, sa,

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 /* ---------------------------------------------------------------- random */
@@ -97,10 +98,22 @@ int rc_region(const oscar_layout_desc *l, int p, int L) {
     return RC_RECENT;
 }
 
+/* Feedback weights of kv head h, or NULL. */
+static const float *rc_row_fb(const rc_seq_ref *s, int kv, int h) {
+    return s->fb[kv] ? s->fb[kv] + (size_t)(s->num_rot == 1 ? 0 : h) * (size_t)s->d * (size_t)s->d : NULL;
+}
+
 int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot, float clip_k,
                      float clip_v, int Lmax, const float *k, const float *v, rc_seq_ref *s) {
+    return rc_seq_ref_build_fb(l, rot_k, rot_v, NULL, NULL, num_rot, clip_k, clip_v, Lmax, k, v, s);
+}
+
+int rc_seq_ref_build_fb(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, const float *fb_k,
+                        const float *fb_v, int num_rot, float clip_k, float clip_v, int Lmax, const float *k,
+                        const float *v, rc_seq_ref *s) {
     memset(s, 0, sizeof *s);
     s->l = *l;
+    s->num_rot = num_rot;
     s->Lmax = Lmax;
     s->H = l->num_kv_heads;
     s->d = l->head_dim;
@@ -116,6 +129,12 @@ int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float
         s->codes[kv] = calloc(rows * d / 4, 1);
         s->meta[kv] = calloc(rows * s->ng * 2, sizeof(float));
         if (!s->rot[kv] || !s->deq[kv] || !s->codes[kv] || !s->meta[kv]) return -1;
+        const float *F0 = kv ? fb_v : fb_k;
+        if (F0) {
+            size_t n = (size_t)num_rot * (size_t)l->head_dim * (size_t)l->head_dim;
+            if (!(s->fb[kv] = malloc(n * sizeof(float)))) return -1;
+            memcpy(s->fb[kv], F0, n * sizeof(float));
+        }
         const float *src = kv ? v : k, *R0 = kv ? rot_v : rot_k;
         for (size_t row = 0; row < rows; row++) {
             int p = (int)(row / H), h = (int)(row % H);
@@ -124,8 +143,8 @@ int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float
             oscar_ref_rotate(d, src + row * d, R, xr);
             for (int j = 0; j < d; j++) xr[j] = oscar_round_to(l->kv_dtype, xr[j]);
             if (l->method != OSCAR_METHOD_BF16 && p >= l->sink) {
-                oscar_ref_quantize_row(d, l->group, lm, s->clip[kv], l->meta_dtype, xr, s->codes[kv] + row * d / 4,
-                                       s->meta[kv] + row * s->ng * 2);
+                oscar_ref_quantize_row_fb(d, l->group, lm, s->clip[kv], l->meta_dtype, xr, rc_row_fb(s, kv, h),
+                                          s->codes[kv] + row * d / 4, s->meta[kv] + row * s->ng * 2);
                 oscar_ref_dequantize_row(d, l->group, lm, s->codes[kv] + row * d / 4, s->meta[kv] + row * s->ng * 2,
                                          s->deq[kv] + row * d);
             } else {
@@ -141,6 +160,7 @@ void rc_seq_ref_free(rc_seq_ref *s) {
         free(s->deq[kv]);
         free(s->codes[kv]);
         free(s->meta[kv]);
+        free(s->fb[kv]);
     }
     memset(s, 0, sizeof *s);
 }
@@ -149,11 +169,28 @@ const float *rc_stored_row(const rc_seq_ref *s, int kv, int p, int h, int L) {
     return rc_region(&s->l, p, L) == RC_2BIT ? s->deq[kv] + row : s->rot[kv] + row;
 }
 
-/* Is the reference code choice of value j within 1e-4 of a boundary? */
+/* Is the reference code choice of value j within 1e-4 of a boundary? Under
+ * error feedback, t is that of value j after the feedback of the values
+ * before it (replayed from the reference's codes and metadata). */
 static int near_boundary(const rc_seq_ref *s, int kv, size_t row, int j) {
     const float *x = s->rot[kv] + row * s->d;
     float tau = s->clip[kv] < 1.0f ? oscar_ref_clip_tau(s->d, x, s->clip[kv]) : INFINITY;
     float xv = fminf(fmaxf(x[j], -tau), tau);
+    const float *F = rc_row_fb(s, kv, (int)(row % (size_t)s->H));
+    if (F) {
+        static const float lv[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
+        const int lmq = s->l.method == OSCAR_METHOD_OSCAR2_LM, d = s->d;
+        float v[256];
+        for (int i = 0; i <= j; i++) v[i] = fminf(fmaxf(x[i], -tau), tau);
+        for (int i = 0; i < j; i++) {
+            const float *mi = s->meta[kv] + row * s->ng * 2 + (size_t)(i / s->l.group) * 2;
+            int c = oscar_ref_code_at(s->codes[kv] + row * d / 4, i);
+            float e = v[i] - (mi[1] + mi[0] * (lmq ? lv[c] : (float)c));
+            if (e == 0.0f) continue;
+            for (int k = i + 1; k <= j; k++) v[k] = v[k] - e * F[(size_t)i * d + k];
+        }
+        xv = v[j];
+    }
     const float *m = s->meta[kv] + row * s->ng * 2 + (size_t)(j / s->l.group) * 2;
     if (m[0] == 0.0f) return 0;
     float t = (xv - m[1]) / m[0];
@@ -195,11 +232,14 @@ int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *wi
                         if (allow_boundary && fabsf(got - wm[i]) <= fabsf(wm[i]) * (ms == 2 ? 1e-3f : 1e-6f)) continue;
                         ok = 0;
                     }
-                    for (int j = 0; j < d && ok; j++)
-                        if (oscar_ref_code_at(codes, j) != oscar_ref_code_at(wc, j) &&
-                            !(allow_boundary && abs(oscar_ref_code_at(codes, j) - oscar_ref_code_at(wc, j)) == 1 &&
+                    for (int j = 0; j < d && ok; j++) {
+                        if (oscar_ref_code_at(codes, j) == oscar_ref_code_at(wc, j)) continue;
+                        if (!(allow_boundary && abs(oscar_ref_code_at(codes, j) - oscar_ref_code_at(wc, j)) == 1 &&
                               near_boundary(s, kv, row, j)))
                             ok = 0;
+                        else if (s->fb[kv])
+                            break; /* later values saw another error: not comparable */
+                    }
                 } else {
                     const char *src;
                     if (reg == RC_PAGED16) {
@@ -383,4 +423,80 @@ void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l,
         clip_k[i] = (float)(0.9 + 0.1 * rc_uniform(r));
         clip_v[i] = rc_uniform(r) < 0.2 ? 1.0f : (float)(0.85 + 0.1 * rc_uniform(r));
     }
+}
+
+/* ------------------------------------------------ error-feedback weights */
+void rc_random_metric(rc_rng *r, int d, double spread, double *C) {
+    float *Q = malloc((size_t)d * d * sizeof *Q);
+    double *lam = malloc((size_t)d * sizeof *lam);
+    rc_random_rotation(r, d, Q);
+    for (int i = 0; i < d; i++) lam[i] = pow(spread, rc_uniform(r));
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double a = 0.0;
+            for (int k = 0; k < d; k++) a += (double)Q[i * d + k] * lam[k] * (double)Q[j * d + k];
+            C[(size_t)i * d + j] = a;
+        }
+    /* exactly symmetric */
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < i; j++) C[(size_t)i * d + j] = C[(size_t)j * d + i];
+    free(Q);
+    free(lam);
+}
+
+/* In-place lower Cholesky factor of the SPD n x n matrix A (A = L L^T; the
+ * upper triangle is zeroed). Returns -1 if A is not positive definite. */
+static int chol_lower(int n, double *A) {
+    for (int j = 0; j < n; j++) {
+        double s = A[(size_t)j * n + j];
+        for (int k = 0; k < j; k++) s -= A[(size_t)j * n + k] * A[(size_t)j * n + k];
+        if (!(s > 0.0)) return -1;
+        double ljj = sqrt(s);
+        A[(size_t)j * n + j] = ljj;
+        for (int i = j + 1; i < n; i++) {
+            double t = A[(size_t)i * n + j];
+            for (int k = 0; k < j; k++) t -= A[(size_t)i * n + k] * A[(size_t)j * n + k];
+            A[(size_t)i * n + j] = t / ljj;
+        }
+        for (int i = 0; i < j; i++) A[(size_t)i * n + j] = 0.0;
+    }
+    return 0;
+}
+
+double rc_feedback_weights(int d, const double *C, double damp, float *F) {
+    size_t dd = (size_t)d * d;
+    double *L = malloc(dd * sizeof *L), *Li = calloc(dd, sizeof *Li), *B = malloc(dd * sizeof *B);
+    double tr = 0.0, mx = -1.0;
+    for (int i = 0; i < d; i++) tr += C[(size_t)i * d + i];
+    memcpy(L, C, dd * sizeof *L);
+    for (int i = 0; i < d; i++) L[(size_t)i * d + i] += damp * tr / d;
+    memset(F, 0, dd * sizeof *F);
+    if (chol_lower(d, L)) goto out;
+    /* Li = L^-1 (lower), column by column by forward substitution. */
+    for (int c = 0; c < d; c++)
+        for (int i = c; i < d; i++) {
+            double t = i == c ? 1.0 : 0.0;
+            for (int k = c; k < i; k++) t -= L[(size_t)i * d + k] * Li[(size_t)k * d + c];
+            Li[(size_t)i * d + c] = t / L[(size_t)i * d + i];
+        }
+    /* B = A^-1 = Li^T Li. */
+    for (int i = 0; i < d; i++)
+        for (int j = 0; j < d; j++) {
+            double t = 0.0;
+            for (int k = i > j ? i : j; k < d; k++) t += Li[(size_t)k * d + i] * Li[(size_t)k * d + j];
+            B[(size_t)i * d + j] = t;
+        }
+    if (chol_lower(d, B)) goto out; /* B = L2 L2^T; U = L2^T: U^T U = A^-1 */
+    mx = 0.0;
+    for (int j = 0; j < d; j++)
+        for (int k = j + 1; k < d; k++) {
+            double f = B[(size_t)k * d + j] / B[(size_t)j * d + j];
+            F[(size_t)j * d + k] = (float)f;
+            mx = fabs(f) > mx ? fabs(f) : mx;
+        }
+out:
+    free(L);
+    free(Li);
+    free(B);
+    return mx;
 }

@@ -56,6 +56,8 @@ typedef struct rc_seq_ref {
     float *deq[2];     /* [Lmax][H][d] dequantized 2-bit rows (positions >= S0; quantized methods) */
     uint8_t *codes[2]; /* [Lmax][H][d/4] packed codes */
     float *meta[2];    /* [Lmax][H][ng*2] (a, b) already rounded to meta_dtype */
+    int num_rot;
+    float *fb[2];      /* [num_rot][d][d] error-feedback weights (copies), NULL: nearest */
 } rc_seq_ref;
 
 enum { RC_SINK = 0, RC_2BIT = 1, RC_RECENT = 2, RC_PAGED16 = 3 /* BF16 method */ };
@@ -67,6 +69,11 @@ int rc_region(const oscar_layout_desc *l, int p, int L);
  * or H. clip_k/clip_v are used only for OSCAR2/OSCAR2_LM. Returns 0 on success. */
 int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot, float clip_k,
                      float clip_v, int Lmax, const float *k, const float *v, rc_seq_ref *out);
+/* The same with error-feedback rounding (oscar_ref_quantize_row_fb): fb_k,
+ * fb_v are the layer's [num_rot][d][d] weights (copied), NULL for nearest. */
+int rc_seq_ref_build_fb(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, const float *fb_k,
+                        const float *fb_v, int num_rot, float clip_k, float clip_v, int Lmax, const float *k,
+                        const float *v, rc_seq_ref *out);
 void rc_seq_ref_free(rc_seq_ref *s);
 /* The stored row (rotated space, fp32) decode must read for position p of a
  * length-L sequence: window/paged 16-bit row or the dequantized 2-bit row. */
@@ -78,7 +85,9 @@ const float *rc_stored_row(const rc_seq_ref *s, int kv, int p, int h, int L);
  * bt_row: the sequence's block table row; slot: its window slot.
  * allow_boundary: accept a code one level off where the reference t lies
  * within 1e-4 of a rounding boundary and metadata within 1 f16 ulp
- * (FORMAT.md §2.4, for GPU backends); 0 = bit exact.
+ * (FORMAT.md §2.4, for GPU backends); 0 = bit exact. Under error feedback a
+ * value's code moves the later values, so a row is accepted when its first
+ * differing code is such a boundary case and the rest is not compared.
  * Returns the number of mismatching rows and describes the first in msg. */
 int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *windows, const int32_t *bt_row,
                    int32_t slot, int allow_boundary, char *msg, size_t msg_len);
@@ -127,5 +136,15 @@ typedef struct rc_cfg {
  * the caller frees) and random clip ratios (K in [0.9, 1], V 1 or [0.85, 0.95]). */
 void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l, int *num_rot, int *identity,
                    float **rot_k, float **rot_v, float *clip_k, float *clip_v);
+
+/* ------------------------------------------------ error-feedback weights */
+/* A random anisotropic SPD metric C = Q diag(lambda) Q^T (Q random
+ * orthogonal, lambda log-uniform over [1, spread], fp64, row-major d x d). */
+void rc_random_metric(rc_rng *r, int d, double spread, double *C);
+/* Error-feedback weights for metric C as the calibration defines them:
+ * U upper triangular with U^T U = (C + damp * tr(C) / d * I)^-1,
+ * F[j][k] = U[j][k] / U[j][j] for k > j, 0 on and below the diagonal.
+ * Plain C Cholesky in fp64. Returns max |F|, or -1 if C is not SPD. */
+double rc_feedback_weights(int d, const double *C, double damp, float *F);
 
 #endif /* OSCAR_REFCHECK_H */
