@@ -581,15 +581,17 @@ Test(conformance, large_shapes_long_prefill_splits, .timeout = 600) {
  * must carry each value's rounding error into the later values exactly as
  * the reference does, so codes match it like nearest rounding's do (a
  * boundary case ends the row's comparison: refcheck.h). Per-head and shared
- * rotations, groups 32/64/128, uniform and Lloyd-Max levels, f16/f32
- * metadata, pages 16-64; demotion from the recent window (small W, token by
- * token) and direct stores (prefill, chunks). */
+ * rotations, groups 32/64/128, uniform and Lloyd-Max levels, bf16/f16
+ * windows, f16/f32 metadata (f32: not in the CUDA default set), pages 16-64;
+ * demotion from the recent window (small W, token by token) and direct
+ * stores (prefill, chunks). */
 Test(conformance, error_feedback_rounding, .timeout = 900) {
     cfg c = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
     cfg c2 = {128, 64, 32, 3, 5, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
     cfg c3 = {128, 128, 64, 64, 256, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
     cfg c4 = {256, 128, 16, 4, 32, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
-    cfg c5 = {128, 32, 32, 3, 29, 4, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c5 = {128, 32, 32, 3, 29, 8, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c6 = {128, 64, 16, 3, 5, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
     FOR_EACH_BACKEND(g, {
         int lens[16];
         int n = boundary_lens(&c, lens);
@@ -603,6 +605,7 @@ Test(conformance, error_feedback_rounding, .timeout = 900) {
         run_scenario_fb(&g, &c4, 4, l4, CHUNKS, 1);
         int l5[] = {1, 32, 33, 100, 170};
         run_scenario_fb(&g, &c5, 5, l5, TOKENS, 1);
+        run_scenario_fb(&g, &c6, 6, l2, CHUNKS, 1);
     });
 }
 
