@@ -782,6 +782,7 @@ typedef struct probe_set {
     float *S;        /* scratch [g][maxT] */
     float *ob;       /* scratch [g][d] */
     float *xq;       /* scratch [d] */
+    const double *const *om; /* [nrot] output metric in the rotated V space (value metric), or NULL: identity */
     uint8_t *codes;  /* [d / 4] */
     float *meta;     /* [2 * groups] */
 } probe_set;
@@ -930,14 +931,33 @@ static void probe_set_exact(probe_set *ps) {
 /* sum ||o^ - o||^2 / sum ||o||^2 over probes and query heads, with the
  * quantized K (qk) and/or V (qv) rows. */
 static double probe_set_error(probe_set *ps, int qk, int qv) {
-    const size_t gd = (size_t)ps->c->g * (size_t)ps->c->d;
+    const int d = ps->c->d, g = ps->c->g;
+    const size_t gd = (size_t)g * (size_t)d;
     double num = 0.0, den = 0.0;
     for (int i = 0; i < ps->np; i++) {
         probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], qv ? ps->vq[i] : ps->vr[i]);
-        for (size_t e = 0; e < gd; e++) {
-            double diff = (double)ps->ob[e] - ps->o[i][e];
-            num += diff * diff;
-            den += ps->o[i][e] * ps->o[i][e];
+        const double *M = ps->om ? ps->om[ps->c->o.per_head ? ps->h[i] : 0] : NULL;
+        if (!M) {
+            for (size_t e = 0; e < gd; e++) {
+                double diff = (double)ps->ob[e] - ps->o[i][e];
+                num += diff * diff;
+                den += ps->o[i][e] * ps->o[i][e];
+            }
+            continue;
+        }
+        /* As the output projection sees it: e^T M e per query head. */
+        for (int j = 0; j < g; j++) {
+            const float *ob = ps->ob + (size_t)j * (size_t)d;
+            const double *o = ps->o[i] + (size_t)j * (size_t)d;
+            for (int a = 0; a < d; a++) {
+                double ea = (double)ob[a] - o[a], ma = 0.0, mo = 0.0;
+                for (int b = 0; b < d; b++) {
+                    ma += M[(size_t)a * d + b] * ((double)ob[b] - o[b]);
+                    mo += M[(size_t)a * d + b] * o[b];
+                }
+                num += ea * ma;
+                den += o[a] * mo;
+            }
         }
     }
     return den > 0.0 ? num / den : 0.0;
@@ -972,9 +992,34 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         return 0;
     }
     const int nrot = c->o.per_head ? c->hkv : 1, lm = c->o.method == OSCAR_METHOD_OSCAR2_LM;
+    /* With a value metric the outputs are compared as the output projection
+     * sees them (in each rotation set's V space). */
+    const size_t dd = c->dd;
+    double *omb = NULL, *mscr = NULL;
+    const double **omp = NULL;
+    if (c->vmetric) {
+        omb = malloc((size_t)nrot * dd * sizeof(double));
+        mscr = malloc(3 * dd * sizeof(double));
+        omp = calloc((size_t)nrot, sizeof *omp);
+        if (!omb || !mscr || !omp) {
+            free(omb);
+            free(mscr);
+            free(omp);
+            probe_set_free(&ps);
+            return -1;
+        }
+    }
     for (int s = 0; s < 3; s++) {
         rotation_set(p, layer, OSCAR_K, s, nrot, H, Rk);
         rotation_set(p, layer, OSCAR_V, s, nrot, H, Rv);
+        ps.om = NULL;
+        for (int r = 0; omb && r < nrot; r++) {
+            omp[r] = NULL;
+            if (!value_metric(c, layer, r, mscr)) continue;
+            rotate_metric(c->d, mscr, Rv[r], mscr + dd, mscr + 2 * dd, omb + (size_t)r * dd);
+            omp[r] = omb + (size_t)r * dd;
+            ps.om = omp;
+        }
         probe_set_rotate(&ps, OSCAR_K, Rk, nrot);
         probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
         probe_set_exact(&ps);
@@ -1011,6 +1056,9 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         }
     }
     probe_set_free(&ps);
+    free(omb);
+    free(mscr);
+    free(omp);
     *fitted = 1;
     return 0;
 }

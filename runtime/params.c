@@ -176,6 +176,14 @@ OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, i
     return OSCAR_OK;
 }
 
+OSCAR_API oscar_status oscar_params_clear_feedback(oscar_params *p) {
+    oscar_clear_error();
+    if (!p) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_clear_feedback: params is NULL");
+    free(p->fb);
+    p->fb = NULL;
+    return OSCAR_OK;
+}
+
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c) {
     oscar_clear_error();
     if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_clip: c is NULL");

@@ -264,7 +264,8 @@ int main(int argc, char **argv)
                             "includes keys after the query (see docs/EVAL.md)\n", recent);
 
     /* Parameters before the (slow) model load: wrong shape is bad input. */
-    oscar_params *P = NULL, *P_lm = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL;
+    oscar_params *P = NULL, *P_lm = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL, *P_near = NULL,
+                 *P_pub = NULL;
     if (S.params_path) {
         if (oscar_params_load(S.params_path, &P) != OSCAR_OK)
             return bad("--params %s: %s", S.params_path, oscar_last_error());
@@ -355,10 +356,12 @@ int main(int argc, char **argv)
         int L = cfg.num_layers;
         P_fixed = load_copy(S.params_path);
         P_noclip = load_copy(S.params_path);
-        if (!P_fixed || !P_noclip ||
+        P_near = load_copy(S.params_path);
+        P_pub = load_copy(S.params_path);
+        if (!P_fixed || !P_noclip || !P_near || !P_pub ||
             oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, L, cfg.num_q_heads, cfg.num_kv_heads, d, &P_hclip) !=
                 OSCAR_OK) {
-            if (!P_hclip && P_fixed && P_noclip) fprintf(stderr, "oscar-eval: %s\n", oscar_last_error());
+            if (!P_hclip && P_fixed && P_noclip && P_near && P_pub) fprintf(stderr, "oscar-eval: %s\n", oscar_last_error());
             rc = 1;
             goto done;
         }
@@ -368,10 +371,16 @@ int main(int argc, char **argv)
                 oscar_params_clip(P, l, (oscar_kv)kv, &c);
                 oscar_params_set_clip(P_fixed, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
                 oscar_params_set_clip(P_noclip, l, (oscar_kv)kv, 1.0f);
+                oscar_params_set_clip(P_pub, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
                 /* QUAROT2 built-ins hold the Hadamard rotation; with method
                  * OSCAR2, oscar_fakequant rotates by it and clips by these. */
                 oscar_params_set_clip(P_hclip, l, (oscar_kv)kv, c);
             }
+        /* Nearest rounding (the published write path): the same parameters without feedback weights. */
+        oscar_params_clear_feedback(P_near);
+        oscar_params_clear_feedback(P_pub);
+        const float *fb0 = NULL;
+        oscar_params_feedback(P, 0, 0, OSCAR_K, &fb0);
         int wins[2][2] = {{(int)sink, (int)recent}, {0, 0}};
         for (int wi = 0; wi < 2; wi++) {
             int s0 = wins[wi][0], w = wins[wi][1];
@@ -388,6 +397,12 @@ int main(int argc, char **argv)
             ABL("hadamard-clip", "Hadamard rotation (QuaRot) with OSCAR's fitted clips", OSCAR_METHOD_OSCAR2,
                 P_hclip);
             ABL("oscar2-no-clip", "OSCAR rotation, no clipping (c = 1)", OSCAR_METHOD_OSCAR2, P_noclip);
+            if (fb0) {
+                ABL("oscar2-nearest", "OSCAR rotation + fitted clips, nearest rounding (no error feedback)",
+                    OSCAR_METHOD_OSCAR2, P_near);
+                ABL("oscar2-published", "OSCAR rotation, clips 0.96 K / 0.92 V, nearest rounding (the paper's write "
+                    "path)", OSCAR_METHOD_OSCAR2, P_pub);
+            }
             ABL("oscar2-lm", "OSCAR rotation + fitted clips, Lloyd-Max levels", OSCAR_METHOD_OSCAR2_LM, PL);
             if (wi == 1) {
                 ABL("int2", "no rotation, no clip", OSCAR_METHOD_INT2, NULL);
@@ -517,6 +532,8 @@ done:
     oscar_params_destroy(P_lm);
     oscar_params_destroy(P_fixed);
     oscar_params_destroy(P_noclip);
+    oscar_params_destroy(P_near);
+    oscar_params_destroy(P_pub);
     oscar_params_destroy(P_hclip);
     return rc;
 }

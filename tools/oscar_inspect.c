@@ -56,6 +56,9 @@ int main(int argc, char **argv) {
     printf("calib tokens  %d\n", info.calib_tokens);
     printf("model hash    %s\n", info.model_hash[0] ? info.model_hash : "(none)");
     const int d = info.head_dim, nrot = info.per_head ? info.num_kv_heads : 1;
+    const float *F0 = NULL;
+    oscar_params_feedback(p, 0, 0, OSCAR_K, &F0);
+    printf("rounding      %s\n", F0 ? "error feedback (fb_k / fb_v weights, FORMAT.md 2.3)" : "nearest");
     double worst_all = 0.0;
     for (int l = 0; l < info.num_layers; l++) {
         float ck = 0.0f, cv = 0.0f;
@@ -79,6 +82,13 @@ int main(int argc, char **argv) {
                 if (info.per_head) printf(" head %d", r);
                 printf("  |RR^T-I| %.2e%s  ", oe, is_identity(d, R) ? " (identity)" : "");
                 print_spectrum(d, lam);
+                const float *F = NULL;
+                oscar_params_feedback(p, l, r, (oscar_kv)w, &F);
+                if (F) {
+                    double mx = 0.0;
+                    for (int i = 0; i < d * d; i++) mx = fabs(F[i]) > mx ? fabs(F[i]) : mx;
+                    printf("  fb max %.3f%s", mx, mx == 0.0 ? " (nearest)" : "");
+                }
                 printf("\n");
             }
     }

@@ -193,6 +193,10 @@ OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer
  * rounding = 0). Valid while p lives. */
 OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                              const float **F);
+/* Drops the error-feedback weights: the write path then rounds to nearest
+ * (an ablation, or for an engine whose write path cannot afford the sequential
+ * pass). Plans made before keep what they copied. No-op without weights. */
+OSCAR_API oscar_status oscar_params_clear_feedback(oscar_params *p);
 /* Clip ratio c in (0, 1]: per stored row, values are clipped to +-tau, tau the
  * c-quantile of the row's absolute values. 1 means no clipping. */
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c);
