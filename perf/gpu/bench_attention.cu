@@ -7,6 +7,9 @@
 // median of many CUDA-event-timed calls after warm-up, rotating enough cache
 // copies to exceed the L2. Bytes read are counted from the layout; GB/s and the
 // fraction of a measured device-to-device copy bandwidth are printed.
+// OSCAR_BENCH_FB=1 adds "oscar2-fb": the oscar2 plan with error-feedback
+// weights (write path only differs); OSCAR_BENCH_PREFILL=n also times an
+// append of n tokens per sequence (a prefill chunk) for the 2-bit methods.
 //   bench_attention PLUGIN.so OUT.tsv [quick]
 #include <cuda_runtime.h>
 #include <dlfcn.h>
@@ -156,9 +159,12 @@ int main(int argc, char **argv) {
     cudaEventCreate(&e1);
     // OSCAR_BENCH_METHODS=oscar2 skips the BF16-paged yardstick (profiling runs).
     const char *only = getenv("OSCAR_BENCH_METHODS");
-    for (int mi = 0; mi < 2; mi++) {
-        int bf16m = mi == 1;
+    const int prefill_n = getenv("OSCAR_BENCH_PREFILL") ? atoi(getenv("OSCAR_BENCH_PREFILL")) : 0;
+    for (int mi = 0; mi < 3; mi++) {
+        int bf16m = mi == 1, fbm = mi == 2;
+        if (fbm && !getenv("OSCAR_BENCH_FB")) continue;
         if (only && *only && !strstr(only, bf16m ? "bf16" : "oscar2")) continue;
+        const char *mname = bf16m ? "bf16-paged" : fbm ? "oscar2-fb" : "oscar2";
         oscar_layout_desc l = {sizeof l, D, G, Hq, H, P, S0, W, 131072 + 64, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
                                bf16m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2};
         // Hadamard rotation for both K and V (a real OSCAR rotation costs the same).
@@ -166,11 +172,17 @@ int main(int argc, char **argv) {
         for (int i = 0; i < D; i++)
             for (int j = 0; j < D; j++) R[(size_t)i * D + j] = (__builtin_popcount(i & j) & 1 ? -1.f : 1.f) / sqrtf(D);
         float ck = 0.96f, cv = 0.92f;
-        oscar_backend_plan_desc pd = {l, 1, 1, bf16m, bf16m ? nullptr : R.data(), bf16m ? nullptr : R.data(), &ck, &cv};
+        // Feedback weights: strictly upper triangular, |F| ~ 0.01-0.2 (the cost does not depend on the values).
+        std::vector<float> F((size_t)D * D, 0.f);
+        for (int j = 0; j < D; j++)
+            for (int k = j + 1; k < D; k++)
+                F[(size_t)j * D + k] = 0.2f * sinf(0.37f * j + 1.3f * k) / (float)(1 + (k - j) / 8);
+        oscar_backend_plan_desc pd = {l, 1, 1, bf16m, bf16m ? nullptr : R.data(), bf16m ? nullptr : R.data(), &ck, &cv,
+                                      fbm ? F.data() : nullptr, fbm ? F.data() : nullptr};
         void *plan;
         char variant[128];
         OK(api->plan_create(ctx, &pd, &plan, variant, sizeof variant, &err));
-        printf("%s variant %s\n", bf16m ? "bf16-paged" : "oscar2", variant);
+        printf("%s variant %s\n", mname, variant);
         int S = bf16m ? 0 : S0 + W;
         size_t page_bytes = bf16m ? (size_t)2 * H * P * D * 2
                                   : (size_t)2 * H * P * D / 4 + (size_t)2 * H * P * (D / G) * 2 * 2;
@@ -183,7 +195,7 @@ int main(int argc, char **argv) {
             // Rotate copies so that one round exceeds ~4x the L2.
             int copies = (int)std::min<size_t>(8, std::max<size_t>(1, (size_t)(4 * 60e6) / std::max<size_t>(cache_bytes, 1) + 1));
             if ((double)cache_bytes * copies > 0.8 * free_b) {
-                printf("skip %s B=%d L=%d: %.1f GB does not fit\n", bf16m ? "bf16" : "oscar2", B, L, cache_bytes * copies / 1e9);
+                printf("skip %s B=%d L=%d: %.1f GB does not fit\n", mname, B, L, cache_bytes * copies / 1e9);
                 continue;
             }
             std::vector<void *> pages(copies), wins(copies);
@@ -266,15 +278,46 @@ int main(int argc, char **argv) {
             }
             float tw = median(ta) * 1000.f;
             OK(api->check(ctx, plan, ws, nullptr, &err));
+            // Prefill chunk: n new tokens per sequence rewrite positions L-n..L-1
+            // (2-bit rows past the window are stored directly, the window's rows demoted).
+            if (prefill_n > 0 && !bf16m && prefill_n <= L) {
+                int n = prefill_n;
+                std::vector<int> cun(B + 1);
+                for (int i = 0; i <= B; i++) cun[i] = i * n;
+                int *dcun;
+                void *kvn;
+                CK(cudaMalloc(&dcun, (B + 1) * 4));
+                CK(cudaMalloc(&kvn, (size_t)B * n * H * D * 2));
+                CK(cudaMemcpy(dcun, cun.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+                fill_bf16<<<1024, 256>>>((unsigned short *)kvn, (size_t)B * n * H * D, 6);
+                std::vector<float> tp;
+                for (int i = 0; i < 13; i++) {
+                    oscar_backend_append_args a = {0, {pages[i % copies], num_pages, wins[i % copies], B}, batch, dcun,
+                                                   B * n, kvn, kvn, (int64_t)H * D, ws, wsb, nullptr};
+                    cudaEventRecord(e0);
+                    OK(api->append(ctx, plan, &a, &err));
+                    cudaEventRecord(e1);
+                    cudaEventSynchronize(e1);
+                    float ms;
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (i >= 3) tp.push_back(ms);
+                }
+                OK(api->check(ctx, plan, ws, nullptr, &err));
+                float tpm = median(tp) * 1000.f;
+                printf("%-10s B=%-3d L=%-6d prefill append of %d tokens/seq: %9.1f us (%.3f us per new token)\n",
+                       mname, B, L, n, tpm, tpm / (B * n));
+                cudaFree(dcun);
+                cudaFree(kvn);
+            }
             // Bytes the decode must read: pages (codes + meta or 16-bit rows) + windows + q/out.
             double tok2 = bf16m ? 0 : std::max(0, L - S), tok16 = bf16m ? L : std::min(L, S);
             double bytes = B * (tok2 * H * (2.0 * D / 4 + 2.0 * (D / G) * 4) + tok16 * H * 2.0 * D * 2) +
                            2.0 * B * Hq * D * 2;
             double gbs = bytes / (t * 1e-6) / 1e9;
             printf("%-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)\n",
-                   bf16m ? "bf16-paged" : "oscar2", B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw,
+                   mname, B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw,
                    100.0 * tw / t);
-            fprintf(out, "%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\n", bf16m ? "bf16-paged" : "oscar2", B, L, variant,
+            fprintf(out, "%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\n", mname, B, L, variant,
                     t, bytes, gbs, gbs * 1e9 / copy_bw, tw);
             fflush(out);
             fflush(stdout);
