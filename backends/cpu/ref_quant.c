@@ -272,6 +272,10 @@ void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_d
     /* Values in order; with feedback, value j's rounding error e is carried
      * into the later values (v[k] -= e * fb[j][k]) so the row's error is small
      * in the attention metric, not per value (FORMAT.md §2.3). */
+    /* Feedback starts from the unclipped row: a clipped value's whole error
+     * (clipping included) is carried on; nearest codes are the same either way
+     * (a clipped value codes to the end level). */
+    if (fb) memcpy(v, x, (size_t)d * sizeof(float));
     for (int j = 0; j < d; j++) {
         int g = j / group;
         float a = meta[2 * g], b = meta[2 * g + 1];

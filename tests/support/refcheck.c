@@ -181,7 +181,7 @@ static int near_boundary(const rc_seq_ref *s, int kv, size_t row, int j) {
         static const float lv[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
         const int lmq = s->l.method == OSCAR_METHOD_OSCAR2_LM, d = s->d;
         float v[256];
-        for (int i = 0; i <= j; i++) v[i] = fminf(fmaxf(x[i], -tau), tau);
+        for (int i = 0; i <= j; i++) v[i] = x[i]; /* feedback starts unclipped (FORMAT.md §2.3) */
         for (int i = 0; i < j; i++) {
             const float *mi = s->meta[kv] + row * s->ng * 2 + (size_t)(i / s->l.group) * 2;
             int c = oscar_ref_code_at(s->codes[kv] + row * d / 4, i);
