@@ -300,8 +300,14 @@ int main(int argc, char **argv) {
         printf("%5d | %8.4f  %10.4f  %9.4f  %6.2f | %8.4f  %10.4f  %9.4f  %6.2f\n", l, r.err_k[0], r.err_k[1],
                r.err_k[2], (double)r.clip_k, r.err_v[0], r.err_v[1], r.err_v[2], (double)r.clip_v);
     }
-    printf("\nrelative attention-output error on probes, sum |o^-o|^2 / sum |o|^2 (lower is better;\n"
-           "none/Hadamard at clip 1, OSCAR at the chosen clips; K: V exact, V: K exact, KV: both)\n");
+    if (o.rounding != 0) /* the value metric was passed: outputs are compared as W_O sees them */
+        printf("\nrelative attention-output error on probes as the output projection sees it,\n"
+               "sum e^T M e / sum o^T M o with M = W_O^T W_O of the head's queries (lower is better;\n"
+               "none/Hadamard at clip 1, OSCAR at the chosen clips and error-feedback rounding;\n"
+               "K: V exact, V: K exact, KV: both)\n");
+    else
+        printf("\nrelative attention-output error on probes, sum |o^-o|^2 / sum |o|^2 (lower is better;\n"
+               "none/Hadamard at clip 1, OSCAR at the chosen clips; K: V exact, V: K exact, KV: both)\n");
     printf("layer | probes |   K none   K Had  K OSCAR |   V none   V Had  V OSCAR |  KV none  KV Had KV OSCAR\n");
     int no_probes = 0;
     for (int l = 0; l < cfg.num_layers; l++) {

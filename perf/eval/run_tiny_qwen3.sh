@@ -14,13 +14,12 @@ WORK=${TMPDIR:-/tmp}/oscar-eval-tiny-qwen3
 mkdir -p "$WORK" "$OUT"
 cmake --build "$BUILD" -j2 --target oscar-eval oscar-calibrate >/dev/null
 T=/usr/bin/time
-# --permutation bitrev: the committed docs/eval report was calibrated with the published placement
-# (the default became the m-sequence order after it; with --clip-search they tie:
-# docs/eval/permutation.md).
+# Library defaults: m-sequence placement, error-feedback rounding, probe-fitted
+# clips (docs/eval/feedback.md: --clip-search ties them on validation text).
 $T -f "calibrate (uniform): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \
-    --tokens "$DATA/calib.tokens" --clip-search 4 --permutation bitrev --out "$WORK/tiny-qwen3.oscar.safetensors" > "$WORK/calib.log" 2>&1
+    --tokens "$DATA/calib.tokens" --out "$WORK/tiny-qwen3.oscar.safetensors" > "$WORK/calib.log" 2>&1
 $T -f "calibrate (Lloyd-Max): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \
-    --tokens "$DATA/calib.tokens" --lloyd-max --clip-search 4 --permutation bitrev --out "$WORK/tiny-qwen3.oscar-lm.safetensors" > "$WORK/calib_lm.log" 2>&1
+    --tokens "$DATA/calib.tokens" --lloyd-max --out "$WORK/tiny-qwen3.oscar-lm.safetensors" > "$WORK/calib_lm.log" 2>&1
 tail -n 2 "$WORK/calib.log" "$WORK/calib_lm.log"
 $T -f "evaluate: %e s wall, %U s user" "$BUILD/bin/oscar-eval" "$MODEL" \
     --params "$WORK/tiny-qwen3.oscar.safetensors" --params-lm "$WORK/tiny-qwen3.oscar-lm.safetensors" \
