@@ -50,7 +50,7 @@ static void tf_attention(const float *q, const float *k, const float *v, const f
     }
 }
 
-static void run_case(oscar_method m, int group)
+static void run_case_fb(oscar_method m, int group, int feedback)
 {
     uint64_t seed = rc_fresh_seed();
     rc_rng rng;
@@ -75,6 +75,19 @@ static void run_case(oscar_method m, int group)
         prm->identity = 0;
         cr_assert_eq(oscar_params_set_clip(prm, 0, OSCAR_K, (float)(0.85 + 0.12 * rc_uniform(&rng))), OSCAR_OK);
         cr_assert_eq(oscar_params_set_clip(prm, 0, OSCAR_V, (float)(0.85 + 0.12 * rc_uniform(&rng))), OSCAR_OK);
+        if (feedback) {
+            /* Error-feedback weights as calibration makes them, from random metrics: the
+             * hook's oscar_fakequant and the cache's append must both apply them. */
+            const size_t dd = (size_t)D * D;
+            double *C = malloc(dd * sizeof *C);
+            prm->fb = malloc(2 * dd * sizeof *prm->fb);
+            cr_assert(C && prm->fb);
+            for (int which = 0; which < 2; which++) {
+                rc_random_metric(&rng, D, 30.0, C);
+                rc_feedback_weights(D, C, 1e-3, prm->fb + (size_t)which * dd);
+            }
+            free(C);
+        }
     }
 
     /* Teacher-forced copies: every row a query may read in 2 bits. */
@@ -85,6 +98,24 @@ static void run_case(oscar_method m, int group)
                  oscar_last_error());
     cr_assert_eq(oscar_fakequant(prm, m, 0, OSCAR_V, group, T - S0, HKV, D, vq + off), OSCAR_OK, "%s",
                  oscar_last_error());
+    if (feedback) {
+        /* The weights must matter, or this case would prove nothing about them. */
+        float *kn = malloc(kvn * sizeof *kn);
+        oscar_params *near = NULL;
+        cr_assert(kn);
+        cr_assert_eq(oscar_params_create_builtin(m, 1, HQ, HKV, D, &near), OSCAR_OK);
+        memcpy(near->rot, prm->rot, 2 * (size_t)D * D * sizeof(float));
+        near->identity = 0;
+        memcpy(near->clip, prm->clip, 2 * sizeof(float));
+        memcpy(kn, k, kvn * sizeof *kn);
+        cr_assert_eq(oscar_fakequant(near, m, 0, OSCAR_K, group, T - S0, HKV, D, kn + off), OSCAR_OK);
+        size_t rows_diff = 0;
+        for (size_t r = (size_t)S0 * HKV; r < (size_t)T * HKV; r++)
+            rows_diff += memcmp(kn + r * D, kq + r * D, D * sizeof(float)) != 0;
+        cr_assert_gt(rows_diff, (size_t)(T - S0) * HKV / 2, "%s: feedback changed only %zu rows", mname, rows_diff);
+        oscar_params_destroy(near);
+        free(kn);
+    }
 
     /* What the cache's 16-bit windows hold: the ROTATED row rounded to bf16
      * (FORMAT.md §4), i.e. unrotate(bf16(x R)) in the original space. For
@@ -193,7 +224,11 @@ static void run_case(oscar_method m, int group)
     free(k), free(v), free(q), free(kq), free(vq), free(kw), free(vw);
 }
 
+static void run_case(oscar_method m, int group) { run_case_fb(m, group, 0); }
+
 Test(eval_equivalence, oscar2) { run_case(OSCAR_METHOD_OSCAR2, 128); }
+Test(eval_equivalence, oscar2_feedback) { run_case_fb(OSCAR_METHOD_OSCAR2, 128, 1); }
+Test(eval_equivalence, oscar2_lm_feedback_group32) { run_case_fb(OSCAR_METHOD_OSCAR2_LM, 32, 1); }
 Test(eval_equivalence, oscar2_group32) { run_case(OSCAR_METHOD_OSCAR2, 32); }
 Test(eval_equivalence, oscar2_lm) { run_case(OSCAR_METHOD_OSCAR2_LM, 128); }
 Test(eval_equivalence, int2) { run_case(OSCAR_METHOD_INT2, 128); }
