@@ -69,6 +69,15 @@ int main(int argc, char **argv) {
     p->method = OSCAR_METHOD_OSCAR2;
     for (int i = 0; i < 4; i++) p->clip[i] = 0.96f;
     save(p, dir, "valid_perhead");
+    /* valid_feedback: 1 layer, d 64, error-feedback weights (format_version 2). */
+    if (oscar_params_alloc(1, 2, 1, 64, 0, &p)) return 1;
+    p->method = OSCAR_METHOD_OSCAR2;
+    p->fb = calloc(2 * 64 * 64, sizeof(float));
+    if (!p->fb) return 1;
+    for (int m = 0; m < 2; m++)
+        for (int j = 0; j < 64; j++)
+            for (int k = j + 1; k < 64; k++) p->fb[(m * 64 + j) * 64 + k] = 0.01f * (float)((j * 7 + k * 3) % 21 - 10);
+    save(p, dir, "valid_feedback");
 
     /* Mutations of valid_quarot. */
     char src[1024];
@@ -96,6 +105,24 @@ int main(int argc, char **argv) {
     char *v = memchr(m + 8, '1', (size_t)hl); /* first digit '1' in the header: usually format_version */
     if (v) *v = '9';
     dump(dir, "bad_digit", m, n);
+    free(m);
+    free(b);
+
+    /* Mutations of valid_feedback: a weight on the diagonal, one too large. */
+    snprintf(src, sizeof src, "%s/valid_feedback", dir);
+    b = slurp(src, &n);
+    if (!b) return 1;
+    memcpy(&hl, b, 8);
+    m = malloc(n);
+    memcpy(m, b, n);
+    /* Tensor data order per layer: rot_k, rot_v, fb_k, fb_v (no eigenvalues), then clip. */
+    size_t fb_k = 8 + (size_t)hl + 2 * 64 * 64 * 4;
+    float one = 1.0f, huge = 1e6f;
+    memcpy(m + fb_k + (5 * 64 + 5) * 4, &one, 4);
+    dump(dir, "bad_fb_diagonal", m, n);
+    memcpy(m, b, n);
+    memcpy(m + fb_k + (5 * 64 + 9) * 4, &huge, 4);
+    dump(dir, "bad_fb_large", m, n);
     free(m);
     free(b);
     return 0;
