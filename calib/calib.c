@@ -617,7 +617,6 @@ OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, i
 /* ------------------------------------------------------------ finalize */
 
 #define FB_DAMP 1e-3   /* relative ridge on the metric: a nearly singular metric stays well posed */
-#define FB_LIMIT 16.0  /* the parameter file's bound on |F| */
 
 /* The value metric of (layer, rotation index r) into M: the head's, or with
  * one rotation per layer the mean over heads. 0 when not given. */
@@ -662,7 +661,7 @@ static int feedback_weights(int d, const double *Ct, double *A, float *F) {
         for (int j = 0; j < d && ok; j++)
             for (int k = j + 1; k < d; k++) {
                 double v = A[(size_t)j * d + k] / A[(size_t)j * d + j];
-                if (!(fabs(v) <= FB_LIMIT)) {
+                if (!(fabs(v) <= (double)OSCAR_FB_MAX)) {
                     ok = 0;
                     break;
                 }

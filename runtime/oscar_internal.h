@@ -89,6 +89,9 @@ static inline float *oscar_params_rot_ptr(const oscar_params *p, int layer, int 
     size_t d = (size_t)p->head_dim;
     return p->rot + (((size_t)layer * 2 + (size_t)kv) * (size_t)p->num_rot + (size_t)r) * d * d;
 }
+/* Largest |error-feedback weight| a parameter file may hold (calibration's
+ * weights stay <= 1 after damping; the bound keeps hostile files harmless). */
+#define OSCAR_FB_MAX 16.0f
 /* Error-feedback weights of (layer, kind, rotation index), or NULL when the
  * parameters round to nearest. */
 static inline float *oscar_params_fb_ptr(const oscar_params *p, int layer, int kv, int r) {

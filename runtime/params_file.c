@@ -23,7 +23,6 @@
 #define MAX_LAYERS 1024
 #define MAX_HEADS 4096
 #define ORTHO_TOL 1e-3
-#define FB_MAX 16.0f /* |feedback weight| bound; calibration gives <= 1 after damping */
 #define NKIND 6      /* tensors per layer: rot_k rot_v eig_k eig_v fb_k fb_v */
 
 /* ------------------------------------------------------------------ save */
@@ -566,7 +565,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                     /* Strictly upper triangular and bounded: the write path then cannot overflow
                      * on sane rows, and a hostile file cannot make it read a weight twice. */
                     int upper = i % (size_t)d > i / (size_t)d;
-                    if (!isfinite(F[i]) || (!upper && F[i] != 0.0f) || fabsf(F[i]) > FB_MAX) {
+                    if (!isfinite(F[i]) || (!upper && F[i] != 0.0f) || fabsf(F[i]) > OSCAR_FB_MAX) {
                         snprintf(msg, sizeof msg,
                                  "feedback weights layers.%lld.fb_%c[%lld] entry (%zu, %zu) = %g: must be finite, "
                                  "|F| <= 16 and 0 on and below the diagonal",

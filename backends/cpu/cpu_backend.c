@@ -226,10 +226,15 @@ static int64_t pages_needed(const cpu_plan *p, int64_t L) {
     int64_t n = p->quantized ? L - p->S0 - p->W : L;
     return n <= 0 ? 0 : (n + p->l.page_size - 1) / p->l.page_size;
 }
-static const float *rot_of(const cpu_plan *p, const float *base, int layer, int h) {
-    if (p->identity) return NULL;
+/* The d x d matrix of (layer, head) in a [layers][num_rot][d][d] array
+ * (rotations, feedback weights); NULL base gives NULL. */
+static const float *head_matrix(const cpu_plan *p, const float *base, int layer, int h) {
+    if (!base) return NULL;
     size_t d = (size_t)p->l.head_dim;
     return base + ((size_t)layer * (size_t)p->num_rot + (size_t)(p->num_rot == 1 ? 0 : h)) * d * d;
+}
+static const float *rot_of(const cpu_plan *p, const float *base, int layer, int h) {
+    return p->identity ? NULL : head_matrix(p, base, layer, h);
 }
 /* 16-bit window row of position p (quantized methods). */
 static char *window_row(const cpu_plan *p, void *windows, int32_t slot, int kv, int h, int64_t pos) {
@@ -325,11 +330,7 @@ static void store_row(const cpu_plan *p, const float *x, void *dst) {
 static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, int r, float clip, const float *x) {
     uint8_t codes[64];
     float meta[16];
-    const float *fbase = kv ? p->fb_v : p->fb_k, *fb = NULL;
-    if (fbase) {
-        size_t d = (size_t)p->l.head_dim;
-        fb = fbase + ((size_t)layer * (size_t)p->num_rot + (size_t)(p->num_rot == 1 ? 0 : h)) * d * d;
-    }
+    const float *fb = head_matrix(p, kv ? p->fb_v : p->fb_k, layer, h);
     oscar_ref_quantize_row_fb(p->g.d, p->g.group, p->lm, clip, p->l.meta_dtype, x, fb, codes, meta);
     size_t row = (size_t)h * (size_t)p->g.P + (size_t)r;
     memcpy(page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes, codes, p->g.codes_row_bytes);

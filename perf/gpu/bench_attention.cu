@@ -264,19 +264,23 @@ int main(int argc, char **argv) {
             OK(api->check(ctx, plan, ws, nullptr, &err));
             // Write path: append one token per sequence at position L-1 (lens stay L: the
             // token replaces the last one, demoting one row, as a decode step does).
-            std::vector<float> ta;
-            for (int i = 0; i < iters + 3; i++) {
-                oscar_backend_append_args a = {0, {pages[i % copies], num_pages, wins[i % copies], B}, batch, dcu, B,
-                                               kv, kv, (int64_t)H * D, ws, wsb, nullptr};
-                cudaEventRecord(e0);
-                OK(api->append(ctx, plan, &a, &err));
-                cudaEventRecord(e1);
-                cudaEventSynchronize(e1);
-                float ms;
-                cudaEventElapsedTime(&ms, e0, e1);
-                if (i >= 3) ta.push_back(ms);
-            }
-            float tw = median(ta) * 1000.f;
+            // Median us of `runs` appends of `total` new tokens (cu: device [B+1]) after 3 warm-ups.
+            auto time_append = [&](const int *cu, int total, void *src, int runs) {
+                std::vector<float> t;
+                for (int i = 0; i < runs + 3; i++) {
+                    oscar_backend_append_args a = {0, {pages[i % copies], num_pages, wins[i % copies], B}, batch, cu,
+                                                   total, src, src, (int64_t)H * D, ws, wsb, nullptr};
+                    cudaEventRecord(e0);
+                    OK(api->append(ctx, plan, &a, &err));
+                    cudaEventRecord(e1);
+                    cudaEventSynchronize(e1);
+                    float ms;
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    if (i >= 3) t.push_back(ms);
+                }
+                return median(t) * 1000.f;
+            };
+            float tw = time_append(dcu, B, kv, iters);
             OK(api->check(ctx, plan, ws, nullptr, &err));
             // Prefill chunk: n new tokens per sequence rewrite positions L-n..L-1
             // (2-bit rows past the window are stored directly, the window's rows demoted).
@@ -290,20 +294,8 @@ int main(int argc, char **argv) {
                 CK(cudaMalloc(&kvn, (size_t)B * n * H * D * 2));
                 CK(cudaMemcpy(dcun, cun.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
                 fill_bf16<<<1024, 256>>>((unsigned short *)kvn, (size_t)B * n * H * D, 6);
-                std::vector<float> tp;
-                for (int i = 0; i < 13; i++) {
-                    oscar_backend_append_args a = {0, {pages[i % copies], num_pages, wins[i % copies], B}, batch, dcun,
-                                                   B * n, kvn, kvn, (int64_t)H * D, ws, wsb, nullptr};
-                    cudaEventRecord(e0);
-                    OK(api->append(ctx, plan, &a, &err));
-                    cudaEventRecord(e1);
-                    cudaEventSynchronize(e1);
-                    float ms;
-                    cudaEventElapsedTime(&ms, e0, e1);
-                    if (i >= 3) tp.push_back(ms);
-                }
+                float tpm = time_append(dcun, B * n, kvn, 10);
                 OK(api->check(ctx, plan, ws, nullptr, &err));
-                float tpm = median(tp) * 1000.f;
                 printf("%-10s B=%-3d L=%-6d prefill append of %d tokens/seq: %9.1f us (%.3f us per new token)\n",
                        mname, B, L, n, tpm, tpm / (B * n));
                 cudaFree(dcun);
