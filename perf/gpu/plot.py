@@ -22,8 +22,13 @@ def main():
         if r["shape"] not in shapes:
             shapes.append(r["shape"])
     copy = meta.get("copy_GBps", 0)
-    fig, axes = plt.subplots(1, len(shapes), figsize=(2.2 * len(shapes) + 1, 4.2), sharey=True, squeeze=False)
-    for ax, sh in zip(axes[0], shapes):
+    ncol = min(4, len(shapes))
+    nrow = (len(shapes) + ncol - 1) // ncol
+    fig, axes = plt.subplots(nrow, ncol, figsize=(3.4 * ncol, 3.3 * nrow), sharey=True, squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(shapes):]:
+        ax.axis("off")
+    for ax, sh in zip(flat, shapes):
         pts = sorted({(int(r["batch"]), int(r["context"])) for r in osc if r["shape"] == sh},
                      key=lambda k: (k[1], k[0]))
         x = range(len(pts))
@@ -39,8 +44,9 @@ def main():
         ax.set_xticks(list(x))
         ax.set_xticklabels(["%dx%dK" % (b, l // 1024) for b, l in pts], rotation=90, fontsize=6)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("GB/s of bytes the decode must read")
-    axes[0][-1].legend(fontsize=7, loc="lower right")
+    for row in axes:
+        row[0].set_ylabel("GB/s (bytes it must read)", fontsize=8)
+    flat[0].legend(fontsize=7, loc="upper left")
     fig.suptitle("Decode attention on the H200 (batch x context per shape Hq/Hkv/d/group)", fontsize=10)
     fig.tight_layout()
     fig.savefig(sys.argv[3], dpi=110)

@@ -6,7 +6,8 @@
 #   bash perf/gpu/profile.sh [BxL] [HQ/HKV/D[/G]] [oscar2|bf16]   (default 32x32768 32/8/128 oscar2)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/oscar-out}
+# Full reports go to PROF_OUT (default /tmp: the device machine returns few files).
+OUT=${PROF_OUT:-/tmp/oscar-prof}
 mkdir -p "$OUT"
 CASE=${1:-32x32768}
 SHAPE=${2:-32/8/128}

@@ -45,7 +45,7 @@ def main():
     summary = []
     for sh in shapes:
         keys = sorted({(b, l) for (s, _, b, l) in by if s == sh}, key=lambda k: (k[1], k[0]))
-        fr, xs, bf = [], {}, []
+        fr, xs, bf, bfr = [], {}, [], []
         for b, l in keys:
             o, f, s = by.get((sh, "oscar2", b, l)), by.get((sh, "bf16-paged", b, l)), sd.get((sh, b, l))
             if not o:
@@ -61,20 +61,24 @@ def main():
             print(line)
             if b >= 8 and l >= 32768:
                 fr.append(float(o["frac_copy"]))
+                if f:
+                    bfr.append(float(f["frac_copy"]))
             if ts:
                 xs[(b, l)] = ts / t
                 if f:
                     bf.append(ts / float(f["median_us"]))
         var = by.get((sh, "oscar2", keys[0][0], keys[0][1]), {}).get("splits_variant", "?") if keys else "?"
-        summary.append((sh, var, min(fr) if fr else None, xs.get((32, 32768)), xs.get((1, 131072)),
-                        min(bf) if bf else None))
-    print("\n| shape | 2-bit variant | min % roofline (B >= 8, L >= 32K) | x SDPA B32 x 32K | x SDPA B1 x 128K |"
-          " min BF16-paged / SDPA speed |")
-    print("|---|---|---|---|---|---|")
-    for sh, var, fr, x32, x1, bf in summary:
-        f = lambda v, fmt: (fmt % v) if v is not None else "-"
-        print("| %s | %s | %s | %s | %s | %s |" % (sh, var, f(100 * fr if fr else None, "%.0f%%"), f(x32, "%.2f"),
-                                                   f(x1, "%.2f"), f(bf, "%.2f")))
+        summary.append((sh, var, min(fr) if fr else None, max(fr) if fr else None, xs.get((32, 32768)),
+                        xs.get((1, 131072)), min(bfr) if bfr else None, min(bf) if bf else None,
+                        max(bf) if bf else None))
+    print("\n| shape | 2-bit variant | 2-bit % roofline (B >= 8, L >= 32K) | x SDPA B32 x 32K | x SDPA B1 x 128K |"
+          " BF16-paged % roofline (B >= 8, L >= 32K) | BF16-paged / SDPA speed (all points) |")
+    print("|---|---|---|---|---|---|---|")
+    pct = lambda v: ("%.0f%%" % (100 * v)) if v is not None else "-"
+    num = lambda v: ("%.2f" % v) if v is not None else "-"
+    for sh, var, fr0, fr1, x32, x1, bfr0, bf0, bf1 in summary:
+        print("| %s | %s | %s-%s | %s | %s | %s+ | %s-%s |" % (sh, var, pct(fr0), pct(fr1), num(x32), num(x1),
+                                                               pct(bfr0), num(bf0), num(bf1)))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ OUT=${OUT:-/tmp/oscar-out}
 mkdir -p "$OUT"
 QUICK=${1:-}
 SET=${OSCAR_GEN_SET:-default}
+# At most 8 files come back from the device machine: gpu.txt, conformance.log,
+# bench.log, oscar.tsv, sdpa.tsv, table.md, roofline.png (logs of the rest in /tmp).
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv | tee "$OUT/gpu.txt"
 # The model zoo: Qwen3-8B / Llama-3-8B (g128 and g32), Qwen3-32B / Llama-3-70B,
 # GLM-4.5/4.7, Qwen3-235B, Qwen2.5-7B, Llama-3.2-3B, MHA (Llama-2-7B),
@@ -28,8 +30,8 @@ if [ -x "$B/bench_attention" ] && [ -f "$B/lib/liboscar_backend_cuda.so" ]; then
   echo "using the prebuilt $B"
 else
   t0=$(date +%s)
-  cmake -S perf/gpu -B $B -G Ninja -DOSCAR_GEN_SET=$SET -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
-    cmake --build $B -j16 >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
+  cmake -S perf/gpu -B $B -G Ninja -DOSCAR_GEN_SET=$SET -DCMAKE_BUILD_TYPE=Release > /tmp/oscar-build.log 2>&1 &&
+    cmake --build $B -j16 >> /tmp/oscar-build.log 2>&1 || { tail -40 /tmp/oscar-build.log; echo "BUILD FAILED"; exit 1; }
   echo "build: $(( $(date +%s) - t0 )) s"
 fi
 if [ -x build-carry-conf/test_backend_conformance ]; then
@@ -48,7 +50,7 @@ echo "bench: $(( $(date +%s) - t0 )) s"
 [ -n "${OSCAR_SKIP_SDPA:-}" ] && exit 0
 t0=$(date +%s)
 # shellcheck disable=SC2086
-PYTHONUNBUFFERED=1 timeout 300 python3 perf/gpu/sdpa_bench.py "$OUT/sdpa.tsv" $QUICK $SHAPES > "$OUT/sdpa.log" 2>&1
+PYTHONUNBUFFERED=1 timeout 300 python3 perf/gpu/sdpa_bench.py "$OUT/sdpa.tsv" $QUICK $SHAPES > /tmp/oscar-sdpa.log 2>&1
 echo "sdpa: rc $? $(( $(date +%s) - t0 )) s"
 python3 perf/gpu/report.py "$OUT/oscar.tsv" "$OUT/sdpa.tsv" > "$OUT/table.md"
 python3 perf/gpu/plot.py "$OUT/oscar.tsv" "$OUT/sdpa.tsv" "$OUT/roofline.png" || echo "plot failed"
