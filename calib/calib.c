@@ -29,7 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar_internal.h"
 
 /* Rows per rank-k update: bounds the scratch whatever n_tokens is. */

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu_ref.h"
 #include "runtime.h"
 
 static void report_add(oscar_runtime *rt, const char *fmt, ...) {

@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu_ref.h"
+#include "oscar_backend.h"
+#include "oscar_ref.h"
 
 #define CPU_ALIGN 64u
 #define Q_CHUNK 8  /* query heads of one GQA group processed together */
@@ -14,7 +15,7 @@
 
 typedef struct cpu_plan {
     oscar_layout_desc l;
-    oscar_ref_page_geom g;
+    oscar_page_geom g;
     int num_layers, num_rot, identity;
     int quantized; /* 2-bit methods: windows + 2-bit pages; 0: BF16 method */
     int lm;        /* Lloyd-Max levels */
@@ -98,36 +99,21 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
     (void)ctx;
     if (!desc || !bplan) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu plan: NULL descriptor");
     const oscar_layout_desc *l = &desc->layout;
-    if (!oscar_head_dim_supported(l->head_dim))
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "cpu plan: head_dim %d; use 64, 128 or 256",
-                                l->head_dim);
-    if (!oscar_group_supported(l->group, l->head_dim))
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
-                                "cpu plan: group %d; use 32, 64 or 128 dividing head_dim %d", l->group, l->head_dim);
-    if ((int)l->method < 0 || l->method > OSCAR_METHOD_BF16)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "cpu plan: method %d has no paged cache; use oscar2, oscar2-lm, int2, quarot2 or bf16 "
-                                "(int4/int8/kivi2 are evaluation-only, see oscar_fakequant)",
-                                (int)l->method);
-    if (l->num_kv_heads < 1 || l->num_q_heads < l->num_kv_heads || l->num_q_heads % l->num_kv_heads ||
-        l->page_size < 1 || l->sink < 0 || l->recent < 0 || l->max_seq_len < 1 || desc->num_layers < 1 ||
-        (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
+    char why[256];
+    oscar_status st = oscar_format_check_layout(l, why, sizeof why);
+    if (st != OSCAR_OK) return oscar_errbuf_set(err, st, "cpu plan: %s", why);
+    if (desc->num_layers < 1 || (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "cpu plan: inconsistent shape (q heads %d, kv heads %d, page %d, sink %d, recent %d, "
-                                "layers %d, rotations per layer %d); validate the layout first",
-                                l->num_q_heads, l->num_kv_heads, l->page_size, l->sink, l->recent, desc->num_layers,
-                                desc->num_rot);
-    if ((l->kv_dtype != OSCAR_DTYPE_BF16 && l->kv_dtype != OSCAR_DTYPE_F16) ||
-        (l->meta_dtype != OSCAR_DTYPE_F16 && l->meta_dtype != OSCAR_DTYPE_F32))
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "cpu plan: kv_dtype must be BF16 or F16 and meta_dtype F16 or F32");
+                                "cpu plan: %d layers with %d rotations per layer; need >= 1 layer and 1 or "
+                                "num_kv_heads (%d) rotations",
+                                desc->num_layers, desc->num_rot, l->num_kv_heads);
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu plan: rotations missing (rot_k/rot_v NULL)");
 
     cpu_plan *p = calloc(1, sizeof *p);
     if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory");
     p->l = *l;
-    oscar_ref_page_geom_init(l, &p->g);
+    oscar_page_geom_init(l, &p->g);
     p->num_layers = desc->num_layers;
     p->num_rot = desc->num_rot;
     p->identity = desc->identity_rotation;
@@ -137,8 +123,7 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
     p->W = p->quantized ? l->recent : 0;
     p->esize = oscar_dtype_size(l->kv_dtype);
     p->msize = oscar_dtype_size(l->meta_dtype);
-    p->slot_bytes = p->quantized ? 2 * (size_t)l->num_kv_heads * (size_t)(p->S0 + p->W) * (size_t)l->head_dim * p->esize
-                                 : 0;
+    p->slot_bytes = p->g.window_slot_bytes;
     size_t nl = (size_t)desc->num_layers, d = (size_t)l->head_dim;
     size_t rot_elems = nl * (size_t)desc->num_rot * d * d;
     p->clip_k = malloc(nl * sizeof(float));
@@ -317,7 +302,7 @@ static void load_row(const cpu_plan *p, const void *src, float *out) {
     if (p->l.kv_dtype == OSCAR_DTYPE_BF16)
         for (int j = 0; j < p->g.d; j++) out[j] = oscar_bf16_to_f32(h[j]);
     else
-        for (int j = 0; j < p->g.d; j++) out[j] = oscar_ref_half_to_float(h[j]);
+        for (int j = 0; j < p->g.d; j++) out[j] = oscar_f16_to_f32(h[j]);
 }
 static void store_row(const cpu_plan *p, const float *x, void *dst) {
     uint16_t *h = dst;
@@ -460,8 +445,8 @@ static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *
             uint16_t ha, hb;
             memcpy(&ha, meta + (size_t)(2 * g) * 2, 2);
             memcpy(&hb, meta + (size_t)(2 * g + 1) * 2, 2);
-            sa = oscar_ref_half_to_float(ha);
-            sb = oscar_ref_half_to_float(hb);
+            sa = oscar_f16_to_f32(ha);
+            sb = oscar_f16_to_f32(hb);
         }
         const uint8_t *cg = codes + (size_t)g * G / 4;
         float *og = out + (size_t)g * G;
