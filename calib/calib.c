@@ -49,6 +49,11 @@ static const float k_clip_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f,
                                     0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
 #define CLIP_GRID_N ((int)(sizeof k_clip_grid / sizeof k_clip_grid[0]))
 
+const float *oscar_calib_clip_grid(int *count) {
+    if (count) *count = CLIP_GRID_N;
+    return k_clip_grid;
+}
+
 /* One attention probe: the g queries at position t of one fed window that
  * read KV head h, and that window's keys and values of h at 0..t. */
 typedef struct probe {

@@ -115,7 +115,7 @@ typedef struct oe_forward_options {
     int last_layer;     /* stop after this layer (0-based); -1 = all layers */
     /* Residual-stream snapshot and resume, so a caller that changes only
      * layer l's KV quantization reruns layers l.. alone (clip search in
-     * tools/oscar_calibrate_search.c). The result is bit-identical to a
+     * tools/lib/oscar_calibrate_search.c). The result is bit-identical to a
      * full forward with the same hooks. */
     int first_layer;    /* > 0: start at this layer from x_in instead of the embeddings */
     const float *x_in;  /* [n][hidden] residual entering first_layer (required when > 0) */

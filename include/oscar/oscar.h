@@ -279,6 +279,10 @@ OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, i
  * out is head_dim*head_dim doubles, row-major, caller-owned. */
 OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
                                           double *out);
+/* The clip ratios the fit tries, mildest (1) first; *count receives their
+ * number. The array is the library's (static, read-only); tools that refine
+ * clips step along the same grid. */
+OSCAR_API const float *oscar_calib_clip_grid(int *count);
 /* Eigen-decomposes the targets, builds R = U.H.P, fits the clip ratios and
  * returns new parameters (caller destroys). */
 OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out);

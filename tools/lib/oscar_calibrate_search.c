@@ -17,9 +17,6 @@
 
 #include "oscar_calibrate.h"
 
-/* Same grid as the calibration core's fit (calib/calib.c). */
-static const float k_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f, 0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
-#define GRID_N ((int)(sizeof k_grid / sizeof k_grid[0]))
 
 static double srch_now(void) {
     struct timespec ts;
@@ -47,19 +44,8 @@ void ocal_search_options_default(ocal_search_options *o) {
     o->sweeps = 1;
 }
 
-typedef struct srch_hook {
-    const oscar_params *p;
-    oscar_method method;
-    int group, sink, recent, hkv, d;
-    oscar_status st;
-    char msg[400];
-} srch_hook;
-
-/* The cache as oscar-eval's hook stores it: every row copied, the rows some
- * query reads in 2 bits (S0 <= p <= n - 1 - W) rounded to bf16 (the cache's
- * input dtype) and quantize-dequantized with p. */
-static oscar_status srch_kv_hook(void *user, int layer, int n, const float *k, const float *v, float *kq, float *vq) {
-    srch_hook *h = user;
+oscar_status ocal_kv_quant_hook(void *user, int layer, int n, const float *k, const float *v, float *kq, float *vq) {
+    ocal_kv_quant *h = user;
     size_t row = (size_t)h->hkv * (size_t)h->d, all = (size_t)n * row;
     memcpy(kq, k, all * sizeof *kq);
     memcpy(vq, v, all * sizeof *vq);
@@ -91,7 +77,7 @@ typedef struct srch {
     double *ref_negent;     /* [nw][r1 - r0] sum p log p */
     double ref_nll;         /* sum over windows and rows */
     float **x_cur, **x_cand, **x_best; /* [nw][n * hidden] residual entering the current / next layer */
-    srch_hook hook;
+    ocal_kv_quant hook;
     oe_forward_options fo;
     int evals;
     double layer_fw;
@@ -187,9 +173,9 @@ static oscar_status srch_init(srch *S, const oe_model *m, const uint32_t *tokens
         }
     }
     int g = o->group > 0 ? o->group : S->cf->head_dim;
-    S->hook = (srch_hook){.p = p, .method = o->method, .group = g, .sink = o->sink, .recent = o->recent,
+    S->hook = (ocal_kv_quant){.p = p, .method = o->method, .group = g, .sink = o->sink, .recent = o->recent,
                           .hkv = S->cf->num_kv_heads, .d = S->cf->head_dim};
-    S->fo.kv_quant = srch_kv_hook;
+    S->fo.kv_quant = ocal_kv_quant_hook;
     S->fo.kv_quant_user = &S->hook;
     S->fo.sink_tokens = o->sink;
     S->fo.recent_tokens = o->recent;
@@ -255,7 +241,7 @@ static void swap_best(srch *S) {
 }
 
 /* Index of the grid value nearest c. */
-static int grid_index(float c) {
+static int grid_index(const float *k_grid, int GRID_N, float c) {
     int best = 0;
     for (int i = 1; i < GRID_N; i++)
         if (fabsf(k_grid[i] - c) < fabsf(k_grid[best] - c)) best = i;
@@ -270,7 +256,9 @@ static oscar_status srch_coord(srch *S, oscar_params *p, int layer, oscar_kv whi
     float cur;
     oscar_params_clip(p, layer, which, &cur);
     float best_c = cur;
-    int i0 = grid_index(cur);
+    int GRID_N;
+    const float *k_grid = oscar_calib_clip_grid(&GRID_N); /* the calibration core's fit grid */
+    int i0 = grid_index(k_grid, GRID_N, cur);
     for (int dir = -1; dir <= 1; dir += 2) {
         int moved = 0;
         /* From an off-grid start, the nearest grid value in this direction. */
