@@ -161,6 +161,12 @@ oscar_status oe_perplexity(const oe_model *m, const uint32_t *tokens, int64_t n,
                            const oe_forward_options *o, oe_progress_fn progress, void *user,
                            oe_ppl_result *out);
 
+/* log(sum_i exp(l[i])) of a row of n >= 1 logits: exp in fp32 around the
+ * row's maximum, summed in fp64 (the one softmax normaliser of perplexity,
+ * KL and the clip search). *argmax, if not NULL, gets the index of the first
+ * maximum. A NaN in the row gives NaN. */
+double oe_logsumexp(const float *l, int n, int *argmax);
+
 /* Round-to-nearest-even fp32 -> bf16 -> fp32, NaN kept. */
 float oe_round_bf16(float x);
 

@@ -83,14 +83,6 @@ typedef struct srch {
     double layer_fw;
 } srch;
 
-static double row_lse(const float *l, int vocab) {
-    float mx = l[0];
-    for (int i = 1; i < vocab; i++) mx = l[i] > mx ? l[i] : mx;
-    double s = 0.0;
-    for (int i = 0; i < vocab; i++) s += (double)expf(l[i] - mx);
-    return log(s) + (double)mx;
-}
-
 static void srch_free(srch *S) {
     oe_ctx_free(S->ctx);
     free(S->logits);
@@ -162,7 +154,7 @@ static oscar_status srch_init(srch *S, const oe_model *m, const uint32_t *tokens
         for (int t = S->r0; t < S->r1; t++) {
             const float *l = S->logits + (size_t)t * V;
             float *pr = S->ref_p + ((size_t)w * rows + (size_t)(t - S->r0)) * V;
-            double lse = row_lse(l, S->vocab), ne = 0.0;
+            double lse = oe_logsumexp(l, S->vocab, NULL), ne = 0.0;
             for (size_t j = 0; j < V; j++) {
                 double lp = (double)l[j] - lse;
                 pr[j] = (float)exp(lp);
@@ -209,7 +201,7 @@ static oscar_status srch_eval(srch *S, int layer, double *kl_out, double *dnll_o
         for (int t = S->r0; t < S->r1; t++) {
             const float *l = S->logits + (size_t)t * V;
             const float *pr = S->ref_p + ((size_t)w * rows + (size_t)(t - S->r0)) * V;
-            double lse = row_lse(l, S->vocab), dot = 0.0;
+            double lse = oe_logsumexp(l, S->vocab, NULL), dot = 0.0;
             for (size_t j = 0; j < V; j++) dot += (double)pr[j] * (double)l[j];
             double k = S->ref_negent[(size_t)w * rows + (size_t)(t - S->r0)] - dot + lse;
             kl += k > 0.0 ? k : 0.0; /* rounding can leave -1e-9 */
