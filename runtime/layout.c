@@ -1,5 +1,6 @@
-/* Cache layout: the public entry points (struct_size handling, errors);
- * the checks and sizes themselves are the format's (format/layout.c). */
+/* Cache layout: the public entry points. The caller's struct is read through
+ * oscar_layout_import (struct_size of any version, runtime/abi.c); the checks
+ * and sizes themselves are the format's (format/layout.c). */
 #include "oscar_internal.h"
 
 void oscar_layout_default(oscar_layout_desc *d) {
@@ -21,20 +22,14 @@ void oscar_layout_default(oscar_layout_desc *d) {
 
 oscar_status oscar_layout_validate(const oscar_layout_desc *d) {
     oscar_clear_error();
-    if (!d) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layout: NULL descriptor");
-    if (d->struct_size != sizeof *d)
-        return oscar_set_error(OSCAR_ERR_VERSION,
-                               "layout: struct_size %u but this library expects %zu; start from "
-                               "oscar_layout_default() and rebuild against this header",
-                               d->struct_size, sizeof *d);
-    char msg[256];
-    oscar_status s = oscar_format_check_layout(d, msg, sizeof msg);
-    if (s != OSCAR_OK) return oscar_set_error(s, "%s", msg);
-    return OSCAR_OK;
+    oscar_layout_desc l;
+    return oscar_layout_import(d, &l);
 }
 
-oscar_status oscar_layout_sizes_get(const oscar_layout_desc *d, oscar_layout_sizes *out) {
-    oscar_status s = oscar_layout_validate(d);
+oscar_status oscar_layout_sizes_get(const oscar_layout_desc *in, oscar_layout_sizes *out) {
+    oscar_clear_error();
+    oscar_layout_desc l, *d = &l; /* the caller's struct may be an older, smaller one */
+    oscar_status s = oscar_layout_import(in, &l);
     if (s != OSCAR_OK) return s;
     if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_layout_sizes_get: NULL output");
     memset(out, 0, sizeof *out);
@@ -52,8 +47,10 @@ oscar_status oscar_layout_sizes_get(const oscar_layout_desc *d, oscar_layout_siz
     return OSCAR_OK;
 }
 
-oscar_status oscar_layout_pages_for(const oscar_layout_desc *d, int64_t seq_len, int64_t *pages) {
-    oscar_status s = oscar_layout_validate(d);
+oscar_status oscar_layout_pages_for(const oscar_layout_desc *in, int64_t seq_len, int64_t *pages) {
+    oscar_clear_error();
+    oscar_layout_desc l, *d = &l;
+    oscar_status s = oscar_layout_import(in, &l);
     if (s != OSCAR_OK) return s;
     if (!pages || seq_len < 0)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_layout_pages_for: NULL output or negative length");
@@ -61,10 +58,12 @@ oscar_status oscar_layout_pages_for(const oscar_layout_desc *d, int64_t seq_len,
     return OSCAR_OK;
 }
 
-oscar_status oscar_layout_bits_per_element(const oscar_layout_desc *d, int64_t seq_len, double *bits) {
+oscar_status oscar_layout_bits_per_element(const oscar_layout_desc *in, int64_t seq_len, double *bits) {
     oscar_layout_sizes sz;
-    oscar_status s = oscar_layout_sizes_get(d, &sz);
+    oscar_status s = oscar_layout_sizes_get(in, &sz);
     if (s != OSCAR_OK) return s;
+    oscar_layout_desc l, *d = &l;
+    oscar_layout_import(in, &l); /* passed just above */
     if (!bits || seq_len <= 0)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "oscar_layout_bits_per_element: NULL output or non-positive length");

@@ -5,6 +5,7 @@
 #define OSCAR_INTERNAL_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -22,6 +23,24 @@ oscar_status oscar_set_error(oscar_status s, const char *fmt, ...);
 oscar_status oscar_set_errbuf(oscar_status s, const oscar_errbuf *e);
 /* Clears the thread-local message at the start of a public call. */
 void oscar_clear_error(void);
+
+/* ------------------------------------------------------ versioned structs */
+/* Sizes of the first published version of each versioned struct: a caller's
+ * struct_size may be anything from there up (docs/API.md). Written as the
+ * end of the last field of version 1, so they stay right as fields are
+ * appended. */
+#define OSCAR_LAYOUT_DESC_SIZE_V1 (offsetof(oscar_layout_desc, method) + sizeof(oscar_method))
+#define OSCAR_RUNTIME_OPTIONS_SIZE_V1 (offsetof(oscar_runtime_options, log_user) + sizeof(void *))
+/* Copies the caller's struct src (first field uint32_t struct_size) into
+ * dst of full_size bytes: struct_size in [min_size, full_size] is accepted
+ * and the fields past it are zero; a larger struct_size (newer header) is
+ * accepted when its extra bytes are all zero. dst->struct_size becomes
+ * full_size. Reads only struct_size bytes of src. OSCAR_ERR_VERSION with a
+ * message naming `what` and the `fill_with` function otherwise. */
+oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, size_t min_size, const char *what,
+                                 const char *fill_with);
+/* oscar_struct_import of a layout, then the format's check of its fields. */
+oscar_status oscar_layout_import(const oscar_layout_desc *in, oscar_layout_desc *out);
 
 /* ------------------------------------------------------------- params */
 /* Layout of the arrays: index (layer, kv, rot) with kv 0 = K, 1 = V. */

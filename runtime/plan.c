@@ -5,12 +5,15 @@
 
 #include "runtime.h"
 
-oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout, const oscar_params *params,
+oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout_in, const oscar_params *params,
                                oscar_plan **out) {
     oscar_clear_error();
-    if (!rt || !layout || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_create: NULL argument");
+    if (!rt || !layout_in || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_create: NULL argument");
     *out = NULL;
-    oscar_status s = oscar_layout_validate(layout);
+    oscar_layout_desc lay; /* the caller's struct may be an older, smaller one: read a full copy */
+    const oscar_layout_desc *layout = &lay;
+    oscar_status s = oscar_layout_import(layout_in, &lay);
     if (s != OSCAR_OK) return s;
     const oscar_method m = layout->method;
     const int needs_params = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
@@ -113,14 +116,17 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         free(plan);
         return oscar_set_errbuf(s, &e);
     }
+    atomic_fetch_add(&rt->refs, 1); /* the plan holds its runtime (released in oscar_plan_destroy) */
     *out = plan;
     return OSCAR_OK;
 }
 
 void oscar_plan_destroy(oscar_plan *plan) {
     if (!plan) return;
-    if (plan->bplan) plan->rt->api->plan_destroy(plan->rt->ctx, plan->bplan);
+    oscar_runtime *rt = plan->rt;
+    if (plan->bplan) rt->api->plan_destroy(rt->ctx, plan->bplan);
     free(plan);
+    oscar_runtime_destroy(rt); /* drops the plan's hold; frees rt if its owner destroyed it already */
 }
 
 const char *oscar_plan_variant(const oscar_plan *plan) { return plan ? plan->variant : ""; }
