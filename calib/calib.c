@@ -465,8 +465,12 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
                                    "layer %d: query of token %lld, head %lld is not finite: nothing accumulated; "
                                    "check the model's activations",
                                    layer, (long long)(bad / ((int64_t)hq * d)), (long long)(bad / d % hq));
-    } else {
+    }
+    /* Keys and values: always in pass 1, and in pass 0 when given (the probes
+     * keep them there). */
+    {
         for (int which = 0; which < 2; which++) {
+            if (!(which ? v : k)) continue;
             int64_t bad = first_nonfinite(which ? v : k, dtype, n * (size_t)hkv * (size_t)d);
             if (bad >= 0)
                 return oscar_set_error(OSCAR_ERR_NONFINITE,

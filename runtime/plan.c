@@ -39,6 +39,23 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                params->head_dim, params->num_q_heads, params->num_kv_heads, layout->head_dim,
                                layout->num_q_heads, layout->num_kv_heads);
     }
+    /* Calibrated methods need calibrated parameters: a file made for a
+     * baseline (identity or Hadamard rotation, no clips) would silently serve
+     * as "oscar2"; and clips fitted for one group size are not those of another. */
+    if (needs_params && params->method != OSCAR_METHOD_OSCAR2 && params->method != OSCAR_METHOD_OSCAR2_LM) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters are for method %s but the layout asks %s; use "
+                               "parameters from oscar-calibrate (or oscar_params_create_builtin(%s, ...))",
+                               oscar_method_name(params->method), oscar_method_name(m), oscar_method_name(m));
+    }
+    if (needs_params && params->calib_tokens > 0 && params->group != layout->group) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters' clips were fitted for group %d but the layout has "
+                               "group %d; use layout group %d or recalibrate with --group %d",
+                               params->group, layout->group, params->group, layout->group);
+    }
     const int L = params->num_layers, d = params->head_dim;
     float *clip = malloc(sizeof(float) * 2 * (size_t)L);
     oscar_plan *plan = calloc(1, sizeof *plan);
@@ -222,9 +239,16 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        if (lens[i] < 1 || lens[i] > b->max_seq_len) {
-            s = oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: seq_lens[%zu] = %d outside [1, max_seq_len %d]", fn, i, lens[i],
-                                b->max_seq_len);
+        /* The same codes as the backends give without validation (CPU: EMPTY
+         * for < 1, TOO_LONG above the bound). */
+        if (lens[i] < 1) {
+            s = oscar_set_error(OSCAR_ERR_EMPTY, "%s: seq_lens[%zu] = %d; every sequence needs >= 1 token", fn, i,
+                                lens[i]);
+            goto done;
+        }
+        if (lens[i] > b->max_seq_len) {
+            s = oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: seq_lens[%zu] = %d exceeds the batch's max_seq_len %d", fn, i,
+                                lens[i], b->max_seq_len);
             goto done;
         }
         if (b->window_slots && (slots[i] < 0 || slots[i] >= cache->num_window_slots)) {

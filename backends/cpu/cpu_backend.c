@@ -323,6 +323,21 @@ static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, 
     for (int i = 0; i < 2 * p->g.ng; i++) oscar_store(p->l.meta_dtype, m, (size_t)i, meta[i]);
 }
 
+/* 1 when x R rounded to kv_dtype is finite (y receives x R when computed).
+ * |(x R)_j| <= |x|_2 for orthogonal R (the loader allows |R R^T - I| <= 1e-3),
+ * so rows well below the dtype's maximum skip the product. */
+static int rotated_row_finite(const cpu_plan *p, const float *x, const float *R, float *y) {
+    int d = p->g.d;
+    double n2 = 0.0;
+    for (int j = 0; j < d; j++) n2 += (double)x[j] * (double)x[j];
+    double top = p->l.kv_dtype == OSCAR_DTYPE_BF16 ? 3.3895313892515355e38 : 65504.0;
+    if (sqrt(n2) * 1.01 < top) return 1;
+    oscar_ref_rotate(d, x, R, y);
+    for (int j = 0; j < d; j++)
+        if (!isfinite(oscar_round_to(p->l.kv_dtype, y[j]))) return 0;
+    return 1;
+}
+
 static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
     (void)ctx;
     const cpu_plan *p = bplan;
@@ -358,6 +373,24 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                         "oscar_append: new %s row %d contains NaN or Inf; the cache was not modified",
                                         kv ? "V" : "K", t);
         }
+    /* ... and so must its rotated row once rounded to kv_dtype (finite values
+     * near the dtype's maximum can overflow in x R): refused like a NaN row. */
+    if (!p->identity)
+        for (int32_t t = 0; t < a->total_new; t++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < H; h++) {
+                    float xv[256], yv[256];
+                    load_row(p, (const char *)(kv ? a->v : a->k) + ((size_t)t * (size_t)a->kv_stride + (size_t)h * d) *
+                                                                       p->esize,
+                             xv);
+                    if (!rotated_row_finite(p, xv, rot_of(p, kv ? p->rot_v : p->rot_k, a->layer, h), yv))
+                        return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                                "oscar_append: new %s row %d, KV head %d is finite but its rotated "
+                                                "row overflows %s; the cache was not modified (scale the "
+                                                "activations down)",
+                                                kv ? "V" : "K", t, h,
+                                                p->l.kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16");
+                }
 
     float x[256], xr[256];
     float clip[2] = {p->clip_k[a->layer], p->clip_v[a->layer]};
@@ -417,6 +450,21 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
 }
 
 /* ------------------------------------------------------------- decode */
+/* 0 when some q row of the batch has a NaN or Inf (refused before any output
+ * is written; GPU backends raise the device flag instead). */
+static int q_finite(const cpu_plan *p, const oscar_backend_decode_args *a, int *seq, int *head) {
+    int Hq = p->l.num_q_heads, d = p->g.d;
+    for (int i = 0; i < a->batch.num_seqs; i++)
+        for (int hq = 0; hq < Hq; hq++)
+            if (!row_finite(p->l.kv_dtype, (const char *)a->q + ((size_t)i * a->q_stride + (size_t)hq * d) * p->esize,
+                            (size_t)d)) {
+                *seq = i;
+                *head = hq;
+                return 0;
+            }
+    return 1;
+}
+
 /* Stored row of position pos (K: kv 0, V: kv 1) as fp32, rotated space. */
 static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *bt, int32_t slot, int kv, int h,
                         int64_t pos, int64_t L, float *out) {
@@ -479,6 +527,12 @@ static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decod
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d",
                                 (long long)a->q_stride, (long long)a->out_stride, Hq * d);
+    int bad_seq, bad_head;
+    if (!q_finite(p, a, &bad_seq, &bad_head))
+        return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                "oscar_decode: q of sequence %d, query head %d contains NaN or Inf; nothing was "
+                                "written to out",
+                                bad_seq, bad_head);
     float qr[Q_CHUNK][256], acc[Q_CHUNK][256], s[Q_CHUNK][POS_BLOCK], m[Q_CHUNK], l[Q_CHUNK];
     float row[256], tmp[256];
     for (int i = 0; i < b->num_seqs; i++) {
