@@ -52,31 +52,43 @@ def tuning_for(spec, arch, d):
     return tt
 
 
-def tc_decode(spec, target, arch, v):
-    """True when the CUDA tensor-core decode (decode_mma.jinja) serves variant v."""
-    tc = spec["tuning"].get(arch, {}).get("tc_decode")
-    return (target == "cuda" and tc is not None and not v["BF16M"] and not v["LM"] and not v["MF32"]
-            and v["D"] in tc["head_dim"] and v["GQ"] in tc["gqa"])
+def tc_target(spec, target, arch):
+    """The tensor-core decode settings of arch (CUDA only), or None."""
+    return spec["tuning"].get(arch, {}).get("tc_decode") if target == "cuda" else None
 
 
-def mma_stages(ng, occ):
-    """Deepest cp.async pipeline (<= 4 tiles per warp) within 48 KB of static
-    shared memory and the share of one SM (227 KB) that occ resident CTAs allow."""
-    budget = min(48 * 1024, 227 * 1024 // occ - 1024)
-    for nst in (4, 3, 2):
-        if 4 * nst * (2 * 32 * 40 + 2 * 32 * ng * 4) + 1536 + 1024 * ng + 256 <= budget:
-            return nst
-    sys.exit("oscar_gen: tensor-core decode does not fit shared memory for %d groups" % ng)
+def tc_smem(v, tc):
+    """Pipeline depths and shared memory per warp of a tensor-core decode variant:
+    the 2-bit stages (32-token tiles) and the 16-bit stages (16-row tiles) share
+    one region per warp; the region also holds the final [4][heads][d] partials."""
+    d, ng, msz = v["D"], v["NG"], 4 if v["MF32"] else 2
+    stb16 = 32 * (2 * d + 16)
+    if v["BF16M"]:
+        nst16 = 2 if 2 * stb16 <= tc["region_max"] else 1
+        region, nst = nst16 * stb16, 0
+    else:
+        stb2 = 64 * (d // 4) + 64 * (ng * 2 * msz)
+        nst = next((n for n in (4, 3, 2) if n * stb2 <= tc["region_max"]), 2)
+        region = max(nst * stb2, stb16)
+        nst16 = region // stb16
+    region = max(region, 4 * 8 * v["NT"] * d)  # [4 warps][heads][d] fp32 partials / 4 warps
+    return dict(NST=nst, NST16=nst16, REGION=(region + 15) // 16 * 16)
 
 
 def sfx_of(*parts):
     return "_" + "_".join(str(p) for p in parts)
 
 
-def enumerate_variants(spec, sel, arch):
-    """Returns (append, decode, rotq) lists of dicts for the GPU targets."""
+def enumerate_variants(spec, sel, arch, target):
+    """Returns (append, decode, rotq) lists of dicts for the GPU targets.
+    Decode: on CUDA the tensor-core family (decode_tc.jinja) serves uniform
+    levels and the BF16 method for every head_dim, group and metadata width,
+    with NT n-tiles of 8 query heads (NT 1 and 2 cover 1..16 heads per KV head;
+    more run in several CTAs); Lloyd-Max and the HIP target use the generic
+    family (decode.jinja), instantiated per head capacity of sel["gqa"]."""
     append, decode, rotq = [], [], []
     methods = sel["method"]
+    tc = tc_target(spec, target, arch)
     for d in sel["head_dim"]:
         tt = tuning_for(spec, arch, d)
         for kv in sel["kv_dtype"]:
@@ -92,16 +104,31 @@ def enumerate_variants(spec, sel, arch):
                     append.append(dict(base, sfx=sfx_of("d%d" % d, "g%d" % g, kv, "m" + meta)))
                     for m in quant:
                         lm = 1 if m == "lloyd_max" else 0
+                        if tc and not lm:
+                            for nt in tc["n_tiles"]:
+                                decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0,
+                                                   sfx=sfx_of("d%d" % d, "g%d" % g, "h%d" % (8 * nt), kv,
+                                                              "m" + meta, "u", "tc")))
+                            continue
                         for q in sel["gqa"]:
-                            decode.append(dict(base, GQ=q, LM=lm, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
+                            decode.append(dict(base, GQ=q, LM=lm, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"],
+                                               VB=tt["vb"], TC=False,
                                                sfx=sfx_of("d%d" % d, "g%d" % g, "q%d" % q, kv, "m" + meta,
                                                           "lm" if lm else "u")))
             if "bf16" in methods:
                 base = dict(D=d, G=d, NG=1, KVB=kvb, MF32=0, BF16M=1)
                 append.append(dict(base, sfx=sfx_of("d%d" % d, "paged16", kv)))
+                if tc:
+                    for nt in tc["n_tiles"]:
+                        decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0,
+                                           sfx=sfx_of("d%d" % d, "paged16", "h%d" % (8 * nt), kv, "tc")))
+                    continue
                 for q in sel["gqa"]:
                     decode.append(dict(base, GQ=q, LM=0, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
-                                       sfx=sfx_of("d%d" % d, "paged16", "q%d" % q, kv)))
+                                       TC=False, sfx=sfx_of("d%d" % d, "paged16", "q%d" % q, kv)))
+    for v in decode:
+        if v["TC"]:
+            v.update(tc_smem(v, tc))
     for v in append:
         v["with_helpers"] = True
         v["qsfx"] = v["sfx"]
@@ -136,10 +163,13 @@ HEADER = """/* Generated by gen/oscar_gen.py. Do not edit: change templates/ or 
 #ifdef __cplusplus
 extern "C" {{
 #endif
-/* One generated decode kernel set; key = (d, group, gqa, kv bf16?, meta f32?, lloyd-max?, bf16 method?);
- * tc: the decode is the tensor-core family (decode_mma.jinja). */
+/* One generated decode kernel set; key = (d, group, kv bf16?, meta f32?, lloyd-max?, bf16 method?) and the
+ * head capacity. */
+/* cap: query heads one CTA serves (more run in ceil(gqa / cap) CTAs per KV head);
+ * tc: tensor-core family (decode_tc.jinja: one oscar_tc_decode_params argument,
+ * smem bytes of dynamic shared memory, merge takes oscar_tc_merge_params). */
 typedef struct oscar_gpu_decode_variant {{
-    int d, group, gqa, kvb, mf32, lm, bf16m, threads, elems, tc;
+    int d, group, cap, kvb, mf32, lm, bf16m, threads, elems, tc, smem;
     const void *decode, *rotate_q, *merge;
     const char *name;
 }} oscar_gpu_decode_variant;
@@ -216,20 +246,16 @@ SHFL32 = {
 def gen_gpu(target, spec, sel, arch, out):
     e = env()
     ext = "cu" if target == "cuda" else "hip"
-    append, decode, rotq = enumerate_variants(spec, sel, arch)
+    append, decode, rotq = enumerate_variants(spec, sel, arch, target)
     prelude = e.get_template("prelude.jinja").render(target=target)
     app_t = e.get_template("append.jinja").module
     dec_t = e.get_template("decode.jinja").module
-    mma_t = e.get_template("decode_mma.jinja").module
+    tc_t = e.get_template("decode_tc.jinja").module
     write(os.path.join(out, "oscar_%s_variants.h" % target), HEADER.format(T=target.upper(), t=target))
-    for v in decode:
-        v["TC"] = tc_decode(spec, target, arch, v)
-
 
     # Tables live next to their kernels (HIP cannot reference a __global__
     # function of another translation unit without -fgpu-rdc); the dispatch
     # file only collects the per-file tables.
-    rq = {(v["D"], v["KVB"]): v["sfx"] for v in rotq}
     app_lines = ['extern "C" const oscar_gpu_append_variant oscar_%s_append_table[] = {' % target]
     for v in append:
         app_lines.append('    {%d, %d, %d, %d, %d, (const void *)oscar_store%s, (const void *)oscar_demote%s, "%s"},'
@@ -250,22 +276,21 @@ def gen_gpu(target, spec, sel, arch, out):
         rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part.rsplit("_", 1)[0]][0]
         body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + part)))
         if any(v["TC"] for v in dv):
-            body.append(mma_t.mma_helpers())
+            body.append(tc_t.tc_helpers())
+            body.append(tc_t.merge_tc_family(dict(rv, sfx="_" + part)))
         for v in dv:
-            if v["TC"]:
-                occ = spec["tuning"][arch]["tc_decode"].get("ctas_per_sm", 4)
-                body.append(mma_t.decode_mma_family(dict(v, NST=mma_stages(v["NG"], occ), OCC=occ)))
-            else:
-                body.append(dec_t.decode_family(v))
+            body.append(tc_t.decode_tc_family(v) if v["TC"] else dec_t.decode_family(v))
         body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
         for v in dv:
             r = "_" + part
-            body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
-                        '(const void *)oscar_rotate_q%s, (const void *)oscar_merge%s, "%s"},'
-                        % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"], v["NT"], v["E"],
-                           int(v["TC"]), v["sfx"], r, r, v["sfx"][1:] + ("_tc" if v["TC"] else "")))
+            merge = ("oscar_merge_tc" if v["TC"] else "oscar_merge") + r
+            body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
+                        '(const void *)oscar_rotate_q%s, (const void *)%s, "%s"},'
+                        % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
+                           128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
+                           v["sfx"], r, merge, v["sfx"][1:]))
         if not dv:
-            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\"},")
+            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\"},")
         body.append("};")
         body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
         write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")

@@ -48,3 +48,42 @@ Test(gpu_splits, target_rule_without_occupancy) {
     cr_assert_eq(ns, 5, "%d splits", ns);
     cr_assert_eq(chunk, 6656);
 }
+
+/* Tensor-core decode (gpu_tc_choose): the 2-bit splits cover the longest
+ * history and the 16-bit splits the window rows (or every row of the BF16
+ * method), chunks on the 32-token / 16-row tile grid, no split empty at the
+ * batch's longest length, the workspace's split bound kept, head chunks cover
+ * the GQA ratio. */
+static void check_tc(int seqs, int gqa, int cap, int len, int S0, int W, int bf16m, int d, int resident,
+                     int max_splits) {
+    gpu_tc_splits t;
+    gpu_tc_choose(seqs, 8, gqa, cap, len, S0, W, bf16m, d, d / 2 + 8, resident, max_splits, &t);
+    int lh = bf16m ? 0 : (len > S0 + W ? len - S0 - W : 0);
+    int nwin = bf16m ? len : (len < S0 + W ? len : S0 + W);
+    int nsw = t.nsplit - t.ns2;
+    cr_assert(t.hchunks * cap >= gqa && (t.hchunks - 1) * cap < gqa, "gqa %d cap %d: %d head chunks", gqa, cap,
+              t.hchunks);
+    cr_assert(t.chunk2 % 32 == 0 && t.chunk16 % 16 == 0 && t.chunk2 > 0 && t.chunk16 > 0);
+    cr_assert((long long)t.ns2 * t.chunk2 >= lh && (t.ns2 == 0 || (long long)(t.ns2 - 1) * t.chunk2 < lh),
+              "len %d seqs %d: %d 2-bit splits of %d for %d history tokens", len, seqs, t.ns2, t.chunk2, lh);
+    cr_assert((long long)nsw * t.chunk16 >= nwin && (nsw == 0 || (long long)(nsw - 1) * t.chunk16 < nwin),
+              "len %d seqs %d: %d 16-bit splits of %d for %d rows", len, seqs, nsw, t.chunk16, nwin);
+    cr_assert(t.nsplit <= max_splits || t.nsplit <= 2, "len %d seqs %d: %d splits above the workspace's %d", len,
+              seqs, t.nsplit, max_splits);
+}
+
+Test(gpu_splits, tensor_core_splits_cover_history_and_windows) {
+    const int lens[] = {1, 63, 64, 319, 320, 321, 4096, 32768, 131072, 1000003};
+    const int seqs[] = {1, 3, 8, 32, 64, 172};
+    const int gqas[] = {1, 4, 7, 12, 16, 20};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+        for (size_t j = 0; j < sizeof seqs / sizeof seqs[0]; j++)
+            for (size_t k = 0; k < sizeof gqas / sizeof gqas[0]; k++)
+                for (int resident = 0; resident <= 528; resident += 528) {
+                    int cap = gqas[k] <= 8 ? 8 : 16;
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 1 << 20);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 3);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 0, 64, resident, 1 << 20);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 1, 256, resident, 5);
+                }
+}

@@ -133,12 +133,21 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         mf32 = !bf16m && l->meta_dtype == OSCAR_DTYPE_F32, lm = l->method == OSCAR_METHOD_OSCAR2_LM;
     const oscar_gpu_decode_variant *dv = NULL;
     const oscar_gpu_append_variant *av = NULL;
+    /* Preference: the tensor-core family, then the smallest head capacity that
+     * holds the GQA ratio (else the largest: the ratio runs in several CTAs). */
     for (int t = 0; t < GPU_TABLE(num_decode_tables); t++)
         for (int i = 0; i < *GPU_TABLE(decode_table_sizes)[t]; i++) {
             const oscar_gpu_decode_variant *v = &GPU_TABLE(decode_tables)[t][i];
-            if (v->d == l->head_dim && v->group == G && v->gqa == gq && v->kvb == kvb && v->mf32 == mf32 &&
-                v->lm == lm && v->bf16m == bf16m)
+            if (v->d != l->head_dim || v->group != G || v->kvb != kvb || v->mf32 != mf32 || v->lm != lm ||
+                v->bf16m != bf16m || v->cap < 1)
+                continue;
+            if (!dv || v->tc > dv->tc) {
                 dv = v;
+                continue;
+            }
+            if (v->tc < dv->tc) continue;
+            int holds = v->cap >= gq, dholds = dv->cap >= gq;
+            if ((holds && (!dholds || v->cap < dv->cap)) || (!holds && !dholds && v->cap > dv->cap)) dv = v;
         }
     for (int t = 0; t < GPU_TABLE(num_append_tables); t++)
         for (int i = 0; i < *GPU_TABLE(append_table_sizes)[t]; i++) {
@@ -148,7 +157,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         }
     if (!dv || !av)
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                GPU_NAME " plan: no generated kernel for d%d group %d gqa %d %s meta %s %s; rebuild "
+                                GPU_NAME " plan: no generated kernel for d%d group %d (gqa %d) %s meta %s %s; rebuild "
                                 "with -DOSCAR_GEN_SET=full or add it to gen/variants.json (docs/CODEGEN.md)",
                                 l->head_dim, G, gq, kvb ? "bf16" : "f16", mf32 ? "f32" : "f16",
                                 bf16m ? "bf16-method" : (lm ? "lloyd-max" : "uniform"));
@@ -165,11 +174,20 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->min_chunk = t ? t->min_chunk : 256;
     k->blocks_per_sm = t ? t->blocks_per_sm : 4;
     k->owner = NULL;
+    k->cap = dv->cap;
+    k->tc = dv->tc;
+    k->smem = (unsigned)dv->smem;
     /* The tensor-core decode sizes its splits by the CTAs the device holds at once. */
     int occ = 0;
     k->resident = 0;
-    if (dv->tc && GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->decode, dv->threads, 0) == GPU_OK && occ > 0)
-        k->resident = occ;
+    if (dv->tc) {
+        gpu_err_t e = GPU(FuncSetAttribute)(dv->decode, GPU(FuncAttributeMaxDynamicSharedMemorySize), dv->smem);
+        if (e != GPU_OK) return fail(err, "raising the decode kernel's shared memory limit", e);
+        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->decode, dv->threads, (size_t)dv->smem) ==
+                GPU_OK &&
+            occ > 0)
+            k->resident = occ;
+    }
     snprintf(k->name, sizeof k->name, "%s", dv->name);
     return OSCAR_OK;
 }
@@ -179,20 +197,25 @@ static void g_release(void *ctx, gpu_kernels *k) {
     (void)k;
 }
 
-static oscar_status g_launch(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
-                             const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+static oscar_status g_launch_smem(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                  unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
     (void)ctx;
     void *argv[40];
     if (nargs > 40) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
     for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
     dim3 grid = {gx, gy, gz}, blk = {block, 1, 1};
-    gpu_err_t e = GPU(LaunchKernel)(kernel, grid, blk, argv, 0, (gpu_stream_t)stream);
+    gpu_err_t e = GPU(LaunchKernel)(kernel, grid, blk, argv, smem, (gpu_stream_t)stream);
     if (e == GPU_OK) e = GPU(GetLastError)();
     return e == GPU_OK ? OSCAR_OK : fail(err, "kernel launch", e);
 }
 
-static const gpu_vendor k_vendor = {GPU_NAME, g_select, g_release, g_launch, g_units,
-                                    g_alloc,  g_free,   g_write,   g_read,   g_sync};
+static oscar_status g_launch(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                             const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    return g_launch_smem(ctx, kernel, gx, gy, gz, block, 0, args, nargs, stream, err);
+}
+
+static const gpu_vendor k_vendor = {GPU_NAME, g_select, g_release, g_launch, g_units,       g_alloc,
+                                    g_free,   g_write,  g_read,    g_sync,   g_launch_smem};
 
 static const oscar_backend_api k_api = {
     OSCAR_BACKEND_ABI_VERSION, GPU_NAME,          g_probe,         g_init,

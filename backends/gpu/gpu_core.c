@@ -2,6 +2,8 @@
 #include "gpu_core.h"
 #include "oscar_format.h" /* layout checks and page geometry: one home for the format */
 
+#include "decode_tc_params.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,6 +69,60 @@ void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int
     *chunk = (int)c;
     *nsplit = (int)(((int64_t)max_len + c - 1) / c);
     if (*nsplit < 1) *nsplit = 1;
+}
+
+void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, int sink, int recent, int bf16m,
+                   int head_dim, int row2_bytes, int resident, int max_splits, gpu_tc_splits *t) {
+    t->hchunks = (gqa + cap - 1) / cap;
+    int64_t units = (int64_t)num_seqs * kv_heads * t->hchunks;
+    int64_t lh = bf16m ? 0 : (max_len > sink + recent ? max_len - sink - recent : 0);
+    int64_t nwin = bf16m ? max_len : (max_len < sink + recent ? max_len : sink + recent);
+    int64_t row16 = 4 * (int64_t)head_dim, row2 = row2_bytes > 0 ? row2_bytes : 1;
+    int64_t total = lh * row2 + nwin * row16; /* bytes one (sequence, head chunk) reads */
+    /* Wave model: CTAs of equal bytes; a CTA also costs ~36 KB worth of fixed work
+     * (q setup, pipeline fill, partial write). Splits are limited by the rows
+     * (16-row tiles) and by the workspace. */
+    int64_t cap_s = (lh + 31) / 32 + (nwin + 15) / 16;
+    /* with both kinds of rows the carving below can add one split */
+    int64_t lim = lh > 0 && nwin > 0 ? (int64_t)max_splits - 1 : max_splits;
+    if (cap_s > lim) cap_s = lim;
+    if (cap_s > 256) cap_s = 256;
+    if (cap_s < 1) cap_s = 1;
+    int64_t res = resident > 0 ? resident : 132 * 4, best = -1, ns = 1;
+    for (int64_t n = 1; n <= cap_s; n++) {
+        int64_t waves = (units * n + res - 1) / res;
+        int64_t cost = waves * ((total + n - 1) / n + 36864);
+        if (best < 0 || cost < best) {
+            best = cost;
+            ns = n;
+        }
+    }
+    /* Carve the n splits between the two kinds of rows by their bytes. */
+    int64_t ns2 = 0, nsw = 0;
+    if (lh > 0 && nwin > 0) {
+        ns2 = (ns * lh * row2 + total / 2) / total;
+        if (ns2 < 1) ns2 = 1;
+        nsw = ns - ns2 > 1 ? ns - ns2 : 1;
+    } else if (lh > 0) {
+        ns2 = ns;
+    } else {
+        nsw = ns;
+    }
+    int64_t c2 = 32, c16 = 16;
+    if (ns2 > 0) {
+        c2 = (lh + ns2 - 1) / ns2;
+        c2 = (c2 + 31) / 32 * 32;
+        ns2 = (lh + c2 - 1) / c2;
+    }
+    if (nsw > 0) {
+        c16 = (nwin + nsw - 1) / nsw;
+        c16 = (c16 + 15) / 16 * 16;
+        nsw = (nwin + c16 - 1) / c16;
+    }
+    t->ns2 = (int)ns2;
+    t->chunk2 = (int)c2;
+    t->chunk16 = (int)c16;
+    t->nsplit = (int)(ns2 + nsw) > 0 ? (int)(ns2 + nsw) : 1;
 }
 
 static void plan_free(void *ctx, gpu_plan *p) {
@@ -198,6 +254,16 @@ static int resident_blocks(void *ctx, const gpu_plan *p) {
     return p->k.resident > 0 ? (cu < 1 ? 1 : cu) * p->k.resident : 0;
 }
 
+static int hchunks_of(const gpu_plan *p) {
+    int cap = p->k.cap > 0 ? p->k.cap : p->gqa;
+    return (p->gqa + cap - 1) / cap;
+}
+static void tc_choose(void *ctx, const gpu_plan *p, int nseq, int max_len, int max_splits, gpu_tc_splits *t) {
+    int d = p->l.head_dim, ng = d / p->l.group, msz = p->l.meta_dtype == OSCAR_DTYPE_F32 ? 4 : 2;
+    gpu_tc_choose(nseq, p->l.num_kv_heads, p->gqa, p->k.cap, max_len, p->S0, p->W, !p->quantized, d,
+                  d / 2 + 2 * ng * 2 * msz, resident_blocks(ctx, p), max_splits, t);
+}
+
 /* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */
 static size_t qt_bytes(const gpu_plan *p, int seqs) {
     return ALIGN256((size_t)seqs * (size_t)p->l.num_q_heads * (size_t)p->l.head_dim * sizeof(float));
@@ -214,8 +280,14 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
                                 "%s workspace_bytes: need a plan, an output and max_seqs, max_seq_len >= 1",
                                 V(ctx)->name);
     int nsplit, chunk;
-    gpu_choose_splits(max_seqs, p->l.num_kv_heads, max_seq_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p),
-                      resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
+    if (p->k.tc) {
+        gpu_tc_splits t;
+        tc_choose(ctx, p, max_seqs, max_seq_len, 1 << 20, &t);
+        nsplit = t.nsplit;
+    } else {
+        gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
+                          target_blocks(ctx, p), resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
+    }
     *bytes = OSCAR_WORKSPACE_HEADER + qt_bytes(p, max_seqs) + part_bytes(p, max_seqs, nsplit);
     return OSCAR_OK;
 }
@@ -339,6 +411,50 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                           (int)(sizeof sa / sizeof sa[0]), a->stream, err);
 }
 
+/* q rotation, one tensor-core decode launch over every split, one merge launch. */
+static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_decode_args *a, int max_len,
+                              int max_splits, size_t qtb, oscar_errbuf *err) {
+    const oscar_batch *b = &a->batch;
+    int H = p->l.num_kv_heads, Hq = p->l.num_q_heads, D = p->l.head_dim, nseq = b->num_seqs;
+    gpu_tc_splits t;
+    tc_choose(ctx, p, nseq, max_len, max_splits, &t);
+    if (t.nsplit > max_splits)
+        return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
+                                "%s oscar_decode: workspace holds %d splits, this batch needs %d; size it with "
+                                "oscar_plan_workspace_bytes for at least this batch and length",
+                                V(ctx)->name, max_splits, t.nsplit);
+    int64_t qt_off = OSCAR_WORKSPACE_HEADER, part_off = OSCAR_WORKSPACE_HEADER + (int64_t)qtb;
+    int64_t q_stride = a->q_stride, rot_off = (int64_t)a->layer * p->num_rot * D * D;
+    int num_rot = p->num_rot, identity = p->identity;
+    float scale = a->sm_scale * LOG2E;
+    const void *q = a->q, *rk = p->rot_k;
+    void *ws = a->workspace;
+    gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
+                    {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ra,
+                                     (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+    if (st) return st;
+    oscar_tc_decode_params dp = {
+        .pages = a->cache.pages, .windows = a->cache.windows, .bt = b->block_table, .lens = b->seq_lens,
+        .slots = b->window_slots, .ws = ws, .qt_off = qt_off, .part_off = part_off,
+        .page_bytes = (int64_t)p->page_bytes, .slot_bytes = (int64_t)p->slot_bytes, .kc_off = (int64_t)p->kc,
+        .vc_off = (int64_t)p->vc, .km_off = (int64_t)p->km, .vm_off = (int64_t)p->vm,
+        .num_pages = a->cache.num_pages, .num_slots = a->cache.num_window_slots,
+        .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
+        .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
+        .nsplit = t.nsplit};
+    gpu_arg da[] = {{&dp, sizeof dp}};
+    st = V(ctx)->launch_smem(ctx, p->k.decode, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128,
+                             p->k.smem, da, 1, a->stream, err);
+    if (st) return st;
+    oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
+                                .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = NULL,
+                                .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
+                                .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H};
+    gpu_arg ma[] = {{&mp, sizeof mp}};
+    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ma, 1, a->stream, err);
+}
+
 oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
     const gpu_plan *p = bplan;
     const char *nm = V(ctx)->name;
@@ -366,9 +482,11 @@ oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args 
                                 "%zu); size it with oscar_plan_workspace_bytes",
                                 nm, a->workspace_bytes, nseq, OSCAR_WORKSPACE_HEADER + qtb + one);
     int max_splits = (int)(avail / one > (size_t)(1 << 20) ? (1 << 20) : avail / one);
+    int hch = hchunks_of(p);
+    if (p->k.tc) return tc_decode(ctx, p, a, max_len, max_splits, qtb, err);
     int nsplit, chunk;
-    gpu_choose_splits(nseq, H, max_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p), resident_blocks(ctx, p),
-                      max_splits, &nsplit, &chunk);
+    gpu_choose_splits(nseq, H * hch, max_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p),
+                      resident_blocks(ctx, p), max_splits, &nsplit, &chunk);
     if (nsplit > max_splits) {
         /* chunk rounding can need one more split than fits: widen chunks. */
         chunk = (int)(((int64_t)max_len + max_splits - 1) / max_splits);
@@ -396,7 +514,8 @@ oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args 
                        {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&Hq, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                        {&max_len, 4}, {&chunk, 4}, {&nsplit, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8},
                        {&vc, 8}, {&km, 8}, {&vm, 8}};
-    st = V(ctx)->launch(ctx, p->k.decode, (unsigned)nsplit, (unsigned)H, (unsigned)nseq, (unsigned)p->k.threads, dargs,
+    st = V(ctx)->launch(ctx, p->k.decode, (unsigned)nsplit, (unsigned)(H * hch), (unsigned)nseq, (unsigned)p->k.threads,
+                        dargs,
                         (int)(sizeof dargs / sizeof dargs[0]), a->stream, err);
     if (st) return st;
     gpu_arg ma[] = {{&ws, sizeof ws}, {&part_off, 8}, {&lens, sizeof lens}, {&chunk, 4}, {&nsplit, 4}, {&max_len, 4},

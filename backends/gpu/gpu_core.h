@@ -23,6 +23,9 @@ typedef struct gpu_kernels {
     const void *store, *demote, *rotate_q, *decode, *merge;
     int threads, elems, min_chunk, blocks_per_sm;
     int resident; /* decode CTAs resident per compute unit when known (occupancy query), else 0 */
+    int cap;      /* query heads one decode work-group serves; 0: the plan's whole GQA ratio */
+    int tc;       /* decode/merge are the tensor-core family (oscar_tc_*_params, launch_smem) */
+    unsigned smem; /* dynamic shared memory bytes of the tc decode */
     char name[128];
     void *owner; /* vendor data released by release() */
 } gpu_kernels;
@@ -42,6 +45,9 @@ typedef struct gpu_vendor {
     oscar_status (*read)(void *ctx, void *dst, const void *src, size_t offset, size_t bytes, void *stream,
                          oscar_errbuf *err);
     oscar_status (*sync)(void *ctx, void *stream, oscar_errbuf *err);
+    /* Launch with dynamic shared memory; only vendors with tc kernels set it. */
+    oscar_status (*launch_smem)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err);
 } gpu_vendor;
 
 /* Every vendor context starts with this header. */
@@ -64,6 +70,17 @@ oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args 
  * waves x (chunk + a CTA's fixed cost), the critical path of equal-work CTAs,
  * so the last wave is not a thin tail and chunks do not shrink to overhead;
  * otherwise it aims at target_blocks CTAs. */
+/* Split plan of the tensor-core decode: ns2 splits of chunk2 tokens over the
+ * 2-bit history (the longest one in the batch), then nsplit - ns2 splits of
+ * chunk16 16-bit rows (window rows, or every row of the BF16 method), the two
+ * kinds balanced by the bytes a token costs; hchunks CTAs per KV head along
+ * the query heads. Depends only on (num_seqs, max_len), never on the lengths. */
+typedef struct gpu_tc_splits {
+    int ns2, chunk2, chunk16, nsplit, hchunks;
+} gpu_tc_splits;
+void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, int sink, int recent, int bf16m,
+                   int head_dim, int row2_bytes, int resident, int max_splits, gpu_tc_splits *t);
+
 void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int min_chunk, int target_blocks,
                        int resident, int max_splits, int *nsplit, int *chunk);
 

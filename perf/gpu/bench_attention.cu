@@ -1,7 +1,8 @@
 // Decode-attention benchmark of the CUDA plugin (liboscar_backend_cuda.so,
 // loaded like the runtime does: dlopen + oscar_backend_entry_v1).
-// Qwen3-8B shape: 32 q heads, 8 KV heads, d 128, group 128, page 64, sink 64,
-// recent 256, BF16 windows, F16 metadata. Batch x context grid; per point:
+// Shapes from the command line as HQ/HKV/D[/G] (default 32/8/128/128, the
+// Qwen3-8B layer); page 64, sink 64, recent 256, BF16 windows, F16 metadata.
+// Batch x context grid per shape; per point:
 // 2-bit OSCAR decode, the library's BF16 paged decode (same kernel family,
 // 16-bit pages), the write path (append of one token per sequence), each the
 // median of many CUDA-event-timed calls after warm-up, rotating enough cache
@@ -10,7 +11,7 @@
 // OSCAR_BENCH_FB=1 adds "oscar2-fb": the oscar2 plan with error-feedback
 // weights (write path only differs); OSCAR_BENCH_PREFILL=n also times an
 // append of n tokens per sequence (a prefill chunk) for the 2-bit methods.
-//   bench_attention PLUGIN.so OUT.tsv [quick]
+//   bench_attention PLUGIN.so OUT.tsv [quick] [HQ/HKV/D[/G] ...]
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <stdio.h>
@@ -98,10 +99,25 @@ static bool wanted(int B, int L) {
 
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s liboscar_backend_cuda.so out.tsv [quick]\n", argv[0]);
+        fprintf(stderr, "usage: %s liboscar_backend_cuda.so out.tsv [quick] [HQ/HKV/D[/G] ...]\n", argv[0]);
         return 2;
     }
-    int quick = argc > 3;
+    int quick = 0;
+    std::vector<std::vector<int>> shapes;
+    for (int i = 3; i < argc; i++) {
+        if (!strcmp(argv[i], "quick")) {
+            quick = 1;
+            continue;
+        }
+        int hq = 0, hkv = 0, d = 0, g = 0;
+        int n = sscanf(argv[i], "%d/%d/%d/%d", &hq, &hkv, &d, &g);
+        if (n < 3 || hq < 1 || hkv < 1 || hq % hkv || (d != 64 && d != 128 && d != 256)) {
+            fprintf(stderr, "bad shape '%s': want HQ/HKV/D[/G], HQ a multiple of HKV, D 64, 128 or 256\n", argv[i]);
+            return 2;
+        }
+        shapes.push_back({hq, hkv, d, n == 4 ? g : (d < 128 ? d : 128)});
+    }
+    if (shapes.empty()) shapes.push_back({32, 8, 128, 128});
     void *so = dlopen(argv[1], RTLD_NOW);
     if (!so) {
         fprintf(stderr, "dlopen: %s\n", dlerror());
@@ -144,9 +160,12 @@ int main(int argc, char **argv) {
         cudaFree(b);
     }
 
-    const int Hq = 32, H = 8, D = 128, G = 128, P = 64, S0 = 64, W = 256;
     FILE *out = fopen(argv[2], "w");
-    fprintf(out, "method\tbatch\tcontext\tsplits_variant\tmedian_us\tbytes\tGBps\tfrac_copy\tappend_us\n");
+    fprintf(out, "shape\tmethod\tbatch\tcontext\tsplits_variant\tmedian_us\tbytes\tGBps\tfrac_copy\tappend_us\n");
+    for (const std::vector<int> &sh : shapes) {
+    const int Hq = sh[0], H = sh[1], D = sh[2], G = sh[3], P = 64, S0 = 64, W = 256;
+    char shape[64];
+    snprintf(shape, sizeof shape, "%d/%d/%d/%d", Hq, H, D, G);
     std::vector<Case> cases;
     int Bs[] = {1, 8, 32, 64};
     int Ls[] = {4096, 32768, 131072};
@@ -248,8 +267,15 @@ int main(int argc, char **argv) {
                                                (int64_t)Hq * D, 0.08838834764f, 0, ws, wsb, nullptr};
                 OK(api->decode(ctx, plan, &a, &err));
             };
-            int iters = quick ? 20 : (L >= 131072 && B >= 32 ? 30 : 60);
             for (int i = 0; i < 5; i++) decode(i % copies);
+            // About 150 ms of timed calls per point, 10 to 60 of them.
+            cudaEventRecord(e0);
+            decode(0);
+            cudaEventRecord(e1);
+            cudaEventSynchronize(e1);
+            float ms0;
+            cudaEventElapsedTime(&ms0, e0, e1);
+            int iters = quick ? 20 : std::max(10, std::min(60, (int)(150.0f / std::max(ms0, 1e-3f))));
             std::vector<float> ts;
             for (int i = 0; i < iters; i++) {
                 cudaEventRecord(e0);
@@ -306,10 +332,9 @@ int main(int argc, char **argv) {
             double bytes = B * (tok2 * H * (2.0 * D / 4 + 2.0 * (D / G) * 4) + tok16 * H * 2.0 * D * 2) +
                            2.0 * B * Hq * D * 2;
             double gbs = bytes / (t * 1e-6) / 1e9;
-            printf("%-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)\n",
-                   mname, B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw,
-                   100.0 * tw / t);
-            fprintf(out, "%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\n", mname, B, L, variant,
+            printf("%-14s %-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)\n",
+                   shape, mname, B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw, 100.0 * tw / t);
+            fprintf(out, "%s\t%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\n", shape, mname, B, L, variant,
                     t, bytes, gbs, gbs * 1e9 / copy_bw, tw);
             fflush(out);
             fflush(stdout);
@@ -327,6 +352,7 @@ int main(int argc, char **argv) {
             cudaFree(ws);
         }
         api->plan_destroy(ctx, plan);
+    }
     }
     fprintf(out, "#copy_GBps\t%.1f\n", copy_bw / 1e9);
     fclose(out);

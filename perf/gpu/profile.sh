@@ -1,27 +1,46 @@
 #!/usr/bin/env bash
-# Nsight Compute profile of the 2-bit decode kernel at one benchmark point
-# (device machine). Prints speed-of-light, occupancy, warp stall and scheduler
-# sections and the SASS instruction mix of the decode kernel.
-#   bash perf/gpu/profile.sh [BxL]      (default 32x32768)
+# Nsight Compute profile of the decode kernel at one benchmark point (device
+# machine): speed of light, occupancy, scheduler and warp-state sections, the
+# warp stall reasons per issued instruction, and the SASS instruction mix of
+# the kernel the plan chose. Uses a prebuilt OSCAR_BENCH_BUILD like run.sh.
+#   bash perf/gpu/profile.sh [BxL] [HQ/HKV/D[/G]] [oscar2|bf16]   (default 32x32768 32/8/128 oscar2)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/oscar-out}
+# Full reports go to PROF_OUT (default /tmp: the device machine returns few files).
+OUT=${PROF_OUT:-/tmp/oscar-prof}
 mkdir -p "$OUT"
 CASE=${1:-32x32768}
-B=/tmp/oscar-bench-min
-cmake -S perf/gpu -B $B -G Ninja -DOSCAR_GEN_SET=minimal -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
-  cmake --build $B -j16 >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
+SHAPE=${2:-32/8/128}
+METHOD=${3:-oscar2}
+B=${OSCAR_BENCH_BUILD:-/tmp/oscar-bench}
+if [ ! -x "$B/bench_attention" ]; then
+  cmake -S perf/gpu -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release > "$OUT/build.log" 2>&1 &&
+    cmake --build $B -j16 >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
+fi
 so=$B/lib/liboscar_backend_cuda.so
-cuobjdump --dump-sass --function oscar_decode_d128_g128_q4_bf16_mf16_u $so > "$OUT/decode.sass" 2>&1
-echo "SASS lines: $(grep -c '/\*[0-9a-f]*\*/' "$OUT/decode.sass")"
-awk '/\/\*[0-9a-f]+\*\//{for(i=1;i<=NF;i++) if($i ~ /^[A-Z][A-Z0-9_.]+$/ && $i != "PT"){split($i,a,"."); print a[1]; break}}' \
-  "$OUT/decode.sass" | sort | uniq -c | sort -rn | head -25
-NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
-if [ -z "$NCU" ]; then echo "no ncu"; exit 0; fi
-OSCAR_BENCH_CASES=$CASE OSCAR_BENCH_METHODS=oscar2 timeout 400 "$NCU" --clock-control none \
+tag=$(echo "$SHAPE-$CASE-$METHOD" | tr '/' '_')
+m=smsp__average_warps_issue_stalled
+metrics=""
+for r in long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle barrier membar not_selected \
+         selected dispatch_stall no_instruction branch_resolving drain sleeping tex_throttle imc_miss misc; do
+  metrics="$metrics,${m}_${r}_per_issue_active.ratio"
+done
+metrics="${metrics#,},smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread,smsp__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+OSCAR_BENCH_CASES=$CASE OSCAR_BENCH_METHODS=$METHOD timeout 300 ncu --clock-control none \
   --kernel-name regex:oscar_decode --launch-skip 3 --launch-count 1 \
-  --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-  --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-  $B/bench_attention $so "$OUT/prof.tsv" > "$OUT/ncu.txt" 2>&1
-echo "ncu rc=$?"
-grep -vE "^\s*$|----|^==PROF==|^oscar2 |^device|^copy" "$OUT/ncu.txt" | cut -c1-150 | head -150
+  --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
+  --metrics "$metrics" $B/bench_attention $so "$OUT/prof.tsv" "$SHAPE" > "$OUT/ncu-$tag.txt" 2>&1
+echo "ncu rc=$? ($tag)"
+kern=$(grep -oE "oscar_decode_[a-z0-9_]+" "$OUT/ncu-$tag.txt" | head -1)
+grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Theoretical Occ|Issued Ipc|No Eligible|Eligible Warps|Active Warps Per|hmma|inst_executed|grid_size" \
+  "$OUT/ncu-$tag.txt" | sed 's/  */ /g' | head -24
+grep -E "issue_stalled" "$OUT/ncu-$tag.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' |
+  awk '{print $1, $NF}' | sort -k2 -rn | head -8 | tr '\n' ';'
+echo
+if [ -n "$kern" ]; then
+  cuobjdump --dump-sass --function "$kern" $so > "$OUT/sass-$tag.txt" 2>&1
+  echo "SASS of $kern: $(grep -c '/\*[0-9a-f]*\*/' "$OUT/sass-$tag.txt") lines; mix:"
+  awk '/\/\*[0-9a-f]+\*\//{for(i=1;i<=NF;i++) if($i ~ /^[A-Z][A-Z0-9_.]+$/ && $i != "PT"){split($i,a,"."); print a[1]; break}}' \
+    "$OUT/sass-$tag.txt" | sort | uniq -c | sort -rn | head -16 | tr '\n' ' '
+  echo
+fi

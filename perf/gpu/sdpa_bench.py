@@ -1,29 +1,36 @@
 #!/usr/bin/env python3
 """External yardstick: torch SDPA decode (1 query token) on contiguous BF16
-K/V, Qwen3-8B shape (32 q heads, 8 KV heads, d 128), FlashAttention backend
-when it accepts the call (GQA via enable_gqa), else the next one that does.
-Median of CUDA-event-timed calls after warm-up, rotating K/V copies so one
-round exceeds the L2. Writes TSV: backend, batch, context, median_us, bytes, GB/s.
-    python3 sdpa_bench.py OUT.tsv [quick]"""
+K/V, shapes HQ/HKV/D[/G] from the command line (default 32/8/128, Qwen3-8B),
+FlashAttention backend when it accepts the call (GQA via enable_gqa), else the
+next one that does. Median of CUDA-event-timed calls after warm-up (about
+150 ms of calls per point), rotating K/V copies so one round exceeds the L2.
+Writes TSV: shape, backend, batch, context, median_us, bytes, GB/s.
+    python3 sdpa_bench.py OUT.tsv [quick] [HQ/HKV/D[/G] ...]"""
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-HQ, HKV, D = 32, 8, 128
-quick = len(sys.argv) > 2
+quick = "quick" in sys.argv[2:]
+shapes = [a for a in sys.argv[2:] if a != "quick"] or ["32/8/128/128"]
 cases = [(b, l) for l in (4096, 32768, 131072) for b in (1, 8, 32, 64)]
 if quick:
     cases = [(1, 4096), (32, 32768)]
 out = open(sys.argv[1], "w")
-out.write("backend\tbatch\tcontext\tmedian_us\tbytes\tGBps\n")
-free, _ = torch.cuda.mem_get_info()
-for b, l in cases:
+out.write("shape\tbackend\tbatch\tcontext\tmedian_us\tbytes\tGBps\n")
+points = []
+for sh in shapes:
+    parts = [int(x) for x in sh.split("/")]
+    HQ, HKV, D = parts[:3]
+    key = "%d/%d/%d/%d" % (HQ, HKV, D, parts[3] if len(parts) > 3 else (D if D < 128 else 128))
+    points += [(key, HQ, HKV, D, b, l) for b, l in cases]
+for key, HQ, HKV, D, b, l in points:
+    free, _ = torch.cuda.mem_get_info()
     kv_bytes = 2 * b * HKV * l * D * 2
     copies = max(1, min(8, int(4 * 60e6 // kv_bytes) + 1))
     if kv_bytes * copies > 0.8 * free:
-        print("sdpa skip B=%d L=%d" % (b, l))
+        print("sdpa skip %s B=%d L=%d" % (key, b, l))
         continue
     q = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
     ks = [torch.randn(b, HKV, l, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
@@ -39,7 +46,13 @@ for b, l in cases:
             break
         except RuntimeError:
             continue
-    iters = 20 if quick else 60
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with sdpa_kernel(used):
+        e0.record()
+        F.scaled_dot_product_attention(q, ks[0], vs[0], enable_gqa=True)
+        e1.record()
+        e1.synchronize()
+    iters = 20 if quick else max(10, min(60, int(150 / max(e0.elapsed_time(e1), 1e-3))))
     ts = []
     with sdpa_kernel(used):
         for i in range(iters + 5):
@@ -54,8 +67,8 @@ for b, l in cases:
     t_us = ts[len(ts) // 2] * 1000
     nbytes = kv_bytes + 2 * b * HQ * D * 2
     name = str(used).split(".")[-1]
-    print("sdpa %-20s B=%-3d L=%-6d %9.1f us %8.0f GB/s" % (name, b, l, t_us, nbytes / t_us / 1e3))
-    out.write("%s\t%d\t%d\t%.2f\t%d\t%.1f\n" % (name, b, l, t_us, nbytes, nbytes / t_us / 1e3))
+    print("sdpa %-14s %-20s B=%-3d L=%-6d %9.1f us %8.0f GB/s" % (key, name, b, l, t_us, nbytes / t_us / 1e3))
+    out.write("%s\t%s\t%d\t%d\t%.2f\t%d\t%.1f\n" % (key, name, b, l, t_us, nbytes, nbytes / t_us / 1e3))
     out.flush()
     del ks, vs, q
     torch.cuda.empty_cache()

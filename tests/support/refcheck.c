@@ -311,6 +311,11 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
 }
 
 int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n, char *msg, size_t msg_len) {
+    return rc_check_output_abs(t, out, ref, n, 2e-4, msg, msg_len);
+}
+
+int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_t n, double abs_frac, char *msg,
+                        size_t msg_len) {
     double mx = 0;
     for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
     double rel = t == OSCAR_DTYPE_BF16 ? 0x1p-8 : 0x1p-10;
@@ -318,7 +323,7 @@ int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n,
     if (msg && msg_len) msg[0] = 0;
     for (size_t i = 0; i < n; i++) {
         double got = oscar_load(t, out, i);
-        double tol = rel * fabs(ref[i]) + 2e-4 * mx + 1e-6;
+        double tol = rel * fabs(ref[i]) + abs_frac * mx + 1e-6;
         if (!(fabs(got - ref[i]) <= tol)) {
             if (!bad && msg && msg_len)
                 snprintf(msg, msg_len, "output %zu: got %.7g, float64 reference %.7g (tol %.3g)", i, got, ref[i], tol);

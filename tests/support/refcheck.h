@@ -102,6 +102,10 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
  * the output rounding (2^-8 relative for bf16, 2^-10 for f16) plus a small
  * absolute slack scaled by the largest |ref|. Returns mismatches, first in msg. */
 int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n, char *msg, size_t msg_len);
+/* The same with the absolute floor abs_frac * max|ref| instead of 2e-4 * max|ref|
+ * (the GPU tensor-core decodes: P in fp16/bf16 with a remainder, see docs/FORMAT.md §5). */
+int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_t n, double abs_frac, char *msg,
+                        size_t msg_len);
 
 /* ----------------------------------------------------------- paged batch */
 /* Host-side paged batch: block table with shuffled physical page ids (some

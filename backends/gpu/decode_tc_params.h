@@ -1,0 +1,40 @@
+/* Arguments of the tensor-core decode family (templates/decode_tc.jinja), one
+ * struct passed by value, shared by the host (gpu_core.c) and the generated
+ * kernels so the compiler checks both sides (no positional argument lists).
+ * Plain C, fixed-width fields only: the layout is the same in C and CUDA C++. */
+#ifndef OSCAR_DECODE_TC_PARAMS_H
+#define OSCAR_DECODE_TC_PARAMS_H
+
+#include <stdint.h>
+
+typedef struct oscar_tc_decode_params {
+    const unsigned char *pages;   /* page pool (2-bit pages, or 16-bit pages for the BF16 method) */
+    const unsigned char *windows; /* window pool (16-bit sink + recent rows); NULL for BF16 */
+    const int32_t *bt, *lens, *slots;
+    unsigned char *ws;            /* workspace: error word, q~ (fp32), split partials */
+    int64_t qt_off, part_off;     /* byte offsets of q~ and of the partials in ws */
+    int64_t page_bytes, slot_bytes, kc_off, vc_off, km_off, vm_off;
+    int32_t num_pages, num_slots, bt_stride;
+    int32_t H, Hq, gq;            /* KV heads, query heads, query heads per KV head */
+    int32_t hchunks;              /* CTAs per KV head along the query heads (gq > capacity) */
+    int32_t lp, S0, W, max_len;   /* log2(page size), sink, recent window, plan's max length */
+    int32_t ns2, chunk2;          /* splits over the 2-bit history, tokens per split (multiple of 32) */
+    int32_t chunk16;              /* 16-bit rows per later split (multiple of 16) */
+    int32_t nsplit;               /* ns2 + splits over the 16-bit rows */
+} oscar_tc_decode_params;
+
+/* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,
+ * R_V^T, rounding to kv_dtype). */
+typedef struct oscar_tc_merge_params {
+    const unsigned char *ws;
+    int64_t part_off;
+    const int32_t *lens;
+    const float *rot_t;           /* transposed V rotations, or NULL with identity */
+    int64_t rot_off;
+    unsigned char *out;
+    int64_t out_stride;
+    float *lse;                   /* optional [num_seqs][Hq] natural-log LSE, NULL: not written */
+    int32_t nsplit, max_len, num_rot, identity, rotated_output, Hq, H;
+} oscar_tc_merge_params;
+
+#endif
