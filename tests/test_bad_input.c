@@ -2,7 +2,8 @@
  * (issue 12, part 3): non-finite calibration rows in either pass, NaN in q,
  * rotations that overflow kv_dtype, zero-length sequences with and without
  * host validation, parameters made for another method or group. CPU always;
- * OpenCL when its plugin runs here (required under OSCAR_REQUIRE_BACKENDS). */
+ * OpenCL, CUDA and HIP when their plugin runs here (required when named in
+ * OSCAR_REQUIRE_BACKENDS). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
@@ -177,6 +178,8 @@ static void nan_q_case(const char *backend) {
 }
 Test(bad_input, nan_q_refused_cpu) { nan_q_case("cpu"); }
 Test(bad_input, nan_q_refused_opencl, .timeout = 300) { nan_q_case("opencl"); }
+Test(bad_input, nan_q_refused_cuda, .timeout = 300) { nan_q_case("cuda"); }
+Test(bad_input, nan_q_refused_hip, .timeout = 300) { nan_q_case("hip"); }
 
 /* Finite rows whose rotation overflows kv_dtype (bf16 near 3e38; f16 rows
  * near 6e4 rotate past 65504): refused like a NaN row, not stored as Inf. */
@@ -200,6 +203,14 @@ Test(bad_input, rotation_overflow_refused_cpu) {
 Test(bad_input, rotation_overflow_refused_opencl, .timeout = 300) {
     overflow_case("opencl", OSCAR_DTYPE_BF16, 3e38f);
     overflow_case("opencl", OSCAR_DTYPE_F16, 60000.0f);
+}
+Test(bad_input, rotation_overflow_refused_cuda, .timeout = 300) {
+    overflow_case("cuda", OSCAR_DTYPE_BF16, 3e38f);
+    overflow_case("cuda", OSCAR_DTYPE_F16, 60000.0f);
+}
+Test(bad_input, rotation_overflow_refused_hip, .timeout = 300) {
+    overflow_case("hip", OSCAR_DTYPE_BF16, 3e38f);
+    overflow_case("hip", OSCAR_DTYPE_F16, 60000.0f);
 }
 
 /* seq_lens 0: the same refusal with and without host-side validation. */

@@ -189,3 +189,4 @@ static void run_threads(const char *backend) {
 
 Test(plan_threads, cpu_threads_share_a_plan, .timeout = 300) { run_threads("cpu"); }
 Test(plan_threads, opencl_threads_share_a_plan, .timeout = 300) { run_threads("opencl"); }
+Test(plan_threads, cuda_threads_share_a_plan, .timeout = 300) { run_threads("cuda"); }
