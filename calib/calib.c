@@ -29,7 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar_internal.h"
 
 /* Rows per rank-k update: bounds the scratch whatever n_tokens is. */
@@ -48,6 +48,11 @@ enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 static const float k_clip_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f,
                                     0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
 #define CLIP_GRID_N ((int)(sizeof k_clip_grid / sizeof k_clip_grid[0]))
+
+const float *oscar_calib_clip_grid(int *count) {
+    if (count) *count = CLIP_GRID_N;
+    return k_clip_grid;
+}
 
 /* One attention probe: the g queries at position t of one fed window that
  * read KV head h, and that window's keys and values of h at 0..t. */
@@ -460,8 +465,12 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
                                    "layer %d: query of token %lld, head %lld is not finite: nothing accumulated; "
                                    "check the model's activations",
                                    layer, (long long)(bad / ((int64_t)hq * d)), (long long)(bad / d % hq));
-    } else {
+    }
+    /* Keys and values: always in pass 1, and in pass 0 when given (the probes
+     * keep them there). */
+    {
         for (int which = 0; which < 2; which++) {
+            if (!(which ? v : k)) continue;
             int64_t bad = first_nonfinite(which ? v : k, dtype, n * (size_t)hkv * (size_t)d);
             if (bad >= 0)
                 return oscar_set_error(OSCAR_ERR_NONFINITE,

@@ -115,7 +115,7 @@ typedef struct oe_forward_options {
     int last_layer;     /* stop after this layer (0-based); -1 = all layers */
     /* Residual-stream snapshot and resume, so a caller that changes only
      * layer l's KV quantization reruns layers l.. alone (clip search in
-     * tools/oscar_calibrate_search.c). The result is bit-identical to a
+     * tools/lib/oscar_calibrate_search.c). The result is bit-identical to a
      * full forward with the same hooks. */
     int first_layer;    /* > 0: start at this layer from x_in instead of the embeddings */
     const float *x_in;  /* [n][hidden] residual entering first_layer (required when > 0) */
@@ -160,6 +160,12 @@ typedef struct oe_ppl_result {
 oscar_status oe_perplexity(const oe_model *m, const uint32_t *tokens, int64_t n, int ctx,
                            const oe_forward_options *o, oe_progress_fn progress, void *user,
                            oe_ppl_result *out);
+
+/* log(sum_i exp(l[i])) of a row of n >= 1 logits: exp in fp32 around the
+ * row's maximum, summed in fp64 (the one softmax normaliser of perplexity,
+ * KL and the clip search). *argmax, if not NULL, gets the index of the first
+ * maximum. A NaN in the row gives NaN. */
+double oe_logsumexp(const float *l, int n, int *argmax);
 
 /* Round-to-nearest-even fp32 -> bf16 -> fp32, NaN kept. */
 float oe_round_bf16(float x);

@@ -1,6 +1,11 @@
 /* Per-thread error message of the engine (liboscar keeps its own). */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine_internal.h"
 
@@ -16,3 +21,21 @@ oscar_status oe_set_error(oscar_status s, const char *fmt, ...)
 }
 
 const char *oe_last_error(void) { return g_msg; }
+
+oscar_status oe_check_regular(const char *path, const char *what)
+{
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return oe_set_error(OSCAR_ERR_IO, "%s: cannot open %s (%s)", path, what, strerror(errno));
+    struct stat sb;
+    int rc = fstat(fd, &sb);
+    close(fd);
+    if (rc != 0) return oe_set_error(OSCAR_ERR_IO, "%s: cannot stat %s (%s)", path, what, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return oe_set_error(OSCAR_ERR_IO, "%s: the %s is %s, not a regular file; give the path of the file itself",
+                            path, what,
+                            S_ISFIFO(sb.st_mode)  ? "a FIFO"
+                            : S_ISDIR(sb.st_mode) ? "a directory"
+                            : S_ISCHR(sb.st_mode) ? "a character device"
+                                                  : "not a regular file");
+    return OSCAR_OK;
+}

@@ -436,6 +436,15 @@ static oscar_status forward_impl(oe_ctx *c, const uint32_t *tokens, int n, const
         rmsnorm_rows(c->h, c->x, m->final_norm, n, H, H, cf->rms_eps);
         linear(c, logits, c->h, m->lm_head, NULL, n, H, cf->vocab);
         PHASE(4);
+        /* A NaN weight (or a NaN that grew on the way) must not turn into a
+         * perplexity of nan or a KL of 0 downstream: refuse it here. */
+        size_t nl = (size_t)n * (size_t)cf->vocab;
+        for (size_t i = 0; i < nl; i++)
+            if (!isfinite(logits[i]))
+                return oe_set_error(OSCAR_ERR_NONFINITE,
+                                    "oe_forward: logit %zu of token %zu is %s: the model's weights or config "
+                                    "produce non-finite values (check the checkpoint for NaN/Inf weights)",
+                                    i % (size_t)cf->vocab, i / (size_t)cf->vocab, isnan(logits[i]) ? "NaN" : "Inf");
     }
 #undef PHASE
     return OSCAR_OK;

@@ -2,8 +2,10 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "engine_internal.h"
 
@@ -45,6 +47,8 @@ oscar_status oe_config_load(const char *path, oe_config *c)
 {
     if (!path || !c) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_config_load: NULL argument");
     memset(c, 0, sizeof *c);
+    oscar_status rs = oe_check_regular(path, "model config");
+    if (rs != OSCAR_OK) return rs;
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
@@ -91,6 +95,11 @@ oscar_status oe_config_load(const char *path, oe_config *c)
     }
     if (!json_get_int(root, "max_position_embeddings", &c->max_position)) c->max_position = 0;
     if (!json_get_num(root, "rms_norm_eps", &c->rms_eps)) c->rms_eps = 1e-6;
+    if (!(c->rms_eps > 0.0) || !isfinite(c->rms_eps)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rms_norm_eps %g must be a positive finite number", path,
+                         c->rms_eps);
+        goto done;
+    }
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu"))) {
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (SwiGLU with silu only)",
@@ -194,6 +203,8 @@ static oscar_status open_shards(const char *dir, shard_set *ss)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    struct stat isb;
+    if (stat(path, &isb) == 0 && !S_ISREG(isb.st_mode)) return oe_check_regular(path, "shard index");
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -203,6 +214,8 @@ static oscar_status open_shards(const char *dir, shard_set *ss)
         return s;
     }
     fclose(f);
+    oscar_status rs = oe_check_regular(path, "shard index");
+    if (rs != OSCAR_OK) return rs;
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: invalid JSON (%s)", path, jerr.text);

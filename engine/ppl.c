@@ -4,15 +4,26 @@
 
 #include "engine_internal.h"
 
-/* -log softmax(row)[target], in double for the sum. */
+double oe_logsumexp(const float *l, int n, int *argmax)
+{
+    float mx = l[0];
+    int am = 0;
+    for (int i = 1; i < n; i++) {
+        if (l[i] > mx) {
+            mx = l[i];
+            am = i;
+        }
+    }
+    if (argmax) *argmax = am;
+    double s = 0.0;
+    for (int i = 0; i < n; i++) s += (double)expf(l[i] - mx);
+    return log(s) + (double)mx;
+}
+
+/* -log softmax(row)[target]. */
 static double nll_row(const float *row, int vocab, uint32_t target)
 {
-    float mx = row[0];
-    for (int i = 1; i < vocab; i++)
-        if (row[i] > mx) mx = row[i];
-    double sum = 0.0;
-    for (int i = 0; i < vocab; i++) sum += exp((double)row[i] - mx);
-    return log(sum) + mx - (double)row[target];
+    return oe_logsumexp(row, vocab, NULL) - (double)row[target];
 }
 
 oscar_status oe_perplexity(const oe_model *m, const uint32_t *tokens, int64_t n, int ctx,

@@ -120,11 +120,58 @@ static oscar_status parse_entry(const char *path, const char *name, json_t *e,
     return OSCAR_OK;
 }
 
+typedef struct st_span {
+    uint64_t b, e;
+    const char *name;
+} st_span;
+static int span_cmp(const void *x, const void *y)
+{
+    const st_span *a = x, *b = y;
+    if (a->b != b->b) return a->b < b->b ? -1 : 1;
+    return a->e < b->e ? -1 : a->e > b->e;
+}
+
+/* The tensors must tile the data area exactly, as the format requires: from
+ * byte 0, each starting where the previous ended, the last ending at the
+ * end of the file. A header length off by a byte (which JSON padding can
+ * hide) leaves a gap or an overhang at the end; overlapping tensors alias. */
+static oscar_status check_tiling(const char *path, const oe_safetensors *st, const unsigned char *base,
+                                 uint64_t data_len)
+{
+    st_span *sp = malloc((st->count ? (size_t)st->count : 1) * sizeof *sp);
+    if (!sp) return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_st_open: out of memory");
+    for (int i = 0; i < st->count; i++) {
+        sp[i].b = (uint64_t)((const unsigned char *)st->tensors[i].data - base);
+        sp[i].e = sp[i].b + (uint64_t)st->tensors[i].nbytes;
+        sp[i].name = st->tensors[i].name;
+    }
+    qsort(sp, (size_t)st->count, sizeof *sp, span_cmp);
+    uint64_t at = 0;
+    oscar_status s = OSCAR_OK;
+    for (int i = 0; i < st->count && s == OSCAR_OK; i++) {
+        if (sp[i].b < at)
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: tensor '%s' starts at byte %" PRIu64 " inside the "
+                             "previous tensor (ends at %" PRIu64 "): overlapping data_offsets; the file is "
+                             "corrupt", path, sp[i].name, sp[i].b, at);
+        else if (sp[i].b > at)
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %" PRIu64 " bytes at %" PRIu64 " of the data area "
+                             "belong to no tensor (before '%s'); the header length or the offsets are wrong",
+                             path, sp[i].b - at, at, sp[i].name);
+        at = sp[i].e;
+    }
+    if (s == OSCAR_OK && at != data_len)
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: the tensors end at byte %" PRIu64 " of a %" PRIu64 "-byte "
+                         "data area: the header length or the offsets are wrong (the file is corrupt or was "
+                         "truncated/padded)", path, at, data_len);
+    free(sp);
+    return s;
+}
+
 oscar_status oe_st_open(const char *path, oe_safetensors **out)
 {
     if (!path || !out) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_st_open: NULL argument");
     *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block: refused below */
     if (fd < 0)
         return oe_set_error(OSCAR_ERR_IO, "%s: cannot open (%s); check the model directory", path,
                             strerror(errno));
@@ -191,6 +238,7 @@ oscar_status oe_st_open(const char *path, oe_safetensors **out)
         st->count++;
     }
     json_decref(root);
+    if (s == OSCAR_OK) s = check_tiling(path, st, base, data_len);
     if (s != OSCAR_OK) {
         oe_st_close(st);
         return s;

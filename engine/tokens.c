@@ -12,6 +12,8 @@ oscar_status oe_tokens_load(const char *path, int vocab, uint32_t **out, int64_t
     if (!path || !out || !count) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_tokens_load: NULL argument");
     *out = NULL;
     *count = 0;
+    oscar_status rs = oe_check_regular(path, "token file");
+    if (rs != OSCAR_OK) return rs;
     FILE *f = fopen(path, "rb");
     if (!f) return oe_set_error(OSCAR_ERR_IO, "%s: cannot open token file (%s)", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0) {

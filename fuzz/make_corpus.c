@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar_internal.h"
 
 static unsigned char *slurp(const char *path, size_t *n) {

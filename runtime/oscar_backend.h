@@ -116,6 +116,11 @@ typedef struct oscar_backend_api {
 } oscar_backend_api;
 
 typedef const oscar_backend_api *(*oscar_backend_entry_fn)(void);
+
+/* The built-in CPU backend's table (backends/cpu/cpu_backend.c, linked into
+ * liboscar only; plugins do not have it). Declared here so the registry
+ * reaches it without including backends/. */
+const oscar_backend_api *oscar_cpu_backend(void);
 #define OSCAR_BACKEND_ENTRY_SYMBOL "oscar_backend_entry_v1"
 
 /* Device error word flags (first 4 bytes of the workspace, uint32). */

@@ -1,14 +1,17 @@
-/* Internal helpers shared by the runtime, the CPU reference backend and the
- * calibration core. Not installed; not part of the ABI. */
+/* Internal helpers of the runtime, shared with the CPU backend and the
+ * calibration core (error reporting, parameter objects). The storage format
+ * itself lives in format/oscar_format.h. Not installed; not part of the ABI. */
 #ifndef OSCAR_INTERNAL_H
 #define OSCAR_INTERNAL_H
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "oscar/oscar.h"
 #include "oscar_backend.h"
+#include "oscar_format.h" /* 16-bit conversions, supported shapes, page geometry */
 
 /* Records the calling thread's detailed error message and returns s.
  * Every public function that fails goes through this (or oscar_set_errbuf). */
@@ -21,46 +24,23 @@ oscar_status oscar_set_errbuf(oscar_status s, const oscar_errbuf *e);
 /* Clears the thread-local message at the start of a public call. */
 void oscar_clear_error(void);
 
-/* ------------------------------------------------------- 16-bit floats */
-static inline float oscar_bits_to_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static inline uint32_t oscar_f32_to_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-static inline float oscar_bf16_to_f32(uint16_t h) { return oscar_bits_to_f32((uint32_t)h << 16); }
-/* Round to nearest, ties to even; NaN stays a (quiet) NaN. */
-static inline uint16_t oscar_f32_to_bf16(float f) {
-    uint32_t u = oscar_f32_to_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-float oscar_f16_to_f32(uint16_t h);
-uint16_t oscar_f32_to_f16(float f); /* round to nearest even, overflow to Inf */
-/* Rounds f through the given 16-bit type (identity for F32). */
-static inline float oscar_round_to(oscar_dtype t, float f) {
-    if (t == OSCAR_DTYPE_BF16) return oscar_bf16_to_f32(oscar_f32_to_bf16(f));
-    if (t == OSCAR_DTYPE_F16) return oscar_f16_to_f32(oscar_f32_to_f16(f));
-    return f;
-}
-static inline size_t oscar_dtype_size(oscar_dtype t) { return t == OSCAR_DTYPE_F32 ? 4u : 2u; }
-/* Loads element i of an array of dtype t as fp32. */
-static inline float oscar_load(oscar_dtype t, const void *p, size_t i) {
-    if (t == OSCAR_DTYPE_F32) return ((const float *)p)[i];
-    uint16_t h = ((const uint16_t *)p)[i];
-    return t == OSCAR_DTYPE_BF16 ? oscar_bf16_to_f32(h) : oscar_f16_to_f32(h);
-}
-static inline void oscar_store(oscar_dtype t, void *p, size_t i, float f) {
-    if (t == OSCAR_DTYPE_F32)
-        ((float *)p)[i] = f;
-    else
-        ((uint16_t *)p)[i] = t == OSCAR_DTYPE_BF16 ? oscar_f32_to_bf16(f) : oscar_f32_to_f16(f);
-}
+/* ------------------------------------------------------ versioned structs */
+/* Sizes of the first published version of each versioned struct: a caller's
+ * struct_size may be anything from there up (docs/API.md). Written as the
+ * end of the last field of version 1, so they stay right as fields are
+ * appended. */
+#define OSCAR_LAYOUT_DESC_SIZE_V1 (offsetof(oscar_layout_desc, method) + sizeof(oscar_method))
+#define OSCAR_RUNTIME_OPTIONS_SIZE_V1 (offsetof(oscar_runtime_options, log_user) + sizeof(void *))
+/* Copies the caller's struct src (first field uint32_t struct_size) into
+ * dst of full_size bytes: struct_size in [min_size, full_size] is accepted
+ * and the fields past it are zero; a larger struct_size (newer header) is
+ * accepted when its extra bytes are all zero. dst->struct_size becomes
+ * full_size. Reads only struct_size bytes of src. OSCAR_ERR_VERSION with a
+ * message naming `what` and the `fill_with` function otherwise. */
+oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, size_t min_size, const char *what,
+                                 const char *fill_with);
+/* oscar_struct_import of a layout, then the format's check of its fields. */
+oscar_status oscar_layout_import(const oscar_layout_desc *in, oscar_layout_desc *out);
 
 /* ------------------------------------------------------------- params */
 /* Layout of the arrays: index (layer, kv, rot) with kv 0 = K, 1 = V. */
@@ -108,9 +88,5 @@ static inline double *oscar_params_eig_ptr(const oscar_params *p, int layer, int
 /* Parses a parameter file held in memory (the body of oscar_params_load;
  * the fuzz harness calls it directly). Same checks and errors as the file. */
 oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_params **out);
-
-/* Supported shapes (one place). */
-static inline int oscar_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
-static inline int oscar_group_supported(int g, int d) { return (g == 32 || g == 64 || g == 128) && g <= d && d % g == 0; }
 
 #endif /* OSCAR_INTERNAL_H */

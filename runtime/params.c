@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar_internal.h"
 
 /* Bounds on shapes we accept anywhere (files included): large enough for any

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar_internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -607,7 +607,7 @@ OSCAR_API oscar_status oscar_params_load(const char *path, oscar_params **out) {
     if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: out is NULL");
     *out = NULL;
     if (!path) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: path is NULL");
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); /* a FIFO must not block: refused below */
     if (fd < 0) return oscar_set_error(OSCAR_ERR_IO, "cannot open parameter file %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -5,12 +5,15 @@
 
 #include "runtime.h"
 
-oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout, const oscar_params *params,
+oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout_in, const oscar_params *params,
                                oscar_plan **out) {
     oscar_clear_error();
-    if (!rt || !layout || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_create: NULL argument");
+    if (!rt || !layout_in || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_create: NULL argument");
     *out = NULL;
-    oscar_status s = oscar_layout_validate(layout);
+    oscar_layout_desc lay; /* the caller's struct may be an older, smaller one: read a full copy */
+    const oscar_layout_desc *layout = &lay;
+    oscar_status s = oscar_layout_import(layout_in, &lay);
     if (s != OSCAR_OK) return s;
     const oscar_method m = layout->method;
     const int needs_params = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
@@ -35,6 +38,23 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                "this model",
                                params->head_dim, params->num_q_heads, params->num_kv_heads, layout->head_dim,
                                layout->num_q_heads, layout->num_kv_heads);
+    }
+    /* Calibrated methods need calibrated parameters: a file made for a
+     * baseline (identity or Hadamard rotation, no clips) would silently serve
+     * as "oscar2"; and clips fitted for one group size are not those of another. */
+    if (needs_params && params->method != OSCAR_METHOD_OSCAR2 && params->method != OSCAR_METHOD_OSCAR2_LM) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters are for method %s but the layout asks %s; use "
+                               "parameters from oscar-calibrate (or oscar_params_create_builtin(%s, ...))",
+                               oscar_method_name(params->method), oscar_method_name(m), oscar_method_name(m));
+    }
+    if (needs_params && params->calib_tokens > 0 && params->group != layout->group) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters' clips were fitted for group %d but the layout has "
+                               "group %d; use layout group %d or recalibrate with --group %d",
+                               params->group, layout->group, params->group, layout->group);
     }
     const int L = params->num_layers, d = params->head_dim;
     float *clip = malloc(sizeof(float) * 2 * (size_t)L);
@@ -113,14 +133,17 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         free(plan);
         return oscar_set_errbuf(s, &e);
     }
+    atomic_fetch_add(&rt->refs, 1); /* the plan holds its runtime (released in oscar_plan_destroy) */
     *out = plan;
     return OSCAR_OK;
 }
 
 void oscar_plan_destroy(oscar_plan *plan) {
     if (!plan) return;
-    if (plan->bplan) plan->rt->api->plan_destroy(plan->rt->ctx, plan->bplan);
+    oscar_runtime *rt = plan->rt;
+    if (plan->bplan) rt->api->plan_destroy(rt->ctx, plan->bplan);
     free(plan);
+    oscar_runtime_destroy(rt); /* drops the plan's hold; frees rt if its owner destroyed it already */
 }
 
 const char *oscar_plan_variant(const oscar_plan *plan) { return plan ? plan->variant : ""; }
@@ -216,9 +239,16 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        if (lens[i] < 1 || lens[i] > b->max_seq_len) {
-            s = oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: seq_lens[%zu] = %d outside [1, max_seq_len %d]", fn, i, lens[i],
-                                b->max_seq_len);
+        /* The same codes as the backends give without validation (CPU: EMPTY
+         * for < 1, TOO_LONG above the bound). */
+        if (lens[i] < 1) {
+            s = oscar_set_error(OSCAR_ERR_EMPTY, "%s: seq_lens[%zu] = %d; every sequence needs >= 1 token", fn, i,
+                                lens[i]);
+            goto done;
+        }
+        if (lens[i] > b->max_seq_len) {
+            s = oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: seq_lens[%zu] = %d exceeds the batch's max_seq_len %d", fn, i,
+                                lens[i], b->max_seq_len);
             goto done;
         }
         if (b->window_slots && (slots[i] < 0 || slots[i] >= cache->num_window_slots)) {

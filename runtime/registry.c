@@ -12,7 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu_ref.h"
 #include "runtime.h"
 
 static void report_add(oscar_runtime *rt, const char *fmt, ...) {
@@ -155,11 +154,13 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
         oscar_runtime_options_default(&def);
         o = &def;
     }
-    if (o->struct_size != sizeof *o)
-        return oscar_set_error(OSCAR_ERR_VERSION,
-                               "oscar_runtime_create: struct_size %u, expected %zu; start from "
-                               "oscar_runtime_options_default()",
-                               o->struct_size, sizeof *o);
+    /* Read the caller's options through a full-size copy: an older (smaller)
+     * struct gets the new fields zeroed (runtime/abi.c). */
+    oscar_runtime_options opt;
+    oscar_status vs = oscar_struct_import(&opt, sizeof opt, o, OSCAR_RUNTIME_OPTIONS_SIZE_V1, "oscar_runtime_create",
+                                          "oscar_runtime_options_default");
+    if (vs != OSCAR_OK) return vs;
+    o = &opt;
     oscar_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
     rt->log = o->log;
@@ -243,6 +244,9 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
 
 void oscar_runtime_destroy(oscar_runtime *rt) {
     if (!rt) return;
+    /* Drops one holder (the creator's, or a plan's: oscar_plan_destroy calls
+     * this); the last one tears the backend down. */
+    if (atomic_fetch_sub(&rt->refs, 1) > 0) return;
     if (rt->api && rt->api->shutdown) rt->api->shutdown(rt->ctx);
     if (rt->dl) dlclose(rt->dl);
     free(rt);

@@ -2,6 +2,8 @@
 #ifndef OSCAR_RUNTIME_H
 #define OSCAR_RUNTIME_H
 
+#include <stdatomic.h>
+
 #include "oscar_internal.h"
 
 struct oscar_runtime {
@@ -14,6 +16,10 @@ struct oscar_runtime {
     char backend[16];
     char device[256];
     char report[4096];
+    /* Holders beyond the first: each live plan holds the runtime, so
+     * oscar_runtime_destroy before a plan's destroy leaves it alive until the
+     * last plan goes (0 from calloc: the creator is the only holder). */
+    atomic_int refs;
 };
 
 struct oscar_plan {

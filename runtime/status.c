@@ -64,22 +64,13 @@ const char *oscar_status_string(oscar_status s) {
     return "unknown status code";
 }
 
-static const char *const method_names[OSCAR_METHOD_COUNT_] = {
-    [OSCAR_METHOD_OSCAR2] = "oscar2", [OSCAR_METHOD_OSCAR2_LM] = "oscar2-lm", [OSCAR_METHOD_INT2] = "int2",
-    [OSCAR_METHOD_QUAROT2] = "quarot2", [OSCAR_METHOD_BF16] = "bf16",        [OSCAR_METHOD_INT4] = "int4",
-    [OSCAR_METHOD_INT8] = "int8",       [OSCAR_METHOD_KIVI2] = "kivi2",
-};
-
-const char *oscar_method_name(oscar_method m) {
-    if ((int)m < 0 || m >= OSCAR_METHOD_COUNT_) return "unknown";
-    return method_names[m];
-}
+const char *oscar_method_name(oscar_method m) { return oscar_format_method_name(m); }
 
 oscar_status oscar_method_from_name(const char *name, oscar_method *out) {
     oscar_clear_error();
     if (!name || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_method_from_name: NULL argument");
     for (int m = 0; m < OSCAR_METHOD_COUNT_; m++) {
-        if (strcmp(name, method_names[m]) == 0) {
+        if (strcmp(name, oscar_format_method_name((oscar_method)m)) == 0) {
             *out = (oscar_method)m;
             return OSCAR_OK;
         }

@@ -7,7 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar_internal.h"
 
 static uint64_t g_seed, g_state;

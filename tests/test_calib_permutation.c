@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 #include "oscar/oscar.h"
 #include "refcheck.h"
 

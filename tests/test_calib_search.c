@@ -1,4 +1,4 @@
-/* End-to-end clip search (tools/oscar_calibrate_search.c) and the engine's
+/* End-to-end clip search (tools/lib/oscar_calibrate_search.c) and the engine's
  * residual snapshot/resume it relies on, on tiny-qwen3 with short windows
  * (skipped when OSCAR_SHARED_DIR/models/tiny-qwen3 is absent).
  *  - resuming a forward at layer l from the saved residual gives logits
@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../tools/oscar_calibrate_search.c"
+#include "oscar_calibrate.h"
 
 static char g_model[4096], g_tokens[4096];
 
@@ -63,12 +63,12 @@ Test(calib_search, resume_from_saved_residual_is_bit_identical, .timeout = 600) 
     float *a = malloc(N * V * sizeof(float)), *b = malloc(N * V * sizeof(float));
     float *x = malloc(N * H * sizeof(float));
     cr_assert(a && b && x);
-    srch_hook h = {.p = p, .method = OSCAR_METHOD_OSCAR2, .group = cf->head_dim, .sink = S0, .recent = W,
+    ocal_kv_quant h = {.p = p, .method = OSCAR_METHOD_OSCAR2, .group = cf->head_dim, .sink = S0, .recent = W,
                    .hkv = cf->num_kv_heads, .d = cf->head_dim};
     oe_forward_options fo;
     oe_forward_options_default(&fo);
     fo.kv_bf16 = 1;
-    fo.kv_quant = srch_kv_hook;
+    fo.kv_quant = ocal_kv_quant_hook;
     fo.kv_quant_user = &h;
     fo.sink_tokens = S0;
     fo.recent_tokens = W;
@@ -222,8 +222,9 @@ Test(calib_search, lowers_kl_from_harsh_clips_and_respects_fixed_side, .timeout 
         oscar_params_clip(p, l, OSCAR_K, &ck);
         oscar_params_clip(p, l, OSCAR_V, &cv);
         cr_expect_eq(cv, 0.93f, "layer %d: fixed V clip moved to %g", l, (double)cv);
-        int on_grid = 0;
-        for (int i = 0; i < GRID_N; i++) on_grid |= ck == k_grid[i];
+        int on_grid = 0, grid_n;
+        const float *grid = oscar_calib_clip_grid(&grid_n);
+        for (int i = 0; i < grid_n; i++) on_grid |= ck == grid[i];
         cr_expect(on_grid, "layer %d: K clip %g is not a grid value", l, (double)ck);
         moved += ck != 0.85f;
     }

@@ -12,8 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "oscar/oscar.h"
+#include "tool_args.h"
 
 #define CHECK(call)                                                                                   \
     do {                                                                                              \
@@ -294,8 +296,13 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
-#define INTOPT(name, field) \
-    if (!strcmp(a, name) && has) { o.field = atoi(argv[++i]); continue; }
+#define INTOPT(name, field)                                                              \
+    if (!strcmp(a, name) && has) {                                                       \
+        int64_t v_;                                                                      \
+        if (!tool_parse_int("oscar-bench", name, argv[++i], 0, INT32_MAX, &v_)) return 2; \
+        o.field = (int)v_;                                                               \
+        continue;                                                                        \
+    }
         if (!strcmp(a, "--quick")) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         if (!strcmp(a, "--backend") && has) { o.backend = argv[++i]; continue; }
@@ -310,6 +317,22 @@ int main(int argc, char **argv) {
     if (o.batch < 1 || o.context < 1 || o.head_dim > 512 || o.q_heads < 1 || o.kv_heads < 1) {
         fprintf(stderr, "oscar-bench: batch, context, heads must be >= 1 and head_dim <= 512\n");
         return 2;
+    }
+    {
+        /* Host K/V of the whole batch (fp32, K and V) plus the CPU reference's
+         * copy must fit in memory: refuse sizes that cannot run, before any
+         * length sum could overflow. */
+        const size_t kv_row = (size_t)o.kv_heads * (size_t)o.head_dim;
+        double need = (double)o.batch * (double)o.context * (double)kv_row * sizeof(float) * 2.0 * 2.0;
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        double have = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0.0;
+        if ((double)o.batch * (double)o.context > (double)INT32_MAX || (have > 0.0 && need > have)) {
+            fprintf(stderr,
+                    "oscar-bench: --batch %d x --context %d needs up to %.0f tokens and %.1f GiB of host K/V "
+                    "(this machine has %.1f GiB); use a smaller --context or --batch\n",
+                    o.batch, o.context, (double)o.batch * (double)o.context, need / 1073741824.0, have / 1073741824.0);
+            return 2;
+        }
     }
     rng_state = 0x9E3779B97F4A7C15ULL ^ o.seed;
 
@@ -337,13 +360,22 @@ int main(int argc, char **argv) {
 
     /* Mixed lengths: the longest is `context`, others shorter and awkward. */
     int *lens = malloc(sizeof(int) * (size_t)o.batch), total = 0;
+    if (!lens) {
+        fprintf(stderr, "oscar-bench: out of memory\n");
+        return 1;
+    }
     for (int b = 0; b < o.batch; b++) {
         lens[b] = b == 0 ? o.context : 1 + (int)(urand() * o.context);
-        total += lens[b];
+        total += lens[b]; /* <= batch * context <= INT32_MAX (checked above) */
     }
     const size_t kv_row = (size_t)o.kv_heads * (size_t)o.head_dim, q_row = (size_t)o.q_heads * (size_t)o.head_dim;
     float *k = malloc(sizeof(float) * (size_t)total * kv_row), *v = malloc(sizeof(float) * (size_t)total * kv_row);
     float *q = malloc(sizeof(float) * (size_t)o.batch * q_row);
+    if (!k || !v || !q) {
+        fprintf(stderr, "oscar-bench: out of host memory for %d tokens of K/V; use a smaller --context or --batch\n",
+                total);
+        return 1;
+    }
     synth_rows(&s, 1, (size_t)total * (size_t)o.kv_heads, k);
     synth_rows(&s, 2, (size_t)total * (size_t)o.kv_heads, v);
     synth_rows(&s, 0, (size_t)o.batch * (size_t)o.q_heads, q);

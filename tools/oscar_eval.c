@@ -1,13 +1,16 @@
 /* oscar-eval: perplexity, KL to BF16, top-1 agreement, retrieval and bits
  * per element of every KV-cache method on a real model (docs/EVAL.md).
  * Exit status: 0 done, 1 run failed, 2 bad input (the message says which). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "oscar_calibrate.h" /* ocal_model_hash: the fingerprint parameter files carry */
 #include "oscar_eval.h"
 
 #define EXIT_BAD_INPUT 2
@@ -19,6 +22,8 @@ static void usage(FILE *f)
             "  MODEL_DIR           Hugging Face Llama/Qwen2/Qwen3 checkpoint\n"
             "  --tokens FILE       uint32 little-endian token ids\n"
             "  --params P          OSCAR parameters (oscar-calibrate); needed by oscar2, oscar2-lm\n"
+            "  --allow-other-model use --params calibrated on another model of the same shape\n"
+            "                      (refused by default: the file's model fingerprint must match)\n"
             "  --params-lm P       parameters calibrated for Lloyd-Max levels (oscar-calibrate --lloyd-max)\n"
             "                      for oscar2-lm; default: --params\n"
             "  --methods LIST      comma-separated, default bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm\n"
@@ -105,6 +110,32 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
 }
 
 /* A private copy of the parameters (the ablations change clips). */
+/* 1 when path can be created: its folder exists and is writable, and it is
+ * not itself a folder; else 0 with the reason in why. */
+static int output_ok(const char *path, char *why, size_t n)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(why, n, "%s is a directory; give a file name", path);
+        return 0;
+    }
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(why, n, "%s: folder '%s' does not exist; create it first", path, dir);
+        return 0;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(why, n, "%s: folder '%s' is not writable (%s)", path, dir, strerror(errno));
+        return 0;
+    }
+    return 1;
+}
+
 static oscar_params *load_copy(const char *path)
 {
     oscar_params *p = NULL;
@@ -123,7 +154,7 @@ int main(int argc, char **argv)
     const char *methods = "bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm";
     long ctx = 2048, max_tokens = 32768, sink = 64, recent = 256, group = 0, threads = 1, trials = 4;
     long long seed = 1234;
-    int ablations = 0;
+    int ablations = 0, allow_other_model = 0;
     const char *per_layer = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -174,6 +205,8 @@ int main(int argc, char **argv)
             S.ret_source = val;
         } else if (!strcmp(a, "--ablations")) {
             ablations = 1;
+        } else if (!strcmp(a, "--allow-other-model")) {
+            allow_other_model = 1;
         }
         INT_OPT("--context", 1, 1 << 20, ctx)
         INT_OPT("--max-tokens", 1, 1L << 40, max_tokens)
@@ -198,6 +231,15 @@ int main(int argc, char **argv)
     if (!S.model_dir) return bad("no MODEL_DIR given (see --help)%s%s", "", "");
     if (!S.tokens_path) return bad("--tokens FILE is required (uint32 token ids)%s%s", "", "");
     if (!S.out_json) return bad("--out report.json is required%s%s", "", "");
+    /* Outputs are written after the whole evaluation: check now that they can be. */
+    {
+        const char *outs[3] = {S.out_json, S.out_md, S.out_plot}, *flags[3] = {"--out", "--md", "--plot"};
+        for (int i = 0; i < 3; i++) {
+            if (!outs[i]) continue;
+            char why[4400];
+            if (!output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
+        }
+    }
 
     /* Methods first: a typo should not cost a model load. */
     oscar_method mlist[EV_MAX_VARIANTS];
@@ -266,11 +308,18 @@ int main(int argc, char **argv)
     /* Parameters before the (slow) model load: wrong shape is bad input. */
     oscar_params *P = NULL, *P_lm = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL, *P_near = NULL,
                  *P_pub = NULL;
+    /* Parameters carry the fingerprint of the model they were calibrated on
+     * (oscar-calibrate): another model of the same shape is refused unless
+     * --allow-other-model says it is meant. */
+    char hash_buf[17];
+    ocal_model_hash(&cfg, hash_buf);
+    const char *model_hash = allow_other_model ? NULL : hash_buf;
     if (S.params_path) {
         if (oscar_params_load(S.params_path, &P) != OSCAR_OK)
             return bad("--params %s: %s", S.params_path, oscar_last_error());
-        if (oscar_params_check_shape(P, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, NULL) != OSCAR_OK) {
-            int rc = bad("--params %s does not belong to this model: %s", S.params_path, oscar_last_error());
+        if (oscar_params_check_shape(P, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, model_hash) != OSCAR_OK) {
+            int rc = bad("--params %s does not belong to this model: %s (--allow-other-model uses it anyway)",
+                         S.params_path, oscar_last_error());
             oscar_params_destroy(P);
             return rc;
         }
@@ -279,9 +328,10 @@ int main(int argc, char **argv)
         int rc = 0;
         if (oscar_params_load(S.params_lm_path, &P_lm) != OSCAR_OK)
             rc = bad("--params-lm %s: %s", S.params_lm_path, oscar_last_error());
-        else if (oscar_params_check_shape(P_lm, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, NULL) !=
+        else if (oscar_params_check_shape(P_lm, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, model_hash) !=
                  OSCAR_OK)
-            rc = bad("--params-lm %s does not belong to this model: %s", S.params_lm_path, oscar_last_error());
+            rc = bad("--params-lm %s does not belong to this model: %s (--allow-other-model uses it anyway)",
+                     S.params_lm_path, oscar_last_error());
         if (rc) {
             oscar_params_destroy(P);
             oscar_params_destroy(P_lm);
@@ -508,16 +558,43 @@ int main(int argc, char **argv)
     {
         char err[700] = "";
         int hook_threads = engine_threads;
-        if (ev_execute(&R, (int)threads, hook_threads, err, sizeof err) != OSCAR_OK) {
+        oscar_status es = ev_execute(&R, (int)threads, hook_threads, err, sizeof err);
+        if (es != OSCAR_OK) {
             fprintf(stderr, "oscar-eval: evaluation failed: %s\n", err);
-            rc = 1;
+            /* NONFINITE: the model's weights produce NaN/Inf logits: bad input, no KL of 0 */
+            rc = es == OSCAR_ERR_NONFINITE ? EXIT_BAD_INPUT : 1;
             goto done;
         }
     }
     S.wall_s = ev_now() - t_start;
     S.cpu_s = ev_cpu_seconds() - cpu_start;
-    if (ev_write_json(&R, &S) != 0) rc = 1;
-    if (S.out_md && ev_write_md(&R, &S) != 0) rc = 1;
+    {
+        /* All or nothing: the report and the table are written as PATH.tmp
+         * and renamed only when both are complete; a failure leaves neither. */
+        const char *fj = S.out_json, *fm = S.out_md;
+        char jt[4200], mt[4200];
+        snprintf(jt, sizeof jt, "%s.tmp", fj);
+        if (fm) snprintf(mt, sizeof mt, "%s.tmp", fm);
+        S.out_json = jt;
+        S.out_md = fm ? mt : NULL;
+        int wrc = ev_write_json(&R, &S) != 0 || (fm && ev_write_md(&R, &S) != 0);
+        S.out_json = fj;
+        S.out_md = fm;
+        if (!wrc && rename(jt, fj) != 0) {
+            fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s\n", jt, fj, strerror(errno));
+            wrc = 1;
+        } else if (!wrc && fm && rename(mt, fm) != 0) {
+            fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s\n", mt, fm, strerror(errno));
+            unlink(fj);
+            wrc = 1;
+        }
+        if (wrc) {
+            unlink(jt);
+            if (fm) unlink(mt);
+            fprintf(stderr, "oscar-eval: no report written\n");
+            rc = 1;
+        }
+    }
     if (S.out_plot && ev_write_plot(&R, &S) != 0) rc = 1;
     fprintf(stderr, "oscar-eval: done in %.1f s wall, %.1f s CPU\n", S.wall_s, S.cpu_s);
 

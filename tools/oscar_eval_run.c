@@ -137,28 +137,13 @@ typedef struct ref_rows {
     int *argmax;
 } ref_rows;
 
-static double row_lse(const float *l, int vocab, int *amax)
-{
-    float mx = l[0];
-    int am = 0;
-    for (int i = 1; i < vocab; i++)
-        if (l[i] > mx) {
-            mx = l[i];
-            am = i;
-        }
-    double s = 0.0;
-    for (int i = 0; i < vocab; i++) s += (double)expf(l[i] - mx);
-    if (amax) *amax = am;
-    return log(s) + (double)mx;
-}
-
 static void ref_prepare(ref_rows *r, const float *logits, int vocab, int r0, int r1, const uint32_t *tok,
                         ev_stats *st)
 {
     for (int i = r0; i < r1; i++) {
         const float *l = logits + (size_t)i * vocab;
         float *p = r->p + (size_t)i * vocab;
-        double lse = row_lse(l, vocab, &r->argmax[i]);
+        double lse = oe_logsumexp(l, vocab, &r->argmax[i]);
         double ne = 0.0;
         for (int j = 0; j < vocab; j++) {
             double lp = (double)l[j] - lse;
@@ -180,7 +165,7 @@ static void score_rows(const ref_rows *r, const float *logits, int vocab, int r0
         const float *l = logits + (size_t)i * vocab;
         const float *p = r->p + (size_t)i * vocab;
         int am;
-        double lse = row_lse(l, vocab, &am);
+        double lse = oe_logsumexp(l, vocab, &am);
         double dot = 0.0;
         for (int j = 0; j < vocab; j++) dot += (double)p[j] * (double)l[j];
         double kl = r->neg_ent[i] - dot + lse;
@@ -197,7 +182,7 @@ static void score_retrieval(const float *logits, int vocab, int r0, int r1, cons
 {
     for (int i = r0; i < r1; i++) {
         int am;
-        (void)row_lse(logits + (size_t)i * vocab, vocab, &am);
+        (void)oe_logsumexp(logits + (size_t)i * vocab, vocab, &am);
         st->ret_correct += (uint32_t)am == tok[i + 1];
         st->ret_total += 1;
     }

@@ -5,6 +5,7 @@
  * Exits non-zero with the library's message on a bad file. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 
 #include "oscar/oscar.h"
@@ -32,15 +33,22 @@ static void print_spectrum(int d, const double *lam) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: %s PARAMS.safetensors\n"
+               "Prints the metadata, clips, spectra and orthogonality of a liboscar parameter file.\n"
+               "Exit status: 0 ok, 2 bad input (not a parameter file, unreadable), 1 other failure.\n",
+               argv[0]);
+        return 0;
+    }
     if (argc != 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: %s PARAMS.safetensors\n", argv[0]);
         return 2;
     }
     oscar_params *p = NULL;
     oscar_status s = oscar_params_load(argv[1], &p);
-    if (s != OSCAR_OK) {
+    if (s != OSCAR_OK) { /* the file given is the input: anything wrong with it is bad input */
         fprintf(stderr, "oscar-inspect: %s: %s\n", oscar_status_string(s), oscar_last_error());
-        return 1;
+        return s == OSCAR_ERR_OUT_OF_MEMORY || s == OSCAR_ERR_INTERNAL ? 1 : 2;
     }
     oscar_params_info info;
     if ((s = oscar_params_get_info(p, &info)) != OSCAR_OK) {

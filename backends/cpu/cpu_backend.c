@@ -6,7 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "cpu_ref.h"
+#include "oscar_backend.h"
+#include "oscar_ref.h"
 
 #define CPU_ALIGN 64u
 #define Q_CHUNK 8  /* query heads of one GQA group processed together */
@@ -14,7 +15,7 @@
 
 typedef struct cpu_plan {
     oscar_layout_desc l;
-    oscar_ref_page_geom g;
+    oscar_page_geom g;
     int num_layers, num_rot, identity;
     int quantized; /* 2-bit methods: windows + 2-bit pages; 0: BF16 method */
     int lm;        /* Lloyd-Max levels */
@@ -98,36 +99,21 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
     (void)ctx;
     if (!desc || !bplan) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu plan: NULL descriptor");
     const oscar_layout_desc *l = &desc->layout;
-    if (!oscar_head_dim_supported(l->head_dim))
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "cpu plan: head_dim %d; use 64, 128 or 256",
-                                l->head_dim);
-    if (!oscar_group_supported(l->group, l->head_dim))
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
-                                "cpu plan: group %d; use 32, 64 or 128 dividing head_dim %d", l->group, l->head_dim);
-    if ((int)l->method < 0 || l->method > OSCAR_METHOD_BF16)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "cpu plan: method %d has no paged cache; use oscar2, oscar2-lm, int2, quarot2 or bf16 "
-                                "(int4/int8/kivi2 are evaluation-only, see oscar_fakequant)",
-                                (int)l->method);
-    if (l->num_kv_heads < 1 || l->num_q_heads < l->num_kv_heads || l->num_q_heads % l->num_kv_heads ||
-        l->page_size < 1 || l->sink < 0 || l->recent < 0 || l->max_seq_len < 1 || desc->num_layers < 1 ||
-        (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
+    char why[256];
+    oscar_status st = oscar_format_check_layout(l, why, sizeof why);
+    if (st != OSCAR_OK) return oscar_errbuf_set(err, st, "cpu plan: %s", why);
+    if (desc->num_layers < 1 || (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "cpu plan: inconsistent shape (q heads %d, kv heads %d, page %d, sink %d, recent %d, "
-                                "layers %d, rotations per layer %d); validate the layout first",
-                                l->num_q_heads, l->num_kv_heads, l->page_size, l->sink, l->recent, desc->num_layers,
-                                desc->num_rot);
-    if ((l->kv_dtype != OSCAR_DTYPE_BF16 && l->kv_dtype != OSCAR_DTYPE_F16) ||
-        (l->meta_dtype != OSCAR_DTYPE_F16 && l->meta_dtype != OSCAR_DTYPE_F32))
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "cpu plan: kv_dtype must be BF16 or F16 and meta_dtype F16 or F32");
+                                "cpu plan: %d layers with %d rotations per layer; need >= 1 layer and 1 or "
+                                "num_kv_heads (%d) rotations",
+                                desc->num_layers, desc->num_rot, l->num_kv_heads);
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu plan: rotations missing (rot_k/rot_v NULL)");
 
     cpu_plan *p = calloc(1, sizeof *p);
     if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory");
     p->l = *l;
-    oscar_ref_page_geom_init(l, &p->g);
+    oscar_page_geom_init(l, &p->g);
     p->num_layers = desc->num_layers;
     p->num_rot = desc->num_rot;
     p->identity = desc->identity_rotation;
@@ -137,8 +123,7 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
     p->W = p->quantized ? l->recent : 0;
     p->esize = oscar_dtype_size(l->kv_dtype);
     p->msize = oscar_dtype_size(l->meta_dtype);
-    p->slot_bytes = p->quantized ? 2 * (size_t)l->num_kv_heads * (size_t)(p->S0 + p->W) * (size_t)l->head_dim * p->esize
-                                 : 0;
+    p->slot_bytes = p->g.window_slot_bytes;
     size_t nl = (size_t)desc->num_layers, d = (size_t)l->head_dim;
     size_t rot_elems = nl * (size_t)desc->num_rot * d * d;
     p->clip_k = malloc(nl * sizeof(float));
@@ -317,7 +302,7 @@ static void load_row(const cpu_plan *p, const void *src, float *out) {
     if (p->l.kv_dtype == OSCAR_DTYPE_BF16)
         for (int j = 0; j < p->g.d; j++) out[j] = oscar_bf16_to_f32(h[j]);
     else
-        for (int j = 0; j < p->g.d; j++) out[j] = oscar_ref_half_to_float(h[j]);
+        for (int j = 0; j < p->g.d; j++) out[j] = oscar_f16_to_f32(h[j]);
 }
 static void store_row(const cpu_plan *p, const float *x, void *dst) {
     uint16_t *h = dst;
@@ -336,6 +321,21 @@ static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, 
     memcpy(page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes, codes, p->g.codes_row_bytes);
     void *m = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;
     for (int i = 0; i < 2 * p->g.ng; i++) oscar_store(p->l.meta_dtype, m, (size_t)i, meta[i]);
+}
+
+/* 1 when x R rounded to kv_dtype is finite (y receives x R when computed).
+ * |(x R)_j| <= |x|_2 for orthogonal R (the loader allows |R R^T - I| <= 1e-3),
+ * so rows well below the dtype's maximum skip the product. */
+static int rotated_row_finite(const cpu_plan *p, const float *x, const float *R, float *y) {
+    int d = p->g.d;
+    double n2 = 0.0;
+    for (int j = 0; j < d; j++) n2 += (double)x[j] * (double)x[j];
+    double top = p->l.kv_dtype == OSCAR_DTYPE_BF16 ? 3.3895313892515355e38 : 65504.0;
+    if (sqrt(n2) * 1.01 < top) return 1;
+    oscar_ref_rotate(d, x, R, y);
+    for (int j = 0; j < d; j++)
+        if (!isfinite(oscar_round_to(p->l.kv_dtype, y[j]))) return 0;
+    return 1;
 }
 
 static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
@@ -373,6 +373,24 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                         "oscar_append: new %s row %d contains NaN or Inf; the cache was not modified",
                                         kv ? "V" : "K", t);
         }
+    /* ... and so must its rotated row once rounded to kv_dtype (finite values
+     * near the dtype's maximum can overflow in x R): refused like a NaN row. */
+    if (!p->identity)
+        for (int32_t t = 0; t < a->total_new; t++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < H; h++) {
+                    float xv[256], yv[256];
+                    load_row(p, (const char *)(kv ? a->v : a->k) + ((size_t)t * (size_t)a->kv_stride + (size_t)h * d) *
+                                                                       p->esize,
+                             xv);
+                    if (!rotated_row_finite(p, xv, rot_of(p, kv ? p->rot_v : p->rot_k, a->layer, h), yv))
+                        return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                                "oscar_append: new %s row %d, KV head %d is finite but its rotated "
+                                                "row overflows %s; the cache was not modified (scale the "
+                                                "activations down)",
+                                                kv ? "V" : "K", t, h,
+                                                p->l.kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16");
+                }
 
     float x[256], xr[256];
     float clip[2] = {p->clip_k[a->layer], p->clip_v[a->layer]};
@@ -432,6 +450,21 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
 }
 
 /* ------------------------------------------------------------- decode */
+/* 0 when some q row of the batch has a NaN or Inf (refused before any output
+ * is written; GPU backends raise the device flag instead). */
+static int q_finite(const cpu_plan *p, const oscar_backend_decode_args *a, int *seq, int *head) {
+    int Hq = p->l.num_q_heads, d = p->g.d;
+    for (int i = 0; i < a->batch.num_seqs; i++)
+        for (int hq = 0; hq < Hq; hq++)
+            if (!row_finite(p->l.kv_dtype, (const char *)a->q + ((size_t)i * a->q_stride + (size_t)hq * d) * p->esize,
+                            (size_t)d)) {
+                *seq = i;
+                *head = hq;
+                return 0;
+            }
+    return 1;
+}
+
 /* Stored row of position pos (K: kv 0, V: kv 1) as fp32, rotated space. */
 static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *bt, int32_t slot, int kv, int h,
                         int64_t pos, int64_t L, float *out) {
@@ -460,8 +493,8 @@ static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *
             uint16_t ha, hb;
             memcpy(&ha, meta + (size_t)(2 * g) * 2, 2);
             memcpy(&hb, meta + (size_t)(2 * g + 1) * 2, 2);
-            sa = oscar_ref_half_to_float(ha);
-            sb = oscar_ref_half_to_float(hb);
+            sa = oscar_f16_to_f32(ha);
+            sb = oscar_f16_to_f32(hb);
         }
         const uint8_t *cg = codes + (size_t)g * G / 4;
         float *og = out + (size_t)g * G;
@@ -494,6 +527,12 @@ static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decod
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d",
                                 (long long)a->q_stride, (long long)a->out_stride, Hq * d);
+    int bad_seq, bad_head;
+    if (!q_finite(p, a, &bad_seq, &bad_head))
+        return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                "oscar_decode: q of sequence %d, query head %d contains NaN or Inf; nothing was "
+                                "written to out",
+                                bad_seq, bad_head);
     float qr[Q_CHUNK][256], acc[Q_CHUNK][256], s[Q_CHUNK][POS_BLOCK], m[Q_CHUNK], l[Q_CHUNK];
     float row[256], tmp[256];
     for (int i = 0; i < b->num_seqs; i++) {

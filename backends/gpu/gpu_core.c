@@ -1,5 +1,6 @@
 /* Shared host logic of the GPU plugins; see gpu_core.h. */
 #include "gpu_core.h"
+#include "oscar_format.h" /* layout checks and page geometry: one home for the format */
 
 #include "decode_tc_params.h"
 
@@ -143,32 +144,16 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     if (!desc || !bplan) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: NULL descriptor", nm);
     const oscar_layout_desc *l = &desc->layout;
     int d = l->head_dim;
-    if (d != 64 && d != 128 && d != 256)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "%s plan: head_dim %d; use 64, 128 or 256", nm, d);
+    char why[256];
+    oscar_status st = oscar_format_check_layout(l, why, sizeof why);
+    if (st != OSCAR_OK) return oscar_errbuf_set(err, st, "%s plan: %s", nm, why);
+    if (desc->num_layers < 1 || (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s plan: %d layers with %d rotations per layer; need >= 1 layer and 1 or "
+                                "num_kv_heads (%d) rotations",
+                                nm, desc->num_layers, desc->num_rot, l->num_kv_heads);
     int bf16m = l->method == OSCAR_METHOD_BF16;
-    if (!bf16m && ((l->group != 32 && l->group != 64 && l->group != 128) || l->group > d || d % l->group))
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
-                                "%s plan: group %d; use 32, 64 or 128 dividing head_dim %d", nm, l->group, d);
-    if ((int)l->method < 0 || l->method > OSCAR_METHOD_BF16)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "%s plan: method %d has no paged cache; use oscar2, oscar2-lm, int2, quarot2 or bf16",
-                                nm, (int)l->method);
-    if (l->num_kv_heads < 1 || l->num_q_heads < l->num_kv_heads || l->num_q_heads % l->num_kv_heads ||
-        l->sink < 0 || l->recent < 0 || l->max_seq_len < 1 || desc->num_layers < 1 ||
-        (desc->num_rot != 1 && desc->num_rot != l->num_kv_heads))
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "%s plan: inconsistent shape (q heads %d, kv heads %d, sink %d, recent %d, layers %d, "
-                                "rotations per layer %d); validate the layout first",
-                                nm, l->num_q_heads, l->num_kv_heads, l->sink, l->recent, desc->num_layers,
-                                desc->num_rot);
     int lp = log2_exact(l->page_size);
-    if (lp < 4 || lp > 7)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "%s plan: page_size %d; use 16, 32, 64 or 128", nm,
-                                l->page_size);
-    if ((l->kv_dtype != OSCAR_DTYPE_BF16 && l->kv_dtype != OSCAR_DTYPE_F16) ||
-        (l->meta_dtype != OSCAR_DTYPE_F16 && l->meta_dtype != OSCAR_DTYPE_F32))
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "%s plan: kv_dtype must be BF16 or F16 and meta_dtype F16 or F32", nm);
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: rotations missing (rot_k/rot_v NULL)", nm);
 
@@ -184,23 +169,16 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->W = bf16m ? 0 : l->recent;
     p->lp = lp;
     p->gqa = l->num_q_heads / l->num_kv_heads;
-    size_t H = (size_t)l->num_kv_heads, P = (size_t)l->page_size, D = (size_t)d;
-    size_t rows = H * P;
-    if (bf16m) {
-        p->kc = 0;
-        p->vc = rows * D * 2;
-        p->km = p->vm = p->page_bytes = 2 * rows * D * 2;
-        p->slot_bytes = 0;
-        p->l.group = d;
-    } else {
-        size_t ng = D / (size_t)l->group, msz = l->meta_dtype == OSCAR_DTYPE_F32 ? 4 : 2;
-        p->kc = 0;
-        p->vc = rows * D / 4;
-        p->km = 2 * rows * D / 4;
-        p->vm = p->km + rows * ng * 2 * msz;
-        p->page_bytes = p->vm + rows * ng * 2 * msz;
-        p->slot_bytes = 2 * H * (size_t)(p->S0 + p->W) * D * 2;
-    }
+    size_t D = (size_t)d;
+    oscar_page_geom g;
+    oscar_page_geom_init(l, &g);
+    p->kc = g.k_codes;
+    p->vc = g.v_codes;
+    p->km = g.k_meta;
+    p->vm = g.v_meta;
+    p->page_bytes = g.page_bytes;
+    p->slot_bytes = g.window_slot_bytes;
+    if (bf16m) p->l.group = d; /* the kernels read a BF16 row as one group */
     size_t nl = (size_t)desc->num_layers;
     p->clip_k = malloc(nl * sizeof(float));
     p->clip_v = malloc(nl * sizeof(float));
@@ -221,7 +199,6 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
         p->clip_k[i] = ck;
         p->clip_v[i] = cv;
     }
-    oscar_status st;
     if (!p->identity) {
         size_t n = nl * (size_t)desc->num_rot * D * D, bytes = n * sizeof(float);
         float *t = malloc(bytes);

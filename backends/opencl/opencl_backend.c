@@ -7,6 +7,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #endif
 #include <CL/cl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,12 @@ typedef struct cl_ctx {
     char name[256];
     cl_prog_entry progs[MAX_PROGRAMS];
     int nprogs;
+    /* A plan's cl_kernel objects are shared by every thread using the plan,
+     * and OpenCL kernel arguments are state of the kernel object: setting
+     * them and enqueueing must be one step, or a launch may run with another
+     * thread's arguments (clSetKernelArg is not thread-safe on one kernel).
+     * Also guards the program cache (plans created from several threads). */
+    pthread_mutex_t lock;
 } cl_ctx;
 
 typedef struct cl_plan_kernels {
@@ -92,9 +99,14 @@ static oscar_status ocl_init(int device_index, void **ctx, oscar_errbuf *err) {
     cl_ctx *c = calloc(1, sizeof *c);
     if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl init: out of host memory");
     c->head.vendor = &k_vendor;
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, "opencl init: cannot create the launch lock");
+    }
     char msg[256];
     cl_int rc = find_device(device_index, &c->platform, &c->device, msg, sizeof msg);
     if (rc != CL_SUCCESS) {
+        pthread_mutex_destroy(&c->lock);
         free(c);
         return oscar_errbuf_set(err, OSCAR_ERR_NO_BACKEND, "opencl init: %s", msg);
     }
@@ -103,6 +115,7 @@ static oscar_status ocl_init(int device_index, void **ctx, oscar_errbuf *err) {
     if (rc == CL_SUCCESS) c->queue = clCreateCommandQueue(c->context, c->device, 0, &rc);
     if (rc != CL_SUCCESS) {
         if (c->context) clReleaseContext(c->context);
+        pthread_mutex_destroy(&c->lock);
         free(c);
         return cl_fail(err, "context/queue creation", rc);
     }
@@ -121,6 +134,7 @@ static void ocl_shutdown(void *ctx) {
     for (int i = 0; i < c->nprogs; i++) clReleaseProgram(c->progs[i].prog);
     clReleaseCommandQueue(c->queue);
     clReleaseContext(c->context);
+    pthread_mutex_destroy(&c->lock);
     free(c);
 }
 
@@ -173,8 +187,7 @@ static const int *tuning_of(int d) {
     return oscar_opencl_tuning[1];
 }
 
-static oscar_status ocl_select(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
-    cl_ctx *c = ctx;
+static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
     const int *t = tuning_of(l->head_dim);
     int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
     int G = bf16m ? l->head_dim : l->group;
@@ -242,6 +255,14 @@ static oscar_status ocl_select(void *ctx, const oscar_layout_desc *l, gpu_kernel
     return OSCAR_OK;
 }
 
+static oscar_status ocl_select(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
+    cl_ctx *c = ctx;
+    pthread_mutex_lock(&c->lock);
+    oscar_status s = ocl_select_locked(c, l, k, err);
+    pthread_mutex_unlock(&c->lock);
+    return s;
+}
+
 static void ocl_release(void *ctx, gpu_kernels *k) {
     (void)ctx;
     cl_plan_kernels *pk = k->owner;
@@ -253,14 +274,21 @@ static void ocl_release(void *ctx, gpu_kernels *k) {
 
 static oscar_status ocl_launch(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
                                const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    cl_ctx *c = ctx;
     cl_kernel kn = (cl_kernel)kernel;
-    for (int i = 0; i < nargs; i++) {
-        cl_int rc = clSetKernelArg(kn, (cl_uint)i, args[i].n, args[i].p);
-        if (rc != CL_SUCCESS) return cl_fail(err, "clSetKernelArg", rc);
-    }
     size_t global[3] = {(size_t)gx * block, gy, gz}, local[3] = {block, 1, 1};
-    cl_int rc = clEnqueueNDRangeKernel(Q(ctx, stream), kn, 3, NULL, global, local, 0, NULL, NULL);
-    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueNDRangeKernel", rc);
+    /* Arguments + enqueue under the context's lock (see cl_ctx.lock): the
+     * enqueue captures the arguments, so the next thread may then set its own. */
+    pthread_mutex_lock(&c->lock);
+    cl_int rc = CL_SUCCESS;
+    const char *what = "clSetKernelArg";
+    for (int i = 0; i < nargs && rc == CL_SUCCESS; i++) rc = clSetKernelArg(kn, (cl_uint)i, args[i].n, args[i].p);
+    if (rc == CL_SUCCESS) {
+        what = "clEnqueueNDRangeKernel";
+        rc = clEnqueueNDRangeKernel(Q(c, stream), kn, 3, NULL, global, local, 0, NULL, NULL);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, what, rc);
 }
 
 static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_launch, ocl_compute_units,

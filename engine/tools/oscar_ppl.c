@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "tool_args.h"
 
 static double now_s(void)
 {
@@ -42,13 +43,16 @@ static void usage(void)
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *tok_path = NULL;
-    int64_t max_tokens = -1;
+    int64_t max_tokens = -1, v;
     int ctx = 2048;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tok_path = argv[++i];
-        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) max_tokens = strtoll(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--context") && i + 1 < argc) ctx = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+        else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) {
+            if (!tool_parse_int("oscar-ppl", "--max-tokens", argv[++i], 1, INT64_MAX, &max_tokens)) return 2;
+        } else if (!strcmp(argv[i], "--context") && i + 1 < argc) {
+            if (!tool_parse_int("oscar-ppl", "--context", argv[++i], 1, 1 << 20, &v)) return 2;
+            ctx = (int)v;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             usage();
             return 0;
         } else if (argv[i][0] != '-' && !model_dir) model_dir = argv[i];
@@ -63,20 +67,27 @@ int main(int argc, char **argv)
     }
     double t0 = now_s();
     oe_model *m = NULL;
-    if (oe_model_load(model_dir, &m) != OSCAR_OK) {
+    oscar_status ls = oe_model_load(model_dir, &m);
+    if (ls != OSCAR_OK) { /* the model is the input: a bad one is bad input */
         fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
-        return 1;
+        return ls == OSCAR_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     const oe_config *c = oe_model_config(m);
+    if (c->max_position > 0 && ctx > c->max_position) {
+        fprintf(stderr, "oscar-ppl: --context %d exceeds the model's max_position_embeddings %d; use at most %d\n",
+                ctx, c->max_position, c->max_position);
+        oe_model_free(m);
+        return 2;
+    }
     printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d (loaded in %.2f s)\n",
            model_dir, c->model_type, c->num_layers, c->hidden, c->num_q_heads, c->num_kv_heads, c->head_dim,
            c->vocab, now_s() - t0);
     uint32_t *tok = NULL;
     int64_t n = 0;
-    if (oe_tokens_load(tok_path, c->vocab, &tok, &n) != OSCAR_OK) {
+    if ((ls = oe_tokens_load(tok_path, c->vocab, &tok, &n)) != OSCAR_OK) {
         fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
         oe_model_free(m);
-        return 1;
+        return ls == OSCAR_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     /* --max-tokens N feeds the first N tokens; the last window's last target
      * is token N itself (reference.json's ppl_fp32_first_65536 is 32 windows
@@ -90,9 +101,9 @@ int main(int argc, char **argv)
     double el = now_s() - ps.t0;
     free(tok);
     oe_model_free(m);
-    if (s != OSCAR_OK) {
+    if (s != OSCAR_OK) { /* NONFINITE: the model's weights produce NaN/Inf logits (bad input) */
         fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
-        return 1;
+        return s == OSCAR_ERR_NONFINITE || s == OSCAR_ERR_EMPTY ? 2 : 1;
     }
     printf("windows %" PRId64 ", scored tokens %" PRId64 ", mean NLL %.6f\n", r.windows, r.scored,
            r.nll_sum / (double)r.scored);

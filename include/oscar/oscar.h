@@ -279,6 +279,10 @@ OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, i
  * out is head_dim*head_dim doubles, row-major, caller-owned. */
 OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
                                           double *out);
+/* The clip ratios the fit tries, mildest (1) first; *count receives their
+ * number. The array is the library's (static, read-only); tools that refine
+ * clips step along the same grid. */
+OSCAR_API const float *oscar_calib_clip_grid(int *count);
 /* Eigen-decomposes the targets, builds R = U.H.P, fits the clip ratios and
  * returns new parameters (caller destroys). */
 OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out);
@@ -339,6 +343,10 @@ OSCAR_API void oscar_runtime_options_default(oscar_runtime_options *o);
  * $OSCAR_PLUGIN_PATH (colon-separated), the folder of liboscar itself and
  * the executable's folder. Caller destroys. */
 OSCAR_API oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime **out);
+/* Releases the caller's runtime. Plans hold their runtime: destroying it
+ * while plans live is allowed, the backend then stays up until the last of
+ * them is destroyed (no other call may take rt after this one; the plans
+ * keep working). Buffers from oscar_buffer_alloc must be freed before. */
 OSCAR_API void oscar_runtime_destroy(oscar_runtime *rt);
 /* Name of the chosen backend ("cpu", "cuda", ...). Valid while rt lives. */
 OSCAR_API const char *oscar_runtime_backend(const oscar_runtime *rt);
@@ -367,6 +375,7 @@ typedef struct oscar_plan oscar_plan;
 
 OSCAR_API oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout,
                                          const oscar_params *params, oscar_plan **out);
+/* Frees the plan and drops its hold on the runtime (see oscar_runtime_destroy). */
 OSCAR_API void oscar_plan_destroy(oscar_plan *plan);
 /* Name of the kernel variant chosen, e.g. "cuda:d128_g128_p64_q4_bf16". */
 OSCAR_API const char *oscar_plan_variant(const oscar_plan *plan);

@@ -204,8 +204,8 @@ static int near_boundary(const rc_seq_ref *s, int kv, size_t row, int j) {
 int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *windows, const int32_t *bt_row,
                    int32_t slot, int allow_boundary, char *msg, size_t msg_len) {
     const oscar_layout_desc *l = &s->l;
-    oscar_ref_page_geom g;
-    oscar_ref_page_geom_init(l, &g);
+    oscar_page_geom g;
+    oscar_page_geom_init(l, &g);
     int d = s->d, H = s->H, S0 = l->sink, W = l->recent, bad = 0;
     size_t es = oscar_dtype_size(l->kv_dtype), ms = oscar_dtype_size(l->meta_dtype);
     size_t slot_bytes = 2 * (size_t)H * (size_t)(S0 + W) * d * es;
@@ -343,7 +343,7 @@ int rc_paged_init(rc_rng *r, const oscar_layout_desc *l, int num_seqs, const int
                   rc_paged *b) {
     memset(b, 0, sizeof *b);
     b->l = *l;
-    oscar_ref_page_geom_init(l, &b->g);
+    oscar_page_geom_init(l, &b->g);
     b->num_seqs = num_seqs;
     b->page_bytes = b->g.page_bytes;
     b->slot_bytes = l->method == OSCAR_METHOD_BF16

@@ -10,7 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cpu_ref.h"
+#include "oscar_internal.h"
+#include "oscar_ref.h"
 
 /* ---------------------------------------------------------------- random */
 typedef struct rc_rng {
@@ -113,7 +114,7 @@ int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_
  * shows up as NaN. seq_lens start at 0: the caller sets them per append. */
 typedef struct rc_paged {
     oscar_layout_desc l;
-    oscar_ref_page_geom g;
+    oscar_page_geom g;
     int num_seqs, stride, num_pages, num_slots;
     size_t page_bytes, slot_bytes;
     int32_t *seq_lens, *window_slots, *block_table;

@@ -1,9 +1,8 @@
-/* IEEE 754 binary16 <-> binary32 conversions (FORMAT.md: round to nearest,
- * ties to even; subnormals kept; overflow to Inf; NaN stays NaN). Pure
+/* IEEE 754 binary32 -> binary16 (FORMAT.md: round to nearest, ties to even;
+ * subnormals kept; overflow to Inf; NaN stays NaN; the other way is inline
+ * in oscar_format.h). Pure
  * integer arithmetic so the result does not depend on the FPU rounding mode. */
-#include "cpu_ref.h"
-
-float oscar_f16_to_f32(uint16_t h) { return oscar_ref_half_to_float(h); }
+#include "oscar_format.h"
 
 uint16_t oscar_f32_to_f16(float f) {
     uint32_t u = oscar_f32_to_bits(f);

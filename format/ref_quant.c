@@ -1,12 +1,12 @@
-/* CPU reference of FORMAT.md §1-§3: rotations, clipping, 2-bit row
- * quantization, the int-b baselines and the page geometry. Float32 math,
- * sequential sums, no threads: the definition every backend is checked against. */
+/* Reference codec of FORMAT.md §1-§2: rotations, clipping, 2-bit row
+ * quantization and the int-b baselines. Float32 math, sequential sums, no
+ * threads: the definition every backend is checked against. */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "cpu_ref.h"
+#include "oscar_ref.h"
 
 /* ----------------------------------------------------------- rotations */
 void oscar_ref_hadamard(int d, float *H) {
@@ -324,34 +324,6 @@ void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x) {
             gv[j] = b + a * q;
         }
     }
-}
-
-/* ----------------------------------------------------------- paged cache */
-/* For the BF16 method the "codes" arrays are the 16-bit K and V rows
- * (k_codes = K [H][P][d], v_codes = V [H][P][d]) and there is no metadata. */
-void oscar_ref_page_geom_init(const oscar_layout_desc *l, oscar_ref_page_geom *g) {
-    memset(g, 0, sizeof *g);
-    g->d = l->head_dim;
-    g->group = l->group;
-    g->ng = l->head_dim / l->group;
-    g->H = l->num_kv_heads;
-    g->P = l->page_size;
-    size_t rows = (size_t)g->H * (size_t)g->P;
-    if (l->method == OSCAR_METHOD_BF16) {
-        g->codes_row_bytes = (size_t)g->d * oscar_dtype_size(l->kv_dtype);
-        g->meta_row_bytes = 0;
-        g->k_codes = 0;
-        g->v_codes = rows * g->codes_row_bytes;
-        g->k_meta = g->v_meta = g->page_bytes = 2 * rows * g->codes_row_bytes;
-        return;
-    }
-    g->codes_row_bytes = (size_t)g->d / 4;
-    g->meta_row_bytes = (size_t)g->ng * 2 * oscar_dtype_size(l->meta_dtype);
-    g->k_codes = 0;
-    g->v_codes = rows * g->codes_row_bytes;
-    g->k_meta = 2 * rows * g->codes_row_bytes;
-    g->v_meta = g->k_meta + rows * g->meta_row_bytes;
-    g->page_bytes = g->v_meta + rows * g->meta_row_bytes;
 }
 
 double oscar_ref_orthogonality_error(int d, const float *R, double stop_above) {

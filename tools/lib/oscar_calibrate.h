@@ -1,4 +1,5 @@
-/* Calibration driver shared by oscar-calibrate and its reference test: runs
+/* Calibration drivers (library oscar_calibrate_drv, tools/lib/), called by
+ * oscar-calibrate and its tests: runs
  * the reference engine over independent windows of a token file and feeds
  * the calibration core (two passes), then finalizes. */
 #ifndef OSCAR_CALIBRATE_H
@@ -60,7 +61,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
                       oscar_calib **calib, oscar_params **params, ocal_stats *stats, char *err, size_t err_len);
 
 /* ------------------------------------------------------------------------
- * End-to-end clip search (tools/oscar_calibrate_search.c). After finalize the
+ * End-to-end clip search (tools/lib/oscar_calibrate_search.c). After finalize the
  * clips are refined per layer by the mean KL(p_bf16 || p_quantized) of the
  * next-token distributions on held-out windows of the calibration text (not
  * the windows the covariances came from), with the cache quantized exactly as
@@ -90,6 +91,20 @@ typedef struct ocal_search_stats {
 } ocal_search_stats;
 
 void ocal_search_options_default(ocal_search_options *o);
+
+/* The forward's kv_quant hook the search runs (and its tests check): the
+ * cache as oscar-eval's hook stores it, every row copied, the rows some query
+ * reads in 2 bits (S0 <= p <= n - 1 - W) rounded to bf16 (the cache's input
+ * dtype) and quantize-dequantized with p. user: an ocal_kv_quant; on failure
+ * its st/msg say why. */
+typedef struct ocal_kv_quant {
+    const oscar_params *p;
+    oscar_method method;
+    int group, sink, recent, hkv, d;
+    oscar_status st;
+    char msg[400];
+} ocal_kv_quant;
+oscar_status ocal_kv_quant_hook(void *user, int layer, int n, const float *k, const float *v, float *kq, float *vq);
 
 /* Tokens needed: windows * window. p's clips are updated in place. */
 oscar_status ocal_clip_search(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, oscar_params *p,

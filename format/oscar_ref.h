@@ -1,32 +1,16 @@
-/* CPU reference: the plain-C definition of every operation in docs/FORMAT.md.
- * Float32 math, deterministic. Every GPU backend is tested against these.
- * Internal (not part of the ABI); tests and the calibration core use it. */
-#ifndef OSCAR_CPU_REF_H
-#define OSCAR_CPU_REF_H
+/* The reference codec: the plain-C definition of every operation of
+ * docs/FORMAT.md on one row (rotation, clipping, quantization, error
+ * feedback, the int-b baselines). Float32 math, deterministic. The CPU
+ * backend, the calibration core and the tests use it; every GPU backend is
+ * tested against it. Internal (not part of the ABI). Buffers are the
+ * caller's: no function here allocates or keeps a pointer. */
+#ifndef OSCAR_REF_H
+#define OSCAR_REF_H
 
 #include <stddef.h>
 #include <stdint.h>
 
-#include "oscar_internal.h"
-
-/* Lloyd-Max levels for a unit Gaussian, 4 levels, and their midpoints. */
-#define OSCAR_LM_L0 1.5104f
-#define OSCAR_LM_L1 0.4528f
-#define OSCAR_LM_T 0.9816f
-
-/* ----------------------------------------------------------- 16-bit floats */
-/* IEEE half -> fp32, exact, inline so the decode inner loops avoid a call per
- * element (oscar_f16_to_f32 in f16.c is this function). NaN stays a quiet NaN. */
-static inline float oscar_ref_half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) { /* zero or subnormal: m * 2^-24, exact in fp32 */
-        float f = (float)m * 0x1p-24f;
-        return sign ? -f : f;
-    }
-    if (e == 31) return oscar_bits_to_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
-    return oscar_bits_to_f32(sign | ((e + 112u) << 23) | (m << 13));
-}
+#include "oscar_format.h"
 
 /* ----------------------------------------------------------- rotations */
 /* Normalised Walsh-Hadamard matrix, d x d row-major, d a power of two:
@@ -86,20 +70,15 @@ static inline int oscar_ref_code_at(const uint8_t *codes, int j) { return (codes
  * bits = 2 gives exactly oscar_ref_quantize_row's uniform rule with c = 1. */
 void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
 
-/* ----------------------------------------------------------- paged cache */
-/* Byte offset of row (kv_head, row) arrays inside a page, per FORMAT.md §3.3.
- * For the BF16 method (§3.4) k_codes/v_codes are the K and V [H][P][d] 16-bit
- * arrays, codes_row_bytes = d * sizeof(kv_dtype) and there is no metadata. */
-typedef struct oscar_ref_page_geom {
-    int d, group, ng, H, P;
-    size_t codes_row_bytes;   /* d/4 */
-    size_t meta_row_bytes;    /* ng * 2 * sizeof(meta) */
-    size_t k_codes, v_codes, k_meta, v_meta, page_bytes;
-} oscar_ref_page_geom;
-void oscar_ref_page_geom_init(const oscar_layout_desc *l, oscar_ref_page_geom *g);
+/* Quantize-dequantize rows [n_tokens][num_kv_heads][head_dim] in place as
+ * the cache stores them (FORMAT.md §2.6) with method m on K (is_k) or V
+ * rows. OSCAR2/OSCAR2-LM: rot is [num_rot][d][d] (NULL: identity), fb the
+ * error-feedback weights of the same shape or NULL, num_rot = num_kv_heads
+ * when per_head, else 1; clip the layer's ratio. Other methods ignore rot,
+ * fb and clip. Arguments must be valid (oscar_fakequant checks them) and the
+ * rows finite. Returns 0, or -1 when out of memory (rows then unchanged for
+ * QUAROT2). */
+int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, float clip, const float *rot, const float *fb,
+                             int per_head, int n_tokens, int num_kv_heads, int head_dim, float *rows);
 
-/* The CPU backend: the same vtable plugins export (runtime/oscar_backend.h),
- * operating on host memory, validating every input synchronously. */
-const oscar_backend_api *oscar_cpu_backend(void);
-
-#endif /* OSCAR_CPU_REF_H */
+#endif /* OSCAR_REF_H */

@@ -17,9 +17,6 @@
 
 #include "oscar_calibrate.h"
 
-/* Same grid as the calibration core's fit (calib/calib.c). */
-static const float k_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f, 0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
-#define GRID_N ((int)(sizeof k_grid / sizeof k_grid[0]))
 
 static double srch_now(void) {
     struct timespec ts;
@@ -47,19 +44,8 @@ void ocal_search_options_default(ocal_search_options *o) {
     o->sweeps = 1;
 }
 
-typedef struct srch_hook {
-    const oscar_params *p;
-    oscar_method method;
-    int group, sink, recent, hkv, d;
-    oscar_status st;
-    char msg[400];
-} srch_hook;
-
-/* The cache as oscar-eval's hook stores it: every row copied, the rows some
- * query reads in 2 bits (S0 <= p <= n - 1 - W) rounded to bf16 (the cache's
- * input dtype) and quantize-dequantized with p. */
-static oscar_status srch_kv_hook(void *user, int layer, int n, const float *k, const float *v, float *kq, float *vq) {
-    srch_hook *h = user;
+oscar_status ocal_kv_quant_hook(void *user, int layer, int n, const float *k, const float *v, float *kq, float *vq) {
+    ocal_kv_quant *h = user;
     size_t row = (size_t)h->hkv * (size_t)h->d, all = (size_t)n * row;
     memcpy(kq, k, all * sizeof *kq);
     memcpy(vq, v, all * sizeof *vq);
@@ -91,19 +77,11 @@ typedef struct srch {
     double *ref_negent;     /* [nw][r1 - r0] sum p log p */
     double ref_nll;         /* sum over windows and rows */
     float **x_cur, **x_cand, **x_best; /* [nw][n * hidden] residual entering the current / next layer */
-    srch_hook hook;
+    ocal_kv_quant hook;
     oe_forward_options fo;
     int evals;
     double layer_fw;
 } srch;
-
-static double row_lse(const float *l, int vocab) {
-    float mx = l[0];
-    for (int i = 1; i < vocab; i++) mx = l[i] > mx ? l[i] : mx;
-    double s = 0.0;
-    for (int i = 0; i < vocab; i++) s += (double)expf(l[i] - mx);
-    return log(s) + (double)mx;
-}
 
 static void srch_free(srch *S) {
     oe_ctx_free(S->ctx);
@@ -176,7 +154,7 @@ static oscar_status srch_init(srch *S, const oe_model *m, const uint32_t *tokens
         for (int t = S->r0; t < S->r1; t++) {
             const float *l = S->logits + (size_t)t * V;
             float *pr = S->ref_p + ((size_t)w * rows + (size_t)(t - S->r0)) * V;
-            double lse = row_lse(l, S->vocab), ne = 0.0;
+            double lse = oe_logsumexp(l, S->vocab, NULL), ne = 0.0;
             for (size_t j = 0; j < V; j++) {
                 double lp = (double)l[j] - lse;
                 pr[j] = (float)exp(lp);
@@ -187,9 +165,9 @@ static oscar_status srch_init(srch *S, const oe_model *m, const uint32_t *tokens
         }
     }
     int g = o->group > 0 ? o->group : S->cf->head_dim;
-    S->hook = (srch_hook){.p = p, .method = o->method, .group = g, .sink = o->sink, .recent = o->recent,
+    S->hook = (ocal_kv_quant){.p = p, .method = o->method, .group = g, .sink = o->sink, .recent = o->recent,
                           .hkv = S->cf->num_kv_heads, .d = S->cf->head_dim};
-    S->fo.kv_quant = srch_kv_hook;
+    S->fo.kv_quant = ocal_kv_quant_hook;
     S->fo.kv_quant_user = &S->hook;
     S->fo.sink_tokens = o->sink;
     S->fo.recent_tokens = o->recent;
@@ -223,7 +201,7 @@ static oscar_status srch_eval(srch *S, int layer, double *kl_out, double *dnll_o
         for (int t = S->r0; t < S->r1; t++) {
             const float *l = S->logits + (size_t)t * V;
             const float *pr = S->ref_p + ((size_t)w * rows + (size_t)(t - S->r0)) * V;
-            double lse = row_lse(l, S->vocab), dot = 0.0;
+            double lse = oe_logsumexp(l, S->vocab, NULL), dot = 0.0;
             for (size_t j = 0; j < V; j++) dot += (double)pr[j] * (double)l[j];
             double k = S->ref_negent[(size_t)w * rows + (size_t)(t - S->r0)] - dot + lse;
             kl += k > 0.0 ? k : 0.0; /* rounding can leave -1e-9 */
@@ -255,7 +233,7 @@ static void swap_best(srch *S) {
 }
 
 /* Index of the grid value nearest c. */
-static int grid_index(float c) {
+static int grid_index(const float *k_grid, int GRID_N, float c) {
     int best = 0;
     for (int i = 1; i < GRID_N; i++)
         if (fabsf(k_grid[i] - c) < fabsf(k_grid[best] - c)) best = i;
@@ -270,7 +248,9 @@ static oscar_status srch_coord(srch *S, oscar_params *p, int layer, oscar_kv whi
     float cur;
     oscar_params_clip(p, layer, which, &cur);
     float best_c = cur;
-    int i0 = grid_index(cur);
+    int GRID_N;
+    const float *k_grid = oscar_calib_clip_grid(&GRID_N); /* the calibration core's fit grid */
+    int i0 = grid_index(k_grid, GRID_N, cur);
     for (int dir = -1; dir <= 1; dir += 2) {
         int moved = 0;
         /* From an off-grid start, the nearest grid value in this direction. */

@@ -1,0 +1,100 @@
+/* Layout validation and page geometry of docs/FORMAT.md §3: the one place
+ * that says which layouts exist and where each array of a page lives. The
+ * runtime (oscar_layout_validate, oscar_layout_sizes_get), the CPU backend
+ * and the GPU plugins' plan creation all call these. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "oscar_format.h"
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 4, 5)))
+#endif
+static oscar_status fail(oscar_status s, char *msg, size_t n, const char *fmt, ...) {
+    if (msg && n) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(msg, n, fmt, ap);
+        va_end(ap);
+    }
+    return s;
+}
+
+static const char *const method_names[OSCAR_METHOD_COUNT_] = {
+    [OSCAR_METHOD_OSCAR2] = "oscar2", [OSCAR_METHOD_OSCAR2_LM] = "oscar2-lm", [OSCAR_METHOD_INT2] = "int2",
+    [OSCAR_METHOD_QUAROT2] = "quarot2", [OSCAR_METHOD_BF16] = "bf16",        [OSCAR_METHOD_INT4] = "int4",
+    [OSCAR_METHOD_INT8] = "int8",       [OSCAR_METHOD_KIVI2] = "kivi2",
+};
+
+const char *oscar_format_method_name(oscar_method m) {
+    if ((int)m < 0 || m >= OSCAR_METHOD_COUNT_) return "unknown";
+    return method_names[m];
+}
+
+oscar_status oscar_format_check_layout(const oscar_layout_desc *d, char *msg, size_t n) {
+    if (msg && n) msg[0] = '\0';
+    if (!d) return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: NULL descriptor");
+    if (!oscar_head_dim_supported(d->head_dim))
+        return fail(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, msg, n,
+                    "layout: head_dim %d is not supported; use 64, 128 or 256 (a new head_dim needs a generated "
+                    "kernel variant, see docs/CODEGEN.md)",
+                    d->head_dim);
+    if (!oscar_group_supported(d->group, d->head_dim))
+        return fail(OSCAR_ERR_UNSUPPORTED_GROUP, msg, n,
+                    "layout: group %d is not supported for head_dim %d; use 32, 64 or 128 dividing head_dim", d->group,
+                    d->head_dim);
+    if (d->num_q_heads <= 0 || d->num_kv_heads <= 0 || d->num_q_heads % d->num_kv_heads != 0)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n,
+                    "layout: num_q_heads %d must be a positive multiple of num_kv_heads %d", d->num_q_heads,
+                    d->num_kv_heads);
+    if (d->num_q_heads > OSCAR_Q_HEADS_MAX)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: num_q_heads %d exceeds %d", d->num_q_heads,
+                    OSCAR_Q_HEADS_MAX);
+    if (!oscar_page_size_supported(d->page_size))
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: page_size %d must be 16, 32, 64 or 128",
+                    d->page_size);
+    if (d->sink < 0 || d->recent < 0 || d->sink > OSCAR_WINDOW_MAX || d->recent > OSCAR_WINDOW_MAX)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: sink %d and recent %d must be in [0, %d]", d->sink,
+                    d->recent, OSCAR_WINDOW_MAX);
+    if (d->max_seq_len <= 0)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: max_seq_len %d must be positive", d->max_seq_len);
+    if (d->kv_dtype != OSCAR_DTYPE_BF16 && d->kv_dtype != OSCAR_DTYPE_F16)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: kv_dtype must be OSCAR_DTYPE_BF16 or F16");
+    if (d->meta_dtype != OSCAR_DTYPE_F16 && d->meta_dtype != OSCAR_DTYPE_F32)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: meta_dtype must be OSCAR_DTYPE_F16 or F32");
+    if (!oscar_method_paged(d->method))
+        return fail(OSCAR_ERR_UNSUPPORTED, msg, n,
+                    "layout: method %s is evaluation-only (oscar_fakequant); a paged cache supports oscar2, "
+                    "oscar2-lm, int2, quarot2 and bf16",
+                    oscar_format_method_name(d->method));
+    return OSCAR_OK;
+}
+
+void oscar_page_geom_init(const oscar_layout_desc *l, oscar_page_geom *g) {
+    memset(g, 0, sizeof *g);
+    g->d = l->head_dim;
+    g->H = l->num_kv_heads;
+    g->P = l->page_size;
+    size_t rows = (size_t)g->H * (size_t)g->P, kvs = oscar_dtype_size(l->kv_dtype);
+    if (l->method == OSCAR_METHOD_BF16) {
+        g->group = l->head_dim;
+        g->ng = 1;
+        g->codes_row_bytes = (size_t)g->d * kvs;
+        g->meta_row_bytes = 0;
+        g->k_codes = 0;
+        g->v_codes = rows * g->codes_row_bytes;
+        g->k_meta = g->v_meta = g->page_bytes = 2 * rows * g->codes_row_bytes;
+        g->window_slot_bytes = 0;
+        return;
+    }
+    g->group = l->group;
+    g->ng = l->head_dim / l->group;
+    g->codes_row_bytes = (size_t)g->d / 4;
+    g->meta_row_bytes = (size_t)g->ng * 2 * oscar_dtype_size(l->meta_dtype);
+    g->k_codes = 0;
+    g->v_codes = rows * g->codes_row_bytes;
+    g->k_meta = 2 * rows * g->codes_row_bytes;
+    g->v_meta = g->k_meta + rows * g->meta_row_bytes;
+    g->page_bytes = g->v_meta + rows * g->meta_row_bytes;
+    g->window_slot_bytes = 2 * (size_t)g->H * (size_t)(l->sink + l->recent) * (size_t)g->d * kvs;
+}

@@ -1,0 +1,71 @@
+/* oscar_fakequant: the public entry of fake-quant. Validates the call and the
+ * parameters (runtime objects), then runs the format's reference codec
+ * (format/fakequant.c). */
+#include "oscar_internal.h"
+#include "oscar_ref.h"
+
+static int method_valid(oscar_method m) { return (int)m >= 0 && m < OSCAR_METHOD_COUNT_; }
+
+oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, oscar_kv which, int group,
+                             int n_tokens, int num_kv_heads, int head_dim, float *rows) {
+    oscar_clear_error();
+    if (!method_valid(m))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: unknown method %d; use an oscar_method value",
+                               (int)m);
+    if (which != OSCAR_K && which != OSCAR_V)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: which must be OSCAR_K or OSCAR_V");
+    if (!rows) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: rows is NULL; pass the rows to quantize");
+    if (!oscar_head_dim_supported(head_dim))
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "oscar_fakequant: head_dim %d unsupported; use 64, 128 or 256",
+                               head_dim);
+    if (group == 0) group = head_dim;
+    if (!oscar_group_supported(group, head_dim))
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_GROUP,
+                               "oscar_fakequant: group %d unsupported for head_dim %d; use 32, 64 or 128 dividing "
+                               "head_dim (0 = head_dim)",
+                               group, head_dim);
+    if (n_tokens <= 0)
+        return oscar_set_error(OSCAR_ERR_EMPTY, "oscar_fakequant: n_tokens is %d; pass at least one token", n_tokens);
+    if (num_kv_heads <= 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: num_kv_heads is %d; must be >= 1",
+                               num_kv_heads);
+    if (m == OSCAR_METHOD_KIVI2 && which == OSCAR_K && n_tokens % 32 != 0)
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_fakequant: KIVI2 keys are quantized over groups of 32 tokens; n_tokens %d is "
+                               "not a multiple of 32 (pad or trim the rows)",
+                               n_tokens);
+    int calibrated = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
+    if (calibrated) {
+        if (!p)
+            return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                   "oscar_fakequant: %s needs parameters (rotation and clip); pass an oscar_params",
+                                   m == OSCAR_METHOD_OSCAR2 ? "oscar2" : "oscar2-lm");
+        if (layer < 0)
+            return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: layer %d is negative", layer);
+        if (layer >= p->num_layers || p->head_dim != head_dim || p->num_kv_heads != num_kv_heads)
+            return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                                   "oscar_fakequant: parameters are for %d layers, %d KV heads, head_dim %d; the call "
+                                   "asks layer %d, %d KV heads, head_dim %d (use parameters calibrated for this model)",
+                                   p->num_layers, p->num_kv_heads, p->head_dim, layer, num_kv_heads, head_dim);
+    }
+    size_t n = (size_t)n_tokens * (size_t)num_kv_heads * (size_t)head_dim;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(rows[i]))
+            return oscar_set_error(OSCAR_ERR_NONFINITE,
+                                   "oscar_fakequant: value %zu (token %zu, kv head %zu) is NaN or Inf; clean the input "
+                                   "rows",
+                                   i, i / ((size_t)num_kv_heads * head_dim), (i / head_dim) % (size_t)num_kv_heads);
+
+    const float *rot = NULL, *fb = NULL;
+    float clip = 1.0f;
+    if (calibrated) {
+        int r0 = 0;
+        rot = p->identity ? NULL : oscar_params_rot_ptr(p, layer, (int)which, r0);
+        fb = oscar_params_fb_ptr(p, layer, (int)which, r0);
+        clip = p->clip[(size_t)layer * 2 + (size_t)which];
+    }
+    if (oscar_ref_fakequant_rows(m, which == OSCAR_K, group, clip, rot, fb, calibrated && p->per_head, n_tokens,
+                                 num_kv_heads, head_dim, rows) != 0)
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_fakequant: cannot allocate the Hadamard matrix");
+    return OSCAR_OK;
+}

@@ -1,0 +1,192 @@
+/* Several threads on one plan (docs/API.md, Threads): each thread decodes
+ * its own cache with its own workspace, and every output must equal the one
+ * the same thread's data gives when run alone. Run on every backend this
+ * build can reach (cpu always; opencl when the plugin runs here, required
+ * when OSCAR_REQUIRE_BACKENDS names it). The OpenCL plugin's kernels are
+ * shared by the plan: without its launch lock two threads' clSetKernelArg
+ * calls interleave and a launch runs with the other thread's arguments. */
+#include <criterion/criterion.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oscar/oscar.h"
+
+#define SEQ 3
+#define LEN 300
+#define ITERS 150
+
+typedef struct worker {
+    oscar_plan *plan;
+    oscar_runtime *rt;
+    oscar_layout_desc l;
+    void *pages, *windows, *ws, *q, *out, *lens, *slots, *bt, *cu, *k, *v;
+    size_t ws_bytes, out_bytes;
+    int32_t pages_per_seq;
+    unsigned char *want;
+    int mismatches;
+    oscar_status st;
+} worker;
+
+static uint16_t bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static void *upload(oscar_runtime *rt, const void *src, size_t n) {
+    void *b = NULL;
+    cr_assert_eq(oscar_buffer_alloc(rt, n, &b), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_buffer_write(rt, b, 0, src, n, NULL), OSCAR_OK, "%s", oscar_last_error());
+    return b;
+}
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+static uint16_t *random_bf16(size_t n, uint64_t *s) {
+    uint16_t *x = malloc(n * sizeof *x);
+    cr_assert(x);
+    for (size_t i = 0; i < n; i++) x[i] = bf16_of((float)((double)(rng_next(s) >> 11) / 9007199254740992.0) * 2.0f - 1.0f);
+    return x;
+}
+
+/* One worker's cache: SEQ sequences of LEN tokens written by one append. */
+static void worker_init(worker *w, oscar_runtime *rt, oscar_plan *plan, const oscar_layout_desc *l, uint64_t seed) {
+    memset(w, 0, sizeof *w);
+    w->rt = rt;
+    w->plan = plan;
+    w->l = *l;
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(l, &sz), OSCAR_OK);
+    int64_t pps;
+    cr_assert_eq(oscar_layout_pages_for(l, LEN, &pps), OSCAR_OK);
+    w->pages_per_seq = (int32_t)pps;
+    int32_t lens[SEQ], slots[SEQ], cu[SEQ + 1], bt[SEQ * 16];
+    cr_assert(pps <= 16);
+    for (int i = 0; i < SEQ; i++) {
+        lens[i] = LEN;
+        slots[i] = i;
+        cu[i] = i * LEN;
+        for (int j = 0; j < pps; j++) bt[i * pps + j] = i * (int32_t)pps + j;
+    }
+    cu[SEQ] = SEQ * LEN;
+    cr_assert_eq(oscar_buffer_alloc(rt, sz.page_bytes * (size_t)(SEQ * pps + 1), &w->pages), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_alloc(rt, sz.window_slot_bytes * SEQ + 16, &w->windows), OSCAR_OK);
+    cr_assert_eq(oscar_plan_workspace_bytes(plan, SEQ, LEN, &w->ws_bytes), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_alloc(rt, w->ws_bytes, &w->ws), OSCAR_OK);
+    cr_assert_eq(oscar_plan_workspace_init(plan, w->ws, NULL), OSCAR_OK);
+    w->lens = upload(rt, lens, sizeof lens);
+    w->slots = upload(rt, slots, sizeof slots);
+    w->bt = upload(rt, bt, sizeof(int32_t) * (size_t)(SEQ * pps));
+    w->cu = upload(rt, cu, sizeof cu);
+    size_t kvn = (size_t)SEQ * LEN * (size_t)l->num_kv_heads * (size_t)l->head_dim;
+    size_t qn = (size_t)SEQ * (size_t)l->num_q_heads * (size_t)l->head_dim;
+    uint16_t *k = random_bf16(kvn, &seed), *v = random_bf16(kvn, &seed), *q = random_bf16(qn, &seed);
+    w->k = upload(rt, k, kvn * 2);
+    w->v = upload(rt, v, kvn * 2);
+    w->q = upload(rt, q, qn * 2);
+    free(k);
+    free(v);
+    free(q);
+    w->out_bytes = qn * 2;
+    cr_assert_eq(oscar_buffer_alloc(rt, w->out_bytes, &w->out), OSCAR_OK);
+    w->want = malloc(w->out_bytes);
+    cr_assert(w->want);
+    oscar_cache c = {w->pages, SEQ * (int32_t)pps + 1, w->windows, SEQ};
+    oscar_batch b = {SEQ, w->lens, w->slots, w->bt, (int32_t)pps, LEN};
+    cr_assert_eq(oscar_append(plan, 0, &c, &b, w->cu, SEQ * LEN, w->k, w->v, 0, w->ws, w->ws_bytes, NULL), OSCAR_OK,
+                 "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_check(plan, w->ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+}
+
+/* Zeroes the output and the workspace first: a launch that ran with another
+ * thread's arguments must not hide behind the previous iteration's results. */
+static oscar_status decode_once(worker *w, void *dst, const void *zeros) {
+    oscar_status z = oscar_buffer_write(w->rt, w->out, 0, zeros, w->out_bytes, NULL);
+    if (z == OSCAR_OK) z = oscar_buffer_write(w->rt, w->ws, 0, zeros, w->ws_bytes, NULL);
+    if (z != OSCAR_OK) return z;
+    oscar_cache c = {w->pages, SEQ * w->pages_per_seq + 1, w->windows, SEQ};
+    oscar_batch b = {SEQ, w->lens, w->slots, w->bt, w->pages_per_seq, LEN};
+    oscar_status s = oscar_decode(w->plan, 0, &c, &b, w->q, 0, w->out, 0, 0.0f, 0, w->ws, w->ws_bytes, NULL);
+    if (s == OSCAR_OK) s = oscar_buffer_read(w->rt, dst, w->out, 0, w->out_bytes, NULL);
+    return s;
+}
+
+static void *worker_run(void *arg) {
+    worker *w = arg;
+    unsigned char *got = malloc(w->out_bytes);
+    void *zeros = calloc(1, w->ws_bytes > w->out_bytes ? w->ws_bytes : w->out_bytes);
+    for (int it = 0; got && zeros && it < ITERS && w->st == OSCAR_OK; it++) {
+        w->st = decode_once(w, got, zeros);
+        if (w->st == OSCAR_OK && memcmp(got, w->want, w->out_bytes)) w->mismatches++;
+    }
+    free(got);
+    free(zeros);
+    return NULL;
+}
+
+static void worker_free(worker *w) {
+    void *bufs[] = {w->pages, w->windows, w->ws, w->q, w->out, w->lens, w->slots, w->bt, w->cu, w->k, w->v};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) oscar_buffer_free(w->rt, bufs[i]);
+    free(w->want);
+}
+
+static int required(const char *name) {
+    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
+    return r && strstr(r, name);
+}
+
+static void run_threads(const char *backend) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = backend;
+    oscar_runtime *rt;
+    oscar_status s = oscar_runtime_create(&ro, &rt);
+    if (s != OSCAR_OK) {
+        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
+        cr_skip_test("%s backend not available: %s", backend, oscar_last_error());
+    }
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 64;
+    l.group = 64;
+    l.num_q_heads = 4;
+    l.num_kv_heads = 2;
+    l.page_size = 16;
+    l.sink = 16;
+    l.recent = 32;
+    l.max_seq_len = LEN;
+    l.method = OSCAR_METHOD_QUAROT2;
+    oscar_plan *plan;
+    cr_assert_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
+    enum { NT = 4 };
+    worker w[NT];
+    for (int t = 0; t < NT; t++) {
+        worker_init(&w[t], rt, plan, &l, 0x9e3779b97f4a7c15ull * (uint64_t)(t + 1));
+        void *zeros = calloc(1, w[t].ws_bytes > w[t].out_bytes ? w[t].ws_bytes : w[t].out_bytes);
+        cr_assert(zeros);
+        cr_assert_eq(decode_once(&w[t], w[t].want, zeros), OSCAR_OK, "%s", oscar_last_error()); /* alone */
+        free(zeros);
+    }
+    pthread_t th[NT];
+    for (int t = 0; t < NT; t++) cr_assert_eq(pthread_create(&th[t], NULL, worker_run, &w[t]), 0);
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    for (int t = 0; t < NT; t++) {
+        cr_expect_eq(w[t].st, OSCAR_OK, "%s thread %d: status %d", backend, t, (int)w[t].st);
+        cr_expect_eq(w[t].mismatches, 0, "%s thread %d: %d of %d concurrent decodes differ from the same decode run "
+                     "alone", backend, t, w[t].mismatches, ITERS);
+        worker_free(&w[t]);
+    }
+    oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+}
+
+Test(plan_threads, cpu_threads_share_a_plan, .timeout = 300) { run_threads("cpu"); }
+Test(plan_threads, opencl_threads_share_a_plan, .timeout = 300) { run_threads("opencl"); }
+Test(plan_threads, cuda_threads_share_a_plan, .timeout = 300) { run_threads("cuda"); }

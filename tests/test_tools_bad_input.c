@@ -1,0 +1,262 @@
+/* The tools refuse bad input with exit status 2 and a message naming the
+ * problem (README, Tools), never a crash, a hang, a wrong number or a half
+ * written output. Each case runs the built tool (OSCAR_BIN_DIR) under
+ * `timeout`, so a tool that blocks fails the case instead of the suite.
+ * Cases that need the real model are skipped without OSCAR_SHARED_DIR. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Runs `cmd` (through sh, stderr merged) with a time limit; returns its exit
+ * status (124: it ran out of time) and its output in out. */
+static int run(char *out, size_t n, int seconds, const char *fmt, ...) {
+    char cmd[8192], full[8400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(full, sizeof full, "timeout -k 2 %d %s 2>&1", seconds, cmd);
+    FILE *p = popen(full, "r");
+    cr_assert(p, "popen failed");
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static char g_model[4096], g_tokens[4096];
+static int shared(void) {
+    const char *d = getenv("OSCAR_SHARED_DIR");
+    if (!d || !*d) return 0;
+    snprintf(g_model, sizeof g_model, "%s/models/tiny-qwen3", d);
+    snprintf(g_tokens, sizeof g_tokens, "%s/data/tiny-qwen3/eval.tokens", d);
+    struct stat sb;
+    return stat(g_model, &sb) == 0 && stat(g_tokens, &sb) == 0;
+}
+
+static void scratch(char *dir, size_t n) {
+    snprintf(dir, n, "/tmp/oscar-badinput-XXXXXX");
+    cr_assert(mkdtemp(dir), "mkdtemp");
+}
+static void rmrf(const char *dir) {
+    char out[256];
+    run(out, sizeof out, 30, "rm -rf '%s'", dir);
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)n + 1);
+    cr_assert(b && fread(b, 1, (size_t)n, f) == (size_t)n);
+    fclose(f);
+    b[n] = '\0';
+    if (len) *len = (size_t)n;
+    return b;
+}
+static void spit(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    cr_assert(f && fwrite(b, 1, n, f) == n && fclose(f) == 0, "cannot write %s", path);
+}
+
+/* A copy of tiny-qwen3 in dir: every file linked except those the case
+ * rewrites; config.json gets `from` replaced by `to` when given. */
+static void model_copy(const char *dir, const char *from, const char *to, const char *skip_shard) {
+    const char *files[] = {"generation_config.json", "model-00001-of-00005.safetensors",
+                           "model-00002-of-00005.safetensors", "model-00003-of-00005.safetensors",
+                           "model-00004-of-00005.safetensors", "model-00005-of-00005.safetensors",
+                           "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"};
+    char a[8192], b[8192];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        if (skip_shard && !strcmp(files[i], skip_shard)) continue;
+        snprintf(a, sizeof a, "%s/%s", g_model, files[i]);
+        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
+        cr_assert_eq(symlink(a, b), 0, "symlink %s", b);
+    }
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    if (from) {
+        char *at = strstr(cfg, from);
+        cr_assert(at, "config.json has no '%s'", from);
+        size_t fl = strlen(from), tl = strlen(to);
+        char *nc = malloc(n - fl + tl + 1);
+        memcpy(nc, cfg, (size_t)(at - cfg));
+        memcpy(nc + (at - cfg), to, tl);
+        strcpy(nc + (at - cfg) + tl, at + fl);
+        free(cfg);
+        cfg = nc;
+        n = strlen(cfg);
+    }
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    spit(b, cfg, n);
+    free(cfg);
+}
+
+/* Shard 5 of tiny-qwen3 copied into dir with a change: header length minus
+ * `hdr_delta`, or a NaN written over the first element of `nan_tensor`. */
+static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
+    size_t n;
+    unsigned char *s = (unsigned char *)slurp(a, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | s[i];
+    if (nan_tensor) {
+        json_error_t je;
+        json_t *h = json_loadb((const char *)s + 8, (size_t)hl, 0, &je);
+        cr_assert(h, "shard header: %s", je.text);
+        json_t *t = json_object_get(h, nan_tensor);
+        cr_assert(t, "no tensor %s in shard 5", nan_tensor);
+        json_int_t off = json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+        s[8 + hl + (size_t)off] = 0xc0; /* bf16 0x7fc0: NaN */
+        s[8 + hl + (size_t)off + 1] = 0x7f;
+        json_decref(h);
+    }
+    hl -= (uint64_t)hdr_delta;
+    for (int i = 0; i < 8; i++) s[i] = (unsigned char)(hl >> (8 * i));
+    snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
+    spit(b, s, n);
+    free(s);
+}
+
+#define BIN OSCAR_BIN_DIR
+
+Test(tools_bad_input, bench_huge_context_is_refused_not_overflowed, .timeout = 120) {
+    char out[16384];
+    int rc = run(out, sizeof out, 60, BIN "/oscar-bench --quick --context 2000000000 --backend cpu");
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--context"), "message should name --context: %s", out);
+    rc = run(out, sizeof out, 60, BIN "/oscar-bench --quick --context 12abc");
+    cr_expect_eq(rc, 2, "--context 12abc: exit %d: %s", rc, out);
+}
+
+Test(tools_bad_input, inspect_help_and_non_parameter_file, .timeout = 60) {
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-inspect --help");
+    cr_expect_eq(rc, 0, "--help: exit %d: %s", rc, out);
+    char path[256];
+    snprintf(path, sizeof path, "%s/not-params.txt", dir);
+    spit(path, "hello, not a parameter file\n", 28);
+    rc = run(out, sizeof out, 30, BIN "/oscar-inspect %s", path);
+    cr_expect_eq(rc, 2, "non-parameter file: exit %d: %s", rc, out);
+    rmrf(dir);
+}
+
+Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
+    char out[16384], dir[64], fifo[128];
+    scratch(dir, sizeof dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    int rc = run(out, sizeof out, 20, BIN "/oscar-inspect %s", fifo);
+    cr_expect_eq(rc, 2, "oscar-inspect FIFO: exit %d (124: blocked): %s", rc, out);
+    cr_expect(strstr(out, "regular file"), "message: %s", out);
+    if (shared()) {
+        rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --out %s/r.json",
+                 g_model, g_tokens, fifo, dir);
+        cr_expect_eq(rc, 2, "oscar-eval --params FIFO: exit %d (124: blocked): %s", rc, out);
+        rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --methods int2 --out %s/r.json", g_model, fifo,
+                 dir);
+        cr_expect_eq(rc, 2, "oscar-eval --tokens FIFO: exit %d (124: blocked): %s", rc, out);
+        rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", g_model, fifo);
+        cr_expect_eq(rc, 2, "oscar-ppl --tokens FIFO: exit %d (124: blocked): %s", rc, out);
+    }
+    rmrf(dir);
+}
+
+Test(tools_bad_input, ppl_arguments_are_parsed_strictly, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    const char *bad[] = {"--context 12abc", "--max-tokens 0", "--max-tokens -1", "--max-tokens abc",
+                         "--context 8192" /* > max_position_embeddings 4096 */};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s %s", g_model, g_tokens, bad[i]);
+        cr_expect_eq(rc, 2, "oscar-ppl %s: exit %d: %s", bad[i], rc, out);
+    }
+}
+
+Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    /* rms_norm_eps <= 0 */
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 0", NULL);
+    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+    cr_expect_eq(rc, 2, "rms_norm_eps 0: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "rms_norm_eps"), "message should name rms_norm_eps: %s", out);
+    rmrf(dir);
+    /* a NaN weight */
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_copy(dir, 0, "model.norm.weight");
+    rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+    cr_expect_eq(rc, 2, "NaN weight, oscar-ppl: exit %d: %s", rc, out);
+    cr_expect(!strstr(out, "perplexity nan"), "printed a NaN perplexity: %s", out);
+    rc = run(out, sizeof out, 300,
+             BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                 "--retrieval-trials 0 --out %s/r.json",
+             dir, g_tokens, dir);
+    cr_expect_eq(rc, 2, "NaN weight, oscar-eval: exit %d: %s", rc, out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    struct stat sb;
+    cr_expect(stat(path, &sb) != 0, "oscar-eval wrote a report for a NaN model");
+    rmrf(dir);
+}
+
+Test(tools_bad_input, shard_header_one_byte_short_is_refused, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_copy(dir, 1, NULL);
+    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+    cr_expect_eq(rc, 2, "header one byte short: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "data area"), "message should say the tensors do not tile the data: %s", out);
+    rmrf(dir);
+}
+
+Test(tools_bad_input, calibrate_checks_the_output_folder_first, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    int rc = run(out, sizeof out, 240,
+                 BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out /nonexistent-oscar-dir/p.safetensors",
+                 g_model, g_tokens);
+    cr_expect_eq(rc, 2, "missing output folder: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "does not exist"), "message: %s", out);
+    cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
+}
+
+Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothing, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[128];
+    scratch(dir, sizeof dir);
+    /* Same shape, another model (rope_theta is part of the fingerprint). */
+    model_copy(dir, "\"rope_theta\": 1000000.0", "\"rope_theta\": 500000.0", NULL);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --out %s/r.json",
+                 dir, g_tokens, P, dir);
+    cr_expect_eq(rc, 2, "params of another model: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--allow-other-model"), "message should name the override: %s", out);
+    /* --md into a missing folder: refused before the work, no report left. */
+    rc = run(out, sizeof out, 120,
+             BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                 "--retrieval-trials 0 --out %s/a.json --md /nonexistent-oscar-dir/x.md",
+             g_model, g_tokens, dir);
+    cr_expect_eq(rc, 2, "--md in a missing folder: exit %d: %s", rc, out);
+    snprintf(path, sizeof path, "%s/a.json", dir);
+    struct stat sb;
+    cr_expect(stat(path, &sb) != 0, "a.json was left behind although the Markdown could not be written");
+    rmrf(dir);
+}
