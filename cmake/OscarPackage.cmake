@@ -57,12 +57,18 @@ ${OSCAR_CALIB_SYMS}  local:
 # its own calls inside it (no interposition of internals).
 set_target_properties(oscar PROPERTIES C_VISIBILITY_PRESET default LINK_DEPENDS ${OSCAR_MAP})
 target_link_options(oscar PRIVATE "LINKER:--version-script=${OSCAR_MAP}" "LINKER:-Bsymbolic-functions")
-set_target_properties(oscar_calib PROPERTIES LINK_DEPENDS ${OSCAR_CALIB_MAP} EXPORT_NAME calib)
-target_link_options(oscar_calib PRIVATE "LINKER:--version-script=${OSCAR_CALIB_MAP}")
+set(OSCAR_LIBS oscar)
+if(TARGET oscar_calib)
+  list(APPEND OSCAR_LIBS oscar_calib)
+  set_target_properties(oscar_calib PROPERTIES LINK_DEPENDS ${OSCAR_CALIB_MAP} EXPORT_NAME calib
+                        INSTALL_RPATH "$ORIGIN")  # finds liboscar beside it
+  target_link_options(oscar_calib PRIVATE "LINKER:--version-script=${OSCAR_CALIB_MAP}")
+endif()
 if(NOT OSCAR_SANITIZE)
   # A symbol liboscar_calib needs but liboscar does not export fails here, not at load time.
-  target_link_options(oscar PRIVATE "LINKER:--no-undefined")
-  target_link_options(oscar_calib PRIVATE "LINKER:--no-undefined")
+  foreach(t IN LISTS OSCAR_LIBS)
+    target_link_options(${t} PRIVATE "LINKER:--no-undefined")
+  endforeach()
 endif()
 target_include_directories(oscar INTERFACE $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
@@ -73,12 +79,11 @@ set(OSCAR_PLUGIN_SUBDIR oscar)
 set(OSCAR_PLUGIN_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/${OSCAR_PLUGIN_SUBDIR})
 file(RELATIVE_PATH OSCAR_BIN_TO_LIB /${CMAKE_INSTALL_BINDIR} /${CMAKE_INSTALL_LIBDIR})
 
-# liboscar needs no RPATH (libc only); liboscar_calib finds liboscar beside it.
+# liboscar needs no RPATH (libc only).
 set_target_properties(oscar PROPERTIES INSTALL_RPATH "")
-set_target_properties(oscar_calib PROPERTIES INSTALL_RPATH "$ORIGIN")
 # Components: runtime (libraries, plugins; all the Python package takes), dev
 # (header, namelinks, CMake and pkg-config files), tools, docs.
-install(TARGETS oscar oscar_calib EXPORT oscarTargets
+install(TARGETS ${OSCAR_LIBS} EXPORT oscarTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime NAMELINK_COMPONENT dev
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(FILES ${CMAKE_SOURCE_DIR}/include/oscar/oscar.h DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/oscar COMPONENT dev)
@@ -93,7 +98,7 @@ endforeach()
 
 # Tools that calibrate link the calibration library.
 foreach(tool oscar-bench oscar-calibrate)
-  if(TARGET ${tool})
+  if(TARGET ${tool} AND TARGET oscar_calib)
     target_link_libraries(${tool} PRIVATE oscar_calib)
   endif()
 endforeach()

@@ -336,8 +336,10 @@ typedef struct oscar_runtime_options {
 OSCAR_API void oscar_runtime_options_default(oscar_runtime_options *o);
 /* Discovers backends: the CPU backend is built in; plugins
  * liboscar_backend_{cuda,hip,opencl}.so are searched in plugin_dir,
- * $OSCAR_PLUGIN_PATH (colon-separated), the folder of liboscar itself and
- * the executable's folder. Caller destroys. */
+ * $OSCAR_PLUGIN_PATH (colon-separated), the folder of liboscar itself and its
+ * oscar/ subfolder (where `cmake --install` puts them), the executable's
+ * folder and ../lib beside it. When a backend is requested (options->backend
+ * or $OSCAR_BACKEND) only that plugin is opened. Caller destroys. */
 OSCAR_API oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime **out);
 OSCAR_API void oscar_runtime_destroy(oscar_runtime *rt);
 /* Name of the chosen backend ("cpu", "cuda", ...). Valid while rt lives. */

@@ -159,7 +159,11 @@ def calib() -> ctypes.CDLL:
     """liboscar_calib, loaded on first use (serving needs only liboscar)."""
     global _calib
     if _calib is None:
-        dll = _load("liboscar_calib.so.0")
+        try:
+            dll = _load("liboscar_calib.so.0")
+        except ImportError as e:
+            raise ImportError(f"{e}. The calibration library is built only where LAPACK, LAPACKE and cblas.h are "
+                              f"installed (Debian: liblapacke-dev libopenblas-dev); serving works without it") from e
         _declare_calib(dll)
         o = CalibOptions()
         dll.oscar_calib_options_default(ctypes.byref(o), 1, 1, 1, 128)
@@ -168,6 +172,15 @@ def calib() -> ctypes.CDLL:
                               f"{ctypes.sizeof(CalibOptions)} in liboscar/_capi.py; rebuild the package")
         _calib = dll
     return _calib
+
+
+def have_calib() -> bool:
+    """Whether liboscar_calib is there (it needs LAPACK at build time)."""
+    try:
+        calib()
+        return True
+    except ImportError:
+        return False
 
 
 def check_abi() -> None:

@@ -2,10 +2,16 @@
 C_K (docs: mean over KV heads of E[q q^T] over tokens and the query heads
 that read the head), its eigen-decomposition, and a parameter file that
 loads back."""
+import os
+
 import numpy as np
 import pytest
 
 import liboscar
+from liboscar import _capi
+
+if not _capi.have_calib() and os.environ.get("OSCAR_REQUIRE_CALIB") != "1":
+    pytest.skip("liboscar_calib not built here (no LAPACK/LAPACKE/cblas.h)", allow_module_level=True)
 
 L, HQ, HKV, D, N = 2, 4, 2, 64, 600
 

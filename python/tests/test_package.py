@@ -24,7 +24,8 @@ def test_bundled_libraries_and_plugin_folder():
     lib_dir = Path(_capi.lib._name).parent
     if lib_dir != Path(liboscar.__file__).resolve().parent / "_lib":
         pytest.skip(f"library from OSCAR_LIBRARY_DIR ({lib_dir}), not the bundled one")
-    assert (lib_dir / "liboscar_calib.so.0").exists()
+    if os.environ.get("OSCAR_REQUIRE_CALIB") == "1":  # CI: LAPACK is there, so must the library be
+        assert (lib_dir / "liboscar_calib.so.0").exists()
     # The registry searches <dir of liboscar>/oscar: pip puts the plugins there.
     plugins = sorted(p.name for p in (lib_dir / "oscar").glob("liboscar_backend_*.so"))
     required = [b for b in os.environ.get("OSCAR_REQUIRE_BACKENDS", "").split(",") if b]
@@ -39,9 +40,10 @@ def test_struct_sizes_mirror_the_header():
     lo = _capi.LayoutDesc()
     _capi.lib.oscar_layout_default(ctypes.byref(lo))
     assert lo.struct_size == ctypes.sizeof(_capi.LayoutDesc)
-    co = _capi.CalibOptions()
-    _capi.calib().oscar_calib_options_default(ctypes.byref(co), 1, 8, 2, 128)
-    assert co.struct_size == ctypes.sizeof(_capi.CalibOptions)
+    if _capi.have_calib():
+        co = _capi.CalibOptions()
+        _capi.calib().oscar_calib_options_default(ctypes.byref(co), 1, 8, 2, 128)
+        assert co.struct_size == ctypes.sizeof(_capi.CalibOptions)
 
 
 def test_cpu_request_opens_no_plugin(cpu):
