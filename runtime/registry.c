@@ -182,6 +182,16 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
 
     const char *want = o->backend;
     const char *want_src = "options";
+    /* The caller's OpenCL context and queue (interop): OpenCL or nothing. */
+    const int native = o->native_context || o->native_queue;
+    if (native && want && want[0] && strcmp(want, "opencl") != 0) {
+        free(rt);
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_runtime_create: native_context/native_queue are OpenCL handles but backend "
+                               "'%s' was requested; request 'opencl' or leave them NULL",
+                               want);
+    }
+    if (native) want = "opencl";
     if (!want || !want[0]) {
         want = getenv("OSCAR_BACKEND");
         want_src = "OSCAR_BACKEND";
@@ -246,7 +256,20 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
         rt->api = oscar_cpu_backend();
     }
     oscar_errbuf err = {{0}};
-    oscar_status s = rt->api->init(o->device_index, &rt->ctx, &err);
+    oscar_status s;
+    if (native) {
+        /* Optional plugin entry, looked up by name (no plugin ABI change). */
+        typedef oscar_status (*init_native_fn)(void *, void *, void **, oscar_errbuf *);
+        init_native_fn init_native = NULL;
+        void *sym = dlsym(rt->dl, "oscar_backend_init_native_v1");
+        memcpy(&init_native, &sym, sizeof init_native);
+        s = init_native ? init_native(o->native_context, o->native_queue, &rt->ctx, &err)
+                        : oscar_errbuf_set(&err, OSCAR_ERR_NO_BACKEND,
+                                           "the OpenCL plugin cannot take a caller's context (it predates "
+                                           "native_context); rebuild it");
+    } else {
+        s = rt->api->init(o->device_index, &rt->ctx, &err);
+    }
     if (s != OSCAR_OK) {
         oscar_set_errbuf(s, &err);
         if (rt->dl) dlclose(rt->dl);

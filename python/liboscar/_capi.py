@@ -53,7 +53,8 @@ class CalibLayerReport(Structure):
 
 class RuntimeOptions(Structure):
     _fields_ = [("struct_size", c_uint32), ("backend", c_char_p), ("plugin_dir", c_char_p),
-                ("device_index", c_int32), ("validate", c_int32), ("log", c_void_p), ("log_user", c_void_p)]
+                ("device_index", c_int32), ("validate", c_int32), ("log", c_void_p), ("log_user", c_void_p),
+                ("native_context", c_void_p), ("native_queue", c_void_p)]
 
 
 class Cache(Structure):
