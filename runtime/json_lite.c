@@ -17,6 +17,9 @@
 
 enum { J_NULL, J_FALSE, J_TRUE, J_INT, J_REAL, J_STR, J_ARR, J_OBJ };
 #define MAX_DEPTH 64
+/* A parameter header holds a few hundred values; the bound keeps a hostile
+ * 16 MiB header of tiny values from costing gigabytes (~100 bytes a value). */
+#define MAX_VALUES (1u << 20)
 
 struct oscar_json {
     int type;
@@ -370,6 +373,7 @@ typedef struct parser {
     unsigned flags;
     oscar_json_error *err;
     int depth;
+    size_t values;
 } parser;
 
 static oscar_json *fail(parser *p, const char *what) {
@@ -655,6 +659,7 @@ static oscar_json *literal(parser *p, const char *word, int type) {
 static oscar_json *parse_value(parser *p) {
     skip_ws(p);
     if (p->i >= p->n) return fail(p, "unexpected end of input");
+    if (++p->values > MAX_VALUES) return fail(p, "more than 1048576 values");
     char c = p->s[p->i];
     if (c == '{' || c == '[') return parse_container(p, c == '{');
     if (c == '"') {
@@ -672,7 +677,7 @@ static oscar_json *parse_value(parser *p) {
 }
 
 oscar_json *oscar_json_loadb(const char *s, size_t len, unsigned flags, oscar_json_error *err) {
-    parser p = {s, len, 0, flags, err, 0};
+    parser p = {s, len, 0, flags, err, 0, 0};
     if (err) {
         err->text[0] = '\0';
         err->position = 0;

@@ -212,6 +212,25 @@ Test(json_lite, hostile_inputs) {
     cr_assert(strstr(e.text, "nesting"), "%s", e.text);
 }
 
+Test(json_lite, value_count_is_bounded) {
+    /* 2^20 values parse, one more is refused: memory stays bounded. */
+    const size_t n = (size_t)1 << 20;
+    for (size_t extra = 0; extra < 2; extra++) {
+        size_t count = n - 1 + extra; /* the array itself is one value */
+        size_t len = 2 * count + 1;
+        char *s = malloc(len + 1);
+        s[0] = '[';
+        for (size_t i = 0; i < count; i++) s[1 + 2 * i] = '0', s[2 + 2 * i] = ',';
+        s[len - 1] = ']';
+        oscar_json_error e;
+        oscar_json *o = oscar_json_loadb(s, len, 0, &e);
+        cr_assert_eq(o != NULL, extra == 0, "%zu values: %s", count + 1, o ? "parsed" : e.text);
+        if (!o) cr_assert(strstr(e.text, "more than 1048576 values"), "%s", e.text);
+        oscar_json_decref(o);
+        free(s);
+    }
+}
+
 Test(json_lite, many_keys_stay_linear) {
     /* 200k distinct keys: quadratic duplicate checks would take minutes. */
     const int n = 200000;
