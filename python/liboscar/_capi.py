@@ -104,7 +104,7 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_last_error", c_char_p)
     _sig(L, "oscar_method_name", c_char_p, c_int)
     _sig(L, "oscar_method_from_name", S, c_char_p, POINTER(c_int))
-    _sig(L, "oscar_layout_default", None, POINTER(LayoutDesc))
+    _sig(L, "oscar_layout_default", None, c_void_p)
     _sig(L, "oscar_layout_validate", S, POINTER(LayoutDesc))
     _sig(L, "oscar_layout_sizes_get", S, POINTER(LayoutDesc), POINTER(LayoutSizes))
     _sig(L, "oscar_layout_pages_for", S, POINTER(LayoutDesc), c_int64, POINTER(c_int64))
@@ -124,7 +124,7 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_params_check_shape", S, c_void_p, c_int, c_int, c_int, c_int, c_char_p)
     _sig(L, "oscar_fakequant", S, c_void_p, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_void_p)
     _sig(L, "oscar_method_bits", c_double, c_int, c_int, c_int, c_int)
-    _sig(L, "oscar_runtime_options_default", None, POINTER(RuntimeOptions))
+    _sig(L, "oscar_runtime_options_default", None, c_void_p)
     _sig(L, "oscar_runtime_create", S, POINTER(RuntimeOptions), POINTER(c_void_p))
     _sig(L, "oscar_runtime_destroy", None, c_void_p)
     _sig(L, "oscar_runtime_backend", c_char_p, c_void_p)
@@ -145,7 +145,7 @@ def _declare_core(L: ctypes.CDLL) -> None:
 
 def _declare_calib(C: ctypes.CDLL) -> None:
     S = c_int
-    _sig(C, "oscar_calib_options_default", None, POINTER(CalibOptions), c_int, c_int, c_int, c_int)
+    _sig(C, "oscar_calib_options_default", None, c_void_p, c_int, c_int, c_int, c_int)
     _sig(C, "oscar_calib_create", S, POINTER(CalibOptions), POINTER(c_void_p))
     _sig(C, "oscar_calib_destroy", None, c_void_p)
     _sig(C, "oscar_calib_begin_pass", S, c_void_p, c_int)
@@ -154,6 +154,22 @@ def _declare_calib(C: ctypes.CDLL) -> None:
     _sig(C, "oscar_calib_target", S, c_void_p, c_int, c_int, c_int, c_void_p)
     _sig(C, "oscar_calib_finalize", S, c_void_p, POINTER(c_void_p))
     _sig(C, "oscar_calib_layer_report_get", S, c_void_p, c_int, POINTER(CalibLayerReport))
+
+
+def defaults(cls, fill, *args):
+    """A struct filled by the library's ``*_default`` function ``fill``.
+    The library writes its own sizeof, so it fills a generous scratch buffer
+    (no overflow if the header grew) and the sizes must agree exactly: a
+    header change not mirrored in this file raises here instead of passing
+    a misread struct."""
+    buf = ctypes.create_string_buffer(ctypes.sizeof(cls) + 4096)
+    fill(buf, *args)
+    size = int.from_bytes(buf.raw[:4], "little")
+    if size != ctypes.sizeof(cls):
+        raise ImportError(f"liboscar: {cls.__name__} is {size} bytes in the library but {ctypes.sizeof(cls)} in "
+                          f"liboscar/_capi.py; the binding and the library differ: mirror the header's new fields "
+                          f"there (or rebuild the package)")
+    return cls.from_buffer_copy(buf.raw[:ctypes.sizeof(cls)])
 
 
 def calib() -> ctypes.CDLL:
@@ -166,11 +182,7 @@ def calib() -> ctypes.CDLL:
             raise ImportError(f"{e}. The calibration library is built only where LAPACK, LAPACKE and cblas.h are "
                               f"installed (Debian: liblapacke-dev libopenblas-dev); serving works without it") from e
         _declare_calib(dll)
-        o = CalibOptions()
-        dll.oscar_calib_options_default(ctypes.byref(o), 1, 1, 1, 128)
-        if o.struct_size != ctypes.sizeof(CalibOptions):
-            raise ImportError(f"liboscar: oscar_calib_options is {o.struct_size} bytes in the library but "
-                              f"{ctypes.sizeof(CalibOptions)} in liboscar/_capi.py; rebuild the package")
+        defaults(CalibOptions, dll.oscar_calib_options_default, 1, 1, 1, 128)
         _calib = dll
     return _calib
 
@@ -185,15 +197,8 @@ def have_calib() -> bool:
 
 
 def check_abi() -> None:
-    lo = LayoutDesc()
-    lib.oscar_layout_default(ctypes.byref(lo))
-    ro = RuntimeOptions()
-    lib.oscar_runtime_options_default(ctypes.byref(ro))
-    for name, got, want in (("oscar_layout_desc", lo.struct_size, ctypes.sizeof(LayoutDesc)),
-                            ("oscar_runtime_options", ro.struct_size, ctypes.sizeof(RuntimeOptions))):
-        if got != want:
-            raise ImportError(f"liboscar: {name} is {got} bytes in the library but {want} in liboscar/_capi.py; "
-                              f"the binding and the library are from different versions: rebuild the package")
+    defaults(LayoutDesc, lib.oscar_layout_default)
+    defaults(RuntimeOptions, lib.oscar_runtime_options_default)
 
 
 _declare_core(lib)

@@ -166,8 +166,7 @@ class Runtime:
 
     def __init__(self, backend: Optional[str] = None, plugin_dir: Optional[str] = None, device_index: int = 0,
                  validate: bool = False):
-        o = _capi.RuntimeOptions()
-        lib.oscar_runtime_options_default(ctypes.byref(o))
+        o = _capi.defaults(_capi.RuntimeOptions, lib.oscar_runtime_options_default)
         self._keep = [s.encode() if s else None for s in (backend, plugin_dir)]
         o.backend, o.plugin_dir = self._keep
         o.device_index = device_index
@@ -355,9 +354,7 @@ class LayoutSizes:
 
 
 def _layout_defaults() -> _capi.LayoutDesc:
-    d = _capi.LayoutDesc()
-    lib.oscar_layout_default(ctypes.byref(d))
-    return d
+    return _capi.defaults(_capi.LayoutDesc, lib.oscar_layout_default)
 
 
 _LD = _layout_defaults()
@@ -631,8 +628,8 @@ class Calibrator:
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
         C = _capi.calib()
-        o = _capi.CalibOptions()
-        C.oscar_calib_options_default(ctypes.byref(o), num_layers, num_q_heads, num_kv_heads, head_dim)
+        o = _capi.defaults(_capi.CalibOptions, C.oscar_calib_options_default, num_layers, num_q_heads, num_kv_heads,
+                           head_dim)
         self._keep = None
         for key, val in options.items():
             if key in ("struct_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "progress",

@@ -37,13 +37,18 @@ def test_bundled_libraries_and_plugin_folder():
 
 
 def test_struct_sizes_mirror_the_header():
-    lo = _capi.LayoutDesc()
-    _capi.lib.oscar_layout_default(ctypes.byref(lo))
-    assert lo.struct_size == ctypes.sizeof(_capi.LayoutDesc)
+    for cls, fill, args in ((_capi.LayoutDesc, _capi.lib.oscar_layout_default, ()),
+                            (_capi.RuntimeOptions, _capi.lib.oscar_runtime_options_default, ())):
+        assert _capi.defaults(cls, fill, *args).struct_size == ctypes.sizeof(cls)
     if _capi.have_calib():
-        co = _capi.CalibOptions()
-        _capi.calib().oscar_calib_options_default(ctypes.byref(co), 1, 8, 2, 128)
-        assert co.struct_size == ctypes.sizeof(_capi.CalibOptions)
+        o = _capi.defaults(_capi.CalibOptions, _capi.calib().oscar_calib_options_default, 1, 8, 2, 128)
+        assert o.struct_size == ctypes.sizeof(_capi.CalibOptions)
+
+    # A mirror that lags the header is refused, not misread.
+    class Short(ctypes.Structure):
+        _fields_ = _capi.LayoutDesc._fields_[:-1]
+    with pytest.raises(ImportError, match="mirror the header's new fields"):
+        _capi.defaults(Short, _capi.lib.oscar_layout_default)
 
 
 def test_cpu_request_opens_no_plugin(cpu):
