@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages liboscar needs to build and test (run as root).
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config python3 python3-jinja2
+pkgs=(build-essential cmake pkg-config python3 python3-jinja2 python3-venv
       libcriterion-dev libjansson-dev libopenblas-dev liblapack-dev liblapacke-dev
       ocl-icd-opencl-dev opencl-headers pocl-opencl-icd clinfo
       hipcc libamdhip64-dev gnuplot-nox)

@@ -1,7 +1,9 @@
 /* Backend registry: finds the plugins at load time, probes them, picks one.
  * Search order for liboscar_backend_NAME.so: options->plugin_dir,
- * $OSCAR_PLUGIN_PATH (colon-separated), the folder holding liboscar, the
- * executable's folder and ../lib beside it. Every candidate and the reason it
+ * $OSCAR_PLUGIN_PATH (colon-separated), the folder holding liboscar and its
+ * oscar/ subfolder (the installed layout), the executable's folder and
+ * ../lib beside it. A requested backend (options->backend or $OSCAR_BACKEND)
+ * is the only plugin opened. Every candidate and the reason it
  * was skipped go into the runtime's report. */
 #define _GNU_SOURCE 1 /* dladdr */
 #include <dlfcn.h>
@@ -13,6 +15,9 @@
 #include <unistd.h>
 
 #include "runtime.h"
+
+/* Subfolder of liboscar's folder holding the installed plugins. */
+#define OSCAR_PLUGIN_SUBDIR "oscar"
 
 static void report_add(oscar_runtime *rt, const char *fmt, ...) {
     size_t used = strlen(rt->report);
@@ -63,6 +68,14 @@ static int search_dirs(const oscar_runtime_options *o, char dirs[][PATH_MAX], in
         if (slash) {
             *slash = '\0';
             n++;
+            /* Installed layout (cmake/OscarPackage.cmake): <libdir>/liboscar.so
+             * with the plugins in <libdir>/oscar, found wherever the prefix was moved. */
+            size_t len = strlen(dirs[n - 1]);
+            if (n < max && len + sizeof "/" OSCAR_PLUGIN_SUBDIR <= PATH_MAX) {
+                memcpy(dirs[n], dirs[n - 1], len);
+                memcpy(dirs[n] + len, "/" OSCAR_PLUGIN_SUBDIR, sizeof "/" OSCAR_PLUGIN_SUBDIR);
+                n++;
+            }
         }
     }
     char exe[PATH_MAX];
@@ -170,6 +183,16 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
 
     const char *want = o->backend;
     const char *want_src = "options";
+    /* The caller's OpenCL context and queue (interop): OpenCL or nothing. */
+    const int native = o->native_context || o->native_queue;
+    if (native && want && want[0] && strcmp(want, "opencl") != 0) {
+        free(rt);
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_runtime_create: native_context/native_queue are OpenCL handles but backend "
+                               "'%s' was requested; request 'opencl' or leave them NULL",
+                               want);
+    }
+    if (native) want = "opencl";
     if (!want || !want[0]) {
         want = getenv("OSCAR_BACKEND");
         want_src = "OSCAR_BACKEND";
@@ -190,7 +213,15 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
     }
     int ndirs = search_dirs(o, dirs, 16);
     candidate cands[3] = {{.name = "cuda"}, {.name = "hip"}, {.name = "opencl"}};
-    for (int i = 0; i < 3; i++) try_plugin(rt, o, &cands[i], dirs, ndirs);
+    for (int i = 0; i < 3; i++) {
+        /* Asked for one backend: open no other plugin (a vendor runtime loaded
+         * only to be probed can leave threads and memory behind). */
+        if (want && strcmp(want, cands[i].name) != 0)
+            report_add(rt, "  %-7s skipped: not opened, backend '%s' requested (%s)\n", cands[i].name, want,
+                       want_src);
+        else
+            try_plugin(rt, o, &cands[i], dirs, ndirs);
+    }
     free(dirs);
 
     /* Choose: the requested one, else the highest score (CPU scores 1). */
@@ -226,7 +257,20 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
         rt->api = oscar_cpu_backend();
     }
     oscar_errbuf err = {{0}};
-    oscar_status s = rt->api->init(o->device_index, &rt->ctx, &err);
+    oscar_status s;
+    if (native) {
+        /* Optional plugin entry, looked up by name (no plugin ABI change). */
+        typedef oscar_status (*init_native_fn)(void *, void *, void **, oscar_errbuf *);
+        init_native_fn init_native = NULL;
+        void *sym = dlsym(rt->dl, "oscar_backend_init_native_v1");
+        memcpy(&init_native, &sym, sizeof init_native);
+        s = init_native ? init_native(o->native_context, o->native_queue, &rt->ctx, &err)
+                        : oscar_errbuf_set(&err, OSCAR_ERR_NO_BACKEND,
+                                           "the OpenCL plugin cannot take a caller's context (it predates "
+                                           "native_context); rebuild it");
+    } else {
+        s = rt->api->init(o->device_index, &rt->ctx, &err);
+    }
     if (s != OSCAR_OK) {
         oscar_set_errbuf(s, &err);
         if (rt->dl) dlclose(rt->dl);

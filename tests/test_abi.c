@@ -20,7 +20,8 @@ Test(abi, first_version_layout_on_the_heap_is_read_within_its_bytes) {
     oscar_layout_desc *old = malloc(n);
     cr_assert(old);
     memcpy(old, &def, n);
-    old->struct_size = (uint32_t)n;
+    uint32_t sz = (uint32_t)n;
+    memcpy(old, &sz, sizeof sz);
     cr_assert_eq(oscar_layout_validate(old), OSCAR_OK, "%s", oscar_last_error());
     oscar_layout_sizes a, b;
     cr_assert_eq(oscar_layout_sizes_get(old, &a), OSCAR_OK);
@@ -51,7 +52,8 @@ Test(abi, first_version_runtime_options_on_the_heap) {
     oscar_runtime_options *old = malloc(n);
     cr_assert(old);
     memcpy(old, &def, n);
-    old->struct_size = (uint32_t)n;
+    uint32_t sz = (uint32_t)n;
+    memcpy(old, &sz, sizeof sz);
     oscar_runtime *rt;
     cr_assert_eq(oscar_runtime_create(old, &rt), OSCAR_OK, "%s", oscar_last_error());
     cr_expect_str_eq(oscar_runtime_backend(rt), "cpu");

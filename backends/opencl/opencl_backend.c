@@ -95,6 +95,14 @@ static int ocl_probe(int device_index, oscar_errbuf *why) {
 
 static const gpu_vendor k_vendor;
 
+static void describe(cl_ctx *c, const char *note) {
+    clGetDeviceInfo(c->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof c->compute_units, &c->compute_units, NULL);
+    char dn[200] = "", pn[48] = "";
+    clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof dn - 1, dn, NULL);
+    clGetPlatformInfo(c->platform, CL_PLATFORM_NAME, sizeof pn - 1, pn, NULL);
+    snprintf(c->name, sizeof c->name, "%s (%s%s)", dn, pn, note);
+}
+
 static oscar_status ocl_init(int device_index, void **ctx, oscar_errbuf *err) {
     cl_ctx *c = calloc(1, sizeof *c);
     if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl init: out of host memory");
@@ -119,11 +127,7 @@ static oscar_status ocl_init(int device_index, void **ctx, oscar_errbuf *err) {
         free(c);
         return cl_fail(err, "context/queue creation", rc);
     }
-    clGetDeviceInfo(c->device, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof c->compute_units, &c->compute_units, NULL);
-    char dn[200] = "", pn[48] = "";
-    clGetDeviceInfo(c->device, CL_DEVICE_NAME, sizeof dn - 1, dn, NULL);
-    clGetPlatformInfo(c->platform, CL_PLATFORM_NAME, sizeof pn - 1, pn, NULL);
-    snprintf(c->name, sizeof c->name, "%s (%s)", dn, pn);
+    describe(c, "");
     *ctx = c;
     return OSCAR_OK;
 }
@@ -302,3 +306,49 @@ static const oscar_backend_api k_api = {
     gpu_append,                gpu_decode};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }
+
+/* The caller's context and queue (runtime options native_context and
+ * native_queue; the registry finds this by name, so older plugins are
+ * refused with a message instead of misread): programs, kernels and the
+ * default queue are the caller's, so its cl_mem buffers and its queues of
+ * that context work as device memory and streams. Both are retained here and
+ * released by ocl_shutdown, as the handles ocl_init creates. */
+__attribute__((visibility("default"))) oscar_status oscar_backend_init_native_v1(void *native_context,
+                                                                                void *native_queue, void **ctx,
+                                                                                oscar_errbuf *err) {
+    if (!native_context || !native_queue)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl: give both native_context (a cl_context) and native_queue (an in-order "
+                                "cl_command_queue of it), or neither");
+    cl_context qctx = NULL;
+    cl_command_queue_properties qprops = 0;
+    cl_device_id dev = NULL;
+    cl_command_queue q = (cl_command_queue)native_queue;
+    cl_int rc = clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL);
+    if (rc == CL_SUCCESS) rc = clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof dev, &dev, NULL);
+    if (rc == CL_SUCCESS) rc = clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES, sizeof qprops, &qprops, NULL);
+    if (rc != CL_SUCCESS)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl: native_queue is not a valid cl_command_queue (clGetCommandQueueInfo: %d)",
+                                (int)rc);
+    if (qctx != (cl_context)native_context)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl: native_queue belongs to another cl_context than native_context; pass a "
+                                "queue created on native_context");
+    if (qprops & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl: native_queue is out of order; the append's two launches need an in-order "
+                                "queue (create it without CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)");
+    cl_ctx *c = calloc(1, sizeof *c);
+    if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl init: out of host memory");
+    c->head.vendor = &k_vendor;
+    c->context = (cl_context)native_context;
+    c->queue = q;
+    c->device = dev;
+    clGetDeviceInfo(dev, CL_DEVICE_PLATFORM, sizeof c->platform, &c->platform, NULL);
+    clRetainContext(c->context);
+    clRetainCommandQueue(c->queue);
+    describe(c, ", caller's context");
+    *ctx = c;
+    return OSCAR_OK;
+}

@@ -335,13 +335,26 @@ typedef struct oscar_runtime_options {
                                before every device call (slow, for debugging) */
     oscar_log_fn log;       /* discovery log, or NULL */
     void *log_user;
+    /* Added after the first release (struct_size tells them apart). */
+    void *native_context;   /* OpenCL: the caller's cl_context, given with native_queue.
+                               The backend's programs and kernels then live in it, so
+                               the caller's cl_mem buffers and in-order queues of that
+                               context can be passed as device memory and streams.
+                               Retained by the runtime, released by
+                               oscar_runtime_destroy. Implies backend "opencl" (another
+                               requested backend is refused). NULL: the backend makes
+                               its own context on device_index. */
+    void *native_queue;     /* OpenCL: an in-order cl_command_queue of native_context,
+                               the default queue (stream NULL); the device is its device */
 } oscar_runtime_options;
 
 OSCAR_API void oscar_runtime_options_default(oscar_runtime_options *o);
 /* Discovers backends: the CPU backend is built in; plugins
  * liboscar_backend_{cuda,hip,opencl}.so are searched in plugin_dir,
- * $OSCAR_PLUGIN_PATH (colon-separated), the folder of liboscar itself and
- * the executable's folder. Caller destroys. */
+ * $OSCAR_PLUGIN_PATH (colon-separated), the folder of liboscar itself and its
+ * oscar/ subfolder (where `cmake --install` puts them), the executable's
+ * folder and ../lib beside it. When a backend is requested (options->backend
+ * or $OSCAR_BACKEND) only that plugin is opened. Caller destroys. */
 OSCAR_API oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime **out);
 /* Releases the caller's runtime. Plans hold their runtime: destroying it
  * while plans live is allowed, the backend then stays up until the last of

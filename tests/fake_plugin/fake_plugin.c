@@ -1,6 +1,22 @@
 /* Deliberately broken plugins for the registry tests: one with a foreign ABI
  * version (FAKE_ABI), one that cannot run here (probe 0 with a reason). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "oscar_backend.h"
+
+/* Marks that this plugin was dlopen'ed at all (tests/test_backend_select.c):
+ * appends FAKE_NAME to $OSCAR_FAKE_LOADED. */
+__attribute__((constructor)) static void mark_loaded(void) {
+    const char *old = getenv("OSCAR_FAKE_LOADED");
+    char buf[256];
+    size_t n = old ? strlen(old) : 0;
+    if (n + sizeof FAKE_NAME + 1 > sizeof buf) return;
+    if (old) memcpy(buf, old, n);
+    buf[n] = ' ';
+    memcpy(buf + n + 1, FAKE_NAME, sizeof FAKE_NAME);
+    setenv("OSCAR_FAKE_LOADED", buf, 1);
+}
 
 static int probe_never(int device_index, oscar_errbuf *why) {
     (void)device_index;

@@ -1,0 +1,696 @@
+"""Python face of the liboscar C API (see docs/API.md for the C walk-through).
+
+Memory: on the CPU backend every buffer is host memory, given as NumPy
+arrays (or CPU torch tensors); on CUDA/HIP it is device memory, given as
+torch tensors on the GPU, and calls run on ``torch.cuda.current_stream()``
+unless a stream is passed. Arrays are checked for dtype, shape, contiguity
+and device before any pointer reaches the library; the library's own
+errors come back as :class:`OscarError` with its message.
+
+16-bit K/V: ``kv_dtype="bf16"`` takes ``torch.bfloat16`` tensors, or NumPy
+``uint16`` arrays holding bfloat16 bits (NumPy has no bfloat16; see
+:func:`to_bf16` / :func:`from_bf16`); ``kv_dtype="f16"`` takes float16.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _capi
+from ._capi import lib
+
+try:  # torch is optional: NumPy on the CPU backend needs none of it
+    import torch  # type: ignore
+except ImportError:  # pragma: no cover - exercised where torch is absent
+    torch = None  # type: ignore
+
+ArrayLike = Any  # numpy.ndarray or torch.Tensor
+
+DTYPES = {"bf16": 0, "f16": 1, "f32": 2}
+_DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+_KV = {"k": 0, "v": 1}
+
+
+class OscarError(RuntimeError):
+    """A liboscar call failed. ``status`` is the oscar_status code,
+    ``status_name`` its short description; the message is the library's
+    (it names the problem and the fix)."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        self.status_name = lib.oscar_status_string(status).decode()
+        super().__init__(f"{message} [{self.status_name}]")
+
+
+def _check(status: int, where: str = "") -> None:
+    if status != 0:
+        msg = lib.oscar_last_error().decode(errors="replace") or where
+        raise OscarError(status, msg)
+
+
+def version() -> str:
+    """The C library's version, "MAJOR.MINOR.PATCH"."""
+    return lib.oscar_version(None, None, None).decode()
+
+
+def method_id(method: Union[str, int]) -> int:
+    """Method name ("oscar2", "int2", ...) to its enum value; the library's
+    message lists the valid names."""
+    if isinstance(method, int):
+        return method
+    out = ctypes.c_int()
+    _check(lib.oscar_method_from_name(str(method).encode(), ctypes.byref(out)))
+    return out.value
+
+
+def method_name(method: Union[str, int]) -> str:
+    return lib.oscar_method_name(method_id(method)).decode()
+
+
+def dtype_id(dtype: Union[str, int]) -> int:
+    if isinstance(dtype, int):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def method_bits(method: Union[str, int], head_dim: int = 128, group: int = 128, meta_dtype: str = "f16") -> float:
+    """Bits per stored element of a method's quantized region (metadata counted)."""
+    return float(lib.oscar_method_bits(method_id(method), head_dim, group, dtype_id(meta_dtype)))
+
+
+# ------------------------------------------------------------------ bf16 bits
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), round to nearest even, as the library."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    nan = (u & 0x7FFFFFFF) > 0x7F800000
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
+
+
+def from_bf16(b: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> float32."""
+    return (np.ascontiguousarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+# ------------------------------------------------------------- array checks
+def _is_torch(x: Any) -> bool:
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+_NP_KV = {0: np.uint16, 1: np.float16, 2: np.float32}
+
+
+def _torch_dtype(kind: str):
+    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32,
+            "u8": torch.uint8}[kind]
+
+
+def _np_dtype(kind: str):
+    return {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "i32": np.int32, "u8": np.uint8}[kind]
+
+
+def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name: str, device: bool) -> int:
+    """Checks one buffer and returns its address. kind: bf16/f16/f32/i32/u8;
+    shape entries None are free; device: the backend wants GPU memory."""
+    if _is_torch(x):
+        if x.is_cuda != device:
+            where = "a GPU tensor" if device else "host memory (a NumPy array or a CPU tensor)"
+            raise ValueError(f"{name}: this backend needs {where}, got a tensor on {x.device}")
+        want = _torch_dtype(kind)
+        if x.dtype != want:
+            raise TypeError(f"{name}: dtype {x.dtype}, expected {want}")
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: tensor is not contiguous; pass {name}.contiguous()")
+        got_shape = tuple(x.shape)
+        addr = x.data_ptr()
+    elif isinstance(x, np.ndarray):
+        if device:
+            raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
+                             f"array")
+        want = np.dtype(_np_dtype(kind))
+        if x.dtype != want:
+            hint = " (bfloat16 bits: use liboscar.to_bf16)" if kind == "bf16" else ""
+            raise TypeError(f"{name}: dtype {x.dtype}, expected {want}{hint}")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{name}: array is not C-contiguous; pass numpy.ascontiguousarray({name})")
+        if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
+            raise ValueError(f"{name}: array is read-only")
+        got_shape = x.shape
+        addr = x.ctypes.data
+    else:
+        raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
+    if shape is not None:
+        ok = len(got_shape) == len(shape) and all(w is None or g == w for g, w in zip(got_shape, shape))
+        if not ok:
+            want_s = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
+            raise ValueError(f"{name}: shape {tuple(got_shape)}, expected {want_s}")
+    return addr
+
+
+# ---------------------------------------------------------------- runtime
+class Runtime:
+    """The backend chosen at load time (``oscar_runtime``).
+
+    ``backend``: "cpu", "cuda", "hip", "opencl" or None (``$OSCAR_BACKEND``,
+    else the best one found). Asking for one backend opens only that plugin.
+    ``report`` lists every backend considered and why it was skipped.
+    From Python, buffers are NumPy arrays on "cpu" and torch tensors on
+    "cuda"/"hip"; OpenCL needs ``cl_mem`` handles, which this binding does not
+    make.
+    """
+
+    def __init__(self, backend: Optional[str] = None, plugin_dir: Optional[str] = None, device_index: int = 0,
+                 validate: bool = False):
+        o = _capi.defaults(_capi.RuntimeOptions, lib.oscar_runtime_options_default)
+        self._keep = [s.encode() if s else None for s in (backend, plugin_dir)]
+        o.backend, o.plugin_dir = self._keep
+        o.device_index = device_index
+        o.validate = 1 if validate else 0
+        h = ctypes.c_void_p()
+        _check(lib.oscar_runtime_create(ctypes.byref(o), ctypes.byref(h)))
+        self._h = h
+        # Plans must be destroyed before their runtime; the garbage collector
+        # finalizes cycles in any order, so the runtime waits for its plans.
+        self._plans = 0
+        self._closing = False
+        self.backend: str = lib.oscar_runtime_backend(h).decode()
+        self.device: str = lib.oscar_runtime_device(h).decode()
+        self.report: str = lib.oscar_runtime_report(h).decode()
+
+    @property
+    def on_device(self) -> bool:
+        """True when buffers must be GPU memory (every backend but cpu)."""
+        return self.backend != "cpu"
+
+    def default_stream(self) -> Optional[int]:
+        """torch's current stream on CUDA/HIP (None, the default stream, without torch)."""
+        if self.backend in ("cuda", "hip") and torch is not None and torch.cuda.is_available():
+            return torch.cuda.current_stream().cuda_stream
+        return None
+
+    def synchronize(self, stream: Optional[int] = None) -> None:
+        _check(lib.oscar_synchronize(self._h, stream))
+
+    def close(self) -> None:
+        """Destroys the runtime now, or when its last Plan is closed."""
+        self._closing = True
+        if getattr(self, "_h", None) and not getattr(self, "_plans", 0):
+            self._lib.oscar_runtime_destroy(self._h)
+            self._h = None
+
+    def _plan_closed(self) -> None:
+        self._plans -= 1
+        if self._closing:
+            self.close()
+
+    _lib = lib
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Runtime(backend={self.backend!r}, device={self.device!r})"
+
+
+# ----------------------------------------------------------------- params
+@dataclass
+class ParamsInfo:
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    per_head: bool
+    method: str
+    calib_tokens: int
+    model_hash: str
+
+
+class Params:
+    """Per-layer rotations, clip ratios and error-feedback weights
+    (``oscar_params``): from a parameter file, calibration or built in."""
+
+    def __init__(self, handle: ctypes.c_void_p):
+        self._h = handle
+
+    @classmethod
+    def load(cls, path: str) -> "Params":
+        """Loads a parameter file (safetensors; docs/FORMAT.md §6). Corrupt or
+        foreign files raise OscarError naming the problem."""
+        h = ctypes.c_void_p()
+        _check(lib.oscar_params_load(str(path).encode(), ctypes.byref(h)))
+        return cls(h)
+
+    @classmethod
+    def builtin(cls, method: Union[str, int], num_layers: int, num_q_heads: int, num_kv_heads: int,
+                head_dim: int) -> "Params":
+        """Identity (int2, bf16), Hadamard (quarot2), or identity with the
+        published clips (oscar2, oscar2-lm)."""
+        h = ctypes.c_void_p()
+        _check(lib.oscar_params_create_builtin(method_id(method), num_layers, num_q_heads, num_kv_heads, head_dim,
+                                               ctypes.byref(h)))
+        return cls(h)
+
+    def save(self, path: str) -> None:
+        _check(lib.oscar_params_save(self._h, str(path).encode()))
+
+    @property
+    def info(self) -> ParamsInfo:
+        i = _capi.ParamsInfo()
+        _check(lib.oscar_params_get_info(self._h, ctypes.byref(i)))
+        return ParamsInfo(i.num_layers, i.num_q_heads, i.num_kv_heads, i.head_dim, bool(i.per_head),
+                          lib.oscar_method_name(i.method).decode(), i.calib_tokens, i.model_hash.decode())
+
+    def _matrix(self, fn, layer: int, which: str, kv_head: int, n: int, ctype, dtype) -> Optional[np.ndarray]:
+        p = ctypes.POINTER(ctype)()
+        _check(fn(self._h, layer, kv_head, _KV[which], ctypes.byref(p)))
+        if not p:
+            return None
+        return np.ctypeslib.as_array(p, shape=(n,)).astype(dtype, copy=True)
+
+    def rotation(self, layer: int, which: str = "k", kv_head: int = 0) -> np.ndarray:
+        """The d x d rotation R (a stored row is x R), a copy."""
+        d = self.info.head_dim
+        return self._matrix(lib.oscar_params_rotation, layer, which, kv_head, d * d, ctypes.c_float,
+                            np.float32).reshape(d, d)
+
+    def eigenvalues(self, layer: int, which: str = "k", kv_head: int = 0) -> Optional[np.ndarray]:
+        """Eigenvalues of the calibration target, largest first; None if built in."""
+        return self._matrix(lib.oscar_params_eigenvalues, layer, which, kv_head, self.info.head_dim,
+                            ctypes.c_double, np.float64)
+
+    def feedback(self, layer: int, which: str = "k", kv_head: int = 0) -> Optional[np.ndarray]:
+        """Error-feedback weights F (d x d, strictly upper triangular), or None."""
+        d = self.info.head_dim
+        f = self._matrix(lib.oscar_params_feedback, layer, which, kv_head, d * d, ctypes.c_float, np.float32)
+        return None if f is None else f.reshape(d, d)
+
+    def clear_feedback(self) -> None:
+        _check(lib.oscar_params_clear_feedback(self._h))
+
+    def orthogonality_error(self, layer: int, which: str = "k", kv_head: int = 0) -> float:
+        e = ctypes.c_double()
+        _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _KV[which], ctypes.byref(e)))
+        return e.value
+
+    def clip(self, layer: int, which: str = "k") -> float:
+        c = ctypes.c_float()
+        _check(lib.oscar_params_clip(self._h, layer, _KV[which], ctypes.byref(c)))
+        return c.value
+
+    def set_clip(self, layer: int, which: str, c: float) -> None:
+        _check(lib.oscar_params_set_clip(self._h, layer, _KV[which], c))
+
+    def check_shape(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                    model_hash: Optional[str] = None) -> None:
+        """Raises OscarError (SHAPE_MISMATCH) when the parameters are for another model."""
+        _check(lib.oscar_params_check_shape(self._h, num_layers, num_q_heads, num_kv_heads, head_dim,
+                                            model_hash.encode() if model_hash else None))
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            self._lib.oscar_params_destroy(self._h)
+            self._h = None
+
+    _lib = lib
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def fakequant(rows: np.ndarray, method: Union[str, int], params: Optional[Params] = None, layer: int = 0,
+              which: str = "k", group: int = 0) -> np.ndarray:
+    """Quantize-dequantize host rows [n_tokens, num_kv_heads, head_dim]
+    exactly as the cache stores them; returns a new float32 array in the
+    original space."""
+    x = np.array(rows, dtype=np.float32, order="C", copy=True)
+    if x.ndim != 3:
+        raise ValueError(f"rows: shape {x.shape}, expected (n_tokens, num_kv_heads, head_dim)")
+    _check(lib.oscar_fakequant(params._h if params else None, method_id(method), layer, _KV[which], group,
+                               x.shape[0], x.shape[1], x.shape[2], x.ctypes.data))
+    return x
+
+
+# ----------------------------------------------------------------- layout
+@dataclass
+class LayoutSizes:
+    page_bytes: int
+    window_slot_bytes: int
+    k_codes_offset: int
+    v_codes_offset: int
+    k_meta_offset: int
+    v_meta_offset: int
+    bits_per_element: float
+
+
+def _layout_defaults() -> _capi.LayoutDesc:
+    return _capi.defaults(_capi.LayoutDesc, lib.oscar_layout_default)
+
+
+_LD = _layout_defaults()
+
+
+@dataclass
+class Layout:
+    """Shape of one layer's paged cache (``oscar_layout_desc``); defaults are
+    the library's. Dtypes by name ("bf16", "f16", "f32"), method by name."""
+    head_dim: int = _LD.head_dim
+    group: int = _LD.group
+    num_q_heads: int = _LD.num_q_heads
+    num_kv_heads: int = _LD.num_kv_heads
+    page_size: int = _LD.page_size
+    sink: int = _LD.sink
+    recent: int = _LD.recent
+    max_seq_len: int = _LD.max_seq_len
+    kv_dtype: str = _DTYPE_NAMES[_LD.kv_dtype]
+    meta_dtype: str = _DTYPE_NAMES[_LD.meta_dtype]
+    method: str = field(default_factory=lambda: method_name(_LD.method))
+
+    def _c(self) -> _capi.LayoutDesc:
+        d = _layout_defaults()
+        for f in ("head_dim", "group", "num_q_heads", "num_kv_heads", "page_size", "sink", "recent",
+                  "max_seq_len"):
+            setattr(d, f, int(getattr(self, f)))
+        d.kv_dtype, d.meta_dtype = dtype_id(self.kv_dtype), dtype_id(self.meta_dtype)
+        d.method = method_id(self.method)
+        return d
+
+    def validate(self) -> None:
+        """Raises OscarError naming the wrong field and what is allowed."""
+        _check(lib.oscar_layout_validate(ctypes.byref(self._c())))
+
+    def sizes(self) -> LayoutSizes:
+        s = _capi.LayoutSizes()
+        _check(lib.oscar_layout_sizes_get(ctypes.byref(self._c()), ctypes.byref(s)))
+        return LayoutSizes(s.page_bytes, s.window_slot_bytes, s.k_codes_offset, s.v_codes_offset, s.k_meta_offset,
+                           s.v_meta_offset, s.bits_per_element)
+
+    def pages_for(self, seq_len: int) -> int:
+        """Pages of the paged pool a sequence of seq_len tokens needs."""
+        n = ctypes.c_int64()
+        _check(lib.oscar_layout_pages_for(ctypes.byref(self._c()), seq_len, ctypes.byref(n)))
+        return n.value
+
+    def bits_per_element(self, seq_len: int) -> float:
+        """Average stored bits per K/V element of a whole sequence (windows counted)."""
+        b = ctypes.c_double()
+        _check(lib.oscar_layout_bits_per_element(ctypes.byref(self._c()), seq_len, ctypes.byref(b)))
+        return b.value
+
+
+# ------------------------------------------------------------------- plan
+class Plan:
+    """Layout + parameters bound to a runtime (``oscar_plan``). ``params``
+    may be None for int2, quarot2 and bf16 (built in).
+
+    :meth:`append` and :meth:`decode` take your buffers (the C API's
+    contract, docs/API.md); :meth:`cache` makes a :class:`PagedCache` that
+    owns them for the simple case.
+    """
+
+    def __init__(self, runtime: Runtime, layout: Layout, params: Optional[Params] = None):
+        self.runtime, self.layout, self.params = runtime, layout, params
+        self._desc = layout._c()
+        if not runtime._h:
+            raise ValueError("Plan: the runtime is closed")
+        h = ctypes.c_void_p()
+        _check(lib.oscar_plan_create(runtime._h, ctypes.byref(self._desc), params._h if params else None,
+                                     ctypes.byref(h)))
+        self._h = h
+        runtime._plans += 1
+        self.variant: str = lib.oscar_plan_variant(h).decode()
+        self.sizes = layout.sizes()
+
+    def workspace_bytes(self, max_seqs: int, max_seq_len: int) -> int:
+        n = ctypes.c_size_t()
+        _check(lib.oscar_plan_workspace_bytes(self._h, max_seqs, max_seq_len, ctypes.byref(n)))
+        return n.value
+
+    def workspace_init(self, workspace: ArrayLike, stream: Optional[int] = None) -> None:
+        _check(lib.oscar_plan_workspace_init(self._h, _ptr(workspace, "u8", None, "workspace", self._dev),
+                                             self._stream(stream)))
+
+    def check(self, workspace: ArrayLike, stream: Optional[int] = None) -> None:
+        """Synchronizes and raises the errors device kernels flagged since the last check."""
+        _check(lib.oscar_plan_check(self._h, _ptr(workspace, "u8", None, "workspace", self._dev),
+                                    self._stream(stream)))
+
+    @property
+    def _dev(self) -> bool:
+        return self.runtime.on_device
+
+    def _stream(self, stream: Optional[int]) -> Optional[int]:
+        return stream if stream is not None else self.runtime.default_stream()
+
+    def _batch(self, pages, windows, seq_lens, window_slots, block_table, max_seq_len):
+        L, dev = self.layout, self._dev
+        if not hasattr(seq_lens, "shape") or len(seq_lens.shape) != 1:
+            raise ValueError("seq_lens: expected a 1-D int32 array [num_seqs]")
+        ns = int(seq_lens.shape[0])
+        cache = _capi.Cache(_ptr(pages, "u8", (None,), "pages", dev), pages.shape[0] // self.sizes.page_bytes,
+                            _ptr(windows, "u8", (None,), "windows", dev) if windows is not None else None,
+                            (windows.shape[0] // self.sizes.window_slot_bytes
+                             if windows is not None and self.sizes.window_slot_bytes else 0))
+        if pages.shape[0] % self.sizes.page_bytes:
+            raise ValueError(f"pages: {pages.shape[0]} bytes is not a multiple of page_bytes "
+                             f"{self.sizes.page_bytes}")
+        bt = _ptr(block_table, "i32", (ns, None), "block_table", dev)
+        batch = _capi.Batch(ns, _ptr(seq_lens, "i32", (ns,), "seq_lens", dev),
+                            _ptr(window_slots, "i32", (ns,), "window_slots", dev), bt, block_table.shape[1],
+                            int(max_seq_len if max_seq_len is not None else L.max_seq_len))
+        return cache, batch
+
+    def append(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
+               window_slots: ArrayLike, block_table: ArrayLike, cu_new: ArrayLike, k: ArrayLike, v: ArrayLike,
+               workspace: ArrayLike, max_seq_len: Optional[int] = None, stream: Optional[int] = None) -> None:
+        """``oscar_append``: new K/V rows [total_new, num_kv_heads, head_dim]
+        (kv_dtype) go into the cache; ``seq_lens`` are lengths after the
+        append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
+        L, dev = self.layout, self._dev
+        cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
+        total = k.shape[0] if len(k.shape) else 0
+        shape = (total, L.num_kv_heads, L.head_dim)
+        kp, vp = _ptr(k, L.kv_dtype, shape, "k", dev), _ptr(v, L.kv_dtype, shape, "v", dev)
+        cu = _ptr(cu_new, "i32", (batch.num_seqs + 1,), "cu_new", dev)
+        _check(lib.oscar_append(self._h, layer, ctypes.byref(cache), ctypes.byref(batch), cu, total, kp, vp, 0,
+                                _ptr(workspace, "u8", (None,), "workspace", dev), workspace.shape[0],
+                                self._stream(stream)))
+
+    def decode(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
+               window_slots: ArrayLike, block_table: ArrayLike, q: ArrayLike, out: ArrayLike, workspace: ArrayLike,
+               sm_scale: float = 0.0, rotated_output: bool = False, max_seq_len: Optional[int] = None,
+               stream: Optional[int] = None) -> None:
+        """``oscar_decode``: one query per sequence, q and out
+        [num_seqs, num_q_heads, head_dim] (kv_dtype)."""
+        L, dev = self.layout, self._dev
+        cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
+        shape = (batch.num_seqs, L.num_q_heads, L.head_dim)
+        _check(lib.oscar_decode(self._h, layer, ctypes.byref(cache), ctypes.byref(batch),
+                                _ptr(q, L.kv_dtype, shape, "q", dev), 0, _ptr(out, L.kv_dtype, shape, "out", dev), 0,
+                                float(sm_scale), 1 if rotated_output else 0,
+                                _ptr(workspace, "u8", (None,), "workspace", dev), workspace.shape[0],
+                                self._stream(stream)))
+
+    def cache(self, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None) -> "PagedCache":
+        return PagedCache(self, num_layers, num_seqs, max_seq_len)
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            self._lib.oscar_plan_destroy(self._h)
+            self._h = None
+            self.runtime._plan_closed()
+
+    _lib = lib
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class PagedCache:
+    """A whole model's paged cache for ``num_seqs`` sequences of up to
+    ``max_seq_len`` tokens, with pools, block table (sequence i owns a
+    contiguous run of pages), window slots and workspace allocated once:
+    NumPy arrays on the CPU backend, torch tensors on CUDA/HIP. Each layer
+    tracks its own lengths; append then decode, layer by layer."""
+
+    def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
+        if plan.runtime.backend == "opencl":
+            raise OscarError(4, "PagedCache: OpenCL buffers (cl_mem) cannot be made from Python; create the "
+                                "Runtime with backend='cpu' or 'cuda'")
+        self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
+        L = plan.layout
+        self.max_seq_len = int(max_seq_len or L.max_seq_len)
+        if self.max_seq_len > L.max_seq_len:
+            raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the layout's {L.max_seq_len}")
+        self.pages_per_seq = max(1, L.pages_for(self.max_seq_len))
+        sz = plan.sizes
+        page_total = num_seqs * self.pages_per_seq * sz.page_bytes
+        win_total = num_seqs * sz.window_slot_bytes
+        ws = plan.workspace_bytes(num_seqs, self.max_seq_len)
+        bt = np.arange(num_seqs * self.pages_per_seq, dtype=np.int32).reshape(num_seqs, self.pages_per_seq)
+        slots = np.arange(num_seqs, dtype=np.int32)
+        self.lens = np.zeros((num_layers, num_seqs), dtype=np.int32)  # host copy, per layer
+        if plan.runtime.on_device:
+            if torch is None:
+                raise ImportError("PagedCache on a GPU backend needs torch")
+            dev = torch.device("cuda", torch.cuda.current_device())
+            self._zeros = lambda n, dt: torch.zeros(n, dtype=dt, device=dev)
+            self.pages = [torch.zeros(page_total, dtype=torch.uint8, device=dev) for _ in range(num_layers)]
+            self.windows = [torch.zeros(max(win_total, 1), dtype=torch.uint8, device=dev) for _ in range(num_layers)]
+            self.workspace = torch.zeros(max(ws, 1), dtype=torch.uint8, device=dev)
+            self.block_table = torch.from_numpy(bt).to(dev)
+            self.window_slots = torch.from_numpy(slots).to(dev)
+            self._lens_dev = torch.zeros(num_seqs, dtype=torch.int32, device=dev)
+            self._cu_dev = torch.zeros(num_seqs + 1, dtype=torch.int32, device=dev)
+        else:
+            self.pages = [np.zeros(page_total, dtype=np.uint8) for _ in range(num_layers)]
+            self.windows = [np.zeros(max(win_total, 1), dtype=np.uint8) for _ in range(num_layers)]
+            self.workspace = np.zeros(max(ws, 1), dtype=np.uint8)
+            self.block_table, self.window_slots = bt, slots
+        plan.workspace_init(self.workspace)
+
+    def _to_dev(self, host: np.ndarray, buf, stream: Optional[int]):
+        """Host int32 lengths into the device buffer, queued on the stream the
+        kernels will run on (so a caller's side stream sees them in order)."""
+        if not self.plan.runtime.on_device:
+            return np.ascontiguousarray(host, dtype=np.int32)
+        src = torch.from_numpy(np.ascontiguousarray(host, dtype=np.int32))
+        if stream is not None and stream != torch.cuda.current_stream().cuda_stream:
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
+                buf.copy_(src)
+        else:
+            buf.copy_(src)
+        return buf
+
+    def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
+               stream: Optional[int] = None) -> None:
+        """Appends rows k, v [total_new, num_kv_heads, head_dim] to layer
+        ``layer``: ``new_tokens[i]`` rows for sequence i, in order (default:
+        one token per sequence, a decode step)."""
+        if not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer} out of range [0, {self.num_layers})")
+        total = int(k.shape[0])
+        n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else np.asarray(new_tokens, np.int64)
+        if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
+            raise ValueError(f"new_tokens must give {self.num_seqs} non-negative counts summing to the {total} "
+                             f"rows of k (got {n.tolist()})")
+        lens = self.lens[layer] + n
+        if (lens < 1).any():
+            raise ValueError("every sequence needs at least one token after the append")
+        if (lens > self.max_seq_len).any():
+            raise ValueError(f"sequence length {int(lens.max())} would exceed max_seq_len {self.max_seq_len}")
+        cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        stream = self.plan._stream(stream)
+        self.plan.append(layer, self.pages[layer], self.windows[layer],
+                         self._to_dev(lens, getattr(self, "_lens_dev", None), stream), self.window_slots,
+                         self.block_table, self._to_dev(cu, getattr(self, "_cu_dev", None), stream), k, v,
+                         self.workspace, max_seq_len=int(lens.max()), stream=stream)
+        self.lens[layer] = lens
+
+    def decode(self, layer: int, q: ArrayLike, out: Optional[ArrayLike] = None, sm_scale: float = 0.0,
+               rotated_output: bool = False, stream: Optional[int] = None) -> ArrayLike:
+        """Decode attention of one query per sequence, q [num_seqs,
+        num_q_heads, head_dim], over everything appended to the layer;
+        returns ``out`` (allocated like q when not given)."""
+        if (self.lens[layer] < 1).any():
+            raise ValueError(f"layer {layer}: every sequence needs an appended token before decode")
+        if out is None:
+            out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
+        stream = self.plan._stream(stream)
+        self.plan.decode(layer, self.pages[layer], self.windows[layer],
+                         self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
+                         self.block_table, q, out, self.workspace, sm_scale=sm_scale, rotated_output=rotated_output,
+                         max_seq_len=int(self.lens[layer].max()), stream=stream)
+        return out
+
+    def check(self, stream: Optional[int] = None) -> None:
+        """Raises the errors GPU kernels flagged (bad rows, indices) since the last check."""
+        self.plan.check(self.workspace, stream)
+
+
+# ------------------------------------------------------------ calibration
+class Calibrator:
+    """Two-pass calibration (``oscar_calib``, in liboscar_calib): feed every
+    window's post-RoPE q, k, v of each layer in pass 0, again in pass 1,
+    then :meth:`finalize`. Options are the C struct's fields
+    (group, per_head, method, clip_k, clip_v, holdout_rows, model_hash, sink,
+    recent, clip_objective, permutation, rounding)."""
+
+    def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
+        C = _capi.calib()
+        o = _capi.defaults(_capi.CalibOptions, C.oscar_calib_options_default, num_layers, num_q_heads, num_kv_heads,
+                           head_dim)
+        self._keep = None
+        for key, val in options.items():
+            if key in ("struct_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "progress",
+                       "progress_user") or not hasattr(o, key):
+                raise TypeError(f"Calibrator: unknown option {key!r}")
+            if key == "method":
+                val = method_id(val)
+            elif key == "model_hash":
+                self._keep = val = str(val).encode()
+            setattr(o, key, val)
+        h = ctypes.c_void_p()
+        _check(C.oscar_calib_create(ctypes.byref(o), ctypes.byref(h)))
+        self._C, self._h = C, h
+        self.shape = (num_layers, num_q_heads, num_kv_heads, head_dim)
+
+    def begin_pass(self, p: int) -> None:
+        _check(self._C.oscar_calib_begin_pass(self._h, p))
+
+    def feed(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        """q [n, num_q_heads, head_dim], k and v [n, num_kv_heads, head_dim]:
+        float32 or float16 host arrays (or bf16 bits as uint16)."""
+        _, hq, hkv, d = self.shape
+        kinds = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.uint16): "bf16"}
+        qa = np.asarray(q)
+        if qa.dtype not in kinds:
+            raise TypeError(f"q: dtype {qa.dtype}, expected float32, float16 or uint16 (bfloat16 bits)")
+        kind = kinds[qa.dtype]
+        n = qa.shape[0] if qa.ndim else 0
+        arrs = [np.ascontiguousarray(x) for x in (qa, k, v)]  # alive until the call returns
+        ptrs = [_ptr(a, kind, shp, nm, False)
+                for a, shp, nm in zip(arrs, ((n, hq, d), (n, hkv, d), (n, hkv, d)), ("q", "k", "v"))]
+        _check(self._C.oscar_calib_feed(self._h, layer, n, ptrs[0], ptrs[1], ptrs[2], DTYPES[kind]))
+
+    def set_value_metric(self, layer: int, kv_head: int, M: np.ndarray) -> None:
+        d = self.shape[3]
+        m = np.ascontiguousarray(M, dtype=np.float64)
+        if m.shape != (d, d):
+            raise ValueError(f"M: shape {m.shape}, expected ({d}, {d})")
+        _check(self._C.oscar_calib_set_value_metric(self._h, layer, kv_head, m.ctypes.data))
+
+    def target(self, layer: int, which: str = "k", kv_head: int = 0) -> np.ndarray:
+        """C_K (after pass 0) or C_V (after pass 1), d x d float64."""
+        d = self.shape[3]
+        out = np.empty((d, d), dtype=np.float64)
+        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _KV[which], out.ctypes.data))
+        return out
+
+    def finalize(self) -> Params:
+        h = ctypes.c_void_p()
+        _check(self._C.oscar_calib_finalize(self._h, ctypes.byref(h)))
+        return Params(h)
+
+    def layer_report(self, layer: int) -> dict:
+        r = _capi.CalibLayerReport()
+        _check(self._C.oscar_calib_layer_report_get(self._h, layer, ctypes.byref(r)))
+        return {"err_k": list(r.err_k), "err_v": list(r.err_v), "clip_k": r.clip_k, "clip_v": r.clip_v}
+
+    def close(self) -> None:
+        if getattr(self, "_h", None):
+            self._C.oscar_calib_destroy(self._h)
+            self._h = None
+
+    def __del__(self) -> None:
+        self.close()

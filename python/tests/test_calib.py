@@ -1,0 +1,70 @@
+"""Calibration from Python (liboscar_calib) against NumPy: the key target
+C_K (docs: mean over KV heads of E[q q^T] over tokens and the query heads
+that read the head), its eigen-decomposition, and a parameter file that
+loads back."""
+import os
+
+import numpy as np
+import pytest
+
+import liboscar
+from liboscar import _capi
+
+if not _capi.have_calib() and os.environ.get("OSCAR_REQUIRE_CALIB") != "1":
+    pytest.skip("liboscar_calib not built here (no LAPACK/LAPACKE/cblas.h)", allow_module_level=True)
+
+L, HQ, HKV, D, N = 2, 4, 2, 64, 600
+
+
+def synthetic(rng):
+    # Anisotropic queries with a few outlier channels, so C_K is far from identity.
+    mix = rng.standard_normal((D, D)) * (1 + 5 * (rng.random(D) < 0.1))
+    q = (rng.standard_normal((N, HQ, D)) @ mix / np.sqrt(D)).astype(np.float32)
+    k = rng.standard_normal((N, HKV, D)).astype(np.float32)
+    v = rng.standard_normal((N, HKV, D)).astype(np.float32)
+    return q, k, v
+
+
+def test_key_target_rotation_and_file(rng, tmp_path):
+    c = liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.96, clip_v=0.92, rounding=0)
+    data = [synthetic(rng) for _ in range(L)]
+    for p in (0, 1):
+        c.begin_pass(p)
+        for layer, (q, k, v) in enumerate(data):
+            c.feed(layer, q, k, v)
+    q = data[1][0].astype(np.float64)
+    ck = np.einsum("thi,thj->ij", q, q) / (N * HQ)  # the g query heads of each KV head, averaged
+    got = c.target(1, "k")
+    np.testing.assert_allclose(got, ck, rtol=1e-9, atol=1e-12 * np.abs(ck).max())
+    prm = c.finalize()
+    lam = prm.eigenvalues(1, "k")
+    np.testing.assert_allclose(lam, np.sort(np.linalg.eigvalsh(ck))[::-1], rtol=1e-7, atol=1e-9 * lam[0])
+    R = prm.rotation(1, "k").astype(np.float64)
+    np.testing.assert_allclose(R @ R.T, np.eye(D), atol=1e-5)
+    assert prm.clip(0, "k") == pytest.approx(0.96) and prm.clip(0, "v") == pytest.approx(0.92)
+    assert prm.feedback(0, "k") is None  # rounding=0: nearest
+    rep = c.layer_report(1)
+    assert rep["err_k"][2] < rep["err_k"][0], f"OSCAR not better than no rotation: {rep}"
+    path = tmp_path / "p.safetensors"
+    prm.save(path)
+    back = liboscar.Params.load(path)
+    assert back.info.calib_tokens == N and back.info.method == "oscar2"
+    np.testing.assert_array_equal(back.rotation(1, "k"), prm.rotation(1, "k"))
+
+
+def test_calibrator_errors(rng):
+    with pytest.raises(TypeError, match="unknown option 'clipk'"):
+        liboscar.Calibrator(L, HQ, HKV, D, clipk=0.9)
+    c = liboscar.Calibrator(L, HQ, HKV, D)
+    q, k, v = synthetic(rng)
+    with pytest.raises(liboscar.OscarError, match="pass"):
+        c.feed(0, q, k, v)  # before begin_pass(0)
+    c.begin_pass(0)
+    with pytest.raises(ValueError, match=r"k: shape \(600, 2, 32\), expected \(600, 2, 64\)"):
+        c.feed(0, q, k[:, :, :32], v)
+    with pytest.raises(TypeError, match="q: dtype float64"):
+        c.feed(0, q.astype(np.float64), k, v)
+    bad = q.copy()
+    bad[3, 1, 5] = np.inf
+    with pytest.raises(liboscar.OscarError, match="non-finite|NaN|Inf"):
+        c.feed(0, bad, k, v)

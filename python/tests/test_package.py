@@ -1,0 +1,77 @@
+"""The package itself: versions, ABI mirror, library errors, backend choice."""
+import ctypes
+import os
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import liboscar
+from liboscar import _capi
+
+
+def test_version_matches_c_library():
+    assert liboscar.__version__ == liboscar.version()
+    try:
+        dist = metadata.version("liboscar")
+    except metadata.PackageNotFoundError:
+        pytest.skip("running from the source tree (OSCAR_LIBRARY_DIR), not an installed package")
+    assert dist == liboscar.version(), "python/pyproject.toml version differs from the C library's"
+
+
+def test_bundled_libraries_and_plugin_folder():
+    lib_dir = Path(_capi.lib._name).parent
+    if lib_dir != Path(liboscar.__file__).resolve().parent / "_lib":
+        pytest.skip(f"library from OSCAR_LIBRARY_DIR ({lib_dir}), not the bundled one")
+    if os.environ.get("OSCAR_REQUIRE_CALIB") == "1":  # CI: LAPACK is there, so must the library be
+        assert (lib_dir / "liboscar_calib.so.0").exists()
+    # The registry searches <dir of liboscar>/oscar: pip puts the plugins there.
+    plugins = sorted(p.name for p in (lib_dir / "oscar").glob("liboscar_backend_*.so"))
+    required = [b for b in os.environ.get("OSCAR_REQUIRE_BACKENDS", "").split(",") if b]
+    for b in required:  # CI requires opencl (PoCL)
+        assert f"liboscar_backend_{b}.so" in plugins, f"{b} plugin not bundled: {plugins}"
+    rt = liboscar.Runtime()
+    for name in plugins:
+        assert f"found:   {lib_dir / 'oscar' / name}" in rt.report or "cannot run here" in rt.report, rt.report
+
+
+def test_struct_sizes_mirror_the_header():
+    for cls, fill, args in ((_capi.LayoutDesc, _capi.lib.oscar_layout_default, ()),
+                            (_capi.RuntimeOptions, _capi.lib.oscar_runtime_options_default, ())):
+        assert _capi.defaults(cls, fill, *args).struct_size == ctypes.sizeof(cls)
+    if _capi.have_calib():
+        o = _capi.defaults(_capi.CalibOptions, _capi.calib().oscar_calib_options_default, 1, 8, 2, 128)
+        assert o.struct_size == ctypes.sizeof(_capi.CalibOptions)
+
+    # A mirror that lags the header is refused, not misread.
+    class Short(ctypes.Structure):
+        _fields_ = _capi.LayoutDesc._fields_[:-1]
+    with pytest.raises(ImportError, match="mirror the header's new fields"):
+        _capi.defaults(Short, _capi.lib.oscar_layout_default)
+
+
+def test_cpu_request_opens_no_plugin(cpu):
+    assert cpu.backend == "cpu"
+    for name in ("cuda", "hip", "opencl"):
+        assert f"{name:<7} skipped: not opened, backend 'cpu' requested" in cpu.report, cpu.report
+
+
+def test_library_errors_carry_its_message():
+    with pytest.raises(liboscar.OscarError, match="unknown backend 'metal'.*valid: cpu, cuda, hip, opencl") as e:
+        liboscar.Runtime("metal")
+    assert e.value.status == 1
+    with pytest.raises(liboscar.OscarError, match="head_dim 96 is not supported; use 64, 128 or 256"):
+        liboscar.Layout(head_dim=96).validate()
+    with pytest.raises(liboscar.OscarError, match="int3"):
+        liboscar.method_id("int3")
+    with pytest.raises(ValueError, match="unknown dtype 'f8'"):
+        liboscar.Layout(kv_dtype="f8").sizes()
+
+
+def test_bf16_helpers_round_to_nearest_even():
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.5, 65504.0, np.inf], np.float32)
+    # 1 + 2^-8 is a tie: stays 1.0 (even); 1 + 3*2^-8 rounds up to 1 + 2^-6.
+    np.testing.assert_array_equal(liboscar.from_bf16(liboscar.to_bf16(x)),
+                                  np.array([1.0, 1.0, 1.015625, -2.5, 65536.0, np.inf], np.float32))
+    assert np.isnan(liboscar.from_bf16(liboscar.to_bf16(np.array([np.nan], np.float32))))[0]
