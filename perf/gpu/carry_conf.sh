@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds tests/test_backend_conformance on this (dev) machine into
+# Builds tests/test_backend_conformance (and the GPU cases of test_bad_input
+# and test_plan_threads) on this (dev) machine into
 # build-carry-conf/ with the shared libraries it needs (Criterion and its
 # dependencies) in build-carry-conf/lib, so perf/gpu/run.sh can run it on the
 # GPU machine, whose image has no Criterion:
@@ -9,10 +10,14 @@ cd "$(dirname "$0")/../.."
 B=build-carry-conf-obj
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DOSCAR_CUDA=OFF -DOSCAR_HIP=OFF -DOSCAR_OPENCL=OFF \
       -DOSCAR_GEN_SET=minimal -DOSCAR_WERROR=ON > /dev/null
-cmake --build $B -j2 --target test_backend_conformance > /dev/null
+tests="test_backend_conformance test_bad_input test_plan_threads"
+# shellcheck disable=SC2086
+cmake --build $B -j2 --target $tests > /dev/null
 rm -rf build-carry-conf && mkdir -p build-carry-conf/lib
-exe=$(find $B -name test_backend_conformance -type f -perm -u+x | head -1)
-cp "$exe" build-carry-conf/
+for t in $tests; do
+  exe=$(find $B -name $t -type f -perm -u+x | head -1)
+  cp "$exe" build-carry-conf/
+done
 # Everything it links except the C library and the loader (present there).
 ldd "$exe" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux)[.-]' |
   while read -r so; do cp -L "$so" build-carry-conf/lib/; done

@@ -35,11 +35,14 @@ else
   echo "build: $(( $(date +%s) - t0 )) s"
 fi
 if [ -x build-carry-conf/test_backend_conformance ]; then
-  t0=$(date +%s)
-  LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda \
-    timeout 300 build-carry-conf/test_backend_conformance --jobs 8 --verbose > "$OUT/conformance.log" 2>&1
-  echo "conformance rc=$? ($(( $(date +%s) - t0 )) s)"
-  grep -E "Assertion|seed|Synthesis|FAIL|CRASH|skipped" "$OUT/conformance.log" | sort | uniq -c | head -20
+  for t in test_backend_conformance test_bad_input test_plan_threads; do
+    [ -x build-carry-conf/$t ] || continue
+    t0=$(date +%s)
+    LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda \
+      timeout 300 build-carry-conf/$t --jobs 8 --verbose >> "$OUT/conformance.log" 2>&1
+    echo "$t rc=$? ($(( $(date +%s) - t0 )) s)"
+  done
+  grep -E "Assertion|seed|Synthesis|FAIL|CRASH" "$OUT/conformance.log" | sort | uniq -c | head -20
 fi
 t0=$(date +%s)
 # shellcheck disable=SC2086
