@@ -200,7 +200,7 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
     if (want && !want[0]) want = NULL;
     if (want && strcmp(want, "cpu") && strcmp(want, "cuda") && strcmp(want, "hip") && strcmp(want, "opencl")) {
         free(rt);
-        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+        return oscar_set_error(OSCAR_ERR_NO_BACKEND,
                                "unknown backend '%s' (from %s); valid: cpu, cuda, hip, opencl", want, want_src);
     }
 

@@ -60,7 +60,7 @@ def test_cpu_request_opens_no_plugin(cpu):
 def test_library_errors_carry_its_message():
     with pytest.raises(liboscar.OscarError, match="unknown backend 'metal'.*valid: cpu, cuda, hip, opencl") as e:
         liboscar.Runtime("metal")
-    assert e.value.status == 1
+    assert e.value.status == 14  # OSCAR_ERR_NO_BACKEND
     with pytest.raises(liboscar.OscarError, match="head_dim 96 is not supported; use 64, 128 or 256"):
         liboscar.Layout(head_dim=96).validate()
     with pytest.raises(liboscar.OscarError, match="int3"):
