@@ -79,7 +79,10 @@ struct oscar_calib {
     double *x, *y, *wt;   /* scratch: [CHUNK_ROWS][d], [CHUNK_ROWS][d], [CHUNK_ROWS] */
     int64_t fed[2];       /* tokens fed per pass over all layers (progress) */
     oscar_calib_layer_report *report; /* [L] after finalize */
-    probe *probes;        /* [L][hkv][PROBES_PER_HEAD] */
+    int slots;            /* probe slots per (layer, KV head): PROBES_PER_HEAD text + o.copy_probes copy */
+    probe *probes;        /* [L][hkv][slots]: text probes in [0, PROBES_PER_HEAD), copy probes after */
+    int64_t *copy_offers; /* [L][hkv] copy windows offered (oscar_calib_feed_copy) */
+    uint64_t *copy_rng;   /* [L] */
     int64_t *probe_offers; /* [L][hkv] windows offered to the probe reservoir */
     uint64_t *probe_rng;  /* [L] */
     int64_t *feeds;       /* [2][L] feeds per pass and layer */
@@ -115,6 +118,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->clip_objective = 0;
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
+    o->copy_probes = 0;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -136,7 +140,7 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->wt);
     free(c->report);
     if (c->probes)
-        for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD; i++) {
+        for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * (size_t)c->slots; i++) {
             free(c->probes[i].q);
             free(c->probes[i].k);
             free(c->probes[i].v);
@@ -144,6 +148,8 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->probes);
     free(c->probe_offers);
     free(c->probe_rng);
+    free(c->copy_offers);
+    free(c->copy_rng);
     free(c->feeds);
     free(c->attn);
     free(c->vmetric);
@@ -206,6 +212,8 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (o->rounding != 0 && o->rounding != 1)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "rounding must be 0 (nearest) or 1 (error feedback), got %d", o->rounding);
+    if (o->copy_probes < 0 || o->copy_probes > 64)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_probes %d must be in [0, 64]", o->copy_probes);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -240,17 +248,21 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->y = malloc((size_t)CHUNK_ROWS * (size_t)c->d * sizeof(double));
     c->wt = malloc((size_t)CHUNK_ROWS * sizeof(double));
     c->report = calloc((size_t)c->L, sizeof *c->report);
-    c->probes = calloc((size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD, sizeof *c->probes);
+    c->slots = PROBES_PER_HEAD + o->copy_probes;
+    c->probes = calloc((size_t)c->L * (size_t)c->hkv * (size_t)c->slots, sizeof *c->probes);
+    c->copy_offers = calloc((size_t)c->L * (size_t)c->hkv, sizeof(int64_t));
+    c->copy_rng = calloc((size_t)c->L, sizeof(uint64_t));
     c->probe_offers = calloc((size_t)c->L * (size_t)c->hkv, sizeof(int64_t));
     c->probe_rng = calloc((size_t)c->L, sizeof(uint64_t));
     c->feeds = calloc(2 * (size_t)c->L, sizeof(int64_t));
     c->attn = calloc((size_t)c->L, sizeof *c->attn);
-    if (!c->probes || !c->probe_offers || !c->probe_rng || !c->feeds || !c->attn) {
+    if (!c->probes || !c->probe_offers || !c->probe_rng || !c->copy_offers || !c->copy_rng || !c->feeds ||
+        !c->attn) {
         oscar_calib_destroy(c);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for calibration state (%d layers)",
                                o->num_layers);
     }
-    for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD; i++) c->probes[i].t = -1;
+    for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * (size_t)c->slots; i++) c->probes[i].t = -1;
     if (!c->cq || !c->cqn || !c->sv || !c->sw || !c->n0 || !c->n1 || !c->res_k || !c->res_v || !c->res_w ||
         !c->res_h || !c->res_seen || !c->rng || !c->x || !c->y || !c->wt || !c->report) {
         oscar_calib_destroy(c);
@@ -263,6 +275,7 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     for (int l = 0; l < c->L; l++) {
         c->rng[l] = 0x05ca12000000ull + (uint64_t)l;
         c->probe_rng[l] = 0x9e0be5000000ull + (uint64_t)l;
+        c->copy_rng[l] = 0xc0b1e5000000ull + (uint64_t)l;
     }
     *out = c;
     return OSCAR_OK;
@@ -387,7 +400,7 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
     const int64_t lo0 = (int64_t)c->o.sink + c->o.recent + PROBE_MARGIN;
     if ((int64_t)n < lo0 + 1) return OSCAR_OK;
     for (int h = 0; h < hkv; h++) {
-        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * PROBES_PER_HEAD;
+        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * (size_t)c->slots;
         if (pass == 0) {
             int64_t seen = c->probe_offers[(size_t)layer * (size_t)hkv + (size_t)h]++;
             int64_t slot = seen;
@@ -530,6 +543,68 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
         if (pass == 1)
             for (int l = 0; l < c->L; l++) total += c->n0[l];
         c->o.progress(c->o.progress_user, pass == 0 ? "pass 0" : "pass 1", c->fed[pass], total);
+    }
+    return OSCAR_OK;
+}
+
+/* Copy probes: a window whose later part repeats earlier text (the tool
+ * feeds a span of calibration text twice). One probe per KV head goes to the
+ * (layer, head)'s copy reservoir (Algorithm R, own deterministic generator),
+ * query position drawn from [max(first_query, sink + recent + 32), n - 1];
+ * nothing is accumulated into the targets, so rotations do not change. */
+OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_tokens, int first_query,
+                                             const void *q, const void *k, const void *v, oscar_dtype dtype) {
+    oscar_clear_error();
+    if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy: calib is NULL");
+    if (c->state != STATE_PASS0)
+        return oscar_set_error(OSCAR_ERR_STATE, "oscar_calib_feed_copy belongs to pass 0 (call "
+                                                "oscar_calib_begin_pass(c, 0) first, feed copies before pass 1)");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy: layer %d out of range [0, %d)",
+                               layer, c->L);
+    if (!q || !k || !v)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy needs q, k and v");
+    if (dtype != OSCAR_DTYPE_F32 && dtype != OSCAR_DTYPE_BF16 && dtype != OSCAR_DTYPE_F16)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "dtype %d is not F32, BF16 or F16", (int)dtype);
+    const int64_t lo0 = (int64_t)c->o.sink + c->o.recent + PROBE_MARGIN;
+    const int64_t lo = first_query > lo0 ? first_query : lo0;
+    if (n_tokens < 1 || first_query < 0 || lo > (int64_t)n_tokens - 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_calib_feed_copy: %d tokens, first query %d: the query range must hold a "
+                               "position >= sink + recent + %d = %lld",
+                               n_tokens, first_query, PROBE_MARGIN, (long long)lo0);
+    const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv;
+    const size_t n = (size_t)n_tokens;
+    if (first_nonfinite(q, dtype, n * (size_t)hq * (size_t)d) >= 0 ||
+        first_nonfinite(k, dtype, n * (size_t)hkv * (size_t)d) >= 0 ||
+        first_nonfinite(v, dtype, n * (size_t)hkv * (size_t)d) >= 0)
+        return oscar_set_error(OSCAR_ERR_NONFINITE, "layer %d: a copy window's q, k or v is not finite", layer);
+    if (c->o.copy_probes == 0) return OSCAR_OK; /* no copy reservoir: nothing to keep */
+    for (int h = 0; h < hkv; h++) {
+        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * (size_t)c->slots + PROBES_PER_HEAD;
+        int64_t seen = c->copy_offers[(size_t)layer * (size_t)hkv + (size_t)h]++;
+        int64_t slot = seen;
+        if (seen >= c->o.copy_probes) {
+            slot = (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(seen + 1));
+            if (slot >= c->o.copy_probes) continue;
+        }
+        probe *p = ph + slot;
+        if (!p->q && !(p->q = malloc((size_t)g * (size_t)d * sizeof(float))))
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping a copy probe");
+        p->t = (int)(lo + (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(n_tokens - lo)));
+        p->n = n_tokens;
+        p->feed = -1; /* never matched by a pass-1 feed */
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < d; i++)
+                p->q[(size_t)j * (size_t)d + (size_t)i] =
+                    oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+        free(p->k);
+        free(p->v);
+        p->k = p->v = NULL;
+        if (probe_copy_kv(c, p, h, k, v, dtype)) {
+            p->t = -1;
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping a copy probe");
+        }
     }
     return OSCAR_OK;
 }
@@ -815,7 +890,7 @@ static void probe_set_free(probe_set *ps) {
 static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
     memset(ps, 0, sizeof *ps);
     ps->c = c;
-    const size_t cap = (size_t)c->hkv * PROBES_PER_HEAD, d = (size_t)c->d, g = (size_t)c->g;
+    const size_t cap = (size_t)c->hkv * (size_t)c->slots, d = (size_t)c->d, g = (size_t)c->g;
     ps->p = calloc(cap, sizeof *ps->p);
     ps->h = calloc(cap, sizeof *ps->h);
     if (!ps->p || !ps->h) return -1;
@@ -823,7 +898,7 @@ static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
         const probe *p = c->probes + (size_t)layer * cap + i;
         if (p->t < 0 || !p->k) continue;
         ps->p[ps->np] = p;
-        ps->h[ps->np] = (int)(i / PROBES_PER_HEAD);
+        ps->h[ps->np] = (int)(i / (size_t)c->slots);
         if (p->t + 1 > ps->maxT) ps->maxT = p->t + 1;
         ps->np++;
     }

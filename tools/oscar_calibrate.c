@@ -40,6 +40,9 @@ static void usage(FILE *fp) {
             "  --rounding feedback|nearest  write-path rounding the parameters ask for (default\n"
             "                   feedback: rounding errors carried along the row in the attention\n"
             "                   metric, docs/eval/feedback.md; nearest is the published rule)\n"
+            "  --copy-windows N copy windows (a span of calibration text fed twice) whose probes join\n"
+            "                   the clip objective, so retrieval from the 2-bit region counts (0..64,\n"
+            "                   default 0; docs/eval/retrieval.md)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
@@ -141,6 +144,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--recent") && has) {
             if (!parse_int(a, argv[++i], 1, 1 << 24, &v)) return 2;
             o.recent = (int)v;
+        } else if (!strcmp(a, "--copy-windows") && has) {
+            if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
+            o.copy_windows = (int)v;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
         else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
         else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;

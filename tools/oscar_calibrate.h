@@ -28,6 +28,9 @@ typedef struct ocal_options {
     int clip_objective;      /* 0: attention probes (default), 1: held-back rows */
     int permutation;         /* oscar_calib_options.permutation; -1 (default): the library's (m-sequence) */
     int rounding;            /* oscar_calib_options.rounding; -1 (default): the library's (error feedback) */
+    int copy_windows;        /* copy windows for copy probes (oscar_calib_feed_copy); -1 (default): ocal's
+                                default, 0: none. Window w of the calibration windows gives its first
+                                sink tokens, then its next (window - sink) / 2 tokens twice */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

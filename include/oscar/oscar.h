@@ -242,6 +242,9 @@ typedef struct oscar_calib_options {
                                    (keys: R^T C_K R; values: R^T M R with M from
                                    oscar_calib_set_value_metric, else nearest); clips are fitted
                                    for it. 0: nearest (published). docs/FORMAT.md §2.3 */
+    int32_t copy_probes;        /* copy probes per (layer, KV head) kept from oscar_calib_feed_copy
+                                   for the probe objective (0..64, default 0: none); they weigh
+                                   retrieval from the 2-bit region into the clip choice */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -266,6 +269,14 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * feed with the same per-layer index in pass 1). */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
+/* Copy probes (pass 0, optional): one causal window whose positions from
+ * first_query on repeat text that lies earlier in it (e.g. a span of calibration
+ * text fed twice), q/k/v laid out as oscar_calib_feed's. Each KV head gives one
+ * probe at a query position drawn from [max(first_query, sink + recent + 32),
+ * n_tokens - 1] to a reservoir of options.copy_probes; the probe objective then
+ * sums its error with the text probes'. Accumulates nothing into the targets. */
+OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_tokens, int first_query,
+                                             const void *q, const void *k, const void *v, oscar_dtype dtype);
 /* Optional metric of value errors for error-feedback rounding: a head_dim x
  * head_dim symmetric PSD matrix M (row-major, doubles, copied) such that a
  * value error e (original space) costs e^T M e downstream, e.g. the sum over
