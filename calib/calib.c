@@ -49,11 +49,14 @@ static const float k_clip_grid[] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f,
                                     0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
 #define CLIP_GRID_N ((int)(sizeof k_clip_grid / sizeof k_clip_grid[0]))
 
+typedef oscar_calib_copy_report copy_report;
+
 /* One attention probe: the g queries at position t of one fed window that
  * read KV head h, and that window's keys and values of h at 0..t. */
 typedef struct probe {
     int64_t feed; /* per-layer feed index (same in both passes) */
     int n, t;     /* feed length and query position; t < 0: slot empty or dropped */
+    int period;   /* copy probe: position t + 1 - period holds the copied token's source; 0: text probe */
     float *q;     /* [g][d], pass 0 */
     float *k, *v; /* [t + 1][d], from pass 0 when given there, else pass 1; NULL until then */
 } probe;
@@ -87,6 +90,7 @@ struct oscar_calib {
     uint64_t *probe_rng;  /* [L] */
     int64_t *feeds;       /* [2][L] feeds per pass and layer */
     oscar_calib_attn_report *attn; /* [L] after finalize */
+    copy_report *copy;    /* [L] after finalize */
     double *vmetric;      /* [L][hkv][d][d] value-error metrics (oscar_calib_set_value_metric), or NULL */
     uint8_t *vmetric_set; /* [L][hkv] */
 };
@@ -119,6 +123,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
     o->copy_probes = 0;
+    o->copy_mass_loss = 0.002f;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -152,6 +157,7 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->copy_rng);
     free(c->feeds);
     free(c->attn);
+    free(c->copy);
     free(c->vmetric);
     free(c->vmetric_set);
     free(c);
@@ -214,6 +220,9 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                "rounding must be 0 (nearest) or 1 (error feedback), got %d", o->rounding);
     if (o->copy_probes < 0 || o->copy_probes > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_probes %d must be in [0, 64]", o->copy_probes);
+    if (!(o->copy_mass_loss >= 0.0f && o->copy_mass_loss <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_mass_loss %g must be in [0, 1]",
+                               (double)o->copy_mass_loss);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -256,8 +265,9 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->probe_rng = calloc((size_t)c->L, sizeof(uint64_t));
     c->feeds = calloc(2 * (size_t)c->L, sizeof(int64_t));
     c->attn = calloc((size_t)c->L, sizeof *c->attn);
+    c->copy = calloc((size_t)c->L, sizeof *c->copy);
     if (!c->probes || !c->probe_offers || !c->probe_rng || !c->copy_offers || !c->copy_rng || !c->feeds ||
-        !c->attn) {
+        !c->attn || !c->copy) {
         oscar_calib_destroy(c);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for calibration state (%d layers)",
                                o->num_layers);
@@ -414,6 +424,7 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
             int64_t lo = n / 2 > lo0 ? n / 2 : lo0, hi = n - 1;
             p->t = (int)(lo + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(hi - lo + 1)));
             p->n = n;
+            p->period = 0;
             p->feed = feed;
             for (int j = 0; j < g; j++)
                 for (int i = 0; i < d; i++)
@@ -550,9 +561,10 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
 /* Copy probes: a window whose later part repeats earlier text (the tool
  * feeds a span of calibration text twice). One probe per KV head goes to the
  * (layer, head)'s copy reservoir (Algorithm R, own deterministic generator),
- * query position drawn from [max(first_query, sink + recent + 32), n - 1];
+ * query position t drawn from [max(first_query, sink + recent + 32, sink +
+ * period - 1), n - 2] (t + 1, the token it predicts, is inside the window);
  * nothing is accumulated into the targets, so rotations do not change. */
-OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_tokens, int first_query,
+OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_tokens, int first_query, int period,
                                              const void *q, const void *k, const void *v, oscar_dtype dtype) {
     oscar_clear_error();
     if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy: calib is NULL");
@@ -567,12 +579,15 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
     if (dtype != OSCAR_DTYPE_F32 && dtype != OSCAR_DTYPE_BF16 && dtype != OSCAR_DTYPE_F16)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "dtype %d is not F32, BF16 or F16", (int)dtype);
     const int64_t lo0 = (int64_t)c->o.sink + c->o.recent + PROBE_MARGIN;
-    const int64_t lo = first_query > lo0 ? first_query : lo0;
-    if (n_tokens < 1 || first_query < 0 || lo > (int64_t)n_tokens - 1)
+    /* The source t + 1 - period must lie in the 2-bit region [sink, t - recent]. */
+    int64_t lo = first_query > lo0 ? first_query : lo0;
+    if ((int64_t)c->o.sink + period - 1 > lo) lo = (int64_t)c->o.sink + period - 1;
+    if (period <= c->o.recent || n_tokens < 2 || first_query < 0 || lo > (int64_t)n_tokens - 2)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                               "oscar_calib_feed_copy: %d tokens, first query %d: the query range must hold a "
-                               "position >= sink + recent + %d = %lld",
-                               n_tokens, first_query, PROBE_MARGIN, (long long)lo0);
+                               "oscar_calib_feed_copy: %d tokens, first query %d, period %d: the period must exceed "
+                               "recent (%d) and the query range hold a position >= sink + recent + %d = %lld whose "
+                               "source t + 1 - period is >= sink",
+                               n_tokens, first_query, period, c->o.recent, PROBE_MARGIN, (long long)lo0);
     const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv;
     const size_t n = (size_t)n_tokens;
     if (first_nonfinite(q, dtype, n * (size_t)hq * (size_t)d) >= 0 ||
@@ -591,9 +606,10 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
         probe *p = ph + slot;
         if (!p->q && !(p->q = malloc((size_t)g * (size_t)d * sizeof(float))))
             return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping a copy probe");
-        p->t = (int)(lo + (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(n_tokens - lo)));
+        p->t = (int)(lo + (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(n_tokens - 1 - lo)));
         p->n = n_tokens;
         p->feed = -1; /* never matched by a pass-1 feed */
+        p->period = period;
         for (int j = 0; j < g; j++)
             for (int i = 0; i < d; i++)
                 p->q[(size_t)j * (size_t)d + (size_t)i] =
@@ -1009,6 +1025,7 @@ static double probe_set_error(probe_set *ps, int qk, int qv) {
     const size_t gd = (size_t)g * (size_t)d;
     double num = 0.0, den = 0.0;
     for (int i = 0; i < ps->np; i++) {
+        if (ps->p[i]->period) continue; /* copy probes constrain c_K (probe_set_copy_mass), not the error */
         probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], qv ? ps->vq[i] : ps->vr[i]);
         const double *M = ps->om ? ps->om[ps->c->o.per_head ? ps->h[i] : 0] : NULL;
         if (!M) {
@@ -1035,6 +1052,24 @@ static double probe_set_error(probe_set *ps, int qk, int qv) {
         }
     }
     return den > 0.0 ? num / den : 0.0;
+}
+
+/* Mean attention weight the copy probes' queries put on their source key
+ * (position t + 1 - period), with exact (qk 0) or quantized (qk 1) keys; 0
+ * when there are no copy probes (*count 0). */
+static double probe_set_copy_mass(probe_set *ps, int qk, int *count) {
+    const int g = ps->c->g;
+    double sum = 0.0;
+    int cnt = 0;
+    for (int i = 0; i < ps->np; i++) {
+        const probe *p = ps->p[i];
+        if (!p->period) continue;
+        probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], ps->vr[i]);
+        const int T = p->t + 1, src = p->t + 1 - p->period;
+        for (int j = 0; j < g; j++, cnt++) sum += ps->S[(size_t)j * (size_t)T + (size_t)src];
+    }
+    *count = cnt;
+    return cnt ? sum / cnt : 0.0;
 }
 
 /* Rotation set s (0 none, 1 Hadamard, 2 OSCAR) of (layer, which) as nrot pointers. */
@@ -1105,19 +1140,40 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             rep->err_kv[s] = probe_set_error(&ps, 1, 1);
             continue;
         }
+        /* Copy probes: a key clip may cost the copy queries at most copy_mass_loss of the
+         * attention weight on their source (mean over the copy probes' query heads). */
+        int ncq = 0;
+        const double m0 = probe_set_copy_mass(&ps, 0, &ncq);
+        copy_report *cr = c->copy + layer;
+        cr->probes = ncq / c->g;
+        cr->mass[0] = m0;
         for (int which = 0; which < 2; which++) {
             float fixed = which == OSCAR_K ? fix_k : fix_v, best_c = fixed > 0.0f ? fixed : 1.0f;
             const float *const *Fw = which == OSCAR_K ? Fk : Fv;
+            const int constrain = which == OSCAR_K && ncq > 0;
             probe_set_quantize(&ps, which, best_c, lm, Fw);
-            double best = probe_set_error(&ps, 1, which == OSCAR_V);
+            double best = probe_set_error(&ps, 1, which == OSCAR_V), free_best = best;
+            float free_c = best_c;
+            if (constrain) {
+                cr->mass[1] = probe_set_copy_mass(&ps, 1, &ncq); /* at the starting (mildest) clip */
+                cr->mass[2] = cr->mass[1];
+            }
             for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
                 probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw);
                 double err = probe_set_error(&ps, 1, which == OSCAR_V);
+                if (err < free_best) {
+                    free_best = err;
+                    free_c = k_clip_grid[gi];
+                }
                 if (err < best) { /* strict: ties keep the milder clip */
+                    double mc = constrain ? probe_set_copy_mass(&ps, 1, &ncq) : 0.0;
+                    if (constrain && m0 - mc > (double)c->o.copy_mass_loss) continue;
                     best = err;
                     best_c = k_clip_grid[gi];
+                    if (constrain) cr->mass[2] = mc;
                 }
             }
+            if (which == OSCAR_K) cr->clip_free = free_c;
             probe_set_quantize(&ps, which, best_c, lm, Fw); /* K stays at c_K while V is fitted */
             if (which == OSCAR_K) {
                 *clip_k = best_c;
@@ -1357,6 +1413,19 @@ OSCAR_API oscar_status oscar_calib_layer_attn_report_get(const oscar_calib *c, i
         return oscar_set_error(OSCAR_ERR_STATE,
                                "the attention report exists after oscar_calib_finalize: finalize first");
     *out = c->attn[layer];
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_calib_layer_copy_report_get(const oscar_calib *c, int layer,
+                                                         oscar_calib_copy_report *out) {
+    oscar_clear_error();
+    if (!c || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_layer_copy_report_get: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)", layer, c->L);
+    if (c->state != STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE, "the copy report exists after oscar_calib_finalize: finalize first");
+    *out = c->copy[layer];
     return OSCAR_OK;
 }
 

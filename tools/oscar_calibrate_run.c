@@ -39,10 +39,13 @@ void ocal_options_default(ocal_options *o) {
     o->permutation = -1;
     o->rounding = -1;
     o->copy_windows = -1;
+    o->copy_mass_loss = -1.0f;
 }
 
-/* Copy windows when ocal_options.copy_windows is -1. */
+/* Copy windows when ocal_options.copy_windows is -1, and copy probes (query
+ * positions) each window offers per KV head. */
 #define OCAL_COPY_WINDOWS_DEFAULT 0
+#define OCAL_COPY_PROBES_PER_WINDOW 4
 
 void ocal_model_hash(const oe_config *cf, char *out) {
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
@@ -126,13 +129,15 @@ static oscar_status fail(oscar_status s, char *err, size_t len, const char *fmt,
 /* Copy-window observer: q/k/v of a repeated span -> copy probes only. */
 typedef struct copy_state {
     oscar_calib *calib;
-    int first_query;
+    int first_query, period;
     oscar_status status;
 } copy_state;
 
 static oscar_status observe_copy(void *user, int layer, int n, const float *q, const float *k, const float *v) {
     copy_state *cs = user;
-    oscar_status s = oscar_calib_feed_copy(cs->calib, layer, n, cs->first_query, q, k, v, OSCAR_DTYPE_F32);
+    oscar_status s = OSCAR_OK;
+    for (int i = 0; i < OCAL_COPY_PROBES_PER_WINDOW && !s; i++)
+        s = oscar_calib_feed_copy(cs->calib, layer, n, cs->first_query, cs->period, q, k, v, OSCAR_DTYPE_F32);
     if (s) cs->status = s;
     return s;
 }
@@ -146,7 +151,7 @@ static oscar_status feed_copy_windows(oe_ctx *ctx, oscar_calib *calib, const uin
     int R = (n - sink) / 2;
     uint32_t *tw = malloc((size_t)n * sizeof *tw);
     if (!tw) return fail(OSCAR_ERR_OUT_OF_MEMORY, err, err_len, "out of memory for a copy window");
-    copy_state cs = {.calib = calib, .first_query = sink + R};
+    copy_state cs = {.calib = calib, .first_query = sink + R, .period = R};
     oe_forward_options fo;
     oe_forward_options_default(&fo);
     fo.skip_lm_head = 1;
@@ -195,7 +200,8 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->permutation >= 0) co.permutation = o->permutation;
     if (o->rounding >= 0) co.rounding = o->rounding;
     const int ncopy = o->copy_windows >= 0 ? o->copy_windows : OCAL_COPY_WINDOWS_DEFAULT;
-    co.copy_probes = ncopy > 64 ? 64 : ncopy;
+    co.copy_probes = ncopy * OCAL_COPY_PROBES_PER_WINDOW > 64 ? 64 : ncopy * OCAL_COPY_PROBES_PER_WINDOW;
+    if (o->copy_mass_loss >= 0.0f) co.copy_mass_loss = o->copy_mass_loss;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
