@@ -112,7 +112,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->num_kv_heads = num_kv_heads;
     o->head_dim = head_dim;
     o->group = head_dim > 0 && head_dim < 128 ? head_dim : 128; /* whole head; 256 needs two groups of 128 */
-    o->per_head = 0;
+    o->per_head = 1; /* one rotation per KV head (docs/EVAL.md, how the defaults were chosen) */
     o->method = OSCAR_METHOD_OSCAR2;
     o->clip_k = 0.0f;
     o->clip_v = 0.0f;
@@ -978,10 +978,12 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
 
 /* Quantizes the 2-bit region [sink, t - recent] of every probe's K or V rows
  * with clip ratio `clip`, as the cache does (group, fp16 metadata). */
-static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max, const float *const *F) {
+static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max, const float *const *F,
+                               int copies) {
     const oscar_calib *c = ps->c;
     const int d = c->d;
     for (int i = 0; i < ps->np; i++) {
+        if ((ps->p[i]->period != 0) != copies) continue; /* copies 0: text probes, 1: copy probes */
         const float *src = which == OSCAR_K ? ps->kr[i] : ps->vr[i];
         float *dst = which == OSCAR_K ? ps->kq[i] : ps->vq[i];
         const float *Fi = F ? F[c->o.per_head ? ps->h[i] : 0] : NULL;
@@ -1133,8 +1135,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
         probe_set_exact(&ps);
         if (s < 2) {
-            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0, NULL);
-            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0, NULL);
+            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0, NULL, 0);
+            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0, NULL, 0);
             rep->err_k[s] = probe_set_error(&ps, 1, 0);
             rep->err_v[s] = probe_set_error(&ps, 0, 1);
             rep->err_kv[s] = probe_set_error(&ps, 1, 1);
@@ -1151,22 +1153,27 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             float fixed = which == OSCAR_K ? fix_k : fix_v, best_c = fixed > 0.0f ? fixed : 1.0f;
             const float *const *Fw = which == OSCAR_K ? Fk : Fv;
             const int constrain = which == OSCAR_K && ncq > 0;
-            probe_set_quantize(&ps, which, best_c, lm, Fw);
+            probe_set_quantize(&ps, which, best_c, lm, Fw, 0);
             double best = probe_set_error(&ps, 1, which == OSCAR_V), free_best = best;
             float free_c = best_c;
             if (constrain) {
+                probe_set_quantize(&ps, which, best_c, lm, Fw, 1);
                 cr->mass[1] = probe_set_copy_mass(&ps, 1, &ncq); /* at the starting (mildest) clip */
                 cr->mass[2] = cr->mass[1];
             }
             for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
-                probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw);
+                probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 0);
                 double err = probe_set_error(&ps, 1, which == OSCAR_V);
                 if (err < free_best) {
                     free_best = err;
                     free_c = k_clip_grid[gi];
                 }
                 if (err < best) { /* strict: ties keep the milder clip */
-                    double mc = constrain ? probe_set_copy_mass(&ps, 1, &ncq) : 0.0;
+                    double mc = 0.0;
+                    if (constrain) { /* copies are quantized only for a clip that would win */
+                        probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 1);
+                        mc = probe_set_copy_mass(&ps, 1, &ncq);
+                    }
                     if (constrain && m0 - mc > (double)c->o.copy_mass_loss) continue;
                     best = err;
                     best_c = k_clip_grid[gi];
@@ -1174,7 +1181,7 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                 }
             }
             if (which == OSCAR_K) cr->clip_free = free_c;
-            probe_set_quantize(&ps, which, best_c, lm, Fw); /* K stays at c_K while V is fitted */
+            probe_set_quantize(&ps, which, best_c, lm, Fw, 0); /* K stays at c_K while V is fitted */
             if (which == OSCAR_K) {
                 *clip_k = best_c;
                 rep->err_k[2] = best;

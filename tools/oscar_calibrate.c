@@ -28,7 +28,9 @@ static void usage(FILE *fp) {
             "  --max-tokens N   use the first N tokens (default 65536), as floor(N / window) windows\n"
             "  --window N       tokens per independent window (default 2048)\n"
             "  --group N        quant group used when fitting clips (default head_dim)\n"
-            "  --per-head       one rotation per KV head instead of per layer\n"
+            "  --per-head       one rotation per KV head (the default)\n"
+            "  --per-layer      one rotation per layer, shared by its KV heads (a file num_kv_heads\n"
+            "                   times smaller)\n"
             "  --lloyd-max      fit for Lloyd-Max 2-bit levels (method OSCAR2_LM)\n"
             "  --clip-k C       fixed key clip ratio in (0, 1] (default: fitted)\n"
             "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
@@ -158,6 +160,7 @@ int main(int argc, char **argv) {
             }
             o.copy_mass_loss = (float)x;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
+        else if (!strcmp(a, "--per-layer")) o.per_head = 0;
         else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
         else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;
         else if (a[0] != '-' && !model_dir) model_dir = a;

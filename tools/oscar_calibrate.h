@@ -21,7 +21,7 @@ typedef struct ocal_options {
     int window;              /* tokens per independent window (default 2048) */
     int64_t max_tokens;      /* use floor(min(max_tokens, tokens) / window) windows (default 65536) */
     int group;               /* quant group for clip fitting (0: head_dim) */
-    int per_head;            /* one rotation per KV head */
+    int per_head;            /* 1: one rotation per KV head, 0: per layer; -1 (default): the library's (per head) */
     int lloyd_max;           /* OSCAR2_LM instead of OSCAR2 */
     float clip_k, clip_v;    /* 0: fit */
     int sink, recent;        /* cache layout the clips are fitted for (0: the core's defaults 64, 256; sink < 0: none) */

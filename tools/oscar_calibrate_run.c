@@ -40,6 +40,7 @@ void ocal_options_default(ocal_options *o) {
     o->rounding = -1;
     o->copy_windows = -1;
     o->copy_mass_loss = -1.0f;
+    o->per_head = -1;
 }
 
 /* Copy windows when ocal_options.copy_windows is -1, and copy probes (query
@@ -190,7 +191,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     oscar_calib_options co;
     oscar_calib_options_default(&co, cf->num_layers, cf->num_q_heads, cf->num_kv_heads, cf->head_dim);
     if (o->group > 0) co.group = o->group;
-    co.per_head = o->per_head;
+    if (o->per_head >= 0) co.per_head = o->per_head;
     co.method = o->lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
     co.clip_k = o->clip_k;
     co.clip_v = o->clip_v;

@@ -215,7 +215,8 @@ typedef struct oscar_calib_options {
     uint32_t struct_size;       /* sizeof(oscar_calib_options) */
     int32_t num_layers, num_q_heads, num_kv_heads, head_dim;
     int32_t group;              /* quant group used when fitting clips (default head_dim) */
-    int32_t per_head;           /* 0: one rotation per layer (default); 1: per KV head */
+    int32_t per_head;           /* 1 (default): one rotation (and feedback weights) per KV head;
+                                   0: one per layer (a parameter file num_kv_heads times smaller) */
     oscar_method method;        /* OSCAR2 (default) or OSCAR2_LM */
     float clip_k, clip_v;       /* > 0: fixed clip ratio; 0: fit (default; see clip_objective) */
     int32_t holdout_rows;       /* rows per layer kept for clip fitting (default 4096) */
