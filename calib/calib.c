@@ -1143,7 +1143,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             continue;
         }
         /* Copy probes: a key clip may cost the copy queries at most copy_mass_loss of the
-         * attention weight on their source (mean over the copy probes' query heads). */
+         * attention weight on their source (mean over the copy probes' query heads); the K scan
+         * stops at the first clip that would win on the attention error but breaks that bound. */
         int ncq = 0;
         const double m0 = probe_set_copy_mass(&ps, 0, &ncq);
         copy_report *cr = c->copy + layer;
@@ -1174,7 +1175,9 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                         probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 1);
                         mc = probe_set_copy_mass(&ps, 1, &ncq);
                     }
-                    if (constrain && m0 - mc > (double)c->o.copy_mass_loss) continue;
+                    /* The scan goes from mild to harsh: the first winning clip that breaks the bound ends
+                     * it, so the bound never picks a clip harsher than the error alone would. */
+                    if (constrain && m0 - mc > (double)c->o.copy_mass_loss) break;
                     best = err;
                     best_c = k_clip_grid[gi];
                     if (constrain) cr->mass[2] = mc;
