@@ -54,11 +54,14 @@ const float *oscar_calib_clip_grid(int *count) {
     return k_clip_grid;
 }
 
+typedef oscar_calib_copy_report copy_report;
+
 /* One attention probe: the g queries at position t of one fed window that
  * read KV head h, and that window's keys and values of h at 0..t. */
 typedef struct probe {
     int64_t feed; /* per-layer feed index (same in both passes) */
     int n, t;     /* feed length and query position; t < 0: slot empty or dropped */
+    int period;   /* copy probe: position t + 1 - period holds the copied token's source; 0: text probe */
     float *q;     /* [g][d], pass 0 */
     float *k, *v; /* [t + 1][d], from pass 0 when given there, else pass 1; NULL until then */
 } probe;
@@ -84,11 +87,15 @@ struct oscar_calib {
     double *x, *y, *wt;   /* scratch: [CHUNK_ROWS][d], [CHUNK_ROWS][d], [CHUNK_ROWS] */
     int64_t fed[2];       /* tokens fed per pass over all layers (progress) */
     oscar_calib_layer_report *report; /* [L] after finalize */
-    probe *probes;        /* [L][hkv][PROBES_PER_HEAD] */
+    int slots;            /* probe slots per (layer, KV head): PROBES_PER_HEAD text + o.copy_probes copy */
+    probe *probes;        /* [L][hkv][slots]: text probes in [0, PROBES_PER_HEAD), copy probes after */
+    int64_t *copy_offers; /* [L][hkv] copy windows offered (oscar_calib_feed_copy) */
+    uint64_t *copy_rng;   /* [L] */
     int64_t *probe_offers; /* [L][hkv] windows offered to the probe reservoir */
     uint64_t *probe_rng;  /* [L] */
     int64_t *feeds;       /* [2][L] feeds per pass and layer */
     oscar_calib_attn_report *attn; /* [L] after finalize */
+    copy_report *copy;    /* [L] after finalize */
     double *vmetric;      /* [L][hkv][d][d] value-error metrics (oscar_calib_set_value_metric), or NULL */
     uint8_t *vmetric_set; /* [L][hkv] */
 };
@@ -110,7 +117,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->num_kv_heads = num_kv_heads;
     o->head_dim = head_dim;
     o->group = head_dim > 0 && head_dim < 128 ? head_dim : 128; /* whole head; 256 needs two groups of 128 */
-    o->per_head = 0;
+    o->per_head = 1; /* one rotation per KV head (docs/EVAL.md, how the defaults were chosen) */
     o->method = OSCAR_METHOD_OSCAR2;
     o->clip_k = 0.0f;
     o->clip_v = 0.0f;
@@ -120,6 +127,8 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->clip_objective = 0;
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
+    o->copy_probes = 0;
+    o->copy_mass_loss = 0.002f;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -141,7 +150,7 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->wt);
     free(c->report);
     if (c->probes)
-        for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD; i++) {
+        for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * (size_t)c->slots; i++) {
             free(c->probes[i].q);
             free(c->probes[i].k);
             free(c->probes[i].v);
@@ -149,8 +158,11 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->probes);
     free(c->probe_offers);
     free(c->probe_rng);
+    free(c->copy_offers);
+    free(c->copy_rng);
     free(c->feeds);
     free(c->attn);
+    free(c->copy);
     free(c->vmetric);
     free(c->vmetric_set);
     free(c);
@@ -211,6 +223,11 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (o->rounding != 0 && o->rounding != 1)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "rounding must be 0 (nearest) or 1 (error feedback), got %d", o->rounding);
+    if (o->copy_probes < 0 || o->copy_probes > 64)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_probes %d must be in [0, 64]", o->copy_probes);
+    if (!(o->copy_mass_loss >= 0.0f && o->copy_mass_loss <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_mass_loss %g must be in [0, 1]",
+                               (double)o->copy_mass_loss);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -245,17 +262,22 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->y = malloc((size_t)CHUNK_ROWS * (size_t)c->d * sizeof(double));
     c->wt = malloc((size_t)CHUNK_ROWS * sizeof(double));
     c->report = calloc((size_t)c->L, sizeof *c->report);
-    c->probes = calloc((size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD, sizeof *c->probes);
+    c->slots = PROBES_PER_HEAD + o->copy_probes;
+    c->probes = calloc((size_t)c->L * (size_t)c->hkv * (size_t)c->slots, sizeof *c->probes);
+    c->copy_offers = calloc((size_t)c->L * (size_t)c->hkv, sizeof(int64_t));
+    c->copy_rng = calloc((size_t)c->L, sizeof(uint64_t));
     c->probe_offers = calloc((size_t)c->L * (size_t)c->hkv, sizeof(int64_t));
     c->probe_rng = calloc((size_t)c->L, sizeof(uint64_t));
     c->feeds = calloc(2 * (size_t)c->L, sizeof(int64_t));
     c->attn = calloc((size_t)c->L, sizeof *c->attn);
-    if (!c->probes || !c->probe_offers || !c->probe_rng || !c->feeds || !c->attn) {
+    c->copy = calloc((size_t)c->L, sizeof *c->copy);
+    if (!c->probes || !c->probe_offers || !c->probe_rng || !c->copy_offers || !c->copy_rng || !c->feeds ||
+        !c->attn || !c->copy) {
         oscar_calib_destroy(c);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for calibration state (%d layers)",
                                o->num_layers);
     }
-    for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * PROBES_PER_HEAD; i++) c->probes[i].t = -1;
+    for (size_t i = 0; i < (size_t)c->L * (size_t)c->hkv * (size_t)c->slots; i++) c->probes[i].t = -1;
     if (!c->cq || !c->cqn || !c->sv || !c->sw || !c->n0 || !c->n1 || !c->res_k || !c->res_v || !c->res_w ||
         !c->res_h || !c->res_seen || !c->rng || !c->x || !c->y || !c->wt || !c->report) {
         oscar_calib_destroy(c);
@@ -268,6 +290,7 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     for (int l = 0; l < c->L; l++) {
         c->rng[l] = 0x05ca12000000ull + (uint64_t)l;
         c->probe_rng[l] = 0x9e0be5000000ull + (uint64_t)l;
+        c->copy_rng[l] = 0xc0b1e5000000ull + (uint64_t)l;
     }
     *out = c;
     return OSCAR_OK;
@@ -392,7 +415,7 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
     const int64_t lo0 = (int64_t)c->o.sink + c->o.recent + PROBE_MARGIN;
     if ((int64_t)n < lo0 + 1) return OSCAR_OK;
     for (int h = 0; h < hkv; h++) {
-        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * PROBES_PER_HEAD;
+        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * (size_t)c->slots;
         if (pass == 0) {
             int64_t seen = c->probe_offers[(size_t)layer * (size_t)hkv + (size_t)h]++;
             int64_t slot = seen;
@@ -406,6 +429,7 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
             int64_t lo = n / 2 > lo0 ? n / 2 : lo0, hi = n - 1;
             p->t = (int)(lo + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(hi - lo + 1)));
             p->n = n;
+            p->period = 0;
             p->feed = feed;
             for (int j = 0; j < g; j++)
                 for (int i = 0; i < d; i++)
@@ -539,6 +563,73 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
         if (pass == 1)
             for (int l = 0; l < c->L; l++) total += c->n0[l];
         c->o.progress(c->o.progress_user, pass == 0 ? "pass 0" : "pass 1", c->fed[pass], total);
+    }
+    return OSCAR_OK;
+}
+
+/* Copy probes: a window whose later part repeats earlier text (the tool
+ * feeds a span of calibration text twice). One probe per KV head goes to the
+ * (layer, head)'s copy reservoir (Algorithm R, own deterministic generator),
+ * query position t drawn from [max(first_query, sink + recent + 32, sink +
+ * period - 1), n - 2] (t + 1, the token it predicts, is inside the window);
+ * nothing is accumulated into the targets, so rotations do not change. */
+OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_tokens, int first_query, int period,
+                                             const void *q, const void *k, const void *v, oscar_dtype dtype) {
+    oscar_clear_error();
+    if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy: calib is NULL");
+    if (c->state != STATE_PASS0)
+        return oscar_set_error(OSCAR_ERR_STATE, "oscar_calib_feed_copy belongs to pass 0 (call "
+                                                "oscar_calib_begin_pass(c, 0) first, feed copies before pass 1)");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy: layer %d out of range [0, %d)",
+                               layer, c->L);
+    if (!q || !k || !v)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_feed_copy needs q, k and v");
+    if (dtype != OSCAR_DTYPE_F32 && dtype != OSCAR_DTYPE_BF16 && dtype != OSCAR_DTYPE_F16)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "dtype %d is not F32, BF16 or F16", (int)dtype);
+    const int64_t lo0 = (int64_t)c->o.sink + c->o.recent + PROBE_MARGIN;
+    /* The source t + 1 - period must lie in the 2-bit region [sink, t - recent]. */
+    int64_t lo = first_query > lo0 ? first_query : lo0;
+    if ((int64_t)c->o.sink + period - 1 > lo) lo = (int64_t)c->o.sink + period - 1;
+    if (period <= c->o.recent || n_tokens < 2 || first_query < 0 || lo > (int64_t)n_tokens - 2)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_calib_feed_copy: %d tokens, first query %d, period %d: the period must exceed "
+                               "recent (%d) and the query range hold a position >= sink + recent + %d = %lld whose "
+                               "source t + 1 - period is >= sink",
+                               n_tokens, first_query, period, c->o.recent, PROBE_MARGIN, (long long)lo0);
+    const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv;
+    const size_t n = (size_t)n_tokens;
+    if (first_nonfinite(q, dtype, n * (size_t)hq * (size_t)d) >= 0 ||
+        first_nonfinite(k, dtype, n * (size_t)hkv * (size_t)d) >= 0 ||
+        first_nonfinite(v, dtype, n * (size_t)hkv * (size_t)d) >= 0)
+        return oscar_set_error(OSCAR_ERR_NONFINITE, "layer %d: a copy window's q, k or v is not finite", layer);
+    if (c->o.copy_probes == 0) return OSCAR_OK; /* no copy reservoir: nothing to keep */
+    for (int h = 0; h < hkv; h++) {
+        probe *ph = c->probes + ((size_t)layer * (size_t)hkv + (size_t)h) * (size_t)c->slots + PROBES_PER_HEAD;
+        int64_t seen = c->copy_offers[(size_t)layer * (size_t)hkv + (size_t)h]++;
+        int64_t slot = seen;
+        if (seen >= c->o.copy_probes) {
+            slot = (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(seen + 1));
+            if (slot >= c->o.copy_probes) continue;
+        }
+        probe *p = ph + slot;
+        if (!p->q && !(p->q = malloc((size_t)g * (size_t)d * sizeof(float))))
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping a copy probe");
+        p->t = (int)(lo + (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(n_tokens - 1 - lo)));
+        p->n = n_tokens;
+        p->feed = -1; /* never matched by a pass-1 feed */
+        p->period = period;
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < d; i++)
+                p->q[(size_t)j * (size_t)d + (size_t)i] =
+                    oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+        free(p->k);
+        free(p->v);
+        p->k = p->v = NULL;
+        if (probe_copy_kv(c, p, h, k, v, dtype)) {
+            p->t = -1;
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping a copy probe");
+        }
     }
     return OSCAR_OK;
 }
@@ -824,7 +915,7 @@ static void probe_set_free(probe_set *ps) {
 static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
     memset(ps, 0, sizeof *ps);
     ps->c = c;
-    const size_t cap = (size_t)c->hkv * PROBES_PER_HEAD, d = (size_t)c->d, g = (size_t)c->g;
+    const size_t cap = (size_t)c->hkv * (size_t)c->slots, d = (size_t)c->d, g = (size_t)c->g;
     ps->p = calloc(cap, sizeof *ps->p);
     ps->h = calloc(cap, sizeof *ps->h);
     if (!ps->p || !ps->h) return -1;
@@ -832,7 +923,7 @@ static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
         const probe *p = c->probes + (size_t)layer * cap + i;
         if (p->t < 0 || !p->k) continue;
         ps->p[ps->np] = p;
-        ps->h[ps->np] = (int)(i / PROBES_PER_HEAD);
+        ps->h[ps->np] = (int)(i / (size_t)c->slots);
         if (p->t + 1 > ps->maxT) ps->maxT = p->t + 1;
         ps->np++;
     }
@@ -896,10 +987,12 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
 
 /* Quantizes the 2-bit region [sink, t - recent] of every probe's K or V rows
  * with clip ratio `clip`, as the cache does (group, fp16 metadata). */
-static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max, const float *const *F) {
+static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max, const float *const *F,
+                               int copies) {
     const oscar_calib *c = ps->c;
     const int d = c->d;
     for (int i = 0; i < ps->np; i++) {
+        if ((ps->p[i]->period != 0) != copies) continue; /* copies 0: text probes, 1: copy probes */
         const float *src = which == OSCAR_K ? ps->kr[i] : ps->vr[i];
         float *dst = which == OSCAR_K ? ps->kq[i] : ps->vq[i];
         const float *Fi = F ? F[c->o.per_head ? ps->h[i] : 0] : NULL;
@@ -943,6 +1036,7 @@ static double probe_set_error(probe_set *ps, int qk, int qv) {
     const size_t gd = (size_t)g * (size_t)d;
     double num = 0.0, den = 0.0;
     for (int i = 0; i < ps->np; i++) {
+        if (ps->p[i]->period) continue; /* copy probes constrain c_K (probe_set_copy_mass), not the error */
         probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], qv ? ps->vq[i] : ps->vr[i]);
         const double *M = ps->om ? ps->om[ps->c->o.per_head ? ps->h[i] : 0] : NULL;
         if (!M) {
@@ -969,6 +1063,24 @@ static double probe_set_error(probe_set *ps, int qk, int qv) {
         }
     }
     return den > 0.0 ? num / den : 0.0;
+}
+
+/* Mean attention weight the copy probes' queries put on their source key
+ * (position t + 1 - period), with exact (qk 0) or quantized (qk 1) keys; 0
+ * when there are no copy probes (*count 0). */
+static double probe_set_copy_mass(probe_set *ps, int qk, int *count) {
+    const int g = ps->c->g;
+    double sum = 0.0;
+    int cnt = 0;
+    for (int i = 0; i < ps->np; i++) {
+        const probe *p = ps->p[i];
+        if (!p->period) continue;
+        probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], ps->vr[i]);
+        const int T = p->t + 1, src = p->t + 1 - p->period;
+        for (int j = 0; j < g; j++, cnt++) sum += ps->S[(size_t)j * (size_t)T + (size_t)src];
+    }
+    *count = cnt;
+    return cnt ? sum / cnt : 0.0;
 }
 
 /* Rotation set s (0 none, 1 Hadamard, 2 OSCAR) of (layer, which) as nrot pointers. */
@@ -1032,27 +1144,56 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
         probe_set_exact(&ps);
         if (s < 2) {
-            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0, NULL);
-            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0, NULL);
+            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0, NULL, 0);
+            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0, NULL, 0);
             rep->err_k[s] = probe_set_error(&ps, 1, 0);
             rep->err_v[s] = probe_set_error(&ps, 0, 1);
             rep->err_kv[s] = probe_set_error(&ps, 1, 1);
             continue;
         }
+        /* Copy probes: a key clip may cost the copy queries at most copy_mass_loss of the
+         * attention weight on their source (mean over the copy probes' query heads); the K scan
+         * stops at the first clip that would win on the attention error but breaks that bound. */
+        int ncq = 0;
+        const double m0 = probe_set_copy_mass(&ps, 0, &ncq);
+        copy_report *cr = c->copy + layer;
+        cr->probes = ncq / c->g;
+        cr->mass[0] = m0;
         for (int which = 0; which < 2; which++) {
             float fixed = which == OSCAR_K ? fix_k : fix_v, best_c = fixed > 0.0f ? fixed : 1.0f;
             const float *const *Fw = which == OSCAR_K ? Fk : Fv;
-            probe_set_quantize(&ps, which, best_c, lm, Fw);
-            double best = probe_set_error(&ps, 1, which == OSCAR_V);
+            const int constrain = which == OSCAR_K && ncq > 0;
+            probe_set_quantize(&ps, which, best_c, lm, Fw, 0);
+            double best = probe_set_error(&ps, 1, which == OSCAR_V), free_best = best;
+            float free_c = best_c;
+            if (constrain) {
+                probe_set_quantize(&ps, which, best_c, lm, Fw, 1);
+                cr->mass[1] = probe_set_copy_mass(&ps, 1, &ncq); /* at the starting (mildest) clip */
+                cr->mass[2] = cr->mass[1];
+            }
             for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
-                probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw);
+                probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 0);
                 double err = probe_set_error(&ps, 1, which == OSCAR_V);
+                if (err < free_best) {
+                    free_best = err;
+                    free_c = k_clip_grid[gi];
+                }
                 if (err < best) { /* strict: ties keep the milder clip */
+                    double mc = 0.0;
+                    if (constrain) { /* copies are quantized only for a clip that would win */
+                        probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 1);
+                        mc = probe_set_copy_mass(&ps, 1, &ncq);
+                    }
+                    /* The scan goes from mild to harsh: the first winning clip that breaks the bound ends
+                     * it, so the bound never picks a clip harsher than the error alone would. */
+                    if (constrain && m0 - mc > (double)c->o.copy_mass_loss) break;
                     best = err;
                     best_c = k_clip_grid[gi];
+                    if (constrain) cr->mass[2] = mc;
                 }
             }
-            probe_set_quantize(&ps, which, best_c, lm, Fw); /* K stays at c_K while V is fitted */
+            if (which == OSCAR_K) cr->clip_free = free_c;
+            probe_set_quantize(&ps, which, best_c, lm, Fw, 0); /* K stays at c_K while V is fitted */
             if (which == OSCAR_K) {
                 *clip_k = best_c;
                 rep->err_k[2] = best;
@@ -1291,6 +1432,19 @@ OSCAR_API oscar_status oscar_calib_layer_attn_report_get(const oscar_calib *c, i
         return oscar_set_error(OSCAR_ERR_STATE,
                                "the attention report exists after oscar_calib_finalize: finalize first");
     *out = c->attn[layer];
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_calib_layer_copy_report_get(const oscar_calib *c, int layer,
+                                                         oscar_calib_copy_report *out) {
+    oscar_clear_error();
+    if (!c || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_layer_copy_report_get: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)", layer, c->L);
+    if (c->state != STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE, "the copy report exists after oscar_calib_finalize: finalize first");
+    *out = c->copy[layer];
     return OSCAR_OK;
 }
 

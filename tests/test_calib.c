@@ -670,6 +670,103 @@ Test(calib, probes_bounded_and_deterministic) {
     for (int l = 0; l < L; l++) synth_free(&s[l]);
 }
 
+/* Copy probes (oscar_calib_feed_copy): bounded by options.copy_probes per
+ * (layer, KV head), counted in the attention report, deterministic, and they
+ * touch neither the targets nor the rotations; bad calls are refused. */
+Test(calib, copy_probes) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 6, ncopy = 5;
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win, hq, hkv, d, l);
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, L, hq, hkv, d);
+    cr_assert_eq(o.copy_probes, 0);
+    o.sink = 8;
+    o.recent = 32;
+    o.holdout_rows = 512;
+    oscar_calib *c[3];
+    oscar_params *p[3];
+    for (int r = 0; r < 3; r++) {
+        o.copy_probes = r == 0 ? 0 : 3;
+        cr_assert_eq(oscar_calib_create(&o, &c[r]), OSCAR_OK, "%s", oscar_last_error());
+        for (int pass = 0; pass < 2; pass++) {
+            cr_assert_eq(oscar_calib_begin_pass(c[r], pass), OSCAR_OK);
+            for (int l = 0; l < L; l++) {
+                for (int w = 0; w < nwin; w++) {
+                    size_t t = (size_t)w * win;
+                    cr_assert_eq(oscar_calib_feed(c[r], l, win, s[l].q + t * hq * d, s[l].k + t * hkv * d,
+                                                  s[l].v + t * hkv * d, OSCAR_DTYPE_F32),
+                                 OSCAR_OK, "%s", oscar_last_error());
+                }
+                /* Copy windows: the first 2 windows' rows (any rows serve the bookkeeping). */
+                for (int j = 0; pass == 0 && r > 0 && j < ncopy; j++) {
+                    size_t t = (size_t)(j % 2) * win;
+                    cr_assert_eq(oscar_calib_feed_copy(c[r], l, win, win / 2, 40, s[l].q + t * hq * d,
+                                                       s[l].k + t * hkv * d, s[l].v + t * hkv * d, OSCAR_DTYPE_F32),
+                                 OSCAR_OK, "%s", oscar_last_error());
+                }
+                if (pass == 1) /* copies belong to pass 0 */
+                    cr_assert_eq(oscar_calib_feed_copy(c[r], l, win, win / 2, 40, s[l].q, s[l].k, s[l].v,
+                                                       OSCAR_DTYPE_F32),
+                                 OSCAR_ERR_STATE);
+            }
+        }
+        cr_assert_eq(oscar_calib_finalize(c[r], &p[r]), OSCAR_OK, "%s", oscar_last_error());
+    }
+    for (int l = 0; l < L; l++) {
+        oscar_calib_attn_report a[3];
+        for (int r = 0; r < 3; r++) cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], l, &a[r]), OSCAR_OK);
+        cr_assert_eq(a[0].probes, nwin * hkv, "layer %d: %d text probes", l, a[0].probes);
+        cr_assert_eq(a[1].probes, nwin * hkv + 3 * hkv, "layer %d: %d probes with copies", l, a[1].probes);
+        cr_assert_eq(memcmp(&a[1], &a[2], sizeof a[1]), 0, "layer %d: same feeds, different copy probes", l);
+        /* Copies do not enter the attention error; they are reported apart. */
+        cr_assert_eq(a[0].err_k[0], a[1].err_k[0], "layer %d: copy probes changed the attention error", l);
+        oscar_calib_copy_report cp[3];
+        for (int r = 0; r < 3; r++) cr_assert_eq(oscar_calib_layer_copy_report_get(c[r], l, &cp[r]), OSCAR_OK);
+        cr_assert_eq(cp[0].probes, 0);
+        cr_assert_eq(cp[1].probes, 3 * hkv);
+        cr_assert(cp[1].mass[0] > 0.0 && cp[1].mass[0] < 1.0, "layer %d: exact source mass %g", l, cp[1].mass[0]);
+        float ck;
+        oscar_params_clip(p[1], l, OSCAR_K, &ck);
+        cr_assert(cp[1].mass[0] - cp[1].mass[2] <= (double)o.copy_mass_loss || ck == 1.0f,
+                  "layer %d: clip_k %.2f costs %g of source mass", l, (double)ck, cp[1].mass[0] - cp[1].mass[2]);
+        cr_assert_geq(ck, cp[1].clip_free, "layer %d: the bound made the clip harsher", l);
+        for (int w = 0; w < 2; w++) {
+            const float *R0, *R1;
+            cr_assert_eq(oscar_params_rotation(p[0], l, 0, (oscar_kv)w, &R0), OSCAR_OK);
+            cr_assert_eq(oscar_params_rotation(p[1], l, 0, (oscar_kv)w, &R1), OSCAR_OK);
+            cr_assert_eq(memcmp(R0, R1, sizeof(float) * (size_t)d * d), 0, "layer %d: copies moved a rotation", l);
+        }
+    }
+    for (int r = 0; r < 3; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    o.copy_probes = 2;
+    oscar_calib *b = NULL;
+    cr_assert_eq(oscar_calib_create(&o, &b), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed_copy(b, 0, win, win / 2, 40, s[0].q, s[0].k, s[0].v, OSCAR_DTYPE_F32), OSCAR_ERR_STATE);
+    cr_assert_eq(oscar_calib_begin_pass(b, 0), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed_copy(b, 0, win, win - 1, 40, s[0].q, s[0].k, s[0].v, OSCAR_DTYPE_F32),
+                 OSCAR_ERR_INVALID_ARGUMENT); /* empty query range */
+    cr_assert_eq(oscar_calib_feed_copy(b, 0, o.sink + o.recent + 33, 0, 40, s[0].q, s[0].k, s[0].v, OSCAR_DTYPE_F32),
+                 OSCAR_ERR_INVALID_ARGUMENT); /* too short for the 2-bit region */
+    cr_assert_eq(oscar_calib_feed_copy(b, 0, win, win / 2, 40, s[0].q, NULL, s[0].v, OSCAR_DTYPE_F32),
+                 OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_feed_copy(b, L, win, win / 2, 40, s[0].q, s[0].k, s[0].v, OSCAR_DTYPE_F32),
+                 OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_feed_copy(b, 0, win, win / 2, o.recent, s[0].q, s[0].k, s[0].v, OSCAR_DTYPE_F32),
+                 OSCAR_ERR_INVALID_ARGUMENT); /* the source would sit in the recent window */
+    float *bad = malloc(sizeof(float) * (size_t)win * hq * d);
+    memcpy(bad, s[0].q, sizeof(float) * (size_t)win * hq * d);
+    bad[5] = NAN;
+    cr_assert_eq(oscar_calib_feed_copy(b, 0, win, win / 2, 40, bad, s[0].k, s[0].v, OSCAR_DTYPE_F32), OSCAR_ERR_NONFINITE);
+    free(bad);
+    oscar_calib_destroy(b);
+    o.copy_probes = 65;
+    cr_assert_eq(oscar_calib_create(&o, &b), OSCAR_ERR_INVALID_ARGUMENT);
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
 /* Attention error against a brute-force fp64 computation: one window of
  * sink + recent + 33 tokens gives exactly one probe per KV head, at its last
  * position t = n - 1. */

@@ -85,8 +85,12 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
     oe_safetensors *ref = NULL;
     cr_assert_eq(oe_st_open(g_ref, &ref), OSCAR_OK, "%s", oe_last_error());
     size_t dd = (size_t)d * (size_t)d;
-    double *got = malloc(dd * sizeof(double)), *want = malloc(dd * sizeof(double));
-    cr_assert(got && want);
+    double *got = malloc(dd * sizeof(double)), *want = malloc(dd * sizeof(double)),
+           *head = malloc(dd * sizeof(double));
+    cr_assert(got && want && head);
+    oscar_params_info pinfo;
+    cr_assert_eq(oscar_params_get_info(p, &pinfo), OSCAR_OK);
+    cr_assert_eq(pinfo.per_head, 1, "the default calibration has one rotation per KV head");
     double worst[2] = {0.0, 0.0};
     for (int l = 0; l < L; l++) {
         double rel[2];
@@ -98,10 +102,17 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
             cr_assert_eq(t->dtype, OE_F64, "%s is %s, expected F64", name, oe_dtype_name(t->dtype));
             cr_assert_eq(t->numel, (int64_t)dd, "%s has %lld elements, expected %zu", name, (long long)t->numel, dd);
             memcpy(want, t->data, dd * sizeof(double)); /* mapping may be unaligned */
-            for (size_t i = 0; i < dd; i++) got[i] = NAN; /* poisoned: every element must be written */
-            s = oscar_calib_target(calib, l, 0, which ? OSCAR_V : OSCAR_K, got);
-            cr_assert_eq(s, OSCAR_OK, "%s", oscar_last_error());
-            for (size_t i = 0; i < dd; i++) cr_assert(isfinite(got[i]), "%s element %zu not written", name, i);
+            /* The reference is the layer target, the mean over KV heads (calib.c's normalisation); with
+             * one rotation per KV head (the default) the heads' targets are averaged here. */
+            const int nh = pinfo.per_head ? cf->num_kv_heads : 1;
+            for (size_t i = 0; i < dd; i++) got[i] = 0.0;
+            for (int h = 0; h < nh; h++) {
+                for (size_t i = 0; i < dd; i++) head[i] = NAN; /* poisoned: every element must be written */
+                s = oscar_calib_target(calib, l, h, which ? OSCAR_V : OSCAR_K, head);
+                cr_assert_eq(s, OSCAR_OK, "%s", oscar_last_error());
+                for (size_t i = 0; i < dd; i++) cr_assert(isfinite(head[i]), "%s element %zu not written", name, i);
+                for (size_t i = 0; i < dd; i++) got[i] += head[i] / nh;
+            }
             rel[which] = rel_frobenius(got, want, dd);
             if (rel[which] > worst[which]) worst[which] = rel[which];
         }
@@ -112,15 +123,17 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
     fprintf(stderr, "max over layers: C_K %.3e  C_V %.3e\n", worst[0], worst[1]);
     oe_st_close(ref);
 
-    /* Rotations orthogonal (fp32 storage) and eigenvalues largest first. */
+    /* Rotations orthogonal (fp32 storage) and eigenvalues largest first, every KV head's. */
+    const int nrot = pinfo.per_head ? cf->num_kv_heads : 1;
     for (int l = 0; l < L; l++)
-        for (int which = 0; which < 2; which++) {
+        for (int rw = 0; rw < 2 * nrot; rw++) {
+            const int which = rw % 2, h = rw / 2;
             const float *R = NULL;
             const double *lam = NULL;
-            cr_assert_eq(oscar_params_rotation(p, l, 0, (oscar_kv)which, &R), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_params_rotation(p, l, h, (oscar_kv)which, &R), OSCAR_OK, "%s", oscar_last_error());
             double oe = rc_orthogonality_error(d, R);
             cr_expect_lt(oe, 1e-5, "layer %d %c: max |R R^T - I| = %.3e", l, which ? 'V' : 'K', oe);
-            cr_assert_eq(oscar_params_eigenvalues(p, l, 0, (oscar_kv)which, &lam), OSCAR_OK, "%s",
+            cr_assert_eq(oscar_params_eigenvalues(p, l, h, (oscar_kv)which, &lam), OSCAR_OK, "%s",
                          oscar_last_error());
             cr_assert_not_null(lam);
             for (int i = 1; i < d; i++)
@@ -156,14 +169,17 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
             const float *R1, *R2;
             const double *l1, *l2;
             float c1, c2;
-            cr_assert_eq(oscar_params_rotation(p, l, 0, (oscar_kv)which, &R1), OSCAR_OK);
-            cr_assert_eq(oscar_params_rotation(q, l, 0, (oscar_kv)which, &R2), OSCAR_OK);
-            cr_expect_eq(memcmp(R1, R2, dd * sizeof(float)), 0, "layer %d %c rotation changed by save/load", l,
-                         which ? 'V' : 'K');
-            cr_assert_eq(oscar_params_eigenvalues(p, l, 0, (oscar_kv)which, &l1), OSCAR_OK);
-            cr_assert_eq(oscar_params_eigenvalues(q, l, 0, (oscar_kv)which, &l2), OSCAR_OK);
-            cr_assert_not_null(l2);
-            cr_expect_eq(memcmp(l1, l2, (size_t)d * sizeof(double)), 0, "layer %d eigenvalues changed", l);
+            for (int h = 0; h < nrot; h++) {
+                cr_assert_eq(oscar_params_rotation(p, l, h, (oscar_kv)which, &R1), OSCAR_OK);
+                cr_assert_eq(oscar_params_rotation(q, l, h, (oscar_kv)which, &R2), OSCAR_OK);
+                cr_expect_eq(memcmp(R1, R2, dd * sizeof(float)), 0, "layer %d head %d %c rotation changed by save/load",
+                             l, h, which ? 'V' : 'K');
+                cr_assert_eq(oscar_params_eigenvalues(p, l, h, (oscar_kv)which, &l1), OSCAR_OK);
+                cr_assert_eq(oscar_params_eigenvalues(q, l, h, (oscar_kv)which, &l2), OSCAR_OK);
+                cr_assert_not_null(l2);
+                cr_expect_eq(memcmp(l1, l2, (size_t)d * sizeof(double)), 0, "layer %d head %d eigenvalues changed", l,
+                             h);
+            }
             cr_assert_eq(oscar_params_clip(p, l, (oscar_kv)which, &c1), OSCAR_OK);
             cr_assert_eq(oscar_params_clip(q, l, (oscar_kv)which, &c2), OSCAR_OK);
             cr_expect_eq(c1, c2, "layer %d clip changed by save/load", l);
@@ -179,6 +195,7 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
     oscar_params_destroy(q);
     free(got);
     free(want);
+    free(head);
     oscar_params_destroy(p);
     oscar_calib_destroy(calib);
     free(tok);

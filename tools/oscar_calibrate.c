@@ -29,7 +29,9 @@ static void usage(FILE *fp) {
             "  --max-tokens N   use the first N tokens (default 65536), as floor(N / window) windows\n"
             "  --window N       tokens per independent window (default 2048)\n"
             "  --group N        quant group used when fitting clips (default head_dim)\n"
-            "  --per-head       one rotation per KV head instead of per layer\n"
+            "  --per-head       one rotation per KV head (the default)\n"
+            "  --per-layer      one rotation per layer, shared by its KV heads (a file num_kv_heads\n"
+            "                   times smaller)\n"
             "  --lloyd-max      fit for Lloyd-Max 2-bit levels (method OSCAR2_LM)\n"
             "  --clip-k C       fixed key clip ratio in (0, 1] (default: fitted)\n"
             "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
@@ -41,6 +43,11 @@ static void usage(FILE *fp) {
             "  --rounding feedback|nearest  write-path rounding the parameters ask for (default\n"
             "                   feedback: rounding errors carried along the row in the attention\n"
             "                   metric, docs/eval/feedback.md; nearest is the published rule)\n"
+            "  --copy-windows N copy windows (a span of calibration text fed twice) whose probes join\n"
+            "                   the clip objective, so retrieval from the 2-bit region counts (0..64,\n"
+            "                   default 0; docs/eval/retrieval.md)\n"
+            "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
+            "                   probes (default 0.002)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
@@ -169,7 +176,19 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--recent") && has) {
             if (!parse_int(a, argv[++i], 1, 1 << 24, &v)) return 2;
             o.recent = (int)v;
+        } else if (!strcmp(a, "--copy-windows") && has) {
+            if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
+            o.copy_windows = (int)v;
+        } else if (!strcmp(a, "--copy-mass-loss") && has) {
+            char *end;
+            double x = strtod(argv[++i], &end);
+            if (*end || !(x >= 0.0 && x <= 1.0)) {
+                fprintf(stderr, "oscar-calibrate: --copy-mass-loss wants a number in [0, 1], got '%s'\n", argv[i]);
+                return 2;
+            }
+            o.copy_mass_loss = (float)x;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
+        else if (!strcmp(a, "--per-layer")) o.per_head = 0;
         else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
         else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;
         else if (a[0] != '-' && !model_dir) model_dir = a;
@@ -352,6 +371,24 @@ int main(int argc, char **argv) {
                r.err_k[0], r.err_k[1], r.err_k[2], r.err_v[0], r.err_v[1], r.err_v[2], r.err_kv[0], r.err_kv[1],
                r.err_kv[2]);
         no_probes += r.probes == 0;
+    }
+    oscar_calib_copy_report cr0;
+    oscar_calib_options cmo;
+    oscar_calib_options_default(&cmo, 1, 1, 1, 128);
+    if (oscar_calib_layer_copy_report_get(calib, 0, &cr0) == OSCAR_OK && cr0.probes > 0) {
+        printf("\ncopy probes (a span of calibration text repeated): mean attention weight of the second copy's\n"
+               "queries on their source key, exact / 2-bit keys at clip 1 / at the chosen clip_k; a key clip may\n"
+               "cost at most %.4f of it (clip_k the attention error alone would pick in brackets)\n",
+               (double)(o.copy_mass_loss >= 0.0f ? o.copy_mass_loss : cmo.copy_mass_loss));
+        printf("layer | probes |  mass bf16  clip 1  chosen | clip_k (free)\n");
+        for (int l = 0; l < cfg.num_layers; l++) {
+            oscar_calib_copy_report cr;
+            float ck;
+            if (oscar_calib_layer_copy_report_get(calib, l, &cr) != OSCAR_OK) break;
+            oscar_params_clip(params, l, OSCAR_K, &ck);
+            printf("%5d | %6d | %10.5f %7.5f %7.5f | %4.2f (%4.2f)\n", l, (int)cr.probes, cr.mass[0], cr.mass[1],
+                   cr.mass[2], (double)ck, (double)cr.clip_free);
+        }
     }
     if (no_probes)
         printf("%d layer(s) without probes (windows shorter than sink + recent + 33 tokens): their clips come "

@@ -215,7 +215,8 @@ typedef struct oscar_calib_options {
     uint32_t struct_size;       /* sizeof(oscar_calib_options) */
     int32_t num_layers, num_q_heads, num_kv_heads, head_dim;
     int32_t group;              /* quant group used when fitting clips (default head_dim) */
-    int32_t per_head;           /* 0: one rotation per layer (default); 1: per KV head */
+    int32_t per_head;           /* 1 (default): one rotation (and feedback weights) per KV head;
+                                   0: one per layer (a parameter file num_kv_heads times smaller) */
     oscar_method method;        /* OSCAR2 (default) or OSCAR2_LM */
     float clip_k, clip_v;       /* > 0: fixed clip ratio; 0: fit (default; see clip_objective) */
     int32_t holdout_rows;       /* rows per layer kept for clip fitting (default 4096) */
@@ -242,6 +243,12 @@ typedef struct oscar_calib_options {
                                    (keys: R^T C_K R; values: R^T M R with M from
                                    oscar_calib_set_value_metric, else nearest); clips are fitted
                                    for it. 0: nearest (published). docs/FORMAT.md §2.3 */
+    int32_t copy_probes;        /* copy probes per (layer, KV head) kept from oscar_calib_feed_copy
+                                   for the probe objective (0..64, default 0: none); they weigh
+                                   retrieval from the 2-bit region into the clip choice */
+    float copy_mass_loss;       /* with copy probes: a key clip is taken only if the copy queries
+                                   keep their attention weight on the copied token's source within
+                                   this much of exact (mean over query heads; default 0.002) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -266,6 +273,17 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * feed with the same per-layer index in pass 1). */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
+/* Copy probes (pass 0, optional): one causal window whose token at position p
+ * >= first_query repeats the one at p - period (e.g. a span of calibration text
+ * fed twice), q/k/v laid out as oscar_calib_feed's; the query at t then copies
+ * from the key at t + 1 - period (an induction match), which must lie in the
+ * 2-bit region (period > recent). Each call gives one probe per KV head, query
+ * position drawn from [max(first_query, sink + recent + 32, sink + period - 1),
+ * n_tokens - 2], to a reservoir of options.copy_probes. The probes do not enter
+ * the attention error; they bound the key clip (options.copy_mass_loss).
+ * Accumulates nothing into the targets. */
+OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_tokens, int first_query, int period,
+                                             const void *q, const void *k, const void *v, oscar_dtype dtype);
 /* Optional metric of value errors for error-feedback rounding: a head_dim x
  * head_dim symmetric PSD matrix M (row-major, doubles, copied) such that a
  * value error e (original space) costs e^T M e downstream, e.g. the sum over
@@ -305,6 +323,19 @@ typedef struct oscar_calib_attn_report {
 } oscar_calib_attn_report;
 OSCAR_API oscar_status oscar_calib_layer_attn_report_get(const oscar_calib *c, int layer,
                                                          oscar_calib_attn_report *out);
+
+/* Copy-probe diagnostic after finalize: mean attention weight of the copy
+ * probes' queries on their source key, mass[0] exact (bf16 keys), [1] keys in 2
+ * bits at the mildest clip tried (1, or the fixed one), [2] at the chosen clip;
+ * clip_free is the key clip the attention error alone would pick. probes == 0:
+ * none fed (the rest is 0). */
+typedef struct oscar_calib_copy_report {
+    int32_t probes;
+    double mass[3];
+    float clip_free;
+} oscar_calib_copy_report;
+OSCAR_API oscar_status oscar_calib_layer_copy_report_get(const oscar_calib *c, int layer,
+                                                         oscar_calib_copy_report *out);
 
 /* ------------------------------------------------------------- fake quant */
 /* Quantize-dequantize rows on the host exactly as the cache would store them

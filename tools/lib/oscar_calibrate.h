@@ -22,13 +22,17 @@ typedef struct ocal_options {
     int window;              /* tokens per independent window (default 2048) */
     int64_t max_tokens;      /* use floor(min(max_tokens, tokens) / window) windows (default 65536) */
     int group;               /* quant group for clip fitting (0: head_dim) */
-    int per_head;            /* one rotation per KV head */
+    int per_head;            /* 1: one rotation per KV head, 0: per layer; -1 (default): the library's (per head) */
     int lloyd_max;           /* OSCAR2_LM instead of OSCAR2 */
     float clip_k, clip_v;    /* 0: fit */
     int sink, recent;        /* cache layout the clips are fitted for (0: the core's defaults 64, 256; sink < 0: none) */
     int clip_objective;      /* 0: attention probes (default), 1: held-back rows */
     int permutation;         /* oscar_calib_options.permutation; -1 (default): the library's (m-sequence) */
     int rounding;            /* oscar_calib_options.rounding; -1 (default): the library's (error feedback) */
+    int copy_windows;        /* copy windows for copy probes (oscar_calib_feed_copy); -1 (default): ocal's
+                                default, 0: none. Window w of the calibration windows gives its first
+                                sink tokens, then its next (window - sink) / 2 tokens twice */
+    float copy_mass_loss;    /* oscar_calib_options.copy_mass_loss; < 0 (default): the library's */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

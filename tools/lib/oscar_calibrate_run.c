@@ -38,7 +38,15 @@ void ocal_options_default(ocal_options *o) {
     o->pass1 = OCAL_PASS1_AUTO;
     o->permutation = -1;
     o->rounding = -1;
+    o->copy_windows = -1;
+    o->copy_mass_loss = -1.0f;
+    o->per_head = -1;
 }
+
+/* Copy windows when ocal_options.copy_windows is -1, and copy probes (query
+ * positions) each window offers per KV head. */
+#define OCAL_COPY_WINDOWS_DEFAULT 0
+#define OCAL_COPY_PROBES_PER_WINDOW 4
 
 void ocal_model_hash(const oe_config *cf, char *out) {
     static const char *arch[] = {"llama", "qwen2", "qwen3"};
@@ -119,6 +127,50 @@ static oscar_status fail(oscar_status s, char *err, size_t len, const char *fmt,
     return s;
 }
 
+/* Copy-window observer: q/k/v of a repeated span -> copy probes only. */
+typedef struct copy_state {
+    oscar_calib *calib;
+    int first_query, period;
+    oscar_status status;
+} copy_state;
+
+static oscar_status observe_copy(void *user, int layer, int n, const float *q, const float *k, const float *v) {
+    copy_state *cs = user;
+    oscar_status s = OSCAR_OK;
+    for (int i = 0; i < OCAL_COPY_PROBES_PER_WINDOW && !s; i++)
+        s = oscar_calib_feed_copy(cs->calib, layer, n, cs->first_query, cs->period, q, k, v, OSCAR_DTYPE_F32);
+    if (s) cs->status = s;
+    return s;
+}
+
+/* Pass 0's copy windows (after the covariance windows): window j copies
+ * calibration window floor(j * nw / ncopy): its first `sink` tokens, then
+ * the next R = (n - sink) / 2 tokens twice; queries of the second copy
+ * (from sink + R on) find their token R - 1 positions back. */
+static oscar_status feed_copy_windows(oe_ctx *ctx, oscar_calib *calib, const uint32_t *tokens, int nw, int n,
+                                      int ncopy, int sink, char *err, size_t err_len) {
+    int R = (n - sink) / 2;
+    uint32_t *tw = malloc((size_t)n * sizeof *tw);
+    if (!tw) return fail(OSCAR_ERR_OUT_OF_MEMORY, err, err_len, "out of memory for a copy window");
+    copy_state cs = {.calib = calib, .first_query = sink + R, .period = R};
+    oe_forward_options fo;
+    oe_forward_options_default(&fo);
+    fo.skip_lm_head = 1;
+    fo.observer_user = &cs;
+    fo.observer = observe_copy;
+    oscar_status s = OSCAR_OK;
+    for (int j = 0; j < ncopy && !s; j++) {
+        const uint32_t *src = tokens + (size_t)((int64_t)j * nw / ncopy) * (size_t)n;
+        for (int i = 0; i < sink + R; i++) tw[i] = src[i];
+        for (int i = 0; i < R; i++) tw[sink + R + i] = src[sink + i];
+        cs.status = OSCAR_OK;
+        if ((s = oe_forward(ctx, tw, sink + 2 * R, &fo, NULL)) != OSCAR_OK)
+            fail(s, err, err_len, "copy window %d: %s", j, cs.status ? oscar_last_error() : oe_last_error());
+    }
+    free(tw);
+    return s;
+}
+
 oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_tokens, const ocal_options *o,
                       oscar_calib **calib_out, oscar_params **params_out, ocal_stats *st, char *err,
                       size_t err_len) {
@@ -139,7 +191,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     oscar_calib_options co;
     oscar_calib_options_default(&co, cf->num_layers, cf->num_q_heads, cf->num_kv_heads, cf->head_dim);
     if (o->group > 0) co.group = o->group;
-    co.per_head = o->per_head;
+    if (o->per_head >= 0) co.per_head = o->per_head;
     co.method = o->lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
     co.clip_k = o->clip_k;
     co.clip_v = o->clip_v;
@@ -148,6 +200,9 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     co.clip_objective = o->clip_objective;
     if (o->permutation >= 0) co.permutation = o->permutation;
     if (o->rounding >= 0) co.rounding = o->rounding;
+    const int ncopy = o->copy_windows >= 0 ? o->copy_windows : OCAL_COPY_WINDOWS_DEFAULT;
+    co.copy_probes = ncopy * OCAL_COPY_PROBES_PER_WINDOW > 64 ? 64 : ncopy * OCAL_COPY_PROBES_PER_WINDOW;
+    if (o->copy_mass_loss >= 0.0f) co.copy_mass_loss = o->copy_mass_loss;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
@@ -240,6 +295,9 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
             }
             progress_line(o->progress, pass, w + 1, nw, n, t0);
         }
+        if (pass == 0 && ncopy > 0 &&
+            (s = feed_copy_windows(ctx, calib, tokens, nw, n, ncopy, co.sink, err, err_len)) != OSCAR_OK)
+            goto out;
         st->t_pass[pass] = ocal_now() - t0;
         st->t_feed[pass] = f.t_feed;
     }

@@ -1,0 +1,289 @@
+/* oscar-copy-probe: where a 2-bit cache loses retrieval (docs/eval/retrieval.md).
+ *
+ * Builds copy windows as oscar-eval's retrieval task does (S0 real tokens, a
+ * chunk of R = (ctx - S0) / 2 tokens of the token file, the same chunk
+ * again), runs the BF16 forward once per window and, for every layer and
+ * query head, measures the attention mass that the queries of the second
+ * copy (row i predicts token i + 1) put on their source, the key at
+ * i + 1 - R (the token after the earlier occurrence, R - 1 >= W keys back:
+ * always in the 2-bit region): with the keys as the cache reads them (bf16
+ * rows; rows S0 <= p <= t - W quantize-dequantized by oscar_fakequant with
+ * the parameters), at the parameters' fitted K clips and at K clip 1. For
+ * the values it gives the relative error of the head's output at those
+ * queries with exact attention weights and quantized values, at the fitted
+ * V clips and at clip 1. Induction heads are the ones with a large BF16
+ * mass. Exit status 0 ok, 2 bad input, 1 failure. */
+#include <cblas.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "oscar/oscar.h"
+
+#define MAX_LAYERS 128
+
+typedef struct cap {
+    int L, hq, hkv, d, n;
+    float *q, *k, *v; /* [L][n][H][d] */
+} cap;
+
+static oscar_status observe(void *user, int layer, int n, const float *q, const float *k, const float *v) {
+    cap *c = user;
+    size_t nq = (size_t)n * (size_t)c->hq * (size_t)c->d, nk = (size_t)n * (size_t)c->hkv * (size_t)c->d;
+    memcpy(c->q + (size_t)layer * nq, q, nq * sizeof(float));
+    for (size_t i = 0; i < nk; i++) {
+        c->k[(size_t)layer * nk + i] = oe_round_bf16(k[i]);
+        c->v[(size_t)layer * nk + i] = oe_round_bf16(v[i]);
+    }
+    return OSCAR_OK;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: oscar-copy-probe MODEL_DIR --tokens FILE --params P.safetensors [options]\n"
+               "  --trials N      copy windows (default 4), chunks taken from the start of FILE\n"
+               "  --offset N      first token of the chunks (default 0)\n"
+               "  --context N     window length (default 2048)\n"
+               "  --sink N / --recent N  cache layout (default 64 / 256)\n"
+               "  --heads         one line per (layer, query head) besides the per-layer lines\n");
+}
+
+/* Per (layer, query head) sums over the probed queries. */
+typedef struct acc {
+    double mass[3];   /* source attention mass: bf16, K fitted clip, K clip 1 */
+    double top1[3];   /* source is the argmax key */
+    double verr[2];   /* sum |o_q - o|^2 with V quantized at fitted / clip 1 (exact weights) */
+    double vden;      /* sum |o|^2 */
+    double kerr[2];   /* sum |o_q - o|^2 with K quantized (exact V): fitted / clip 1 */
+    long n;
+} acc;
+
+int main(int argc, char **argv) {
+    const char *model_dir = NULL, *tok_path = NULL, *params_path = NULL;
+    long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256;
+    int heads_out = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int has = i + 1 < argc;
+        long *iv = !strcmp(a, "--trials")    ? &trials
+                   : !strcmp(a, "--offset")  ? &offset
+                   : !strcmp(a, "--context") ? &ctx
+                   : !strcmp(a, "--sink")    ? &sink
+                   : !strcmp(a, "--recent")  ? &recent
+                                             : NULL;
+        if (iv && has) {
+            char *end;
+            errno = 0;
+            *iv = strtol(argv[++i], &end, 10);
+            if (errno || *end || *iv < 0 || *iv > (1L << 30)) {
+                fprintf(stderr, "oscar-copy-probe: %s wants a non-negative integer\n", a);
+                return 2;
+            }
+        } else if (!strcmp(a, "--tokens") && has) tok_path = argv[++i];
+        else if (!strcmp(a, "--params") && has) params_path = argv[++i];
+        else if (!strcmp(a, "--heads")) heads_out = 1;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (a[0] != '-' && !model_dir) model_dir = a;
+        else {
+            fprintf(stderr, "oscar-copy-probe: unknown or incomplete argument '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!model_dir || !tok_path || !params_path) {
+        usage(stderr);
+        return 2;
+    }
+    const long R = (ctx - sink) / 2;
+    if (trials < 1 || R <= recent + 1) {
+        fprintf(stderr, "oscar-copy-probe: need trials >= 1 and copies (%ld) longer than the recent window %ld\n", R,
+                recent);
+        return 2;
+    }
+    oe_model *m = NULL;
+    if (oe_model_load(model_dir, &m)) {
+        fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
+        return 2;
+    }
+    const oe_config *cf = oe_model_config(m);
+    const int L = cf->num_layers, hq = cf->num_q_heads, hkv = cf->num_kv_heads, d = cf->head_dim, g = hq / hkv;
+    if (L > MAX_LAYERS) return 2;
+    oscar_params *P[2] = {NULL, NULL};
+    for (int r = 0; r < 2; r++)
+        if (oscar_params_load(params_path, &P[r]) || oscar_params_check_shape(P[r], L, hq, hkv, d, NULL)) {
+            fprintf(stderr, "oscar-copy-probe: --params %s: %s\n", params_path, oscar_last_error());
+            return 2;
+        }
+    for (int l = 0; l < L; l++) {
+        oscar_params_set_clip(P[1], l, OSCAR_K, 1.0f);
+        oscar_params_set_clip(P[1], l, OSCAR_V, 1.0f);
+    }
+    uint32_t *tok = NULL;
+    int64_t ntok = 0;
+    if (oe_tokens_load(tok_path, cf->vocab, &tok, &ntok)) {
+        fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
+        return 2;
+    }
+    const long span = sink + R, n = sink + 2 * R;
+    if (offset + trials * span > ntok) {
+        fprintf(stderr, "oscar-copy-probe: %s has %lld tokens, the trials need %ld from %ld\n", tok_path,
+                (long long)ntok, trials * span, offset);
+        return 2;
+    }
+    cap c = {.L = L, .hq = hq, .hkv = hkv, .d = d, .n = (int)n};
+    size_t nq = (size_t)n * hq * d, nk = (size_t)n * hkv * d;
+    c.q = malloc((size_t)L * nq * sizeof(float));
+    c.k = malloc((size_t)L * nk * sizeof(float));
+    c.v = malloc((size_t)L * nk * sizeof(float));
+    float *kq[2], *vq[2];
+    for (int r = 0; r < 2; r++) {
+        kq[r] = malloc(nk * sizeof(float));
+        vq[r] = malloc(nk * sizeof(float));
+    }
+    float *Kh[3], *Vh[3], *Qh = malloc((size_t)R * d * sizeof(float)), *S = malloc((size_t)R * n * sizeof(float));
+    for (int r = 0; r < 3; r++) {
+        Kh[r] = malloc((size_t)n * d * sizeof(float));
+        Vh[r] = malloc((size_t)n * d * sizeof(float));
+    }
+    float *W = malloc((size_t)R * n * sizeof(float)), *O = malloc((size_t)R * d * sizeof(float)),
+          *Oq = malloc((size_t)R * d * sizeof(float)), *Se = malloc((size_t)R * n * sizeof(float)),
+          *Wm = malloc((size_t)R * n * sizeof(float)), *Vd = malloc((size_t)n * d * sizeof(float));
+    uint32_t *tw = malloc((size_t)n * sizeof *tw);
+    acc *A = calloc((size_t)L * hq, sizeof *A);
+    oe_ctx *ctxe = NULL;
+    if (!c.q || !c.k || !c.v || !Qh || !S || !W || !O || !Oq || !Se || !Wm || !Vd || !tw || !A || oe_ctx_create(m, (int)n, &ctxe)) {
+        fprintf(stderr, "oscar-copy-probe: out of memory\n");
+        return 1;
+    }
+    oe_forward_options fo;
+    oe_forward_options_default(&fo);
+    fo.skip_lm_head = 1;
+    fo.observer = observe;
+    fo.observer_user = &c;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    const long q0 = sink + R, q1 = n - 1; /* queries q0..q1-1 predict a copied token */
+    const long nqr = q1 - q0;
+    for (long t = 0; t < trials; t++) {
+        const uint32_t *src = tok + offset + t * span;
+        for (long i = 0; i < span; i++) tw[i] = src[i];
+        for (long i = 0; i < R; i++) tw[span + i] = src[sink + i];
+        if (oe_forward(ctxe, tw, (int)n, &fo, NULL)) {
+            fprintf(stderr, "oscar-copy-probe: forward: %s\n", oe_last_error());
+            return 1;
+        }
+        for (int l = 0; l < L; l++) {
+            const float *K = c.k + (size_t)l * nk, *V = c.v + (size_t)l * nk;
+            for (int r = 0; r < 2; r++) {
+                memcpy(kq[r], K, nk * sizeof(float));
+                memcpy(vq[r], V, nk * sizeof(float));
+                if (oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_K, 0, (int)n, hkv, d, kq[r]) ||
+                    oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_V, 0, (int)n, hkv, d, vq[r])) {
+                    fprintf(stderr, "oscar-copy-probe: %s\n", oscar_last_error());
+                    return 1;
+                }
+            }
+            for (int j = 0; j < hq; j++) {
+                const int h = j / g;
+                for (long p = 0; p < n; p++)
+                    for (int i = 0; i < d; i++) {
+                        size_t s = ((size_t)p * hkv + h) * d + i;
+                        Kh[0][p * d + i] = K[s];
+                        Kh[1][p * d + i] = kq[0][s];
+                        Kh[2][p * d + i] = kq[1][s];
+                        Vh[0][p * d + i] = V[s];
+                        Vh[1][p * d + i] = vq[0][s];
+                        Vh[2][p * d + i] = vq[1][s];
+                    }
+                for (long r = 0; r < nqr; r++)
+                    memcpy(Qh + r * d, c.q + (size_t)l * nq + ((size_t)(q0 + r) * hq + j) * d, d * sizeof(float));
+                acc *a = A + (size_t)l * hq + j;
+                /* Exact scores (bf16 keys) into Se; a quantized variant reads the 2-bit copy only where the
+                 * cache does (S0 <= p <= t - W) and the exact score elsewhere. */
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nqr, (int)n, d, scale, Qh, d, Kh[0], d,
+                            0.0f, Se, (int)n);
+                for (int var = 0; var < 3; var++) {
+                    if (var > 0)
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nqr, (int)n, d, scale, Qh, d,
+                                    Kh[var], d, 0.0f, S, (int)n);
+                    for (long r = 0; r < nqr; r++) {
+                        long tq = q0 + r, srcp = tq + 1 - R;
+                        float *s = (var == 0 ? Se : S) + r * n, *w = (var == 0 ? W : S) + r * n;
+                        if (var > 0)
+                            for (long p = 0; p <= tq; p++)
+                                if (!(p >= sink && p <= tq - recent)) s[p] = Se[r * n + p];
+                        float mx = s[0];
+                        long am = 0;
+                        for (long p = 1; p <= tq; p++)
+                            if (s[p] > mx) mx = s[p], am = p;
+                        double z = 0.0;
+                        for (long p = 0; p <= tq; p++) z += exp((double)s[p] - mx);
+                        a->mass[var] += exp((double)s[srcp] - mx) / z;
+                        a->top1[var] += am == srcp;
+                        for (long p = 0; p < n; p++) w[p] = p <= tq ? (float)(exp((double)s[p] - mx) / z) : 0.0f;
+                    }
+                    if (var == 0) {
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nqr, d, (int)n, 1.0f, W, (int)n,
+                                    Vh[0], d, 0.0f, O, d);
+                        for (long e = 0; e < nqr * d; e++) a->vden += (double)O[e] * O[e];
+                        /* V read quantized where the cache does: O_q = O + (W masked to the 2-bit region)(Vq - V). */
+                        for (long r = 0; r < nqr; r++)
+                            for (long p = 0; p < n; p++)
+                                Wm[r * n + p] = p >= sink && p <= q0 + r - recent ? W[r * n + p] : 0.0f;
+                        for (int vv = 1; vv < 3; vv++) {
+                            for (long e = 0; e < n * d; e++) Vd[e] = Vh[vv][e] - Vh[0][e];
+                            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nqr, d, (int)n, 1.0f, Wm,
+                                        (int)n, Vd, d, 0.0f, Oq, d);
+                            for (long e = 0; e < nqr * d; e++) a->verr[vv - 1] += (double)Oq[e] * Oq[e];
+                        }
+                    } else {
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)nqr, d, (int)n, 1.0f, S, (int)n,
+                                    Vh[0], d, 0.0f, Oq, d);
+                        for (long e = 0; e < nqr * d; e++) {
+                            double df = (double)Oq[e] - O[e];
+                            a->kerr[var - 1] += df * df;
+                        }
+                    }
+                }
+                a->n += nqr;
+            }
+        }
+        fprintf(stderr, "oscar-copy-probe: trial %ld/%ld done\n", t + 1, trials);
+    }
+    printf("copy probe: %s, %ld windows of %ld (copies of %ld tokens at [%ld, %ld) and [%ld, %ld)), %ld queries per "
+           "head and window, S0 %ld, W %ld, params %s (oscar2, %.3f bits/elt in the 2-bit region)\n",
+           tok_path, trials, n, R, sink, sink + R, sink + R, n, nqr, sink, recent, params_path,
+           oscar_method_bits(OSCAR_METHOD_OSCAR2, d, d < 128 ? d : 128, OSCAR_DTYPE_F16));
+    printf("mass: mean softmax weight on the copied token's source key; top1: it is the argmax key;\n"
+           "K err / V err: relative output error of the head at those queries with only K / only V in 2 bits\n");
+    printf("layer  head | clipK clipV | mass bf16  K fit  K clip1 | top1 bf16  K fit  K clip1 | K err fit  clip1 | "
+           "V err fit  clip1\n");
+    for (int l = 0; l < L; l++) {
+        float ck, cv;
+        oscar_params_clip(P[0], l, OSCAR_K, &ck);
+        oscar_params_clip(P[0], l, OSCAR_V, &cv);
+        acc sum = {0};
+        for (int j = 0; j < hq; j++) {
+            acc *a = A + (size_t)l * hq + j;
+            for (int i = 0; i < 3; i++) sum.mass[i] += a->mass[i], sum.top1[i] += a->top1[i];
+            for (int i = 0; i < 2; i++) sum.verr[i] += a->verr[i], sum.kerr[i] += a->kerr[i];
+            sum.vden += a->vden;
+            sum.n += a->n;
+            if (heads_out)
+                printf("%5d  %4d | %5.2f %5.2f | %9.4f %6.4f %8.4f | %9.4f %6.4f %8.4f | %9.5f %6.5f | %9.5f %6.5f\n",
+                       l, j, ck, cv, a->mass[0] / a->n, a->mass[1] / a->n, a->mass[2] / a->n, a->top1[0] / a->n,
+                       a->top1[1] / a->n, a->top1[2] / a->n, a->kerr[0] / a->vden, a->kerr[1] / a->vden,
+                       a->verr[0] / a->vden, a->verr[1] / a->vden);
+        }
+        printf("%5d   all | %5.2f %5.2f | %9.4f %6.4f %8.4f | %9.4f %6.4f %8.4f | %9.5f %6.5f | %9.5f %6.5f\n", l, ck,
+               cv, sum.mass[0] / sum.n, sum.mass[1] / sum.n, sum.mass[2] / sum.n, sum.top1[0] / sum.n,
+               sum.top1[1] / sum.n, sum.top1[2] / sum.n, sum.kerr[0] / sum.vden, sum.kerr[1] / sum.vden,
+               sum.verr[0] / sum.vden, sum.verr[1] / sum.vden);
+    }
+    oe_ctx_free(ctxe);
+    oe_model_free(m);
+    return 0;
+}
