@@ -149,7 +149,7 @@ Test(registry, env_override) {
     cr_assert(strstr(oscar_runtime_report(rt), "OSCAR_BACKEND"), "%s", oscar_runtime_report(rt));
     oscar_runtime_destroy(rt);
     setenv("OSCAR_BACKEND", "nonsense", 1);
-    cr_assert_eq(oscar_runtime_create(NULL, &rt), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_runtime_create(NULL, &rt), OSCAR_ERR_NO_BACKEND);
     cr_assert(strstr(oscar_last_error(), "OSCAR_BACKEND"), "%s", oscar_last_error());
     unsetenv("OSCAR_BACKEND");
 }
