@@ -25,22 +25,31 @@ def synthetic(rng):
     return q, k, v
 
 
-def test_key_target_rotation_and_file(rng, tmp_path):
-    c = liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.96, clip_v=0.92, rounding=0)
+@pytest.mark.parametrize("per_head", [1, 0])
+def test_key_target_rotation_and_file(rng, tmp_path, per_head):
+    c = liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.96, clip_v=0.92, rounding=0, per_head=per_head)
     data = [synthetic(rng) for _ in range(L)]
     for p in (0, 1):
         c.begin_pass(p)
         for layer, (q, k, v) in enumerate(data):
             c.feed(layer, q, k, v)
     q = data[1][0].astype(np.float64)
-    ck = np.einsum("thi,thj->ij", q, q) / (N * HQ)  # the g query heads of each KV head, averaged
-    got = c.target(1, "k")
-    np.testing.assert_allclose(got, ck, rtol=1e-9, atol=1e-12 * np.abs(ck).max())
+    g = HQ // HKV
+    # per head (the default): E[q q^T] over tokens and the g query heads reading the head;
+    # per layer: the mean of those over the KV heads
+    cks = [np.einsum("thi,thj->ij", q[:, h * g:(h + 1) * g], q[:, h * g:(h + 1) * g]) / (N * g) for h in range(HKV)]
+    heads = range(HKV) if per_head else [0]
+    for h in heads:
+        ck = cks[h] if per_head else sum(cks) / HKV
+        got = c.target(1, "k", kv_head=h)
+        np.testing.assert_allclose(got, ck, rtol=1e-9, atol=1e-12 * np.abs(ck).max())
     prm = c.finalize()
-    lam = prm.eigenvalues(1, "k")
-    np.testing.assert_allclose(lam, np.sort(np.linalg.eigvalsh(ck))[::-1], rtol=1e-7, atol=1e-9 * lam[0])
-    R = prm.rotation(1, "k").astype(np.float64)
-    np.testing.assert_allclose(R @ R.T, np.eye(D), atol=1e-5)
+    for h in heads:
+        ck = cks[h] if per_head else sum(cks) / HKV
+        lam = prm.eigenvalues(1, "k", kv_head=h)
+        np.testing.assert_allclose(lam, np.sort(np.linalg.eigvalsh(ck))[::-1], rtol=1e-7, atol=1e-9 * lam[0])
+        R = prm.rotation(1, "k", kv_head=h).astype(np.float64)
+        np.testing.assert_allclose(R @ R.T, np.eye(D), atol=1e-5)
     assert prm.clip(0, "k") == pytest.approx(0.96) and prm.clip(0, "v") == pytest.approx(0.92)
     assert prm.feedback(0, "k") is None  # rounding=0: nearest
     rep = c.layer_report(1)
