@@ -14,7 +14,7 @@ WORK=${TMPDIR:-/tmp}/oscar-eval-tiny-qwen3
 mkdir -p "$WORK" "$OUT"
 cmake --build "$BUILD" -j2 --target oscar-eval oscar-calibrate >/dev/null
 T=/usr/bin/time
-# Library defaults: m-sequence placement, error-feedback rounding, probe-fitted
+# Library defaults: one rotation per KV head, m-sequence placement, error-feedback rounding, probe-fitted
 # clips (docs/eval/feedback.md: --clip-search ties them on validation text).
 $T -f "calibrate (uniform): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \
     --tokens "$DATA/calib.tokens" --out "$WORK/tiny-qwen3.oscar.safetensors" > "$WORK/calib.log" 2>&1
