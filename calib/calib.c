@@ -408,6 +408,15 @@ static int probe_copy_kv(const oscar_calib *c, probe *p, int h, const void *k, c
     return 0;
 }
 
+
+/* The g query rows of KV head h at the probe's position p->t, as fp32. */
+static void probe_copy_q(probe *p, const void *q, oscar_dtype dtype, int hq, int h, int g, int d) {
+    for (int j = 0; j < g; j++)
+        for (int i = 0; i < d; i++)
+            p->q[(size_t)j * (size_t)d + (size_t)i] =
+                oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+}
+
 static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void *q, const void *k, const void *v,
                                    oscar_dtype dtype, int pass) {
     const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv;
@@ -431,10 +440,7 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
             p->n = n;
             p->period = 0;
             p->feed = feed;
-            for (int j = 0; j < g; j++)
-                for (int i = 0; i < d; i++)
-                    p->q[(size_t)j * (size_t)d + (size_t)i] =
-                        oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+            probe_copy_q(p, q, dtype, hq, h, g, d);
             /* Keys and values given in pass 0 are kept right away; otherwise pass 1 brings them. */
             free(p->k);
             free(p->v);
@@ -619,10 +625,7 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
         p->n = n_tokens;
         p->feed = -1; /* never matched by a pass-1 feed */
         p->period = period;
-        for (int j = 0; j < g; j++)
-            for (int i = 0; i < d; i++)
-                p->q[(size_t)j * (size_t)d + (size_t)i] =
-                    oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+        probe_copy_q(p, q, dtype, hq, h, g, d);
         free(p->k);
         free(p->v);
         p->k = p->v = NULL;

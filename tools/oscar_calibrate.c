@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "oscar_calibrate.h"
+#include "tool_args.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -70,33 +71,6 @@ static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, in
         return 0;
     }
     *out = v;
-    return 1;
-}
-
-/* 1 when out_path can be written (as PATH.tmp, then renamed: oscar_params_save);
- * else prints why and returns 0. */
-static int output_writable(const char *out_path) {
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", out_path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    struct stat sb;
-    if (stat(out_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "oscar-calibrate: --out %s is a directory; give a file name, e.g. %s/params.safetensors\n",
-                out_path, out_path);
-        return 0;
-    }
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        fprintf(stderr, "oscar-calibrate: --out %s: folder '%s' does not exist; create it first\n", out_path, dir);
-        return 0;
-    }
-    if (access(dir, W_OK | X_OK) != 0) {
-        fprintf(stderr, "oscar-calibrate: --out %s: folder '%s' is not writable (%s); choose another --out\n",
-                out_path, dir, strerror(errno));
-        return 0;
-    }
     return 1;
 }
 
@@ -212,7 +186,13 @@ int main(int argc, char **argv) {
     }
     /* The output is written last, after minutes of work: check now that it
      * can be (its folder exists and is writable, it is not a folder). */
-    if (!output_writable(out_path)) return 2;
+    {
+        char why[4400];
+        if (!tool_output_ok(out_path, why, sizeof why)) {
+            fprintf(stderr, "oscar-calibrate: --out %s; choose another --out\n", why);
+            return 2;
+        }
+    }
     /* The engine reads OE_THREADS when its context is created. */
     if (threads > 0) {
         char buf[16];

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "oscar_calibrate.h" /* ocal_model_hash: the fingerprint parameter files carry */
+#include "tool_args.h"
 #include "oscar_eval.h"
 
 #define EXIT_BAD_INPUT 2
@@ -110,32 +111,6 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
 }
 
 /* A private copy of the parameters (the ablations change clips). */
-/* 1 when path can be created: its folder exists and is writable, and it is
- * not itself a folder; else 0 with the reason in why. */
-static int output_ok(const char *path, char *why, size_t n)
-{
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path);
-    char *slash = strrchr(dir, '/');
-    if (!slash) snprintf(dir, sizeof dir, ".");
-    else if (slash == dir) dir[1] = '\0';
-    else *slash = '\0';
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        snprintf(why, n, "%s is a directory; give a file name", path);
-        return 0;
-    }
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        snprintf(why, n, "%s: folder '%s' does not exist; create it first", path, dir);
-        return 0;
-    }
-    if (access(dir, W_OK | X_OK) != 0) {
-        snprintf(why, n, "%s: folder '%s' is not writable (%s)", path, dir, strerror(errno));
-        return 0;
-    }
-    return 1;
-}
-
 static oscar_params *load_copy(const char *path)
 {
     oscar_params *p = NULL;
@@ -237,7 +212,7 @@ int main(int argc, char **argv)
         for (int i = 0; i < 3; i++) {
             if (!outs[i]) continue;
             char why[4400];
-            if (!output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
+            if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
     }
 

@@ -259,9 +259,10 @@ static int hchunks_of(const gpu_plan *p) {
     return (p->gqa + cap - 1) / cap;
 }
 static void tc_choose(void *ctx, const gpu_plan *p, int nseq, int max_len, int max_splits, gpu_tc_splits *t) {
-    int d = p->l.head_dim, ng = d / p->l.group, msz = p->l.meta_dtype == OSCAR_DTYPE_F32 ? 4 : 2;
-    gpu_tc_choose(nseq, p->l.num_kv_heads, p->gqa, p->k.cap, max_len, p->S0, p->W, !p->quantized, d,
-                  d / 2 + 2 * ng * 2 * msz, resident_blocks(ctx, p), max_splits, t);
+    /* bytes of one token of one KV head in a page (codes + metadata of K and V) */
+    int row2 = (int)(p->page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
+    gpu_tc_choose(nseq, p->l.num_kv_heads, p->gqa, p->k.cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
+                  row2, resident_blocks(ctx, p), max_splits, t);
 }
 
 /* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */

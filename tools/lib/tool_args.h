@@ -11,6 +11,9 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* Returns 1 and sets *out, or prints "TOOL: FLAG wants ..." to stderr and
  * returns 0 (the caller exits with status 2). */
@@ -24,6 +27,32 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
         return 0;
     }
     *out = (int64_t)v;
+    return 1;
+}
+
+/* 1 when path can be created (written as PATH.tmp, then renamed): its folder
+ * exists and is writable, and it is not itself a folder; else 0 with the
+ * reason in why. Checked before a tool does its work. */
+static inline int tool_output_ok(const char *path, char *why, size_t n) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash) snprintf(dir, sizeof dir, ".");
+    else if (slash == dir) dir[1] = '\0';
+    else *slash = '\0';
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(why, n, "%s is a directory; give a file name", path);
+        return 0;
+    }
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        snprintf(why, n, "%s: folder '%s' does not exist; create it first", path, dir);
+        return 0;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        snprintf(why, n, "%s: folder '%s' is not writable (%s)", path, dir, strerror(errno));
+        return 0;
+    }
     return 1;
 }
 
