@@ -175,7 +175,8 @@ typedef struct oscar_gpu_decode_variant {{
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
-    const void *store, *demote;
+    const void *store, *demote; /* two-launch write path (every target) */
+    const void *append1;        /* one-launch write path (oscar_append1_params), or NULL */
     const char *name;
 }} oscar_gpu_append_variant;
 typedef struct oscar_gpu_tuning {{
@@ -198,10 +199,16 @@ extern const int oscar_{t}_num_tuning;
 
 def gpu_files(target, sel):
     ext = "cu" if target == "cuda" else "hip"
-    files = ["oscar_%s_variants.h" % target, "oscar_%s_append.%s" % (target, ext),
-             "oscar_%s_dispatch.%s" % (target, ext)]
+    files = ["oscar_%s_variants.h" % target, "oscar_%s_dispatch.%s" % (target, ext)]
+    files += ["oscar_%s_append_%s.%s" % (target, part, ext) for part in append_parts(sel)]
     files += ["oscar_%s_decode_%s.%s" % (target, part, ext) for part in decode_parts(sel)]
     return files
+
+
+def append_parts(sel):
+    """Append kernels: one file per head_dim x kv dtype (the error-feedback
+    chain unrolls into long kernels; a parallel build compiles them side by side)."""
+    return ["d%d_%s" % (d, kv) for d in sel["head_dim"] for kv in sel["kv_dtype"]]
 
 
 def decode_parts(sel):
@@ -236,9 +243,16 @@ def write(path, text):
 # SHFL32(v, s) is v of lane s of the calling thread's aligned 32-thread segment
 # (a CUDA warp, half an AMD wave64); every thread of the segment calls it.
 # OpenCL 1.2 has none: the template uses barriers there.
+# SHFL32_XOR, BALLOT32 (a 32-bit mask of the segment) and WARP_SYNC serve the
+# one-launch append (CUDA, HIP only).
 SHFL32 = {
-    "cuda": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl_sync(0xffffffffu, v, s, 32)\n",
-    "hip": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl(v, s, 32)\n",
+    "cuda": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl_sync(0xffffffffu, v, s, 32)\n"
+            "#define SHFL32_XOR(v, o) __shfl_xor_sync(0xffffffffu, v, o, 32)\n"
+            "#define BALLOT32(p) __ballot_sync(0xffffffffu, p)\n#define WARP_SYNC() __syncwarp()\n",
+    "hip": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl(v, s, 32)\n"
+           "#define SHFL32_XOR(v, o) __shfl_xor(v, o, 32)\n"
+           "#define BALLOT32(p) ((u32)(__ballot(p) >> (threadIdx.x & 32u)))\n"
+           "#define WARP_SYNC() __builtin_amdgcn_wave_barrier()\n",
     "opencl": "#define OSCAR_SHFL32 0\n",
 }
 
@@ -256,16 +270,26 @@ def gen_gpu(target, spec, sel, arch, out):
     # Tables live next to their kernels (HIP cannot reference a __global__
     # function of another translation unit without -fgpu-rdc); the dispatch
     # file only collects the per-file tables.
-    app_lines = ['extern "C" const oscar_gpu_append_variant oscar_%s_append_table[] = {' % target]
-    for v in append:
-        app_lines.append('    {%d, %d, %d, %d, %d, (const void *)oscar_store%s, (const void *)oscar_demote%s, "%s"},'
-                         % (v["D"], v["G"], v["KVB"], v["MF32"], v["BF16M"], v["sfx"], v["sfx"], v["sfx"][1:]))
-    app_lines.append("};")
-    app_lines.append('extern "C" const int oscar_%s_append_table_n = %d;' % (target, len(append)))
-    path = os.path.join(out, "oscar_%s_append.%s" % (target, ext))
-    body = [prelude, "#define GRID_X gridDim.x\n", SHFL32[target], '#include "oscar_%s_variants.h"' % target]
-    body += [app_t.append_family(v) for v in append]
-    write(path, "\n".join(body + app_lines) + "\n")
+    for part in append_parts(sel):
+        av = [v for v in append if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part]
+        lines = ['extern "C" const oscar_gpu_append_variant oscar_%s_append_table_%s[] = {' % (target, part)]
+        for v in av:
+            lines.append('    {%d, %d, %d, %d, %d, (const void *)oscar_store%s, (const void *)oscar_demote%s, '
+                         'OSCAR_APPEND1_PTR(oscar_append1%s), "%s"},'
+                         % (v["D"], v["G"], v["KVB"], v["MF32"], v["BF16M"], v["sfx"], v["sfx"], v["sfx"],
+                            v["sfx"][1:]))
+        if not av:
+            lines.append('    {0, 0, 0, 0, 0, 0, 0, 0, ""},')
+        lines.append("};")
+        lines.append('extern "C" const int oscar_%s_append_table_%s_n = %d;' % (target, part, len(av)))
+        body = [prelude, "#define GRID_X gridDim.x\n", SHFL32[target], '#include "oscar_%s_variants.h"' % target]
+        body += [app_t.append_family(v) for v in av]
+        body.append('#include "append_params.h"\n'
+                    '/* OSCAR_NO_APPEND1: A/B timing only, the two-launch write path on CUDA/HIP too. */\n'
+                    '#ifdef OSCAR_NO_APPEND1\n#define OSCAR_APPEND1_PTR(f) NULL\n#else\n'
+                    '#define OSCAR_APPEND1_PTR(f) (const void *)f\n#endif')
+        body += [app_t.append1_family(v) for v in av]
+        write(os.path.join(out, "oscar_%s_append_%s.%s" % (target, part, ext)), "\n".join(body + lines) + "\n")
 
     parts = decode_parts(sel)
     for part in parts:
@@ -301,17 +325,20 @@ def gen_gpu(target, spec, sel, arch, out):
     for d in ds:
         lines.append("extern const oscar_gpu_decode_variant oscar_%s_decode_table_%s[];" % (target, d))
         lines.append("extern const int oscar_%s_decode_table_%s_n;" % (target, d))
-    lines.append("extern const oscar_gpu_append_variant oscar_%s_append_table[];" % target)
-    lines.append("extern const int oscar_%s_append_table_n;" % target)
+    aps = append_parts(sel)
+    for d in aps:
+        lines.append("extern const oscar_gpu_append_variant oscar_%s_append_table_%s[];" % (target, d))
+        lines.append("extern const int oscar_%s_append_table_%s_n;" % (target, d))
     lines.append("const oscar_gpu_decode_variant *const oscar_%s_decode_tables[] = {%s};"
                  % (target, ", ".join("oscar_%s_decode_table_%s" % (target, d) for d in ds)))
     lines.append("const int *const oscar_%s_decode_table_sizes[] = {%s};"
                  % (target, ", ".join("&oscar_%s_decode_table_%s_n" % (target, d) for d in ds)))
     lines.append("const int oscar_%s_num_decode_tables = %d;" % (target, len(ds)))
-    lines.append("const oscar_gpu_append_variant *const oscar_%s_append_tables[] = {oscar_%s_append_table};"
-                 % (target, target))
-    lines.append("const int *const oscar_%s_append_table_sizes[] = {&oscar_%s_append_table_n};" % (target, target))
-    lines.append("const int oscar_%s_num_append_tables = 1;" % target)
+    lines.append("const oscar_gpu_append_variant *const oscar_%s_append_tables[] = {%s};"
+                 % (target, ", ".join("oscar_%s_append_table_%s" % (target, d) for d in aps)))
+    lines.append("const int *const oscar_%s_append_table_sizes[] = {%s};"
+                 % (target, ", ".join("&oscar_%s_append_table_%s_n" % (target, d) for d in aps)))
+    lines.append("const int oscar_%s_num_append_tables = %d;" % (target, len(aps)))
     lines.append("const oscar_gpu_tuning oscar_%s_tuning[] = {" % target)
     for d in (64, 128, 256):
         tt = tuning_for(spec, arch, d)

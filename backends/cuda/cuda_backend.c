@@ -166,6 +166,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         if (GPU_TABLE(tuning)[i].d == l->head_dim) t = &GPU_TABLE(tuning)[i];
     k->store = av->store;
     k->demote = av->demote;
+    k->append1 = av->append1;
     k->rotate_q = dv->rotate_q;
     k->decode = dv->decode;
     k->merge = dv->merge;

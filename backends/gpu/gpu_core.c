@@ -2,6 +2,7 @@
 #include "gpu_core.h"
 #include "oscar_format.h" /* layout checks and page geometry: one home for the format */
 
+#include "append_params.h"
 #include "decode_tc_params.h"
 
 #include <stdlib.h>
@@ -383,6 +384,26 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                *v = a->v;
     void *rk = p->rot_k, *rv = p->rot_v, *fk = p->fb_k, *fv = p->fb_v;
     int fb_on = fk != NULL;
+    /* One launch (CUDA/HIP): each CTA demotes the row its token's window slot
+     * held, then stores the token. Only when no sequence can gain more than
+     * W tokens (else two tokens of the launch could share a slot). With
+     * feedback weights and more CTAs than ~4 per compute unit the two
+     * launches are faster (measured, perf/RESULTS-attention.md): the long
+     * demote chains then run in their own launch. */
+    int64_t ctas = (int64_t)a->total_new * 2 * H;
+    if (p->k.append1 && (!p->quantized || a->total_new <= W) &&
+        !(fk && ctas > 4 * (int64_t)V(ctx)->compute_units(ctx))) {
+        oscar_append1_params ap = {
+            .k = k, .v = v, .pages = pages, .windows = windows, .bt = bt, .lens = lens, .slots = slots,
+            .cu_new = cu, .ws = ws, .rot_k = rk, .rot_v = rv, .fb_k = fk, .fb_v = fv, .kv_stride = kv_stride,
+            .rot_off = rot_off, .page_bytes = page_bytes, .slot_bytes = slot_bytes, .kc_off = kc, .vc_off = vc,
+            .km_off = km, .vm_off = vm, .total_new = a->total_new, .nseq = nseq, .num_rot = num_rot,
+            .identity = identity, .lm = lm, .clip_k = ck, .clip_v = cv, .num_pages = num_pages,
+            .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len};
+        gpu_arg aa[] = {{&ap, sizeof ap}};
+        return V(ctx)->launch(ctx, p->k.append1, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, aa, 1,
+                              a->stream, err);
+    }
     if (p->quantized && W > 0) {
         gpu_arg da[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
                         {&slots, sizeof slots}, {&cu, sizeof cu}, {&ws, sizeof ws}, {&fk, sizeof fk},

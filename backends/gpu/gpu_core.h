@@ -21,6 +21,7 @@ typedef struct gpu_arg {
 /* The kernels of one plan (handles: CUDA/HIP function addresses, cl_kernel). */
 typedef struct gpu_kernels {
     const void *store, *demote, *rotate_q, *decode, *merge;
+    const void *append1; /* one-launch write path (oscar_append1_params), NULL: store + demote */
     int threads, elems, min_chunk, blocks_per_sm;
     int resident; /* decode CTAs resident per compute unit when known (occupancy query), else 0 */
     int cap;      /* query heads one decode work-group serves; 0: the plan's whole GQA ratio */

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 B=build-carry-conf-obj
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DOSCAR_CUDA=OFF -DOSCAR_HIP=OFF -DOSCAR_OPENCL=OFF \
       -DOSCAR_GEN_SET=minimal -DOSCAR_WERROR=ON > /dev/null
-tests="test_backend_conformance test_bad_input test_plan_threads"
+tests="test_backend_conformance test_bad_input test_plan_threads test_cuda_graph"
 # shellcheck disable=SC2086
 cmake --build $B -j2 --target $tests > /dev/null
 rm -rf build-carry-conf && mkdir -p build-carry-conf/lib
@@ -18,7 +18,7 @@ for t in $tests; do
   exe=$(find $B -name $t -type f -perm -u+x | head -1)
   cp "$exe" build-carry-conf/
 done
-# Everything it links except the C library and the loader (present there).
-ldd "$exe" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux)[.-]' |
+# Everything they link except the C library and the loader (present there).
+for t in $tests; do ldd build-carry-conf/$t; done | sort -u | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux)[.-]' |
   while read -r so; do cp -L "$so" build-carry-conf/lib/; done
 du -sh build-carry-conf; ls build-carry-conf/lib
