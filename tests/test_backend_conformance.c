@@ -443,7 +443,23 @@ static void check_feedback_matters(const env *e, const rc_seq_ref *refs, int nse
                   (unsigned long long)seed, changed, rows);
 }
 
-static void run_scenario_fb(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb) {
+/* Rows whose values sit exactly on the boundaries between two levels (a
+ * group of {0, 3s} extremes gives a = s, b = 0; values 0.5s, 1.5s, 2.5s are
+ * ties, s a power of two: exact in bf16/f16), so a code rule that is off by
+ * one ulp anywhere shows. 15% of each group at 3s keeps clips >= 0.85 from
+ * moving the extremes. Every third row of each sequence. */
+static void plant_ties(rc_rng *r, float *x, int n_tokens, int H, int d) {
+    static const float pat[20] = {3, 3, 3, 0, 0.5f, 1.5f, 2.5f, 1, 2, 0.5f, 1.5f, 2.5f, 0.5f, 1.5f, 2.5f, 1, 2, 0, 0.5f, 2.5f};
+    for (int t = 0; t < n_tokens; t += 3)
+        for (int h = 0; h < H; h++) {
+            float s = ldexpf(1.0f, rc_randint(r, -3, 3));
+            int off = rc_randint(r, 0, 19);
+            for (int j = 0; j < d; j++) x[((size_t)t * H + h) * d + j] = s * pat[(j + off) % 20];
+        }
+}
+
+/* ties: plant_ties in the K/V rows. */
+static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ties) {
     cr_assert(nseq >= 1 && nseq <= 64);
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
@@ -463,6 +479,10 @@ static void run_scenario_fb(plug *g, const cfg *c, int nseq, const int *final_le
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
         rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
+        if (ties) {
+            plant_ties(&r, K[i], final_lens[i], (int)H, (int)d);
+            plant_ties(&r, V[i], final_lens[i], (int)H, (int)d);
+        }
         cr_assert_eq(rc_seq_ref_build_fb(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), layer_fb(&e, 0), layer_fb(&e, 1),
                                          e.num_rot, e.clip_k[LAYER], e.clip_v[LAYER], final_lens[i], K[i], V[i],
                                          &refs[i]),
@@ -506,6 +526,10 @@ static void run_scenario_fb(plug *g, const cfg *c, int nseq, const int *final_le
     free(n);
     rc_paged_free(&b);
     env_free(&e);
+}
+
+static void run_scenario_fb(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb) {
+    run_scenario_x(g, c, nseq, final_lens, mode, fb, 0);
 }
 
 static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens, int mode) {
@@ -552,6 +576,19 @@ Test(conformance, no_windows_int2_quarot2, .timeout = 600) {
         run_scenario(&g, &c, 5, lens, CHUNKS);
         run_scenario(&g, &c2, 5, lens, PREFILL);
         run_boundaries(&g, &c3);
+    });
+}
+/* Values exactly on level boundaries: the kernels' codes (three compares
+ * against per-group thresholds) must equal the reference's division rule
+ * there too; nearest rounding and error feedback, groups 32 and 128. */
+Test(conformance, level_boundary_ties, .timeout = 600) {
+    cfg c = {128, 32, 16, 4, 12, 4, 2, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 16, 0, 8, 2, 1, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
+    FOR_EACH_BACKEND(g, {
+        int lens[] = {3, 40, 77};
+        run_scenario_x(&g, &c, 3, lens, CHUNKS, 0, 1);
+        run_scenario_x(&g, &c2, 3, lens, PREFILL, 0, 1);
+        run_scenario_x(&g, &c, 3, lens, CHUNKS, 1, 1);
     });
 }
 /* The BF16 method (16-bit pages, no windows): the library's own yardstick. */
