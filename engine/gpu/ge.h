@@ -37,6 +37,9 @@ typedef struct ge_options {
     const char *plugin_dir;   /* where liboscar_backend_cuda.so is, or NULL */
     int validate;             /* liboscar host-side validation of every call */
     int check_every;          /* oscar_plan_check every this many steps (0: only at the end) */
+    int no_graphs;            /* 1: issue every decode step's launches from the host; 0 (default):
+                                 capture a decode step once per (batch size, length bucket) into
+                                 a CUDA graph and replay it (docs/API.md, CUDA graphs) */
 } ge_options;
 
 void ge_options_default(ge_options *o);
@@ -57,6 +60,8 @@ const oe_config *ge_config(const ge_engine *e);
 ge_sched *ge_engine_sched(ge_engine *e);
 const ge_kv_plan *ge_engine_kv(const ge_engine *e);
 const char *ge_engine_variant(const ge_engine *e);
+/* Decode steps replayed from CUDA graphs so far (0 with no_graphs). */
+int64_t ge_engine_graph_replays(const ge_engine *e);
 const char *ge_engine_device(const ge_engine *e);
 /* Device memory the engine allocated: weights, KV pools, workspace, activations. */
 void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *workspace, size_t *activations);

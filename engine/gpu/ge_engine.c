@@ -52,6 +52,8 @@ typedef struct ge_layer {
     float *attn_norm, *mlp_norm, *q_norm, *k_norm, *bqkv, *bo;
 } ge_layer;
 
+#define GE_MAX_GRAPHS 16
+
 struct ge_engine {
     oe_config cfg;
     ge_options opt;
@@ -81,6 +83,13 @@ struct ge_engine {
     size_t mem_weights, mem_kv, mem_ws, mem_act;
     ge_sched sched;
     int64_t steps;
+    /* Decode-step graphs, one per (batch size, length bucket), oldest evicted. */
+    struct ge_graph {
+        int n, bucket;
+        cudaGraphExec_t exec;
+    } graphs[GE_MAX_GRAPHS];
+    int n_graphs, next_graph;
+    int64_t graph_replays;
     ge_debug_fn dbg; /* diagnostics (ge_set_debug), NULL in normal runs */
     void *dbg_user;
     /* every device allocation, freed in ge_destroy */
@@ -131,6 +140,7 @@ void ge_destroy(ge_engine *e)
 {
     if (!e) return;
     if (e->st) cudaStreamSynchronize(e->st);
+    for (int i = 0; i < e->n_graphs; i++) cudaGraphExecDestroy(e->graphs[i].exec);
     for (int i = 0; i < e->n_allocs; i++) cudaFree(e->allocs[i]);
     free(e->allocs);
     free(e->L);
@@ -154,6 +164,7 @@ const oe_config *ge_config(const ge_engine *e) { return &e->cfg; }
 ge_sched *ge_engine_sched(ge_engine *e) { return &e->sched; }
 const ge_kv_plan *ge_engine_kv(const ge_engine *e) { return &e->kv; }
 const char *ge_engine_variant(const ge_engine *e) { return oscar_plan_variant(e->plan); }
+int64_t ge_engine_graph_replays(const ge_engine *e) { return e->graph_replays; }
 const char *ge_engine_device(const ge_engine *e) { return oscar_runtime_device(e->rt); }
 
 void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *workspace, size_t *activations)
@@ -194,6 +205,11 @@ static oscar_status setup_common(ge_engine *e)
     CU(cudaStreamCreateWithFlags(&e->st, cudaStreamNonBlocking));
     BL(cublasCreate(&e->blas));
     BL(cublasSetStream(e->blas, e->st));
+    /* A workspace of its own, so cuBLAS allocates nothing while a decode step
+     * is captured into a graph. */
+    void *blas_ws;
+    GE(dalloc(e, &blas_ws, (size_t)32 << 20, &e->mem_act, "cuBLAS workspace"));
+    BL(cublasSetWorkspace(e->blas, blas_ws, (size_t)32 << 20));
     e->QKV = (c->num_q_heads + 2 * c->num_kv_heads) * c->head_dim;
 
     oscar_runtime_options ro;
@@ -617,50 +633,16 @@ oscar_status ge_debug_weights(ge_engine *e, const oe_model *m, FILE *f, double *
     return OSCAR_OK;
 }
 
-oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
-                     int32_t *next, float *logits)
+/* The device work of one step: embedding, every layer (append + attention),
+ * final norm, LM head, argmax into d_next. Only launches on e->st: a decode
+ * step's call is captured into a graph (replay_decode). */
+static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int max_new, const oscar_batch *bp)
 {
-    if (!e || n <= 0 || !slots || !n_new || !tokens || !next)
-        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: NULL argument or %d sequences", n);
     const oe_config *c = &e->cfg;
-    if (n > e->max_S) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: %d sequences, max_batch %d", n, e->max_S);
-    int decode = 1;
-    int64_t T = 0;
-    for (int i = 0; i < n; i++) {
-        if (n_new[i] != 1) decode = 0;
-        T += n_new[i];
-    }
-    if (T > e->max_T)
-        return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_step: %lld tokens in one step, the engine holds %d "
-                            "(max_prefill_tokens)", (long long)T, e->max_T);
-    for (int i = 0; i < n; i++)
-        if (slots[i] < 0 || slots[i] >= e->sched.num_slots)
-            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: slot %d out of range", slots[i]);
-    for (int i = 0; i < n && !decode; i++)
-        if (e->sched.slots[slots[i]].len != 0)
-            return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; a prefill step "
-                                "takes whole prompts (feed continuations one token at a time)", slots[i],
-                                e->sched.slots[slots[i]].len);
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->vocab)
-            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: token %lld is %d, outside the vocabulary of %d",
-                                (long long)t, tokens[t], c->vocab);
-    int max_len;
-    GE(upload_batch(e, n, slots, n_new, &max_len));
-    int max_new = 0;
-    for (int i = 0; i < n; i++) {
-        int L0 = e->h_lens[i] - n_new[i];
-        for (int j = 0; j < n_new[i]; j++) e->h_pos[e->h_cu[i] + j] = L0 + j;
-        e->h_rows[i] = e->h_cu[i + 1] - 1;
-        if (n_new[i] > max_new) max_new = n_new[i];
-    }
-    CU(cudaMemcpyAsync(e->d_pos, e->h_pos, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
-    CU(cudaMemcpyAsync(e->d_rows, e->h_rows, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
-    CU(cudaMemcpyAsync(e->d_ids, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
-    oscar_batch b = make_batch(e, n, max_len);
-
+    const oscar_batch b = *bp;
+    const int64_t T = Ti;
     const int H = c->hidden, d = c->head_dim, Hq = c->num_q_heads, Hkv = c->num_kv_heads, qd = Hq * d,
-              FF = c->intermediate, Ti = (int)T;
+              FF = c->intermediate;
     const float eps = (float)c->rms_eps, scale = (float)(1.0 / sqrt((double)d));
     const int f32 = e->f32, MC = e->opt.mlp_chunk < e->max_T ? e->opt.mlp_chunk : e->max_T;
     KL(ge_k_embed(e->x, e->embed, f32, e->d_ids, Ti, H, e->st));
@@ -703,6 +685,106 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
     KL(ge_k_rmsnorm(e->hl, f32, e->last, e->final_norm, n, H, eps, e->st));
     GE(gemm(e, n, c->vocab, H, e->lm_head, e->hl, e->logits, 0.0f));
     KL(ge_k_argmax(e->d_next, e->logits, n, c->vocab, e->st));
+    return OSCAR_OK;
+}
+
+/* Decode-step length bucket: the split plan of oscar_decode depends on the
+ * batch's max_seq_len, so a graph serves every step whose longest sequence
+ * is within its bucket (powers of two from 1024, capped at the layout's). */
+static int length_bucket(const ge_engine *e, int max_len)
+{
+    int b = 1024;
+    while (b < max_len && b < e->layout.max_seq_len) b *= 2;
+    return b < e->layout.max_seq_len ? b : e->layout.max_seq_len;
+}
+
+/* A decode step from a CUDA graph: captured the first time a (batch size,
+ * bucket) is seen, replayed after; the step's inputs (tokens, positions,
+ * lengths, block tables) are already in the device buffers the graph reads. */
+static oscar_status replay_decode(ge_engine *e, int n, int max_len)
+{
+    const int bucket = length_bucket(e, max_len);
+    struct ge_graph *g = NULL;
+    for (int i = 0; i < e->n_graphs && !g; i++)
+        if (e->graphs[i].n == n && e->graphs[i].bucket == bucket) g = &e->graphs[i];
+    if (!g) {
+        cudaGraph_t graph;
+        oscar_batch b = make_batch(e, n, bucket);
+        CU(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeThreadLocal));
+        oscar_status s = forward(e, n, n, 1, 1, &b);
+        cudaError_t ce = cudaStreamEndCapture(e->st, &graph);
+        if (s != OSCAR_OK) {
+            if (ce == cudaSuccess) cudaGraphDestroy(graph);
+            return s;
+        }
+        CU(ce);
+        cudaGraphExec_t exec;
+        ce = cudaGraphInstantiate(&exec, graph, 0);
+        cudaGraphDestroy(graph);
+        CU(ce);
+        if (e->n_graphs < GE_MAX_GRAPHS) {
+            g = &e->graphs[e->n_graphs++];
+        } else {
+            g = &e->graphs[e->next_graph];
+            e->next_graph = (e->next_graph + 1) % GE_MAX_GRAPHS;
+            cudaGraphExecDestroy(g->exec);
+        }
+        g->n = n;
+        g->bucket = bucket;
+        g->exec = exec;
+    }
+    CU(cudaGraphLaunch(g->exec, e->st));
+    e->graph_replays++;
+    return OSCAR_OK;
+}
+
+oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
+                     int32_t *next, float *logits)
+{
+    if (!e || n <= 0 || !slots || !n_new || !tokens || !next)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: NULL argument or %d sequences", n);
+    const oe_config *c = &e->cfg;
+    if (n > e->max_S) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: %d sequences, max_batch %d", n, e->max_S);
+    int decode = 1;
+    int64_t T = 0;
+    for (int i = 0; i < n; i++) {
+        if (n_new[i] != 1) decode = 0;
+        T += n_new[i];
+    }
+    if (T > e->max_T)
+        return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_step: %lld tokens in one step, the engine holds %d "
+                            "(max_prefill_tokens)", (long long)T, e->max_T);
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= e->sched.num_slots)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: slot %d out of range", slots[i]);
+    for (int i = 0; i < n && !decode; i++)
+        if (e->sched.slots[slots[i]].len != 0)
+            return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; a prefill step "
+                                "takes whole prompts (feed continuations one token at a time)", slots[i],
+                                e->sched.slots[slots[i]].len);
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= c->vocab)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: token %lld is %d, outside the vocabulary of %d",
+                                (long long)t, tokens[t], c->vocab);
+    int max_len;
+    GE(upload_batch(e, n, slots, n_new, &max_len));
+    int max_new = 0;
+    for (int i = 0; i < n; i++) {
+        int L0 = e->h_lens[i] - n_new[i];
+        for (int j = 0; j < n_new[i]; j++) e->h_pos[e->h_cu[i] + j] = L0 + j;
+        e->h_rows[i] = e->h_cu[i + 1] - 1;
+        if (n_new[i] > max_new) max_new = n_new[i];
+    }
+    CU(cudaMemcpyAsync(e->d_pos, e->h_pos, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_rows, e->h_rows, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
+    CU(cudaMemcpyAsync(e->d_ids, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
+
+    if (decode && !e->opt.no_graphs && !e->opt.validate && !e->dbg) {
+        GE(replay_decode(e, n, max_len));
+    } else {
+        oscar_batch b = make_batch(e, n, max_len);
+        GE(forward(e, n, (int)T, decode, max_new, &b));
+    }
     CU(cudaMemcpyAsync(next, e->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, e->st));
     if (logits)
         CU(cudaMemcpyAsync(logits, e->logits, (size_t)n * c->vocab * 4, cudaMemcpyDeviceToHost, e->st));

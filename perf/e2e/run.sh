@@ -34,6 +34,7 @@ mkdir -p "$out"
 log=$out/e2e.log
 exec > >(tee "$log") 2>&1
 carry= model= tokens= deps= budget=40 prompt=8192 gen=1024 do_check=1 do_bench=1 do_debug=0
+bench_limit=${E2E_BENCH_LIMIT:-560}  # seconds from the start after which no new benchmark run starts
 while (($#)); do
   case $1 in
     --carry) carry=$2; shift 2 ;;
@@ -188,28 +189,43 @@ fi
 
 # ---------------------------------------------------------------- benchmark
 if ((do_bench)); then
-  echo "== benchmark: Qwen3-8B shape, random bf16 weights"
+  echo "== benchmark: Qwen3-8B and Qwen3-32B shapes, random bf16 weights"
   {
-    echo "### End to end, Qwen3-8B shape (36 layers, random bf16 weights), KV budget ${budget} GB"
+    echo "### End to end, random bf16 weights, KV budget ${budget} GB"
     echo
-    echo "| method | run | context | batch | KV bits/elem | generated tok/s | time per output token (ms) | prefill tok/s | KV GiB | device GiB used |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "Qwen3-8B: 36 layers, hidden 4096, 32/8 heads, d 128, intermediate 12288. Qwen3-32B: 64 layers, hidden 5120,"
+    echo "64/8 heads, d 128, intermediate 25600."
+    echo
+    echo "| method | run | context | batch | KV bits/elem | generated tok/s | time per output token (ms) | roofline step (ms) | measured / roofline | prefill tok/s | KV GiB | device GiB used |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
   } >>"$md"
-  bench() { # method budget prompt gen long time_limit
-    timeout 200 "$bin/oscar-e2e-bench" --method "$1" --budget-gb "$2" --prompt "$3" --gen "$4" --long "$5" \
-      --long-steps 64 --time-limit "$6" --real-prefill 1 --md "$md"
+  bench() { # method budget prompt gen long time_limit [extra oscar-e2e-bench options]
+    local m=$1 b=$2 p=$3 g=$4 l=$5 t=$6
+    shift 6
+    timeout 240 "$bin/oscar-e2e-bench" --method "$m" --budget-gb "$b" --prompt "$p" --gen "$g" --long "$l" \
+      --long-steps 64 --time-limit "$t" --real-prefill 1 --md "$md" "$@"
   }
-  for m in bf16 oscar2; do
-    left=$(( 470 - ($(date +%s) - t_start) ))
-    if ((left < 60)); then echo "bench $m skipped: time"; echo "| $m | skipped (time) |||||||||" >>"$md"; continue; fi
-    tl=$(( left > 300 ? 30 : 15 ))
-    if ! bench $m "$budget" "$prompt" "$gen" 32768,131072 $tl; then
-      echo "bench $m at ${budget} GB / $prompt+$gen failed; fallback 16 GB, 2048+256, long 32768"
-      bench $m 16 2048 256 32768 10 || echo "| $m | FAILED (see e2e.log) |||||||||" >>"$md"
-    fi
+  # method | prompt | gen | long contexts | extra options
+  runs=(  # in priority order: later runs are skipped when time runs out
+    "bf16|$prompt|$gen|32768,131072|"
+    "oscar2|$prompt|$gen|32768,131072|"
+    "oscar2|$prompt|$gen|131072|--no-graphs"
+    "bf16|$prompt|$gen||--shape qwen3-32b"
+    "oscar2|$prompt|$gen|131072|--shape qwen3-32b"
+    "bf16|32768|1024||--real-prefill 0"
+    "oscar2|32768|1024||--real-prefill 0"
+    "bf16|$prompt|$gen|131072|--no-graphs"
+  )
+  for r in "${runs[@]}"; do
+    IFS='|' read -r m p g l x <<<"$r"
+    left=$(( bench_limit - ($(date +%s) - t_start) ))
+    if ((left < 60)); then echo "bench $m $p+$g $x skipped: time"; echo "| $m | $p+$g $x: skipped (time) |||||||||||" >>"$md"; continue; fi
+    # shellcheck disable=SC2086
+    bench "$m" "$budget" "$p" "$g" "${l:-0}" 12 $x || echo "| $m | $p+$g $x: FAILED (see e2e.log) |||||||||||" >>"$md"
   done
   echo >>"$md"
   echo "Generated tok/s: batch x decode steps / decode time (first step excluded); time per output token: median decode step." >>"$md"
+  echo "Roofline step: bytes one decode step must read (all weights but the embedding table, plus every sequence's pages and window at its mean length) / device-to-device copy bandwidth measured in the same run." >>"$md"
   echo "Caches beyond the really prefilled sequence are filled with random K/V through oscar_append (decode speed does not depend on the values)." >>"$md"
 fi
 

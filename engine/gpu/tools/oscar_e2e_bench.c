@@ -1,9 +1,15 @@
-/* oscar-e2e-bench: end-to-end decode speed of a Qwen3-8B-shaped model with
- * random bf16 weights (generated on the device) under one KV memory budget.
+/* oscar-e2e-bench: end-to-end decode speed of a Qwen3-8B- (or Qwen3-32B-)
+ * shaped model with random bf16 weights (generated on the device) under one
+ * KV memory budget.
  *
- *   oscar-e2e-bench [--method bf16|oscar2|int2|...] [--budget-gb G] [--prompt P] [--gen N]
- *       [--batch B] [--max-batch-cap C] [--real-prefill R] [--time-limit S]
- *       [--long 32768,131072] [--long-steps K] [--layers L] [--md FILE]
+ *   oscar-e2e-bench [--method bf16|oscar2|int2|...] [--shape qwen3-8b|qwen3-32b] [--budget-gb G]
+ *       [--prompt P] [--gen N] [--batch B] [--max-batch-cap C] [--real-prefill R] [--time-limit S]
+ *       [--long 32768,131072] [--long-steps K] [--layers L] [--no-graphs] [--md FILE]
+ *
+ * Decode steps are replayed from CUDA graphs unless --no-graphs. Each row
+ * also gives the roofline step: the bytes a step must read (weights but the
+ * embedding table, plus every sequence's cache at its mean length) over the
+ * device-to-device copy bandwidth measured at start.
  *
  * Throughput run: the largest batch whose pages and window slots fit G GB
  * for sequences of P + N tokens (or --batch B). R of them (default 1) are
@@ -59,11 +65,52 @@ static oe_config qwen3_8b(int layers)
     return c;
 }
 
+static oe_config qwen3_32b(int layers)
+{
+    oe_config c = qwen3_8b(layers);
+    c.hidden = 5120;
+    c.num_q_heads = 64;
+    c.intermediate = 25600;
+    return c;
+}
+
 typedef struct run_result {
     int batch, steps, real_prefill;
     double tok_s, tpot_ms, prefill_tok_s, fill_s, peak_gib, kv_gib, bits;
+    double roofline_ms; /* bytes a decode step must read (weights + KV at the mean length) / copy bandwidth */
     int truncated;
 } run_result;
+
+/* Device-to-device copy bandwidth (bytes read + written per second), the
+ * roofline of a memory-bound step; measured before any engine exists. */
+static double copy_bandwidth(void)
+{
+    size_t n = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    double bw = 0;
+    if (cudaMalloc(&a, n) == cudaSuccess && cudaMalloc(&b, n) == cudaSuccess) {
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        float best = 1e30f;
+        for (int i = 0; i < 8; i++) {
+            cudaEventRecord(e0, 0);
+            cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, 0);
+            cudaEventRecord(e1, 0);
+            cudaEventSynchronize(e1);
+            float ms;
+            cudaEventElapsedTime(&ms, e0, e1);
+            if (i >= 2 && ms < best) best = ms;
+        }
+        bw = 2.0 * (double)n / (best * 1e-3);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+    }
+    cudaFree(a);
+    cudaFree(b);
+    return bw;
+}
+static double g_copy_bw;
 
 static FILE *g_md;
 
@@ -72,9 +119,10 @@ static void md(const char *method, const char *run, run_result *r, int context)
     char pf[32] = "-";
     if (r->real_prefill) snprintf(pf, sizeof pf, "%.0f", r->prefill_tok_s);
     char line[512];
-    snprintf(line, sizeof line, "| %s | %s%s | %d | %d | %.3f | %.1f | %.2f | %s | %.1f | %.1f |\n", method, run,
-             r->truncated ? " (decode stopped early)" : "", context, r->batch, r->bits, r->tok_s, r->tpot_ms, pf,
-             r->kv_gib, r->peak_gib);
+    snprintf(line, sizeof line, "| %s | %s%s | %d | %d | %.3f | %.1f | %.2f | %.2f | %.2f | %s | %.1f | %.1f |\n",
+             method, run, r->truncated ? " (decode stopped early)" : "", context, r->batch, r->bits, r->tok_s,
+             r->tpot_ms, r->roofline_ms, r->roofline_ms > 0 ? r->tpot_ms / r->roofline_ms : 0.0, pf, r->kv_gib,
+             r->peak_gib);
     fputs(line, stdout);
     if (g_md) {
         fputs(line, g_md);
@@ -104,6 +152,15 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
     r->kv_gib = mk / 1073741824.0;
     oscar_layout_desc l;
     ge_layout_make(c, &o, &l);
+    {
+        /* A step reads every weight but the embedding table (B rows of it)
+         * and each sequence's cache at its length (mean over the decode). */
+        size_t seq_bytes = 0;
+        ge_kv_seq_bytes(&l, c->num_layers, prompt + gen / 2, &seq_bytes);
+        double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab * c->hidden * (o.act_f32 ? 4 : 2);
+        double bytes = (double)mw - embed + (double)batch * (double)seq_bytes;
+        r->roofline_ms = g_copy_bw > 0 ? 1e3 * bytes / g_copy_bw : 0.0;
+    }
     oscar_layout_bits_per_element(&l, prompt + gen, &r->bits);
     ge_sched *s = ge_engine_sched(e);
     int32_t *slots = malloc((size_t)batch * 4), *nn = malloc((size_t)batch * 4), *nx = malloc((size_t)batch * 4);
@@ -204,7 +261,8 @@ int main(int argc, char **argv)
     const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
     double budget_gb = 40.0, time_limit = 60.0;
     int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;
-    int max_prefill = 8192;
+    int max_prefill = 8192, no_graphs = 0, layers_set = 0;
+    const char *shape = "qwen3-8b";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int more = i + 1 < argc;
@@ -218,10 +276,15 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--time-limit") && more) time_limit = atof(argv[++i]);
         else if (!strcmp(a, "--long") && more) longs = argv[++i];
         else if (!strcmp(a, "--long-steps") && more) long_steps = atoi(argv[++i]);
-        else if (!strcmp(a, "--layers") && more) layers = atoi(argv[++i]);
+        else if (!strcmp(a, "--layers") && more) {
+            layers = atoi(argv[++i]);
+            layers_set = 1;
+        }
         else if (!strcmp(a, "--max-prefill") && more) max_prefill = atoi(argv[++i]);
         else if (!strcmp(a, "--params") && more) params = argv[++i];
         else if (!strcmp(a, "--md") && more) md_path = argv[++i];
+        else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
+        else if (!strcmp(a, "--shape") && more) shape = argv[++i];
         else {
             fprintf(stderr, "oscar-e2e-bench: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -240,10 +303,19 @@ int main(int argc, char **argv)
         fprintf(stderr, "oscar-e2e-bench: cannot open %s\n", md_path);
         return 1;
     }
-    oe_config c = qwen3_8b(layers);
+    int big = !strcmp(shape, "qwen3-32b");
+    if (!big && strcmp(shape, "qwen3-8b")) {
+        fprintf(stderr, "oscar-e2e-bench: --shape %s; known: qwen3-8b, qwen3-32b\n", shape);
+        return 2;
+    }
+    oe_config c = big ? qwen3_32b(layers_set ? layers : 64) : qwen3_8b(layers);
+    g_copy_bw = copy_bandwidth();
+    fprintf(stderr, "%s shape, %d layers; copy roofline %.0f GB/s (read + written)\n", shape, c.num_layers,
+            g_copy_bw / 1e9);
     ge_options o;
     ge_options_default(&o);
     o.method = method;
+    o.no_graphs = no_graphs;
     o.params_path = params;
     o.kv_budget = (size_t)(budget_gb * 1e9);
     o.max_prefill_tokens = prompt < max_prefill ? prompt : max_prefill;
@@ -269,7 +341,8 @@ int main(int argc, char **argv)
         return 1;
     }
     char cfg[96];
-    snprintf(cfg, sizeof cfg, "%.0f GB, %d+%d, largest batch %d", budget_gb, prompt, gen, best);
+    const char *gl = no_graphs ? "host launches" : "CUDA graphs";
+    snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, largest batch %d, %s", shape, budget_gb, prompt, gen, best, gl);
     run_result r;
     int rc = run(&c, o, b, prompt, gen, real_prefill, time_limit, 1, &r);
     if (rc == 0) md(oscar_method_name(method), cfg, &r, prompt);
@@ -286,7 +359,7 @@ int main(int argc, char **argv)
             lo.kv_budget = need + (size_t)c.num_layers * (1u << 20); /* > one page */
             run_result lr;
             if (run(&c, lo, 1, ctx, long_steps, 0, time_limit, 2, &lr) == 0) {
-                snprintf(cfg, sizeof cfg, "batch 1, %d context", ctx);
+                snprintf(cfg, sizeof cfg, "%s, batch 1, %d context, %s", shape, ctx, gl);
                 md(oscar_method_name(method), cfg, &lr, ctx);
             } else rc = 1;
         }
