@@ -270,8 +270,11 @@ class OscarCache(Cache):
         """Attention of this forward's queries [B, Hq, T, d] for one layer;
         appends the step's K/V. Returns [B, T, Hq, d] in query's dtype."""
         B, _, T, _ = query.shape
-        empty = int(self.paged.lens[layer].max()) == 0
-        if T > 1 and empty and self.prefill == "exact":
+        if T == 1:  # a decode step
+            self._append(layer, self._rows(key), self._rows(value))
+            out = self._decode(layer, query[:, :, 0].to(self.kv_dtype).contiguous(), scaling)
+            return out.unsqueeze(1).to(query.dtype)
+        if self.prefill == "exact" and int(self.paged.lens[layer].max()) == 0:
             out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
             valid = self._valid_rows(attention_mask, B, T)
             k, v = self._rows(key), self._rows(value)
@@ -282,11 +285,11 @@ class OscarCache(Cache):
                 self._append(layer, k[keep].contiguous(), v[keep].contiguous(),
                              new_tokens=valid.sum(1).tolist())
             return out
-        if T > 1 and self._valid_rows(attention_mask, B, T) is not None:
+        if self._valid_rows(attention_mask, B, T) is not None:
             raise NotImplementedError("OscarCache: a padded multi-token step into a non-empty cache (or "
                                       "prefill='stepwise' with padding) is not supported")
-        # Decode path, one token at a time (T == 1 for a decode step).
-        # oscar_extend (multi-query attention over the cache) replaces this loop when liboscar has it.
+        # Stepwise: the decode path one token at a time. oscar_extend (multi-query attention over the
+        # cache, append then attend) would replace this loop for chunked prefill when liboscar has it.
         k, v = self._rows(key).view(B, T, *key.shape[1::2]), self._rows(value).view(B, T, *value.shape[1::2])
         q = query.transpose(1, 2).to(self.kv_dtype)
         outs = []

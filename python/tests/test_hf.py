@@ -174,3 +174,24 @@ def test_errors(model, tokens):
     with torch.no_grad():
         b = model(ids).logits
     assert torch.equal(a, b)
+
+
+def test_readme_transformers_example(monkeypatch):
+    """README.md's transformers example runs as written from the repository root."""
+    import contextlib
+    import io
+    import re
+
+    text = (REPO / "README.md").read_text()
+    m = re.search(r"<!-- test: README transformers example[^\n]*\n```python\n(.*?)\n```", text, re.S)
+    assert m, "README.md has no marked transformers example"
+    code = m.group(1).replace('"../shared/models/tiny-qwen3"', repr(MODEL))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    buf = io.StringIO()
+    env = {}
+    with contextlib.redirect_stdout(buf):
+        exec(compile(code, "README.md", "exec"), env)
+    env["model"].set_attn_implementation("sdpa")
+    assert env["out"].shape == (1, env["ids"].shape[1] + 24)
+    assert buf.getvalue().rstrip().endswith("| 2.25 bits per element in the 2-bit region"), buf.getvalue()
