@@ -106,13 +106,10 @@ def _is_torch(x: Any) -> bool:
 _NP_KV = {0: np.uint16, 1: np.float16, 2: np.float32}
 
 
-def _torch_dtype(kind: str):
-    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32,
-            "u8": torch.uint8}[kind]
-
-
-def _np_dtype(kind: str):
-    return {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "i32": np.int32, "u8": np.uint8}[kind]
+_NP_KINDS = {k: np.dtype(t) for k, t in
+             {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "i32": np.int32, "u8": np.uint8}.items()}
+_TORCH_KINDS = ({"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32,
+                 "u8": torch.uint8} if torch is not None else {})
 
 
 def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name: str, device: bool) -> int:
@@ -129,7 +126,7 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if x.is_cuda != device:
             where = "a GPU tensor" if device else "host memory (a NumPy array or a CPU tensor)"
             raise ValueError(f"{name}: this backend needs {where}, got a tensor on {x.device}")
-        want = _torch_dtype(kind)
+        want = _TORCH_KINDS[kind]
         if x.dtype != want:
             raise TypeError(f"{name}: dtype {x.dtype}, expected {want}")
         if not x.is_contiguous():
@@ -140,7 +137,7 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if device:
             raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
                              f"array")
-        want = np.dtype(_np_dtype(kind))
+        want = _NP_KINDS[kind]
         if x.dtype != want:
             hint = " (bfloat16 bits: use liboscar.to_bf16)" if kind == "bf16" else ""
             raise TypeError(f"{name}: dtype {x.dtype}, expected {want}{hint}")
@@ -149,14 +146,13 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
             raise ValueError(f"{name}: array is read-only")
         got_shape = x.shape
-        addr = x.ctypes.data
+        addr = x.__array_interface__["data"][0]
     else:
         raise TypeError(f"{name}: expected a NumPy array, a torch tensor or a DeviceBuffer, got {type(x).__name__}")
-    if shape is not None:
-        ok = len(got_shape) == len(shape) and all(w is None or g == w for g, w in zip(got_shape, shape))
-        if not ok:
-            want_s = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
-            raise ValueError(f"{name}: shape {tuple(got_shape)}, expected {want_s}")
+    if shape is not None and (len(got_shape) != len(shape) or
+                              any(w is not None and g != w for g, w in zip(got_shape, shape))):
+        want_s = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
+        raise ValueError(f"{name}: shape {tuple(got_shape)}, expected {want_s}")
     return addr
 
 
@@ -289,7 +285,7 @@ class DeviceBuffer:
 
     def read(self, stream: Optional[int] = None) -> np.ndarray:
         """The buffer's contents as a new host array of its shape (bf16 as uint16 bits)."""
-        out = np.empty(self.shape, dtype=_np_dtype(self.kind))
+        out = np.empty(self.shape, dtype=_NP_KINDS[self.kind])
         _check(lib.oscar_buffer_read(self.runtime._h, out.ctypes.data, self.handle, 0, out.nbytes, stream))
         return out
 
