@@ -147,6 +147,8 @@ def teacher_forced(path: str, toks: np.ndarray, params: liboscar.Params, windows
 def cache_bytes(cache) -> int:
     if isinstance(cache, OscarCache):
         return cache.nbytes()
+    if type(cache).__name__ == "QuantizedCache":
+        return -1  # packed tensor subclasses: their numel/element_size are not their bytes
     total = 0
     for layer in getattr(cache, "layers", []):
         for name in ("keys", "values", "_quantized_keys", "_quantized_values"):
@@ -165,7 +167,24 @@ def make_cache(kind: str, model, params: liboscar.Params, batch: int, ctx: int, 
         return StaticCache(config=model.config, max_cache_len=ctx + steps + 8)
     from transformers import QuantizedCache
     backend = kind.split("-")[1]
+    if backend == "quanto" and DEV == "cuda":
+        avoid_quanto_jit()
     return QuantizedCache(backend, config=model.config, nbits=2, q_group_size=64, residual_length=128)
+
+
+def avoid_quanto_jit() -> None:
+    """optimum-quanto's CUDA unpack kernel lives in an extension it compiles
+    on first use (marlin, AWQ: minutes, into site-packages); register its own
+    pure-torch unpack for CUDA tensors instead (the cache's 2-bit unpack is then
+    a few torch ops; the rest of QuantizedCache is torch ops anyway)."""
+    from types import SimpleNamespace
+
+    from optimum.quanto.library.extensions import get_extension, is_extension_available
+    from optimum.quanto.library.unpack import unpack
+    if is_extension_available("quanto_cuda"):
+        ext = get_extension("quanto_cuda")
+        if ext._lib is None:  # its `lib` property compiles only while _lib is None
+            ext._lib = SimpleNamespace(unpack=unpack)
 
 
 def time_decode(model, kind: str, params, batch: int, ctx: int, steps: int, warmup: int) -> dict:
@@ -175,7 +194,11 @@ def time_decode(model, kind: str, params, batch: int, ctx: int, steps: int, warm
     with torch.no_grad():
         sync()
         t0 = time.perf_counter()
-        out = model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        # StaticCache's prefill attends over the whole buffer through an explicit mask
+        # [B, 1, q, max_cache_len]: in chunks, so that mask stays small.
+        chunk = 4096 if kind == "static" else ctx
+        for s in range(0, ctx, chunk):
+            out = model(ids[:, s:s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
         sync()
         prefill = time.perf_counter() - t0
         nxt = out.logits[:, -1:].argmax(-1)
@@ -198,7 +221,7 @@ def time_decode(model, kind: str, params, batch: int, ctx: int, steps: int, warm
 def speed(path: str, params: liboscar.Params, batches: list, contexts: list, steps: int, warmup: int,
           deadline: float) -> list[str]:
     model = load(path, torch.bfloat16)
-    kinds = ["dynamic", "static", "oscar2"]
+    kinds = ["dynamic", "oscar2", "static"]
     skipped = []
     for name, mod in (("quanto", "optimum.quanto"), ("hqq", "hqq")):
         try:
@@ -210,32 +233,34 @@ def speed(path: str, params: liboscar.Params, batches: list, contexts: list, ste
             f"after a real prefill of random tokens; median of {steps} steps after {warmup}, wall clock with CUDA "
             f"synchronisation (the whole model step: 8 layers of projections, MLP and attention, plus Python). "
             f"Contexts beyond the model's 4096 positions use its RoPE unchanged (speed only).", "",
-            "| batch | context | cache | step (ms) | tokens/s | vs DynamicCache | vs StaticCache | KV memory (MiB) | "
-            "prefill (s) |", "|---|---|---|---|---|---|---|---|---|"]
+            "| batch | context | cache | step (ms) | tokens/s | speed-up vs DynamicCache | vs StaticCache | "
+            "KV memory (MiB) | prefill (s) |", "|---|---|---|---|---|---|---|---|---|"]
     for ctx in contexts:
         for b in batches:
-            res = {}
-            for kind in kinds:
+            res, failed = {}, []
+            for kind in kinds:  # the default cache and OscarCache first: the point's core comparison
                 if time.time() > deadline:
-                    rows.append(f"| {b} | {ctx} | {kind} | skipped (time) | | | | | |")
+                    failed.append(f"| {b} | {ctx} | {kind} | skipped (time) | | | | | |")
                     continue
                 try:
-                    res[kind] = r = time_decode(model, kind, params, b, ctx, steps, warmup)
+                    res[kind] = time_decode(model, kind, params, b, ctx, steps, warmup)
                 except Exception as e:  # an out-of-memory or unsupported backend: say so in the table
                     free()
-                    rows.append(f"| {b} | {ctx} | {kind} | failed: {type(e).__name__}: {str(e)[:80]} | | | | | |")
+                    failed.append(f"| {b} | {ctx} | {kind} | failed: {type(e).__name__}: {str(e)[:80]} | | | | | |")
                     log(f"{kind} B{b} x {ctx}: {type(e).__name__}: {e}")
-                    continue
+            for kind, r in res.items():
                 rel = lambda base: (f"{res[base]['step_ms'] / r['step_ms']:.2f}x" if base in res else "-")  # noqa
                 name = f"OscarCache oscar2 ({r['variant']})" if kind == "oscar2" else kind
+                mem = f"{r['kv_bytes'] / 2**20:.0f}" if r["kv_bytes"] >= 0 else "-"
                 rows.append(f"| {b} | {ctx} | {name} | {r['step_ms']:.2f} | {b / r['step_ms'] * 1e3:.0f} | "
-                            f"{rel('dynamic')} | {rel('static')} | {r['kv_bytes'] / 2**20:.0f} | "
-                            f"{r['prefill_s']:.2f} |")
+                            f"{rel('dynamic')} | {rel('static')} | {mem} | {r['prefill_s']:.2f} |")
                 log(rows[-1])
+            rows += failed
     rows.append("")
-    rows.append("QuantizedCache (2-bit, group 64, residual 128): " +
+    rows.append("QuantizedCache (2-bit, group 64, residual 128; it dequantizes the whole cache every step): " +
                 (f"not run: {' and '.join(skipped)} on this machine, which has no network to install them."
-                 if len(skipped) == 2 else "rows above (quantized-*)."))
+                 if len(skipped) == 2 else f"rows quantized-* above ({'; '.join(skipped) or 'both backends'})."
+                 " quanto on CUDA: its pure-torch unpack (its CUDA extension is compiled on first use)."))
     del model
     free()
     return rows

@@ -9,8 +9,9 @@
 # $OUT/RESULTS.md (copy it to perf/hf/RESULTS.md) and the log to $OUT/hf.log.
 #
 #   perf/hf/run.sh [--carry DIR] [--model DIR|TAR] [--tokens FILE] [--no-engine] [--pytest] [--limit S]
-# --carry DIR: the folder perf/e2e/pack.sh makes (tiny-qwen3.tar.xz,
-#   eval-head.tokens, deps.tar.xz: the GPU engine needs jansson/OpenBLAS).
+# --carry DIR: the folder perf/hf/pack.sh makes (perf/e2e/pack.sh's
+#   tiny-qwen3.tar.xz, eval-head.tokens, deps.tar.xz: the GPU engine needs
+#   jansson/OpenBLAS; and wheels/ with optimum-quanto for QuantizedCache).
 # --no-engine: skip the GPU engine (no deps, or to save ~1 min).
 # --pytest: also run pytest python/tests (CUDA tests and the CPU HF tests).
 # --limit S: wall-clock budget of the whole script (default 230 s); the
@@ -46,6 +47,11 @@ if [[ $model == *.tar.xz ]]; then
 fi
 [[ -d $model && -f $tokens ]] || { echo "run.sh: model $model or tokens $tokens missing (give --carry)"; exit 1; }
 params=$root/docs/eval/tiny-qwen3.oscar.safetensors
+# Pure-Python wheels carried for the QuantizedCache baseline (perf/hf/pack.sh puts optimum-quanto there).
+if [[ -n $carry && -d $carry/wheels ]] && ls "$carry"/wheels/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/hf-wheels "$carry"/wheels/*.whl &&
+    export PYTHONPATH=/tmp/hf-wheels${PYTHONPATH:+:$PYTHONPATH} && echo "wheels: $(ls "$carry"/wheels)"
+fi
 echo "== hf: $(date -u +%FT%TZ), $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi'), model $model"
 
 # GPU engine in the background (its own CMake build, perf/e2e/run.sh's), while pip builds the package.

@@ -17,5 +17,5 @@ from .core import (DTYPES, Calibrator, DeviceBuffer, Layout, LayoutSizes, OscarE
 
 __version__ = version()
 __all__ = ["DTYPES", "Calibrator", "DeviceBuffer", "Layout", "LayoutSizes", "OscarError", "PagedCache", "Params",
-           "ParamsInfo", "Plan", "Runtime", "fakequant", "from_bf16", "method_bits", "method_id", "method_name", "to_bf16",
-           "version", "__version__"]
+           "ParamsInfo", "Plan", "Runtime", "fakequant", "from_bf16", "method_bits", "method_id", "method_name",
+           "to_bf16", "version", "__version__"]
