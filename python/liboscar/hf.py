@@ -343,12 +343,13 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
     reference codec). The 16-bit rows are what the cache stores there,
     the rotated row rounded to bfloat16 (FORMAT.md §1), turned back with R^T.
     Queries and outputs are rounded to bfloat16 as ``oscar_decode`` takes and
-    gives them, the rest is float64. For checks on the CPU; register it with
+    gives them, the rest is float64 on the CPU (inputs on a GPU are copied; the
+    output goes back to the query's device). For checks; register it with
     ``AttentionInterface.register(name, fn)``."""
     from .core import fakequant
 
     def rounded(x: torch.Tensor) -> torch.Tensor:
-        return x.to(torch.bfloat16).to(torch.float64)
+        return x.to(torch.bfloat16).to(device="cpu", dtype=torch.float64)
 
     def stored16(x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
         """x [1, H, T, d] (bf16-exact) -> bf16(x R) R^T per KV head."""
@@ -385,7 +386,8 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
         s = (s * (scaling or d ** -0.5)).masked_fill(p > t, float("-inf"))
         w = torch.softmax(s, dim=-1)
         out = (w * two_bit) @ rep(vq) + (w * ~two_bit) @ rep(v)
-        return out.to(torch.bfloat16).to(query.dtype).transpose(1, 2).contiguous(), None
+        out = out.to(torch.bfloat16).to(device=query.device, dtype=query.dtype)
+        return out.transpose(1, 2).contiguous(), None
 
     return forward
 
