@@ -11,7 +11,7 @@ own ``QuantizedCache`` does). ::
     from transformers import AutoModelForCausalLM
     from liboscar.hf import OscarCache
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda")
     cache = OscarCache(model, "model.oscar.safetensors")   # switches the model to attention "oscar"
     out = model.generate(ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
 
@@ -39,8 +39,9 @@ the cache in bfloat16 (liboscar stores BF16 or FP16 rows): queries, keys and
 values are rounded to it and the attention output is cast back.
 
 Not supported (each raises ``NotImplementedError`` naming it): beam search and
-other batch reordering, cropping (assisted decoding), sliding-window layers,
-``torch.compile`` of the decode step.
+other batch reordering, cropping (assisted decoding), offloading,
+sliding-window layers. The cache is not compileable (no ``torch.compile`` or
+CUDA graphs of the decode step).
 """
 from __future__ import annotations
 
