@@ -13,6 +13,7 @@ errors come back as :class:`OscarError` with its message.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
@@ -105,23 +106,27 @@ def _is_torch(x: Any) -> bool:
 _NP_KV = {0: np.uint16, 1: np.float16, 2: np.float32}
 
 
-def _torch_dtype(kind: str):
-    return {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32,
-            "u8": torch.uint8}[kind]
-
-
-def _np_dtype(kind: str):
-    return {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "i32": np.int32, "u8": np.uint8}[kind]
+_NP_KINDS = {k: np.dtype(t) for k, t in
+             {"bf16": np.uint16, "f16": np.float16, "f32": np.float32, "i32": np.int32, "u8": np.uint8}.items()}
+_TORCH_KINDS = ({"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32, "i32": torch.int32,
+                 "u8": torch.uint8} if torch is not None else {})
 
 
 def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name: str, device: bool) -> int:
     """Checks one buffer and returns its address. kind: bf16/f16/f32/i32/u8;
     shape entries None are free; device: the backend wants GPU memory."""
-    if _is_torch(x):
+    if isinstance(x, DeviceBuffer):
+        if not device:
+            raise ValueError(f"{name}: a DeviceBuffer is device memory; this backend needs host memory")
+        if x.kind != kind:
+            raise TypeError(f"{name}: DeviceBuffer of {x.kind}, expected {kind}")
+        got_shape = x.shape
+        addr = x.handle
+    elif _is_torch(x):
         if x.is_cuda != device:
             where = "a GPU tensor" if device else "host memory (a NumPy array or a CPU tensor)"
             raise ValueError(f"{name}: this backend needs {where}, got a tensor on {x.device}")
-        want = _torch_dtype(kind)
+        want = _TORCH_KINDS[kind]
         if x.dtype != want:
             raise TypeError(f"{name}: dtype {x.dtype}, expected {want}")
         if not x.is_contiguous():
@@ -132,7 +137,7 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if device:
             raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
                              f"array")
-        want = np.dtype(_np_dtype(kind))
+        want = _NP_KINDS[kind]
         if x.dtype != want:
             hint = " (bfloat16 bits: use liboscar.to_bf16)" if kind == "bf16" else ""
             raise TypeError(f"{name}: dtype {x.dtype}, expected {want}{hint}")
@@ -141,14 +146,13 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
             raise ValueError(f"{name}: array is read-only")
         got_shape = x.shape
-        addr = x.ctypes.data
+        addr = x.__array_interface__["data"][0]
     else:
-        raise TypeError(f"{name}: expected a NumPy array or a torch tensor, got {type(x).__name__}")
-    if shape is not None:
-        ok = len(got_shape) == len(shape) and all(w is None or g == w for g, w in zip(got_shape, shape))
-        if not ok:
-            want_s = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
-            raise ValueError(f"{name}: shape {tuple(got_shape)}, expected {want_s}")
+        raise TypeError(f"{name}: expected a NumPy array, a torch tensor or a DeviceBuffer, got {type(x).__name__}")
+    if shape is not None and (len(got_shape) != len(shape) or
+                              any(w is not None and g != w for g, w in zip(got_shape, shape))):
+        want_s = "(" + ", ".join("*" if w is None else str(w) for w in shape) + ")"
+        raise ValueError(f"{name}: shape {tuple(got_shape)}, expected {want_s}")
     return addr
 
 
@@ -159,18 +163,23 @@ class Runtime:
     ``backend``: "cpu", "cuda", "hip", "opencl" or None (``$OSCAR_BACKEND``,
     else the best one found). Asking for one backend opens only that plugin.
     ``report`` lists every backend considered and why it was skipped.
-    From Python, buffers are NumPy arrays on "cpu" and torch tensors on
-    "cuda"/"hip"; OpenCL needs ``cl_mem`` handles, which this binding does not
-    make.
+    From Python, buffers are NumPy arrays on "cpu", torch tensors on
+    "cuda"/"hip", and :class:`DeviceBuffer` (``cl_mem`` handles) on "opencl".
+    ``native_context`` / ``native_queue``: OpenCL only, the caller's
+    ``cl_context`` and in-order ``cl_command_queue`` as integers (e.g.
+    pyopencl's ``ctx.int_ptr``); the backend then lives in that context, so
+    the caller's own ``cl_mem`` buffers (:meth:`DeviceBuffer.wrap`) and queues
+    of it can be passed.
     """
 
     def __init__(self, backend: Optional[str] = None, plugin_dir: Optional[str] = None, device_index: int = 0,
-                 validate: bool = False):
+                 validate: bool = False, native_context: Optional[int] = None, native_queue: Optional[int] = None):
         o = _capi.defaults(_capi.RuntimeOptions, lib.oscar_runtime_options_default)
         self._keep = [s.encode() if s else None for s in (backend, plugin_dir)]
         o.backend, o.plugin_dir = self._keep
         o.device_index = device_index
         o.validate = 1 if validate else 0
+        o.native_context, o.native_queue = native_context, native_queue
         h = ctypes.c_void_p()
         _check(lib.oscar_runtime_create(ctypes.byref(o), ctypes.byref(h)))
         self._h = h
@@ -186,6 +195,10 @@ class Runtime:
     def on_device(self) -> bool:
         """True when buffers must be GPU memory (every backend but cpu)."""
         return self.backend != "cpu"
+
+    def alloc(self, shape: Sequence[int], kind: str) -> "DeviceBuffer":
+        """Device memory from the library's allocator (``oscar_buffer_alloc``)."""
+        return DeviceBuffer.alloc(self, shape, kind)
 
     def default_stream(self) -> Optional[int]:
         """torch's current stream on CUDA/HIP (None, the default stream, without torch)."""
@@ -221,6 +234,71 @@ class Runtime:
 
     def __repr__(self) -> str:
         return f"Runtime(backend={self.backend!r}, device={self.device!r})"
+
+
+# ----------------------------------------------------------- device buffers
+_KIND_SIZE = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u8": 1}
+
+
+class DeviceBuffer:
+    """Device memory by handle, for backends whose buffers torch cannot make
+    (OpenCL: a ``cl_mem``; any backend's ``oscar_buffer_alloc`` pointer):
+    a logical ``shape`` of elements of ``kind`` ("bf16", "f16", "f32", "i32",
+    "u8") for the binding's checks, starting at the handle (OpenCL buffers
+    cannot be offset). :meth:`alloc` owns its memory (freed by :meth:`close`);
+    :meth:`wrap` borrows the caller's. Copies are blocking."""
+
+    def __init__(self, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str, owned: bool):
+        if kind not in _KIND_SIZE:
+            raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
+        self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), tuple(int(n) for n in shape), kind
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * _KIND_SIZE[kind]
+        self._owned = owned
+
+    @classmethod
+    def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
+        n = int(np.prod(tuple(shape), dtype=np.int64)) * _KIND_SIZE.get(kind, 1)
+        h = ctypes.c_void_p()
+        _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
+        return cls(runtime, h.value, shape, kind, owned=True)
+
+    @classmethod
+    def wrap(cls, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str) -> "DeviceBuffer":
+        """The caller's buffer (e.g. a ``cl_mem`` of the runtime's native
+        context); it must hold at least ``shape`` elements."""
+        return cls(runtime, handle, shape, kind, owned=False)
+
+    def view(self, shape: Sequence[int]) -> "DeviceBuffer":
+        """The same memory seen with a smaller (or equal) shape."""
+        v = DeviceBuffer(self.runtime, self.handle, shape, self.kind, owned=False)
+        if v.nbytes > self.nbytes:
+            raise ValueError(f"view {tuple(shape)} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
+        v._base = self  # keeps an owned buffer alive
+        return v
+
+    def write(self, host: np.ndarray, stream: Optional[int] = None) -> None:
+        """Copies a host array (its bytes, from offset 0) into the buffer."""
+        a = np.ascontiguousarray(host)
+        if a.nbytes > self.nbytes:
+            raise ValueError(f"write of {a.nbytes} bytes into a buffer of {self.nbytes}")
+        _check(lib.oscar_buffer_write(self.runtime._h, self.handle, 0, a.ctypes.data, a.nbytes, stream))
+
+    def read(self, stream: Optional[int] = None) -> np.ndarray:
+        """The buffer's contents as a new host array of its shape (bf16 as uint16 bits)."""
+        out = np.empty(self.shape, dtype=_NP_KINDS[self.kind])
+        _check(lib.oscar_buffer_read(self.runtime._h, out.ctypes.data, self.handle, 0, out.nbytes, stream))
+        return out
+
+    def close(self) -> None:
+        if getattr(self, "_owned", False) and self.runtime._h:
+            lib.oscar_buffer_free(self.runtime._h, self.handle)
+        self._owned = False
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"DeviceBuffer(handle={self.handle:#x}, shape={self.shape}, kind={self.kind!r})"
 
 
 # ----------------------------------------------------------------- params
@@ -520,13 +598,12 @@ class PagedCache:
     """A whole model's paged cache for ``num_seqs`` sequences of up to
     ``max_seq_len`` tokens, with pools, block table (sequence i owns a
     contiguous run of pages), window slots and workspace allocated once:
-    NumPy arrays on the CPU backend, torch tensors on CUDA/HIP. Each layer
+    NumPy arrays on the CPU backend, torch tensors on CUDA/HIP,
+    :class:`DeviceBuffer` on OpenCL (there append and decode take and give
+    host NumPy arrays, copied through device staging buffers). Each layer
     tracks its own lengths; append then decode, layer by layer."""
 
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
-        if plan.runtime.backend == "opencl":
-            raise OscarError(4, "PagedCache: OpenCL buffers (cl_mem) cannot be made from Python; create the "
-                                "Runtime with backend='cpu' or 'cuda'")
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
         L = plan.layout
         self.max_seq_len = int(max_seq_len or L.max_seq_len)
@@ -540,7 +617,18 @@ class PagedCache:
         bt = np.arange(num_seqs * self.pages_per_seq, dtype=np.int32).reshape(num_seqs, self.pages_per_seq)
         slots = np.arange(num_seqs, dtype=np.int32)
         self.lens = np.zeros((num_layers, num_seqs), dtype=np.int32)  # host copy, per layer
-        if plan.runtime.on_device:
+        self._held: dict = {}  # id(device buffer) -> (values it holds, stream they were queued on)
+        self._staging: dict = {}  # OpenCL: name -> DeviceBuffer, grown as needed
+        rt = plan.runtime
+        if rt.on_device and rt.backend not in ("cuda", "hip"):  # OpenCL: buffers by handle
+            self.pages = [rt.alloc((page_total,), "u8") for _ in range(num_layers)]
+            self.windows = [rt.alloc((max(win_total, 1),), "u8") for _ in range(num_layers)]
+            self.workspace = rt.alloc((max(ws, 1),), "u8")
+            self.block_table, self.window_slots = rt.alloc(bt.shape, "i32"), rt.alloc(slots.shape, "i32")
+            self.block_table.write(bt)
+            self.window_slots.write(slots)
+            self._lens_dev, self._cu_dev = rt.alloc((num_seqs,), "i32"), rt.alloc((num_seqs + 1,), "i32")
+        elif rt.on_device:
             if torch is None:
                 raise ImportError("PagedCache on a GPU backend needs torch")
             dev = torch.device("cuda", torch.cuda.current_device())
@@ -561,16 +649,52 @@ class PagedCache:
 
     def _to_dev(self, host: np.ndarray, buf, stream: Optional[int]):
         """Host int32 lengths into the device buffer, queued on the stream the
-        kernels will run on (so a caller's side stream sees them in order)."""
+        kernels will run on (so a caller's side stream sees them in order).
+        The buffer remembers what it holds: the same values again (every layer
+        of one decode step) cost nothing, and the same values plus a constant
+        (the next decode step) are one asynchronous add on the device instead
+        of a host copy, which torch makes synchronous."""
+        host = np.ascontiguousarray(host, dtype=np.int32)
         if not self.plan.runtime.on_device:
-            return np.ascontiguousarray(host, dtype=np.int32)
-        src = torch.from_numpy(np.ascontiguousarray(host, dtype=np.int32))
-        if stream is not None and stream != torch.cuda.current_stream().cuda_stream:
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream)):
-                buf.copy_(src)
+            return host
+        held = self._held.get(id(buf))
+        if held is not None and held[1] == stream and held[0].shape == host.shape:
+            delta = host.astype(np.int64) - held[0]
+            if not delta.any():
+                return buf
+            step = int(delta.flat[0])
         else:
-            buf.copy_(src)
+            step = None
+        if isinstance(buf, DeviceBuffer):
+            buf.write(host, stream)
+            self._held[id(buf)] = (host.astype(np.int64), stream)
+            return buf
+        side = stream is not None and stream != torch.cuda.current_stream().cuda_stream
+        with torch.cuda.stream(torch.cuda.ExternalStream(stream)) if side else contextlib.nullcontext():
+            if step is not None and (delta == step).all():
+                buf.add_(step)
+            else:
+                buf.copy_(torch.from_numpy(host))
+        self._held[id(buf)] = (host.astype(np.int64), stream)
         return buf
+
+    @property
+    def _by_handle(self) -> bool:
+        return isinstance(self.workspace, DeviceBuffer)
+
+    def _stage(self, name: str, host: ArrayLike, kind: str, stream: Optional[int],
+               copy: bool = True) -> "DeviceBuffer":
+        """OpenCL: a host array (checked like any) copied (unless not copy)
+        into the staging buffer `name`, returned as a view of its shape."""
+        _ptr(host, kind, None, name, False)
+        a = host.numpy() if _is_torch(host) else host
+        buf = self._staging.get(name)
+        if buf is None or buf.nbytes < a.nbytes:
+            buf = self._staging[name] = self.plan.runtime.alloc((max(a.size, 1),), kind)
+        view = buf.view(a.shape)
+        if copy and a.nbytes:
+            view.write(a, stream)
+        return view
 
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:
@@ -591,6 +715,9 @@ class PagedCache:
             raise ValueError(f"sequence length {int(lens.max())} would exceed max_seq_len {self.max_seq_len}")
         cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
         stream = self.plan._stream(stream)
+        if self._by_handle:
+            kind = self.plan.layout.kv_dtype
+            k, v = self._stage("k", k, kind, stream), self._stage("v", v, kind, stream)
         self.plan.append(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(lens, getattr(self, "_lens_dev", None), stream), self.window_slots,
                          self.block_table, self._to_dev(cu, getattr(self, "_cu_dev", None), stream), k, v,
@@ -607,10 +734,16 @@ class PagedCache:
         if out is None:
             out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
         stream = self.plan._stream(stream)
+        qd, od = q, out
+        if self._by_handle:
+            kind = self.plan.layout.kv_dtype
+            qd, od = self._stage("q", q, kind, stream), self._stage("out", out, kind, stream, copy=False)
         self.plan.decode(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
-                         self.block_table, q, out, self.workspace, sm_scale=sm_scale, rotated_output=rotated_output,
+                         self.block_table, qd, od, self.workspace, sm_scale=sm_scale, rotated_output=rotated_output,
                          max_seq_len=int(self.lens[layer].max()), stream=stream)
+        if self._by_handle:
+            out[...] = od.read(stream)
         return out
 
     def check(self, stream: Optional[int] = None) -> None:

@@ -1,0 +1,396 @@
+"""Hugging Face transformers on liboscar's 2-bit paged KV cache.
+
+:class:`OscarCache` is a transformers ``Cache`` whose layers live in a
+liboscar :class:`~liboscar.PagedCache` (per layer: a page pool of 2-bit rows,
+a window pool for the BF16 sink and recent window, a block table and
+``seq_lens``); the attention function registered as ``"oscar"`` in
+transformers' ``AttentionInterface`` reads it with ``oscar_decode``, the fused
+2-bit kernel: the cache is never dequantized back to BF16 (what transformers'
+own ``QuantizedCache`` does). ::
+
+    from transformers import AutoModelForCausalLM
+    from liboscar.hf import OscarCache
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda")
+    cache = OscarCache(model, "model.oscar.safetensors")   # switches the model to attention "oscar"
+    out = model.generate(ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
+
+What runs where, per attention layer and forward call:
+
+- one new token per sequence (a decode step): ``oscar_append`` of its K/V,
+  then ``oscar_decode`` of its query over sink, 2-bit history and recent window;
+- several tokens into an empty cache (the prompt), ``prefill="exact"`` (the
+  default): attention over the step's own K/V in the model's dtype with torch
+  SDPA (transformers' ``sdpa_attention_forward``), then one ``oscar_append`` of
+  all rows (most go straight into 2 bits). The prompt's own attention is
+  therefore exact, as in the project's GPU engine; later tokens read the
+  quantized cache. liboscar has no multi-query attention over its cache yet;
+  when ``oscar_extend`` exists it slots into :meth:`OscarCache._attend_chunk`;
+- several tokens into a non-empty cache, or any chunk with
+  ``prefill="stepwise"``: token by token, append then decode, so every query
+  reads the cache exactly as a decode step would (teacher-forced evaluation
+  of the quantized cache, comparable to ``oscar-eval``).
+
+Batches with left padding (``attention_mask`` from a tokenizer) are
+supported in exact prefill: only each sequence's real tokens enter the
+cache. CPU tensors use the CPU backend (the reference), CUDA tensors the CUDA
+plugin on ``torch.cuda.current_stream()``. Models with float32 weights keep
+the cache in bfloat16 (liboscar stores BF16 or FP16 rows): queries, keys and
+values are rounded to it and the attention output is cast back.
+
+Not supported (each raises ``NotImplementedError`` naming it): beam search and
+other batch reordering, cropping (assisted decoding), offloading,
+sliding-window layers. The cache is not compileable (no ``torch.compile`` or
+CUDA graphs of the decode step).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Union
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from .core import Layout, PagedCache, Params, Plan, Runtime, method_id
+
+try:  # the mask builder that goes with SDPA, so padded prompts get their 4-D mask
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+except ImportError:  # pragma: no cover - older transformers
+    ALL_MASK_ATTENTION_FUNCTIONS = sdpa_mask = None
+
+ATTENTION_NAME = "oscar"
+_KV_DTYPES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+_BUILTIN = ("bf16", "int2", "quarot2", "oscar2", "oscar2-lm")
+
+# Fresh key tensors handed from OscarCache.update to the attention function
+# of the same layer in the same forward: id(key) -> (key, cache, layer). The
+# attention function gets the tensors update returned, not the cache, so the
+# key tensor itself says which cache and layer it belongs to.
+_PENDING: dict = {}
+
+
+def register() -> None:
+    """Registers the ``"oscar"`` attention function (and SDPA's mask builder
+    under the same name) with transformers. Idempotent; importing this module
+    does it."""
+    AttentionInterface.register(ATTENTION_NAME, oscar_attention_forward)
+    if ALL_MASK_ATTENTION_FUNCTIONS is not None:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION_NAME, sdpa_mask)
+
+
+def _text_config(model_or_config: Any) -> Any:
+    cfg = getattr(model_or_config, "config", model_or_config)
+    get = getattr(cfg, "get_text_config", None)
+    return get() if get else cfg
+
+
+class OscarLayer(CacheLayerMixin):
+    """One attention layer's view of the :class:`OscarCache`: its rows live
+    in the shared liboscar PagedCache. Holds only the token count the model
+    has fed (positions, including left padding)."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self, cache: "OscarCache", layer: int):
+        super().__init__()
+        self.cache, self.layer = cache, layer
+        self.fed = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.cache._allocate(key_states)
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hands the step's fresh K/V to the ``"oscar"`` attention function,
+        which appends them (it needs the attention mask and the queries)."""
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        stale = [k for k, (_, c, layer) in _PENDING.items() if c is self.cache and layer == self.layer]
+        if stale:
+            _PENDING.clear()
+            raise RuntimeError(f"OscarCache: layer {self.layer}'s previous K/V were never consumed: the model is not "
+                               f"using attention {ATTENTION_NAME!r}; create the cache with OscarCache(model, ...) "
+                               f"(it switches the model) or load the model with attn_implementation="
+                               f"{ATTENTION_NAME!r}")
+        _PENDING[id(key_states)] = (key_states, self.cache, self.layer)
+        self.fed += key_states.shape[-2]
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.fed + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.fed
+
+    def get_max_length(self) -> int:
+        return self.cache.max_seq_len
+
+    def reset(self) -> None:
+        self.fed = 0
+        if self.cache.paged is not None:
+            self.cache.paged.lens[self.layer] = 0
+
+    def _refuse(self, what: str) -> None:
+        raise NotImplementedError(f"OscarCache does not support {what}: 2-bit rows cannot be removed or moved "
+                                  f"between sequences (use greedy or sampling, one cache per batch)")
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self._refuse("crop (assisted decoding)")
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._refuse("reorder_cache (beam search)")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._refuse("batch_repeat_interleave (num_return_sequences / beams)")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._refuse("batch_select_indices")
+
+    def offload(self) -> None:
+        self._refuse("offloading")
+
+    def prefetch(self) -> None:
+        self._refuse("offloading")
+
+
+class OscarCache(Cache):
+    """A transformers ``Cache`` backed by liboscar's 2-bit paged cache.
+
+    ``model``: a loaded causal LM (Llama, Qwen2, Qwen3, ... with full
+    attention); its attention implementation is switched to ``"oscar"``
+    (``switch_attention=False`` leaves it, for a model loaded with
+    ``attn_implementation="oscar"``). ``params``: a :class:`~liboscar.Params`,
+    the path of a parameter file from ``oscar-calibrate``, or None for the
+    built-in parameters of ``method`` (oscar2: identity rotation with the
+    published clips; int2, quarot2, bf16 need none). The pools are allocated
+    at the first forward, for that batch size and ``max_seq_len`` tokens per
+    sequence (default: the model's ``max_position_embeddings``).
+    ``prefill``: "exact" or "stepwise" (module docstring). ``backend``: None
+    picks "cuda" for CUDA tensors and "cpu" for CPU tensors.
+    """
+
+    def __init__(self, model: Any, params: Union[Params, str, os.PathLike, None] = None, method: str = "oscar2",
+                 sink: int = 64, recent: int = 256, page_size: int = 64, group: int = 0,
+                 max_seq_len: Optional[int] = None, prefill: str = "exact", backend: Optional[str] = None,
+                 switch_attention: bool = True):
+        cfg = _text_config(model)
+        if prefill not in ("exact", "stepwise"):
+            raise ValueError(f"prefill must be 'exact' or 'stepwise', got {prefill!r}")
+        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
+            raise NotImplementedError("OscarCache: sliding-window attention layers are not supported")
+        if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+            raise NotImplementedError(f"OscarCache: only full-attention layers are supported "
+                                      f"(layer_types {sorted(set(cfg.layer_types))})")
+        self.num_layers = int(cfg.num_hidden_layers)
+        hq = int(cfg.num_attention_heads)
+        hkv = int(getattr(cfg, "num_key_value_heads", None) or hq)
+        d = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // hq)
+        if isinstance(params, (str, os.PathLike)):
+            params = Params.load(os.fspath(params))
+        if params is None and method_id(method) not in [method_id(m) for m in _BUILTIN]:
+            raise ValueError(f"method {method!r} needs calibrated parameters (params=...)")
+        if params is None and method != "bf16":
+            params = Params.builtin(method, self.num_layers, hq, hkv, d)
+        if params is not None:
+            params.check_shape(self.num_layers, hq, hkv, d)
+            method = params.info.method
+        self.params, self.method, self.prefill, self.backend = params, method, prefill, backend
+        self.max_seq_len = int(max_seq_len or getattr(cfg, "max_position_embeddings", 0) or 4096)
+        self.layout = Layout(head_dim=d, group=group or d, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size,
+                             sink=sink, recent=recent, max_seq_len=self.max_seq_len, method=method)
+        self.layout.validate()
+        self.paged: Optional[PagedCache] = None
+        self.runtime: Optional[Runtime] = None
+        self.kv_dtype: Optional[torch.dtype] = None
+        super().__init__(layers=[OscarLayer(self, i) for i in range(self.num_layers)])
+        if switch_attention:
+            register()
+            if hasattr(model, "set_attn_implementation"):
+                model.set_attn_implementation(ATTENTION_NAME)
+            else:  # pragma: no cover - older transformers
+                model.config._attn_implementation = ATTENTION_NAME
+
+    # ---------------------------------------------------------------- setup
+    def _allocate(self, key_states: torch.Tensor) -> None:
+        """Runtime, plan and pools for the first forward's batch and device."""
+        if self.paged is not None:
+            return
+        dev = key_states.device
+        backend = self.backend or ("cuda" if dev.type == "cuda" else "cpu")
+        if dev.type == "cuda" and backend in ("cuda", "hip"):
+            torch.cuda.set_device(dev)
+        elif dev.type != "cpu" or backend != "cpu":
+            raise ValueError(f"OscarCache: tensors on {dev} with backend {backend!r}; use CPU tensors with 'cpu' "
+                             f"or CUDA tensors with 'cuda'")
+        self.kv_dtype = key_states.dtype if key_states.dtype in _KV_DTYPES else torch.bfloat16
+        self.layout.kv_dtype = _KV_DTYPES[self.kv_dtype]
+        self.runtime = Runtime(backend)
+        plan = Plan(self.runtime, self.layout, self.params)
+        self.paged = plan.cache(self.num_layers, int(key_states.shape[0]), self.max_seq_len)
+
+    @property
+    def variant(self) -> str:
+        """The generated kernel variant liboscar chose (after the first forward)."""
+        return self.paged.plan.variant if self.paged is not None else ""
+
+    @property
+    def bits_per_element(self) -> float:
+        """Stored bits per K/V element of the 2-bit region (metadata counted)."""
+        return self.layout.sizes().bits_per_element
+
+    def nbytes(self) -> int:
+        """Bytes of the pools and workspace allocated for this cache (0 before the first forward)."""
+        p = self.paged
+        if p is None:
+            return 0
+        size = lambda x: int(x.numel() * x.element_size()) if isinstance(x, torch.Tensor) else int(x.nbytes)  # noqa
+        return sum(size(x) for x in (*p.pages, *p.windows, p.workspace))
+
+    # --------------------------------------------------------------- rows
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, d] -> [B * T, H, d] contiguous rows in the cache's dtype."""
+        return x.transpose(1, 2).reshape(-1, x.shape[1], x.shape[3]).to(self.kv_dtype).contiguous()
+
+    def _append(self, layer: int, k: torch.Tensor, v: torch.Tensor, new_tokens: Optional[list] = None) -> None:
+        self.paged.append(layer, k, v, new_tokens=new_tokens)
+
+    def _decode(self, layer: int, q: torch.Tensor, scaling: Optional[float]) -> torch.Tensor:
+        """q [B, Hq, d] (kv dtype) -> out [B, Hq, d]."""
+        return self.paged.decode(layer, q, sm_scale=float(scaling or 0.0))
+
+    def _attend_chunk(self, module: Any, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: Optional[torch.Tensor], scaling: Optional[float],
+                      **kwargs: Any) -> torch.Tensor:
+        """Attention of this forward's queries [B, Hq, T, d] for one layer;
+        appends the step's K/V. Returns [B, T, Hq, d] in query's dtype."""
+        B, _, T, _ = query.shape
+        if T == 1:  # a decode step
+            self._append(layer, self._rows(key), self._rows(value))
+            out = self._decode(layer, query[:, :, 0].to(self.kv_dtype).contiguous(), scaling)
+            return out.unsqueeze(1).to(query.dtype)
+        if self.prefill == "exact" and int(self.paged.lens[layer].max()) == 0:
+            out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+            valid = self._valid_rows(attention_mask, B, T)
+            k, v = self._rows(key), self._rows(value)
+            if valid is None:
+                self._append(layer, k, v, new_tokens=[T] * B)
+            else:
+                keep = valid.reshape(-1)
+                self._append(layer, k[keep].contiguous(), v[keep].contiguous(),
+                             new_tokens=valid.sum(1).tolist())
+            return out
+        if self._valid_rows(attention_mask, B, T) is not None:
+            raise NotImplementedError("OscarCache: a padded multi-token step into a non-empty cache (or "
+                                      "prefill='stepwise' with padding) is not supported")
+        # Stepwise: the decode path one token at a time. oscar_extend (multi-query attention over the
+        # cache, append then attend) would replace this loop for chunked prefill when liboscar has it.
+        k, v = self._rows(key).view(B, T, *key.shape[1::2]), self._rows(value).view(B, T, *value.shape[1::2])
+        q = query.transpose(1, 2).to(self.kv_dtype)
+        outs = []
+        for t in range(T):
+            self._append(layer, k[:, t].contiguous(), v[:, t].contiguous())
+            outs.append(self._decode(layer, q[:, t].contiguous(), scaling))
+        return torch.stack(outs, 1).to(query.dtype)
+
+    @staticmethod
+    def _valid_rows(mask: Optional[torch.Tensor], B: int, T: int) -> Optional[torch.Tensor]:
+        """[B, T] bool of the step's real (non-padding) tokens from the 4-D
+        mask's last query row, or None when there is no padding."""
+        if mask is None:
+            return None
+        last = mask[:, 0, -1, -T:]
+        valid = last if last.dtype == torch.bool else last == 0
+        return None if bool(valid.all()) else valid.expand(B, T)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[layer_idx].update(key_states, value_states)
+
+    def __repr__(self) -> str:
+        return (f"OscarCache(method={self.method!r}, layers={self.num_layers}, sink={self.layout.sink}, "
+                f"recent={self.layout.recent}, seen={self.get_seq_length()}, variant={self.variant!r})")
+
+
+def oscar_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: Optional[torch.Tensor], dropout: float = 0.0,
+                            scaling: Optional[float] = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention function ``"oscar"``: decode attention over
+    the :class:`OscarCache` with liboscar's fused 2-bit kernel. With any
+    other cache (or none) it is transformers' SDPA attention."""
+    entry = _PENDING.pop(id(key), None)
+    if entry is None or entry[0] is not key:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if kwargs.get("sliding_window"):
+        raise NotImplementedError("OscarCache: sliding-window attention layers are not supported")
+    _, cache, layer = entry
+    return cache._attend_chunk(module, layer, query, key, value, attention_mask, scaling, **kwargs), None
+
+
+def reference_attention(params: Optional[Params], method: str = "oscar2", sink: int = 64, recent: int = 256,
+                        group: int = 0) -> Any:
+    """An eager attention function for a whole sequence without cache that
+    sees K/V as decoding over the 2-bit cache sees them (what ``oscar-eval``
+    measures): rows rounded to bfloat16, and for query t the keys and values
+    at positions ``sink <= p <= t - recent`` replaced by liboscar's
+    ``oscar_fakequant`` of them (rotate, clip, 2-bit codes, un-rotate; the CPU
+    reference codec). The 16-bit rows are what the cache stores there,
+    the rotated row rounded to bfloat16 (FORMAT.md §1), turned back with R^T.
+    Queries and outputs are rounded to bfloat16 as ``oscar_decode`` takes and
+    gives them, the rest is float64 on the CPU (inputs on a GPU are copied; the
+    output goes back to the query's device). For checks; register it with
+    ``AttentionInterface.register(name, fn)``."""
+    from .core import fakequant
+
+    def rounded(x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16).to(device="cpu", dtype=torch.float64)
+
+    def stored16(x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
+        """x [1, H, T, d] (bf16-exact) -> bf16(x R) R^T per KV head."""
+        if params is None:
+            return x
+        heads = []
+        for h in range(x.shape[1]):
+            R = torch.from_numpy(params.rotation(layer, which, h if params.info.per_head else 0)).to(torch.float64)
+            heads.append(rounded(x[:, h] @ R) @ R.T)
+        return torch.stack(heads, 1)
+
+    def quantized(x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
+        rows = x[0].transpose(0, 1).float().numpy()  # [T, H, d]
+        fq = fakequant(rows, method, params, layer=layer, which=which, group=group)
+        return torch.from_numpy(fq).transpose(0, 1)[None].to(torch.float64)
+
+    def forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                **kwargs: Any) -> tuple[torch.Tensor, None]:
+        B, hq, T, d = query.shape
+        if B != 1:
+            raise ValueError("reference_attention: one sequence at a time")
+        g = hq // key.shape[1]
+        layer = module.layer_idx
+        k, v = rounded(key), rounded(value)
+        kq, vq = (quantized(k, layer, "k"), quantized(v, layer, "v")) if method != "bf16" else (k, v)
+        k, v = stored16(k, layer, "k"), stored16(v, layer, "v")
+        q = rounded(query)
+        t = torch.arange(T)[:, None]
+        p = torch.arange(T)[None, :]
+        two_bit = (p >= sink) & (p <= t - recent)  # [T, T]: query t reads key p in 2 bits
+        rep = lambda x: x.repeat_interleave(g, dim=1)  # noqa: E731
+        s = torch.where(two_bit, q @ rep(kq).transpose(-1, -2), q @ rep(k).transpose(-1, -2))
+        s = (s * (scaling or d ** -0.5)).masked_fill(p > t, float("-inf"))
+        w = torch.softmax(s, dim=-1)
+        out = (w * two_bit) @ rep(vq) + (w * ~two_bit) @ rep(v)
+        out = out.to(torch.bfloat16).to(device=query.device, dtype=query.dtype)
+        return out.transpose(1, 2).contiguous(), None
+
+    return forward
+
+
+register()
