@@ -34,6 +34,11 @@ while (($#)); do
   esac
 done
 t0=$(date +%s)
+# absolute paths: the script changes directory below
+abs() { [[ -e $1 ]] && echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")" || echo "$1"; }
+[[ -n $carry ]] && carry=$(abs "$carry")
+[[ -n $model ]] && model=$(abs "$model")
+[[ -n $tokens ]] && tokens=$(abs "$tokens")
 left() { echo $((limit - ($(date +%s) - t0))); }
 if [[ -n $carry ]]; then
   [[ -z $model && -e $carry/tiny-qwen3.tar.xz ]] && model=$carry/tiny-qwen3.tar.xz
