@@ -204,16 +204,21 @@ static oscar_status check_common(const oscar_plan *plan, const char *fn, int lay
         return oscar_set_error(OSCAR_ERR_TOO_LONG,
                                "%s: sequences of up to %d tokens need %lld pages but block_table_stride is %d", fn,
                                batch->max_seq_len, (long long)pages, batch->block_table_stride);
+    /* The least a call of num_seqs sequences can run with (the size for the
+     * shortest length: fewest splits). The kernels split a longer batch into
+     * as many parts as the workspace holds, so one workspace sized by
+     * oscar_plan_workspace_bytes(max_seqs, max_seq_len) serves every smaller
+     * batch and length; the split plan of another (num_seqs, length) may want
+     * more parts than that size holds and then gets fewer, never an error. */
     size_t need;
     oscar_errbuf e = {{0}};
-    oscar_status s = plan->rt->api->workspace_bytes(plan->rt->ctx, plan->bplan, batch->num_seqs, batch->max_seq_len,
-                                                    &need, &e);
+    oscar_status s = plan->rt->api->workspace_bytes(plan->rt->ctx, plan->bplan, batch->num_seqs, 1, &need, &e);
     if (s != OSCAR_OK) return oscar_set_errbuf(s, &e);
     if (!workspace || workspace_bytes < need)
         return oscar_set_error(OSCAR_ERR_WORKSPACE,
-                               "%s: workspace of %zu bytes given, %zu needed for %d sequences of up to %d tokens "
-                               "(oscar_plan_workspace_bytes)",
-                               fn, workspace ? workspace_bytes : 0, need, batch->num_seqs, batch->max_seq_len);
+                               "%s: workspace of %zu bytes given, at least %zu needed for %d sequences; size it with "
+                               "oscar_plan_workspace_bytes for the largest batch and length",
+                               fn, workspace ? workspace_bytes : 0, need, batch->num_seqs);
     return OSCAR_OK;
 }
 

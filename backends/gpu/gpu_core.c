@@ -290,6 +290,10 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
                           target_blocks(ctx, p), resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
     }
+    /* At least two splits: a batch with both 2-bit and 16-bit rows runs them in
+     * splits of their own (the minimum the runtime checks is the size for
+     * length 1). */
+    if (nsplit < 2) nsplit = 2;
     *bytes = OSCAR_WORKSPACE_HEADER + qt_bytes(p, max_seqs) + part_bytes(p, max_seqs, nsplit);
     return OSCAR_OK;
 }

@@ -425,7 +425,9 @@ OSCAR_API void oscar_plan_destroy(oscar_plan *plan);
 OSCAR_API const char *oscar_plan_variant(const oscar_plan *plan);
 /* Workspace (device memory, caller-owned) that append and decode need for a
  * batch of up to max_seqs sequences of up to max_seq_len tokens. Includes a
- * device error word; see oscar_plan_check. */
+ * device error word; see oscar_plan_check. One workspace of this size serves
+ * every smaller batch and length (a call checks only its minimum; the decode
+ * splits a batch into as many parts as the workspace holds). */
 OSCAR_API oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int max_seqs, int max_seq_len,
                                                   size_t *bytes);
 /* Zeroes the workspace's error word; call once after allocating workspace. */
