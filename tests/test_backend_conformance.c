@@ -1041,17 +1041,19 @@ Test(extend, gqa_ratios_page64_splits, .timeout = 600) {
             int lens[] = {5, 97, 150};
             run_scenario_x(&g, &c, 3, lens, z & 1 ? CHUNKS : PREFILL, 0, 1, 0);
         }
+        /* single queries at the end (decode through extend, n_i = 1) split it */
         cfg c = {128, 64, 64, 16, 32, 4, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
-        int one[] = {1400};
-        run_scenario_x(&g, &c, 1, one, CHUNKS, 0, 1, 0);
+        int one[] = {900};
+        run_scenario_x(&g, &c, 1, one, PREFILL, 0, 1, 0);
     });
 }
 
 /* Prefix reuse: four sequences with a common 200-token prefix, their block
- * tables pointing at one copy of its 2-bit pages (the others poisoned). */
+ * tables pointing at one copy of its 2-bit (BF16 method: 16-bit) pages, the
+ * others poisoned. */
 Test(extend, shared_prefix_pages, .timeout = 600) {
     cfg c = {64, 32, 16, 4, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
-    cfg c2 = {128, 128, 32, 0, 0, 4, 4, OSCAR_METHOD_BF16, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 32, 0, 0, 4, 4, OSCAR_METHOD_BF16, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
     FOR_CPU_AND_EACH_BACKEND(g, {
         int lens[] = {230, 201, 260, 215};
         run_scenario_x(&g, &c, 4, lens, PREFILL, 0, 1, 200);
