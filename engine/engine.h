@@ -121,6 +121,11 @@ typedef struct oe_forward_options {
     const float *x_in;  /* [n][hidden] residual entering first_layer (required when > 0) */
     int save_layer;     /* with x_save: copy the residual entering this layer */
     float *x_save;      /* [n][hidden] or NULL */
+    /* > 0: the chunked-prefill schedule (oscar_append of chunk_tokens tokens,
+     * then oscar_extend with their queries; docs/FORMAT.md §5.1): query t
+     * reads key p quantized when S0 <= p <= e - 1 - W, e = min(end of t's
+     * chunk, n). 0: token by token (e = t + 1). */
+    int chunk_tokens;
 } oe_forward_options;
 
 void oe_forward_options_default(oe_forward_options *o);

@@ -75,6 +75,14 @@ def tc_smem(v, tc):
     return dict(NST=nst, NST16=nst16, REGION=(region + 15) // 16 * 16)
 
 
+def ext_variant(base, tt, tc, sfx):
+    """The generic (fp32) extend kernel that serves a tensor-core decode
+    variant's shape until a tensor-core extend exists: one head capacity
+    (tc["extend_gqa"]; larger ratios run in several work-groups)."""
+    return dict(base, GQ=tc["extend_gqa"], LM=0, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
+                TC=False, sfx=sfx)
+
+
 def sfx_of(*parts):
     return "_" + "_".join(str(p) for p in parts)
 
@@ -105,8 +113,10 @@ def enumerate_variants(spec, sel, arch, target):
                     for m in quant:
                         lm = 1 if m == "lloyd_max" else 0
                         if tc and not lm:
+                            ext = ext_variant(base, tt, tc, sfx_of("d%d" % d, "g%d" % g, "x%d" % tc["extend_gqa"],
+                                                                   kv, "m" + meta, "u"))
                             for nt in tc["n_tiles"]:
-                                decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0,
+                                decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0, EXT=ext,
                                                    sfx=sfx_of("d%d" % d, "g%d" % g, "h%d" % (8 * nt), kv,
                                                               "m" + meta, "u", "tc")))
                             continue
@@ -119,8 +129,9 @@ def enumerate_variants(spec, sel, arch, target):
                 base = dict(D=d, G=d, NG=1, KVB=kvb, MF32=0, BF16M=1)
                 append.append(dict(base, sfx=sfx_of("d%d" % d, "paged16", kv)))
                 if tc:
+                    ext = ext_variant(base, tt, tc, sfx_of("d%d" % d, "paged16", "x%d" % tc["extend_gqa"], kv))
                     for nt in tc["n_tiles"]:
-                        decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0,
+                        decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0, EXT=ext,
                                            sfx=sfx_of("d%d" % d, "paged16", "h%d" % (8 * nt), kv, "tc")))
                     continue
                 for q in sel["gqa"]:
@@ -168,10 +179,14 @@ extern "C" {{
 /* cap: query heads one CTA serves (more run in ceil(gqa / cap) CTAs per KV head);
  * tc: tensor-core family (decode_tc.jinja: one oscar_tc_decode_params argument,
  * smem bytes of dynamic shared memory, merge takes oscar_tc_merge_params). */
+/* extend, merge_ext: the generic extend kernels of the shape (decode.jinja, ext),
+ * ext_cap query heads per work-group, ext_threads threads, ext_elems V elements per thread. */
 typedef struct oscar_gpu_decode_variant {{
     int d, group, cap, kvb, mf32, lm, bf16m, threads, elems, tc, smem;
     const void *decode, *rotate_q, *merge;
     const char *name;
+    const void *extend, *merge_ext;
+    int ext_cap, ext_threads, ext_elems;
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
@@ -302,19 +317,30 @@ def gen_gpu(target, spec, sel, arch, out):
         if any(v["TC"] for v in dv):
             body.append(tc_t.tc_helpers())
             body.append(tc_t.merge_tc_family(dict(rv, sfx="_" + part)))
+        done_ext = set()
         for v in dv:
-            body.append(tc_t.decode_tc_family(v) if v["TC"] else dec_t.decode_family(v))
+            if v["TC"]:
+                body.append(tc_t.decode_tc_family(v))
+                x = v["EXT"]
+                if x["sfx"] not in done_ext:  # one generic extend serves both n-tile variants
+                    done_ext.add(x["sfx"])
+                    body.append(dec_t.decode_family(x, True, True))
+            else:
+                body.append(dec_t.decode_family(v))
+                body.append(dec_t.decode_family(v, True, False))
         body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
         for v in dv:
             r = "_" + part
             merge = ("oscar_merge_tc" if v["TC"] else "oscar_merge") + r
+            x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
-                        '(const void *)oscar_rotate_q%s, (const void *)%s, "%s"},'
+                        '(const void *)oscar_rotate_q%s, (const void *)%s, "%s", (const void *)oscar_extend%s, '
+                        '(const void *)oscar_merge_ext%s, %d, %d, %d},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
                            128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
-                           v["sfx"], r, merge, v["sfx"][1:]))
+                           v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"]))
         if not dv:
-            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\"},")
+            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0},")
         body.append("};")
         body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
         write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")
@@ -366,7 +392,7 @@ def gen_opencl(spec, out):
              GQ="OSCAR_GQ", LM="OSCAR_LM", NT="OSCAR_NT", E="OSCAR_E", TPT="OSCAR_TPT", VB="OSCAR_VB", sfx="", qsfx="", with_helpers=True,
              BF16M_CONST=False)
     src = "\n".join([prelude, "#define GRID_X get_num_groups(0)\n", SHFL32["opencl"], app_t.append_family(m),
-                     dec_t.rotq_merge_family(m), dec_t.decode_family(m)])
+                     dec_t.rotq_merge_family(m), dec_t.decode_family(m), dec_t.decode_family(m, True, False)])
     write(os.path.join(out, "oscar_opencl_kernels.cl"), src)
     lines = ["/* Generated by gen/oscar_gen.py from the templates folder. Do not edit. */",
              "#include <stddef.h>",

@@ -16,6 +16,7 @@
 #define OSCAR_BACKEND_H
 
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "oscar/oscar.h"
@@ -85,6 +86,53 @@ typedef struct oscar_backend_decode_args {
     void *stream;
 } oscar_backend_decode_args;
 
+/* Extend attention (oscar_extend; runtime checks done, strides and sm_scale
+ * resolved). cu_q NULL: one query per sequence at seq_lens[i]-1 (decode,
+ * total_q = num_seqs). */
+typedef struct oscar_backend_extend_args {
+    int32_t layer;
+    oscar_cache cache;
+    oscar_batch batch;
+    const int32_t *cu_q;      /* device [num_seqs+1] or NULL */
+    int32_t total_q, max_q_len;
+    const void *q;            /* device [total_q][num_q_heads][head_dim] kv_dtype */
+    int64_t q_stride;         /* resolved, never 0 */
+    void *out;
+    int64_t out_stride;       /* resolved, never 0 */
+    float *lse;               /* device [total_q][num_q_heads] fp32 or NULL */
+    float sm_scale;           /* resolved, never 0 */
+    int32_t rotated_output;
+    void *workspace;
+    size_t workspace_bytes;
+    void *stream;
+} oscar_backend_extend_args;
+
+/* The rules of cu_q (oscar_extend) on host copies of cu_q [nseq+1] and
+ * seq_lens [nseq]: one home for the CPU backend and the runtime's validate
+ * mode, so both refuse with the same status and message. */
+static inline oscar_status oscar_check_cu_q(const int32_t *cu, const int32_t *lens, int nseq, int32_t total_q,
+                                            int32_t max_q_len, const char *fn, oscar_errbuf *err) {
+    if (cu[0] != 0 || cu[nseq] != total_q)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s: cu_q must start at 0 and end at total_q = %d (got %d .. %d); nothing was written",
+                                fn, total_q, cu[0], cu[nseq]);
+    for (int i = 0; i < nseq; i++) {
+        int64_t n = (int64_t)cu[i + 1] - cu[i];
+        if (n < 1)
+            return oscar_errbuf_set(err, OSCAR_ERR_EMPTY,
+                                    "%s: sequence %d has %lld query tokens (cu_q[%d] = %d, cu_q[%d] = %d); every "
+                                    "sequence needs n_i >= 1 (leave it out of the batch otherwise); nothing was written",
+                                    fn, i, (long long)n, i, cu[i], i + 1, cu[i + 1]);
+        if (n > lens[i] || n > max_q_len)
+            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
+                                    "%s: sequence %d has %lld query tokens but seq_lens is %d and max_q_len %d; queries "
+                                    "sit at positions seq_lens-n_i .. seq_lens-1, so append them first and keep "
+                                    "n_i <= seq_lens[i], max_q_len; nothing was written",
+                                    fn, i, (long long)n, lens[i], max_q_len);
+    }
+    return OSCAR_OK;
+}
+
 typedef struct oscar_backend_api {
     uint32_t abi_version; /* OSCAR_BACKEND_ABI_VERSION */
     const char *name;     /* "cpu", "cuda", "hip", "opencl" */
@@ -113,6 +161,8 @@ typedef struct oscar_backend_api {
     oscar_status (*check)(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);
     oscar_status (*append)(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err);
     oscar_status (*decode)(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err);
+    /* ABI 3. Workspace: workspace_bytes(max(num_seqs, total_q), max_seq_len). */
+    oscar_status (*extend)(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err);
 } oscar_backend_api;
 
 typedef const oscar_backend_api *(*oscar_backend_entry_fn)(void);

@@ -290,6 +290,26 @@ done:
     return s;
 }
 
+/* validate = 1, extend: cu_q and seq_lens to the host, the backends' rules. */
+static oscar_status validate_cu_q(const oscar_plan *plan, const char *fn, const oscar_batch *b, const int32_t *cu_q,
+                                  int32_t total_q, int32_t max_q_len, void *stream) {
+    oscar_runtime *rt = plan->rt;
+    size_t n = (size_t)b->num_seqs;
+    int32_t *lens = malloc(sizeof(int32_t) * n), *cu = malloc(sizeof(int32_t) * (n + 1));
+    oscar_errbuf e = {{0}};
+    oscar_status s = OSCAR_OK;
+    if (!lens || !cu)
+        s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory while validating", fn);
+    else if ((s = rt->api->read(rt->ctx, lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
+             (s = rt->api->read(rt->ctx, cu, cu_q, 0, sizeof(int32_t) * (n + 1), stream, &e)) ||
+             (s = rt->api->sync(rt->ctx, stream, &e)) ||
+             (s = oscar_check_cu_q(cu, lens, b->num_seqs, total_q, max_q_len, fn, &e)))
+        oscar_set_errbuf(s, &e);
+    free(lens);
+    free(cu);
+    return s;
+}
+
 oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
                           const int32_t *cu_new, int32_t total_new, const void *k, const void *v, int64_t kv_stride,
                           void *workspace, size_t workspace_bytes, void *stream) {
@@ -343,4 +363,81 @@ oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache,
     };
     oscar_errbuf e = {{0}};
     return oscar_set_errbuf(plan->rt->api->decode(plan->rt->ctx, plan->bplan, &a, &e), &e);
+}
+
+/* The first version of oscar_attn_args is the whole struct (it was added with
+ * its first field set): struct_size below it is a caller's mistake. */
+#define OSCAR_ATTN_ARGS_SIZE_V1 (offsetof(oscar_attn_args, stream) + sizeof(void *))
+
+void oscar_attn_args_default(oscar_attn_args *a) {
+    if (!a) return;
+    memset(a, 0, sizeof *a);
+    a->struct_size = (uint32_t)sizeof *a;
+}
+
+oscar_status oscar_extend(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
+                          const oscar_attn_args *args_in) {
+    oscar_clear_error();
+    const char *fn = "oscar_extend";
+    if (!args_in) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: args is NULL", fn);
+    oscar_attn_args x;
+    oscar_status s =
+        oscar_struct_import(&x, sizeof x, args_in, OSCAR_ATTN_ARGS_SIZE_V1, "oscar_extend args", "oscar_attn_args_default");
+    if (s != OSCAR_OK) return s;
+    if (!plan || !cache || !batch) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+    if (x.total_q < 1)
+        return oscar_set_error(OSCAR_ERR_EMPTY, "%s: total_q is %d; pass at least one query token", fn, x.total_q);
+    if (!x.cu_q && (x.total_q != batch->num_seqs || x.max_q_len > 1))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "%s: cu_q is NULL (one query per sequence) but total_q is %d and max_q_len %d; set "
+                               "total_q = num_seqs (%d) and max_q_len = 1, or pass cu_q",
+                               fn, x.total_q, x.max_q_len, batch->num_seqs);
+    if (!x.cu_q) x.max_q_len = 1;
+    if (x.max_q_len < 1 || x.max_q_len > x.total_q || (batch->max_seq_len > 0 && x.max_q_len > batch->max_seq_len))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "%s: max_q_len %d outside [1, min(total_q %d, batch max_seq_len %d)]; set it to the "
+                               "largest query count of a sequence",
+                               fn, x.max_q_len, x.total_q, batch->max_seq_len);
+    /* Extend writes partials per query token: size the workspace for the larger count. */
+    const int rows = x.total_q > batch->num_seqs ? x.total_q : batch->num_seqs;
+    oscar_batch sized = *batch;
+    sized.num_seqs = rows;
+    s = check_common(plan, fn, layer, cache, &sized, x.workspace, x.workspace_bytes);
+    if (s != OSCAR_OK) return s;
+    if (!x.q || !x.out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: q or out is NULL", fn);
+    const int64_t row = (int64_t)plan->layout.num_q_heads * plan->layout.head_dim;
+    if (x.q_stride == 0) x.q_stride = row;
+    if (x.out_stride == 0) x.out_stride = row;
+    if (x.q_stride < row || x.out_stride < row)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "%s: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld", fn,
+                               (long long)x.q_stride, (long long)x.out_stride, (long long)row);
+    const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    const size_t out_need = ((size_t)(x.total_q - 1) * (size_t)x.out_stride + (size_t)row) * es;
+    if (x.out_bytes < out_need)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "%s: out_bytes %zu is smaller than the %zu bytes %d query tokens of stride %lld "
+                               "write; pass out's size in out_bytes (nothing was written)",
+                               fn, x.out_bytes, out_need, x.total_q, (long long)x.out_stride);
+    const size_t lse_need = (size_t)x.total_q * (size_t)plan->layout.num_q_heads * sizeof(float);
+    if (x.lse && x.lse_bytes < lse_need)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "%s: lse_bytes %zu is smaller than total_q * num_q_heads * 4 = %zu; pass lse's size "
+                               "in lse_bytes, or lse = NULL (nothing was written)",
+                               fn, x.lse_bytes, lse_need);
+    if (!(x.sm_scale >= 0.0f) || isinf(x.sm_scale))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: sm_scale must be finite and >= 0 (0 = 1/sqrt(d))", fn);
+    if (x.sm_scale == 0.0f) x.sm_scale = 1.0f / sqrtf((float)plan->layout.head_dim);
+    if (plan->rt->validate &&
+        (s = validate_on_host(plan, fn, cache, batch, NULL, 0, x.stream)) == OSCAR_OK && x.cu_q)
+        s = validate_cu_q(plan, fn, batch, x.cu_q, x.total_q, x.max_q_len, x.stream);
+    if (s != OSCAR_OK) return s;
+    oscar_backend_extend_args a = {
+        .layer = plan->shared_layers ? 0 : layer, .cache = *cache, .batch = *batch, .cu_q = x.cu_q,
+        .total_q = x.total_q, .max_q_len = x.max_q_len, .q = x.q, .q_stride = x.q_stride, .out = x.out,
+        .out_stride = x.out_stride, .lse = x.lse, .sm_scale = x.sm_scale, .rotated_output = x.rotated_output ? 1 : 0,
+        .workspace = x.workspace, .workspace_bytes = x.workspace_bytes, .stream = x.stream,
+    };
+    oscar_errbuf e = {{0}};
+    return oscar_set_errbuf(plan->rt->api->extend(plan->rt->ctx, plan->bplan, &a, &e), &e);
 }

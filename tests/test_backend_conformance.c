@@ -419,6 +419,198 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
     free(ref);
 }
 
+/* ------------------------------------------------------------- extend */
+enum { EXT_LSE = 1, EXT_NOCU = 2 /* cu_q NULL: decode through extend */ };
+
+static int rc_lse_off(double got, double ref) { return !(fabs(got - ref) <= 2e-4 * (1.0 + fabs(ref))); }
+
+/* Extend attention with qn[i] query tokens for sequence i (its last qn[i]
+ * positions) on the CPU backend and on the device, against the float64
+ * reference (FORMAT.md §5.1: rows as stored at seq_lens) and each other.
+ * Outputs and LSE start as NaN patterns with one spare row each, and stride
+ * padding: nothing but the rows of the call may change. bt: the block table
+ * to attend with (NULL: the batch's own). EXT_NOCU also runs decode and wants
+ * the same bytes. */
+static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_ref *refs, rc_rng *r, const int *qn,
+                         int rotated_output, int flags, uint64_t seed) {
+    int Hq = e->l.num_q_heads, d = e->l.head_dim, nseq = b->num_seqs;
+    size_t es = oscar_dtype_size(e->l.kv_dtype);
+    int32_t *cu = malloc((size_t)(nseq + 1) * sizeof *cu);
+    cu[0] = 0;
+    int maxq = 1;
+    for (int i = 0; i < nseq; i++) {
+        cr_assert(qn[i] >= 1 && qn[i] <= b->seq_lens[i]);
+        cr_assert(!(flags & EXT_NOCU) || qn[i] == 1);
+        cu[i + 1] = cu[i] + qn[i];
+        maxq = qn[i] > maxq ? qn[i] : maxq;
+    }
+    int total = cu[nseq];
+    int64_t qs = (int64_t)Hq * d + rc_randint(r, 0, 2) * 8, os = (int64_t)Hq * d + rc_randint(r, 0, 2) * 8;
+    size_t qbytes = (size_t)total * qs * es, obytes = (size_t)(total + 1) * os * es;
+    size_t lbytes = (size_t)(total + 1) * Hq * sizeof(float);
+    float *q = malloc((size_t)total * Hq * d * sizeof *q), *clse = malloc(lbytes), *glse = malloc(lbytes);
+    char *qb = malloc(qbytes), *cob = malloc(obytes), *gob = malloc(obytes);
+    double *ref = malloc((size_t)Hq * d * sizeof *ref), *rlse = malloc((size_t)Hq * sizeof *rlse);
+    rc_gen_kv(r, total, Hq, d, 2, e->l.kv_dtype, q);
+    rc_poison(qb, qbytes);
+    rc_poison(cob, obytes);
+    rc_poison(gob, obytes);
+    rc_poison(clse, lbytes);
+    for (int t = 0; t < total; t++)
+        rc_to_dtype(e->l.kv_dtype, q + (size_t)t * Hq * d, qb + (size_t)t * qs * es, (size_t)Hq * d);
+    float sm = (float)(rc_uniform(r) < 0.5 ? 1.0 / sqrt(d) : 0.3 / sqrt(d));
+    rc_paged bb = *b;
+    if (bt) bb.block_table = (int32_t *)bt;
+    int want_lse = flags & EXT_LSE, nocu = flags & EXT_NOCU;
+    oscar_errbuf err = {{0}};
+    oscar_backend_extend_args ca = {.layer = LAYER, .cache = {b->pages, b->num_pages, b->windows, b->num_slots},
+                                    .batch = batch_of(&bb), .cu_q = nocu ? NULL : cu, .total_q = total,
+                                    .max_q_len = maxq, .q = qb, .q_stride = qs, .out = cob, .out_stride = os,
+                                    .lse = want_lse ? clse : NULL, .sm_scale = sm, .rotated_output = rotated_output,
+                                    .workspace = e->cpu_ws, .workspace_bytes = sizeof e->cpu_ws};
+    cr_assert_eq(e->cpu->extend(e->cpu_ctx, e->cpu_plan, &ca, &err), OSCAR_OK, "seed %llu: cpu extend: %s",
+                 (unsigned long long)seed, err.msg);
+    plug *g = e->g;
+    dev_batch db;
+    void *dcu = dev_upload(g, cu, (size_t)(nseq + 1) * 4), *dq = dev_upload(g, qb, qbytes),
+         *dout = dev_upload(g, gob, obytes), *dlse = dev_upload(g, gob, lbytes);
+    oscar_backend_extend_args ga = ca;
+    ga.cache = (oscar_cache){e->d_pages, b->num_pages, e->d_windows, b->num_slots};
+    ga.batch = dev_batch_of(e, &bb, &db);
+    ga.cu_q = nocu ? NULL : dcu;
+    ga.q = dq;
+    ga.out = dout;
+    ga.lse = want_lse ? dlse : NULL;
+    ga.workspace = e->g_ws;
+    ga.workspace_bytes = e->g_ws_bytes;
+    cr_assert_eq(g->api->extend(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s extend: %s",
+                 (unsigned long long)seed, g->api->name, err.msg);
+    dev_download(g, gob, dout, obytes);
+    dev_download(g, glse, dlse, lbytes);
+    cr_assert_eq(g->api->check(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK, "seed %llu: check after extend: %s",
+                 (unsigned long long)seed, err.msg);
+    char msg[256];
+    const char *names[2] = {"cpu", g->api->name};
+    const char *outs[2] = {cob, gob};
+    const float *lses[2] = {clse, glse};
+    for (int i = 0; i < nseq; i++) {
+        int L = b->seq_lens[i];
+        for (int k = 0; k < qn[i]; k++) {
+            int tok = cu[i] + k, pos = L - qn[i] + k;
+            rc_attention_f64_at(&refs[i], L, pos, Hq, q + (size_t)tok * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
+                                e->num_rot, sm, rotated_output, ref, rlse);
+            for (int w = 0; w < 2; w++) {
+                const char *o = outs[w] + (size_t)tok * os * es;
+                /* CPU: the fp32 reference bound; device: the tensor-core floor (FORMAT.md §5). */
+                int bad = rc_check_output_abs(e->l.kv_dtype, o, ref, (size_t)Hq * d, w ? 0x1p-10 : 2e-4, msg,
+                                              sizeof msg);
+                cr_assert_eq(bad, 0,
+                             "seed %llu %s (%s): extend of sequence %d (L=%d, %d queries), query at %d: %d outputs "
+                             "off; %s",
+                             (unsigned long long)seed, names[w], e->variant, i, L, qn[i], pos, bad, msg);
+                for (size_t j = (size_t)Hq * d * es; j < (size_t)os * es; j++)
+                    cr_assert_eq((unsigned char)o[j], 0xff, "seed %llu %s: extend wrote into the stride padding",
+                                 (unsigned long long)seed, names[w]);
+                if (want_lse)
+                    for (int h = 0; h < Hq; h++)
+                        cr_assert(!rc_lse_off(lses[w][(size_t)tok * Hq + h], rlse[h]),
+                                  "seed %llu %s (%s): LSE of sequence %d query at %d head %d: %.9g vs reference %.9g",
+                                  (unsigned long long)seed, names[w], e->variant, i, pos, h,
+                                  (double)lses[w][(size_t)tok * Hq + h], rlse[h]);
+            }
+        }
+    }
+    /* The spare rows (and the whole LSE buffer when not asked) keep their NaN pattern. */
+    for (int w = 0; w < 2; w++) {
+        for (size_t j = (size_t)total * os * es; j < obytes; j++)
+            cr_assert_eq((unsigned char)outs[w][j], 0xff, "seed %llu %s: extend wrote past total_q rows",
+                         (unsigned long long)seed, names[w]);
+        const unsigned char *lb = (const unsigned char *)lses[w];
+        for (size_t j = want_lse ? (size_t)total * Hq * 4 : 0; j < lbytes; j++)
+            cr_assert_eq(lb[j], 0xff, "seed %llu %s: LSE byte %zu written", (unsigned long long)seed, names[w], j);
+    }
+    if (nocu) { /* decode through extend: oscar_decode's very bytes */
+        char *dec = malloc(obytes);
+        rc_poison(dec, obytes);
+        void *ddec = dev_upload(g, dec, obytes);
+        oscar_backend_decode_args da = {.layer = LAYER, .cache = ga.cache, .batch = ga.batch, .q = dq, .q_stride = qs,
+                                        .out = ddec, .out_stride = os, .sm_scale = sm,
+                                        .rotated_output = rotated_output, .workspace = e->g_ws,
+                                        .workspace_bytes = e->g_ws_bytes};
+        cr_assert_eq(g->api->decode(g->ctx, e->g_plan, &da, &err), OSCAR_OK, "decode: %s", err.msg);
+        dev_download(g, dec, ddec, obytes);
+        cr_assert(!memcmp(dec, gob, obytes), "seed %llu %s (%s): extend with cu_q NULL differs from decode",
+                  (unsigned long long)seed, g->api->name, e->variant);
+        g->api->free(g->ctx, ddec);
+        free(dec);
+    }
+    dev_batch_free(e, &db);
+    g->api->free(g->ctx, dcu);
+    g->api->free(g->ctx, dq);
+    g->api->free(g->ctx, dout);
+    g->api->free(g->ctx, dlse);
+    free(cu);
+    free(q);
+    free(clse);
+    free(glse);
+    free(qb);
+    free(cob);
+    free(gob);
+    free(ref);
+    free(rlse);
+}
+
+/* Query counts of one extend step: the tokens just appended (chunked
+ * prefill), 1 where none were (a decode row in the same batch), or at
+ * random anything up to the whole sequence (the chunk reaching back). */
+#define EXT_MAX_Q 96 /* above the pages of the tests (16..64); keeps the float64 reference quick */
+static void extend_counts(rc_rng *r, const rc_paged *b, const int *n, int *qn) {
+    for (int i = 0; i < b->num_seqs; i++) {
+        int L = b->seq_lens[i], cap = L < EXT_MAX_Q ? L : EXT_MAX_Q;
+        qn[i] = n[i] > 0 ? (n[i] < cap ? n[i] : cap) : 1;
+        if (rc_randint(r, 0, 3) == 0) qn[i] = rc_randint(r, 1, cap);
+    }
+}
+
+/* Prefix reuse: sequences 1.. point their first block-table entries at
+ * sequence 0's pages (all rows of the prefix are the same K/V, so the
+ * references hold), and the pages they no longer use are poisoned on both
+ * backends, so a read through the wrong id shows. Ends the scenario (the
+ * poisoned pages break the cache comparison). */
+static void check_shared_prefix(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int share, uint64_t seed) {
+    int P = e->l.page_size, S0 = b->l.method == OSCAR_METHOD_BF16 ? 0 : e->l.sink,
+        W = b->l.method == OSCAR_METHOD_BF16 ? 0 : e->l.recent, minL = b->seq_lens[0];
+    for (int i = 1; i < b->num_seqs; i++) minL = b->seq_lens[i] < minL ? b->seq_lens[i] : minL;
+    /* whole pages of the prefix that are 2-bit (written) in every sequence */
+    int np = (share - S0) / P, full = (minL - W - S0) / P;
+    if (full < np) np = full;
+    if (np < 1) return;
+    size_t btn = (size_t)b->num_seqs * b->stride;
+    int32_t *bt = malloc(btn * sizeof *bt);
+    memcpy(bt, b->block_table, btn * sizeof *bt);
+    char *poison = malloc(b->page_bytes);
+    rc_poison(poison, b->page_bytes);
+    oscar_errbuf err = {{0}};
+    for (int i = 1; i < b->num_seqs; i++)
+        for (int k = 0; k < np; k++) {
+            int32_t own = bt[(size_t)i * b->stride + k];
+            memcpy((char *)b->pages + (size_t)own * b->page_bytes, poison, b->page_bytes);
+            cr_assert_eq(e->g->api->write(e->g->ctx, e->d_pages, (size_t)own * b->page_bytes, poison, b->page_bytes,
+                                          NULL, &err),
+                         OSCAR_OK);
+            bt[(size_t)i * b->stride + k] = b->block_table[k];
+        }
+    fprintf(stderr, "shared prefix: %d pages of sequence 0 read by %d sequences\n", np, b->num_seqs);
+    int *qn = malloc((size_t)b->num_seqs * sizeof *qn);
+    for (int rep = 0; rep < 2; rep++) {
+        for (int i = 0; i < b->num_seqs; i++) qn[i] = rc_randint(r, 1, b->seq_lens[i] < 80 ? b->seq_lens[i] : 80);
+        check_extend(e, b, bt, refs, r, qn, rep, EXT_LSE, seed);
+    }
+    free(qn);
+    free(poison);
+    free(bt);
+}
+
 enum { TOKENS = 0, CHUNKS = 1, PREFILL = 2 };
 
 /* With feedback weights the reference's codes must differ from nearest
@@ -458,8 +650,11 @@ static void plant_ties(rc_rng *r, float *x, int n_tokens, int H, int d) {
         }
 }
 
-/* ties: plant_ties in the K/V rows. */
-static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ties) {
+/* ext: an extend check after every append (extend_counts); share > 0: the
+ * first `share` tokens of K/V are the same in every sequence, and the run ends
+ * with check_shared_prefix; ties: plant_ties in the K/V rows. */
+static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
+                           int share, int ties) {
     cr_assert(nseq >= 1 && nseq <= 64);
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
@@ -467,7 +662,8 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
     int maxlen = 1;
     for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
     env e;
-    if (!env_init(&e, g, c, &r, seed, nseq, maxlen, fb)) return;
+    /* extend checks need workspace for every query token of a step */
+    if (!env_init(&e, g, c, &r, seed, ext ? nseq * EXT_MAX_Q : nseq, maxlen, fb)) return;
     size_t H = (size_t)c->H, d = (size_t)c->d;
     float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
     rc_seq_ref *refs = calloc((size_t)nseq, sizeof *refs);
@@ -482,6 +678,12 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
         if (ties) {
             plant_ties(&r, K[i], final_lens[i], (int)H, (int)d);
             plant_ties(&r, V[i], final_lens[i], (int)H, (int)d);
+        }
+        if (i > 0 && share > 0) {
+            size_t nsh = (size_t)(share < final_lens[i] ? share : final_lens[i]) * H * d;
+            cr_assert(share <= final_lens[0]);
+            memcpy(K[i], K[0], nsh * sizeof(float));
+            memcpy(V[i], V[0], nsh * sizeof(float));
         }
         cr_assert_eq(rc_seq_ref_build_fb(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), layer_fb(&e, 0), layer_fb(&e, 1),
                                          e.num_rot, e.clip_k[LAYER], e.clip_v[LAYER], final_lens[i], K[i], V[i],
@@ -509,11 +711,25 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
         /* Token by token: check every few steps (PoCL under ASan is slow). */
         if (mode != TOKENS || steps % 7 == 0) check_cache(&e, &b, refs, seed, what);
         if (mode != TOKENS || steps % 23 == 0) check_decode(&e, &b, refs, &r, 0, seed);
+        if (ext) {
+            int *qn = malloc((size_t)nseq * sizeof *qn);
+            extend_counts(&r, &b, n, qn);
+            check_extend(&e, &b, NULL, refs, &r, qn, steps & 1, steps % 3 ? EXT_LSE : 0, seed);
+            free(qn);
+        }
         steps++;
     }
     check_cache(&e, &b, refs, seed, what);
     check_decode(&e, &b, refs, &r, 0, seed);
     check_decode(&e, &b, refs, &r, 1, seed);
+    if (ext) {
+        int *ones = malloc((size_t)nseq * sizeof *ones);
+        for (int i = 0; i < nseq; i++) ones[i] = 1;
+        check_extend(&e, &b, NULL, refs, &r, ones, 0, EXT_LSE | EXT_NOCU, seed);
+        check_extend(&e, &b, NULL, refs, &r, ones, 1, EXT_LSE, seed);
+        free(ones);
+    }
+    if (share > 0) check_shared_prefix(&e, &b, refs, &r, share, seed);
     for (int i = 0; i < nseq; i++) {
         free(K[i]);
         free(V[i]);
@@ -529,7 +745,7 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
 }
 
 static void run_scenario_fb(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb) {
-    run_scenario_x(g, c, nseq, final_lens, mode, fb, 0);
+    run_scenario_x(g, c, nseq, final_lens, mode, fb, 0, 0, 0);
 }
 
 static void run_scenario(plug *g, const cfg *c, int nseq, const int *final_lens, int mode) {
@@ -586,9 +802,9 @@ Test(conformance, level_boundary_ties, .timeout = 600) {
     cfg c2 = {64, 64, 16, 0, 8, 2, 1, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
     FOR_EACH_BACKEND(g, {
         int lens[] = {3, 40, 77};
-        run_scenario_x(&g, &c, 3, lens, CHUNKS, 0, 1);
-        run_scenario_x(&g, &c2, 3, lens, PREFILL, 0, 1);
-        run_scenario_x(&g, &c, 3, lens, CHUNKS, 1, 1);
+        run_scenario_x(&g, &c, 3, lens, CHUNKS, 0, 0, 0, 1);
+        run_scenario_x(&g, &c2, 3, lens, PREFILL, 0, 0, 0, 1);
+        run_scenario_x(&g, &c, 3, lens, CHUNKS, 1, 0, 0, 1);
     });
 }
 /* The BF16 method (16-bit pages, no windows): the library's own yardstick. */
@@ -806,5 +1022,73 @@ Test(conformance, plan_refuses_bad_layouts) {
         pd.layout.page_size = 24;
         cr_assert_neq(g.api->plan_create(g.ctx, &pd, &plan, NULL, 0, &err), OSCAR_OK);
         cr_assert(strlen(err.msg) > 10);
+    });
+}
+
+/* ------------------------------------------------------- extend attention */
+/* The CPU backend as a "device" too, so the extend cases check it against
+ * the float64 reference where no GPU plugin runs. */
+static void plug_cpu(plug *p) {
+    memset(p, 0, sizeof *p);
+    p->api = oscar_cpu_backend();
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(p->api->init(0, &p->ctx, &err), OSCAR_OK);
+}
+#define FOR_CPU_AND_EACH_BACKEND(P, ...)                                                                       \
+    do {                                                                                                       \
+        plug P;                                                                                                \
+        plug_cpu(&P);                                                                                          \
+        __VA_ARGS__;                                                                                           \
+        plug_close(&P);                                                                                        \
+        FOR_EACH_BACKEND(P, __VA_ARGS__);                                                                      \
+    } while (0)
+
+/* Chunked prefill, ragged: chunks of random sizes up to P + W + 5 appended,
+ * then attended by their own queries (crossing the window boundary,
+ * demotions inside the chunk, lengths below S0 + W), decode rows mixed in,
+ * chunks reaching back over older rows; page 16, GQA 4, d 64; f16 windows
+ * with Lloyd-Max and per-head rotations; the BF16 method. */
+Test(extend, chunked_prefill_ragged, .timeout = 600) {
+    cfg c = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 16, 3, 6, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 1};
+    cfg c3 = {64, 64, 16, 0, 0, 4, 2, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_CPU_AND_EACH_BACKEND(g, {
+        int lens[] = {1, 3, 11, 12, 13, 29, 47, 90};
+        run_scenario_x(&g, &c, 8, lens, CHUNKS, 0, 1, 0, 0);
+        run_scenario_x(&g, &c2, 8, lens, CHUNKS, 0, 1, 0, 0);
+        run_scenario_x(&g, &c3, 8, lens, CHUNKS, 0, 1, 0, 0);
+    });
+}
+
+/* GQA ratios 1, 2, 3, 5, 7, 16 at d 128 and 64, page 64 (queries beyond a
+ * page: one prefill of up to 150 tokens, then chunks), odd lengths, a long
+ * sequence over several splits. */
+Test(extend, gqa_ratios_page64_splits, .timeout = 600) {
+    static const int zoo[][3] = {{2, 2, 128}, {4, 2, 64}, {6, 2, 128}, {5, 1, 64}, {7, 1, 128}, {16, 1, 128}};
+    FOR_CPU_AND_EACH_BACKEND(g, {
+        for (size_t z = 0; z < sizeof zoo / sizeof zoo[0]; z++) {
+            int d = zoo[z][2];
+            cfg c = {d, d == 64 ? 32 : 128, 64, 8, 24, zoo[z][0], zoo[z][1], OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16,
+                     OSCAR_DTYPE_F16, (int)(z & 1)};
+            int lens[] = {5, 97, 150};
+            run_scenario_x(&g, &c, 3, lens, z & 1 ? CHUNKS : PREFILL, 0, 1, 0, 0);
+        }
+        /* single queries at the end (decode through extend, n_i = 1) split it */
+        cfg c = {128, 64, 64, 16, 32, 4, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+        int one[] = {900};
+        run_scenario_x(&g, &c, 1, one, PREFILL, 0, 1, 0, 0);
+    });
+}
+
+/* Prefix reuse: four sequences with a common 200-token prefix, their block
+ * tables pointing at one copy of its 2-bit (BF16 method: 16-bit) pages, the
+ * others poisoned. */
+Test(extend, shared_prefix_pages, .timeout = 600) {
+    cfg c = {64, 32, 16, 4, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 32, 0, 0, 4, 4, OSCAR_METHOD_BF16, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    FOR_CPU_AND_EACH_BACKEND(g, {
+        int lens[] = {230, 201, 260, 215};
+        run_scenario_x(&g, &c, 4, lens, PREFILL, 0, 1, 200, 0);
+        run_scenario_x(&g, &c2, 4, lens, CHUNKS, 0, 1, 200, 0);
     });
 }

@@ -235,6 +235,180 @@ Test(bad_input, zero_length_sequence_same_code_with_validate_0_and_1) {
     cr_expect_eq(got[0][0], OSCAR_ERR_EMPTY);
 }
 
+/* ----------------------------------------------------------------- extend */
+#define TQ 7 /* query tokens of the extend cases: 3 for sequence 0, 4 for sequence 1 */
+
+typedef struct ext_rig {
+    void *ws, *out, *lse, *cu, *q;
+    size_t ws_bytes, out_bytes, lse_bytes;
+} ext_rig;
+
+static void ext_poison(rig *r, ext_rig *x) {
+    unsigned char *ff = malloc(x->out_bytes);
+    memset(ff, 0xff, x->out_bytes);
+    cr_assert_eq(oscar_buffer_write(r->rt, x->out, 0, ff, x->out_bytes, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r->rt, x->lse, 0, ff, x->lse_bytes, NULL), OSCAR_OK);
+    free(ff);
+}
+/* 1 when out and lse still hold nothing but the 0xFF pattern. */
+static int ext_untouched(rig *r, ext_rig *x) {
+    unsigned char *h = malloc(x->out_bytes + x->lse_bytes);
+    cr_assert_eq(oscar_buffer_read(r->rt, h, x->out, 0, x->out_bytes, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_read(r->rt, h + x->out_bytes, x->lse, 0, x->lse_bytes, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_synchronize(r->rt, NULL), OSCAR_OK);
+    int ok = 1;
+    for (size_t i = 0; i < x->out_bytes + x->lse_bytes; i++) ok &= h[i] == 0xff;
+    free(h);
+    return ok;
+}
+static oscar_attn_args ext_args(const ext_rig *x, int total_q, int max_q) {
+    oscar_attn_args a;
+    oscar_attn_args_default(&a);
+    a.cu_q = x->cu;
+    a.total_q = total_q;
+    a.max_q_len = max_q;
+    a.q = x->q;
+    a.out = x->out;
+    a.out_bytes = x->out_bytes;
+    a.lse = x->lse;
+    a.lse_bytes = x->lse_bytes;
+    a.workspace = x->ws;
+    a.workspace_bytes = x->ws_bytes;
+    return a;
+}
+/* The call's status, or the device flag's when the call itself passed. */
+static oscar_status ext_run(rig *r, ext_rig *x, const oscar_attn_args *a) {
+    oscar_cache c = rig_cache(r);
+    oscar_batch b = rig_batch(r);
+    oscar_status s = oscar_extend(r->plan, 0, &c, &b, a);
+    return s != OSCAR_OK ? s : oscar_plan_check(r->plan, x->ws, NULL);
+}
+
+/* Bad query counts, buffers too small and a wrong struct_size: a clear
+ * status naming the field, and nothing written to out or lse. The CPU
+ * backend (and any backend with validate = 1) refuses at the call with the
+ * specific code; GPU kernels without validation raise the length flag
+ * (OSCAR_ERR_TOO_LONG from oscar_plan_check). */
+static void extend_bad_case(const char *backend, int validate) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, validate))
+        cr_skip_test("%s not available", backend);
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+    ext_rig x;
+    size_t qe = (size_t)TQ * 2 * 64;
+    cr_assert_eq(oscar_plan_workspace_bytes(r.plan, TQ, LEN, &x.ws_bytes), OSCAR_OK);
+    x.ws = dev(&r, NULL, x.ws_bytes);
+    cr_assert_eq(oscar_plan_workspace_init(r.plan, x.ws, NULL), OSCAR_OK);
+    x.out_bytes = qe * 2;
+    x.lse_bytes = (size_t)TQ * 2 * sizeof(float);
+    x.out = dev(&r, NULL, x.out_bytes);
+    x.lse = dev(&r, NULL, x.lse_bytes);
+    x.q = dev(&r, NULL, qe * 2);
+    rig_fill(&r, x.q, qe, 1.0f);
+    int32_t good[SEQ + 1] = {0, 3, TQ};
+    x.cu = dev(&r, good, sizeof good);
+    oscar_attn_args a = ext_args(&x, TQ, 4);
+    cr_assert_eq(ext_run(&r, &x, &a), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    const int gpu_flag = strcmp(backend, "cpu") && !validate; /* device-side detection */
+    struct {
+        int32_t cu[SEQ + 1];
+        int total_q, max_q;
+        oscar_status cpu; /* the code at the call (CPU, validate = 1) */
+        const char *field;
+    } cases[] = {
+        {{0, 0, TQ}, TQ, TQ, OSCAR_ERR_EMPTY, "n_i >= 1"},                /* n_0 = 0 */
+        {{0, 3, TQ}, TQ, 3, OSCAR_ERR_TOO_LONG, "max_q_len"},             /* n_1 = 4 > max_q_len */
+        {{0, 3, TQ}, TQ - 1, 4, OSCAR_ERR_INVALID_ARGUMENT, "total_q"},   /* cu_q ends at 7, total_q 6 */
+        {{1, 3, TQ}, TQ, 4, OSCAR_ERR_INVALID_ARGUMENT, "cu_q"},          /* cu_q[0] != 0 */
+        {{0, 2, 1}, 1, 1, OSCAR_ERR_TOO_LONG, "max_q_len"},               /* decreasing: n_0 2, n_1 -1 */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        ext_poison(&r, &x);
+        cr_assert_eq(oscar_buffer_write(r.rt, x.cu, 0, cases[k].cu, sizeof cases[k].cu, NULL), OSCAR_OK);
+        oscar_attn_args b = ext_args(&x, cases[k].total_q, cases[k].max_q);
+        oscar_status s = ext_run(&r, &x, &b);
+        oscar_status want = gpu_flag ? OSCAR_ERR_TOO_LONG : cases[k].cpu;
+        cr_expect_eq(s, want, "%s (validate %d) case %zu: status %d, want %d (%s)", backend, validate, k, s, want,
+                     oscar_last_error());
+        if (!gpu_flag)
+            cr_expect(strstr(oscar_last_error(), cases[k].field), "%s case %zu: message does not name %s: %s",
+                      backend, k, cases[k].field, oscar_last_error());
+        cr_expect(ext_untouched(&r, &x), "%s (validate %d) case %zu: out or lse written", backend, validate, k);
+    }
+    /* n_0 > seq_lens[0]: a 2-token sequence asked for 3 queries. */
+    ext_poison(&r, &x);
+    int32_t lens[SEQ] = {2, LEN};
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, x.cu, 0, good, sizeof good, NULL), OSCAR_OK);
+    cr_expect_eq(ext_run(&r, &x, &a), OSCAR_ERR_TOO_LONG, "%s: n_i > seq_len: %s", backend, oscar_last_error());
+    if (!gpu_flag) cr_expect(strstr(oscar_last_error(), "seq_lens"), "message: %s", oscar_last_error());
+    cr_expect(ext_untouched(&r, &x), "%s: n_i > seq_len wrote output", backend);
+    lens[0] = LEN;
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    /* Host-side refusals, the same on every backend. */
+    struct {
+        oscar_attn_args a;
+        oscar_status want;
+        const char *field;
+    } host[12];
+    int nh = 0;
+    host[nh].a = a, host[nh].a.lse_bytes = x.lse_bytes - 1, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
+    host[nh++].field = "lse_bytes";
+    host[nh].a = a, host[nh].a.out_bytes = x.out_bytes - 2, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
+    host[nh++].field = "out_bytes";
+    host[nh].a = a, host[nh].a.out_stride = 2 * 64 + 8, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
+    host[nh++].field = "out_bytes"; /* a padded stride no longer fits the buffer */
+    host[nh].a = a, host[nh].a.total_q = 0, host[nh].want = OSCAR_ERR_EMPTY, host[nh++].field = "total_q";
+    host[nh].a = a, host[nh].a.max_q_len = 0, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
+    host[nh++].field = "max_q_len";
+    host[nh].a = a, host[nh].a.cu_q = NULL, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT, host[nh++].field = "cu_q";
+    host[nh].a = a, host[nh].a.struct_size = 8, host[nh].want = OSCAR_ERR_VERSION, host[nh++].field = "struct_size";
+    host[nh].a = a, host[nh].a.workspace_bytes = 100, host[nh].want = OSCAR_ERR_WORKSPACE,
+    host[nh++].field = "workspace";
+    for (int k = 0; k < nh; k++) {
+        ext_poison(&r, &x);
+        oscar_status s = ext_run(&r, &x, &host[k].a);
+        cr_expect_eq(s, host[k].want, "%s host case %d: status %d, want %d (%s)", backend, k, s, host[k].want,
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), host[k].field), "%s host case %d: message does not name %s: %s",
+                  backend, k, host[k].field, oscar_last_error());
+        cr_expect(ext_untouched(&r, &x), "%s host case %d: out or lse written", backend, k);
+    }
+    /* A newer caller's larger struct with a field set beyond this library's. */
+    union {
+        oscar_attn_args a;
+        unsigned char b[sizeof(oscar_attn_args) + 8];
+    } big;
+    memset(&big, 0, sizeof big);
+    big.a = a;
+    big.a.struct_size = sizeof big;
+    big.b[sizeof a + 3] = 1;
+    oscar_cache c = rig_cache(&r);
+    oscar_batch bb = rig_batch(&r);
+    cr_expect_eq(oscar_extend(r.plan, 0, &c, &bb, &big.a), OSCAR_ERR_VERSION);
+    big.b[sizeof a + 3] = 0;
+    cr_expect_eq(oscar_extend(r.plan, 0, &c, &bb, &big.a), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(oscar_plan_check(r.plan, x.ws, NULL), OSCAR_OK);
+    void *b2[] = {x.ws, x.out, x.lse, x.cu, x.q};
+    for (size_t i = 0; i < sizeof b2 / sizeof b2[0]; i++) oscar_buffer_free(r.rt, b2[i]);
+    rig_close(&r);
+}
+Test(bad_input, extend_refusals_cpu) { extend_bad_case("cpu", 0); }
+Test(bad_input, extend_refusals_opencl, .timeout = 300) {
+    extend_bad_case("opencl", 0);
+    extend_bad_case("opencl", 1);
+}
+Test(bad_input, extend_refusals_cuda, .timeout = 300) {
+    extend_bad_case("cuda", 0);
+    extend_bad_case("cuda", 1);
+}
+Test(bad_input, extend_refusals_hip, .timeout = 300) {
+    extend_bad_case("hip", 0);
+    extend_bad_case("hip", 1);
+}
+
 /* ------------------------------------------------------------- parameters */
 Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
     oscar_runtime *rt;

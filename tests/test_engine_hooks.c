@@ -1,5 +1,6 @@
 /* Engine hooks on tiny-qwen3: the KV quantization hook's 2-bit region
- * (S0 <= p <= t - W), the bf16 option, stopping early, and the observer. */
+ * (S0 <= p <= t - W; chunked: p <= chunk end - 1 - W), the bf16 option,
+ * stopping early, and the observer. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -151,7 +152,32 @@ Test(engine_hooks, quantized_region_is_exactly_s0_to_t_minus_w)
             cr_expect(row_diff(base, got, c->vocab, t) < 1e-3, "row %d read key %d quantized", t, n - 1 - W);
     }
 
-    /* 5. A failing hook aborts the forward with its status. */
+    /* 5. Chunked schedule (chunk_tokens N, oscar-eval --chunk): query t sees
+     * the 2-bit region of its chunk's end e, so with garbage everywhere the
+     * first row to move is the first of the first chunk with e >= S0 + W + 1,
+     * and every row of earlier chunks stays. */
+    {
+        const int N = 1 + (int)(rand_r(&g_seed) % 40);
+        o.chunk_tokens = N;
+        hs.garbage_from = 0;
+        hs.garbage_to = n;
+        hs.last_layer_seen = -1;
+        cr_assert_eq(oe_forward(ctx, tok, n, &o, got), OSCAR_OK, "%s", oe_last_error());
+        int c0 = (S0 + W + 1 + N - 1) / N - 1; /* first chunk whose end reaches S0 + W + 1 */
+        int firstc = c0 * N;
+        printf("chunk %d: first row reading a quantized key %d\n", N, firstc);
+        for (int t = 0; t < n && t < firstc; t++)
+            cr_expect(row_diff(base, got, c->vocab, t) < 1e-3, "chunk %d: row %d (chunk end <= S0 + W) read a "
+                      "quantized key: %g", N, t, row_diff(base, got, c->vocab, t));
+        if (firstc < n && (firstc + N < n ? firstc + N : n) >= S0 + W + 1)
+            cr_expect(row_diff(base, got, c->vocab, firstc) > 1e-2, "chunk %d: row %d did not read key S0 quantized",
+                      N, firstc);
+        o.chunk_tokens = -1;
+        cr_expect_eq(oe_forward(ctx, tok, n, &o, got), OSCAR_ERR_INVALID_ARGUMENT);
+        o.chunk_tokens = 0;
+    }
+
+    /* 6. A failing hook aborts the forward with its status. */
     hs.last_layer_seen = 5;
     cr_expect_eq(oe_forward(ctx, tok, n, &o, got), OSCAR_ERR_STATE);
     cr_expect(strstr(oe_last_error(), "hook"), "message: %s", oe_last_error());

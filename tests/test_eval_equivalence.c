@@ -20,10 +20,13 @@
 enum { D = 128, HQ = 4, HKV = 2, T = 100, S0 = 4, W = 16, PAGE = 16 };
 
 /* Float64 attention of query t under the teacher-forced rule with the
- * 2-bit region S0 <= p <= t - W + shift (shift 0: the real rule). */
+ * 2-bit region S0 <= p <= e - 1 - W + shift (shift 0: the real rule), e the
+ * cache length the query sees: t + 1 token by token, the end of t's chunk
+ * in a chunked prefill of `chunk` tokens (oscar-eval --chunk, FORMAT.md §5.1). */
 static void tf_attention(const float *q, const float *k, const float *v, const float *kq, const float *vq, int t,
-                         int shift, double *out)
+                         int shift, int chunk, double *out)
 {
+    const int e = chunk > 0 ? ((t / chunk + 1) * chunk < T ? (t / chunk + 1) * chunk : T) : t + 1;
     double s[T];
     const double scale = 1.0 / sqrt((double)D);
     for (int h = 0; h < HQ; h++) {
@@ -31,7 +34,7 @@ static void tf_attention(const float *q, const float *k, const float *v, const f
         const float *qh = q + ((size_t)t * HQ + h) * D;
         double mx = -INFINITY;
         for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= t - W + shift;
+            int quant = p >= S0 && p <= e - 1 - W + shift;
             const float *kr = (quant ? kq : k) + ((size_t)p * HKV + g) * D;
             double acc = 0.0;
             for (int j = 0; j < D; j++) acc += (double)qh[j] * (double)kr[j];
@@ -43,14 +46,16 @@ static void tf_attention(const float *q, const float *k, const float *v, const f
         double *o = out + (size_t)h * D;
         for (int j = 0; j < D; j++) o[j] = 0.0;
         for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= t - W + shift;
+            int quant = p >= S0 && p <= e - 1 - W + shift;
             const float *vr = (quant ? vq : v) + ((size_t)p * HKV + g) * D;
             for (int j = 0; j < D; j++) o[j] += s[p] / sum * (double)vr[j];
         }
     }
 }
 
-static void run_case_fb(oscar_method m, int group, int feedback)
+/* chunk 0: one oscar_append + oscar_decode per token; chunk N: oscar_append
+ * of N tokens, then oscar_extend with their N queries. */
+static void run_case_x(oscar_method m, int group, int feedback, int chunk)
 {
     uint64_t seed = rc_fresh_seed();
     rc_rng rng;
@@ -160,48 +165,64 @@ static void run_case_fb(oscar_method m, int group, int feedback)
     int32_t maxlen = T;
     cr_assert_eq(rc_paged_init(&rng, &l, 1, &maxlen, 2, &pb), 0);
     size_t wsb = 0;
-    cr_assert_eq(oscar_plan_workspace_bytes(plan, 1, T, &wsb), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_workspace_bytes(plan, chunk > 0 ? chunk : 1, T, &wsb), OSCAR_OK, "%s", oscar_last_error());
     void *ws = malloc(wsb ? wsb : 1);
     cr_assert(ws);
     cr_assert_eq(oscar_plan_workspace_init(plan, ws, NULL), OSCAR_OK, "%s", oscar_last_error());
     oscar_cache cache = {pb.pages, pb.num_pages, pb.windows, pb.num_slots};
     oscar_batch b = {1, pb.seq_lens, pb.window_slots, pb.block_table, pb.stride, T};
-    int32_t cu[2] = {0, 1};
-    uint16_t kb[HKV * D], vb[HKV * D], qb[HQ * D], ob[HQ * D];
+    enum { NMAX = 32 }; /* largest chunk of the cases */
+    cr_assert(chunk >= 0 && chunk <= NMAX);
+    const int step = chunk > 0 ? chunk : 1;
+    uint16_t kb[NMAX * HKV * D], vb[NMAX * HKV * D], qb[NMAX * HQ * D], obuf[NMAX * HQ * D];
     double ref[HQ * D], shifted[HQ * D], engine_ref[HQ * D];
     int bad_steps = 0, shift_caught[2] = {0, 0};
     double worst = 0.0, worst_engine = 0.0;
     char msg[256], first[400] = "";
-    for (int t = 0; t < T; t++) {
-        pb.seq_lens[0] = t + 1;
-        rc_to_dtype(OSCAR_DTYPE_BF16, k + (size_t)t * HKV * D, kb, HKV * D);
-        rc_to_dtype(OSCAR_DTYPE_BF16, v + (size_t)t * HKV * D, vb, HKV * D);
-        rc_to_dtype(OSCAR_DTYPE_BF16, q + (size_t)t * HQ * D, qb, HQ * D);
-        rc_poison(ob, sizeof ob);
-        cr_assert_eq(oscar_append(plan, 0, &cache, &b, cu, 1, kb, vb, 0, ws, wsb, NULL), OSCAR_OK,
-                     "%s step %d: %s (seed %llu)", mname, t, oscar_last_error(), (unsigned long long)seed);
-        cr_assert_eq(oscar_decode(plan, 0, &cache, &b, qb, 0, ob, 0, 0.0f, 0, ws, wsb, NULL), OSCAR_OK,
-                     "%s step %d: %s (seed %llu)", mname, t, oscar_last_error(), (unsigned long long)seed);
-        tf_attention(q, kw, vw, kq, vq, t, 0, ref);
-        int nbad = rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
-        if (nbad && !bad_steps) snprintf(first, sizeof first, "step %d: %d outputs off, %s", t, nbad, msg);
-        bad_steps += nbad > 0;
-        double mx = 0.0, err = 0.0;
-        for (int i = 0; i < HQ * D; i++) {
-            mx = fmax(mx, fabs(ref[i]));
-            err = fmax(err, fabs(oscar_load(OSCAR_DTYPE_BF16, ob, (size_t)i) - ref[i]));
+    for (int t0 = 0; t0 < T; t0 += step) {
+        const int n = T - t0 < step ? T - t0 : step;
+        int32_t cu[2] = {0, n};
+        pb.seq_lens[0] = t0 + n;
+        rc_to_dtype(OSCAR_DTYPE_BF16, k + (size_t)t0 * HKV * D, kb, (size_t)n * HKV * D);
+        rc_to_dtype(OSCAR_DTYPE_BF16, v + (size_t)t0 * HKV * D, vb, (size_t)n * HKV * D);
+        rc_to_dtype(OSCAR_DTYPE_BF16, q + (size_t)t0 * HQ * D, qb, (size_t)n * HQ * D);
+        rc_poison(obuf, sizeof obuf);
+        cr_assert_eq(oscar_append(plan, 0, &cache, &b, cu, n, kb, vb, 0, ws, wsb, NULL), OSCAR_OK,
+                     "%s step %d: %s (seed %llu)", mname, t0, oscar_last_error(), (unsigned long long)seed);
+        if (chunk == 0) {
+            cr_assert_eq(oscar_decode(plan, 0, &cache, &b, qb, 0, obuf, 0, 0.0f, 0, ws, wsb, NULL), OSCAR_OK,
+                         "%s step %d: %s (seed %llu)", mname, t0, oscar_last_error(), (unsigned long long)seed);
+        } else {
+            oscar_attn_args a;
+            oscar_attn_args_default(&a);
+            a.cu_q = cu, a.total_q = n, a.max_q_len = n, a.q = qb, a.out = obuf, a.out_bytes = sizeof obuf;
+            a.workspace = ws, a.workspace_bytes = wsb;
+            cr_assert_eq(oscar_extend(plan, 0, &cache, &b, &a), OSCAR_OK, "%s chunk at %d: %s (seed %llu)", mname,
+                         t0, oscar_last_error(), (unsigned long long)seed);
         }
-        worst = fmax(worst, err / (mx > 0 ? mx : 1));
-        /* The engine's own full-precision rows (bf16, unrotated). */
-        tf_attention(q, k, v, kq, vq, t, 0, engine_ref);
-        double e2 = 0.0;
-        for (int i = 0; i < HQ * D; i++)
-            e2 = fmax(e2, fabs(oscar_load(OSCAR_DTYPE_BF16, ob, (size_t)i) - engine_ref[i]));
-        worst_engine = fmax(worst_engine, e2 / (mx > 0 ? mx : 1));
-        /* One key more / fewer in 2 bits: must be visible at some step. */
-        for (int s = 0; s < 2; s++) {
-            tf_attention(q, kw, vw, kq, vq, t, s ? 1 : -1, shifted);
-            shift_caught[s] += rc_check_output(OSCAR_DTYPE_BF16, ob, shifted, HQ * D, NULL, 0) > 0;
+        for (int t = t0; t < t0 + n; t++) {
+            const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
+            tf_attention(q, kw, vw, kq, vq, t, 0, chunk, ref);
+            int nbad = rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
+            if (nbad && !bad_steps) snprintf(first, sizeof first, "step %d: %d outputs off, %s", t, nbad, msg);
+            bad_steps += nbad > 0;
+            double mx = 0.0, err = 0.0;
+            for (int i = 0; i < HQ * D; i++) {
+                mx = fmax(mx, fabs(ref[i]));
+                err = fmax(err, fabs(oscar_load(OSCAR_DTYPE_BF16, ob, (size_t)i) - ref[i]));
+            }
+            worst = fmax(worst, err / (mx > 0 ? mx : 1));
+            /* The engine's own full-precision rows (bf16, unrotated). */
+            tf_attention(q, k, v, kq, vq, t, 0, chunk, engine_ref);
+            double e2 = 0.0;
+            for (int i = 0; i < HQ * D; i++)
+                e2 = fmax(e2, fabs(oscar_load(OSCAR_DTYPE_BF16, ob, (size_t)i) - engine_ref[i]));
+            worst_engine = fmax(worst_engine, e2 / (mx > 0 ? mx : 1));
+            /* One key more / fewer in 2 bits: must be visible at some step. */
+            for (int s = 0; s < 2; s++) {
+                tf_attention(q, kw, vw, kq, vq, t, s ? 1 : -1, chunk, shifted);
+                shift_caught[s] += rc_check_output(OSCAR_DTYPE_BF16, ob, shifted, HQ * D, NULL, 0) > 0;
+            }
         }
     }
     cr_log_info("%s group %d: worst |decode - teacher-forced| / max|ref| = %.3g with the cache's rotated bf16 "
@@ -224,6 +245,7 @@ static void run_case_fb(oscar_method m, int group, int feedback)
     free(k), free(v), free(q), free(kq), free(vq), free(kw), free(vw);
 }
 
+static void run_case_fb(oscar_method m, int group, int feedback) { run_case_x(m, group, feedback, 0); }
 static void run_case(oscar_method m, int group) { run_case_fb(m, group, 0); }
 
 Test(eval_equivalence, oscar2) { run_case(OSCAR_METHOD_OSCAR2, 128); }
@@ -233,3 +255,9 @@ Test(eval_equivalence, oscar2_group32) { run_case(OSCAR_METHOD_OSCAR2, 32); }
 Test(eval_equivalence, oscar2_lm) { run_case(OSCAR_METHOD_OSCAR2_LM, 128); }
 Test(eval_equivalence, int2) { run_case(OSCAR_METHOD_INT2, 128); }
 Test(eval_equivalence, quarot2) { run_case(OSCAR_METHOD_QUAROT2, 64); }
+/* The chunked schedule (oscar-eval --chunk N): append N tokens, extend with
+ * their queries; chunks of 7 (demotions inside the chunk) and 32 (longer
+ * than W = 16 and two pages). */
+Test(eval_equivalence, oscar2_chunked_7) { run_case_x(OSCAR_METHOD_OSCAR2, 128, 1, 7); }
+Test(eval_equivalence, oscar2_lm_chunked_32) { run_case_x(OSCAR_METHOD_OSCAR2_LM, 64, 0, 32); }
+Test(eval_equivalence, int2_chunked_32) { run_case_x(OSCAR_METHOD_INT2, 128, 0, 32); }

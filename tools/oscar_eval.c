@@ -33,6 +33,10 @@ static void usage(FILE *f)
             "  --max-tokens N      evaluated tokens per method: floor(N/context) windows (default 32768)\n"
             "  --sink S0           first tokens kept in 16 bits (default 64)\n"
             "  --recent W          last tokens kept in 16 bits (default 256)\n"
+            "  --chunk N           chunked-prefill schedule: each window's cache is filled N tokens at a\n"
+            "                      time (append, then attend with those queries: oscar_extend), so a\n"
+            "                      query sees the 2-bit region of its chunk's end (default 0: token\n"
+            "                      by token, as decoding sees it)\n"
             "  --group G           quant group along head_dim (default head_dim)\n"
             "  --ablations         also run the ablations (fixed clips, Hadamard+clip, no clip,\n"
             "                      Lloyd-Max), with windows and without\n"
@@ -127,7 +131,7 @@ int main(int argc, char **argv)
     memset(&S, 0, sizeof S);
     S.ret_source = "text";
     const char *methods = "bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm";
-    long ctx = 2048, max_tokens = 32768, sink = 64, recent = 256, group = 0, threads = 1, trials = 4;
+    long ctx = 2048, max_tokens = 32768, sink = 64, recent = 256, group = 0, threads = 1, trials = 4, chunk = 0;
     long long seed = 1234;
     int ablations = 0, allow_other_model = 0;
     const char *per_layer = NULL;
@@ -187,6 +191,7 @@ int main(int argc, char **argv)
         INT_OPT("--max-tokens", 1, 1L << 40, max_tokens)
         INT_OPT("--sink", 0, 1 << 20, sink)
         INT_OPT("--recent", 0, 1 << 20, recent)
+        INT_OPT("--chunk", 0, 1 << 20, chunk)
         INT_OPT("--group", 0, 256, group)
         INT_OPT("--threads", 1, EV_MAX_THREADS, threads)
         INT_OPT("--retrieval-trials", 0, 1000, trials)
@@ -347,6 +352,7 @@ int main(int argc, char **argv)
     memset(&R, 0, sizeof R);
     R.model = model;
     R.ctx = (int)ctx;
+    R.chunk = (int)chunk;
     R.vocab = cfg.vocab;
     R.Hkv = cfg.num_kv_heads;
     R.d = d;
@@ -519,6 +525,7 @@ int main(int argc, char **argv)
     S.tokens_in_file = ntok;
     S.sink = (int)sink;
     S.recent = (int)recent;
+    S.chunk = (int)chunk;
     S.group = (int)group;
     S.workers = (int)threads;
     S.engine_threads = engine_threads;

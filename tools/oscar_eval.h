@@ -54,6 +54,7 @@ typedef struct ev_hook {
 typedef struct ev_run {
     const oe_model *model;
     int ctx, vocab, Hkv, d;
+    int chunk; /* > 0: chunked-prefill schedule of chunk tokens (--chunk); 0: token by token */
     ev_variant vars[EV_MAX_VARIANTS];
     int nvar, ref_index;
     ev_job *jobs;
@@ -80,7 +81,7 @@ void ev_totals(const ev_run *R, int v, ev_total *out);
 
 typedef struct ev_settings {
     const char *model_dir, *params_path, *params_lm_path, *tokens_path, *out_json, *out_md, *out_plot;
-    int ctx, windows, sink, recent, group, threads, workers, engine_threads;
+    int ctx, windows, sink, recent, group, threads, workers, engine_threads, chunk;
     int64_t eval_tokens, tokens_in_file;
     int ret_trials, ret_len, ret_first, ret_second;
     const char *ret_source;

@@ -94,7 +94,11 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
     json_object_set_new(st, "meta_dtype", json_string("f16"));
     json_object_set_new(st, "library_version", json_string(oscar_version(NULL, NULL, NULL)));
     json_object_set_new(st, "reference", json_string("bf16: K/V rounded to bf16 everywhere, no 2-bit region"));
-    json_object_set_new(st, "region_rule", json_string("key p is read quantized by query t iff sink <= p <= t - recent"));
+    json_object_set_new(st, "chunk", json_integer(S->chunk));
+    json_object_set_new(st, "region_rule",
+                        json_string(S->chunk > 0 ? "key p is read quantized by query t iff sink <= p <= e - 1 - recent, "
+                                                   "e = min(end of t's chunk of `chunk` tokens, context)"
+                                                 : "key p is read quantized by query t iff sink <= p <= t - recent"));
     json_object_set_new(st, "started_utc", json_string(S->started));
     json_t *rt = json_object();
     json_object_set_new(rt, "trials", json_integer(S->ret_trials));
@@ -162,6 +166,10 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
                "windows.\n\n",
             S->model_dir, S->tokens_path, S->ctx, S->windows, (long long)S->eval_tokens, S->group,
             oscar_version(NULL, NULL, NULL), S->ret_len, S->ret_source, S->ret_trials, ret_base(R), S->ctx);
+    if (S->chunk > 0)
+        fprintf(f, "Chunked-prefill schedule: the cache is filled %d tokens at a time and each chunk's queries see "
+                   "the 2-bit region of the chunk's end (append, then oscar_extend; docs/FORMAT.md §5.1).\n\n",
+                S->chunk);
     const char *hdr = "| method | S0/W | bits/elt | bits/elt (seq) | ppl | delta ppl | KL | top-1 | retrieval |\n"
                       "|---|---|---|---|---|---|---|---|---|\n";
     fputs(hdr, f);

@@ -231,6 +231,7 @@ static oscar_status run_job(worker *w, int job)
         o.kv_quant_user = &w->hook;
         o.sink_tokens = var->sink;
         o.recent_tokens = var->recent;
+        o.chunk_tokens = R->chunk;
         s = oe_forward(w->ctx, J->tokens, J->n, &o, w->logits);
         if (s != OSCAR_OK) return s;
         if (J->retrieval) score_retrieval(w->logits, vocab, J->r0, J->r1, J->tokens, &row[v]);

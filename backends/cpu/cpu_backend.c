@@ -452,13 +452,13 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
 /* ------------------------------------------------------------- decode */
 /* 0 when some q row of the batch has a NaN or Inf (refused before any output
  * is written; GPU backends raise the device flag instead). */
-static int q_finite(const cpu_plan *p, const oscar_backend_decode_args *a, int *seq, int *head) {
+static int q_finite(const cpu_plan *p, const void *q, int64_t q_stride, int rows, int *tok, int *head) {
     int Hq = p->l.num_q_heads, d = p->g.d;
-    for (int i = 0; i < a->batch.num_seqs; i++)
+    for (int i = 0; i < rows; i++)
         for (int hq = 0; hq < Hq; hq++)
-            if (!row_finite(p->l.kv_dtype, (const char *)a->q + ((size_t)i * a->q_stride + (size_t)hq * d) * p->esize,
+            if (!row_finite(p->l.kv_dtype, (const char *)q + ((size_t)i * q_stride + (size_t)hq * d) * p->esize,
                             (size_t)d)) {
-                *seq = i;
+                *tok = i;
                 *head = hq;
                 return 0;
             }
@@ -515,83 +515,134 @@ static float dot(int d, const float *a, const float *b) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
+/* Attention of one query token: position t of a sequence whose cache is
+ * stored at length L (t < L); it sees rows 0..t as they are stored at L
+ * (FORMAT.md §5.1). q_row/out_row: [Hq][d] kv_dtype; lse_row: [Hq] or NULL. */
+static void attend_token(const cpu_plan *p, int layer, const oscar_cache *c, const int32_t *bt, int32_t slot,
+                         int64_t L, int64_t t, const char *q_row, char *out_row, float *lse_row, float sm_scale,
+                         int rotated_output) {
+    int H = p->g.H, d = p->g.d, Hq = p->l.num_q_heads, gq = Hq / H;
+    float qr[Q_CHUNK][256], acc[Q_CHUNK][256], s[Q_CHUNK][POS_BLOCK], m[Q_CHUNK], l[Q_CHUNK];
+    float row[256], tmp[256];
+    const int64_t vis = t + 1;
+    for (int h = 0; h < H; h++) {
+        const float *RK = rot_of(p, p->rot_k, layer, h), *RV = rot_of(p, p->rot_v, layer, h);
+        for (int hq0 = h * gq; hq0 < (h + 1) * gq; hq0 += Q_CHUNK) {
+            int nq = (h + 1) * gq - hq0 < Q_CHUNK ? (h + 1) * gq - hq0 : Q_CHUNK;
+            for (int qi = 0; qi < nq; qi++) {
+                load_row(p, q_row + (size_t)(hq0 + qi) * d * p->esize, tmp);
+                oscar_ref_rotate(d, tmp, RK, qr[qi]); /* q~ = q R_K in fp32, not rounded */
+                m[qi] = -INFINITY;
+                l[qi] = 0.0f;
+                memset(acc[qi], 0, (size_t)d * sizeof(float));
+            }
+            for (int64_t p0 = 0; p0 < vis; p0 += POS_BLOCK) {
+                int nb = vis - p0 < POS_BLOCK ? (int)(vis - p0) : POS_BLOCK;
+                for (int k = 0; k < nb; k++) {
+                    read_stored(p, c, bt, slot, 0, h, p0 + k, L, row);
+                    for (int qi = 0; qi < nq; qi++) s[qi][k] = sm_scale * dot(d, qr[qi], row);
+                }
+                /* Online softmax: rescale the running sums to the new max. */
+                for (int qi = 0; qi < nq; qi++) {
+                    float bm = m[qi];
+                    for (int k = 0; k < nb; k++) bm = fmaxf(bm, s[qi][k]);
+                    float sc = expf(m[qi] - bm);
+                    l[qi] *= sc;
+                    for (int j = 0; j < d; j++) acc[qi][j] *= sc;
+                    for (int k = 0; k < nb; k++) {
+                        s[qi][k] = expf(s[qi][k] - bm);
+                        l[qi] += s[qi][k];
+                    }
+                    m[qi] = bm;
+                }
+                for (int k = 0; k < nb; k++) {
+                    read_stored(p, c, bt, slot, 1, h, p0 + k, L, row);
+                    for (int qi = 0; qi < nq; qi++) {
+                        float w = s[qi][k];
+                        float *ac = acc[qi];
+                        for (int j = 0; j < d; j += 8) /* d is a multiple of 64 */
+                            for (int k = 0; k < 8; k++) ac[j + k] += w * row[j + k];
+                    }
+                }
+            }
+            for (int qi = 0; qi < nq; qi++) {
+                float inv = 1.0f / l[qi];
+                for (int j = 0; j < d; j++) tmp[j] = acc[qi][j] * inv;
+                const float *o = tmp;
+                if (!rotated_output && RV) {
+                    oscar_ref_unrotate(d, tmp, RV, row);
+                    o = row;
+                }
+                store_row(p, o, out_row + (size_t)(hq0 + qi) * d * p->esize);
+                /* natural log of sum_p exp(s_p): the running max plus log of the sum */
+                if (lse_row) lse_row[hq0 + qi] = m[qi] + logf(l[qi]);
+            }
+        }
+    }
+}
+
+/* Checks shared by decode and extend: q/out present, strides, finite q. */
+static oscar_status check_q_out(const cpu_plan *p, const void *q, int64_t q_stride, const void *out,
+                                int64_t out_stride, int rows, const char *fn, oscar_errbuf *err) {
+    int d = p->g.d, Hq = p->l.num_q_heads;
+    if (!q || !out) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: q or out is NULL", fn);
+    if (q_stride < (int64_t)Hq * d || out_stride < (int64_t)Hq * d)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d", fn,
+                                (long long)q_stride, (long long)out_stride, Hq * d);
+    int bad_tok, bad_head;
+    if (!q_finite(p, q, q_stride, rows, &bad_tok, &bad_head))
+        return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                "%s: q of query token %d, query head %d contains NaN or Inf; nothing was written to "
+                                "out",
+                                fn, bad_tok, bad_head);
+    return OSCAR_OK;
+}
+
+static const int32_t *bt_row_of(const oscar_batch *b, int i) {
+    return b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
+}
+static int32_t slot_of(const cpu_plan *p, const oscar_batch *b, int i) {
+    return p->quantized && p->S0 + p->W > 0 ? b->window_slots[i] : 0;
+}
+
 static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
     (void)ctx;
     const cpu_plan *p = bplan;
     const oscar_batch *b = &a->batch;
     oscar_status st = check_batch(p, a->layer, &a->cache, b, "oscar_decode", err);
+    if (!st) st = check_q_out(p, a->q, a->q_stride, a->out, a->out_stride, b->num_seqs, "oscar_decode", err);
     if (st) return st;
-    int H = p->g.H, d = p->g.d, Hq = p->l.num_q_heads, gq = Hq / H;
-    if (!a->q || !a->out) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_decode: q or out is NULL");
-    if (a->q_stride < (int64_t)Hq * d || a->out_stride < (int64_t)Hq * d)
+    for (int i = 0; i < b->num_seqs; i++)
+        attend_token(p, a->layer, &a->cache, bt_row_of(b, i), slot_of(p, b, i), b->seq_lens[i], b->seq_lens[i] - 1,
+                     (const char *)a->q + (size_t)i * a->q_stride * p->esize,
+                     (char *)a->out + (size_t)i * a->out_stride * p->esize, NULL, a->sm_scale, a->rotated_output);
+    return OSCAR_OK;
+}
+
+static oscar_status cpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err) {
+    (void)ctx;
+    const cpu_plan *p = bplan;
+    const oscar_batch *b = &a->batch;
+    const char *fn = "oscar_extend";
+    oscar_status st = check_batch(p, a->layer, &a->cache, b, fn, err);
+    if (st) return st;
+    if (!a->cu_q && a->total_q != b->num_seqs)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d",
-                                (long long)a->q_stride, (long long)a->out_stride, Hq * d);
-    int bad_seq, bad_head;
-    if (!q_finite(p, a, &bad_seq, &bad_head))
-        return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
-                                "oscar_decode: q of sequence %d, query head %d contains NaN or Inf; nothing was "
-                                "written to out",
-                                bad_seq, bad_head);
-    float qr[Q_CHUNK][256], acc[Q_CHUNK][256], s[Q_CHUNK][POS_BLOCK], m[Q_CHUNK], l[Q_CHUNK];
-    float row[256], tmp[256];
+                                "%s: cu_q is NULL (one query per sequence) but total_q %d != num_seqs %d", fn,
+                                a->total_q, b->num_seqs);
+    if (a->cu_q && (st = oscar_check_cu_q(a->cu_q, b->seq_lens, b->num_seqs, a->total_q, a->max_q_len, fn, err)))
+        return st;
+    if ((st = check_q_out(p, a->q, a->q_stride, a->out, a->out_stride, a->total_q, fn, err))) return st;
     for (int i = 0; i < b->num_seqs; i++) {
         int64_t L = b->seq_lens[i];
-        const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
-        int32_t slot = p->quantized && p->S0 + p->W > 0 ? b->window_slots[i] : 0;
-        for (int h = 0; h < H; h++) {
-            const float *RK = rot_of(p, p->rot_k, a->layer, h), *RV = rot_of(p, p->rot_v, a->layer, h);
-            for (int hq0 = h * gq; hq0 < (h + 1) * gq; hq0 += Q_CHUNK) {
-                int nq = (h + 1) * gq - hq0 < Q_CHUNK ? (h + 1) * gq - hq0 : Q_CHUNK;
-                for (int qi = 0; qi < nq; qi++) {
-                    load_row(p, (const char *)a->q + ((size_t)i * a->q_stride + (size_t)(hq0 + qi) * d) * p->esize,
-                             tmp);
-                    oscar_ref_rotate(d, tmp, RK, qr[qi]); /* q~ = q R_K in fp32, not rounded */
-                    m[qi] = -INFINITY;
-                    l[qi] = 0.0f;
-                    memset(acc[qi], 0, (size_t)d * sizeof(float));
-                }
-                for (int64_t p0 = 0; p0 < L; p0 += POS_BLOCK) {
-                    int nb = L - p0 < POS_BLOCK ? (int)(L - p0) : POS_BLOCK;
-                    for (int k = 0; k < nb; k++) {
-                        read_stored(p, &a->cache, bt, slot, 0, h, p0 + k, L, row);
-                        for (int qi = 0; qi < nq; qi++) s[qi][k] = a->sm_scale * dot(d, qr[qi], row);
-                    }
-                    /* Online softmax: rescale the running sums to the new max. */
-                    for (int qi = 0; qi < nq; qi++) {
-                        float bm = m[qi];
-                        for (int k = 0; k < nb; k++) bm = fmaxf(bm, s[qi][k]);
-                        float sc = expf(m[qi] - bm);
-                        l[qi] *= sc;
-                        for (int j = 0; j < d; j++) acc[qi][j] *= sc;
-                        for (int k = 0; k < nb; k++) {
-                            s[qi][k] = expf(s[qi][k] - bm);
-                            l[qi] += s[qi][k];
-                        }
-                        m[qi] = bm;
-                    }
-                    for (int k = 0; k < nb; k++) {
-                        read_stored(p, &a->cache, bt, slot, 1, h, p0 + k, L, row);
-                        for (int qi = 0; qi < nq; qi++) {
-                            float w = s[qi][k];
-                            float *ac = acc[qi];
-                            for (int j = 0; j < d; j += 8) /* d is a multiple of 64 */
-                                for (int k = 0; k < 8; k++) ac[j + k] += w * row[j + k];
-                        }
-                    }
-                }
-                for (int qi = 0; qi < nq; qi++) {
-                    float inv = 1.0f / l[qi];
-                    for (int j = 0; j < d; j++) tmp[j] = acc[qi][j] * inv;
-                    const float *o = tmp;
-                    if (!a->rotated_output && RV) {
-                        oscar_ref_unrotate(d, tmp, RV, row);
-                        o = row;
-                    }
-                    store_row(p, o,
-                              (char *)a->out + ((size_t)i * a->out_stride + (size_t)(hq0 + qi) * d) * p->esize);
-                }
-            }
+        int32_t c0 = a->cu_q ? a->cu_q[i] : i, n = a->cu_q ? a->cu_q[i + 1] - c0 : 1;
+        for (int32_t k = 0; k < n; k++) {
+            size_t tok = (size_t)c0 + (size_t)k;
+            attend_token(p, a->layer, &a->cache, bt_row_of(b, i), slot_of(p, b, i), L, L - n + k,
+                         (const char *)a->q + tok * (size_t)a->q_stride * p->esize,
+                         (char *)a->out + tok * (size_t)a->out_stride * p->esize,
+                         a->lse ? a->lse + tok * (size_t)p->l.num_q_heads : NULL, a->sm_scale, a->rotated_output);
         }
     }
     return OSCAR_OK;
@@ -616,6 +667,7 @@ static const oscar_backend_api k_cpu_api = {
     .check = cpu_check,
     .append = cpu_append,
     .decode = cpu_decode,
+    .extend = cpu_extend,
 };
 
 const oscar_backend_api *oscar_cpu_backend(void) { return &k_cpu_api; }

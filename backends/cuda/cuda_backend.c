@@ -170,6 +170,11 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->rotate_q = dv->rotate_q;
     k->decode = dv->decode;
     k->merge = dv->merge;
+    k->extend = dv->extend;
+    k->merge_ext = dv->merge_ext;
+    k->ext_cap = dv->ext_cap;
+    k->ext_threads = dv->ext_threads;
+    k->ext_elems = dv->ext_elems;
     k->threads = dv->threads;
     k->elems = dv->elems;
     k->min_chunk = t ? t->min_chunk : 256;
@@ -223,6 +228,6 @@ static const oscar_backend_api k_api = {
     g_shutdown,                g_device_name,     g_alloc,         g_free,
     g_write,                   g_read,            g_sync,          gpu_plan_create,
     gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
-    gpu_append,                gpu_decode};
+    gpu_append,                gpu_decode,        gpu_extend};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }

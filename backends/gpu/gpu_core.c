@@ -439,7 +439,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
 
 /* q rotation, one tensor-core decode launch over every split, one merge launch. */
 static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_decode_args *a, int max_len,
-                              int max_splits, size_t qtb, oscar_errbuf *err) {
+                              int max_splits, size_t qtb, float *lse, oscar_errbuf *err) {
     const oscar_batch *b = &a->batch;
     int H = p->l.num_kv_heads, Hq = p->l.num_q_heads, D = p->l.head_dim, nseq = b->num_seqs;
     gpu_tc_splits t;
@@ -474,79 +474,164 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
                              p->k.smem, da, 1, a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
-                                .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = NULL,
+                                .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
                                 .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
                                 .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H};
     gpu_arg ma[] = {{&mp, sizeof mp}};
     return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ma, 1, a->stream, err);
 }
 
-oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
-    const gpu_plan *p = bplan;
+/* Checks shared by decode and extend: q/out present, strides. */
+static oscar_status check_q_out(void *ctx, const gpu_plan *p, const void *q, int64_t q_stride, const void *out,
+                                int64_t out_stride, const char *fn, oscar_errbuf *err) {
     const char *nm = V(ctx)->name;
-    oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
-                                   "oscar_decode", err);
-    if (st) return st;
-    if (!a->q || !a->out)
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s oscar_decode: q or out is NULL", nm);
-    const oscar_batch *b = &a->batch;
-    int H = p->l.num_kv_heads, Hq = p->l.num_q_heads, D = p->l.head_dim, nseq = b->num_seqs;
-    if (a->q_stride < (int64_t)Hq * D || a->out_stride < (int64_t)Hq * D)
+    int Hq = p->l.num_q_heads, D = p->l.head_dim;
+    if (!q || !out) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: q or out is NULL", nm, fn);
+    if (q_stride < (int64_t)Hq * D || out_stride < (int64_t)Hq * D)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "%s oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim "
-                                "= %d",
-                                nm, (long long)a->q_stride, (long long)a->out_stride, Hq * D);
+                                "%s %s: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d", nm,
+                                fn, (long long)q_stride, (long long)out_stride, Hq * D);
+    return OSCAR_OK;
+}
+static int batch_max_len(const gpu_plan *p, const oscar_batch *b) {
     int max_len = p->l.max_seq_len;
     if (b->max_seq_len > 0 && b->max_seq_len < max_len) max_len = b->max_seq_len;
-    size_t qtb = qt_bytes(p, nseq);
-    size_t avail = a->workspace_bytes > OSCAR_WORKSPACE_HEADER + qtb ? a->workspace_bytes - OSCAR_WORKSPACE_HEADER - qtb
-                                                                     : 0;
-    size_t one = part_bytes(p, nseq, 1);
-    if (avail < one)
-        return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
-                                "%s oscar_decode: workspace of %zu bytes too small for %d sequences (need at least "
-                                "%zu); size it with oscar_plan_workspace_bytes",
-                                nm, a->workspace_bytes, nseq, OSCAR_WORKSPACE_HEADER + qtb + one);
-    int max_splits = (int)(avail / one > (size_t)(1 << 20) ? (1 << 20) : avail / one);
-    int hch = hchunks_of(p);
-    if (p->k.tc) return tc_decode(ctx, p, a, max_len, max_splits, qtb, err);
+    return max_len;
+}
+/* Splits the workspace holds for `rows` query rows (q~ first, then partials of
+ * one split each); 0 with the error set when not even one fits. */
+static int workspace_splits(void *ctx, const gpu_plan *p, size_t ws_bytes, int rows, const char *fn, size_t *qtb,
+                            oscar_errbuf *err) {
+    *qtb = qt_bytes(p, rows);
+    size_t avail = ws_bytes > OSCAR_WORKSPACE_HEADER + *qtb ? ws_bytes - OSCAR_WORKSPACE_HEADER - *qtb : 0;
+    size_t one = part_bytes(p, rows, 1);
+    if (avail < one) {
+        oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
+                         "%s %s: workspace of %zu bytes too small for %d query rows (need at least %zu); size it "
+                         "with oscar_plan_workspace_bytes",
+                         V(ctx)->name, fn, ws_bytes, rows, OSCAR_WORKSPACE_HEADER + *qtb + one);
+        return 0;
+    }
+    return (int)(avail / one > (size_t)(1 << 20) ? (1 << 20) : avail / one);
+}
+
+/* Decode; lse (tensor-core family only, NULL otherwise): natural-log LSE per (sequence, q head). */
+/* The generic (fp32) family: q rotation, split-KV attention, merge. ext 0:
+ * decode (one query per sequence, decode/merge kernels, a->cu_q NULL and no
+ * LSE); ext 1: extend (per query token, extend/merge_ext kernels, LSE).
+ * Both kernels take the same leading arguments; extend's follow them. */
+static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_backend_extend_args *a, int ext,
+                                   size_t qtb, int max_splits, oscar_errbuf *err) {
+    const oscar_batch *b = &a->batch;
+    int H = p->l.num_kv_heads, Hq = p->l.num_q_heads, D = p->l.head_dim, nseq = b->num_seqs;
+    int rows = ext ? a->total_q : nseq, max_len = batch_max_len(p, b);
+    int cap = ext ? p->k.ext_cap : p->k.cap;
+    if (cap < 1) cap = p->gqa;
+    int hch = (p->gqa + cap - 1) / cap, threads = ext ? p->k.ext_threads : p->k.threads;
     int nsplit, chunk;
-    gpu_choose_splits(nseq, H * hch, max_len, p->k.threads, p->k.min_chunk, target_blocks(ctx, p),
-                      resident_blocks(ctx, p), max_splits, &nsplit, &chunk);
+    gpu_choose_splits(rows, H * hch, max_len, threads, p->k.min_chunk, target_blocks(ctx, p),
+                      ext ? 0 : resident_blocks(ctx, p), max_splits, &nsplit, &chunk);
     if (nsplit > max_splits) {
         /* chunk rounding can need one more split than fits: widen chunks. */
         chunk = (int)(((int64_t)max_len + max_splits - 1) / max_splits);
-        chunk = (chunk + p->k.threads - 1) / p->k.threads * p->k.threads;
+        chunk = (chunk + threads - 1) / threads * threads;
         nsplit = (max_len + chunk - 1) / chunk;
     }
     int64_t qt_off = OSCAR_WORKSPACE_HEADER, part_off = OSCAR_WORKSPACE_HEADER + (int64_t)qtb;
     int64_t q_stride = a->q_stride, out_stride = a->out_stride, rot_off = (int64_t)a->layer * p->num_rot * D * D;
     int num_rot = p->num_rot, identity = p->identity, rotated = a->rotated_output ? 1 : 0, lp = p->lp, S0 = p->S0,
         W = p->W, bt_stride = b->block_table_stride, num_pages = a->cache.num_pages,
-        num_slots = a->cache.num_window_slots;
+        num_slots = a->cache.num_window_slots, has_cu = a->cu_q != NULL, total_q = a->total_q,
+        max_q = a->max_q_len, has_lse = a->lse != NULL;
     float scale = a->sm_scale * LOG2E;
     int64_t page_bytes = (int64_t)p->page_bytes, slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
             vc = (int64_t)p->vc, km = (int64_t)p->km, vm = (int64_t)p->vm;
     const void *q = a->q, *pages = a->cache.pages, *windows = a->cache.windows, *bt = b->block_table,
                *lens = b->seq_lens, *slots = b->window_slots, *rk = p->rot_k, *rvt = p->rot_vt;
-    void *ws = a->workspace, *out = a->out;
+    /* Absent optional buffers are passed as buffers the kernels never touch
+     * behind their flags (OpenCL wants a valid argument). */
+    const void *cu = has_cu ? (const void *)a->cu_q : lens;
+    void *ws = a->workspace, *out = a->out, *lse = has_lse ? (void *)a->lse : a->workspace;
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
-    st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ra,
-                        (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, (unsigned)D, ra,
+                                     (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     gpu_arg dargs[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
                        {&slots, sizeof slots}, {&ws, sizeof ws}, {&qt_off, 8}, {&part_off, 8}, {&num_pages, 4},
                        {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&Hq, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                        {&max_len, 4}, {&chunk, 4}, {&nsplit, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8},
-                       {&vc, 8}, {&km, 8}, {&vm, 8}};
-    st = V(ctx)->launch(ctx, p->k.decode, (unsigned)nsplit, (unsigned)(H * hch), (unsigned)nseq, (unsigned)p->k.threads,
-                        dargs,
-                        (int)(sizeof dargs / sizeof dargs[0]), a->stream, err);
+                       {&vc, 8}, {&km, 8}, {&vm, 8},
+                       /* extend only */
+                       {&cu, sizeof cu}, {&has_cu, 4}, {&nseq, 4}, {&total_q, 4}, {&max_q, 4}};
+    int nd = (int)(sizeof dargs / sizeof dargs[0]) - (ext ? 0 : 5);
+    st = V(ctx)->launch(ctx, ext ? p->k.extend : p->k.decode, (unsigned)nsplit, (unsigned)(H * hch), (unsigned)rows,
+                        (unsigned)threads, dargs, nd, a->stream, err);
     if (st) return st;
     gpu_arg ma[] = {{&ws, sizeof ws}, {&part_off, 8}, {&lens, sizeof lens}, {&chunk, 4}, {&nsplit, 4}, {&max_len, 4},
                     {&rvt, sizeof rvt}, {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&rotated, 4},
-                    {&out, sizeof out}, {&out_stride, 8}, {&Hq, 4}, {&H, 4}};
-    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ma,
-                          (int)(sizeof ma / sizeof ma[0]), a->stream, err);
+                    {&out, sizeof out}, {&out_stride, 8}, {&Hq, 4}, {&H, 4},
+                    /* extend only */
+                    {&cu, sizeof cu}, {&has_cu, 4}, {&nseq, 4}, {&total_q, 4}, {&max_q, 4}, {&lse, sizeof lse},
+                    {&has_lse, 4}};
+    int nm = (int)(sizeof ma / sizeof ma[0]) - (ext ? 0 : 7);
+    return V(ctx)->launch(ctx, ext ? p->k.merge_ext : p->k.merge, (unsigned)Hq, (unsigned)rows, 1, (unsigned)D, ma,
+                          nm, a->stream, err);
+}
+
+/* Decode; lse (tensor-core family only, NULL otherwise): natural-log LSE per (sequence, q head). */
+static oscar_status decode_impl(void *ctx, const gpu_plan *p, const oscar_backend_decode_args *a, float *lse,
+                                oscar_errbuf *err) {
+    oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                   "oscar_decode", err);
+    if (!st) st = check_q_out(ctx, p, a->q, a->q_stride, a->out, a->out_stride, "oscar_decode", err);
+    if (st) return st;
+    size_t qtb;
+    int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->batch.num_seqs, "oscar_decode", &qtb, err);
+    if (!max_splits) return OSCAR_ERR_WORKSPACE;
+    if (p->k.tc) return tc_decode(ctx, p, a, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
+    oscar_backend_extend_args x = {.layer = a->layer, .cache = a->cache, .batch = a->batch, .total_q = a->batch.num_seqs,
+                                   .max_q_len = 1, .q = a->q, .q_stride = a->q_stride, .out = a->out,
+                                   .out_stride = a->out_stride, .sm_scale = a->sm_scale,
+                                   .rotated_output = a->rotated_output, .workspace = a->workspace,
+                                   .workspace_bytes = a->workspace_bytes, .stream = a->stream};
+    return generic_launch(ctx, p, &x, 0, qtb, max_splits, err);
+}
+
+oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
+    return decode_impl(ctx, bplan, a, NULL, err);
+}
+
+/* Extend: q rotation per query token, the generic extend kernel (one
+ * work-group per split, KV head chunk and query token, causal), the extend
+ * merge (LSE). Decode with an LSE on the tensor-core family takes its decode. */
+oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err) {
+    const gpu_plan *p = bplan;
+    const char *nm = V(ctx)->name, *fn = "oscar_extend";
+    if (!p) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s %s: plan is NULL", nm, fn);
+    if (!a->cu_q && a->total_q != a->batch.num_seqs)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s %s: cu_q is NULL (one query per sequence) but total_q %d != num_seqs %d", nm, fn,
+                                a->total_q, a->batch.num_seqs);
+    if (!a->cu_q && p->k.tc) {
+        oscar_backend_decode_args da = {.layer = a->layer, .cache = a->cache, .batch = a->batch, .q = a->q,
+                                        .q_stride = a->q_stride, .out = a->out, .out_stride = a->out_stride,
+                                        .sm_scale = a->sm_scale, .rotated_output = a->rotated_output,
+                                        .workspace = a->workspace, .workspace_bytes = a->workspace_bytes,
+                                        .stream = a->stream};
+        return decode_impl(ctx, p, &da, a->lse, err);
+    }
+    oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, fn, err);
+    if (!st) st = check_q_out(ctx, p, a->q, a->q_stride, a->out, a->out_stride, fn, err);
+    if (st) return st;
+    if (!p->k.extend || !p->k.merge_ext)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "%s %s: no extend kernel for %s", nm, fn, p->k.name);
+    if (a->total_q < 1 || a->total_q > 65535 || a->max_q_len < 1)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s %s: total_q %d outside [1, 65535] or max_q_len %d < 1; split the batch", nm, fn,
+                                a->total_q, a->max_q_len);
+    size_t qtb;
+    int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->total_q, fn, &qtb, err);
+    if (!max_splits) return OSCAR_ERR_WORKSPACE;
+    return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
 }

@@ -22,6 +22,10 @@ typedef struct gpu_arg {
 typedef struct gpu_kernels {
     const void *store, *demote, *rotate_q, *decode, *merge;
     const void *append1; /* one-launch write path (oscar_append1_params), NULL: store + demote */
+    /* Generic (fp32) extend attention and its merge (templates/decode.jinja, ext):
+     * ext_cap query heads per work-group, ext_threads threads, ext_elems V elements each. */
+    const void *extend, *merge_ext;
+    int ext_cap, ext_threads, ext_elems;
     int threads, elems, min_chunk, blocks_per_sm;
     int resident; /* decode CTAs resident per compute unit when known (occupancy query), else 0 */
     int cap;      /* query heads one decode work-group serves; 0: the plan's whole GQA ratio */
@@ -65,6 +69,7 @@ oscar_status gpu_workspace_init(void *ctx, void *bplan, void *workspace, void *s
 oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);
 oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err);
 oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err);
+oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err);
 
 /* Decode split sizing (exposed for the benchmark and tests). With resident
  * > 0 (CTAs the whole device holds at once) the split count minimises

@@ -43,7 +43,7 @@ typedef struct cl_ctx {
 } cl_ctx;
 
 typedef struct cl_plan_kernels {
-    cl_kernel k[5];
+    cl_kernel k[7];
 } cl_plan_kernels;
 
 static cl_command_queue Q(cl_ctx *c, void *stream) { return stream ? (cl_command_queue)stream : c->queue; }
@@ -231,8 +231,9 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     }
     cl_plan_kernels *pk = calloc(1, sizeof *pk);
     if (!pk) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl plan: out of host memory");
-    static const char *names[5] = {"oscar_store", "oscar_demote", "oscar_rotate_q", "oscar_decode", "oscar_merge"};
-    for (int i = 0; i < 5; i++) {
+    static const char *names[7] = {"oscar_store",  "oscar_demote", "oscar_rotate_q", "oscar_decode",
+                                   "oscar_merge",  "oscar_extend", "oscar_merge_ext"};
+    for (int i = 0; i < 7; i++) {
         pk->k[i] = clCreateKernel(prog, names[i], &rc);
         if (rc != CL_SUCCESS) {
             for (int j = 0; j < i; j++) clReleaseKernel(pk->k[j]);
@@ -248,6 +249,11 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     k->rotate_q = pk->k[2];
     k->decode = pk->k[3];
     k->merge = pk->k[4];
+    k->extend = pk->k[5];
+    k->merge_ext = pk->k[6];
+    k->ext_cap = gq; /* the program is built for the plan's ratio (OSCAR_GQ) */
+    k->ext_threads = t[1];
+    k->ext_elems = t[2];
     k->threads = t[1];
     k->elems = t[2];
     k->min_chunk = t[3];
@@ -271,7 +277,7 @@ static void ocl_release(void *ctx, gpu_kernels *k) {
     (void)ctx;
     cl_plan_kernels *pk = k->owner;
     if (!pk) return;
-    for (int i = 0; i < 5; i++) clReleaseKernel(pk->k[i]);
+    for (int i = 0; i < 7; i++) clReleaseKernel(pk->k[i]);
     free(pk);
     k->owner = NULL;
 }
@@ -303,7 +309,7 @@ static const oscar_backend_api k_api = {
     ocl_shutdown,              ocl_device_name,    ocl_alloc,       ocl_free,
     ocl_write,                 ocl_read,           ocl_sync,        gpu_plan_create,
     gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
-    gpu_append,                gpu_decode};
+    gpu_append,                gpu_decode,         gpu_extend};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }
 

@@ -46,7 +46,7 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 2 /* 2: plan descriptor carries error-feedback weights */
+#define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
 #define OSCAR_PARAMS_FORMAT_VERSION 2 /* 2: error-feedback weights (files without them are written as 1) */
 
@@ -479,6 +479,52 @@ OSCAR_API oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cac
                                     const oscar_batch *batch, const void *q, int64_t q_stride, void *out,
                                     int64_t out_stride, float sm_scale, int rotated_output, void *workspace,
                                     size_t workspace_bytes, void *stream);
+
+/* Arguments of oscar_extend (versioned: fill with oscar_attn_args_default,
+ * then set the fields; docs/API.md "ABI stability"). All pointers are device
+ * memory owned by the caller; the library only reads cu_q and q and writes
+ * out and lse. */
+typedef struct oscar_attn_args {
+    uint32_t struct_size;   /* sizeof(oscar_attn_args) */
+    const int32_t *cu_q;    /* [num_seqs+1] prefix sums of query tokens per sequence (cu_q[0] = 0,
+                               cu_q[num_seqs] = total_q, every n_i = cu_q[i+1]-cu_q[i] in
+                               [1, min(seq_lens[i], max_q_len)]); NULL: one query per sequence
+                               (decode: total_q = num_seqs, max_q_len = 1) */
+    int32_t total_q;        /* query tokens in the batch (host value, >= 1) */
+    int32_t max_q_len;      /* host bound on every n_i (>= 1) */
+    const void *q;          /* [total_q][num_q_heads][head_dim] kv_dtype, token stride q_stride */
+    int64_t q_stride;       /* elements between query tokens (0 = dense) */
+    void *out;              /* [total_q][num_q_heads][head_dim] kv_dtype, token stride out_stride */
+    int64_t out_stride;     /* elements (0 = dense) */
+    size_t out_bytes;       /* size of out in bytes; must hold (total_q-1)*out_stride + Hq*d elements */
+    float *lse;             /* [total_q][num_q_heads] fp32 natural-log sum of exp(scores), or NULL */
+    size_t lse_bytes;       /* size of lse in bytes when given: >= total_q * num_q_heads * 4 */
+    float sm_scale;         /* 0: 1/sqrt(head_dim) */
+    int32_t rotated_output; /* 1: out = o R_V (fold R_V^T into the output projection) */
+    void *workspace;        /* oscar_plan_workspace_bytes(plan, max(num_seqs, total_q), max_seq_len) */
+    size_t workspace_bytes;
+    void *stream;           /* native stream/queue or NULL */
+} oscar_attn_args;
+
+/* Zeroes *a and sets struct_size (cu_q NULL, strides dense, sm_scale default). */
+OSCAR_API void oscar_attn_args_default(oscar_attn_args *a);
+
+/* Extend attention: several query tokens per sequence over the mixed paged
+ * cache, causal, with optional log-sum-exp. Sequence i's query tokens are
+ * rows cu_q[i] .. cu_q[i+1]-1 of q and out, at positions
+ * seq_lens[i]-n_i .. seq_lens[i]-1; the cache has already been appended up
+ * to seq_lens[i] (append, then attend), and every query reads the rows as
+ * they are stored at seq_lens[i] (sink and last W rows 16-bit, the rest
+ * 2-bit; docs/FORMAT.md §5.1); the query at position t sees rows 0..t.
+ * n_i = 1 for every sequence (or cu_q NULL) gives exactly oscar_decode's
+ * output, plus the LSE. Bad n_i / cu_q: the CPU backend refuses before
+ * writing anything (n_i = 0: OSCAR_ERR_EMPTY; n_i > seq_lens[i] or
+ * max_q_len: OSCAR_ERR_TOO_LONG; cu_q not from 0 to total_q:
+ * OSCAR_ERR_INVALID_ARGUMENT); GPU kernels write nothing for the bad rows,
+ * raise the device flag and oscar_plan_check returns OSCAR_ERR_TOO_LONG
+ * (validate = 1 checks cu_q on the host first, with the CPU's codes). */
+OSCAR_API oscar_status oscar_extend(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
+                                    const oscar_attn_args *args);
 
 #ifdef __cplusplus
 }

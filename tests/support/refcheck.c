@@ -267,8 +267,14 @@ int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *wi
 
 void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const float *rot_k, const float *rot_v,
                       int num_rot, double sm_scale, int rotated_output, double *out) {
-    int d = s->d, H = s->H, gq = Hq / H;
-    double *sc = malloc((size_t)L * sizeof *sc), qr[256], o[256];
+    rc_attention_f64_at(s, L, L - 1, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, NULL);
+}
+
+void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                         const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                         double *lse) {
+    int d = s->d, H = s->H, gq = Hq / H, vis = t + 1;
+    double *sc = malloc((size_t)vis * sizeof *sc), qr[256], o[256];
     for (int hq = 0; hq < Hq; hq++) {
         int h = hq / gq;
         const float *RK = rot_k ? rot_k + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
@@ -282,7 +288,7 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
             qr[j] = a;
         }
         double mx = -INFINITY;
-        for (int p = 0; p < L; p++) {
+        for (int p = 0; p < vis; p++) {
             const float *k = rc_stored_row(s, 0, p, h, L);
             double a = 0;
             for (int j = 0; j < d; j++) a += qr[j] * k[j];
@@ -291,13 +297,14 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
         }
         double sum = 0;
         for (int j = 0; j < d; j++) o[j] = 0;
-        for (int p = 0; p < L; p++) {
+        for (int p = 0; p < vis; p++) {
             double w = exp(sc[p] - mx);
             sum += w;
             const float *v = rc_stored_row(s, 1, p, h, L);
             for (int j = 0; j < d; j++) o[j] += w * v[j];
         }
         for (int j = 0; j < d; j++) o[j] /= sum;
+        if (lse) lse[hq] = mx + log(sum);
         for (int i = 0; i < d; i++) {
             double a = 0;
             if (RV && !rotated_output)
