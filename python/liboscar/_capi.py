@@ -67,6 +67,15 @@ class Batch(Structure):
                 ("block_table", c_void_p), ("block_table_stride", c_int32), ("max_seq_len", c_int32)]
 
 
+class AttnArgs(Structure):
+    """oscar_attn_args (include/oscar/oscar.h); fill with oscar_attn_args_default."""
+    _fields_ = [("struct_size", c_uint32), ("cu_q", c_void_p), ("total_q", c_int32), ("max_q_len", c_int32),
+                ("q", c_void_p), ("q_stride", c_int64), ("out", c_void_p), ("out_stride", c_int64),
+                ("out_bytes", c_size_t), ("lse", c_void_p), ("lse_bytes", c_size_t), ("sm_scale", c_float),
+                ("rotated_output", c_int32), ("workspace", c_void_p), ("workspace_bytes", c_size_t),
+                ("stream", c_void_p)]
+
+
 def _candidates(name: str) -> list[Path]:
     """Where liboscar is looked for: $OSCAR_LIBRARY_DIR (e.g. a CMake build's
     lib/), then the copy bundled in this package by `pip install`."""
@@ -146,6 +155,8 @@ def _declare_core(L: ctypes.CDLL) -> None:
          c_void_p, c_int64, c_void_p, c_size_t, c_void_p)
     _sig(L, "oscar_decode", S, c_void_p, c_int, POINTER(Cache), POINTER(Batch), c_void_p, c_int64, c_void_p, c_int64,
          c_float, c_int, c_void_p, c_size_t, c_void_p)
+    _sig(L, "oscar_attn_args_default", None, POINTER(AttnArgs))
+    _sig(L, "oscar_extend", S, c_void_p, c_int, POINTER(Cache), POINTER(Batch), POINTER(AttnArgs))
 
 
 def _declare_calib(C: ctypes.CDLL) -> None:

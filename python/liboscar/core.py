@@ -579,6 +579,37 @@ class Plan:
                                 _ptr(workspace, "u8", (None,), "workspace", dev), workspace.shape[0],
                                 self._stream(stream)))
 
+    def extend(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
+               window_slots: ArrayLike, block_table: ArrayLike, cu_q: ArrayLike, q: ArrayLike, out: ArrayLike,
+               workspace: ArrayLike, max_q_len: int, lse: Optional[ArrayLike] = None, sm_scale: float = 0.0,
+               rotated_output: bool = False, max_seq_len: Optional[int] = None,
+               stream: Optional[int] = None) -> None:
+        """``oscar_extend``: sequence i's query rows ``cu_q[i]:cu_q[i+1]`` of
+        q and out [total_q, num_q_heads, head_dim] (kv_dtype) sit at the last
+        n_i positions of the (already appended) sequence, causal; ``lse``
+        [total_q, num_q_heads] float32 receives the natural-log sum of
+        exp(scores) when given. The workspace must hold
+        ``workspace_bytes(max(num_seqs, total_q), max_seq_len)``."""
+        L, dev = self.layout, self._dev
+        cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
+        total = int(q.shape[0]) if len(q.shape) else 0
+        shape = (total, L.num_q_heads, L.head_dim)
+        a = _capi.AttnArgs()
+        lib.oscar_attn_args_default(ctypes.byref(a))
+        a.cu_q = _ptr(cu_q, "i32", (batch.num_seqs + 1,), "cu_q", dev)
+        a.total_q, a.max_q_len = total, int(max_q_len)
+        a.q = _ptr(q, L.kv_dtype, shape, "q", dev)
+        a.out = _ptr(out, L.kv_dtype, shape, "out", dev)
+        a.out_bytes = total * L.num_q_heads * L.head_dim * 2
+        if lse is not None:
+            a.lse = _ptr(lse, "f32", (total, L.num_q_heads), "lse", dev)
+            a.lse_bytes = total * L.num_q_heads * 4
+        a.sm_scale, a.rotated_output = float(sm_scale), 1 if rotated_output else 0
+        a.workspace = _ptr(workspace, "u8", (None,), "workspace", dev)
+        a.workspace_bytes = workspace.shape[0]
+        a.stream = self._stream(stream)
+        _check(lib.oscar_extend(self._h, layer, ctypes.byref(cache), ctypes.byref(batch), ctypes.byref(a)))
+
     def cache(self, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None) -> "PagedCache":
         return PagedCache(self, num_layers, num_seqs, max_seq_len)
 
@@ -745,6 +776,48 @@ class PagedCache:
         if self._by_handle:
             out[...] = od.read(stream)
         return out
+
+    def extend(self, layer: int, q: ArrayLike, q_tokens: Sequence[int], out: Optional[ArrayLike] = None,
+               lse: bool = False, sm_scale: float = 0.0, rotated_output: bool = False,
+               stream: Optional[int] = None):
+        """Extend attention after an append: ``q_tokens[i]`` query rows of q
+        [total_q, num_q_heads, head_dim] for sequence i, at its last
+        ``q_tokens[i]`` positions, causal over everything appended (chunked
+        prefill, speculative verify, prefix reuse). Returns ``out``, or
+        ``(out, lse)`` with ``lse`` [total_q, num_q_heads] float32 when asked."""
+        if self._by_handle:
+            raise NotImplementedError("PagedCache.extend on OpenCL: use Plan.extend with device buffers")
+        n = np.asarray(q_tokens, np.int64)
+        total = int(q.shape[0])
+        if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
+            raise ValueError(f"q_tokens must give {self.num_seqs} counts >= 1 summing to the {total} rows of q "
+                             f"(got {n.tolist()})")
+        if (n > self.lens[layer]).any():
+            raise ValueError(f"layer {layer}: more query tokens than appended tokens "
+                             f"(q_tokens {n.tolist()}, lengths {self.lens[layer].tolist()})")
+        cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
+        ws = getattr(self, "_ext_ws", None)
+        if ws is None or ws.shape[0] < need:
+            if _is_torch(self.workspace):
+                ws = torch.zeros(need, dtype=torch.uint8, device=self.workspace.device)
+            else:
+                ws = np.zeros(need, dtype=np.uint8)
+            self.plan.workspace_init(ws)
+            self._ext_ws = ws
+        if out is None:
+            out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
+        lse_buf = None
+        if lse:
+            lse_buf = (torch.empty((total, self.plan.layout.num_q_heads), dtype=torch.float32, device=q.device)
+                       if _is_torch(q) else np.empty((total, self.plan.layout.num_q_heads), np.float32))
+        stream = self.plan._stream(stream)
+        cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
+        self.plan.extend(layer, self.pages[layer], self.windows[layer],
+                         self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
+                         self.block_table, cu_dev, q, out, ws, int(n.max()), lse=lse_buf, sm_scale=sm_scale,
+                         rotated_output=rotated_output, max_seq_len=int(self.lens[layer].max()), stream=stream)
+        return (out, lse_buf) if lse else out
 
     def check(self, stream: Optional[int] = None) -> None:
         """Raises the errors GPU kernels flagged (bad rows, indices) since the last check."""
