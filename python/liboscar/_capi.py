@@ -122,6 +122,8 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_params_clear_feedback", S, c_void_p)
     _sig(L, "oscar_params_clip", S, c_void_p, c_int, c_int, POINTER(c_float))
     _sig(L, "oscar_params_set_clip", S, c_void_p, c_int, c_int, c_float)
+    _sig(L, "oscar_params_clip_head", S, c_void_p, c_int, c_int, c_int, POINTER(c_float))
+    _sig(L, "oscar_params_set_clip_head", S, c_void_p, c_int, c_int, c_int, c_float)
     _sig(L, "oscar_params_check_shape", S, c_void_p, c_int, c_int, c_int, c_int, c_char_p)
     _sig(L, "oscar_fakequant", S, c_void_p, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_void_p)
     _sig(L, "oscar_method_bits", c_double, c_int, c_int, c_int, c_int)
