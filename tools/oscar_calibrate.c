@@ -331,6 +331,17 @@ int main(int argc, char **argv) {
         printf("%5d | %8.4f  %10.4f  %9.4f  %6.2f | %8.4f  %10.4f  %9.4f  %6.2f\n", l, r.err_k[0], r.err_k[1],
                r.err_k[2], (double)r.clip_k, r.err_v[0], r.err_v[1], r.err_v[2], (double)r.clip_v);
     }
+    printf("(clip_k, clip_v: the layer's mildest over its KV heads)\nclip ratios per KV head, K / V:\n");
+    for (int l = 0; l < cfg.num_layers; l++) {
+        printf("%5d |", l);
+        for (int h = 0; h < cfg.num_kv_heads; h++) {
+            float ck = 1.0f, cv = 1.0f;
+            oscar_params_clip_head(params, l, h, OSCAR_K, &ck);
+            oscar_params_clip_head(params, l, h, OSCAR_V, &cv);
+            printf(" h%d %.2f / %.2f", h, (double)ck, (double)cv);
+        }
+        printf("\n");
+    }
     if (o.rounding != 0) /* the value metric was passed: outputs are compared as W_O sees them */
         printf("\nrelative attention-output error on probes as the output projection sees it,\n"
                "sum e^T M e / sum o^T M o with M = W_O^T W_O of the head's queries (lower is better;\n"

@@ -401,14 +401,16 @@ int main(int argc, char **argv)
         }
         for (int l = 0; l < L; l++)
             for (int kv = 0; kv < 2; kv++) {
-                float c = 1.0f;
-                oscar_params_clip(P, l, (oscar_kv)kv, &c);
                 oscar_params_set_clip(P_fixed, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
                 oscar_params_set_clip(P_noclip, l, (oscar_kv)kv, 1.0f);
                 oscar_params_set_clip(P_pub, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
                 /* QUAROT2 built-ins hold the Hadamard rotation; with method
-                 * OSCAR2, oscar_fakequant rotates by it and clips by these. */
-                oscar_params_set_clip(P_hclip, l, (oscar_kv)kv, c);
+                 * OSCAR2, oscar_fakequant rotates by it and clips by these (each KV head's). */
+                for (int h = 0; h < cfg.num_kv_heads; h++) {
+                    float c = 1.0f;
+                    oscar_params_clip_head(P, l, h, (oscar_kv)kv, &c);
+                    oscar_params_set_clip_head(P_hclip, l, h, (oscar_kv)kv, c);
+                }
             }
         /* Nearest rounding (the published write path): the same parameters without feedback weights. */
         oscar_params_clear_feedback(P_near);
