@@ -284,8 +284,9 @@ Test(params, save_errors, .init = mk_dir, .fini = rm_dir) {
     cr_assert_eq(oscar_params_load(g_dir, &q), OSCAR_ERR_IO); /* a folder */
 }
 
-/* The saved file's format_version and clip tensor shape. */
-static void file_clip_header(const char *path, int *version, int *rank, int64_t shape[3]) {
+/* The saved file's format_version, clip tensor shape and (clip not NULL) its
+ * first `cap` values. */
+static void file_clip_header(const char *path, int *version, int *rank, int64_t shape[3], float *clip, size_t cap) {
     size_t n;
     uint8_t *b = read_file(path, &n);
     uint64_t hn;
@@ -297,9 +298,14 @@ static void file_clip_header(const char *path, int *version, int *rank, int64_t 
                               &err);
     cr_assert_not_null(meta);
     *version = (int)json_integer_value(json_object_get(meta, "format_version"));
-    json_t *sh = json_object_get(json_object_get(hdr, "clip"), "shape");
+    json_t *ct = json_object_get(hdr, "clip"), *sh = json_object_get(ct, "shape");
     *rank = (int)json_array_size(sh);
     for (int i = 0; i < *rank && i < 3; i++) shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
+    if (clip) { /* copied: the data need not be 4-byte aligned in the buffer */
+        size_t off = (size_t)json_integer_value(json_array_get(json_object_get(ct, "data_offsets"), 0));
+        cr_assert(8 + hn + off + cap * sizeof(float) <= n);
+        memcpy(clip, b + 8 + hn + off, cap * sizeof(float));
+    }
     json_decref(meta);
     json_decref(hdr);
     free(b);
@@ -374,7 +380,7 @@ Test(params, clip_file_versions, .init = mk_dir, .fini = rm_dir) {
         int64_t sh[3] = {0};
         snprintf(path, sizeof path, "%s/heads%d.safetensors", g_dir, fb);
         cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
-        file_clip_header(path, &version, &rank, sh);
+        file_clip_header(path, &version, &rank, sh, NULL, 0);
         cr_assert_eq(version, 3);
         cr_assert(rank == 3 && sh[0] == 2 && sh[1] == 4 && sh[2] == 2, "clip shape rank %d [%lld %lld %lld]", rank,
                   (long long)sh[0], (long long)sh[1], (long long)sh[2]);
@@ -394,7 +400,7 @@ Test(params, clip_file_versions, .init = mk_dir, .fini = rm_dir) {
             cr_assert_eq(oscar_params_set_clip(p, l, OSCAR_V, 0.9f - 0.01f * (float)l), OSCAR_OK);
         }
         cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
-        file_clip_header(path, &version, &rank, sh);
+        file_clip_header(path, &version, &rank, sh, NULL, 0);
         cr_assert_eq(version, fb ? 2 : 1);
         cr_assert(rank == 2 && sh[0] == 2 && sh[1] == 2);
         cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
@@ -411,19 +417,11 @@ Test(params, old_file_loads, .init = mk_dir, .fini = rm_dir) {
     const char *old = OSCAR_SOURCE_DIR "/docs/eval/nearest-search/tiny-qwen3.oscar.safetensors";
     int version, rank;
     int64_t sh[3] = {0};
-    file_clip_header(old, &version, &rank, sh);
-    cr_assert(version == 1 && rank == 2 && sh[1] == 2);
+    float raw[2 * 8]; /* [L][2] of its 8 layers */
+    file_clip_header(old, &version, &rank, sh, raw, 2 * 8);
+    cr_assert(version == 1 && rank == 2 && sh[0] == 8 && sh[1] == 2);
     size_t n;
     uint8_t *b = read_file(old, &n);
-    uint64_t hn;
-    memcpy(&hn, b, 8);
-    json_error_t err;
-    json_t *hdr = json_loadb((const char *)b + 8, hn, 0, &err);
-    cr_assert_not_null(hdr);
-    json_t *off = json_object_get(json_object_get(hdr, "clip"), "data_offsets");
-    float raw[2 * 1024]; /* [L][2], copied: the data need not be 4-byte aligned in the buffer */
-    cr_assert(sh[0] >= 1 && sh[0] <= 1024);
-    memcpy(raw, b + 8 + hn + (size_t)json_integer_value(json_array_get(off, 0)), (size_t)sh[0] * 2 * sizeof(float));
     oscar_params *p = NULL;
     cr_assert_eq(oscar_params_load(old, &p), OSCAR_OK, "%s", oscar_last_error());
     cr_assert_eq(p->num_kv_heads, 2);
@@ -442,7 +440,6 @@ Test(params, old_file_loads, .init = mk_dir, .fini = rm_dir) {
     uint8_t *b2 = read_file(path, &n2);
     cr_assert(n2 == n && memcmp(b, b2, n) == 0, "re-saving an old file changed its bytes");
     free(b2);
-    json_decref(hdr);
     free(b);
     oscar_params_destroy(p);
 }
@@ -452,16 +449,18 @@ Test(params, old_file_loads, .init = mk_dir, .fini = rm_dir) {
 /* A valid file in memory to mutate: 2 layers, 4/2 heads, d 64, eigenvalues. */
 static uint8_t *g_file;
 static size_t g_size;
-static void valid_file(void) {
+static void valid_file_of(int head_clips) {
     seed_init();
     mk_dir();
     oscar_params *p = random_params(2, 4, 2, 64, 0, 1);
+    if (head_clips) cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_K, 0.93f), OSCAR_OK); /* version 3 */
     char path[400];
     snprintf(path, sizeof path, "%s/valid.safetensors", g_dir);
     cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
     oscar_params_destroy(p);
     g_file = read_file(path, &g_size);
 }
+static void valid_file(void) { valid_file_of(0); }
 static void free_file(void) {
     free(g_file);
     rm_dir();
@@ -615,13 +614,16 @@ static void m_dtype_unknown(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
     json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("Q2"));
 }
+static void set_shape3(json_t *h, const char *name, int a, int b, int c) {
+    json_t *sh = json_array();
+    json_array_append_new(sh, json_integer(a));
+    json_array_append_new(sh, json_integer(b));
+    json_array_append_new(sh, json_integer(c));
+    json_object_set_new(json_object_get(h, name), "shape", sh);
+}
 static void m_shape(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
-    json_t *sh = json_array();
-    json_array_append_new(sh, json_integer(1));
-    json_array_append_new(sh, json_integer(32));
-    json_array_append_new(sh, json_integer(128));
-    json_object_set_new(json_object_get(h, "layers.1.rot_k"), "shape", sh);
+    set_shape3(h, "layers.1.rot_k", 1, 32, 128);
 }
 static void m_shape_rank(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
@@ -738,28 +740,14 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
 
 /* Per-head clip ratios (format_version 3): the same checks, and the shape
  * needs the version. */
-static void valid_head_file(void) {
-    seed_init();
-    mk_dir();
-    oscar_params *p = random_params(2, 4, 2, 64, 0, 1);
-    cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_K, 0.93f), OSCAR_OK);
-    char path[400];
-    snprintf(path, sizeof path, "%s/valid_heads.safetensors", g_dir);
-    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
-    oscar_params_destroy(p);
-    g_file = read_file(path, &g_size);
-}
+static void valid_head_file(void) { valid_file_of(1); }
 static void m_clip_v2(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)h, (void)d, (void)n;
     json_object_set_new(m, "format_version", json_integer(2));
 }
 static void m_clip_heads(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
-    json_t *sh = json_array();
-    json_array_append_new(sh, json_integer(2));
-    json_array_append_new(sh, json_integer(3));
-    json_array_append_new(sh, json_integer(2));
-    json_object_set_new(json_object_get(h, "clip"), "shape", sh);
+    set_shape3(h, "clip", 2, 3, 2);
 }
 
 Test(params, clip_heads_corrupt_files_refused, .init = valid_head_file, .fini = free_file) {
@@ -861,17 +849,9 @@ static void random_fb(oscar_params *p) {
 }
 
 static int64_t file_format_version(const char *path) {
-    size_t n;
-    uint8_t *b = read_file(path, &n);
-    uint64_t hn;
-    memcpy(&hn, b, 8);
-    json_error_t err;
-    json_t *hdr = json_loadb((const char *)b + 8, hn, 0, &err);
-    json_t *meta = json_loads(json_string_value(json_object_get(json_object_get(hdr, "__metadata__"), "oscar")), 0, &err);
-    int64_t v = json_integer_value(json_object_get(meta, "format_version"));
-    json_decref(meta);
-    json_decref(hdr);
-    free(b);
+    int v, rank;
+    int64_t sh[3];
+    file_clip_header(path, &v, &rank, sh, NULL, 0);
     return v;
 }
 

@@ -71,15 +71,6 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     return 1;
 }
 
-static uint64_t xorshift(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
 /* Whole-sequence bits per element at the context: the sink and recent
  * windows in 16 bits, the rest at the method's figure. */
 static double bits_whole(double bits, int ctx, int sink, int recent)
@@ -523,13 +514,13 @@ int main(int argc, char **argv)
          * (text) or random ids (random). */
         uint32_t *tt = ret_tok + (size_t)t * ctx;
         uint64_t st = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)t + 1;
-        for (int i = 0; i < 4; i++) xorshift(&st);
+        for (int i = 0; i < 4; i++) ev_xorshift(&st);
         int64_t span = (int64_t)sink + R_len, avail = ntok - span;
         int64_t off = windows * ctx + (int64_t)t * span;
-        if (off > avail) off = avail > 0 ? (int64_t)(xorshift(&st) % (uint64_t)avail) : 0;
+        if (off > avail) off = avail > 0 ? (int64_t)(ev_xorshift(&st) % (uint64_t)avail) : 0;
         for (int i = 0; i < span; i++) tt[i] = tok[off + i];
         for (int i = 0; i < R_len; i++) {
-            if (!strcmp(S.ret_source, "random")) tt[sink + i] = (uint32_t)(xorshift(&st) % (uint64_t)cfg.vocab);
+            if (!strcmp(S.ret_source, "random")) tt[sink + i] = (uint32_t)(ev_xorshift(&st) % (uint64_t)cfg.vocab);
             tt[sink + R_len + i] = tt[sink + i];
         }
         int n = (int)sink + 2 * R_len;

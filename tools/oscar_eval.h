@@ -105,6 +105,16 @@ typedef struct ev_settings {
     char started[32];
 } ev_settings;
 
+/* The tools' pseudo-random generator (xorshift64): retrieval sequences, lookup documents. */
+static inline uint64_t ev_xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
 /* Token ids the lookup documents are made of, from the model's tokenizer.json. */
 typedef struct ev_task_vocab {
     int the, code, of, period;

@@ -96,15 +96,6 @@ int ev_task_vocab_load(const char *model_dir, int vocab, ev_task_vocab *tv, char
     return 0;
 }
 
-static uint64_t next_rand(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
-}
-
 /* "The code of X D1 D2 D3 ." into out; returns EV_TASK_FACT_LEN. */
 static int fact_tokens(const ev_task_vocab *tv, int name, const int dg[3], uint32_t *out)
 {
@@ -129,10 +120,10 @@ int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, 
     const int q0 = ctx - F * FL, facts_end = q0 - recent - 8, first = sink + 8;
     if (facts_end - first < F * (FL + 16) || ntext < ctx) return -1;
     uint64_t st = seed * 0x9E3779B97F4A7C15ull + 0x51ED;
-    for (int i = 0; i < 4; i++) next_rand(&st);
+    for (int i = 0; i < 4; i++) ev_xorshift(&st);
     int name[EV_TASK_FACTS], dg[EV_TASK_FACTS][3], order[EV_TASK_FACTS];
     /* Text from a random offset; names that occur in it are not used (a key must be unique). */
-    int64_t off = ntext > ctx ? (int64_t)(next_rand(&st) % (uint64_t)(ntext - ctx)) : 0;
+    int64_t off = ntext > ctx ? (int64_t)(ev_xorshift(&st) % (uint64_t)(ntext - ctx)) : 0;
     int pool[EV_TASK_MAX_NAMES], np = 0;
     for (int i = 0; i < tv->nnames; i++) {
         int seen = 0;
@@ -141,18 +132,18 @@ int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, 
     }
     if (np < F) return -1;
     for (int f = 0; f < F; f++) { /* distinct names: a partial shuffle */
-        int j = f + (int)(next_rand(&st) % (uint64_t)(np - f));
+        int j = f + (int)(ev_xorshift(&st) % (uint64_t)(np - f));
         int t = pool[f];
         pool[f] = pool[j];
         pool[j] = t;
         name[f] = pool[f];
-        dg[f][0] = 1 + (int)(next_rand(&st) % 9u); /* a 3-digit number without a leading zero */
-        dg[f][1] = (int)(next_rand(&st) % 10u);
-        dg[f][2] = (int)(next_rand(&st) % 10u);
+        dg[f][0] = 1 + (int)(ev_xorshift(&st) % 9u); /* a 3-digit number without a leading zero */
+        dg[f][1] = (int)(ev_xorshift(&st) % 10u);
+        dg[f][2] = (int)(ev_xorshift(&st) % 10u);
         order[f] = f;
     }
     for (int f = F - 1; f > 0; f--) {
-        int j = (int)(next_rand(&st) % (uint64_t)(f + 1));
+        int j = (int)(ev_xorshift(&st) % (uint64_t)(f + 1));
         int t = order[f];
         order[f] = order[j];
         order[j] = t;
@@ -163,7 +154,7 @@ int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, 
     int pos = 0;
     int64_t src = off;
     for (int f = 0; f < F; f++) {
-        int lo = first + f * seg + (int)(next_rand(&st) % (uint64_t)(seg / 2));
+        int lo = first + f * seg + (int)(ev_xorshift(&st) % (uint64_t)(seg / 2));
         int hi = first + (f + 1) * seg - FL;
         while (pos < hi && src < ntext) {
             uint32_t t = text[src++];
