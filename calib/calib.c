@@ -1038,7 +1038,7 @@ static void probe_set_exact(probe_set *ps) {
 /* sum ||o^ - o||^2 / sum ||o||^2 over the probes of KV head `head` (-1:
  * every head) and their query heads, with the quantized K (qk) and/or V (qv)
  * rows. A head's probes attend to its own rows only: the heads' errors add. */
-static double probe_set_error(probe_set *ps, int head, int qk, int qv) {
+static double probe_set_error_nd(probe_set *ps, int head, int qk, int qv, double *num_out, double *den_out) {
     const int d = ps->c->d, g = ps->c->g;
     const size_t gd = (size_t)g * (size_t)d;
     double num = 0.0, den = 0.0;
@@ -1070,7 +1070,13 @@ static double probe_set_error(probe_set *ps, int head, int qk, int qv) {
             }
         }
     }
+    *num_out = num;
+    *den_out = den;
     return den > 0.0 ? num / den : 0.0;
+}
+static double probe_set_error(probe_set *ps, int head, int qk, int qv) {
+    double num, den;
+    return probe_set_error_nd(ps, head, qk, qv, &num, &den);
 }
 
 /* Mean attention weight the copy probes' queries (of KV head `head`, -1:
@@ -1171,6 +1177,7 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         cr->mass[0] = probe_set_copy_mass(&ps, -1, 0, &ncq);
         cr->probes = ncq / c->g;
         cr->clip_free = 0.0f;
+        double sum_num[2] = {0.0, 0.0}, sum_den[2] = {0.0, 0.0}; /* heads' errors at their chosen ratios */
         for (int which = 0; which < 2; which++) {
             const float fixed = which == OSCAR_K ? fix_k : fix_v;
             const float *const *Fw = which == OSCAR_K ? Fk : Fv;
@@ -1181,12 +1188,13 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                 const double m0 = which == OSCAR_K ? probe_set_copy_mass(&ps, h, 0, &nch) : 0.0;
                 const int constrain = nch > 0;
                 probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0);
-                double best = probe_set_error(&ps, h, 1, which == OSCAR_V), free_best = best;
+                double num, den, best_num, best_den;
+                double best = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &best_num, &best_den), free_best = best;
                 float free_c = best_c;
                 if (constrain) probe_set_quantize(&ps, which, h, best_c, lm, Fw, 1);
                 for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
                     probe_set_quantize(&ps, which, h, k_clip_grid[gi], lm, Fw, 0);
-                    double err = probe_set_error(&ps, h, 1, which == OSCAR_V);
+                    double err = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &num, &den);
                     if (err < free_best) {
                         free_best = err;
                         free_c = k_clip_grid[gi];
@@ -1199,9 +1207,13 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                             if (m0 - probe_set_copy_mass(&ps, h, 1, &nch) > (double)c->o.copy_mass_loss) break;
                         }
                         best = err;
+                        best_num = num;
+                        best_den = den;
                         best_c = k_clip_grid[gi];
                     }
                 }
+                sum_num[which] += best_num;
+                sum_den[which] += best_den;
                 if (which == OSCAR_K && free_c > cr->clip_free) cr->clip_free = free_c;
                 probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0); /* K stays at c_K while V is fitted */
                 if (constrain) probe_set_quantize(&ps, which, h, best_c, lm, Fw, 1);
@@ -1209,8 +1221,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             }
         }
         /* The layer's report at the chosen ratios; copy mass at the mildest ratio tried. */
-        rep->err_k[2] = probe_set_error(&ps, -1, 1, 0);
-        rep->err_kv[2] = probe_set_error(&ps, -1, 1, 1);
+        rep->err_k[2] = sum_den[0] > 0.0 ? sum_num[0] / sum_den[0] : 0.0; /* K at c_K, V exact */
+        rep->err_kv[2] = sum_den[1] > 0.0 ? sum_num[1] / sum_den[1] : 0.0; /* both at their ratios */
         rep->err_v[2] = probe_set_error(&ps, -1, 0, 1);
         if (ncq > 0) {
             cr->mass[2] = probe_set_copy_mass(&ps, -1, 1, &ncq);
