@@ -129,6 +129,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
     o->copy_probes = 0;
     o->copy_mass_loss = 0.002f;
+    o->clip_per_head = 1;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -225,6 +226,8 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                "rounding must be 0 (nearest) or 1 (error feedback), got %d", o->rounding);
     if (o->copy_probes < 0 || o->copy_probes > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_probes %d must be in [0, 64]", o->copy_probes);
+    if (o->clip_per_head != 0 && o->clip_per_head != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "clip_per_head must be 0 or 1 (got %d)", o->clip_per_head);
     if (!(o->copy_mass_loss >= 0.0f && o->copy_mass_loss <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_mass_loss %g must be in [0, 1]",
                                (double)o->copy_mass_loss);
@@ -1182,7 +1185,10 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             const float fixed = which == OSCAR_K ? fix_k : fix_v;
             const float *const *Fw = which == OSCAR_K ? Fk : Fv;
             float *clip_out = which == OSCAR_K ? clip_k : clip_v;
-            for (int h = 0; h < c->hkv; h++) {
+            /* Per head: each head on its probes; per layer (clip_per_head 0): one fit over all (h -1). */
+            const int per_head_clips = c->o.clip_per_head != 0;
+            for (int hh = 0; hh < (per_head_clips ? c->hkv : 1); hh++) {
+                const int h = per_head_clips ? hh : -1;
                 float best_c = fixed > 0.0f ? fixed : 1.0f;
                 int nch = 0;
                 const double m0 = which == OSCAR_K ? probe_set_copy_mass(&ps, h, 0, &nch) : 0.0;
@@ -1217,7 +1223,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                 if (which == OSCAR_K && free_c > cr->clip_free) cr->clip_free = free_c;
                 probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0); /* K stays at c_K while V is fitted */
                 if (constrain) probe_set_quantize(&ps, which, h, best_c, lm, Fw, 1);
-                clip_out[h] = best_c;
+                for (int g = 0; g < c->hkv; g++)
+                    if (h < 0 || g == h) clip_out[g] = best_c;
             }
         }
         /* The layer's report at the chosen ratios; copy mass at the mildest ratio tried. */

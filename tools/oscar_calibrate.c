@@ -36,6 +36,8 @@ static void usage(FILE *fp) {
             "  --lloyd-max      fit for Lloyd-Max 2-bit levels (method OSCAR2_LM)\n"
             "  --clip-k C       fixed key clip ratio in (0, 1] (default: fitted)\n"
             "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
+            "  --clip-per-head  one clip ratio per KV head (default), each fitted on its head's probes\n"
+            "  --clip-per-layer one clip ratio per layer for K and V (the files of format_version 1-2)\n"
             "  --clip-objective probes|rows  what the fitted clips minimise: attention-output error on\n"
             "                   probes (default) or the score error of held-back rows\n"
             "  --permutation bitrev|random|spread  placement of the eigen-directions in R = U.H.P\n"
@@ -163,6 +165,8 @@ int main(int argc, char **argv) {
             o.copy_mass_loss = (float)x;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
         else if (!strcmp(a, "--per-layer")) o.per_head = 0;
+        else if (!strcmp(a, "--clip-per-layer")) o.clip_per_head = 0;
+        else if (!strcmp(a, "--clip-per-head")) o.clip_per_head = 1;
         else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
         else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;
         else if (a[0] != '-' && !model_dir) model_dir = a;
