@@ -129,7 +129,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
     o->copy_probes = 0;
     o->copy_mass_loss = 0.002f;
-    o->clip_per_head = 1;
+    o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {

@@ -686,7 +686,7 @@ Test(calib, clip_per_head_vs_per_layer) {
     for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, l);
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
-    cr_assert_eq(o.clip_per_head, 1);
+    cr_assert_eq(o.clip_per_head, 0);
     o.sink = 8;
     o.recent = 32;
     o.holdout_rows = 512;

@@ -258,9 +258,10 @@ typedef struct oscar_calib_options {
     float copy_mass_loss;       /* with copy probes: a key clip is taken only if the copy queries
                                    keep their attention weight on the copied token's source within
                                    this much of exact (mean over query heads; default 0.002) */
-    int32_t clip_per_head;      /* 1 (default): a clip ratio per (layer, KV head, K/V), each head's fitted
-                                   on its own probes (parameter file format_version 3); 0: one per layer
-                                   (layer, K/V), fitted on all the layer's probes, given to every head */
+    int32_t clip_per_head;      /* 0 (default): one clip ratio per (layer, K/V), fitted on all the layer's
+                                   probes, given to every KV head; 1: one per (layer, KV head, K/V), each
+                                   head's fitted on its own probes (parameter file format_version 3;
+                                   docs/eval/retrieval.md: it did not win on both calibration texts) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
