@@ -260,3 +260,24 @@ Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothi
     cr_expect(stat(path, &sb) != 0, "a.json was left behind although the Markdown could not be written");
     rmrf(dir);
 }
+
+Test(tools_bad_input, eval_tasks_need_a_tokenizer_and_room_for_the_facts, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "tokenizer.json");
+    int rc = run(out, sizeof out, 120,
+                 BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                     "--retrieval-trials 0 --tasks --out %s/r.json",
+                 dir, g_tokens, dir);
+    cr_expect_eq(rc, 2, "--tasks without tokenizer.json: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "tokenizer.json"), "message should name tokenizer.json: %s", out);
+    /* 128-token documents cannot hold 8 facts outside a recent window of 256. */
+    rc = run(out, sizeof out, 120,
+             BIN "/oscar-eval %s --tokens %s --methods int2 --context 128 --max-tokens 128 --retrieval-trials 0 "
+                 "--tasks --out %s/r.json",
+             g_model, g_tokens, dir);
+    cr_expect_eq(rc, 2, "--tasks with a short context: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "outside the windows"), "message: %s", out);
+    rmrf(dir);
+}
