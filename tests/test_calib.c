@@ -680,16 +680,22 @@ Test(calib, probes_bounded_and_deterministic) {
 /* Per-head clip ratios: each KV head's c_K minimises its own probes' K error,
  * so the layer's K probe error is at most that of one ratio for the layer
  * (the per-layer fit); clip_per_head 0 gives every head the layer's ratio. */
+/* Defaults for a small synthetic model whose 160-token windows give probes. */
+static void small_window_options(oscar_calib_options *o, int L, int hq, int hkv, int d) {
+    oscar_calib_options_default(o, L, hq, hkv, d);
+    cr_assert_eq(o->copy_probes, 0);
+    cr_assert_eq(o->clip_per_head, 0);
+    o->sink = 8;
+    o->recent = 32;
+    o->holdout_rows = 512;
+}
+
 Test(calib, clip_per_head_vs_per_layer) {
     const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12;
     synth s[2];
     for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, l);
     oscar_calib_options o;
-    oscar_calib_options_default(&o, L, hq, hkv, d);
-    cr_assert_eq(o.clip_per_head, 0);
-    o.sink = 8;
-    o.recent = 32;
-    o.holdout_rows = 512;
+    small_window_options(&o, L, hq, hkv, d);
     oscar_calib *c[2];
     oscar_params *p[2];
     for (int r = 0; r < 2; r++) {
@@ -727,11 +733,7 @@ Test(calib, copy_probes) {
     synth s[2];
     for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win, hq, hkv, d, l);
     oscar_calib_options o;
-    oscar_calib_options_default(&o, L, hq, hkv, d);
-    cr_assert_eq(o.copy_probes, 0);
-    o.sink = 8;
-    o.recent = 32;
-    o.holdout_rows = 512;
+    small_window_options(&o, L, hq, hkv, d);
     oscar_calib *c[3];
     oscar_params *p[3];
     for (int r = 0; r < 3; r++) {
