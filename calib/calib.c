@@ -129,6 +129,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
     o->copy_probes = 0;
     o->copy_mass_loss = 0.002f;
+    o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -225,6 +226,8 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                "rounding must be 0 (nearest) or 1 (error feedback), got %d", o->rounding);
     if (o->copy_probes < 0 || o->copy_probes > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_probes %d must be in [0, 64]", o->copy_probes);
+    if (o->clip_per_head != 0 && o->clip_per_head != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "clip_per_head must be 0 or 1 (got %d)", o->clip_per_head);
     if (!(o->copy_mass_loss >= 0.0f && o->copy_mass_loss <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_mass_loss %g must be in [0, 1]",
                                (double)o->copy_mass_loss);
@@ -790,6 +793,7 @@ typedef struct eval_ctx {
     int rotated;            /* rot_rows valid for the current R */
     uint8_t *codes;         /* [d/4] */
     float *meta;            /* [2 * ng] */
+    const float *clips;     /* [hkv] per-head ratios used instead of `clip` (>= 0), or NULL */
 } eval_ctx;
 
 /* Weighted sum over held-back rows of e^T Ct e, e = dequant(quant(x R)) - x R
@@ -846,8 +850,8 @@ static double eval_error(eval_ctx *x, float clip, double *wsum) {
             } else {
                 /* The cache quantizes the bf16-rounded rotated row. */
                 for (int j = 0; j < d; j++) x->xq[j] = oscar_round_to(OSCAR_DTYPE_BF16, x->xr[j]);
-                oscar_ref_quantize_row_fb(d, c->o.group, x->lloyd_max, clip, OSCAR_DTYPE_F16, x->xq,
-                                          x->F ? x->F[r] : NULL, x->codes, x->meta);
+                oscar_ref_quantize_row_fb(d, c->o.group, x->lloyd_max, x->clips ? x->clips[h] : clip, OSCAR_DTYPE_F16,
+                                          x->xq, x->F ? x->F[r] : NULL, x->codes, x->meta);
                 oscar_ref_dequantize_row(d, c->o.group, x->lloyd_max, x->codes, x->meta, x->deq);
                 for (int j = 0; j < d; j++) e[j] = (double)x->deq[j] - (double)x->xr[j];
             }
@@ -988,14 +992,16 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
     }
 }
 
-/* Quantizes the 2-bit region [sink, t - recent] of every probe's K or V rows
- * with clip ratio `clip`, as the cache does (group, fp16 metadata). */
-static void probe_set_quantize(probe_set *ps, int which, float clip, int lloyd_max, const float *const *F,
+/* Quantizes the 2-bit region [sink, t - recent] of the K or V rows of every
+ * probe of KV head `head` (-1: every head) with clip ratio `clip`, as the
+ * cache does (group, fp16 metadata). */
+static void probe_set_quantize(probe_set *ps, int which, int head, float clip, int lloyd_max, const float *const *F,
                                int copies) {
     const oscar_calib *c = ps->c;
     const int d = c->d;
     for (int i = 0; i < ps->np; i++) {
         if ((ps->p[i]->period != 0) != copies) continue; /* copies 0: text probes, 1: copy probes */
+        if (head >= 0 && ps->h[i] != head) continue;
         const float *src = which == OSCAR_K ? ps->kr[i] : ps->vr[i];
         float *dst = which == OSCAR_K ? ps->kq[i] : ps->vq[i];
         const float *Fi = F ? F[c->o.per_head ? ps->h[i] : 0] : NULL;
@@ -1032,14 +1038,16 @@ static void probe_set_exact(probe_set *ps) {
     }
 }
 
-/* sum ||o^ - o||^2 / sum ||o||^2 over probes and query heads, with the
- * quantized K (qk) and/or V (qv) rows. */
-static double probe_set_error(probe_set *ps, int qk, int qv) {
+/* sum ||o^ - o||^2 / sum ||o||^2 over the probes of KV head `head` (-1:
+ * every head) and their query heads, with the quantized K (qk) and/or V (qv)
+ * rows. A head's probes attend to its own rows only: the heads' errors add. */
+static double probe_set_error_nd(probe_set *ps, int head, int qk, int qv, double *num_out, double *den_out) {
     const int d = ps->c->d, g = ps->c->g;
     const size_t gd = (size_t)g * (size_t)d;
     double num = 0.0, den = 0.0;
     for (int i = 0; i < ps->np; i++) {
         if (ps->p[i]->period) continue; /* copy probes constrain c_K (probe_set_copy_mass), not the error */
+        if (head >= 0 && ps->h[i] != head) continue;
         probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], qv ? ps->vq[i] : ps->vr[i]);
         const double *M = ps->om ? ps->om[ps->c->o.per_head ? ps->h[i] : 0] : NULL;
         if (!M) {
@@ -1065,19 +1073,25 @@ static double probe_set_error(probe_set *ps, int qk, int qv) {
             }
         }
     }
+    *num_out = num;
+    *den_out = den;
     return den > 0.0 ? num / den : 0.0;
 }
+static double probe_set_error(probe_set *ps, int head, int qk, int qv) {
+    double num, den;
+    return probe_set_error_nd(ps, head, qk, qv, &num, &den);
+}
 
-/* Mean attention weight the copy probes' queries put on their source key
- * (position t + 1 - period), with exact (qk 0) or quantized (qk 1) keys; 0
- * when there are no copy probes (*count 0). */
-static double probe_set_copy_mass(probe_set *ps, int qk, int *count) {
+/* Mean attention weight the copy probes' queries (of KV head `head`, -1:
+ * every head) put on their source key (position t + 1 - period), with exact
+ * (qk 0) or quantized (qk 1) keys; 0 when there are no such probes (*count 0). */
+static double probe_set_copy_mass(probe_set *ps, int head, int qk, int *count) {
     const int g = ps->c->g;
     double sum = 0.0;
     int cnt = 0;
     for (int i = 0; i < ps->np; i++) {
         const probe *p = ps->p[i];
-        if (!p->period) continue;
+        if (!p->period || (head >= 0 && ps->h[i] != head)) continue;
         probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], ps->vr[i]);
         const int T = p->t + 1, src = p->t + 1 - p->period;
         for (int j = 0; j < g; j++, cnt++) sum += ps->S[(size_t)j * (size_t)T + (size_t)src];
@@ -1093,10 +1107,14 @@ static void rotation_set(const oscar_params *p, int layer, int which, int s, int
         out[r] = s == 0 ? NULL : s == 1 ? H : oscar_params_rot_ptr(p, layer, which, r);
 }
 
-/* Probe objective of one layer: fits c_K with V exact, then c_V with K
- * quantized at c_K (fixed ratios are kept), and fills the attention report.
+/* Probe objective of one layer: fits each KV head's c_K with V exact, then
+ * its c_V with K quantized at the heads' c_K (fixed ratios are kept), and
+ * fills the attention report. A head's probes read only its own rows, so the
+ * layer's error is the sum of the heads' and each head's ratio is fitted on
+ * its own probes (a head without probes keeps the mildest ratio tried).
  * fix_k / fix_v > 0 are used as they are (fixed ratios, or the row
  * objective's choice when only the report is wanted).
+ * clip_k, clip_v: [num_kv_heads] out.
  * Returns 0, or -1 out of memory; *fitted is 1 when the layer has probes. */
 static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, const float *H, const float **Rk,
                            const float **Rv, const float *const *Fk, const float *const *Fv, float fix_k, float fix_v,
@@ -1147,64 +1165,76 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
         probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
         probe_set_exact(&ps);
         if (s < 2) {
-            probe_set_quantize(&ps, OSCAR_K, 1.0f, 0, NULL, 0);
-            probe_set_quantize(&ps, OSCAR_V, 1.0f, 0, NULL, 0);
-            rep->err_k[s] = probe_set_error(&ps, 1, 0);
-            rep->err_v[s] = probe_set_error(&ps, 0, 1);
-            rep->err_kv[s] = probe_set_error(&ps, 1, 1);
+            probe_set_quantize(&ps, OSCAR_K, -1, 1.0f, 0, NULL, 0);
+            probe_set_quantize(&ps, OSCAR_V, -1, 1.0f, 0, NULL, 0);
+            rep->err_k[s] = probe_set_error(&ps, -1, 1, 0);
+            rep->err_v[s] = probe_set_error(&ps, -1, 0, 1);
+            rep->err_kv[s] = probe_set_error(&ps, -1, 1, 1);
             continue;
         }
-        /* Copy probes: a key clip may cost the copy queries at most copy_mass_loss of the
-         * attention weight on their source (mean over the copy probes' query heads); the K scan
+        /* Copy probes: a key clip may cost a head's copy queries at most copy_mass_loss of the
+         * attention weight on their source (mean over its copy probes' query heads); the K scan
          * stops at the first clip that would win on the attention error but breaks that bound. */
         int ncq = 0;
-        const double m0 = probe_set_copy_mass(&ps, 0, &ncq);
         copy_report *cr = c->copy + layer;
+        cr->mass[0] = probe_set_copy_mass(&ps, -1, 0, &ncq);
         cr->probes = ncq / c->g;
-        cr->mass[0] = m0;
+        cr->clip_free = 0.0f;
+        double sum_num[2] = {0.0, 0.0}, sum_den[2] = {0.0, 0.0}; /* heads' errors at their chosen ratios */
         for (int which = 0; which < 2; which++) {
-            float fixed = which == OSCAR_K ? fix_k : fix_v, best_c = fixed > 0.0f ? fixed : 1.0f;
+            const float fixed = which == OSCAR_K ? fix_k : fix_v;
             const float *const *Fw = which == OSCAR_K ? Fk : Fv;
-            const int constrain = which == OSCAR_K && ncq > 0;
-            probe_set_quantize(&ps, which, best_c, lm, Fw, 0);
-            double best = probe_set_error(&ps, 1, which == OSCAR_V), free_best = best;
-            float free_c = best_c;
-            if (constrain) {
-                probe_set_quantize(&ps, which, best_c, lm, Fw, 1);
-                cr->mass[1] = probe_set_copy_mass(&ps, 1, &ncq); /* at the starting (mildest) clip */
-                cr->mass[2] = cr->mass[1];
-            }
-            for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
-                probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 0);
-                double err = probe_set_error(&ps, 1, which == OSCAR_V);
-                if (err < free_best) {
-                    free_best = err;
-                    free_c = k_clip_grid[gi];
-                }
-                if (err < best) { /* strict: ties keep the milder clip */
-                    double mc = 0.0;
-                    if (constrain) { /* copies are quantized only for a clip that would win */
-                        probe_set_quantize(&ps, which, k_clip_grid[gi], lm, Fw, 1);
-                        mc = probe_set_copy_mass(&ps, 1, &ncq);
+            float *clip_out = which == OSCAR_K ? clip_k : clip_v;
+            /* Per head: each head on its probes; per layer (clip_per_head 0): one fit over all (h -1). */
+            const int per_head_clips = c->o.clip_per_head != 0;
+            for (int hh = 0; hh < (per_head_clips ? c->hkv : 1); hh++) {
+                const int h = per_head_clips ? hh : -1;
+                float best_c = fixed > 0.0f ? fixed : 1.0f;
+                int nch = 0;
+                const double m0 = which == OSCAR_K ? probe_set_copy_mass(&ps, h, 0, &nch) : 0.0;
+                const int constrain = nch > 0;
+                probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0);
+                double num, den, best_num, best_den;
+                double best = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &best_num, &best_den), free_best = best;
+                float free_c = best_c;
+                if (constrain) probe_set_quantize(&ps, which, h, best_c, lm, Fw, 1);
+                for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
+                    probe_set_quantize(&ps, which, h, k_clip_grid[gi], lm, Fw, 0);
+                    double err = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &num, &den);
+                    if (err < free_best) {
+                        free_best = err;
+                        free_c = k_clip_grid[gi];
                     }
-                    /* The scan goes from mild to harsh: the first winning clip that breaks the bound ends
-                     * it, so the bound never picks a clip harsher than the error alone would. */
-                    if (constrain && m0 - mc > (double)c->o.copy_mass_loss) break;
-                    best = err;
-                    best_c = k_clip_grid[gi];
-                    if (constrain) cr->mass[2] = mc;
+                    if (err < best) { /* strict: ties keep the milder clip */
+                        if (constrain) { /* copies are quantized only for a clip that would win */
+                            probe_set_quantize(&ps, which, h, k_clip_grid[gi], lm, Fw, 1);
+                            /* The scan goes from mild to harsh: the first winning clip that breaks the
+                             * bound ends it, so the bound never picks a clip harsher than the error alone. */
+                            if (m0 - probe_set_copy_mass(&ps, h, 1, &nch) > (double)c->o.copy_mass_loss) break;
+                        }
+                        best = err;
+                        best_num = num;
+                        best_den = den;
+                        best_c = k_clip_grid[gi];
+                    }
                 }
+                sum_num[which] += best_num;
+                sum_den[which] += best_den;
+                if (which == OSCAR_K && free_c > cr->clip_free) cr->clip_free = free_c;
+                probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0); /* K stays at c_K while V is fitted */
+                if (constrain) probe_set_quantize(&ps, which, h, best_c, lm, Fw, 1);
+                for (int g = 0; g < c->hkv; g++)
+                    if (h < 0 || g == h) clip_out[g] = best_c;
             }
-            if (which == OSCAR_K) cr->clip_free = free_c;
-            probe_set_quantize(&ps, which, best_c, lm, Fw, 0); /* K stays at c_K while V is fitted */
-            if (which == OSCAR_K) {
-                *clip_k = best_c;
-                rep->err_k[2] = best;
-            } else {
-                *clip_v = best_c;
-                rep->err_kv[2] = best;
-                rep->err_v[2] = probe_set_error(&ps, 0, 1);
-            }
+        }
+        /* The layer's report at the chosen ratios; copy mass at the mildest ratio tried. */
+        rep->err_k[2] = sum_den[0] > 0.0 ? sum_num[0] / sum_den[0] : 0.0; /* K at c_K, V exact */
+        rep->err_kv[2] = sum_den[1] > 0.0 ? sum_num[1] / sum_den[1] : 0.0; /* both at their ratios */
+        rep->err_v[2] = probe_set_error(&ps, -1, 0, 1);
+        if (ncq > 0) {
+            cr->mass[2] = probe_set_copy_mass(&ps, -1, 1, &ncq);
+            probe_set_quantize(&ps, OSCAR_K, -1, fix_k > 0.0f ? fix_k : 1.0f, lm, Fk, 1);
+            cr->mass[1] = probe_set_copy_mass(&ps, -1, 1, &ncq);
         }
     }
     probe_set_free(&ps);
@@ -1251,6 +1281,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     float *H = malloc(dd * sizeof(float)), *fs = malloc(4 * (size_t)d * sizeof(float)),
           *rot_rows = malloc(2 * (size_t)c->cap * (size_t)d * sizeof(float));
     uint8_t *codes = malloc((size_t)d / 4);
+    float *head_clips = malloc(2 * (size_t)c->hkv * sizeof(float)); /* one layer's fitted ratios */
     const float **Rp = malloc(6 * (size_t)nrot * sizeof(float *));
     const double **Cp = malloc(6 * (size_t)nrot * sizeof(double *));
     const float **Rpr = malloc(2 * (size_t)nrot * sizeof(float *)); /* probe rotation sets (K, V) */
@@ -1258,7 +1289,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     double *Mv = malloc(dd * sizeof(double));
     if (c->o.rounding) p->fb = calloc((size_t)L * 2 * (size_t)nrot * dd, sizeof(float));
     if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp ||
-        !Cp || !Rpr || !Fp || !Mv || (c->o.rounding && !p->fb)) {
+        !head_clips || !Cp || !Rpr || !Fp || !Mv || (c->o.rounding && !p->fb)) {
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory finalizing the calibration");
         goto done;
     }
@@ -1373,29 +1404,34 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         /* Attention probes decide the clips (objective 0), or only report the
          * attention error at the row objective's clips (objective 1). */
         const int by_probes = c->o.clip_objective == 0;
-        float ck = row_c[0], cv = row_c[1];
+        float *hc = head_clips; /* [2][hkv]: K then V ratios of each KV head */
         int fitted = 0;
-        if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, p->fb ? Fp : NULL, p->fb ? Fp + nrot : NULL, by_probes ? c->o.clip_k : row_c[0],
-                            by_probes ? c->o.clip_v : row_c[1], &ck, &cv, &fitted)) {
+        if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, p->fb ? Fp : NULL, p->fb ? Fp + nrot : NULL,
+                            by_probes ? c->o.clip_k : row_c[0], by_probes ? c->o.clip_v : row_c[1], hc, hc + c->hkv,
+                            &fitted)) {
             s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
                                 "out of memory evaluating the attention probes of layer %d: feed shorter windows",
                                 l);
             goto done;
         }
-        if (!by_probes || !fitted) {
-            ck = row_c[0];
-            cv = row_c[1];
-        }
         for (int which = 0; which < 2; which++) {
-            float cc = which == OSCAR_K ? ck : cv;
+            float *cw = hc + (size_t)which * (size_t)c->hkv, mild = 0.0f;
+            int same = 1;
+            for (int h = 0; h < c->hkv; h++) {
+                if (!by_probes || !fitted) cw[h] = row_c[which]; /* the row objective: one ratio per layer */
+                same = same && cw[h] == row_c[which];
+                mild = cw[h] > mild ? cw[h] : mild;
+                *oscar_params_clip_ptr(p, l, h, which) = cw[h];
+            }
             double wsum, best = row_best[which];
-            if (cc != row_c[which]) best = eval_error(&xs[which], cc, &wsum);
-            p->clip[l * 2 + which] = cc;
+            if (!same) {
+                xs[which].clips = cw;
+                best = eval_error(&xs[which], 1.0f, &wsum);
+            }
             double *rep = which == OSCAR_K ? c->report[l].err_k : c->report[l].err_v;
             rep[2] = best * rel[which];
+            *(which == OSCAR_K ? &c->report[l].clip_k : &c->report[l].clip_v) = mild; /* the layer's mildest */
         }
-        c->report[l].clip_k = ck;
-        c->report[l].clip_v = cv;
     }
     if (c->o.progress) c->o.progress(c->o.progress_user, "done", L, L);
     c->state = STATE_FINAL;
@@ -1416,6 +1452,7 @@ done:
     free(fs);
     free(rot_rows);
     free(codes);
+    free(head_clips);
     free(Rp);
     free(Cp);
     free(Rpr);

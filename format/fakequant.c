@@ -40,8 +40,9 @@ static void kivi_keys(int n_tokens, int H, int d, float *rows) {
             }
 }
 
-int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, float clip, const float *rot, const float *fb,
-                             int per_head, int n_tokens, int num_kv_heads, int head_dim, float *rows) {
+int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *clip, int clip_stride,
+                             const float *rot, const float *fb, int per_head, int n_tokens, int num_kv_heads,
+                             int head_dim, float *rows) {
     size_t n = (size_t)n_tokens * (size_t)num_kv_heads * (size_t)head_dim;
     /* The cache stores rows in kv_dtype: every method starts from the bf16 row
      * (the rotated row for rotating methods). */
@@ -67,7 +68,6 @@ int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, float clip, co
         if (!H) return -1;
         oscar_ref_hadamard(d, H);
     }
-    float c = calibrated ? clip : 1.0f;
     int lm = m == OSCAR_METHOD_OSCAR2_LM;
     size_t dd = (size_t)d * (size_t)d;
     float xr[256], deq[256], meta[16];
@@ -80,6 +80,7 @@ int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, float clip, co
             oscar_ref_rotate(d, row, R, xr);
             for (int j = 0; j < d; j++) xr[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
             const float *F = calibrated && fb ? fb + r * dd : NULL;
+            const float c = calibrated && clip ? clip[(size_t)h * (size_t)clip_stride] : 1.0f;
             oscar_ref_quantize_row_fb(d, group, lm, c, OSCAR_DTYPE_F16, xr, F, codes, meta);
             oscar_ref_dequantize_row(d, group, lm, codes, meta, deq);
             oscar_ref_unrotate(d, deq, R, row);

@@ -74,11 +74,12 @@ void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
  * the cache stores them (FORMAT.md §2.6) with method m on K (is_k) or V
  * rows. OSCAR2/OSCAR2-LM: rot is [num_rot][d][d] (NULL: identity), fb the
  * error-feedback weights of the same shape or NULL, num_rot = num_kv_heads
- * when per_head, else 1; clip the layer's ratio. Other methods ignore rot,
- * fb and clip. Arguments must be valid (oscar_fakequant checks them) and the
+ * when per_head, else 1; clip[h * clip_stride] the clip ratio of KV head h
+ * (NULL: 1). Other methods ignore rot, fb and clip. Arguments must be valid (oscar_fakequant checks them) and the
  * rows finite. Returns 0, or -1 when out of memory (rows then unchanged for
  * QUAROT2). */
-int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, float clip, const float *rot, const float *fb,
-                             int per_head, int n_tokens, int num_kv_heads, int head_dim, float *rows);
+int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *clip, int clip_stride,
+                             const float *rot, const float *fb, int per_head, int n_tokens, int num_kv_heads,
+                             int head_dim, float *rows);
 
 #endif /* OSCAR_REF_H */

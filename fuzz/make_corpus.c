@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
     /* valid_perhead: 2 layers, per-head rotations (2 KV heads), OSCAR2 defaults. */
     if (oscar_params_alloc(2, 4, 2, 64, 1, &p)) return 1;
     p->method = OSCAR_METHOD_OSCAR2;
-    for (int i = 0; i < 4; i++) p->clip[i] = 0.96f;
+    for (int i = 0; i < 8; i++) p->clip[i] = 0.96f; /* [2 layers][2 KV heads][K, V] */
     save(p, dir, "valid_perhead");
     /* valid_feedback: 1 layer, d 64, error-feedback weights (format_version 2). */
     if (oscar_params_alloc(1, 2, 1, 64, 0, &p)) return 1;

@@ -57,14 +57,14 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
                                    i, i / ((size_t)num_kv_heads * head_dim), (i / head_dim) % (size_t)num_kv_heads);
 
     const float *rot = NULL, *fb = NULL;
-    float clip = 1.0f;
+    const float *clip = NULL; /* [kv head] with stride 2 (K and V interleaved) */
     if (calibrated) {
         int r0 = 0;
         rot = p->identity ? NULL : oscar_params_rot_ptr(p, layer, (int)which, r0);
         fb = oscar_params_fb_ptr(p, layer, (int)which, r0);
-        clip = p->clip[(size_t)layer * 2 + (size_t)which];
+        clip = oscar_params_clip_ptr(p, layer, 0, (int)which);
     }
-    if (oscar_ref_fakequant_rows(m, which == OSCAR_K, group, clip, rot, fb, calibrated && p->per_head, n_tokens,
+    if (oscar_ref_fakequant_rows(m, which == OSCAR_K, group, clip, 2, rot, fb, calibrated && p->per_head, n_tokens,
                                  num_kv_heads, head_dim, rows) != 0)
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_fakequant: cannot allocate the Hadamard matrix");
     return OSCAR_OK;

@@ -51,8 +51,8 @@ typedef struct oscar_backend_plan_desc {
     int32_t identity_rotation;/* 1: every R is the identity (INT2, BF16): skip the matmuls */
     const float *rot_k;       /* [num_layers][num_rot][head_dim][head_dim] row-major */
     const float *rot_v;       /* same */
-    const float *clip_k;      /* [num_layers] clip ratio, 1 = none */
-    const float *clip_v;      /* [num_layers] */
+    const float *clip_k;      /* [num_layers][num_kv_heads] clip ratio, 1 = none */
+    const float *clip_v;      /* [num_layers][num_kv_heads] */
     /* Error-feedback weights, same layout as rot_k / rot_v (strictly upper
      * triangular, FORMAT.md §2.3), or NULL: round to nearest. */
     const float *fb_k, *fb_v;

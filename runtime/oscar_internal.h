@@ -56,7 +56,7 @@ struct oscar_params {
     char composition[16];  /* "U.H.P", "H", "I" */
     float *rot;            /* [num_layers][2][num_rot][d][d] */
     double *eig;           /* [num_layers][2][num_rot][d], or NULL */
-    float *clip;           /* [num_layers][2] */
+    float *clip;           /* [num_layers][num_kv_heads][2] (K, V) */
     float *fb;             /* [num_layers][2][num_rot][d][d] error-feedback weights (strictly upper
                               triangular; FORMAT.md §2.3), or NULL: nearest rounding */
 };
@@ -79,6 +79,13 @@ static inline float *oscar_params_fb_ptr(const oscar_params *p, int layer, int k
     size_t d = (size_t)p->head_dim;
     return p->fb + (((size_t)layer * 2 + (size_t)kv) * (size_t)p->num_rot + (size_t)r) * d * d;
 }
+/* Clip ratio of (layer, KV head, kind): one per head since format version 3. */
+static inline float *oscar_params_clip_ptr(const oscar_params *p, int layer, int kv_head, int kv) {
+    return p->clip + ((size_t)layer * (size_t)p->num_kv_heads + (size_t)kv_head) * 2 + (size_t)kv;
+}
+/* 1 when every KV head of every layer shares its layer's clip ratios (the
+ * file then keeps the per-layer clip tensor of format versions 1-2). */
+int oscar_params_clips_per_layer(const oscar_params *p);
 static inline double *oscar_params_eig_ptr(const oscar_params *p, int layer, int kv, int r) {
     if (!p->eig) return NULL;
     size_t d = (size_t)p->head_dim;

@@ -51,7 +51,8 @@ oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_head
     size_t d = (size_t)head_dim;
     size_t nrot = (size_t)num_layers * 2 * (size_t)p->num_rot;
     p->rot = calloc(nrot * d * d, sizeof(float));
-    p->clip = malloc((size_t)num_layers * 2 * sizeof(float));
+    const size_t nclip = (size_t)num_layers * (size_t)num_kv_heads * 2;
+    p->clip = malloc(nclip * sizeof(float));
     if (!p->rot || !p->clip) {
         free(p->rot);
         free(p->clip);
@@ -62,7 +63,7 @@ oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_head
     }
     for (size_t r = 0; r < nrot; r++)
         for (size_t i = 0; i < d; i++) p->rot[r * d * d + i * d + i] = 1.0f;
-    for (int i = 0; i < num_layers * 2; i++) p->clip[i] = 1.0f;
+    for (size_t i = 0; i < nclip; i++) p->clip[i] = 1.0f;
     *out = p;
     return OSCAR_OK;
 }
@@ -88,10 +89,11 @@ OSCAR_API oscar_status oscar_params_create_builtin(oscar_method method, int num_
         snprintf(p->composition, sizeof p->composition, "H");
     } else if (method == OSCAR_METHOD_OSCAR2 || method == OSCAR_METHOD_OSCAR2_LM) {
         /* Published defaults (GUIDE §1): a start before calibration. */
-        for (int l = 0; l < num_layers; l++) {
-            p->clip[l * 2 + OSCAR_K] = 0.96f;
-            p->clip[l * 2 + OSCAR_V] = 0.92f;
-        }
+        for (int l = 0; l < num_layers; l++)
+            for (int h = 0; h < num_kv_heads; h++) {
+                *oscar_params_clip_ptr(p, l, h, OSCAR_K) = 0.96f;
+                *oscar_params_clip_ptr(p, l, h, OSCAR_V) = 0.92f;
+            }
     }
     *out = p;
     return OSCAR_OK;
@@ -184,26 +186,73 @@ OSCAR_API oscar_status oscar_params_clear_feedback(oscar_params *p) {
     return OSCAR_OK;
 }
 
+int oscar_params_clips_per_layer(const oscar_params *p) {
+    for (int l = 0; l < p->num_layers; l++)
+        for (int h = 1; h < p->num_kv_heads; h++)
+            for (int kv = 0; kv < 2; kv++)
+                if (*oscar_params_clip_ptr(p, l, h, kv) != *oscar_params_clip_ptr(p, l, 0, kv)) return 0;
+    return 1;
+}
+
+/* Argument check of the clip accessors: (layer, which) as check_index, and a
+ * KV head in range whatever per_head says (clips are per head in any file). */
+static oscar_status check_clip_index(const oscar_params *p, const char *fn, int layer, int kv_head, oscar_kv which) {
+    int r;
+    oscar_status s = check_index(p, fn, layer, 0, which, &r);
+    if (s != OSCAR_OK) return s;
+    if (kv_head < 0 || kv_head >= p->num_kv_heads)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: kv_head %d out of range [0, %d)", fn, kv_head,
+                               p->num_kv_heads);
+    return OSCAR_OK;
+}
+
+static oscar_status check_clip_ratio(float c) {
+    if (!(c > 0.0f && c <= 1.0f)) /* also refuses NaN */
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "clip ratio %g must be in (0, 1]: 1 means no clipping, 0.9 clips at the 90%% quantile",
+                               (double)c);
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_clip_head(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                              float *c) {
+    oscar_clear_error();
+    if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_clip_head: c is NULL");
+    oscar_status s = check_clip_index(p, "oscar_params_clip_head", layer, kv_head, which);
+    if (s != OSCAR_OK) return s;
+    *c = *oscar_params_clip_ptr(p, layer, kv_head, (int)which);
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_set_clip_head(oscar_params *p, int layer, int kv_head, oscar_kv which, float c) {
+    oscar_clear_error();
+    oscar_status s = check_clip_index(p, "oscar_params_set_clip_head", layer, kv_head, which);
+    if (s == OSCAR_OK) s = check_clip_ratio(c);
+    if (s != OSCAR_OK) return s;
+    *oscar_params_clip_ptr(p, layer, kv_head, (int)which) = c;
+    return OSCAR_OK;
+}
+
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c) {
     oscar_clear_error();
     if (!c) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_clip: c is NULL");
-    int r;
-    oscar_status s = check_index(p, "oscar_params_clip", layer, 0, which, &r);
+    oscar_status s = check_clip_index(p, "oscar_params_clip", layer, 0, which);
     if (s != OSCAR_OK) return s;
-    *c = p->clip[layer * 2 + (int)which];
+    float m = 0.0f; /* the layer's mildest (largest) ratio: its own when the heads share it */
+    for (int h = 0; h < p->num_kv_heads; h++) {
+        float x = *oscar_params_clip_ptr(p, layer, h, (int)which);
+        m = x > m ? x : m;
+    }
+    *c = m;
     return OSCAR_OK;
 }
 
 OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_kv which, float c) {
     oscar_clear_error();
-    int r;
-    oscar_status s = check_index(p, "oscar_params_set_clip", layer, 0, which, &r);
+    oscar_status s = check_clip_index(p, "oscar_params_set_clip", layer, 0, which);
+    if (s == OSCAR_OK) s = check_clip_ratio(c);
     if (s != OSCAR_OK) return s;
-    if (!(c > 0.0f && c <= 1.0f)) /* also refuses NaN */
-        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                               "clip ratio %g must be in (0, 1]: 1 means no clipping, 0.9 clips at the 90%% quantile",
-                               (double)c);
-    p->clip[layer * 2 + (int)which] = c;
+    for (int h = 0; h < p->num_kv_heads; h++) *oscar_params_clip_ptr(p, layer, h, (int)which) = c;
     return OSCAR_OK;
 }
 

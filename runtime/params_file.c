@@ -82,8 +82,10 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     json_t *meta = json_object();
     char version[32];
     snprintf(version, sizeof version, "%d.%d.%d", OSCAR_VERSION_MAJOR, OSCAR_VERSION_MINOR, OSCAR_VERSION_PATCH);
-    /* Version 1 readers know everything but the feedback weights. */
-    json_object_set_new(meta, "format_version", json_integer(p->fb ? 2 : 1));
+    /* The lowest version that holds the file: version 1 readers know everything but the
+     * feedback weights, version 2 readers everything but per-head clip ratios. */
+    const int clip_heads = oscar_params_clips_per_layer(p) ? 1 : p->num_kv_heads;
+    json_object_set_new(meta, "format_version", json_integer(clip_heads > 1 ? 3 : p->fb ? 2 : 1));
     json_object_set_new(meta, "library_version", json_string(version));
     json_object_set_new(meta, "method", json_string(oscar_method_name(p->method)));
     json_object_set_new(meta, "num_layers", json_integer(p->num_layers));
@@ -124,11 +126,22 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
             bad = add_tensor(hdr, name, "F32", 3, shape3, &off, rot_bytes) != 0;
         }
     }
-    int64_t clip_shape[2] = {p->num_layers, 2};
-    if (!bad) bad = add_tensor(hdr, "clip", "F32", 2, clip_shape, &off, (size_t)p->num_layers * 2 * sizeof(float));
+    /* clip: [num_layers][2] when every head shares its layer's ratios, else [num_layers][num_kv_heads][2]. */
+    int64_t clip_shape[3] = {p->num_layers, clip_heads, 2};
+    const size_t clip_count = (size_t)p->num_layers * (size_t)clip_heads * 2;
+    float *clip_out = malloc(clip_count * sizeof(float));
+    bad = bad || !clip_out;
+    for (size_t i = 0; !bad && i < clip_count; i++) /* head 0 of each layer when per layer */
+        clip_out[i] = *oscar_params_clip_ptr(p, (int)(i / 2 / (size_t)clip_heads), (int)(i / 2 % (size_t)clip_heads),
+                                             (int)(i % 2));
+    if (!bad && clip_heads == 1) clip_shape[1] = 2;
+    if (!bad) bad = add_tensor(hdr, "clip", "F32", clip_heads > 1 ? 3 : 2, clip_shape, &off, clip_count * sizeof(float));
     char *hdr_str = bad ? NULL : json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(hdr);
-    if (!hdr_str) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory building the file header");
+    if (!hdr_str) {
+        free(clip_out);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory building the file header");
+    }
 
     /* Header padded with spaces to 8 bytes so the tensor data is aligned. */
     size_t hlen = strlen(hdr_str), padded = (hlen + 7) & ~(size_t)7;
@@ -136,6 +149,7 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     char *tmp = malloc(plen + 5);
     if (!tmp) {
         free(hdr_str);
+        free(clip_out);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory");
     }
     memcpy(tmp, path, plen);
@@ -146,6 +160,7 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
                                          tmp, strerror(errno));
         free(tmp);
         free(hdr_str);
+        free(clip_out);
         return s;
     }
     uint8_t lenbuf[8];
@@ -159,7 +174,8 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
             err = write_all(fd, oscar_params_eig_ptr(p, l, kv, 0), eig_bytes);
         for (int kv = 0; kv < 2 && !err && p->fb; kv++) err = write_all(fd, oscar_params_fb_ptr(p, l, kv, 0), rot_bytes);
     }
-    if (!err) err = write_all(fd, p->clip, (size_t)p->num_layers * 2 * sizeof(float));
+    if (!err) err = write_all(fd, clip_out, clip_count * sizeof(float));
+    free(clip_out);
     if (!err) err = fsync(fd);
     int saved = errno;
     if (close(fd) != 0 && !err) {
@@ -438,6 +454,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
     }
     const char *key;
     json_t *val;
+    int64_t clip_heads = 1;
     json_object_foreach(hdr, key, val) {
         if (strcmp(key, "__metadata__") == 0) continue;
         int idx = tensor_index(key, (int)L);
@@ -448,13 +465,22 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
             goto done;
         }
         int kind = idx == (int)L * NKIND ? NKIND : idx % NKIND;
-        int64_t sh3[3] = {nr, d, d}, sh2[2] = {nr, d}, shc[2] = {L, 2};
+        int64_t sh3[3] = {nr, d, d}, sh2[2] = {nr, d}, shc[3] = {L, 2, 2};
         if (kind <= 1 || kind == 4 || kind == 5)
             s = check_entry(key, val, "F32", 3, sh3, 4, data_size, &slots[idx]);
         else if (kind <= 3)
             s = check_entry(key, val, "F64", 2, sh2, 8, data_size, &slots[idx]);
-        else
-            s = check_entry(key, val, "F32", 2, shc, 4, data_size, &slots[idx]);
+        else { /* [L][2] (one ratio per layer, any version) or, from version 3, [L][Hkv][2] */
+            json_t *csh = json_object_get(val, "shape");
+            clip_heads = json_is_array(csh) && json_array_size(csh) == 3 ? hkv : 1;
+            if (clip_heads > 1 && fv < 3) {
+                s = corrupt("clip ratios per KV head (clip of shape [num_layers, num_kv_heads, 2]) need "
+                            "format_version 3");
+                goto done;
+            }
+            shc[1] = clip_heads > 1 ? hkv : 2;
+            s = check_entry(key, val, "F32", clip_heads > 1 ? 3 : 2, shc, 4, data_size, &slots[idx]);
+        }
         if (s) goto done;
     }
     int have_eig = slots[2].found, have_fb = slots[4].found;
@@ -536,7 +562,12 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                 memcpy(oscar_params_fb_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
             }
         }
-    memcpy(p->clip, tensor_data + slots[L * NKIND].begin, (size_t)L * 2 * sizeof(float));
+    /* A per-layer clip tensor gives every KV head its layer's ratios. */
+    for (int64_t l = 0; l < L; l++)
+        for (int64_t h = 0; h < hkv; h++)
+            memcpy(oscar_params_clip_ptr(p, (int)l, (int)h, 0),
+                   tensor_data + slots[L * NKIND].begin + (size_t)(l * clip_heads + (clip_heads > 1 ? h : 0)) * 2 * sizeof(float),
+                   2 * sizeof(float));
 
     /* Values: finite, orthogonal rotations, clips in (0, 1]. */
     p->identity = 1;
@@ -584,10 +615,10 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                         goto done;
                     }
             }
-    for (int64_t i = 0; i < L * 2; i++)
+    for (int64_t i = 0; i < L * hkv * 2; i++)
         if (!(p->clip[i] > 0.0f && p->clip[i] <= 1.0f)) {
-            snprintf(msg, sizeof msg, "clip ratio of layer %lld %c is %g, outside (0, 1]", (long long)(i / 2),
-                     i % 2 ? 'V' : 'K', (double)p->clip[i]);
+            snprintf(msg, sizeof msg, "clip ratio of layer %lld KV head %lld %c is %g, outside (0, 1]",
+                     (long long)(i / 2 / hkv), (long long)(i / 2 % hkv), i % 2 ? 'V' : 'K', (double)p->clip[i]);
             s = corrupt(msg);
             goto done;
         }

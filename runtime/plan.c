@@ -57,7 +57,8 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                params->group, layout->group, params->group, layout->group);
     }
     const int L = params->num_layers, d = params->head_dim;
-    float *clip = malloc(sizeof(float) * 2 * (size_t)L);
+    const size_t nclip = (size_t)L * (size_t)params->num_kv_heads;
+    float *clip = malloc(sizeof(float) * 2 * nclip);
     oscar_plan *plan = calloc(1, sizeof *plan);
     if (!clip || !plan) {
         free(clip);
@@ -66,9 +67,9 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_plan_create: out of memory");
     }
     /* Only the calibrated methods clip; the baselines are defined without it. */
-    for (int l = 0; l < L; l++) {
-        clip[l] = needs_params ? params->clip[2 * l] : 1.0f;
-        clip[L + l] = needs_params ? params->clip[2 * l + 1] : 1.0f;
+    for (size_t i = 0; i < nclip; i++) { /* params->clip is [L][Hkv][2]: the descriptor's K and V apart */
+        clip[i] = needs_params ? params->clip[2 * i] : 1.0f;
+        clip[nclip + i] = needs_params ? params->clip[2 * i + 1] : 1.0f;
     }
     /* params->rot is [L][2][num_rot][d][d]; the plugin ABI wants K and V apart. */
     size_t per = (size_t)params->num_rot * (size_t)d * (size_t)d;
@@ -103,7 +104,7 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         .rot_k = rk,
         .rot_v = rv,
         .clip_k = clip,
-        .clip_v = clip + L,
+        .clip_v = clip + nclip,
         .fb_k = fk,
         .fb_v = fv,
     };

@@ -135,7 +135,7 @@ typedef struct env {
     int num_rot, identity;
     float *rot_k, *rot_v;
     float *fb_k, *fb_v; /* [LAYERS][num_rot][d][d] error-feedback weights, NULL: nearest */
-    float clip_k[LAYERS], clip_v[LAYERS];
+    float clip_k[LAYERS * RC_MAX_KV_HEADS], clip_v[LAYERS * RC_MAX_KV_HEADS]; /* [layer][kv head] */
     uint64_t cpu_ws[OSCAR_WORKSPACE_HEADER / 8];
     void *g_ws;
     size_t g_ws_bytes;
@@ -625,7 +625,7 @@ static void check_feedback_matters(const env *e, const rc_seq_ref *refs, int nse
             for (int kv = 0; kv < 2; kv++)
                 for (int h = 0; h < refs[i].H; h++) {
                     size_t row = (size_t)p * refs[i].H + h;
-                    oscar_ref_quantize_row(d, G, lm, refs[i].clip[kv], e->l.meta_dtype, refs[i].rot[kv] + row * d,
+                    oscar_ref_quantize_row(d, G, lm, refs[i].clip[kv][h], e->l.meta_dtype, refs[i].rot[kv] + row * d,
                                            codes, meta);
                     changed += memcmp(codes, refs[i].codes[kv] + row * d / 4, (size_t)d / 4) != 0;
                     rows++;
@@ -686,7 +686,7 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
             memcpy(V[i], V[0], nsh * sizeof(float));
         }
         cr_assert_eq(rc_seq_ref_build_fb(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), layer_fb(&e, 0), layer_fb(&e, 1),
-                                         e.num_rot, e.clip_k[LAYER], e.clip_v[LAYER], final_lens[i], K[i], V[i],
+                                         e.num_rot, e.clip_k + LAYER * e.l.num_kv_heads, e.clip_v + LAYER * e.l.num_kv_heads, final_lens[i], K[i], V[i],
                                          &refs[i]),
                      0);
     }

@@ -490,6 +490,10 @@ Test(calib, bad_options) {
     o.clip_v = 1.5f;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
     oscar_calib_options_default(&o, 2, 8, 2, 128);
+    o.clip_per_head = 2;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "clip_per_head") != NULL, "%s", oscar_last_error());
+    oscar_calib_options_default(&o, 2, 8, 2, 128);
     o.holdout_rows = 0;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
     oscar_calib_options_default(&o, 2, 8, 2, 128);
@@ -673,16 +677,63 @@ Test(calib, probes_bounded_and_deterministic) {
 /* Copy probes (oscar_calib_feed_copy): bounded by options.copy_probes per
  * (layer, KV head), counted in the attention report, deterministic, and they
  * touch neither the targets nor the rotations; bad calls are refused. */
+/* Per-head clip ratios: each KV head's c_K minimises its own probes' K error,
+ * so the layer's K probe error is at most that of one ratio for the layer
+ * (the per-layer fit); clip_per_head 0 gives every head the layer's ratio. */
+/* Defaults for a small synthetic model whose 160-token windows give probes. */
+static void small_window_options(oscar_calib_options *o, int L, int hq, int hkv, int d) {
+    oscar_calib_options_default(o, L, hq, hkv, d);
+    cr_assert_eq(o->copy_probes, 0);
+    cr_assert_eq(o->clip_per_head, 0);
+    o->sink = 8;
+    o->recent = 32;
+    o->holdout_rows = 512;
+}
+
+Test(calib, clip_per_head_vs_per_layer) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12;
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, l);
+    oscar_calib_options o;
+    small_window_options(&o, L, hq, hkv, d);
+    oscar_calib *c[2];
+    oscar_params *p[2];
+    for (int r = 0; r < 2; r++) {
+        o.clip_per_head = r == 0;
+        p[r] = calibrate_windows(&o, s, win, 1, &c[r]);
+    }
+    int differ = 0;
+    for (int l = 0; l < L; l++) {
+        oscar_calib_attn_report a[2];
+        for (int r = 0; r < 2; r++) cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], l, &a[r]), OSCAR_OK);
+        cr_assert_leq(a[0].err_k[2], a[1].err_k[2] * (1.0 + 1e-9), "layer %d: per-head K error %g > per-layer %g",
+                      l, a[0].err_k[2], a[1].err_k[2]);
+        for (int w = 0; w < 2; w++) {
+            float c0, c1, lay;
+            cr_assert_eq(oscar_params_clip_head(p[1], l, 0, (oscar_kv)w, &c0), OSCAR_OK);
+            cr_assert_eq(oscar_params_clip_head(p[1], l, 1, (oscar_kv)w, &c1), OSCAR_OK);
+            cr_assert_eq(c0, c1, "layer %d: clip_per_head 0 gave heads different ratios", l);
+            float h0, h1;
+            oscar_params_clip_head(p[0], l, 0, (oscar_kv)w, &h0);
+            oscar_params_clip_head(p[0], l, 1, (oscar_kv)w, &h1);
+            oscar_params_clip(p[0], l, (oscar_kv)w, &lay);
+            cr_assert_eq(lay, h0 > h1 ? h0 : h1, "the per-layer view is the mildest head");
+            differ += h0 != h1;
+        }
+    }
+    cr_log_info("per-head ratios differ on %d of %d (layer, K/V)", differ, 2 * L);
+    for (int r = 0; r < 2; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+}
+
 Test(calib, copy_probes) {
     const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 6, ncopy = 5;
     synth s[2];
     for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win, hq, hkv, d, l);
     oscar_calib_options o;
-    oscar_calib_options_default(&o, L, hq, hkv, d);
-    cr_assert_eq(o.copy_probes, 0);
-    o.sink = 8;
-    o.recent = 32;
-    o.holdout_rows = 512;
+    small_window_options(&o, L, hq, hkv, d);
     oscar_calib *c[3];
     oscar_params *p[3];
     for (int r = 0; r < 3; r++) {

@@ -20,7 +20,7 @@ typedef struct env {
     oscar_layout_desc l;
     int num_rot, identity;
     float *rot_k, *rot_v; /* [LAYERS][num_rot][d][d] or NULL */
-    float clip_k[LAYERS], clip_v[LAYERS];
+    float clip_k[LAYERS * RC_MAX_KV_HEADS], clip_v[LAYERS * RC_MAX_KV_HEADS]; /* [layer][kv head] */
     uint64_t ws[OSCAR_WORKSPACE_HEADER / 8];
 } env;
 
@@ -168,8 +168,8 @@ static void run_scenario(const cfg *c, int nseq, const int *final_lens, int mode
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         rc_gen_kv(&r, final_lens[i], H, d, 3, c->kv, K[i]);
         rc_gen_kv(&r, final_lens[i], H, d, 2, c->kv, V[i]);
-        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
-                                      e.clip_v[LAYER], final_lens[i], K[i], V[i], &refs[i]),
+        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k + LAYER * e.l.num_kv_heads,
+                                      e.clip_v + LAYER * e.l.num_kv_heads, final_lens[i], K[i], V[i], &refs[i]),
                      0);
     }
     rc_paged b;
@@ -466,8 +466,8 @@ Test(cpu_backend, windows_only_batch_without_page_pool) {
         V[i] = malloc((size_t)maxl[i] * 2 * 64 * sizeof(float));
         rc_gen_kv(&r, maxl[i], 2, 64, 2, c.kv, K[i]);
         rc_gen_kv(&r, maxl[i], 2, 64, 2, c.kv, V[i]);
-        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
-                                      e.clip_v[LAYER], maxl[i], K[i], V[i], &refs[i]), 0);
+        cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k + LAYER * e.l.num_kv_heads,
+                                      e.clip_v + LAYER * e.l.num_kv_heads, maxl[i], K[i], V[i], &refs[i]), 0);
     }
     free(b.block_table);
     b.block_table = NULL;
@@ -538,8 +538,8 @@ Test(refcheck, compare_detects_corruption) {
     rc_gen_kv(&r, L, 2, 64, 2, c.kv, K);
     rc_gen_kv(&r, L, 2, 64, 2, c.kv, V);
     rc_seq_ref ref;
-    cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k[LAYER],
-                                  e.clip_v[LAYER], L, K, V, &ref), 0);
+    cr_assert_eq(rc_seq_ref_build(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), e.num_rot, e.clip_k + LAYER * e.l.num_kv_heads,
+                                  e.clip_v + LAYER * e.l.num_kv_heads, L, K, V, &ref), 0);
     rc_paged b;
     int32_t maxl = L;
     cr_assert_eq(rc_paged_init(&r, &e.l, 1, &maxl, 0, &b), 0);

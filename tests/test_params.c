@@ -76,7 +76,8 @@ static oscar_params *random_params(int L, int hq, int hkv, int d, int per_head, 
         p->eig = malloc(sizeof(double) * (size_t)L * 2 * (size_t)p->num_rot * (size_t)d);
         for (size_t i = 0; i < (size_t)L * 2 * (size_t)p->num_rot * (size_t)d; i++) p->eig[i] = urand() * 10;
     }
-    for (int i = 0; i < L * 2; i++) p->clip[i] = (float)(0.5 + 0.5 * urand());
+    for (int l = 0; l < L; l++) /* one ratio per layer (the clip tensor of format versions 1-2) */
+        for (int kv = 0; kv < 2; kv++) cr_assert_eq(oscar_params_set_clip(p, l, (oscar_kv)kv, (float)(0.5 + 0.5 * urand())), OSCAR_OK);
     return p;
 }
 
@@ -215,7 +216,7 @@ static void assert_same(const oscar_params *a, const oscar_params *b) {
     size_t d = (size_t)a->head_dim, nr = (size_t)a->num_layers * 2 * (size_t)a->num_rot;
     cr_assert_eq(memcmp(a->rot, b->rot, nr * d * d * sizeof(float)), 0, "rotations differ (seed %llu)",
                  (unsigned long long)g_seed);
-    cr_assert_eq(memcmp(a->clip, b->clip, (size_t)a->num_layers * 2 * sizeof(float)), 0);
+    cr_assert_eq(memcmp(a->clip, b->clip, (size_t)a->num_layers * (size_t)a->num_kv_heads * 2 * sizeof(float)), 0);
     cr_assert_eq(a->eig == NULL, b->eig == NULL);
     if (a->eig) cr_assert_eq(memcmp(a->eig, b->eig, nr * d * sizeof(double)), 0);
 }
@@ -283,21 +284,183 @@ Test(params, save_errors, .init = mk_dir, .fini = rm_dir) {
     cr_assert_eq(oscar_params_load(g_dir, &q), OSCAR_ERR_IO); /* a folder */
 }
 
+/* The saved file's format_version, clip tensor shape and (clip not NULL) its
+ * first `cap` values. */
+static void file_clip_header(const char *path, int *version, int *rank, int64_t shape[3], float *clip, size_t cap) {
+    size_t n;
+    uint8_t *b = read_file(path, &n);
+    uint64_t hn;
+    memcpy(&hn, b, 8);
+    json_error_t err;
+    json_t *hdr = json_loadb((const char *)b + 8, hn, 0, &err);
+    cr_assert_not_null(hdr);
+    json_t *meta = json_loads(json_string_value(json_object_get(json_object_get(hdr, "__metadata__"), "oscar")), 0,
+                              &err);
+    cr_assert_not_null(meta);
+    *version = (int)json_integer_value(json_object_get(meta, "format_version"));
+    json_t *ct = json_object_get(hdr, "clip"), *sh = json_object_get(ct, "shape");
+    *rank = (int)json_array_size(sh);
+    for (int i = 0; i < *rank && i < 3; i++) shape[i] = json_integer_value(json_array_get(sh, (size_t)i));
+    if (clip) { /* copied: the data need not be 4-byte aligned in the buffer */
+        size_t off = (size_t)json_integer_value(json_array_get(json_object_get(ct, "data_offsets"), 0));
+        cr_assert(8 + hn + off + cap * sizeof(float) <= n);
+        memcpy(clip, b + 8 + hn + off, cap * sizeof(float));
+    }
+    json_decref(meta);
+    json_decref(hdr);
+    free(b);
+}
+
+Test(params, clip_per_kv_head) {
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 3, 8, 4, 64, &p), OSCAR_OK);
+    float c;
+    for (int h = 0; h < 4; h++) { /* built-in: the published ratios on every head */
+        cr_assert_eq(oscar_params_clip_head(p, 2, h, OSCAR_K, &c), OSCAR_OK);
+        cr_assert_eq(c, 0.96f);
+        cr_assert_eq(oscar_params_clip_head(p, 2, h, OSCAR_V, &c), OSCAR_OK);
+        cr_assert_eq(c, 0.92f);
+    }
+    /* One head changed: the others keep theirs; the per-layer view is the mildest. */
+    cr_assert_eq(oscar_params_set_clip_head(p, 1, 2, OSCAR_K, 0.9f), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_clip_head(p, 1, 3, OSCAR_K, 0.99f), OSCAR_OK);
+    cr_assert_eq(oscar_params_clip_head(p, 1, 2, OSCAR_K, &c), OSCAR_OK);
+    cr_assert_eq(c, 0.9f);
+    cr_assert_eq(oscar_params_clip_head(p, 1, 1, OSCAR_K, &c), OSCAR_OK);
+    cr_assert_eq(c, 0.96f);
+    cr_assert_eq(oscar_params_clip_head(p, 1, 3, OSCAR_V, &c), OSCAR_OK);
+    cr_assert_eq(c, 0.92f);
+    cr_assert_eq(oscar_params_clip(p, 1, OSCAR_K, &c), OSCAR_OK);
+    cr_assert_eq(c, 0.99f);
+    cr_assert_eq(oscar_params_clip(p, 0, OSCAR_K, &c), OSCAR_OK);
+    cr_assert_eq(c, 0.96f);
+    /* The per-layer setter sets every head. */
+    cr_assert_eq(oscar_params_set_clip(p, 1, OSCAR_K, 0.95f), OSCAR_OK);
+    for (int h = 0; h < 4; h++) {
+        cr_assert_eq(oscar_params_clip_head(p, 1, h, OSCAR_K, &c), OSCAR_OK);
+        cr_assert_eq(c, 0.95f);
+    }
+    /* Bad input: head out of range, ratio outside (0, 1] or NaN, NULL out. */
+    cr_assert_eq(oscar_params_set_clip_head(p, 1, 4, OSCAR_K, 0.9f), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "kv_head 4") != NULL, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_clip_head(p, 1, -1, OSCAR_K, 0.9f), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_clip_head(p, 3, 0, OSCAR_K, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_clip_head(p, 0, 0, (oscar_kv)2, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_clip_head(p, 0, 0, OSCAR_K, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_clip_head(NULL, 0, 0, OSCAR_K, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    float bad[] = {0.0f, -0.1f, 1.0001f, NAN, INFINITY, -INFINITY};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_V, bad[i]), OSCAR_ERR_INVALID_ARGUMENT, "clip %g",
+                     (double)bad[i]);
+        cr_assert(strstr(oscar_last_error(), "(0, 1]") != NULL);
+    }
+    cr_assert_eq(oscar_params_clip_head(p, 0, 1, OSCAR_V, &c), OSCAR_OK);
+    cr_assert_eq(c, 0.92f, "a refused ratio left the old one");
+    cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_V, 1.0f), OSCAR_OK); /* 1: no clipping */
+    oscar_params_destroy(p);
+}
+
+/* Files hold the lowest version that fits: per-layer clips stay [L, 2] (what
+ * version 1-2 readers know); per-head ones are [L, Hkv, 2] in version 3. */
+Test(params, clip_file_versions, .init = mk_dir, .fini = rm_dir) {
+    seed_init();
+    for (int fb = 0; fb < 2; fb++) {
+        oscar_params *p = random_params(2, 8, 4, 64, 1, 1), *q = NULL;
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 4; h++)
+                for (int kv = 0; kv < 2; kv++)
+                    cr_assert_eq(oscar_params_set_clip_head(p, l, h, (oscar_kv)kv, (float)(0.8 + 0.05 * h + 0.01 * l)),
+                                 OSCAR_OK);
+        if (fb) {
+            p->fb = calloc((size_t)2 * 2 * 4 * 64 * 64, sizeof(float));
+            cr_assert_not_null(p->fb);
+        }
+        char path[400];
+        int version, rank;
+        int64_t sh[3] = {0};
+        snprintf(path, sizeof path, "%s/heads%d.safetensors", g_dir, fb);
+        cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+        file_clip_header(path, &version, &rank, sh, NULL, 0);
+        cr_assert_eq(version, 3);
+        cr_assert(rank == 3 && sh[0] == 2 && sh[1] == 4 && sh[2] == 2, "clip shape rank %d [%lld %lld %lld]", rank,
+                  (long long)sh[0], (long long)sh[1], (long long)sh[2]);
+        cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+        for (int l = 0; l < 2; l++)
+            for (int h = 0; h < 4; h++)
+                for (int kv = 0; kv < 2; kv++) {
+                    float a, b;
+                    cr_assert_eq(oscar_params_clip_head(p, l, h, (oscar_kv)kv, &a), OSCAR_OK);
+                    cr_assert_eq(oscar_params_clip_head(q, l, h, (oscar_kv)kv, &b), OSCAR_OK);
+                    cr_assert_eq(a, b, "layer %d head %d kv %d (seed %llu)", l, h, kv, (unsigned long long)g_seed);
+                }
+        oscar_params_destroy(q);
+        /* Per-layer ratios again: the file falls back to version 1 / 2 and [L, 2]. */
+        for (int l = 0; l < 2; l++) {
+            cr_assert_eq(oscar_params_set_clip(p, l, OSCAR_K, 0.97f), OSCAR_OK);
+            cr_assert_eq(oscar_params_set_clip(p, l, OSCAR_V, 0.9f - 0.01f * (float)l), OSCAR_OK);
+        }
+        cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
+        file_clip_header(path, &version, &rank, sh, NULL, 0);
+        cr_assert_eq(version, fb ? 2 : 1);
+        cr_assert(rank == 2 && sh[0] == 2 && sh[1] == 2);
+        cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+        assert_same(p, q);
+        oscar_params_destroy(q);
+        oscar_params_destroy(p);
+    }
+}
+
+/* A file written by an earlier release (format_version 1, one clip ratio per
+ * layer; docs/eval/nearest-search): every KV head gets its layer's ratio, and
+ * saving it again writes the same bytes. */
+Test(params, old_file_loads, .init = mk_dir, .fini = rm_dir) {
+    const char *old = OSCAR_SOURCE_DIR "/docs/eval/nearest-search/tiny-qwen3.oscar.safetensors";
+    int version, rank;
+    int64_t sh[3] = {0};
+    float raw[2 * 8]; /* [L][2] of its 8 layers */
+    file_clip_header(old, &version, &rank, sh, raw, 2 * 8);
+    cr_assert(version == 1 && rank == 2 && sh[0] == 8 && sh[1] == 2);
+    size_t n;
+    uint8_t *b = read_file(old, &n);
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_load(old, &p), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(p->num_kv_heads, 2);
+    cr_assert_eq((int64_t)p->num_layers, sh[0]);
+    for (int l = 0; l < p->num_layers; l++)
+        for (int h = 0; h < p->num_kv_heads; h++)
+            for (int kv = 0; kv < 2; kv++) {
+                float c;
+                cr_assert_eq(oscar_params_clip_head(p, l, h, (oscar_kv)kv, &c), OSCAR_OK);
+                cr_assert_eq(c, raw[2 * l + kv], "layer %d head %d kv %d", l, h, kv);
+            }
+    char path[400];
+    snprintf(path, sizeof path, "%s/again.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
+    size_t n2;
+    uint8_t *b2 = read_file(path, &n2);
+    cr_assert(n2 == n && memcmp(b, b2, n) == 0, "re-saving an old file changed its bytes");
+    free(b2);
+    free(b);
+    oscar_params_destroy(p);
+}
+
 /* ------------------------------------------------------- hostile files */
 
 /* A valid file in memory to mutate: 2 layers, 4/2 heads, d 64, eigenvalues. */
 static uint8_t *g_file;
 static size_t g_size;
-static void valid_file(void) {
+static void valid_file_of(int head_clips) {
     seed_init();
     mk_dir();
     oscar_params *p = random_params(2, 4, 2, 64, 0, 1);
+    if (head_clips) cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_K, 0.93f), OSCAR_OK); /* version 3 */
     char path[400];
     snprintf(path, sizeof path, "%s/valid.safetensors", g_dir);
     cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
     oscar_params_destroy(p);
     g_file = read_file(path, &g_size);
 }
+static void valid_file(void) { valid_file_of(0); }
 static void free_file(void) {
     free(g_file);
     rm_dir();
@@ -451,13 +614,16 @@ static void m_dtype_unknown(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
     json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("Q2"));
 }
+static void set_shape3(json_t *h, const char *name, int a, int b, int c) {
+    json_t *sh = json_array();
+    json_array_append_new(sh, json_integer(a));
+    json_array_append_new(sh, json_integer(b));
+    json_array_append_new(sh, json_integer(c));
+    json_object_set_new(json_object_get(h, name), "shape", sh);
+}
 static void m_shape(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
-    json_t *sh = json_array();
-    json_array_append_new(sh, json_integer(1));
-    json_array_append_new(sh, json_integer(32));
-    json_array_append_new(sh, json_integer(128));
-    json_object_set_new(json_object_get(h, "layers.1.rot_k"), "shape", sh);
+    set_shape3(h, "layers.1.rot_k", 1, 32, 128);
 }
 static void m_shape_rank(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
@@ -568,7 +734,34 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
     for (size_t i = 0; i < sizeof bad_clips / sizeof bad_clips[0]; i++) {
         g_clip_value = bad_clips[i];
         cr_assert_eq(load_mutated(m_clip, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "clip %g", (double)g_clip_value);
-        cr_assert(strstr(msg, "clip ratio of layer 1 V") != NULL, "%s", msg);
+        cr_assert(strstr(msg, "clip ratio of layer 1 KV head 0 V") != NULL, "%s", msg);
+    }
+}
+
+/* Per-head clip ratios (format_version 3): the same checks, and the shape
+ * needs the version. */
+static void valid_head_file(void) { valid_file_of(1); }
+static void m_clip_v2(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "format_version", json_integer(2));
+}
+static void m_clip_heads(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    set_shape3(h, "clip", 2, 3, 2);
+}
+
+Test(params, clip_heads_corrupt_files_refused, .init = valid_head_file, .fini = free_file) {
+    char msg[512];
+    cr_assert_eq(load_mutated(m_none, msg, sizeof msg), OSCAR_OK, "%s", msg);
+    cr_assert_eq(load_mutated(m_clip_v2, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "%s", msg);
+    cr_assert(strstr(msg, "need format_version 3") != NULL, "%s", msg);
+    cr_assert_eq(load_mutated(m_clip_heads, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "%s", msg);
+    cr_assert(strstr(msg, "dimension 1") != NULL, "%s", msg);
+    float bad_clips[] = {0.0f, -0.5f, 1.5f, NAN, INFINITY};
+    for (size_t i = 0; i < sizeof bad_clips / sizeof bad_clips[0]; i++) {
+        g_clip_value = bad_clips[i]; /* value 3 of [L][Hkv][2]: layer 0, KV head 1, V */
+        cr_assert_eq(load_mutated(m_clip, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "clip %g", (double)g_clip_value);
+        cr_assert(strstr(msg, "clip ratio of layer 0 KV head 1 V") != NULL, "%s", msg);
     }
 }
 
@@ -656,17 +849,9 @@ static void random_fb(oscar_params *p) {
 }
 
 static int64_t file_format_version(const char *path) {
-    size_t n;
-    uint8_t *b = read_file(path, &n);
-    uint64_t hn;
-    memcpy(&hn, b, 8);
-    json_error_t err;
-    json_t *hdr = json_loadb((const char *)b + 8, hn, 0, &err);
-    json_t *meta = json_loads(json_string_value(json_object_get(json_object_get(hdr, "__metadata__"), "oscar")), 0, &err);
-    int64_t v = json_integer_value(json_object_get(meta, "format_version"));
-    json_decref(meta);
-    json_decref(hdr);
-    free(b);
+    int v, rank;
+    int64_t sh[3];
+    file_clip_header(path, &v, &rank, sh, NULL, 0);
     return v;
 }
 

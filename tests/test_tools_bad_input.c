@@ -260,3 +260,23 @@ Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothi
     cr_expect(stat(path, &sb) != 0, "a.json was left behind although the Markdown could not be written");
     rmrf(dir);
 }
+
+Test(tools_bad_input, eval_tasks_need_a_tokenizer_and_room_for_the_facts, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "tokenizer.json");
+    /* No tokenizer.json; 128-token documents cannot hold 8 facts outside a recent window of 256. */
+    const struct {
+        const char *model, *args, *needle;
+    } cases[] = {{dir, "--context 64 --max-tokens 128 --sink 0 --recent 16", "tokenizer.json"},
+                 {g_model, "--context 128 --max-tokens 128", "outside the windows"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 120,
+                     BIN "/oscar-eval %s --tokens %s --methods int2 %s --retrieval-trials 0 --tasks --out %s/r.json",
+                     cases[i].model, g_tokens, cases[i].args, dir);
+        cr_expect_eq(rc, 2, "--tasks case %zu: exit %d: %s", i, rc, out);
+        cr_expect(strstr(out, cases[i].needle), "message should say \"%s\": %s", cases[i].needle, out);
+    }
+    rmrf(dir);
+}

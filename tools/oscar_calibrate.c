@@ -36,6 +36,8 @@ static void usage(FILE *fp) {
             "  --lloyd-max      fit for Lloyd-Max 2-bit levels (method OSCAR2_LM)\n"
             "  --clip-k C       fixed key clip ratio in (0, 1] (default: fitted)\n"
             "  --clip-v C       fixed value clip ratio in (0, 1] (default: fitted)\n"
+            "  --clip-per-head  one clip ratio per KV head, each fitted on its head's probes (format_version 3)\n"
+            "  --clip-per-layer one clip ratio per layer for K and V, every head gets it (default)\n"
             "  --clip-objective probes|rows  what the fitted clips minimise: attention-output error on\n"
             "                   probes (default) or the score error of held-back rows\n"
             "  --permutation bitrev|random|spread  placement of the eigen-directions in R = U.H.P\n"
@@ -163,6 +165,8 @@ int main(int argc, char **argv) {
             o.copy_mass_loss = (float)x;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
         else if (!strcmp(a, "--per-layer")) o.per_head = 0;
+        else if (!strcmp(a, "--clip-per-layer")) o.clip_per_head = 0;
+        else if (!strcmp(a, "--clip-per-head")) o.clip_per_head = 1;
         else if (!strcmp(a, "--lloyd-max")) o.lloyd_max = 1;
         else if (!strcmp(a, "--recompute")) o.pass1 = OCAL_PASS1_RECOMPUTE;
         else if (a[0] != '-' && !model_dir) model_dir = a;
@@ -330,6 +334,17 @@ int main(int argc, char **argv) {
         }
         printf("%5d | %8.4f  %10.4f  %9.4f  %6.2f | %8.4f  %10.4f  %9.4f  %6.2f\n", l, r.err_k[0], r.err_k[1],
                r.err_k[2], (double)r.clip_k, r.err_v[0], r.err_v[1], r.err_v[2], (double)r.clip_v);
+    }
+    printf("(clip_k, clip_v: the layer's mildest over its KV heads)\nclip ratios per KV head, K / V:\n");
+    for (int l = 0; l < cfg.num_layers; l++) {
+        printf("%5d |", l);
+        for (int h = 0; h < cfg.num_kv_heads; h++) {
+            float ck = 1.0f, cv = 1.0f;
+            oscar_params_clip_head(params, l, h, OSCAR_K, &ck);
+            oscar_params_clip_head(params, l, h, OSCAR_V, &cv);
+            printf(" h%d %.2f / %.2f", h, (double)ck, (double)cv);
+        }
+        printf("\n");
     }
     if (o.rounding != 0) /* the value metric was passed: outputs are compared as W_O sees them */
         printf("\nrelative attention-output error on probes as the output projection sees it,\n"

@@ -46,6 +46,11 @@ static void usage(FILE *f)
             "  --retrieval-source text|random  the repeated sequence: a chunk of the token file\n"
             "                      (default) or random ids from the vocabulary\n"
             "  --seed N            seed of the retrieval sequences (default 1234)\n"
+            "  --tasks             also run the key-value lookup task: documents of context/2 and context\n"
+            "                      tokens (1024, 2048 by default) of the token file's text with 8 facts \"The code\n"
+            "                      of X D1 D2 D3.\" in the 2-bit region, queried at the end (needs\n"
+            "                      MODEL_DIR/tokenizer.json)\n"
+            "  --task-docs N       lookup documents per context (default 16)\n"
             "  --threads N         windows evaluated in parallel, one engine context each (default 1;\n"
             "                      the engine then splits each forward over the cores)\n"
             "  --out FILE          report.json\n"
@@ -68,15 +73,6 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     if (!*s || *end || v < lo || v > hi) return 0;
     *out = v;
     return 1;
-}
-
-static uint64_t xorshift(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    return *s = x;
 }
 
 /* Whole-sequence bits per element at the context: the sink and recent
@@ -133,7 +129,8 @@ int main(int argc, char **argv)
     const char *methods = "bf16,int4,int2,quarot2,kivi2,oscar2,oscar2-lm";
     long ctx = 2048, max_tokens = 32768, sink = 64, recent = 256, group = 0, threads = 1, trials = 4, chunk = 0;
     long long seed = 1234;
-    int ablations = 0, allow_other_model = 0;
+    int ablations = 0, allow_other_model = 0, tasks = 0;
+    long task_docs = 16;
     const char *per_layer = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -186,7 +183,10 @@ int main(int argc, char **argv)
             ablations = 1;
         } else if (!strcmp(a, "--allow-other-model")) {
             allow_other_model = 1;
+        } else if (!strcmp(a, "--tasks")) {
+            tasks = 1;
         }
+        INT_OPT("--task-docs", 1, 1000, task_docs)
         INT_OPT("--context", 1, 1 << 20, ctx)
         INT_OPT("--max-tokens", 1, 1L << 40, max_tokens)
         INT_OPT("--sink", 0, 1 << 20, sink)
@@ -359,7 +359,7 @@ int main(int argc, char **argv)
     R.ref_index = -1;
     pthread_mutex_init(&R.log_mu, NULL);
     int rc = 0;
-    uint32_t *ret_tok = NULL;
+    uint32_t *ret_tok = NULL, *task_tok = NULL;
     /* The reference always runs (KL and top-1 need it); it is reported only
      * when asked for. */
     add_variant(&R, "bf16", "K/V rounded to bf16 everywhere, no 2-bit region (the reference)",
@@ -398,14 +398,16 @@ int main(int argc, char **argv)
         }
         for (int l = 0; l < L; l++)
             for (int kv = 0; kv < 2; kv++) {
-                float c = 1.0f;
-                oscar_params_clip(P, l, (oscar_kv)kv, &c);
                 oscar_params_set_clip(P_fixed, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
                 oscar_params_set_clip(P_noclip, l, (oscar_kv)kv, 1.0f);
                 oscar_params_set_clip(P_pub, l, (oscar_kv)kv, kv == OSCAR_K ? 0.96f : 0.92f);
                 /* QUAROT2 built-ins hold the Hadamard rotation; with method
-                 * OSCAR2, oscar_fakequant rotates by it and clips by these. */
-                oscar_params_set_clip(P_hclip, l, (oscar_kv)kv, c);
+                 * OSCAR2, oscar_fakequant rotates by it and clips by these (each KV head's). */
+                for (int h = 0; h < cfg.num_kv_heads; h++) {
+                    float c = 1.0f;
+                    oscar_params_clip_head(P, l, h, (oscar_kv)kv, &c);
+                    oscar_params_set_clip_head(P_hclip, l, h, (oscar_kv)kv, c);
+                }
             }
         /* Nearest rounding (the published write path): the same parameters without feedback weights. */
         oscar_params_clear_feedback(P_near);
@@ -484,11 +486,25 @@ int main(int argc, char **argv)
                 ctx, R_len, sink, recent);
         do_ret = 0;
     }
-    int njobs = (int)windows + (do_ret ? (int)trials : 0);
+    /* Lookup documents of half the context and the context (1024 and 2048 by default). */
+    ev_task_vocab tv;
+    const int task_ctx[EV_TASK_CTX] = {(int)ctx / 2, (int)ctx};
+    int ntask = 0;
+    if (tasks) {
+        char terr[600];
+        if (ev_task_vocab_load(S.model_dir, cfg.vocab, &tv, terr, sizeof terr) != 0) {
+            fprintf(stderr, "oscar-eval: %s\n", terr);
+            rc = EXIT_BAD_INPUT;
+            goto done;
+        }
+        ntask = EV_TASK_CTX * (int)task_docs;
+    }
+    int njobs = (int)windows + (do_ret ? (int)trials : 0) + ntask;
     R.jobs = calloc((size_t)njobs, sizeof *R.jobs);
     R.stats = calloc((size_t)njobs * (size_t)R.nvar, sizeof *R.stats);
     ret_tok = do_ret ? malloc((size_t)trials * (size_t)ctx * sizeof *ret_tok) : NULL;
-    if (!R.jobs || !R.stats || (do_ret && !ret_tok)) {
+    task_tok = ntask ? malloc((size_t)ntask * (size_t)task_ctx[EV_TASK_CTX - 1] * sizeof *task_tok) : NULL;
+    if (!R.jobs || !R.stats || (do_ret && !ret_tok) || (ntask && !task_tok)) {
         fprintf(stderr, "oscar-eval: out of memory for %d jobs\n", njobs);
         rc = 1;
         goto done;
@@ -504,19 +520,37 @@ int main(int argc, char **argv)
          * (text) or random ids (random). */
         uint32_t *tt = ret_tok + (size_t)t * ctx;
         uint64_t st = (uint64_t)seed * 0x9E3779B97F4A7C15ull + (uint64_t)t + 1;
-        for (int i = 0; i < 4; i++) xorshift(&st);
+        for (int i = 0; i < 4; i++) ev_xorshift(&st);
         int64_t span = (int64_t)sink + R_len, avail = ntok - span;
         int64_t off = windows * ctx + (int64_t)t * span;
-        if (off > avail) off = avail > 0 ? (int64_t)(xorshift(&st) % (uint64_t)avail) : 0;
+        if (off > avail) off = avail > 0 ? (int64_t)(ev_xorshift(&st) % (uint64_t)avail) : 0;
         for (int i = 0; i < span; i++) tt[i] = tok[off + i];
         for (int i = 0; i < R_len; i++) {
-            if (!strcmp(S.ret_source, "random")) tt[sink + i] = (uint32_t)(xorshift(&st) % (uint64_t)cfg.vocab);
+            if (!strcmp(S.ret_source, "random")) tt[sink + i] = (uint32_t)(ev_xorshift(&st) % (uint64_t)cfg.vocab);
             tt[sink + R_len + i] = tt[sink + i];
         }
         int n = (int)sink + 2 * R_len;
         R.jobs[windows + t] = (ev_job){.tokens = tt, .n = n, .r0 = (int)sink + R_len, .r1 = n - 1,
                                        .b0 = (int)sink, .b1 = (int)sink + R_len - 1, .retrieval = 1, .index = t};
     }
+    for (int k = 0; k < ntask; k++) {
+        const int c = k / (int)task_docs, doc = k % (int)task_docs, n = task_ctx[c];
+        uint32_t *tt = task_tok + (size_t)k * (size_t)task_ctx[EV_TASK_CTX - 1];
+        int arows[EV_TASK_FACTS];
+        if (ev_task_build(&tv, tok, ntok, n, (int)sink, (int)recent, (uint64_t)seed * 1000003u + (uint64_t)k, tt,
+                          arows) != 0) {
+            fprintf(stderr, "oscar-eval: --tasks: a %d-token lookup document cannot keep its facts outside the "
+                            "windows (sink %ld, recent %ld), or the token file holds fewer than %d tokens\n",
+                    n, sink, recent, n);
+            rc = EXIT_BAD_INPUT;
+            goto done;
+        }
+        ev_job *J = &R.jobs[(int)windows + (do_ret ? (int)trials : 0) + k];
+        *J = (ev_job){.tokens = tt, .n = n, .task = 1, .task_ctx = c, .index = doc};
+        memcpy(J->answer_rows, arows, sizeof arows);
+    }
+    S.task_docs = ntask ? (int)task_docs : 0;
+    for (int c = 0; c < EV_TASK_CTX; c++) S.task_ctx[c] = task_ctx[c];
     R.njobs = njobs;
     R.t_start = t_start;
     S.ctx = (int)ctx;
@@ -584,6 +618,7 @@ done:
     free(R.jobs);
     free(R.stats);
     free(ret_tok);
+    free(task_tok);
     pthread_mutex_destroy(&R.log_mu);
     free(tok);
     oe_model_free(model);

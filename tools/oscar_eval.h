@@ -12,6 +12,12 @@
 
 #define EV_MAX_THREADS 64
 #define EV_MAX_VARIANTS 64
+/* --tasks: key-value lookup documents (tools/oscar_eval_tasks.c). */
+#define EV_TASK_FACTS 8       /* facts per document, each queried once at its end */
+#define EV_TASK_FACT_LEN 8    /* "The code of X D1 D2 D3 ." */
+#define EV_TASK_ANSWER_LEN 3  /* digit tokens scored per query */
+#define EV_TASK_MAX_NAMES 64
+#define EV_TASK_CTX 2         /* contexts evaluated: 1024 and 2048 */
 
 /* One evaluated configuration: a method, its parameters and windows. */
 typedef struct ev_variant {
@@ -34,6 +40,9 @@ typedef struct ev_job {
     int n, r0, r1;
     int b0, b1; /* retrieval: rows of the first copy, scored for the reference only */
     int retrieval, index;
+    int task;   /* 1: key-value lookup document; task_ctx indexes the task contexts */
+    int task_ctx;
+    int answer_rows[EV_TASK_FACTS]; /* task: row predicting each query's first answer digit */
 } ev_job;
 
 /* Sums over the scored rows of one job for one variant. */
@@ -42,6 +51,8 @@ typedef struct ev_stats {
     int64_t top1, scored;
     int64_t ret_correct, ret_total;
     int64_t base_correct, base_total; /* reference only: first copy (nothing to retrieve) */
+    int64_t task_correct, task_first, task_total; /* key-value lookup: queries with all answer digits right,
+                                                      with the first digit right, queries */
     double seconds, hook_seconds;
 } ev_stats;
 
@@ -75,6 +86,9 @@ double ev_cpu_seconds(void);
 typedef struct ev_total {
     double ppl, nll, kl, top1, retrieval;
     int64_t scored, ret_total;
+    double task_acc[EV_TASK_CTX];   /* key-value lookup accuracy per task context (NaN: not run) */
+    double task_first[EV_TASK_CTX]; /* the same counting the first digit only */
+    int64_t task_total[EV_TASK_CTX];
     double seconds, hook_seconds;
 } ev_total;
 void ev_totals(const ev_run *R, int v, ev_total *out);
@@ -86,10 +100,36 @@ typedef struct ev_settings {
     int ret_trials, ret_len, ret_first, ret_second;
     const char *ret_source;
     double ret_base;
+    int task_docs, task_ctx[EV_TASK_CTX]; /* --tasks: documents per context (0: off), contexts */
     uint64_t seed;
     double wall_s, cpu_s;
     char started[32];
 } ev_settings;
+
+/* The tools' pseudo-random generator (xorshift64): retrieval sequences, lookup documents. */
+static inline uint64_t ev_xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+/* Token ids the lookup documents are made of, from the model's tokenizer.json. */
+typedef struct ev_task_vocab {
+    int the, code, of, period;
+    int digit_sp[10], digit[10]; /* " 7" (word start) and "7" */
+    int names[EV_TASK_MAX_NAMES], nnames;
+} ev_task_vocab;
+/* 0, or -1 with a message (no tokenizer.json, or words without a single token). */
+int ev_task_vocab_load(const char *model_dir, int vocab, ev_task_vocab *tv, char *err, size_t errlen);
+/* One document of ctx tokens into doc from the text tokens (facts in the
+ * 2-bit region of a cache with these windows, queries at the end);
+ * answer_rows[q]: the row predicting query q's first digit. 0, or -1 when ctx
+ * is too short for the facts to lie outside the windows (or text too short). */
+int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, int ctx, int sink, int recent,
+                  uint64_t seed, uint32_t *doc, int *answer_rows);
 
 /* report.json, report.md and the plot; returns 0 or prints why not. */
 int ev_write_json(const ev_run *R, const ev_settings *S);

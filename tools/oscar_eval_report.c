@@ -12,9 +12,14 @@ void ev_totals(const ev_run *R, int v, ev_total *out)
 {
     memset(out, 0, sizeof *out);
     int src = R->vars[v].same_as >= 0 ? R->vars[v].same_as : v;
-    int64_t top1 = 0, rc = 0;
+    int64_t top1 = 0, rc = 0, tc[EV_TASK_CTX] = {0}, tf[EV_TASK_CTX] = {0};
     for (int j = 0; j < R->njobs; j++) {
         const ev_stats *s = &R->stats[(size_t)j * R->nvar + src];
+        if (R->jobs[j].task) {
+            tc[R->jobs[j].task_ctx] += s->task_correct;
+            tf[R->jobs[j].task_ctx] += s->task_first;
+            out->task_total[R->jobs[j].task_ctx] += s->task_total;
+        }
         out->nll += s->nll;
         out->kl += s->kl;
         top1 += s->top1;
@@ -31,6 +36,10 @@ void ev_totals(const ev_run *R, int v, ev_total *out)
         out->nll /= (double)out->scored;
     }
     out->retrieval = out->ret_total > 0 ? (double)rc / (double)out->ret_total : NAN;
+    for (int c = 0; c < EV_TASK_CTX; c++) {
+        out->task_acc[c] = out->task_total[c] > 0 ? (double)tc[c] / (double)out->task_total[c] : NAN;
+        out->task_first[c] = out->task_total[c] > 0 ? (double)tf[c] / (double)out->task_total[c] : NAN;
+    }
 }
 
 /* BF16's accuracy on the first copy, where nothing can be retrieved: what
@@ -67,6 +76,15 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
     json_object_set_new(o, "mean_nll", json_real(t.nll));
     json_object_set_new(o, "scored_tokens", json_integer(t.scored));
     json_object_set_new(o, "retrieval_predictions", json_integer(t.ret_total));
+    if (t.task_total[0] + t.task_total[1] > 0) {
+        json_t *ta = json_array(), *tf = json_array();
+        for (int c = 0; c < EV_TASK_CTX; c++) {
+            json_array_append_new(ta, num_or_null(t.task_acc[c]));
+            json_array_append_new(tf, num_or_null(t.task_first[c]));
+        }
+        json_object_set_new(o, "kv_lookup_accuracy", ta); /* per settings.kv_lookup.contexts */
+        json_object_set_new(o, "kv_lookup_first_digit", tf);
+    }
     json_object_set_new(o, "seconds", json_real(t.seconds));
     json_object_set_new(o, "hook_seconds", json_real(t.hook_seconds));
     if (var->same_as >= 0) json_object_set_new(o, "same_run_as", json_string(R->vars[var->same_as].name));
@@ -110,6 +128,20 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
     json_object_set_new(rt, "seed", json_integer((json_int_t)S->seed));
     json_object_set_new(rt, "scored_per_trial", json_integer(S->ret_len - 1));
     json_object_set_new(st, "retrieval", rt);
+    if (S->task_docs > 0) {
+        json_t *tk = json_object(), *cs = json_array();
+        for (int c = 0; c < EV_TASK_CTX; c++) json_array_append_new(cs, json_integer(S->task_ctx[c]));
+        json_object_set_new(tk, "contexts", cs);
+        json_object_set_new(tk, "documents_per_context", json_integer(S->task_docs));
+        json_object_set_new(tk, "facts_per_document", json_integer(EV_TASK_FACTS));
+        json_object_set_new(tk, "template", json_string("The code of X D1 D2 D3. (X a single-token name absent "
+                                                        "from the document's text; queried at the end, all 3 "
+                                                        "digits must be the argmax)"));
+        json_object_set_new(tk, "chance_uniform", json_real(1.0 / 900.0));
+        json_object_set_new(tk, "chance_first_digit", json_real(1.0 / 9.0));
+        json_object_set_new(tk, "chance_other_fact", json_real(1.0 / EV_TASK_FACTS));
+        json_object_set_new(st, "kv_lookup", tk);
+    }
     json_t *tm = json_object();
     json_object_set_new(tm, "wall_seconds", json_real(S->wall_s));
     json_object_set_new(tm, "cpu_seconds", json_real(S->cpu_s));
@@ -189,6 +221,21 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
             any = 1;
             md_row(f, R, v, ref.ppl);
         }
+    if (S->task_docs > 0) {
+        fprintf(f, "\nKey-value lookup (`--tasks`): %d documents per context of text with %d facts \"The code of X "
+                   "D1 D2 D3.\" (X a name absent from the document's text) in the 2-bit region, each queried once at "
+                   "the end; a query is right when all three digits are the argmax (first digit only in brackets). "
+                   "Chance: 1/900 (1/9) guessing, 1/%d copying another fact's number.\n\n"
+                   "| method | bits/elt | accuracy @%d (first digit) | accuracy @%d (first digit) |\n|---|---|---|---|\n",
+                S->task_docs, EV_TASK_FACTS, EV_TASK_FACTS, S->task_ctx[0], S->task_ctx[1]);
+        for (int v = 0; v < R->nvar; v++) {
+            if (R->vars[v].ablation != 0 && v != R->ref_index) continue;
+            ev_total t;
+            ev_totals(R, v, &t);
+            fprintf(f, "| %s | %.3f | %.3f (%.3f) | %.3f (%.3f) |\n", R->vars[v].name, R->vars[v].bits, t.task_acc[0],
+                    t.task_first[0], t.task_acc[1], t.task_first[1]);
+        }
+    }
     fprintf(f, "\nRun: %.0f s wall, %.0f s CPU (%d worker(s) x %d engine thread(s)).\n", S->wall_s, S->cpu_s,
             S->workers, S->engine_threads);
     if (fclose(f) != 0) {

@@ -188,6 +188,22 @@ static void score_retrieval(const float *logits, int vocab, int r0, int r1, cons
     }
 }
 
+/* Key-value lookup: a query is right when the argmax predicts every digit of its answer. */
+static void score_task(const float *logits, int vocab, const ev_job *J, ev_stats *st)
+{
+    for (int q = 0; q < EV_TASK_FACTS; q++) {
+        int right = 1;
+        for (int i = J->answer_rows[q]; i < J->answer_rows[q] + EV_TASK_ANSWER_LEN; i++) {
+            int am;
+            (void)oe_logsumexp(logits + (size_t)i * vocab, vocab, &am);
+            right &= (uint32_t)am == J->tokens[i + 1];
+            if (i == J->answer_rows[q]) st->task_first += right;
+        }
+        st->task_correct += right;
+        st->task_total += 1;
+    }
+}
+
 /* ------------------------------------------------------------ workers */
 typedef struct worker {
     ev_run *run;
@@ -213,7 +229,9 @@ static oscar_status run_job(worker *w, int job)
     ev_stats *row = R->stats + (size_t)job * R->nvar;
     for (int v = 0; v < R->nvar; v++) memset(&row[v], 0, sizeof row[v]);
     int ref_v = R->ref_index;
-    if (J->retrieval) {
+    if (J->task) {
+        score_task(w->logits, vocab, J, &row[ref_v]);
+    } else if (J->retrieval) {
         score_retrieval(w->logits, vocab, J->r0, J->r1, J->tokens, &row[ref_v]);
         ev_stats base = {0};
         score_retrieval(w->logits, vocab, J->b0, J->b1, J->tokens, &base);
@@ -234,7 +252,8 @@ static oscar_status run_job(worker *w, int job)
         o.chunk_tokens = R->chunk;
         s = oe_forward(w->ctx, J->tokens, J->n, &o, w->logits);
         if (s != OSCAR_OK) return s;
-        if (J->retrieval) score_retrieval(w->logits, vocab, J->r0, J->r1, J->tokens, &row[v]);
+        if (J->task) score_task(w->logits, vocab, J, &row[v]);
+        else if (J->retrieval) score_retrieval(w->logits, vocab, J->r0, J->r1, J->tokens, &row[v]);
         else score_rows(&w->ref, w->logits, vocab, J->r0, J->r1, J->tokens, &row[v]);
         row[v].seconds += now_s() - t1;
         row[v].hook_seconds += w->hook.hook_s;
@@ -260,7 +279,8 @@ static void *worker_main(void *arg)
         int done = atomic_fetch_add(&R->done_jobs, 1) + 1;
         pthread_mutex_lock(&R->log_mu);
         fprintf(stderr, "oscar-eval: job %d/%d (%s %d) done in %.1f s, %.0f s elapsed\n", done, R->njobs,
-                R->jobs[job].retrieval ? "retrieval trial" : "window", R->jobs[job].index, now_s() - t0,
+                R->jobs[job].task ? "lookup document" : R->jobs[job].retrieval ? "retrieval trial" : "window",
+                R->jobs[job].index, now_s() - t0,
                 now_s() - R->t_start);
         pthread_mutex_unlock(&R->log_mu);
     }

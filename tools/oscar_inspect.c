@@ -72,7 +72,23 @@ int main(int argc, char **argv) {
         float ck = 0.0f, cv = 0.0f;
         oscar_params_clip(p, l, OSCAR_K, &ck);
         oscar_params_clip(p, l, OSCAR_V, &cv);
-        printf("layer %3d  clip K %.3f V %.3f\n", l, (double)ck, (double)cv);
+        printf("layer %3d  clip K %.3f V %.3f", l, (double)ck, (double)cv);
+        for (int h = 0; h < info.num_kv_heads; h++) { /* per KV head when the heads differ */
+            float hk = ck, hv = cv;
+            oscar_params_clip_head(p, l, h, OSCAR_K, &hk);
+            oscar_params_clip_head(p, l, h, OSCAR_V, &hv);
+            if (hk != ck || hv != cv) {
+                printf("  (per KV head K/V:");
+                for (int g = 0; g < info.num_kv_heads; g++) {
+                    oscar_params_clip_head(p, l, g, OSCAR_K, &hk);
+                    oscar_params_clip_head(p, l, g, OSCAR_V, &hv);
+                    printf(" %.2f/%.2f", (double)hk, (double)hv);
+                }
+                printf(")");
+                break;
+            }
+        }
+        printf("\n");
         for (int w = 0; w < 2; w++)
             for (int r = 0; r < nrot; r++) {
                 const float *R = NULL;

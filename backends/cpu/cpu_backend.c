@@ -23,7 +23,7 @@ typedef struct cpu_plan {
     size_t slot_bytes, esize, msize;
     float *rot_k, *rot_v; /* [layers][num_rot][d][d], NULL when identity */
     float *fb_k, *fb_v;   /* [layers][num_rot][d][d] error-feedback weights, NULL: nearest rounding */
-    float *clip_k, *clip_v; /* [layers], 1 for methods that never clip */
+    float *clip_k, *clip_v; /* [layers][kv heads], 1 for methods that never clip */
     float lut[256][4];      /* byte of 4 codes -> 4 levels */
 } cpu_plan;
 
@@ -126,8 +126,9 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
     p->slot_bytes = p->g.window_slot_bytes;
     size_t nl = (size_t)desc->num_layers, d = (size_t)l->head_dim;
     size_t rot_elems = nl * (size_t)desc->num_rot * d * d;
-    p->clip_k = malloc(nl * sizeof(float));
-    p->clip_v = malloc(nl * sizeof(float));
+    const size_t nclip = nl * (size_t)l->num_kv_heads;
+    p->clip_k = malloc(nclip * sizeof(float));
+    p->clip_v = malloc(nclip * sizeof(float));
     if (!p->identity) {
         p->rot_k = malloc(rot_elems * sizeof(float));
         p->rot_v = malloc(rot_elems * sizeof(float));
@@ -151,14 +152,14 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
         memcpy(p->fb_v, desc->fb_v, rot_elems * sizeof(float));
     }
     int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
-    for (size_t i = 0; i < nl; i++) {
+    for (size_t i = 0; i < nclip; i++) {
         float ck = clips && desc->clip_k ? desc->clip_k[i] : 1.0f;
         float cv = clips && desc->clip_v ? desc->clip_v[i] : 1.0f;
         if (!(ck > 0.0f && ck <= 1.0f) || !(cv > 0.0f && cv <= 1.0f)) {
             cpu_plan_free(p);
             return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                    "cpu plan: clip ratio of layer %zu outside (0, 1] (K %g, V %g)", i, (double)ck,
-                                    (double)cv);
+                                    "cpu plan: clip ratio of layer %zu KV head %zu outside (0, 1] (K %g, V %g)",
+                                    i / (size_t)l->num_kv_heads, i % (size_t)l->num_kv_heads, (double)ck, (double)cv);
         }
         p->clip_k[i] = ck;
         p->clip_v[i] = cv;
@@ -393,7 +394,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                 }
 
     float x[256], xr[256];
-    float clip[2] = {p->clip_k[a->layer], p->clip_v[a->layer]};
+    const float *clip[2] = {p->clip_k + (size_t)a->layer * H, p->clip_v + (size_t)a->layer * H}; /* [kv][h] */
     /* Step 1 for every sequence: demote ring rows that leave the recent window. */
     if (p->quantized && p->W > 0)
         for (int i = 0; i < b->num_seqs; i++) {
@@ -406,7 +407,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                 for (int kv = 0; kv < 2; kv++)
                     for (int h = 0; h < H; h++) {
                         load_row(p, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos), x);
-                        store_2bit(p, page, a->layer, kv, h, r, clip[kv], x);
+                        store_2bit(p, page, a->layer, kv, h, r, clip[kv][h], x);
                     }
             }
         }
@@ -438,7 +439,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                       ((size_t)h * (size_t)p->g.P + (size_t)r) * p->g.codes_row_bytes);
                     } else if (pos >= p->S0 && pos < L - p->W) {
                         char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
-                        store_2bit(p, page, a->layer, kv, h, r, clip[kv], xr);
+                        store_2bit(p, page, a->layer, kv, h, r, clip[kv][h], xr);
                     } else {
                         store_row(p, xr, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos));
                     }

@@ -16,7 +16,8 @@ typedef struct oscar_append1_params {
     const float *fb_k, *fb_v;     /* error-feedback weights, NULL: nearest */
     int64_t kv_stride, rot_off, page_bytes, slot_bytes, kc_off, vc_off, km_off, vm_off;
     int32_t total_new, nseq, num_rot, identity, lm;
-    float clip_k, clip_v;
+    const float *clip_k, *clip_v; /* device [layers][kv heads] clip ratios */
+    int32_t clip_off;             /* the layer's row: layer * kv heads */
     int32_t num_pages, num_slots, bt_stride, H, lp, S0, W, max_len;
 } oscar_append1_params;
 

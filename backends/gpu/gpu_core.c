@@ -17,7 +17,7 @@ typedef struct gpu_plan {
     size_t page_bytes, slot_bytes, kc, vc, km, vm;
     void *rot_k, *rot_v, *rot_vt; /* device fp32 [layers][num_rot][d][d]; rot_vt transposed; NULL if identity */
     void *fb_k, *fb_v; /* device fp32 error-feedback weights, same layout; NULL: round to nearest */
-    float *clip_k, *clip_v;       /* host, per layer */
+    void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
     gpu_kernels k;
 } gpu_plan;
 
@@ -134,8 +134,8 @@ static void plan_free(void *ctx, gpu_plan *p) {
     if (p->fb_k) V(ctx)->free(ctx, p->fb_k);
     if (p->fb_v) V(ctx)->free(ctx, p->fb_v);
     if (p->k.owner || p->k.decode) V(ctx)->release(ctx, &p->k);
-    free(p->clip_k);
-    free(p->clip_v);
+    if (p->clip_k) V(ctx)->free(ctx, p->clip_k);
+    if (p->clip_v) V(ctx)->free(ctx, p->clip_v);
     free(p);
 }
 
@@ -181,25 +181,35 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->slot_bytes = g.window_slot_bytes;
     if (bf16m) p->l.group = d; /* the kernels read a BF16 row as one group */
     size_t nl = (size_t)desc->num_layers;
-    p->clip_k = malloc(nl * sizeof(float));
-    p->clip_v = malloc(nl * sizeof(float));
-    if (!p->clip_k || !p->clip_v) {
+    const size_t nclip = nl * (size_t)l->num_kv_heads;
+    float *clip = malloc(2 * nclip * sizeof(float)); /* host staging: K then V */
+    if (!clip) {
         plan_free(ctx, p);
         return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
     }
     int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
-    for (size_t i = 0; i < nl; i++) {
+    for (size_t i = 0; i < nclip; i++) {
         float ck = clips && desc->clip_k ? desc->clip_k[i] : 1.0f;
         float cv = clips && desc->clip_v ? desc->clip_v[i] : 1.0f;
         if (!(ck > 0.0f && ck <= 1.0f) || !(cv > 0.0f && cv <= 1.0f)) {
+            free(clip);
             plan_free(ctx, p);
             return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                    "%s plan: clip ratio of layer %zu outside (0, 1] (K %g, V %g)", nm, i, (double)ck,
-                                    (double)cv);
+                                    "%s plan: clip ratio of layer %zu KV head %zu outside (0, 1] (K %g, V %g)", nm,
+                                    i / (size_t)l->num_kv_heads, i % (size_t)l->num_kv_heads, (double)ck, (double)cv);
         }
-        p->clip_k[i] = ck;
-        p->clip_v[i] = cv;
+        clip[i] = ck;
+        clip[nclip + i] = cv;
     }
+    const size_t cbytes = nclip * sizeof(float);
+    if ((st = V(ctx)->alloc(ctx, cbytes, &p->clip_k, err)) || (st = V(ctx)->alloc(ctx, cbytes, &p->clip_v, err)) ||
+        (st = V(ctx)->write(ctx, p->clip_k, 0, clip, cbytes, NULL, err)) ||
+        (st = V(ctx)->write(ctx, p->clip_v, 0, clip + nclip, cbytes, NULL, err)) || (st = V(ctx)->sync(ctx, NULL, err))) {
+        free(clip);
+        plan_free(ctx, p);
+        return st;
+    }
+    free(clip);
     if (!p->identity) {
         size_t n = nl * (size_t)desc->num_rot * D * D, bytes = n * sizeof(float);
         float *t = malloc(bytes);
@@ -379,7 +389,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
         W = p->W, max_len = p->l.max_seq_len, bt_stride = b->block_table_stride, num_pages = a->cache.num_pages,
         num_slots = a->cache.num_window_slots;
     if (b->max_seq_len > 0 && b->max_seq_len < max_len) max_len = b->max_seq_len;
-    float ck = p->clip_k[a->layer], cv = p->clip_v[a->layer];
+    void *ck = p->clip_k, *cv = p->clip_v;
+    int clip_off = a->layer * H; /* the layer's row of the [layers][kv heads] clips */
     int64_t kv_stride = a->kv_stride, rot_off = (int64_t)a->layer * num_rot * D * D;
     int64_t page_bytes = (int64_t)p->page_bytes, slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
             vc = (int64_t)p->vc, km = (int64_t)p->km, vm = (int64_t)p->vm;
@@ -402,8 +413,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
             .cu_new = cu, .ws = ws, .rot_k = rk, .rot_v = rv, .fb_k = fk, .fb_v = fv, .kv_stride = kv_stride,
             .rot_off = rot_off, .page_bytes = page_bytes, .slot_bytes = slot_bytes, .kc_off = kc, .vc_off = vc,
             .km_off = km, .vm_off = vm, .total_new = a->total_new, .nseq = nseq, .num_rot = num_rot,
-            .identity = identity, .lm = lm, .clip_k = ck, .clip_v = cv, .num_pages = num_pages,
-            .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len};
+            .identity = identity, .lm = lm, .clip_k = ck, .clip_v = cv, .clip_off = clip_off,
+            .num_pages = num_pages, .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len};
         gpu_arg aa[] = {{&ap, sizeof ap}};
         return V(ctx)->launch(ctx, p->k.append1, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, aa, 1,
                               a->stream, err);
@@ -411,7 +422,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     if (p->quantized && W > 0) {
         gpu_arg da[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
                         {&slots, sizeof slots}, {&cu, sizeof cu}, {&ws, sizeof ws}, {&fk, sizeof fk},
-                        {&fv, sizeof fv}, {&rot_off, 8}, {&num_rot, 4}, {&fb_on, 4}, {&ck, 4}, {&cv, 4}, {&lm, 4},
+                        {&fv, sizeof fv}, {&rot_off, 8}, {&num_rot, 4}, {&fb_on, 4}, {&ck, sizeof ck}, {&cv, sizeof cv},
+                        {&clip_off, 4}, {&lm, 4},
                         {&num_pages, 4}, {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                         {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
         /* Blocks per (row kind, head, sequence); each walks rows x, x + gx, ...
@@ -430,7 +442,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                     {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens}, {&slots, sizeof slots},
                     {&cu, sizeof cu}, {&nseq, 4}, {&ws, sizeof ws}, {&rk, sizeof rk}, {&rv, sizeof rv},
                     {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&fk, sizeof fk}, {&fv, sizeof fv},
-                    {&fb_on, 4}, {&ck, 4}, {&cv, 4}, {&lm, 4}, {&num_pages, 4},
+                    {&fb_on, 4}, {&ck, sizeof ck}, {&cv, sizeof cv}, {&clip_off, 4}, {&lm, 4}, {&num_pages, 4},
                     {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4}, {&max_len, 4},
                     {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
     return V(ctx)->launch(ctx, p->k.store, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, sa,

@@ -46,9 +46,11 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry */
+#define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
+                                       clips per KV head */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
-#define OSCAR_PARAMS_FORMAT_VERSION 2 /* 2: error-feedback weights (files without them are written as 1) */
+#define OSCAR_PARAMS_FORMAT_VERSION 3 /* 2: error-feedback weights; 3: clip ratios per KV head (files are
+                                         written with the lowest version that holds them) */
 
 /* Returns "MAJOR.MINOR.PATCH"; *major etc. may be NULL. Static string. */
 OSCAR_API const char *oscar_version(int *major, int *minor, int *patch);
@@ -198,7 +200,15 @@ OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, i
  * pass). Plans made before keep what they copied. No-op without weights. */
 OSCAR_API oscar_status oscar_params_clear_feedback(oscar_params *p);
 /* Clip ratio c in (0, 1]: per stored row, values are clipped to +-tau, tau the
- * c-quantile of the row's absolute values. 1 means no clipping. */
+ * c-quantile of the row's absolute values. 1 means no clipping. One ratio per
+ * (layer, KV head, K/V), whatever per_head says (files of format versions 1-2
+ * hold one per layer: every head gets it). */
+OSCAR_API oscar_status oscar_params_clip_head(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                              float *c);
+OSCAR_API oscar_status oscar_params_set_clip_head(oscar_params *p, int layer, int kv_head, oscar_kv which, float c);
+/* Per-layer view: oscar_params_clip gives the layer's mildest (largest) ratio
+ * over its KV heads, which is the layer's ratio when the heads share one;
+ * oscar_params_set_clip sets every KV head of the layer. */
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c);
 OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_kv which, float c);
 /* Refuses parameters whose shape disagrees with the model's (OSCAR_ERR_SHAPE_MISMATCH
@@ -249,6 +259,10 @@ typedef struct oscar_calib_options {
     float copy_mass_loss;       /* with copy probes: a key clip is taken only if the copy queries
                                    keep their attention weight on the copied token's source within
                                    this much of exact (mean over query heads; default 0.002) */
+    int32_t clip_per_head;      /* 0 (default): one clip ratio per (layer, K/V), fitted on all the layer's
+                                   probes, given to every KV head; 1: one per (layer, KV head, K/V), each
+                                   head's fitted on its own probes (parameter file format_version 3;
+                                   docs/eval/retrieval.md: it did not win on both calibration texts) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */

@@ -45,7 +45,7 @@ class CalibOptions(Structure):
                 ("method", c_int), ("clip_k", c_float), ("clip_v", c_float), ("holdout_rows", c_int32),
                 ("model_hash", c_char_p), ("progress", c_void_p), ("progress_user", c_void_p), ("sink", c_int32),
                 ("recent", c_int32), ("clip_objective", c_int32), ("permutation", c_int32), ("rounding", c_int32),
-                ("copy_probes", c_int32), ("copy_mass_loss", c_float)]
+                ("copy_probes", c_int32), ("copy_mass_loss", c_float), ("clip_per_head", c_int32)]
 
 
 class CalibLayerReport(Structure):
@@ -131,6 +131,8 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_params_clear_feedback", S, c_void_p)
     _sig(L, "oscar_params_clip", S, c_void_p, c_int, c_int, POINTER(c_float))
     _sig(L, "oscar_params_set_clip", S, c_void_p, c_int, c_int, c_float)
+    _sig(L, "oscar_params_clip_head", S, c_void_p, c_int, c_int, c_int, POINTER(c_float))
+    _sig(L, "oscar_params_set_clip_head", S, c_void_p, c_int, c_int, c_int, c_float)
     _sig(L, "oscar_params_check_shape", S, c_void_p, c_int, c_int, c_int, c_int, c_char_p)
     _sig(L, "oscar_fakequant", S, c_void_p, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_void_p)
     _sig(L, "oscar_method_bits", c_double, c_int, c_int, c_int, c_int)

@@ -381,13 +381,21 @@ class Params:
         _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _KV[which], ctypes.byref(e)))
         return e.value
 
-    def clip(self, layer: int, which: str = "k") -> float:
+    def clip(self, layer: int, which: str = "k", kv_head: Optional[int] = None) -> float:
+        """Clip ratio of one KV head, or (kv_head None) the layer's mildest over its heads."""
         c = ctypes.c_float()
-        _check(lib.oscar_params_clip(self._h, layer, _KV[which], ctypes.byref(c)))
+        if kv_head is None:
+            _check(lib.oscar_params_clip(self._h, layer, _KV[which], ctypes.byref(c)))
+        else:
+            _check(lib.oscar_params_clip_head(self._h, layer, kv_head, _KV[which], ctypes.byref(c)))
         return c.value
 
-    def set_clip(self, layer: int, which: str, c: float) -> None:
-        _check(lib.oscar_params_set_clip(self._h, layer, _KV[which], c))
+    def set_clip(self, layer: int, which: str, c: float, kv_head: Optional[int] = None) -> None:
+        """Sets one KV head's clip ratio, or (kv_head None) every head's of the layer."""
+        if kv_head is None:
+            _check(lib.oscar_params_set_clip(self._h, layer, _KV[which], c))
+        else:
+            _check(lib.oscar_params_set_clip_head(self._h, layer, kv_head, _KV[which], c))
 
     def check_shape(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                     model_hash: Optional[str] = None) -> None:

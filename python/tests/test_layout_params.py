@@ -75,10 +75,16 @@ def test_calibrated_file_and_round_trip(tmp_path):
             F = p.feedback(layer, which)
             assert F is not None and np.all(np.tril(F) == 0) and np.abs(F).max() > 0
     p.set_clip(3, "k", 0.9)
+    p.set_clip(4, "v", 0.85, kv_head=1)  # one KV head's ratio (format_version 3)
     out = tmp_path / "p.safetensors"
     p.save(out)
     q = liboscar.Params.load(out)
     assert q.clip(3, "k") == pytest.approx(0.9)
+    assert q.clip(3, "k", kv_head=1) == pytest.approx(0.9)
+    assert q.clip(4, "v", kv_head=1) == pytest.approx(0.85)
+    assert q.clip(4, "v", kv_head=0) == pytest.approx(p.clip(4, "v", kv_head=0))
+    with pytest.raises(liboscar.OscarError, match="kv_head"):
+        q.set_clip(0, "k", 0.9, kv_head=99)
     np.testing.assert_array_equal(q.rotation(5, "v"), p.rotation(5, "v"))
     np.testing.assert_array_equal(q.feedback(2, "k"), p.feedback(2, "k"))
     p.clear_feedback()

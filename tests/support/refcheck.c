@@ -103,14 +103,15 @@ static const float *rc_row_fb(const rc_seq_ref *s, int kv, int h) {
     return s->fb[kv] ? s->fb[kv] + (size_t)(s->num_rot == 1 ? 0 : h) * (size_t)s->d * (size_t)s->d : NULL;
 }
 
-int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot, float clip_k,
-                     float clip_v, int Lmax, const float *k, const float *v, rc_seq_ref *s) {
+int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot,
+                     const float *clip_k, const float *clip_v, int Lmax, const float *k, const float *v,
+                     rc_seq_ref *s) {
     return rc_seq_ref_build_fb(l, rot_k, rot_v, NULL, NULL, num_rot, clip_k, clip_v, Lmax, k, v, s);
 }
 
 int rc_seq_ref_build_fb(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, const float *fb_k,
-                        const float *fb_v, int num_rot, float clip_k, float clip_v, int Lmax, const float *k,
-                        const float *v, rc_seq_ref *s) {
+                        const float *fb_v, int num_rot, const float *clip_k, const float *clip_v, int Lmax,
+                        const float *k, const float *v, rc_seq_ref *s) {
     memset(s, 0, sizeof *s);
     s->l = *l;
     s->num_rot = num_rot;
@@ -119,8 +120,11 @@ int rc_seq_ref_build_fb(const oscar_layout_desc *l, const float *rot_k, const fl
     s->d = l->head_dim;
     s->ng = l->head_dim / l->group;
     int clips = l->method == OSCAR_METHOD_OSCAR2 || l->method == OSCAR_METHOD_OSCAR2_LM;
-    s->clip[0] = clips ? clip_k : 1.0f;
-    s->clip[1] = clips ? clip_v : 1.0f;
+    if (s->H > RC_MAX_KV_HEADS) return -1;
+    for (int h = 0; h < s->H; h++) {
+        s->clip[0][h] = clips ? clip_k[h] : 1.0f;
+        s->clip[1][h] = clips ? clip_v[h] : 1.0f;
+    }
     int lm = l->method == OSCAR_METHOD_OSCAR2_LM, d = s->d, H = s->H;
     size_t rows = (size_t)(Lmax > 0 ? Lmax : 1) * H;
     for (int kv = 0; kv < 2; kv++) {
@@ -143,7 +147,7 @@ int rc_seq_ref_build_fb(const oscar_layout_desc *l, const float *rot_k, const fl
             oscar_ref_rotate(d, src + row * d, R, xr);
             for (int j = 0; j < d; j++) xr[j] = oscar_round_to(l->kv_dtype, xr[j]);
             if (l->method != OSCAR_METHOD_BF16 && p >= l->sink) {
-                oscar_ref_quantize_row_fb(d, l->group, lm, s->clip[kv], l->meta_dtype, xr, rc_row_fb(s, kv, h),
+                oscar_ref_quantize_row_fb(d, l->group, lm, s->clip[kv][h], l->meta_dtype, xr, rc_row_fb(s, kv, h),
                                           s->codes[kv] + row * d / 4, s->meta[kv] + row * s->ng * 2);
                 oscar_ref_dequantize_row(d, l->group, lm, s->codes[kv] + row * d / 4, s->meta[kv] + row * s->ng * 2,
                                          s->deq[kv] + row * d);
@@ -174,7 +178,8 @@ const float *rc_stored_row(const rc_seq_ref *s, int kv, int p, int h, int L) {
  * before it (replayed from the reference's codes and metadata). */
 static int near_boundary(const rc_seq_ref *s, int kv, size_t row, int j) {
     const float *x = s->rot[kv] + row * s->d;
-    float tau = s->clip[kv] < 1.0f ? oscar_ref_clip_tau(s->d, x, s->clip[kv]) : INFINITY;
+    const float c = s->clip[kv][row % (size_t)s->H];
+    float tau = c < 1.0f ? oscar_ref_clip_tau(s->d, x, c) : INFINITY;
     float xv = fminf(fmaxf(x[j], -tau), tau);
     const float *F = rc_row_fb(s, kv, (int)(row % (size_t)s->H));
     if (F) {
@@ -431,7 +436,7 @@ void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l,
             }
         }
     }
-    for (int i = 0; i < layers; i++) {
+    for (int i = 0; i < layers * c->H; i++) {
         clip_k[i] = (float)(0.9 + 0.1 * rc_uniform(r));
         clip_v[i] = rc_uniform(r) < 0.2 ? 1.0f : (float)(0.85 + 0.1 * rc_uniform(r));
     }

@@ -49,10 +49,11 @@ void rc_poison(void *p, size_t bytes);
 /* The expected cache of one sequence, for every position up to Lmax. What a
  * position holds depends only on its row, so one build serves every length
  * L <= Lmax: rc_region() picks sink / 2-bit / recent for a given L. */
+#define RC_MAX_KV_HEADS 64 /* the largest KV head count a test shape has */
 typedef struct rc_seq_ref {
     oscar_layout_desc l;
     int Lmax, H, d, ng;
-    float clip[2];     /* clip ratio applied (1 for methods that never clip) */
+    float clip[2][RC_MAX_KV_HEADS]; /* clip ratio per KV head applied (1 for methods that never clip) */
     float *rot[2];     /* [Lmax][H][d] rotated rows rounded to kv_dtype (K, V) */
     float *deq[2];     /* [Lmax][H][d] dequantized 2-bit rows (positions >= S0; quantized methods) */
     uint8_t *codes[2]; /* [Lmax][H][d/4] packed codes */
@@ -67,14 +68,16 @@ int rc_region(const oscar_layout_desc *l, int p, int L);
 
 /* k, v: [Lmax][H][d] original (unrotated) rows, representable in kv_dtype.
  * rot_k, rot_v: [num_rot][d][d] rotations or NULL for the identity; num_rot 1
- * or H. clip_k/clip_v are used only for OSCAR2/OSCAR2_LM. Returns 0 on success. */
-int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot, float clip_k,
-                     float clip_v, int Lmax, const float *k, const float *v, rc_seq_ref *out);
+ * or H. clip_k/clip_v: [H] ratios of the KV heads, used only for OSCAR2/OSCAR2_LM.
+ * Returns 0 on success. */
+int rc_seq_ref_build(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, int num_rot,
+                     const float *clip_k, const float *clip_v, int Lmax, const float *k, const float *v,
+                     rc_seq_ref *out);
 /* The same with error-feedback rounding (oscar_ref_quantize_row_fb): fb_k,
  * fb_v are the layer's [num_rot][d][d] weights (copied), NULL for nearest. */
 int rc_seq_ref_build_fb(const oscar_layout_desc *l, const float *rot_k, const float *rot_v, const float *fb_k,
-                        const float *fb_v, int num_rot, float clip_k, float clip_v, int Lmax, const float *k,
-                        const float *v, rc_seq_ref *out);
+                        const float *fb_v, int num_rot, const float *clip_k, const float *clip_v, int Lmax,
+                        const float *k, const float *v, rc_seq_ref *out);
 void rc_seq_ref_free(rc_seq_ref *s);
 /* The stored row (rotated space, fp32) decode must read for position p of a
  * length-L sequence: window/paged 16-bit row or the dequantized 2-bit row. */
@@ -143,7 +146,8 @@ typedef struct rc_cfg {
 /* Fills the layout of c (max_seq_len 100000) and what a plan needs for
  * `layers` layers: rotations (Hadamard for QUAROT2, random orthogonal for the
  * OSCAR methods, none = NULL for INT2/BF16; malloc'ed [layers][num_rot][d][d],
- * the caller frees) and random clip ratios (K in [0.9, 1], V 1 or [0.85, 0.95]). */
+ * the caller frees) and random clip ratios clip_k, clip_v [layers][H], drawn
+ * per KV head (K in [0.9, 1], V 1 or [0.85, 0.95]). */
 void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l, int *num_rot, int *identity,
                    float **rot_k, float **rot_v, float *clip_k, float *clip_v);
 

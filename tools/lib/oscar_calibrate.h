@@ -33,6 +33,7 @@ typedef struct ocal_options {
                                 default, 0: none. Window w of the calibration windows gives its first
                                 sink tokens, then its next (window - sink) / 2 tokens twice */
     float copy_mass_loss;    /* oscar_calib_options.copy_mass_loss; < 0 (default): the library's */
+    int clip_per_head;       /* oscar_calib_options.clip_per_head; -1 (default): the library's */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

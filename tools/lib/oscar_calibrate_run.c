@@ -40,6 +40,7 @@ void ocal_options_default(ocal_options *o) {
     o->rounding = -1;
     o->copy_windows = -1;
     o->copy_mass_loss = -1.0f;
+    o->clip_per_head = -1;
     o->per_head = -1;
 }
 
@@ -203,6 +204,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     const int ncopy = o->copy_windows >= 0 ? o->copy_windows : OCAL_COPY_WINDOWS_DEFAULT;
     co.copy_probes = ncopy * OCAL_COPY_PROBES_PER_WINDOW > 64 ? 64 : ncopy * OCAL_COPY_PROBES_PER_WINDOW;
     if (o->copy_mass_loss >= 0.0f) co.copy_mass_loss = o->copy_mass_loss;
+    if (o->clip_per_head >= 0) co.clip_per_head = o->clip_per_head;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
