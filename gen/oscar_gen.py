@@ -258,16 +258,9 @@ def write(path, text):
 # SHFL32(v, s) is v of lane s of the calling thread's aligned 32-thread segment
 # (a CUDA warp, half an AMD wave64); every thread of the segment calls it.
 # OpenCL 1.2 has none: the template uses barriers there.
-# SHFL32_XOR, BALLOT32 (a 32-bit mask of the segment) and WARP_SYNC serve the
-# one-launch append (CUDA, HIP only).
 SHFL32 = {
-    "cuda": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl_sync(0xffffffffu, v, s, 32)\n"
-            "#define SHFL32_XOR(v, o) __shfl_xor_sync(0xffffffffu, v, o, 32)\n"
-            "#define BALLOT32(p) __ballot_sync(0xffffffffu, p)\n#define WARP_SYNC() __syncwarp()\n",
-    "hip": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl(v, s, 32)\n"
-           "#define SHFL32_XOR(v, o) __shfl_xor(v, o, 32)\n"
-           "#define BALLOT32(p) ((u32)(__ballot(p) >> (threadIdx.x & 32u)))\n"
-           "#define WARP_SYNC() __builtin_amdgcn_wave_barrier()\n",
+    "cuda": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl_sync(0xffffffffu, v, s, 32)\n",
+    "hip": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl(v, s, 32)\n",
     "opencl": "#define OSCAR_SHFL32 0\n",
 }
 
