@@ -179,6 +179,13 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->vm = g.v_meta;
     p->page_bytes = g.page_bytes;
     p->slot_bytes = g.window_slot_bytes;
+    if (g.page_bytes > 0x7fffffff) { /* the kernels address inside a page with 32-bit offsets */
+        plan_free(ctx, p);
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "%s plan: one page would take %zu bytes (num_kv_heads %d x page_size %d); pages "
+                                "above 2 GiB are not supported: use a smaller page_size",
+                                nm, g.page_bytes, l->num_kv_heads, l->page_size);
+    }
     if (bf16m) p->l.group = d; /* the kernels read a BF16 row as one group */
     size_t nl = (size_t)desc->num_layers;
     const size_t nclip = nl * (size_t)l->num_kv_heads;

@@ -192,13 +192,13 @@ int main(int argc, char **argv) {
         std::vector<float> R((size_t)D * D);
         for (int i = 0; i < D; i++)
             for (int j = 0; j < D; j++) R[(size_t)i * D + j] = (__builtin_popcount(i & j) & 1 ? -1.f : 1.f) / sqrtf(D);
-        float ck = 0.96f, cv = 0.92f;
+        std::vector<float> ck(H, 0.96f), cv(H, 0.92f); // [layer][KV head] clip ratios
         // Feedback weights: strictly upper triangular, |F| ~ 0.01-0.2 (the cost does not depend on the values).
         std::vector<float> F((size_t)D * D, 0.f);
         for (int j = 0; j < D; j++)
             for (int k = j + 1; k < D; k++)
                 F[(size_t)j * D + k] = 0.2f * sinf(0.37f * j + 1.3f * k) / (float)(1 + (k - j) / 8);
-        oscar_backend_plan_desc pd = {l, 1, 1, bf16m, bf16m ? nullptr : R.data(), bf16m ? nullptr : R.data(), &ck, &cv,
+        oscar_backend_plan_desc pd = {l, 1, 1, bf16m, bf16m ? nullptr : R.data(), bf16m ? nullptr : R.data(), ck.data(), cv.data(),
                                       fbm ? F.data() : nullptr, fbm ? F.data() : nullptr};
         void *plan;
         char variant[128];
