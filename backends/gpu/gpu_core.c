@@ -476,7 +476,7 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
     void *ws = a->workspace;
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
-    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ra,
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)(4 * D), ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     oscar_tc_decode_params dp = {
@@ -497,7 +497,8 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
                                 .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H};
     gpu_arg ma[] = {{&mp, sizeof mp}};
-    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)D, ma, 1, a->stream, err);
+    /* the tensor-core merge runs 4 D threads (templates/decode_tc.jinja) */
+    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)(4 * D), ma, 1, a->stream, err);
 }
 
 /* Checks shared by decode and extend: q/out present, strides. */
@@ -573,7 +574,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
     void *ws = a->workspace, *out = a->out, *lse = has_lse ? (void *)a->lse : a->workspace;
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
-    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, (unsigned)D, ra,
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, (unsigned)(4 * D), ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     gpu_arg dargs[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},
