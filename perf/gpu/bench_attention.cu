@@ -162,6 +162,16 @@ int main(int argc, char **argv) {
 
     FILE *out = fopen(argv[2], "w");
     fprintf(out, "shape\tmethod\tbatch\tcontext\tsplits_variant\tmedian_us\tbytes\tGBps\tfrac_copy\tappend_us\n");
+    std::vector<int> extend_ns;
+    if (const char *x = getenv("OSCAR_BENCH_EXTEND"))
+        for (const char *c = x; *c;) {
+            int n = atoi(c);
+            if (n > 0) extend_ns.push_back(n);
+            while (*c && *c != ',') c++;
+            if (*c) c++;
+        }
+    FILE *ext_out = getenv("OSCAR_BENCH_EXTEND_TSV") ? fopen(getenv("OSCAR_BENCH_EXTEND_TSV"), "w") : nullptr;
+    if (ext_out) fprintf(ext_out, "shape\tmethod\tbatch\tcontext\tn\textend_us\tdecode_us\n");
     for (const std::vector<int> &sh : shapes) {
     const int Hq = sh[0], H = sh[1], D = sh[2], G = sh[3], P = 64, S0 = 64, W = 256;
     char shape[64];
@@ -290,6 +300,63 @@ int main(int argc, char **argv) {
             }
             float t = median(ts) * 1000.f;
             OK(api->check(ctx, plan, ws, nullptr, &err));
+            // Extend attention (OSCAR_BENCH_EXTEND=n1,n2,...): n query tokens per sequence at
+            // positions L-n..L-1 over the same cache (speculative verify, chunked prefill);
+            // median us, written to OSCAR_BENCH_EXTEND_TSV (default: stdout only).
+            if (extend_ns.size() && api->extend) {
+                for (int n : extend_ns) {
+                    if (n > L) continue;
+                    std::vector<int> cuq(B + 1);
+                    for (int i = 0; i <= B; i++) cuq[i] = i * n;
+                    int *dcuq;
+                    void *qe, *oe, *wse;
+                    size_t wseb;
+                    OK(api->workspace_bytes(ctx, plan, std::max(B, B * n), L, &wseb, &err));
+                    CK(cudaMalloc(&dcuq, (B + 1) * 4));
+                    CK(cudaMalloc(&qe, (size_t)B * n * Hq * D * 2));
+                    CK(cudaMalloc(&oe, (size_t)B * n * Hq * D * 2));
+                    CK(cudaMalloc(&wse, wseb));
+                    OK(api->workspace_init(ctx, plan, wse, nullptr, &err));
+                    CK(cudaMemcpy(dcuq, cuq.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
+                    fill_bf16<<<1024, 256>>>((unsigned short *)qe, (size_t)B * n * Hq * D, 8);
+                    auto ext = [&](int k) {
+                        oscar_backend_extend_args a = {0, {pages[k], num_pages, wins[k], B}, batch, dcuq, B * n, n,
+                                                       qe, (int64_t)Hq * D, oe, (int64_t)Hq * D, nullptr,
+                                                       0.08838834764f, 0, wse, wseb, nullptr};
+                        OK(api->extend(ctx, plan, &a, &err));
+                    };
+                    ext(0);
+                    cudaEventRecord(e0);
+                    ext(0);
+                    cudaEventRecord(e1);
+                    cudaEventSynchronize(e1);
+                    float ms1;
+                    cudaEventElapsedTime(&ms1, e0, e1);
+                    int it = std::max(3, std::min(30, (int)(150.0f / std::max(ms1, 1e-3f))));
+                    std::vector<float> te;
+                    for (int i = 0; i < it; i++) {
+                        cudaEventRecord(e0);
+                        ext(i % copies);
+                        cudaEventRecord(e1);
+                        cudaEventSynchronize(e1);
+                        float ms;
+                        cudaEventElapsedTime(&ms, e0, e1);
+                        te.push_back(ms);
+                    }
+                    OK(api->check(ctx, plan, wse, nullptr, &err));
+                    float tex = median(te) * 1000.f;
+                    printf("%-14s %-10s B=%-3d L=%-6d extend n=%-4d %10.1f us  (%.2fx one decode step, %.3f us per query token)\n",
+                           shape, mname, B, L, n, tex, tex / t, tex / (B * n));
+                    if (ext_out) {
+                        fprintf(ext_out, "%s\t%s\t%d\t%d\t%d\t%.2f\t%.2f\n", shape, mname, B, L, n, tex, t);
+                        fflush(ext_out);
+                    }
+                    cudaFree(dcuq);
+                    cudaFree(qe);
+                    cudaFree(oe);
+                    cudaFree(wse);
+                }
+            }
             // Write path: append one token per sequence at position L-1 (lens stay L: the
             // token replaces the last one, demoting one row, as a decode step does).
             // Median us of `runs` appends of `total` new tokens (cu: device [B+1]) after 3 warm-ups.
@@ -358,6 +425,7 @@ int main(int argc, char **argv) {
     }
     fprintf(out, "#copy_GBps\t%.1f\n", copy_bw / 1e9);
     fclose(out);
+    if (ext_out) fclose(ext_out);
     api->shutdown(ctx);
     return 0;
 }
