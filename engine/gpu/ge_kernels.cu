@@ -401,6 +401,8 @@ extern "C" int ge_k_prefill_attention(void *out, int out_f32, const float *q, co
                                       const int32_t *cu_seqlens, int S, int max_len, int Hq, int Hkv, int d,
                                       float scale, ge_stream st) {
     if (S <= 0 || max_len <= 0) return 0;
+    if (!out_f32 && (d == 64 || d == 128))
+        return ge_k_prefill_attention_tc(out, q, k, v, cu_seqlens, S, max_len, Hq, Hkv, d, scale, st);
     switch (d) {
     case 64: return launch_prefill<64>(out, out_f32, q, k, v, cu_seqlens, S, max_len, Hq, Hkv, scale, st);
     case 128: return launch_prefill<128>(out, out_f32, q, k, v, cu_seqlens, S, max_len, Hq, Hkv, scale, st);

@@ -45,6 +45,11 @@ int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, ge_stream st
 int ge_k_prefill_attention(void *out, int out_f32, const float *q, const void *k, const void *v,
                            const int32_t *cu_seqlens, int S, int max_len, int Hq, int Hkv, int d, float scale,
                            ge_stream st);
+/* The same on the tensor cores (ge_flash.cu; bf16 out, d 64 or 128): q and P
+ * rounded to bf16. ge_k_prefill_attention takes it for bf16 outputs of those
+ * head dims; the fp32 check mode and d 256 keep the fp32 kernel. */
+int ge_k_prefill_attention_tc(void *out, const float *q, const void *k, const void *v, const int32_t *cu_seqlens,
+                              int S, int max_len, int Hq, int Hkv, int d, float scale, ge_stream st);
 
 #ifdef __cplusplus
 }

@@ -268,6 +268,8 @@ int main(void)
     test_attention(128, 32, 8, 0);
     test_attention(64, 4, 4, 1);
     test_attention(256, 8, 1, 1);
+    test_attention(64, 8, 2, 0);  /* tensor-core kernel, d 64 */
+    test_attention(256, 8, 4, 0); /* bf16 out at d 256: the fp32 kernel */
     test_qkv_post();
     test_small();
     printf("oscar-gpu-selftest: %s\n", g_fail ? "FAIL" : "all passed");
