@@ -1,8 +1,11 @@
 /* GPU engine host bookkeeping (engine/gpu/ge_sched.c), tested on the CPU:
  * KV sizing against the storage format's arithmetic, largest batch for a
  * budget against brute force, the page allocator (all or nothing, double
- * frees refused) and the FIFO scheduler under random request streams (no
- * page leaks, no page owned twice, FIFO order, budget respected). */
+ * frees refused), page reference counts, shared-prefix admission (full
+ * pages referenced, the partly written last page and the window left to the
+ * engine's copy, pages back only when their last holder finishes) and the
+ * FIFO scheduler under random request streams (no page leaks, no page owned
+ * twice, FIFO order, budget respected). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -294,4 +297,128 @@ Test(e2e_sched, batch_arrays_and_refusals)
     sc.block_table[(size_t)out[0] * sc.stride] = sc.block_table[(size_t)slots[2] * sc.stride];
     cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_ERR_INTERNAL);
     ge_sched_release(&sc);
+}
+
+Test(e2e_pages, reference_counts)
+{
+    ge_pages a;
+    cr_assert_eq(ge_pages_init(&a, 6), OSCAR_OK);
+    int32_t ids[3];
+    cr_assert_eq(ge_pages_alloc(&a, 3, ids), OSCAR_OK);
+    cr_assert_eq(ge_pages_ref(&a, 2, ids), OSCAR_OK);
+    cr_assert_eq(ge_pages_ref(&a, 1, ids), OSCAR_OK);
+    cr_assert_eq(a.refs[ids[0]], 3);
+    cr_assert_eq(a.refs[ids[1]], 2);
+    /* refused as a whole: a free page, one out of range, one listed twice */
+    int32_t bad1[2] = {ids[2], 5}, bad2[2] = {ids[1], 7}, dup[2] = {ids[0], ids[0]};
+    cr_assert_eq(ge_pages_ref(&a, 2, bad1), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(ge_pages_ref(&a, 2, bad2), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(ge_pages_ref(&a, 2, dup), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(ge_pages_free(&a, 2, dup), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(a.refs[ids[2]], 1, "a refused call changes nothing");
+    cr_assert_eq(a.refs[ids[0]], 3);
+    /* a page goes back with its last holder only */
+    cr_assert_eq(ge_pages_free(&a, 3, ids), OSCAR_OK);
+    cr_assert_eq(a.n_free, 4);
+    cr_assert_eq(ge_pages_free(&a, 2, ids), OSCAR_OK);
+    cr_assert_eq(a.n_free, 5);
+    cr_assert_eq(ge_pages_free(&a, 1, ids), OSCAR_OK);
+    cr_assert_eq(a.n_free, 6);
+    cr_assert_eq(ge_pages_free(&a, 1, ids), OSCAR_ERR_BLOCK_TABLE, "double free");
+    ge_pages_release(&a);
+}
+
+Test(e2e_sched, shared_prefix_pages)
+{
+    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
+    l.sink = 4;
+    l.recent = 8;
+    l.page_size = 16;
+    l.max_seq_len = 200;
+    /* A prefix of 60 tokens: 2-bit rows 4..51 (48 rows): 3 full pages, none partial. */
+    cr_assert_eq(ge_shared_pages(&l, 60), 3);
+    cr_assert_eq(ge_shared_pages(&l, 12), 0);
+    cr_assert_eq(ge_shared_pages(&l, 70), 3); /* 58 rows: 3 full + a partial one */
+    oscar_layout_desc lb = l;
+    lb.method = OSCAR_METHOD_BF16;
+    cr_assert_eq(ge_shared_pages(&lb, 70), 4); /* BF16: every position paged */
+    char msg[256];
+    for (int partial = 0; partial < 2; partial++) {
+        const int32_t pl = partial ? 70 : 60;
+        ge_sched sc;
+        cr_assert_eq(ge_sched_init(&sc, &l, 24, 3), OSCAR_OK);
+        int32_t pfx, r1, r2, r3;
+        cr_assert_eq(ge_sched_submit(&sc, pl, 0, &pfx), OSCAR_OK);
+        /* bad input: not a prefix request, a prefix not shorter than the prompt */
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, pl, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(ge_last_error(), "not shorter"), "%s", ge_last_error());
+        cr_assert_eq(ge_sched_submit_shared(&sc, 7, 100, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert_eq(ge_sched_submit_shared(&sc, -1, 100, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 100, 20, &r1), OSCAR_OK); /* 120 tokens: 7 pages */
+        cr_assert_eq(ge_sched_submit_shared(&sc, r1, 130, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT, "r1 is no prefix");
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 90, 30, &r2), OSCAR_OK);
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 80, 40, &r3), OSCAR_OK);
+        int32_t out[3], n;
+        /* the prefix first; its sharers wait until it is in the cache */
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 1);
+        int32_t ps = out[0];
+        int32_t ll[1], ws[1], cu[2], ml, bt[16];
+        int32_t np = pl;
+        cr_assert_eq(ge_sched_batch(&sc, 1, &ps, &np, ll, ws, bt, cu, &ml), OSCAR_OK);
+        cr_assert_eq(ge_sched_advance(&sc, ps, pl), OSCAR_OK);
+        int32_t held_by_prefix = sc.slots[ps].n_pages, free0 = sc.pages.n_free;
+        cr_assert_eq(held_by_prefix, partial ? 4 : 3);
+        /* two slots left: r1 and r2 come in, sharing the prefix's 3 full pages */
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 2);
+        for (int i = 0; i < 2; i++) {
+            const ge_slot *q = &sc.slots[out[i]];
+            cr_assert_eq(q->len, pl, "a shared request starts at the prefix's length");
+            cr_assert_eq(q->n_shared, 3);
+            cr_assert_eq(q->n_pages, 7);
+            cr_assert_eq(q->fork_src, ps);
+            cr_assert_eq(q->fork_page, partial ? 3 : -1);
+            const int32_t *row = sc.block_table + (size_t)out[i] * sc.stride, *prow = sc.block_table + (size_t)ps * sc.stride;
+            cr_assert_eq(memcmp(row, prow, 3 * sizeof *row), 0);
+            if (partial) cr_assert_neq(row[3], prow[3], "the partial page is a copy of its own");
+        }
+        cr_assert_eq(free0 - sc.pages.n_free, 2 * 4, "each took 7 - 3 new pages");
+        cr_assert_eq(sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]], 3);
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        /* a refcount gone wrong is noticed */
+        sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]]--;
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_ERR_INTERNAL);
+        cr_assert(strstr(msg, "reference count"), "%s", msg);
+        sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]]++;
+        /* the batch arrays of a suffix step name the shared pages */
+        int32_t two[2] = {out[0], out[1]}, nt[2] = {40, 30}, l2[2], w2[2], c2[3], bt2[2 * 16];
+        cr_assert_eq(ge_sched_batch(&sc, 2, two, nt, l2, w2, bt2, c2, &ml), OSCAR_OK);
+        cr_assert_eq(l2[0], pl + 40);
+        cr_assert_eq(ml, pl + 40);
+        /* r1 finishes: its own pages go back, the shared ones stay */
+        int32_t r1slot = out[0], r2slot = out[1];
+        cr_assert_eq(ge_sched_finish(&sc, r1slot), OSCAR_OK);
+        cr_assert_eq(sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]], 2);
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        /* r3 takes the freed slot; then the prefix can leave */
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 1);
+        int32_t r3slot = out[0];
+        cr_assert_eq(sc.slots[r3slot].req, r3);
+        int32_t shared_id = sc.block_table[(size_t)ps * sc.stride];
+        cr_assert_eq(ge_sched_finish(&sc, ps), OSCAR_OK);
+        cr_assert_eq(sc.pages.refs[shared_id], 2, "the sharers keep the prefix's pages");
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        cr_assert_eq(ge_sched_finish(&sc, r2slot), OSCAR_OK);
+        cr_assert_eq(ge_sched_finish(&sc, r3slot), OSCAR_OK);
+        cr_assert_eq(sc.pages.n_free, 24, "every page back");
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        /* a sharer queued after its prefix finished cannot be admitted */
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 100, 1, NULL), OSCAR_OK);
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(ge_last_error(), "finished"), "%s", ge_last_error());
+        (void)r2;
+        ge_sched_release(&sc);
+    }
 }
