@@ -120,6 +120,17 @@ Test(e2e_sizing, plan_refuses_slots_over_budget)
     cr_assert_eq(p.num_slots, 3);
 }
 
+/* oscar2, sink 4, recent 8, pages of 16: hand-checkable page counts. */
+static oscar_layout_desc small_layout(int max_seq_len)
+{
+    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
+    l.sink = 4;
+    l.recent = 8;
+    l.page_size = 16;
+    l.max_seq_len = max_seq_len;
+    return l;
+}
+
 Test(e2e_pages, alloc_free_all_or_nothing)
 {
     unsigned seed = seed_now();
@@ -258,11 +269,7 @@ Test(e2e_sched, random_streams_fifo_no_leaks)
 
 Test(e2e_sched, batch_arrays_and_refusals)
 {
-    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
-    l.sink = 4;
-    l.recent = 8;
-    l.page_size = 16;
-    l.max_seq_len = 100;
+    oscar_layout_desc l = small_layout(100);
     ge_sched sc;
     cr_assert_eq(ge_sched_init(&sc, &l, 12, 3), OSCAR_OK);
     cr_assert_eq(sc.stride, 6); /* ceil((100 - 12) / 16) */
@@ -330,11 +337,7 @@ Test(e2e_pages, reference_counts)
 
 Test(e2e_sched, shared_prefix_pages)
 {
-    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
-    l.sink = 4;
-    l.recent = 8;
-    l.page_size = 16;
-    l.max_seq_len = 200;
+    oscar_layout_desc l = small_layout(200);
     /* A prefix of 60 tokens: 2-bit rows 4..51 (48 rows): 3 full pages, none partial. */
     cr_assert_eq(ge_shared_pages(&l, 60), 3);
     cr_assert_eq(ge_shared_pages(&l, 12), 0);
