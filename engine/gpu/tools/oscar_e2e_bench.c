@@ -361,6 +361,14 @@ out:
     return rc;
 }
 
+/* A whole decimal integer in [0, 2^30], or -1. */
+static int int_arg(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return end != s && !*end && v >= 0 && v <= 1 << 30 ? (int)v : -1;
+}
+
 int main(int argc, char **argv)
 {
     const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
@@ -391,10 +399,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--md") && more) md_path = argv[++i];
         else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
         else if (!strcmp(a, "--feedback")) feedback = 1;
-        else if (!strcmp(a, "--chunk") && more) chunk = atoi(argv[++i]);
-        else if (!strcmp(a, "--shared-prefix") && more) prefix = atoi(argv[++i]);
-        else if (!strcmp(a, "--requests") && more) n_req = atoi(argv[++i]);
-        else if (!strcmp(a, "--suffix") && more) suffix = atoi(argv[++i]);
+        else if (!strcmp(a, "--chunk") && more) chunk = int_arg(argv[++i]);
+        else if (!strcmp(a, "--shared-prefix") && more) prefix = int_arg(argv[++i]);
+        else if (!strcmp(a, "--requests") && more) n_req = int_arg(argv[++i]);
+        else if (!strcmp(a, "--suffix") && more) suffix = int_arg(argv[++i]);
         else if (!strcmp(a, "--shape") && more) shape = argv[++i];
         else {
             fprintf(stderr, "oscar-e2e-bench: unknown or incomplete option '%s'\n", a);
@@ -411,8 +419,8 @@ int main(int argc, char **argv)
         return 2;
     }
     if (chunk < 0 || prefix < 0 || n_req <= 0 || suffix <= 0) {
-        fprintf(stderr, "oscar-e2e-bench: --chunk and --shared-prefix must be >= 0 (0: off), --requests and --suffix "
-                        "positive\n");
+        fprintf(stderr, "oscar-e2e-bench: --chunk and --shared-prefix must be integers >= 0 (0: off), --requests and "
+                        "--suffix positive integers\n");
         return 2;
     }
     if (chunk > (prompt < max_prefill ? prompt : max_prefill) && !prefix) {
