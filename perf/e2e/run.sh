@@ -38,9 +38,10 @@
 #                                       2-bit rows at every query: the schedule is the GPU's)
 #   oscar2, bf16, chunk 128           : >= 85% agree, <= 2.0 (bf16 weight noise moves 2-bit codes; the
 #                                       exact-prefill row above needs 0.75 / 3.0 with a schedule mismatch)
-# Shared prefix (--shared-prefix 512 4 3: 4 requests of 512 shared + 512 own tokens, 3 slots, the
-# prefix's full 2-bit pages referenced by every block table, its window copied), each request vs the
-# CPU engine run on its whole prompt with the same chunks (chunk 128 divides the prefix):
+# Shared prefix (--shared-prefix 480 4 3: 4 requests of 480 shared + 544 own tokens, 3 slots, the
+# prefix's full pages referenced by every block table, its window and its half-written last page
+# copied: 480 - S0 - W = 160 2-bit rows = 2.5 pages), each request vs the CPU engine run on its
+# whole prompt with the same chunks (chunk 96 divides the prefix):
 #   bf16 KV, fp32                     : every step agrees (near ties excepted), <= 0.25
 #   oscar2, fp32                      : >= 90% agree, <= 1.0
 # A wrong page in a block table, a window row not copied or a chunk attending to the wrong rows moves
@@ -181,7 +182,7 @@ if ((do_check)); then
       local args=(--method "$1" --prompt-len 1024 --n 64 --check --min-agree "$4" --max-logit-diff "$5" --first 16)
       [[ $3 == batched ]] && args=(--method "$1" --prompt-len 300 --n 32 --batch-check 7 3 --max-logit-diff "$5")
       [[ $3 == chunk:* ]] && args+=(--chunk "${3#chunk:}")
-      [[ $3 == shared:* ]] && args+=(--chunk "${3#shared:}" --shared-prefix 512 4 3)
+      [[ $3 == shared:* ]] && args+=(--chunk "${3#shared:}" --shared-prefix 480 4 3)
       [[ $2 == fp32 ]] && args+=(--fp32)
       [[ $3 == stepwise ]] && args+=(--stepwise)
       local o
@@ -211,8 +212,8 @@ if ((do_check)); then
     run_check bf16 fp32 chunk:512 1.0 0.25
     run_check oscar2 fp32 chunk:512 0.9 1.0
     run_check oscar2 bf16 chunk:128 0.85 2.0
-    run_check bf16 fp32 shared:128 1.0 0.25
-    run_check oscar2 fp32 shared:128 0.9 1.0
+    run_check bf16 fp32 shared:96 1.0 0.25
+    run_check oscar2 fp32 shared:96 0.9 1.0
     echo >>"$md"
   fi
 fi
