@@ -425,3 +425,189 @@ Test(e2e_sched, shared_prefix_pages)
         ge_sched_release(&sc);
     }
 }
+
+/* ------------------------------------------------------------------------
+ * The shared-prefix rule against the real format, on the CPU backend: a
+ * request that takes its prefix's full pages by reference (ge_sched_admit)
+ * and gets a copy of the prefix's window slot and partly written last page
+ * (what the GPU engine's fork does) ends with the same cache bytes and the
+ * same extend outputs, chunk by chunk, as a request that prefilled its
+ * whole prompt itself. */
+#include "refcheck.h"
+
+typedef struct cpu_rig {
+    oscar_plan *plan;
+    oscar_cache cache;
+    size_t page_bytes, slot_bytes, ws_bytes, qrow, kvrow; /* bytes of one token's q / k row */
+    void *ws;
+    ge_sched *sc;
+    int chunk;
+} cpu_rig;
+
+/* Appends positions from..to of slot's prompt chunk by chunk, each chunk's
+ * queries attending with oscar_extend; outputs at out + position rows. */
+static void feed_chunks(cpu_rig *g, int32_t slot, int from, int to, const uint8_t *k, const uint8_t *v,
+                        const uint8_t *q, uint8_t *out)
+{
+    int32_t len, wslot, cu[2], ml, *bt = malloc((size_t)g->sc->stride * sizeof *bt);
+    for (int at = from; at < to;) {
+        int32_t take = to - at < g->chunk ? to - at : g->chunk;
+        cr_assert_eq(g->sc->slots[slot].len, at);
+        cr_assert_eq(ge_sched_batch(g->sc, 1, &slot, &take, &len, &wslot, bt, cu, &ml), OSCAR_OK, "%s", ge_last_error());
+        oscar_batch b = {1, &len, &wslot, bt, g->sc->stride, ml};
+        cr_assert_eq(oscar_append(g->plan, 0, &g->cache, &b, cu, take, k + (size_t)at * g->kvrow, v + (size_t)at * g->kvrow,
+                                  0, g->ws, g->ws_bytes, NULL), OSCAR_OK, "%s", oscar_last_error());
+        oscar_attn_args a;
+        oscar_attn_args_default(&a);
+        a.cu_q = cu;
+        a.total_q = take;
+        a.max_q_len = take;
+        a.q = q + (size_t)at * g->qrow;
+        a.out = out + (size_t)at * g->qrow;
+        a.out_bytes = (size_t)take * g->qrow;
+        a.workspace = g->ws;
+        a.workspace_bytes = g->ws_bytes;
+        cr_assert_eq(oscar_extend(g->plan, 0, &g->cache, &b, &a), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(ge_sched_advance(g->sc, slot, take), OSCAR_OK);
+        at += take;
+    }
+    free(bt);
+}
+
+Test(e2e_sched, shared_prefix_on_the_cpu_backend)
+{
+    const oscar_method methods[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_BF16};
+    rc_rng rng;
+    uint64_t seed = rc_fresh_seed();
+    rc_rng_seed(&rng, seed);
+    for (size_t mi = 0; mi < 2; mi++) {
+        const int d = 64, Hq = 4, Hkv = 2, P = 70, S[2] = {30, 45}, n_tok = P + S[0] + S[1];
+        oscar_layout_desc l = small_layout(160);
+        l.head_dim = l.group = d;
+        l.num_q_heads = Hq;
+        l.num_kv_heads = Hkv;
+        l.method = methods[mi];
+        oscar_runtime_options ro;
+        oscar_runtime_options_default(&ro);
+        ro.backend = "cpu";
+        oscar_runtime *rt;
+        oscar_params *prm;
+        cpu_rig g = {0};
+        cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_params_create_builtin(l.method, 1, Hq, Hkv, d, &prm), OSCAR_OK);
+        if (l.method == OSCAR_METHOD_OSCAR2) { /* the write path with error feedback, as calibrated files have */
+            float *F = calloc((size_t)d * d, sizeof *F);
+            for (int j = 0; j < d; j++)
+                for (int c = j + 1; c < d; c++) F[j * d + c] = 0.2f * sinf(0.37f * j + 1.3f * c) / (float)(1 + (c - j) / 8);
+            cr_assert_eq(oscar_params_set_feedback(prm, 0, 0, OSCAR_K, F), OSCAR_OK);
+            cr_assert_eq(oscar_params_set_feedback(prm, 0, 0, OSCAR_V, F), OSCAR_OK);
+            free(F);
+        }
+        cr_assert_eq(oscar_plan_create(rt, &l, prm, &g.plan), OSCAR_OK, "%s", oscar_last_error());
+        oscar_layout_sizes sz;
+        cr_assert_eq(oscar_layout_sizes_get(&l, &sz), OSCAR_OK);
+        const int npages = 40, nslots = 5;
+        g.page_bytes = sz.page_bytes;
+        g.slot_bytes = l.method == OSCAR_METHOD_BF16 ? 0 : sz.window_slot_bytes;
+        g.cache = (oscar_cache){calloc((size_t)npages, g.page_bytes), npages,
+                                g.slot_bytes ? calloc((size_t)nslots, g.slot_bytes) : NULL, nslots};
+        cr_assert_eq(oscar_plan_workspace_bytes(g.plan, 16, l.max_seq_len, &g.ws_bytes), OSCAR_OK);
+        g.ws = malloc(g.ws_bytes);
+        cr_assert_eq(oscar_plan_workspace_init(g.plan, g.ws, NULL), OSCAR_OK);
+        g.qrow = (size_t)Hq * d * 2;
+        g.kvrow = (size_t)Hkv * d * 2;
+        g.chunk = 7; /* divides the prefix: both runs chunk alike */
+        ge_sched sc;
+        cr_assert_eq(ge_sched_init(&sc, &l, npages, nslots), OSCAR_OK);
+        g.sc = &sc;
+        /* Token rows: the prefix, then request 0's suffix, then request 1's. */
+        float *f = malloc((size_t)n_tok * Hq * d * sizeof *f);
+        uint8_t *k = malloc((size_t)n_tok * g.kvrow), *v = malloc((size_t)n_tok * g.kvrow),
+                *q = malloc((size_t)n_tok * g.qrow);
+        rc_gen_kv(&rng, n_tok, Hkv, d, 2, OSCAR_DTYPE_BF16, f);
+        rc_to_dtype(OSCAR_DTYPE_BF16, f, k, (size_t)n_tok * Hkv * d);
+        rc_gen_kv(&rng, n_tok, Hkv, d, 0, OSCAR_DTYPE_BF16, f);
+        rc_to_dtype(OSCAR_DTYPE_BF16, f, v, (size_t)n_tok * Hkv * d);
+        rc_gen_kv(&rng, n_tok, Hq, d, 0, OSCAR_DTYPE_BF16, f);
+        rc_to_dtype(OSCAR_DTYPE_BF16, f, q, (size_t)n_tok * Hq * d);
+        /* Each request's prompt rows contiguous: prefix + own suffix. */
+        uint8_t *pk[2], *pv[2], *pq[2], *ref[2], *got[2];
+        for (int r = 0; r < 2; r++) {
+            int len = P + S[r], off = P + (r ? S[0] : 0);
+            pk[r] = malloc((size_t)len * g.kvrow), pv[r] = malloc((size_t)len * g.kvrow), pq[r] = malloc((size_t)len * g.qrow);
+            memcpy(pk[r], k, (size_t)P * g.kvrow), memcpy(pk[r] + (size_t)P * g.kvrow, k + (size_t)off * g.kvrow, (size_t)S[r] * g.kvrow);
+            memcpy(pv[r], v, (size_t)P * g.kvrow), memcpy(pv[r] + (size_t)P * g.kvrow, v + (size_t)off * g.kvrow, (size_t)S[r] * g.kvrow);
+            memcpy(pq[r], q, (size_t)P * g.qrow), memcpy(pq[r] + (size_t)P * g.qrow, q + (size_t)off * g.qrow, (size_t)S[r] * g.qrow);
+            ref[r] = calloc((size_t)len, g.qrow);
+            got[r] = calloc((size_t)len, g.qrow);
+        }
+        /* Each request alone: its whole prompt, chunk by chunk. */
+        int32_t alone[2], shared[2], out[5], n;
+        for (int r = 0; r < 2; r++) {
+            cr_assert_eq(ge_sched_submit(&sc, P + S[r], 0, NULL), OSCAR_OK);
+            cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+            cr_assert_eq(n, 1);
+            alone[r] = out[0];
+            feed_chunks(&g, alone[r], 0, P + S[r], pk[r], pv[r], pq[r], ref[r]);
+        }
+        /* The prefix once, then both requests from it. */
+        int32_t pfx;
+        cr_assert_eq(ge_sched_submit(&sc, P, 0, &pfx), OSCAR_OK);
+        for (int r = 0; r < 2; r++) cr_assert_eq(ge_sched_submit_shared(&sc, pfx, P + S[r], 0, NULL), OSCAR_OK);
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 1);
+        int32_t ps = out[0];
+        feed_chunks(&g, ps, 0, P, pk[0], pv[0], pq[0], got[0]);
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 2);
+        const int32_t want_shared = ge_shared_pages(&l, P);
+        cr_assert_eq(want_shared, l.method == OSCAR_METHOD_BF16 ? 4 : 3); /* both with a partly written page */
+        for (int r = 0; r < 2; r++) {
+            shared[r] = out[r];
+            const ge_slot *s = &sc.slots[shared[r]];
+            cr_assert_eq(s->n_shared, want_shared);
+            cr_assert_eq(s->fork_page, want_shared);
+            const int32_t *srow = sc.block_table + (size_t)ps * sc.stride, *drow = sc.block_table + (size_t)shared[r] * sc.stride;
+            /* the engine's fork: window slot and the partial page */
+            if (g.slot_bytes)
+                memcpy((char *)g.cache.windows + (size_t)shared[r] * g.slot_bytes,
+                       (char *)g.cache.windows + (size_t)ps * g.slot_bytes, g.slot_bytes);
+            memcpy((char *)g.cache.pages + (size_t)drow[s->fork_page] * g.page_bytes,
+                   (char *)g.cache.pages + (size_t)srow[s->fork_page] * g.page_bytes, g.page_bytes);
+        }
+        /* The prefix may leave now: its full pages stay with the requests. */
+        cr_assert_eq(ge_sched_finish(&sc, ps), OSCAR_OK);
+        char msg[256];
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        for (int r = 0; r < 2; r++) {
+            feed_chunks(&g, shared[r], P, P + S[r], pk[r], pv[r], pq[r], got[r]);
+            for (int t = P; t < P + S[r]; t++)
+                cr_assert_eq(memcmp(got[r] + (size_t)t * g.qrow, ref[r] + (size_t)t * g.qrow, g.qrow), 0,
+                             "%s, seed %llu: request %d's output at position %d differs from its run alone",
+                             oscar_method_name(l.method), (unsigned long long)seed, r, t);
+            int64_t np;
+            oscar_layout_pages_for(&l, P + S[r], &np);
+            const int32_t *a = sc.block_table + (size_t)alone[r] * sc.stride, *b = sc.block_table + (size_t)shared[r] * sc.stride;
+            for (int j = 0; j < np; j++)
+                cr_assert_eq(memcmp((char *)g.cache.pages + (size_t)a[j] * g.page_bytes,
+                                    (char *)g.cache.pages + (size_t)b[j] * g.page_bytes, g.page_bytes), 0,
+                             "%s: request %d's page %d differs from its run alone", oscar_method_name(l.method), r, j);
+            if (g.slot_bytes)
+                cr_assert_eq(memcmp((char *)g.cache.windows + (size_t)alone[r] * g.slot_bytes,
+                                    (char *)g.cache.windows + (size_t)shared[r] * g.slot_bytes, g.slot_bytes), 0,
+                             "request %d's window differs from its run alone", r);
+        }
+        for (int r = 0; r < 2; r++) {
+            cr_assert_eq(ge_sched_finish(&sc, alone[r]), OSCAR_OK);
+            cr_assert_eq(ge_sched_finish(&sc, shared[r]), OSCAR_OK);
+            free(pk[r]), free(pv[r]), free(pq[r]), free(ref[r]), free(got[r]);
+        }
+        cr_assert_eq(sc.pages.n_free, npages);
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        ge_sched_release(&sc);
+        free(f), free(k), free(v), free(q), free(g.ws), free(g.cache.pages), free(g.cache.windows);
+        oscar_plan_destroy(g.plan);
+        oscar_params_destroy(prm);
+        oscar_runtime_destroy(rt);
+    }
+}
