@@ -497,11 +497,14 @@ Test(e2e_sched, shared_prefix_on_the_cpu_backend)
         cr_assert_eq(oscar_params_create_builtin(l.method, 1, Hq, Hkv, d, &prm), OSCAR_OK);
         if (l.method == OSCAR_METHOD_OSCAR2) { /* the write path with error feedback, as calibrated files have */
             float *F = calloc((size_t)d * d, sizeof *F);
-            for (int j = 0; j < d; j++)
-                for (int c = j + 1; c < d; c++) F[j * d + c] = 0.2f * sinf(0.37f * j + 1.3f * c) / (float)(1 + (c - j) / 8);
-            cr_assert_eq(oscar_params_set_feedback(prm, 0, 0, OSCAR_K, F), OSCAR_OK);
-            cr_assert_eq(oscar_params_set_feedback(prm, 0, 0, OSCAR_V, F), OSCAR_OK);
+            double *C = malloc((size_t)d * d * sizeof *C);
+            for (int kv = 0; kv < 2; kv++) {
+                rc_random_metric(&rng, d, 30.0, C);
+                cr_assert_gt(rc_feedback_weights(d, C, 1e-3, F), 0.0);
+                cr_assert_eq(oscar_params_set_feedback(prm, 0, 0, (oscar_kv)kv, F), OSCAR_OK, "%s", oscar_last_error());
+            }
             free(F);
+            free(C);
         }
         cr_assert_eq(oscar_plan_create(rt, &l, prm, &g.plan), OSCAR_OK, "%s", oscar_last_error());
         oscar_layout_sizes sz;
