@@ -536,11 +536,15 @@ Test(e2e_sched, shared_prefix_on_the_cpu_backend)
         /* Each request's prompt rows contiguous: prefix + own suffix. */
         uint8_t *pk[2], *pv[2], *pq[2], *ref[2], *got[2];
         for (int r = 0; r < 2; r++) {
-            int len = P + S[r], off = P + (r ? S[0] : 0);
-            pk[r] = malloc((size_t)len * g.kvrow), pv[r] = malloc((size_t)len * g.kvrow), pq[r] = malloc((size_t)len * g.qrow);
-            memcpy(pk[r], k, (size_t)P * g.kvrow), memcpy(pk[r] + (size_t)P * g.kvrow, k + (size_t)off * g.kvrow, (size_t)S[r] * g.kvrow);
-            memcpy(pv[r], v, (size_t)P * g.kvrow), memcpy(pv[r] + (size_t)P * g.kvrow, v + (size_t)off * g.kvrow, (size_t)S[r] * g.kvrow);
-            memcpy(pq[r], q, (size_t)P * g.qrow), memcpy(pq[r] + (size_t)P * g.qrow, q + (size_t)off * g.qrow, (size_t)S[r] * g.qrow);
+            const int len = P + S[r], off = P + (r ? S[0] : 0);
+            const uint8_t *src[3] = {k, v, q};
+            uint8_t **dst[3] = {&pk[r], &pv[r], &pq[r]};
+            for (int a = 0; a < 3; a++) {
+                const size_t row = a < 2 ? g.kvrow : g.qrow;
+                *dst[a] = malloc((size_t)len * row);
+                memcpy(*dst[a], src[a], (size_t)P * row);
+                memcpy(*dst[a] + (size_t)P * row, src[a] + (size_t)off * row, (size_t)S[r] * row);
+            }
             ref[r] = calloc((size_t)len, g.qrow);
             got[r] = calloc((size_t)len, g.qrow);
         }
