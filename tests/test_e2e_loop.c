@@ -27,7 +27,9 @@ static int token_of(uint32_t h) { return (int)((h >> 7) % VOCAB); }
 typedef struct fake {
     ge_sched *s;
     int check_full;  /* a queued request that fits must not wait while a slot is free */
-    int chunk;       /* > 0: no prefill step may bring more tokens per sequence */
+    int chunk;       /* > 0: no prefill step brings more tokens of a sequence, except a whole
+                        prompt that fits one step (cap) when not every prompt is chunked */
+    int every, cap;
     int steps, prefill_steps, max_running, forks;
     uint32_t h[MAX_SLOTS];
     unsigned seed;
@@ -74,9 +76,18 @@ static oscar_status fake_step(void *user, int n, const int32_t *slots, const int
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < i; j++)
             if (slots[i] == slots[j]) cr_assert_fail("seed %u: slot twice in a step", f->seed);
-        if (!decode && !f->chunk && s->slots[slots[i]].len != 0)
+        const ge_slot *q = &s->slots[slots[i]];
+        if (!decode && !f->chunk && q->len != 0)
             cr_assert_fail("seed %u: whole-prompt prefill of a started sequence", f->seed);
-        if (!decode && f->chunk && n_new[i] > f->chunk) cr_assert_fail("seed %u: %d tokens, chunk %d", f->seed, n_new[i], f->chunk);
+        int whole = q->len == 0 && n_new[i] == s->reqs[q->req].prompt_len && n_new[i] <= f->cap;
+        if (!decode && f->chunk && n_new[i] > f->chunk && (f->every || !whole))
+            cr_assert_fail("seed %u: %d tokens of a prompt of %d at %d, chunk %d (every %d, cap %d)", f->seed, n_new[i],
+                           s->reqs[q->req].prompt_len, q->len, f->chunk, f->every, f->cap);
+        if (!decode && f->chunk && n_new[i] < s->reqs[q->req].prompt_len - q->len && n_new[i] != f->chunk)
+            cr_assert_fail("seed %u: a chunk of %d, not %d", f->seed, n_new[i], f->chunk);
+        if (!decode && f->chunk && !f->every && q->len == 0 && s->reqs[q->req].prompt_len <= f->cap && !whole)
+            cr_assert_fail("seed %u: a prompt of %d that fits one step (%d) went in chunks", f->seed,
+                           s->reqs[q->req].prompt_len, f->cap);
         if (s->slots[slots[i]].len == 0) f->h[slots[i]] = 12345u;
         for (int j = cu[i]; j < cu[i + 1]; j++) {
             if (tokens[j] < 0 || tokens[j] >= VOCAB) cr_assert_fail("seed %u: token %d", f->seed, tokens[j]);
@@ -103,7 +114,8 @@ static oscar_status fake_step(void *user, int n, const int32_t *slots, const int
     return OSCAR_OK;
 }
 
-/* mode 0: whole prompts, 1: stepwise, 2: chunked, 3: chunked with a shared prefix. */
+/* mode 0: whole prompts, 1: stepwise, 2: every prompt chunked, 3: a shared prefix,
+ * 4: chunks only for prompts longer than one step (cap). */
 static void run_case(unsigned seed, int mode, int cap)
 {
     uint64_t st = seed;
@@ -118,7 +130,7 @@ static void run_case(unsigned seed, int mode, int cap)
     l.method = RND() % 2 ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2;
     l.max_seq_len = 400;
     int slots = 1 + (int)(RND() % 5), n_req = 1 + (int)(RND() % 14), max_new = 1 + (int)(RND() % 30);
-    int prefix = 0, chunk = mode >= 2 ? 1 + (int)(RND() % 70) : 0;
+    int prefix = 0, chunk = mode >= 2 ? 1 + (int)(RND() % 70) : 0, every = mode == 2 || (mode == 3 && RND() % 2);
     if (mode == 3) {
         slots = 2 + (int)(RND() % 4); /* the prefix holds one until every request is in */
         prefix = 1 + (int)(RND() % 200);
@@ -138,9 +150,10 @@ static void run_case(unsigned seed, int mode, int cap)
     int32_t *out = malloc((size_t)n_req * max_new * 4);
     float *lg = malloc((size_t)n_req * max_new * VOCAB * 4);
     for (size_t i = 0; i < (size_t)n_req * max_new; i++) out[i] = -1;
-    fake f = {.s = &s, .check_full = cap >= 1 << 20 && mode != 3, .chunk = mode == 1 ? 1 : chunk, .seed = seed};
+    fake f = {.s = &s, .check_full = cap >= 1 << 20 && mode != 3, .chunk = mode == 1 ? 1 : chunk,
+              .every = mode == 1 || every, .cap = cap, .seed = seed};
     ge_run_opts o = {.step = fake_step, .fork = fake_fork, .user = &f, .vocab = VOCAB, .max_prefill_tokens = cap,
-                     .stepwise = mode == 1, .chunk = chunk, .prefix_len = prefix};
+                     .stepwise = mode == 1, .chunk = chunk, .chunk_every_prompt = every, .prefix_len = prefix};
     ge_gen_stats gs;
     oscar_status rc = ge_run_requests(&s, &o, n_req, (const int32_t *const *)pr, lens, max_new, out, lg, &gs);
     cr_assert_eq(rc, OSCAR_OK, "seed %u: %s", seed, ge_last_error());
@@ -200,6 +213,12 @@ Test(e2e_loop, random_requests_chunked_prefill)
 {
     unsigned base = (unsigned)time(NULL) ^ 0x2545f491u;
     for (unsigned i = 0; i < 60; i++) run_case(base * 29u + i, 2, i % 2 ? 1 << 30 : 1 + (int)(i * 37 % 500));
+}
+
+Test(e2e_loop, random_requests_chunks_for_long_prompts)
+{
+    unsigned base = (unsigned)time(NULL) ^ 0x3c6ef372u;
+    for (unsigned i = 0; i < 60; i++) run_case(base * 53u + i, 4, 1 + (int)(i * 37 % 300));
 }
 
 Test(e2e_loop, random_requests_shared_prefix)

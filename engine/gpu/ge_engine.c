@@ -112,6 +112,7 @@ void ge_options_default(ge_options *o)
     o->sink = 64;
     o->recent = 256;
     o->check_every = 64;
+    o->prefill_chunk = 512;
 }
 
 static oscar_status dalloc(ge_engine *e, void **p, size_t bytes, size_t *counter, const char *what)
@@ -223,9 +224,9 @@ static oscar_status setup_common(ge_engine *e)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: max_batch %d, max_seq_len %d, max_prefill_tokens %d "
                             "and mlp_chunk %d must be positive", o->max_batch, o->max_seq_len,
                             o->max_prefill_tokens, o->mlp_chunk);
-    if (o->prefill_chunk < 0 || o->prefill_chunk > o->max_prefill_tokens)
-        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: prefill_chunk %d must be in 0..max_prefill_tokens (%d); "
-                            "0 prefills whole prompts", o->prefill_chunk, o->max_prefill_tokens);
+    if (o->prefill_chunk < 0 || (o->chunk_every_prompt && o->prefill_chunk == 0))
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: prefill_chunk %d must be >= 0 (0: no chunks), and > 0 "
+                            "with chunk_every_prompt", o->prefill_chunk);
     /* oscar_extend on GPUs takes at most 65535 query tokens per call. */
     if (o->prefill_chunk > 0 && o->max_prefill_tokens > 65535)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: chunked prefill takes at most 65535 tokens per step "
@@ -234,13 +235,16 @@ static oscar_status setup_common(ge_engine *e)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: synthetic feedback weights go with the built-in oscar2 / "
                             "oscar2-lm parameters (method %s%s)", oscar_method_name(o->method),
                             o->params_path ? ", and a parameter file was given" : "");
-    e->chunk = o->prefill_chunk;
+    e->chunk = o->prefill_chunk < o->max_prefill_tokens ? o->prefill_chunk : o->max_prefill_tokens;
     /* Append, then attend: a chunk longer than the recent window demotes its
      * own first tokens into 2 bits before they are attended (docs/EVAL.md). */
     if (e->chunk > 0 && o->method != OSCAR_METHOD_BF16 && e->chunk > o->recent) {
         e->chunk = o->recent > 0 ? o->recent : 1;
         snprintf(e->notes, sizeof e->notes, "prefill chunk %d clamped to %d, the recent window: a longer chunk "
                  "demotes its own first tokens to 2 bits before they are attended", o->prefill_chunk, e->chunk);
+    } else if (e->chunk != o->prefill_chunk) {
+        snprintf(e->notes, sizeof e->notes, "prefill chunk %d clamped to max_prefill_tokens %d", o->prefill_chunk,
+                 e->chunk);
     }
     if (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
         return ge_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "ge: head_dim %d; the GPU engine runs 64, 128 or 256",
@@ -682,7 +686,7 @@ oscar_status ge_debug_weights(ge_engine *e, const oe_model *m, FILE *f, double *
 /* The device work of one step: embedding, every layer (append + attention),
  * final norm, LM head, argmax into d_next. Only launches on e->st: a decode
  * step's call is captured into a graph (replay_decode). */
-static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int max_new, const oscar_batch *bp)
+static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend, int max_new, const oscar_batch *bp)
 {
     const oe_config *c = &e->cfg;
     const oscar_batch b = *bp;
@@ -711,7 +715,7 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int max_new
             void *o = f32 ? e->attn16 : e->attn;
             OS(oscar_decode(e->plan, li, &e->caches[li], &b, e->qb, 0, o, 0, scale, 0, e->ws, e->ws_bytes, e->st));
             if (f32) KL(ge_k_bf16_to_f32(e->attn, e->attn16, (size_t)n * qd, e->st));
-        } else if (e->chunk > 0) {
+        } else if (extend) {
             /* Chunked prefill: the new tokens attend over the whole cache. */
             oscar_attn_args a;
             oscar_attn_args_default(&a);
@@ -773,7 +777,7 @@ static oscar_status replay_decode(ge_engine *e, int n, int max_len)
         cudaGraph_t graph;
         oscar_batch b = make_batch(e, n, bucket);
         CU(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeThreadLocal));
-        oscar_status s = forward(e, n, n, 1, 1, &b);
+        oscar_status s = forward(e, n, n, 1, 0, 1, &b);
         cudaError_t ce = cudaStreamEndCapture(e->st, &graph);
         if (s != OSCAR_OK) {
             if (ce == cudaSuccess) cudaGraphDestroy(graph);
@@ -819,11 +823,17 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= e->sched.num_slots)
             return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: slot %d out of range", slots[i]);
-    for (int i = 0; i < n && !decode && e->chunk == 0; i++)
-        if (e->sched.slots[slots[i]].len != 0)
-            return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; without "
-                                "prefill_chunk a prefill step takes whole prompts (feed continuations one token "
-                                "at a time)", slots[i], e->sched.slots[slots[i]].len);
+    /* A prefill step attends exactly among its own tokens when every
+     * sequence starts empty; over the cache with oscar_extend otherwise. */
+    int extend = !decode && e->chunk > 0 && e->opt.chunk_every_prompt;
+    for (int i = 0; i < n && !decode && !extend; i++)
+        if (e->sched.slots[slots[i]].len != 0) {
+            if (e->chunk == 0)
+                return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; with "
+                                    "prefill_chunk 0 a prefill step takes whole prompts (feed continuations one "
+                                    "token at a time)", slots[i], e->sched.slots[slots[i]].len);
+            extend = 1;
+        }
     for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: token %lld is %d, outside the vocabulary of %d",
@@ -845,7 +855,7 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
         GE(replay_decode(e, n, max_len));
     } else {
         oscar_batch b = make_batch(e, n, max_len);
-        GE(forward(e, n, (int)T, decode, max_new, &b));
+        GE(forward(e, n, (int)T, decode, extend, max_new, &b));
     }
     CU(cudaMemcpyAsync(next, e->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, e->st));
     if (logits)
@@ -916,7 +926,7 @@ oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts,
                                 "(set prefill_chunk for longer prompts)", r, prompt_lens[r], e->opt.max_prefill_tokens);
     ge_run_opts ro = {.step = step_cb, .fork = fork_cb, .user = e, .vocab = e->cfg.vocab,
                       .max_prefill_tokens = e->opt.max_prefill_tokens, .stepwise = stepwise, .chunk = e->chunk,
-                      .prefix_len = prefix_len};
+                      .chunk_every_prompt = e->opt.chunk_every_prompt, .prefix_len = prefix_len};
     GE(ge_run_requests(&e->sched, &ro, n_req, prompts, prompt_lens, max_new, out, logits, st));
     return ge_sync_check(e);
 }

@@ -1,6 +1,6 @@
 /* Request loop of the GPU engine (see ge_sched.h: ge_run_requests): FIFO
- * admission, prefill of the admitted prompts (whole, chunked or stepwise; a
- * shared prefix once), decode steps over every running sequence, finished
+ * admission, prefill of the admitted prompts (whole, in chunks when longer
+ * than one step or always, or stepwise; a shared prefix once), decode steps over every running sequence, finished
  * sequences leave and free their pages. Plain C: the forward step and the
  * prefix copies are callbacks, so tests drive it with a fake model. */
 #include <stdlib.h>
@@ -73,8 +73,9 @@ oscar_status ge_run_requests(ge_sched *s, const ge_run_opts *o, int n_req, const
     if (!st) st = &local;
     memset(st, 0, sizeof *st);
     const size_t V = (size_t)o->vocab;
-    /* Stepwise prefill is chunked prefill of one token per sequence and step. */
-    const int chunk = o->stepwise ? 1 : o->chunk;
+    /* Stepwise prefill is chunked prefill of one token per sequence and step,
+     * of every prompt. */
+    const int chunk = o->stepwise ? 1 : o->chunk, every = o->stepwise || o->chunk_every_prompt;
     req_map map = {s->n_reqs, -1, o->prefix_len, prompts, prompt_lens};
     if (o->prefix_len > 0) {
         if ((rc = ge_sched_submit(s, o->prefix_len, 0, &map.prefix_id)) != OSCAR_OK) return rc;
@@ -129,7 +130,8 @@ oscar_status ge_run_requests(ge_sched *s, const ge_run_opts *o, int n_req, const
                 int32_t len;
                 const int32_t *p = prompt_of(&map, s->slots[adm[i]].req, &len);
                 int32_t at = s->slots[adm[i]].len, take = len - at;
-                if (chunk > 0 && take > chunk) take = chunk;
+                /* Chunks for a prompt that does not fit one step, a continuation, or all. */
+                if (chunk > 0 && (every || at > 0 || len > o->max_prefill_tokens) && take > chunk) take = chunk;
                 nn[i] = take;
                 memcpy(tok + T, p + at, (size_t)take * 4);
                 T += take;

@@ -185,9 +185,11 @@ typedef struct ge_run_opts {
     int vocab;
     int max_prefill_tokens; /* most prompt tokens admitted for one prefill round */
     int stepwise;           /* 1: prompts go through decode steps, one token per step */
-    int chunk;              /* > 0: chunked prefill, each prefill step takes at most chunk tokens
-                               of each prompt (the engine attends them over the cache with
-                               oscar_extend); 0: whole prompts in one step */
+    int chunk;              /* > 0: a prompt longer than max_prefill_tokens, and a shared
+                               request's own tokens, go at most chunk tokens per prefill step
+                               (the engine attends them over the cache with oscar_extend);
+                               0: whole prompts in one step */
+    int chunk_every_prompt; /* with chunk > 0: every prompt in chunks, also those that fit one step */
     int prefix_len;         /* > 0: every prompt starts with the same prefix_len tokens (checked),
                                prefilled once as a request of its own and shared by reference
                                (ge_sched_submit_shared); needs chunk > 0 or stepwise */

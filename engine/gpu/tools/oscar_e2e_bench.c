@@ -172,8 +172,9 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
                     "GiB, activations %.2f GiB; variant %s\n",
             now_s() - t0, mw / 1073741824.0, mk / 1073741824.0, ge_engine_kv(e)->num_pages,
             ge_engine_kv(e)->num_slots, mws / 1073741824.0, ma / 1073741824.0, ge_engine_variant(e));
-    if (*ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
-    chunk = ge_engine_chunk(e);
+    if (o.chunk_every_prompt && *ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
+    /* The real prefill goes in chunks with --chunk, or when it does not fit one step. */
+    chunk = o.chunk_every_prompt || prompt > o.max_prefill_tokens ? ge_engine_chunk(e) : 0;
     r->chunk = chunk;
     r->kv_gib = mk / 1073741824.0;
     oscar_layout_desc l;
@@ -297,14 +298,16 @@ static int run_shared(const oe_config *c, ge_options o, int prefix, int suffix, 
 {
     o.max_batch = n_req + 1;
     o.max_seq_len = prefix + suffix + gen;
-    if (o.prefill_chunk <= 0) o.prefill_chunk = 512;
-    if (o.max_prefill_tokens < o.prefill_chunk) o.max_prefill_tokens = o.prefill_chunk;
+    o.chunk_every_prompt = 1; /* shared or not, every prompt in chunks */
     ge_engine *e = NULL;
     if (ge_create_random(c, 3, &o, &e) != OSCAR_OK) {
         fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
         return 1;
     }
     if (*ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
+    char run_label[256];
+    snprintf(run_label, sizeof run_label, "%s, prefill in chunks of %d", label, ge_engine_chunk(e));
+    label = run_label;
     const int plen = prefix + suffix;
     int32_t **pr = calloc((size_t)n_req, sizeof *pr), *lens = malloc((size_t)n_req * 4);
     int32_t *out = malloc((size_t)n_req * gen * 4);
@@ -455,7 +458,10 @@ int main(int argc, char **argv)
     o.max_prefill_tokens = prompt < max_prefill ? prompt : max_prefill;
     o.check_every = 256;
     o.max_seq_len = prompt + gen;
-    o.prefill_chunk = chunk;
+    if (chunk > 0) {
+        o.prefill_chunk = chunk;
+        o.chunk_every_prompt = 1;
+    }
     o.synth_feedback = feedback;
     /* Write-path rounding of the 2-bit rows, in every row's label. */
     const char *rnd = method == OSCAR_METHOD_BF16 || method == OSCAR_METHOD_INT2 || method == OSCAR_METHOD_QUAROT2
@@ -465,9 +471,8 @@ int main(int argc, char **argv)
         char lab[192];
         int rc = 0;
         for (int share = 1; share >= 0 && rc == 0; share--) {
-            snprintf(lab, sizeof lab, "%s, %d requests x (%d shared + %d own) + %d, chunk %d, %s%s", shape, n_req,
-                     prefix, suffix, gen, chunk > 0 ? chunk : 512,
-                     share ? "prefix stored once" : "no sharing (each prefills its whole prompt)", rnd);
+            snprintf(lab, sizeof lab, "%s, %d requests x (%d shared + %d own) + %d, %s%s", shape, n_req, prefix,
+                     suffix, gen, share ? "prefix stored once" : "no sharing (each prefills its whole prompt)", rnd);
             rc = run_shared(&c, o, prefix, suffix, n_req, gen, share, lab);
         }
         if (g_md) fclose(g_md);

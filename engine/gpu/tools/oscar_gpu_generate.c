@@ -171,7 +171,10 @@ static ge_engine *make_engine(const oe_model *m, oscar_method method, const char
     o.act_f32 = fp32;
     o.sink = sink;
     o.recent = recent;
-    o.prefill_chunk = chunk;
+    if (chunk > 0) { /* --chunk: every prompt in chunks, as the CPU check's schedule */
+        o.prefill_chunk = chunk;
+        o.chunk_every_prompt = 1;
+    }
     o.check_every = 1;
     oscar_layout_desc l;
     ge_layout_make(c, &o, &l);
@@ -188,7 +191,7 @@ static ge_engine *make_engine(const oe_model *m, oscar_method method, const char
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
         return NULL;
     }
-    if (*ge_engine_notes(e)) printf("note: %s\n", ge_engine_notes(e));
+    if (chunk > 0 && *ge_engine_notes(e)) printf("note: %s\n", ge_engine_notes(e));
     return e;
 }
 
