@@ -16,6 +16,8 @@ include(CMakePackageConfigHelpers)
 # functions are exported too, as OSCAR_PRIVATE_0: not in any installed header,
 # no stability promise, for liboscar_calib only. Everything else stays local.
 file(READ ${CMAKE_SOURCE_DIR}/include/oscar/oscar.h OSCAR_HEADER_TEXT)
+# A function added to the header must reach the map without a manual reconfigure.
+set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/include/oscar/oscar.h)
 string(REGEX MATCHALL "OSCAR_API[^(;]*\\(" OSCAR_API_DECLS "${OSCAR_HEADER_TEXT}")
 set(OSCAR_PUBLIC_SYMS "")
 set(OSCAR_CALIB_SYMS "")

@@ -126,6 +126,11 @@ typedef struct oe_forward_options {
      * reads key p quantized when S0 <= p <= e - 1 - W, e = min(end of t's
      * chunk, n). 0: token by token (e = t + 1). */
     int chunk_tokens;
+    /* With chunk_tokens > 0: > 0 ends the chunked part at this position, as
+     * an engine that prefills a prompt of chunk_limit tokens in chunks and
+     * then decodes: e = min(end of t's chunk, chunk_limit) for t <
+     * chunk_limit, e = t + 1 after. 0: the whole window is chunked. */
+    int chunk_limit;
 } oe_forward_options;
 
 void oe_forward_options_default(oe_forward_options *o);

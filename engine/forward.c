@@ -241,6 +241,7 @@ typedef struct attn_job {
     int use_q;          /* quantized copies present */
     int S0, W;
     int chunk; /* > 0: chunked schedule (oe_forward_options.chunk_tokens) */
+    int chunk_limit; /* positions >= this are token by token (n: the whole window chunked) */
     int nblocks;
     atomic_int next;
 } attn_job;
@@ -270,9 +271,9 @@ static void attn_task(attn_job *j, attn_thread *th, int task)
          * merge their scores into s, softmax once, then split the
          * probabilities back so P V + Pq Vq reads each key from one copy. */
         int e = t + 1; /* the cache length query t sees: its own, or its chunk's end */
-        if (j->chunk > 0) {
+        if (j->chunk > 0 && t < j->chunk_limit) {
             e = (t / j->chunk + 1) * j->chunk;
-            if (e > n) e = n;
+            if (e > j->chunk_limit) e = j->chunk_limit;
         }
         int qlo = j->S0, qhi = e - 1 - j->W;
         if (qhi > t) qhi = t;
@@ -315,11 +316,13 @@ static void *attn_worker_main(void *arg)
     return NULL;
 }
 
-static oscar_status attention(oe_ctx *c, int n, int use_q, int S0, int W, int chunk)
+static oscar_status attention(oe_ctx *c, int n, int use_q, int S0, int W, int chunk, int chunk_limit)
 {
     const oe_config *cf = &c->m->cfg;
     attn_job j = {.c = c, .n = n, .Hq = cf->num_q_heads, .Hkv = cf->num_kv_heads, .d = cf->head_dim,
-                  .use_q = use_q, .S0 = S0, .W = W, .chunk = chunk, .nblocks = (n + OE_QBLOCK - 1) / OE_QBLOCK};
+                  .use_q = use_q, .S0 = S0, .W = W, .chunk = chunk,
+                  .chunk_limit = chunk_limit > 0 && chunk_limit < n ? chunk_limit : n,
+                  .nblocks = (n + OE_QBLOCK - 1) / OE_QBLOCK};
     atomic_init(&j.next, 0);
     int nt = c->nthreads;
     if (nt > j.nblocks * j.Hq) nt = j.nblocks * j.Hq;
@@ -360,9 +363,9 @@ static oscar_status forward_impl(oe_ctx *c, const uint32_t *tokens, int n, const
     if (opt->last_layer < -1 || opt->last_layer >= cf->num_layers)
         return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: last_layer %d must be -1 or in 0..%d",
                             opt->last_layer, cf->num_layers - 1);
-    if (opt->chunk_tokens < 0)
-        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: chunk_tokens %d must be >= 0 (0: token by token)",
-                            opt->chunk_tokens);
+    if (opt->chunk_tokens < 0 || opt->chunk_limit < 0)
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: chunk_tokens %d and chunk_limit %d must be >= 0 "
+                            "(0: token by token; whole window chunked)", opt->chunk_tokens, opt->chunk_limit);
     if (opt->kv_quant && (opt->sink_tokens < 0 || opt->recent_tokens < 0))
         return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_forward: sink_tokens %d and recent_tokens %d must "
                             "be >= 0", opt->sink_tokens, opt->recent_tokens);
@@ -429,7 +432,7 @@ static oscar_status forward_impl(oe_ctx *c, const uint32_t *tokens, int n, const
             round_bf16_buf(c->v, (size_t)n * kvd);
         }
         PHASE(5);
-        attention(c, n, use_q, opt->sink_tokens, opt->recent_tokens, opt->chunk_tokens);
+        attention(c, n, use_q, opt->sink_tokens, opt->recent_tokens, opt->chunk_tokens, opt->chunk_limit);
         PHASE(1);
         /* x += attn Wo^T: accumulate straight into the residual. */
         linear_acc(c, c->x, c->attn, l->wo, l->bo, n, qd, H, 1);

@@ -72,6 +72,10 @@ static inline float *oscar_params_rot_ptr(const oscar_params *p, int layer, int 
 /* Largest |error-feedback weight| a parameter file may hold (calibration's
  * weights stay <= 1 after damping; the bound keeps hostile files harmless). */
 #define OSCAR_FB_MAX 16.0f
+/* The rule for feedback weights (files and oscar_params_set_feedback):
+ * strictly upper triangular, finite, |F| <= OSCAR_FB_MAX. 0 when F[*bad]
+ * breaks it, else 1. */
+int oscar_params_fb_valid(const float *F, int d, size_t *bad);
 /* Error-feedback weights of (layer, kind, rotation index), or NULL when the
  * parameters round to nearest. */
 static inline float *oscar_params_fb_ptr(const oscar_params *p, int layer, int kv, int r) {

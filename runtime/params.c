@@ -1,8 +1,10 @@
 /* The parameter object: rotations, eigenvalues and clip ratios per layer
  * (docs/FORMAT.md §1, §2.1). Built-in parameters for the baselines, accessors,
  * and the shape check engines run before planning. Files: params_file.c. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "oscar_ref.h"
 #include "oscar_internal.h"
@@ -175,6 +177,45 @@ OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, i
     oscar_status s = check_index(p, "oscar_params_feedback", layer, kv_head, which, &r);
     if (s != OSCAR_OK) return s;
     *F = oscar_params_fb_ptr(p, layer, (int)which, r);
+    return OSCAR_OK;
+}
+
+int oscar_params_fb_valid(const float *F, int d, size_t *bad) {
+    size_t dd = (size_t)d * (size_t)d;
+    for (size_t i = 0; i < dd; i++) {
+        /* Strictly upper triangular and bounded: the write path then cannot overflow
+         * on sane rows, and a hostile file cannot make it read a weight twice. */
+        int upper = i % (size_t)d > i / (size_t)d;
+        if (!isfinite(F[i]) || (!upper && F[i] != 0.0f) || fabsf(F[i]) > OSCAR_FB_MAX) {
+            *bad = i;
+            return 0;
+        }
+    }
+    return 1;
+}
+
+OSCAR_API oscar_status oscar_params_set_feedback(oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                                 const float *F) {
+    oscar_clear_error();
+    const char *fn = "oscar_params_set_feedback";
+    int r;
+    oscar_status s = check_index(p, fn, layer, kv_head, which, &r);
+    if (s != OSCAR_OK) return s;
+    if (!F) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: F is NULL", fn);
+    if (p->method != OSCAR_METHOD_OSCAR2 && p->method != OSCAR_METHOD_OSCAR2_LM)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: parameters for %s; only oscar2 and oscar2-lm round "
+                               "with error feedback", fn, oscar_method_name(p->method));
+    const int d = p->head_dim;
+    size_t bad;
+    if (!oscar_params_fb_valid(F, d, &bad))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: entry (%zu, %zu) = %g: weights must be finite, "
+                               "|F| <= 16 and 0 on and below the diagonal", fn, bad / (size_t)d, bad % (size_t)d,
+                               (double)F[bad]);
+    if (!p->fb) {
+        p->fb = calloc((size_t)p->num_layers * 2 * (size_t)p->num_rot * (size_t)d * (size_t)d, sizeof *p->fb);
+        if (!p->fb) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    memcpy(oscar_params_fb_ptr(p, layer, (int)which, r), F, (size_t)d * (size_t)d * sizeof *F);
     return OSCAR_OK;
 }
 

@@ -592,19 +592,15 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                     goto done;
                 }
                 const float *F = oscar_params_fb_ptr(p, (int)l, kv, (int)r);
-                for (size_t i = 0; F && i < dd; i++) {
-                    /* Strictly upper triangular and bounded: the write path then cannot overflow
-                     * on sane rows, and a hostile file cannot make it read a weight twice. */
-                    int upper = i % (size_t)d > i / (size_t)d;
-                    if (!isfinite(F[i]) || (!upper && F[i] != 0.0f) || fabsf(F[i]) > OSCAR_FB_MAX) {
-                        snprintf(msg, sizeof msg,
-                                 "feedback weights layers.%lld.fb_%c[%lld] entry (%zu, %zu) = %g: must be finite, "
-                                 "|F| <= 16 and 0 on and below the diagonal",
-                                 (long long)l, kv ? 'v' : 'k', (long long)r, i / (size_t)d, i % (size_t)d,
-                                 (double)F[i]);
-                        s = corrupt(msg);
-                        goto done;
-                    }
+                size_t bad;
+                if (F && !oscar_params_fb_valid(F, (int)d, &bad)) {
+                    snprintf(msg, sizeof msg,
+                             "feedback weights layers.%lld.fb_%c[%lld] entry (%zu, %zu) = %g: must be finite, "
+                             "|F| <= 16 and 0 on and below the diagonal",
+                             (long long)l, kv ? 'v' : 'k', (long long)r, bad / (size_t)d, bad % (size_t)d,
+                             (double)F[bad]);
+                    s = corrupt(msg);
+                    goto done;
                 }
                 const double *ev = oscar_params_eig_ptr(p, (int)l, kv, (int)r);
                 for (int64_t i = 0; ev && i < d; i++)

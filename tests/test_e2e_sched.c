@@ -1,8 +1,11 @@
 /* GPU engine host bookkeeping (engine/gpu/ge_sched.c), tested on the CPU:
  * KV sizing against the storage format's arithmetic, largest batch for a
  * budget against brute force, the page allocator (all or nothing, double
- * frees refused) and the FIFO scheduler under random request streams (no
- * page leaks, no page owned twice, FIFO order, budget respected). */
+ * frees refused), page reference counts, shared-prefix admission (full
+ * pages referenced, the partly written last page and the window left to the
+ * engine's copy, pages back only when their last holder finishes) and the
+ * FIFO scheduler under random request streams (no page leaks, no page owned
+ * twice, FIFO order, budget respected). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +118,17 @@ Test(e2e_sizing, plan_refuses_slots_over_budget)
     cr_assert_eq(ge_kv_plan_for(&o, 36, 36u * (1310720u * 3u + 36864u * 5u + 7u), 3, &p), OSCAR_OK);
     cr_assert_eq(p.num_pages, 5);
     cr_assert_eq(p.num_slots, 3);
+}
+
+/* oscar2, sink 4, recent 8, pages of 16: hand-checkable page counts. */
+static oscar_layout_desc small_layout(int max_seq_len)
+{
+    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
+    l.sink = 4;
+    l.recent = 8;
+    l.page_size = 16;
+    l.max_seq_len = max_seq_len;
+    return l;
 }
 
 Test(e2e_pages, alloc_free_all_or_nothing)
@@ -255,11 +269,7 @@ Test(e2e_sched, random_streams_fifo_no_leaks)
 
 Test(e2e_sched, batch_arrays_and_refusals)
 {
-    oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
-    l.sink = 4;
-    l.recent = 8;
-    l.page_size = 16;
-    l.max_seq_len = 100;
+    oscar_layout_desc l = small_layout(100);
     ge_sched sc;
     cr_assert_eq(ge_sched_init(&sc, &l, 12, 3), OSCAR_OK);
     cr_assert_eq(sc.stride, 6); /* ceil((100 - 12) / 16) */
@@ -294,4 +304,317 @@ Test(e2e_sched, batch_arrays_and_refusals)
     sc.block_table[(size_t)out[0] * sc.stride] = sc.block_table[(size_t)slots[2] * sc.stride];
     cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_ERR_INTERNAL);
     ge_sched_release(&sc);
+}
+
+Test(e2e_pages, reference_counts)
+{
+    ge_pages a;
+    cr_assert_eq(ge_pages_init(&a, 6), OSCAR_OK);
+    int32_t ids[3];
+    cr_assert_eq(ge_pages_alloc(&a, 3, ids), OSCAR_OK);
+    cr_assert_eq(ge_pages_ref(&a, 2, ids), OSCAR_OK);
+    cr_assert_eq(ge_pages_ref(&a, 1, ids), OSCAR_OK);
+    cr_assert_eq(a.refs[ids[0]], 3);
+    cr_assert_eq(a.refs[ids[1]], 2);
+    /* refused as a whole: a free page, one out of range, one listed twice */
+    int32_t bad1[2] = {ids[2], 5}, bad2[2] = {ids[1], 7}, dup[2] = {ids[0], ids[0]};
+    cr_assert_eq(ge_pages_ref(&a, 2, bad1), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(ge_pages_ref(&a, 2, bad2), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(ge_pages_ref(&a, 2, dup), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(ge_pages_free(&a, 2, dup), OSCAR_ERR_BLOCK_TABLE);
+    cr_assert_eq(a.refs[ids[2]], 1, "a refused call changes nothing");
+    cr_assert_eq(a.refs[ids[0]], 3);
+    /* a page goes back with its last holder only */
+    cr_assert_eq(ge_pages_free(&a, 3, ids), OSCAR_OK);
+    cr_assert_eq(a.n_free, 4);
+    cr_assert_eq(ge_pages_free(&a, 2, ids), OSCAR_OK);
+    cr_assert_eq(a.n_free, 5);
+    cr_assert_eq(ge_pages_free(&a, 1, ids), OSCAR_OK);
+    cr_assert_eq(a.n_free, 6);
+    cr_assert_eq(ge_pages_free(&a, 1, ids), OSCAR_ERR_BLOCK_TABLE, "double free");
+    ge_pages_release(&a);
+}
+
+Test(e2e_sched, shared_prefix_pages)
+{
+    oscar_layout_desc l = small_layout(200);
+    /* A prefix of 60 tokens: 2-bit rows 4..51 (48 rows): 3 full pages, none partial. */
+    cr_assert_eq(ge_shared_pages(&l, 60), 3);
+    cr_assert_eq(ge_shared_pages(&l, 12), 0);
+    cr_assert_eq(ge_shared_pages(&l, 70), 3); /* 58 rows: 3 full + a partial one */
+    oscar_layout_desc lb = l;
+    lb.method = OSCAR_METHOD_BF16;
+    cr_assert_eq(ge_shared_pages(&lb, 70), 4); /* BF16: every position paged */
+    char msg[256];
+    for (int partial = 0; partial < 2; partial++) {
+        const int32_t pl = partial ? 70 : 60;
+        ge_sched sc;
+        cr_assert_eq(ge_sched_init(&sc, &l, 24, 3), OSCAR_OK);
+        int32_t pfx, r1, r2, r3;
+        cr_assert_eq(ge_sched_submit(&sc, pl, 0, &pfx), OSCAR_OK);
+        /* bad input: not a prefix request, a prefix not shorter than the prompt */
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, pl, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(ge_last_error(), "not shorter"), "%s", ge_last_error());
+        cr_assert_eq(ge_sched_submit_shared(&sc, 7, 100, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert_eq(ge_sched_submit_shared(&sc, -1, 100, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 100, 20, &r1), OSCAR_OK); /* 120 tokens: 7 pages */
+        cr_assert_eq(ge_sched_submit_shared(&sc, r1, 130, 5, NULL), OSCAR_ERR_INVALID_ARGUMENT, "r1 is no prefix");
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 90, 30, &r2), OSCAR_OK);
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 80, 40, &r3), OSCAR_OK);
+        int32_t out[3], n;
+        /* the prefix first; its sharers wait until it is in the cache */
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 1);
+        int32_t ps = out[0];
+        int32_t ll[1], ws[1], cu[2], ml, bt[16];
+        int32_t np = pl;
+        cr_assert_eq(ge_sched_batch(&sc, 1, &ps, &np, ll, ws, bt, cu, &ml), OSCAR_OK);
+        cr_assert_eq(ge_sched_advance(&sc, ps, pl), OSCAR_OK);
+        int32_t held_by_prefix = sc.slots[ps].n_pages, free0 = sc.pages.n_free;
+        cr_assert_eq(held_by_prefix, partial ? 4 : 3);
+        /* two slots left: r1 and r2 come in, sharing the prefix's 3 full pages */
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 2);
+        for (int i = 0; i < 2; i++) {
+            const ge_slot *q = &sc.slots[out[i]];
+            cr_assert_eq(q->len, pl, "a shared request starts at the prefix's length");
+            cr_assert_eq(q->n_shared, 3);
+            cr_assert_eq(q->n_pages, 7);
+            cr_assert_eq(q->fork_src, ps);
+            cr_assert_eq(q->fork_page, partial ? 3 : -1);
+            const int32_t *row = sc.block_table + (size_t)out[i] * sc.stride, *prow = sc.block_table + (size_t)ps * sc.stride;
+            cr_assert_eq(memcmp(row, prow, 3 * sizeof *row), 0);
+            if (partial) cr_assert_neq(row[3], prow[3], "the partial page is a copy of its own");
+        }
+        cr_assert_eq(free0 - sc.pages.n_free, 2 * 4, "each took 7 - 3 new pages");
+        cr_assert_eq(sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]], 3);
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        /* a refcount gone wrong is noticed */
+        sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]]--;
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_ERR_INTERNAL);
+        cr_assert(strstr(msg, "reference count"), "%s", msg);
+        sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]]++;
+        /* the batch arrays of a suffix step name the shared pages */
+        int32_t two[2] = {out[0], out[1]}, nt[2] = {40, 30}, l2[2], w2[2], c2[3], bt2[2 * 16];
+        cr_assert_eq(ge_sched_batch(&sc, 2, two, nt, l2, w2, bt2, c2, &ml), OSCAR_OK);
+        cr_assert_eq(l2[0], pl + 40);
+        cr_assert_eq(ml, pl + 40);
+        /* r1 finishes: its own pages go back, the shared ones stay */
+        int32_t r1slot = out[0], r2slot = out[1];
+        cr_assert_eq(ge_sched_finish(&sc, r1slot), OSCAR_OK);
+        cr_assert_eq(sc.pages.refs[sc.block_table[(size_t)ps * sc.stride]], 2);
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        /* r3 takes the freed slot; then the prefix can leave */
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 1);
+        int32_t r3slot = out[0];
+        cr_assert_eq(sc.slots[r3slot].req, r3);
+        int32_t shared_id = sc.block_table[(size_t)ps * sc.stride];
+        cr_assert_eq(ge_sched_finish(&sc, ps), OSCAR_OK);
+        cr_assert_eq(sc.pages.refs[shared_id], 2, "the sharers keep the prefix's pages");
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        cr_assert_eq(ge_sched_finish(&sc, r2slot), OSCAR_OK);
+        cr_assert_eq(ge_sched_finish(&sc, r3slot), OSCAR_OK);
+        cr_assert_eq(sc.pages.n_free, 24, "every page back");
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        /* a sharer queued after its prefix finished cannot be admitted */
+        cr_assert_eq(ge_sched_submit_shared(&sc, pfx, 100, 1, NULL), OSCAR_OK);
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(ge_last_error(), "finished"), "%s", ge_last_error());
+        (void)r2;
+        ge_sched_release(&sc);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * The shared-prefix rule against the real format, on the CPU backend: a
+ * request that takes its prefix's full pages by reference (ge_sched_admit)
+ * and gets a copy of the prefix's window slot and partly written last page
+ * (what the GPU engine's fork does) ends with the same cache bytes and the
+ * same extend outputs, chunk by chunk, as a request that prefilled its
+ * whole prompt itself. */
+#include "refcheck.h"
+
+typedef struct cpu_rig {
+    oscar_plan *plan;
+    oscar_cache cache;
+    size_t page_bytes, slot_bytes, ws_bytes, qrow, kvrow; /* bytes of one token's q / k row */
+    void *ws;
+    ge_sched *sc;
+    int chunk;
+} cpu_rig;
+
+/* Appends positions from..to of slot's prompt chunk by chunk, each chunk's
+ * queries attending with oscar_extend; outputs at out + position rows. */
+static void feed_chunks(cpu_rig *g, int32_t slot, int from, int to, const uint8_t *k, const uint8_t *v,
+                        const uint8_t *q, uint8_t *out)
+{
+    int32_t len, wslot, cu[2], ml, *bt = malloc((size_t)g->sc->stride * sizeof *bt);
+    for (int at = from; at < to;) {
+        int32_t take = to - at < g->chunk ? to - at : g->chunk;
+        cr_assert_eq(g->sc->slots[slot].len, at);
+        cr_assert_eq(ge_sched_batch(g->sc, 1, &slot, &take, &len, &wslot, bt, cu, &ml), OSCAR_OK, "%s", ge_last_error());
+        oscar_batch b = {1, &len, &wslot, bt, g->sc->stride, ml};
+        cr_assert_eq(oscar_append(g->plan, 0, &g->cache, &b, cu, take, k + (size_t)at * g->kvrow, v + (size_t)at * g->kvrow,
+                                  0, g->ws, g->ws_bytes, NULL), OSCAR_OK, "%s", oscar_last_error());
+        oscar_attn_args a;
+        oscar_attn_args_default(&a);
+        a.cu_q = cu;
+        a.total_q = take;
+        a.max_q_len = take;
+        a.q = q + (size_t)at * g->qrow;
+        a.out = out + (size_t)at * g->qrow;
+        a.out_bytes = (size_t)take * g->qrow;
+        a.workspace = g->ws;
+        a.workspace_bytes = g->ws_bytes;
+        cr_assert_eq(oscar_extend(g->plan, 0, &g->cache, &b, &a), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(ge_sched_advance(g->sc, slot, take), OSCAR_OK);
+        at += take;
+    }
+    free(bt);
+}
+
+Test(e2e_sched, shared_prefix_on_the_cpu_backend)
+{
+    const oscar_method methods[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_BF16};
+    rc_rng rng;
+    uint64_t seed = rc_fresh_seed();
+    rc_rng_seed(&rng, seed);
+    for (size_t mi = 0; mi < 2; mi++) {
+        const int d = 64, Hq = 4, Hkv = 2, P = 70, S[2] = {30, 45}, n_tok = P + S[0] + S[1];
+        oscar_layout_desc l = small_layout(160);
+        l.head_dim = l.group = d;
+        l.num_q_heads = Hq;
+        l.num_kv_heads = Hkv;
+        l.method = methods[mi];
+        oscar_runtime_options ro;
+        oscar_runtime_options_default(&ro);
+        ro.backend = "cpu";
+        oscar_runtime *rt;
+        oscar_params *prm;
+        cpu_rig g = {0};
+        cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_params_create_builtin(l.method, 1, Hq, Hkv, d, &prm), OSCAR_OK);
+        if (l.method == OSCAR_METHOD_OSCAR2) { /* the write path with error feedback, as calibrated files have */
+            float *F = calloc((size_t)d * d, sizeof *F);
+            double *C = malloc((size_t)d * d * sizeof *C);
+            for (int kv = 0; kv < 2; kv++) {
+                rc_random_metric(&rng, d, 30.0, C);
+                cr_assert_gt(rc_feedback_weights(d, C, 1e-3, F), 0.0);
+                cr_assert_eq(oscar_params_set_feedback(prm, 0, 0, (oscar_kv)kv, F), OSCAR_OK, "%s", oscar_last_error());
+            }
+            free(F);
+            free(C);
+        }
+        cr_assert_eq(oscar_plan_create(rt, &l, prm, &g.plan), OSCAR_OK, "%s", oscar_last_error());
+        oscar_layout_sizes sz;
+        cr_assert_eq(oscar_layout_sizes_get(&l, &sz), OSCAR_OK);
+        const int npages = 40, nslots = 5;
+        g.page_bytes = sz.page_bytes;
+        g.slot_bytes = l.method == OSCAR_METHOD_BF16 ? 0 : sz.window_slot_bytes;
+        g.cache = (oscar_cache){calloc((size_t)npages, g.page_bytes), npages,
+                                g.slot_bytes ? calloc((size_t)nslots, g.slot_bytes) : NULL, nslots};
+        cr_assert_eq(oscar_plan_workspace_bytes(g.plan, 16, l.max_seq_len, &g.ws_bytes), OSCAR_OK);
+        g.ws = malloc(g.ws_bytes);
+        cr_assert_eq(oscar_plan_workspace_init(g.plan, g.ws, NULL), OSCAR_OK);
+        g.qrow = (size_t)Hq * d * 2;
+        g.kvrow = (size_t)Hkv * d * 2;
+        g.chunk = 7; /* divides the prefix: both runs chunk alike */
+        ge_sched sc;
+        cr_assert_eq(ge_sched_init(&sc, &l, npages, nslots), OSCAR_OK);
+        g.sc = &sc;
+        /* Token rows: the prefix, then request 0's suffix, then request 1's. */
+        float *f = malloc((size_t)n_tok * Hq * d * sizeof *f);
+        uint8_t *k = malloc((size_t)n_tok * g.kvrow), *v = malloc((size_t)n_tok * g.kvrow),
+                *q = malloc((size_t)n_tok * g.qrow);
+        rc_gen_kv(&rng, n_tok, Hkv, d, 2, OSCAR_DTYPE_BF16, f);
+        rc_to_dtype(OSCAR_DTYPE_BF16, f, k, (size_t)n_tok * Hkv * d);
+        rc_gen_kv(&rng, n_tok, Hkv, d, 0, OSCAR_DTYPE_BF16, f);
+        rc_to_dtype(OSCAR_DTYPE_BF16, f, v, (size_t)n_tok * Hkv * d);
+        rc_gen_kv(&rng, n_tok, Hq, d, 0, OSCAR_DTYPE_BF16, f);
+        rc_to_dtype(OSCAR_DTYPE_BF16, f, q, (size_t)n_tok * Hq * d);
+        /* Each request's prompt rows contiguous: prefix + own suffix. */
+        uint8_t *pk[2], *pv[2], *pq[2], *ref[2], *got[2];
+        for (int r = 0; r < 2; r++) {
+            const int len = P + S[r], off = P + (r ? S[0] : 0);
+            const uint8_t *src[3] = {k, v, q};
+            uint8_t **dst[3] = {&pk[r], &pv[r], &pq[r]};
+            for (int a = 0; a < 3; a++) {
+                const size_t row = a < 2 ? g.kvrow : g.qrow;
+                *dst[a] = malloc((size_t)len * row);
+                memcpy(*dst[a], src[a], (size_t)P * row);
+                memcpy(*dst[a] + (size_t)P * row, src[a] + (size_t)off * row, (size_t)S[r] * row);
+            }
+            ref[r] = calloc((size_t)len, g.qrow);
+            got[r] = calloc((size_t)len, g.qrow);
+        }
+        /* Each request alone: its whole prompt, chunk by chunk. */
+        int32_t alone[2], shared[2], out[5], n;
+        for (int r = 0; r < 2; r++) {
+            cr_assert_eq(ge_sched_submit(&sc, P + S[r], 0, NULL), OSCAR_OK);
+            cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+            cr_assert_eq(n, 1);
+            alone[r] = out[0];
+            feed_chunks(&g, alone[r], 0, P + S[r], pk[r], pv[r], pq[r], ref[r]);
+        }
+        /* The prefix once, then both requests from it. */
+        int32_t pfx;
+        cr_assert_eq(ge_sched_submit(&sc, P, 0, &pfx), OSCAR_OK);
+        for (int r = 0; r < 2; r++) cr_assert_eq(ge_sched_submit_shared(&sc, pfx, P + S[r], 0, NULL), OSCAR_OK);
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 1);
+        int32_t ps = out[0];
+        feed_chunks(&g, ps, 0, P, pk[0], pv[0], pq[0], got[0]);
+        cr_assert_eq(ge_sched_admit(&sc, 1000, out, &n), OSCAR_OK);
+        cr_assert_eq(n, 2);
+        const int32_t want_shared = ge_shared_pages(&l, P);
+        cr_assert_eq(want_shared, l.method == OSCAR_METHOD_BF16 ? 4 : 3); /* both with a partly written page */
+        for (int r = 0; r < 2; r++) {
+            shared[r] = out[r];
+            const ge_slot *s = &sc.slots[shared[r]];
+            cr_assert_eq(s->n_shared, want_shared);
+            cr_assert_eq(s->fork_page, want_shared);
+            const int32_t *srow = sc.block_table + (size_t)ps * sc.stride, *drow = sc.block_table + (size_t)shared[r] * sc.stride;
+            /* the engine's fork: window slot and the partial page */
+            if (g.slot_bytes)
+                memcpy((char *)g.cache.windows + (size_t)shared[r] * g.slot_bytes,
+                       (char *)g.cache.windows + (size_t)ps * g.slot_bytes, g.slot_bytes);
+            memcpy((char *)g.cache.pages + (size_t)drow[s->fork_page] * g.page_bytes,
+                   (char *)g.cache.pages + (size_t)srow[s->fork_page] * g.page_bytes, g.page_bytes);
+        }
+        /* The prefix may leave now: its full pages stay with the requests. */
+        cr_assert_eq(ge_sched_finish(&sc, ps), OSCAR_OK);
+        char msg[256];
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        for (int r = 0; r < 2; r++) {
+            feed_chunks(&g, shared[r], P, P + S[r], pk[r], pv[r], pq[r], got[r]);
+            for (int t = P; t < P + S[r]; t++)
+                cr_assert_eq(memcmp(got[r] + (size_t)t * g.qrow, ref[r] + (size_t)t * g.qrow, g.qrow), 0,
+                             "%s, seed %llu: request %d's output at position %d differs from its run alone",
+                             oscar_method_name(l.method), (unsigned long long)seed, r, t);
+            int64_t np;
+            oscar_layout_pages_for(&l, P + S[r], &np);
+            const int32_t *a = sc.block_table + (size_t)alone[r] * sc.stride, *b = sc.block_table + (size_t)shared[r] * sc.stride;
+            for (int j = 0; j < np; j++)
+                cr_assert_eq(memcmp((char *)g.cache.pages + (size_t)a[j] * g.page_bytes,
+                                    (char *)g.cache.pages + (size_t)b[j] * g.page_bytes, g.page_bytes), 0,
+                             "%s: request %d's page %d differs from its run alone", oscar_method_name(l.method), r, j);
+            if (g.slot_bytes)
+                cr_assert_eq(memcmp((char *)g.cache.windows + (size_t)alone[r] * g.slot_bytes,
+                                    (char *)g.cache.windows + (size_t)shared[r] * g.slot_bytes, g.slot_bytes), 0,
+                             "request %d's window differs from its run alone", r);
+        }
+        for (int r = 0; r < 2; r++) {
+            cr_assert_eq(ge_sched_finish(&sc, alone[r]), OSCAR_OK);
+            cr_assert_eq(ge_sched_finish(&sc, shared[r]), OSCAR_OK);
+            free(pk[r]), free(pv[r]), free(pq[r]), free(ref[r]), free(got[r]);
+        }
+        cr_assert_eq(sc.pages.n_free, npages);
+        cr_assert_eq(ge_sched_check(&sc, msg, sizeof msg), OSCAR_OK, "%s", msg);
+        ge_sched_release(&sc);
+        free(f), free(k), free(v), free(q), free(g.ws), free(g.cache.pages), free(g.cache.windows);
+        oscar_plan_destroy(g.plan);
+        oscar_params_destroy(prm);
+        oscar_runtime_destroy(rt);
+    }
 }

@@ -177,6 +177,31 @@ Test(engine_hooks, quantized_region_is_exactly_s0_to_t_minus_w)
         o.chunk_tokens = 0;
     }
 
+    /* 5b. A chunked prompt, then decoding (chunk_limit Lc, oscar-gpu-generate
+     * --chunk): one chunk of the whole window would make every row read the
+     * garbage; with Lc <= S0 + W no chunk end passes S0 + W and the rows from
+     * Lc on are token by token, so exactly the rows of case 3 move. */
+    {
+        const int Lc = 1 + (int)(rand_r(&g_seed) % (unsigned)(S0 + W));
+        o.chunk_tokens = n;
+        o.chunk_limit = Lc;
+        hs.garbage_from = 0;
+        hs.garbage_to = n;
+        hs.last_layer_seen = -1;
+        cr_assert_eq(oe_forward(ctx, tok, n, &o, got), OSCAR_OK, "%s", oe_last_error());
+        printf("chunk %d up to %d, then token by token\n", n, Lc);
+        for (int t = 0; t < n && t < first; t++)
+            cr_expect(row_diff(base, got, c->vocab, t) < 1e-3, "chunk limit %d: row %d read a quantized key: %g", Lc,
+                      t, row_diff(base, got, c->vocab, t));
+        if (first < n)
+            cr_expect(row_diff(base, got, c->vocab, first) > 1e-2, "chunk limit %d: row %d did not read key S0 "
+                      "quantized", Lc, first);
+        o.chunk_limit = -1;
+        cr_expect_eq(oe_forward(ctx, tok, n, &o, got), OSCAR_ERR_INVALID_ARGUMENT);
+        o.chunk_limit = 0;
+        o.chunk_tokens = 0;
+    }
+
     /* 6. A failing hook aborts the forward with its status. */
     hs.last_layer_seen = 5;
     cr_expect_eq(oe_forward(ctx, tok, n, &o, got), OSCAR_ERR_STATE);

@@ -892,6 +892,56 @@ Test(params, feedback_round_trip_and_version, .init = mk_dir, .fini = rm_dir) {
     oscar_params_destroy(b);
 }
 
+Test(params, set_feedback, .init = mk_dir, .fini = rm_dir) {
+    seed_init();
+    const int d = 64;
+    oscar_params *p = NULL, *q = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 3, 4, 2, d, &p), OSCAR_OK);
+    float *F = calloc((size_t)d * d, sizeof *F);
+    for (int j = 0; j < d; j++) /* strictly upper triangular, |F| < 0.5 */
+        for (int k = j + 1; k < d; k++) F[j * d + k] = (float)(urand() - 0.5);
+    cr_assert_eq(oscar_params_set_feedback(p, 1, 0, OSCAR_V, F), OSCAR_OK, "%s", oscar_last_error());
+    const float *G = NULL;
+    cr_assert_eq(oscar_params_feedback(p, 1, 0, OSCAR_V, &G), OSCAR_OK);
+    cr_assert_not_null(G);
+    cr_assert_eq(memcmp(F, G, (size_t)d * d * sizeof *F), 0);
+    cr_assert_eq(oscar_params_feedback(p, 2, 0, OSCAR_K, &G), OSCAR_OK);
+    for (int i = 0; i < d * d; i++) cr_assert_eq(G[i], 0.0f, "the other layers round to nearest (zero weights)");
+    char path[400];
+    snprintf(path, sizeof path, "%s/set_fb.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_feedback(q, 1, 0, OSCAR_V, &G), OSCAR_OK);
+    cr_assert_eq(memcmp(F, G, (size_t)d * d * sizeof *F), 0, "saved and loaded");
+    oscar_params_destroy(q);
+    /* Bad weights and arguments change nothing. */
+    float keep = F[1];
+    const float bad[] = {NAN, INFINITY, 17.0f};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        F[1] = bad[i];
+        cr_assert_eq(oscar_params_set_feedback(p, 1, 0, OSCAR_V, F), OSCAR_ERR_INVALID_ARGUMENT);
+    }
+    F[1] = keep;
+    F[d + 1] = 0.5f; /* on the diagonal */
+    cr_assert_eq(oscar_params_set_feedback(p, 1, 0, OSCAR_V, F), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "diagonal"), "%s", oscar_last_error());
+    F[d + 1] = 0.0f;
+    F[d] = 0.5f; /* below it */
+    cr_assert_eq(oscar_params_set_feedback(p, 1, 0, OSCAR_V, F), OSCAR_ERR_INVALID_ARGUMENT);
+    F[d] = 0.0f;
+    cr_assert_eq(oscar_params_feedback(p, 1, 0, OSCAR_V, &G), OSCAR_OK);
+    cr_assert_eq(G[1], keep);
+    cr_assert_eq(oscar_params_set_feedback(p, 3, 0, OSCAR_K, F), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_set_feedback(p, 0, 0, (oscar_kv)2, F), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_set_feedback(p, 0, 0, OSCAR_K, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_set_feedback(NULL, 0, 0, OSCAR_K, F), OSCAR_ERR_INVALID_ARGUMENT);
+    oscar_params_destroy(p);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 1, 4, 2, d, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_feedback(p, 0, 0, OSCAR_K, F), OSCAR_ERR_INVALID_ARGUMENT, "quarot2 rounds to nearest");
+    oscar_params_destroy(p);
+    free(F);
+}
+
 static void valid_fb_file(void) {
     seed_init();
     mk_dir();

@@ -141,6 +141,39 @@ Test(tools_bad_input, bench_huge_context_is_refused_not_overflowed, .timeout = 1
     cr_expect_eq(rc, 2, "--context 12abc: exit %d: %s", rc, out);
 }
 
+/* The GPU engine's tools (built where CUDA is) check their arguments before
+ * touching a model or a device, so this runs on machines without a GPU. */
+Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {
+    struct stat sb;
+    if (stat(BIN "/oscar-gpu-generate", &sb) != 0 || stat(BIN "/oscar-e2e-bench", &sb) != 0)
+        cr_skip_test("GPU engine tools not built (no CUDA)");
+    char out[16384];
+    const char *gen = BIN "/oscar-gpu-generate /nonexistent-model --prompt-tokens /nonexistent.tokens";
+    int rc = run(out, sizeof out, 30, "%s --chunk 0", gen);
+    cr_expect_eq(rc, 2, "--chunk 0: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--chunk"), "message should name --chunk: %s", out);
+    rc = run(out, sizeof out, 30, "%s --chunk 12abc", gen);
+    cr_expect_eq(rc, 2, "--chunk 12abc: exit %d: %s", rc, out);
+    rc = run(out, sizeof out, 30, "%s --prompt-len 1024 --shared-prefix 512 4 3", gen);
+    cr_expect_eq(rc, 2, "a shared prefix without --chunk: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--chunk"), "message should say it needs --chunk: %s", out);
+    rc = run(out, sizeof out, 30, "%s --prompt-len 1024 --chunk 128 --shared-prefix 2048 4 3", gen);
+    cr_expect_eq(rc, 2, "a prefix longer than the prompt: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "not shorter than the prompt"), "message should name the lengths: %s", out);
+    rc = run(out, sizeof out, 30, "%s --chunk 128 --shared-prefix 512 0 3", gen);
+    cr_expect_eq(rc, 2, "0 requests: exit %d: %s", rc, out);
+    const char *bench = BIN "/oscar-e2e-bench";
+    rc = run(out, sizeof out, 30, "%s --chunk -1", bench);
+    cr_expect_eq(rc, 2, "--chunk -1: exit %d: %s", rc, out);
+    rc = run(out, sizeof out, 30, "%s --chunk 9000 --prompt 8192", bench);
+    cr_expect_eq(rc, 2, "a chunk longer than the prompt: exit %d: %s", rc, out);
+    rc = run(out, sizeof out, 30, "%s --shared-prefix 4096 --requests 0", bench);
+    cr_expect_eq(rc, 2, "--requests 0: exit %d: %s", rc, out);
+    rc = run(out, sizeof out, 30, "%s --method bf16 --feedback", bench);
+    cr_expect_eq(rc, 2, "--feedback on BF16: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--feedback"), "message should name --feedback: %s", out);
+}
+
 Test(tools_bad_input, inspect_help_and_non_parameter_file, .timeout = 60) {
     char out[16384], dir[64];
     scratch(dir, sizeof dir);

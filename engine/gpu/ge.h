@@ -7,7 +7,12 @@
  * GEMMs are cuBLAS (bf16 in, fp32 accumulate and output). Prefill: the
  * prompts of a step are concatenated (cu_seqlens); their K/V are appended
  * to the cache and the prompt attends to its own exact bf16 K/V through
- * ge_k_prefill_attention (as the published method does at prefill).
+ * ge_k_prefill_attention (as the published method does at prefill). A
+ * prompt longer than one prefill step (or every prompt, with
+ * chunk_every_prompt) goes in chunks of prefill_chunk tokens: each chunk is
+ * appended and attends over the whole cache so far with oscar_extend (sink,
+ * 2-bit history, recent window as docs/FORMAT.md §5.1 says), which also
+ * serves a shared prefix (pages referenced, not copied; ge_sched.h).
  * Decode: oscar_append of one token per sequence, then oscar_decode. */
 #ifndef OSCAR_GE_H
 #define OSCAR_GE_H
@@ -40,6 +45,17 @@ typedef struct ge_options {
     int no_graphs;            /* 1: issue every decode step's launches from the host; 0 (default):
                                  capture a decode step once per (batch size, length bucket) into
                                  a CUDA graph and replay it (docs/API.md, CUDA graphs) */
+    int prefill_chunk;        /* chunked prefill through oscar_extend, at most this many tokens of a
+                                 prompt per step (default 512; clamped to max_prefill_tokens, and
+                                 for 2-bit methods to the recent window W: a longer chunk demotes
+                                 its own first tokens before they are attended; ge_engine_notes).
+                                 Prompts that fit one step (max_prefill_tokens) are prefilled
+                                 whole with exact attention unless chunk_every_prompt. 0: no
+                                 chunks (longer prompts are refused) */
+    int chunk_every_prompt;   /* 1: every prompt in chunks, also those that fit one step */
+    int synth_feedback;       /* 1: built-in oscar2 / oscar2-lm parameters plus synthetic
+                                 error-feedback weights of calibrated magnitude (|F| <= 0.2), so a
+                                 random-weight model pays the write path of calibrated parameters */
 } ge_options;
 
 void ge_options_default(ge_options *o);
@@ -63,13 +79,22 @@ const char *ge_engine_variant(const ge_engine *e);
 /* Decode steps replayed from CUDA graphs so far (0 with no_graphs). */
 int64_t ge_engine_graph_replays(const ge_engine *e);
 const char *ge_engine_device(const ge_engine *e);
+/* Prefill chunk in use (0: none), after clamping. */
+int ge_engine_chunk(const ge_engine *e);
+/* What the engine changed in its options and why ("" if nothing), e.g. a
+ * chunk clamped to the recent window. */
+const char *ge_engine_notes(const ge_engine *e);
 /* Device memory the engine allocated: weights, KV pools, workspace, activations. */
 void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *workspace, size_t *activations);
 
 /* One forward step over the sequences in slots[0..n): sequence i brings
  * n_new[i] tokens (tokens concatenated). All n_new == 1: a decode step
- * (oscar_append + oscar_decode). Otherwise a prefill step: every sequence
- * must start empty and bring its whole prompt. next[i] gets the greedy
+ * (oscar_append + oscar_decode). Otherwise a prefill step: when every
+ * sequence starts empty (and not chunk_every_prompt) its tokens attend
+ * exactly among themselves; else (prefill_chunk > 0) sequences may hold
+ * tokens already and the new ones attend over the cache (oscar_append +
+ * oscar_extend; a first chunk of at most W tokens sees only 16-bit rows
+ * either way). next[i] gets the greedy
  * token after each sequence's last new token; logits (host, [n][vocab],
  * may be NULL) their logits. Advances the scheduler. */
 oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
@@ -85,9 +110,13 @@ oscar_status ge_sync_check(ge_engine *e);
  * [n_req][max_new] tokens; logits (may be NULL) [n_req][max_new][vocab].
  * stepwise: prompts go through decode steps one token at a time instead of
  * the prefill path (every query then reads the cache, as the CPU engine's
- * KV hook does). */
+ * KV hook does). Prompts longer than max_prefill_tokens (all, with
+ * chunk_every_prompt) go in chunks of prefill_chunk tokens.
+ * prefix_len > 0: every prompt starts with the same prefix_len tokens,
+ * which are prefilled once and shared (the suffixes go in chunks; the
+ * prefix holds one slot until every request is admitted). */
 oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts, const int32_t *prompt_lens,
-                         int max_new, int stepwise, int32_t *out, float *logits, ge_gen_stats *st);
+                         int max_new, int stepwise, int prefix_len, int32_t *out, float *logits, ge_gen_stats *st);
 
 /* Diagnostics (oscar-gpu-generate --debug-layers). While set, ge_step
  * synchronizes after each stage and hands a host fp32 copy of the device

@@ -83,6 +83,8 @@ struct ge_engine {
     size_t mem_weights, mem_kv, mem_ws, mem_act;
     ge_sched sched;
     int64_t steps;
+    int chunk;        /* prefill chunk in use (options, clamped); 0: exact whole-prompt prefill */
+    char notes[256];  /* what the engine changed in its options (ge_engine_notes) */
     /* Decode-step graphs, one per (batch size, length bucket), oldest evicted. */
     struct ge_graph {
         int n, bucket;
@@ -110,6 +112,7 @@ void ge_options_default(ge_options *o)
     o->sink = 64;
     o->recent = 256;
     o->check_every = 64;
+    o->prefill_chunk = 512;
 }
 
 static oscar_status dalloc(ge_engine *e, void **p, size_t bytes, size_t *counter, const char *what)
@@ -166,6 +169,8 @@ const ge_kv_plan *ge_engine_kv(const ge_engine *e) { return &e->kv; }
 const char *ge_engine_variant(const ge_engine *e) { return oscar_plan_variant(e->plan); }
 int64_t ge_engine_graph_replays(const ge_engine *e) { return e->graph_replays; }
 const char *ge_engine_device(const ge_engine *e) { return oscar_runtime_device(e->rt); }
+int ge_engine_chunk(const ge_engine *e) { return e->chunk; }
+const char *ge_engine_notes(const ge_engine *e) { return e->notes; }
 
 void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *workspace, size_t *activations)
 {
@@ -189,6 +194,27 @@ void ge_layout_make(const oe_config *c, const ge_options *o, oscar_layout_desc *
     l->method = o->method;
 }
 
+/* Error-feedback weights for built-in parameters: strictly upper triangular,
+ * |F| <= 0.2, decaying away from the diagonal (calibrated files hold up to
+ * ~0.6, oscar-inspect "fb max"), the same for every layer, K and V. The
+ * write path's cost does not depend on the values; the formula is
+ * perf/gpu/bench_attention.cu's (OSCAR_BENCH_FB), so the figures compare. */
+static oscar_status synth_feedback(oscar_params *p, const oe_config *c)
+{
+    const int d = c->head_dim;
+    float *F = calloc((size_t)d * (size_t)d, sizeof *F);
+    if (!F) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int j = 0; j < d; j++)
+        for (int k = j + 1; k < d; k++)
+            F[(size_t)j * d + k] = 0.2f * sinf(0.37f * (float)j + 1.3f * (float)k) / (float)(1 + (k - j) / 8);
+    oscar_status s = OSCAR_OK;
+    for (int l = 0; l < c->num_layers && s == OSCAR_OK; l++)
+        for (int kv = 0; kv < 2 && s == OSCAR_OK; kv++) s = oscar_params_set_feedback(p, l, 0, (oscar_kv)kv, F);
+    free(F);
+    if (s != OSCAR_OK) return ge_set_error(s, "ge: synthetic feedback weights: %s", oscar_last_error());
+    return OSCAR_OK;
+}
+
 /* Everything except the weights: runtime, plan, pools, workspace, activations, scheduler. */
 static oscar_status setup_common(ge_engine *e)
 {
@@ -198,6 +224,28 @@ static oscar_status setup_common(ge_engine *e)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: max_batch %d, max_seq_len %d, max_prefill_tokens %d "
                             "and mlp_chunk %d must be positive", o->max_batch, o->max_seq_len,
                             o->max_prefill_tokens, o->mlp_chunk);
+    if (o->prefill_chunk < 0 || (o->chunk_every_prompt && o->prefill_chunk == 0))
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: prefill_chunk %d must be >= 0 (0: no chunks), and > 0 "
+                            "with chunk_every_prompt", o->prefill_chunk);
+    /* oscar_extend on GPUs takes at most 65535 query tokens per call. */
+    if (o->prefill_chunk > 0 && o->max_prefill_tokens > 65535)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: chunked prefill takes at most 65535 tokens per step "
+                            "(oscar_extend); max_prefill_tokens is %d", o->max_prefill_tokens);
+    if (o->synth_feedback && (o->params_path || (o->method != OSCAR_METHOD_OSCAR2 && o->method != OSCAR_METHOD_OSCAR2_LM)))
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge: synthetic feedback weights go with the built-in oscar2 / "
+                            "oscar2-lm parameters (method %s%s)", oscar_method_name(o->method),
+                            o->params_path ? ", and a parameter file was given" : "");
+    e->chunk = o->prefill_chunk < o->max_prefill_tokens ? o->prefill_chunk : o->max_prefill_tokens;
+    /* Append, then attend: a chunk longer than the recent window demotes its
+     * own first tokens into 2 bits before they are attended (docs/EVAL.md). */
+    if (e->chunk > 0 && o->method != OSCAR_METHOD_BF16 && e->chunk > o->recent) {
+        e->chunk = o->recent > 0 ? o->recent : 1;
+        snprintf(e->notes, sizeof e->notes, "prefill chunk %d clamped to %d, the recent window: a longer chunk "
+                 "demotes its own first tokens to 2 bits before they are attended", o->prefill_chunk, e->chunk);
+    } else if (e->chunk != o->prefill_chunk) {
+        snprintf(e->notes, sizeof e->notes, "prefill chunk %d clamped to max_prefill_tokens %d", o->prefill_chunk,
+                 e->chunk);
+    }
     if (c->head_dim != 64 && c->head_dim != 128 && c->head_dim != 256)
         return ge_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "ge: head_dim %d; the GPU engine runs 64, 128 or 256",
                             c->head_dim);
@@ -238,6 +286,7 @@ static oscar_status setup_common(ge_engine *e)
     } else {
         OS(oscar_params_create_builtin(o->method, c->num_layers, c->num_q_heads, c->num_kv_heads, c->head_dim,
                                        &e->prm));
+        if (o->synth_feedback) GE(synth_feedback(e->prm, c));
     }
     oscar_layout_desc *l = &e->layout;
     ge_layout_make(c, o, l);
@@ -263,7 +312,8 @@ static oscar_status setup_common(ge_engine *e)
     }
     e->max_S = o->max_batch;
     e->max_T = o->max_prefill_tokens > o->max_batch ? o->max_prefill_tokens : o->max_batch;
-    OS(oscar_plan_workspace_bytes(e->plan, e->max_S, o->max_seq_len, &e->ws_bytes));
+    /* oscar_extend wants the workspace for its query tokens (docs/API.md). */
+    OS(oscar_plan_workspace_bytes(e->plan, e->chunk > 0 ? e->max_T : e->max_S, o->max_seq_len, &e->ws_bytes));
     GE(dalloc(e, &e->ws, e->ws_bytes, &e->mem_ws, "liboscar workspace"));
     OS(oscar_plan_workspace_init(e->plan, e->ws, e->st));
     GE(ge_sched_init(&e->sched, l, e->kv.num_pages, o->max_batch));
@@ -281,7 +331,7 @@ static oscar_status setup_common(ge_engine *e)
     GE(dalloc(e, &e->kb, T * kvd * 2, ma, "k bf16"));
     GE(dalloc(e, &e->vb, T * kvd * 2, ma, "v bf16"));
     GE(dalloc(e, &e->attn, T * qd * w, ma, "attention output"));
-    GE(dalloc(e, &e->attn16, S * qd * 2, ma, "decode output"));
+    GE(dalloc(e, &e->attn16, (e->chunk > 0 ? T : S) * qd * 2, ma, "decode / extend output"));
     GE(dalloc(e, (void **)&e->gu, MC * 2 * FF * 4, ma, "gate/up"));
     GE(dalloc(e, &e->act, MC * FF * w, ma, "SwiGLU"));
     GE(dalloc(e, (void **)&e->last, S * H * 4, ma, "last rows"));
@@ -636,7 +686,7 @@ oscar_status ge_debug_weights(ge_engine *e, const oe_model *m, FILE *f, double *
 /* The device work of one step: embedding, every layer (append + attention),
  * final norm, LM head, argmax into d_next. Only launches on e->st: a decode
  * step's call is captured into a graph (replay_decode). */
-static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int max_new, const oscar_batch *bp)
+static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend, int max_new, const oscar_batch *bp)
 {
     const oe_config *c = &e->cfg;
     const oscar_batch b = *bp;
@@ -665,6 +715,22 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int max_new
             void *o = f32 ? e->attn16 : e->attn;
             OS(oscar_decode(e->plan, li, &e->caches[li], &b, e->qb, 0, o, 0, scale, 0, e->ws, e->ws_bytes, e->st));
             if (f32) KL(ge_k_bf16_to_f32(e->attn, e->attn16, (size_t)n * qd, e->st));
+        } else if (extend) {
+            /* Chunked prefill: the new tokens attend over the whole cache. */
+            oscar_attn_args a;
+            oscar_attn_args_default(&a);
+            a.cu_q = e->d_cu;
+            a.total_q = Ti;
+            a.max_q_len = max_new;
+            a.q = e->qb;
+            a.out = f32 ? e->attn16 : e->attn;
+            a.out_bytes = (size_t)T * qd * 2;
+            a.sm_scale = scale;
+            a.workspace = e->ws;
+            a.workspace_bytes = e->ws_bytes;
+            a.stream = e->st;
+            OS(oscar_extend(e->plan, li, &e->caches[li], &b, &a));
+            if (f32) KL(ge_k_bf16_to_f32(e->attn, e->attn16, (size_t)T * qd, e->st));
         } else {
             KL(ge_k_prefill_attention(e->attn, f32, e->q32, e->kb, e->vb, e->d_cu, n, max_new, Hq, Hkv, d, scale,
                                       e->st));
@@ -711,7 +777,7 @@ static oscar_status replay_decode(ge_engine *e, int n, int max_len)
         cudaGraph_t graph;
         oscar_batch b = make_batch(e, n, bucket);
         CU(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeThreadLocal));
-        oscar_status s = forward(e, n, n, 1, 1, &b);
+        oscar_status s = forward(e, n, n, 1, 0, 1, &b);
         cudaError_t ce = cudaStreamEndCapture(e->st, &graph);
         if (s != OSCAR_OK) {
             if (ce == cudaSuccess) cudaGraphDestroy(graph);
@@ -757,11 +823,17 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
     for (int i = 0; i < n; i++)
         if (slots[i] < 0 || slots[i] >= e->sched.num_slots)
             return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: slot %d out of range", slots[i]);
-    for (int i = 0; i < n && !decode; i++)
-        if (e->sched.slots[slots[i]].len != 0)
-            return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; a prefill step "
-                                "takes whole prompts (feed continuations one token at a time)", slots[i],
-                                e->sched.slots[slots[i]].len);
+    /* A prefill step attends exactly among its own tokens when every
+     * sequence starts empty; over the cache with oscar_extend otherwise. */
+    int extend = !decode && e->chunk > 0 && e->opt.chunk_every_prompt;
+    for (int i = 0; i < n && !decode && !extend; i++)
+        if (e->sched.slots[slots[i]].len != 0) {
+            if (e->chunk == 0)
+                return ge_set_error(OSCAR_ERR_UNSUPPORTED, "ge_step: slot %d already holds %d tokens; with "
+                                    "prefill_chunk 0 a prefill step takes whole prompts (feed continuations one "
+                                    "token at a time)", slots[i], e->sched.slots[slots[i]].len);
+            extend = 1;
+        }
     for (int64_t t = 0; t < T; t++)
         if (tokens[t] < 0 || tokens[t] >= c->vocab)
             return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: token %lld is %d, outside the vocabulary of %d",
@@ -783,7 +855,7 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
         GE(replay_decode(e, n, max_len));
     } else {
         oscar_batch b = make_batch(e, n, max_len);
-        GE(forward(e, n, (int)T, decode, max_new, &b));
+        GE(forward(e, n, (int)T, decode, extend, max_new, &b));
     }
     CU(cudaMemcpyAsync(next, e->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, e->st));
     if (logits)
@@ -825,15 +897,36 @@ static oscar_status step_cb(void *user, int n, const int32_t *slots, const int32
     return ge_step((ge_engine *)user, n, slots, n_new, tokens, next, logits);
 }
 
+/* A request sharing a prefix starts from a copy of the prefix's window slot
+ * (sink and recent rows) and of its partly written last page; the full
+ * pages are shared through the block table (ge_sched_admit). */
+static oscar_status fork_cb(void *user, int32_t src_slot, int32_t dst_slot, int32_t src_page, int32_t dst_page)
+{
+    ge_engine *e = user;
+    const size_t wb = e->kv.window_slot_bytes, pb = e->kv.page_bytes;
+    for (int li = 0; li < e->cfg.num_layers; li++) {
+        const oscar_cache *c = &e->caches[li];
+        if (wb && c->windows)
+            CU(cudaMemcpyAsync((char *)c->windows + (size_t)dst_slot * wb, (const char *)c->windows + (size_t)src_slot * wb,
+                               wb, cudaMemcpyDeviceToDevice, e->st));
+        if (src_page >= 0)
+            CU(cudaMemcpyAsync((char *)c->pages + (size_t)dst_page * pb, (const char *)c->pages + (size_t)src_page * pb,
+                               pb, cudaMemcpyDeviceToDevice, e->st));
+    }
+    return OSCAR_OK;
+}
+
 oscar_status ge_generate(ge_engine *e, int n_req, const int32_t *const *prompts, const int32_t *prompt_lens,
-                         int max_new, int stepwise, int32_t *out, float *logits, ge_gen_stats *st)
+                         int max_new, int stepwise, int prefix_len, int32_t *out, float *logits, ge_gen_stats *st)
 {
     if (!e) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_generate: NULL engine");
     for (int r = 0; prompt_lens && r < n_req; r++)
-        if (!stepwise && prompt_lens[r] > e->opt.max_prefill_tokens)
-            return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_generate: prompt %d has %d tokens, max_prefill_tokens is %d",
-                                r, prompt_lens[r], e->opt.max_prefill_tokens);
-    GE(ge_run_requests(&e->sched, step_cb, e, e->cfg.vocab, e->opt.max_prefill_tokens, n_req, prompts, prompt_lens,
-                       max_new, stepwise, out, logits, st));
+        if (!stepwise && e->chunk == 0 && prompt_lens[r] > e->opt.max_prefill_tokens)
+            return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_generate: prompt %d has %d tokens, max_prefill_tokens is %d "
+                                "(set prefill_chunk for longer prompts)", r, prompt_lens[r], e->opt.max_prefill_tokens);
+    ge_run_opts ro = {.step = step_cb, .fork = fork_cb, .user = e, .vocab = e->cfg.vocab,
+                      .max_prefill_tokens = e->opt.max_prefill_tokens, .stepwise = stepwise, .chunk = e->chunk,
+                      .chunk_every_prompt = e->opt.chunk_every_prompt, .prefix_len = prefix_len};
+    GE(ge_run_requests(&e->sched, &ro, n_req, prompts, prompt_lens, max_new, out, logits, st));
     return ge_sync_check(e);
 }

@@ -119,8 +119,8 @@ oscar_status ge_pages_init(ge_pages *a, int32_t capacity)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_pages_init: NULL allocator or %d pages", capacity);
     memset(a, 0, sizeof *a);
     a->free_ids = malloc(((size_t)capacity + 1) * sizeof *a->free_ids);
-    a->in_use = calloc((size_t)capacity + 1, 1);
-    if (!a->free_ids || !a->in_use) {
+    a->refs = calloc((size_t)capacity + 1, sizeof *a->refs);
+    if (!a->free_ids || !a->refs) {
         ge_pages_release(a);
         return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_pages_init: out of host memory for %d pages", capacity);
     }
@@ -135,7 +135,7 @@ void ge_pages_release(ge_pages *a)
 {
     if (!a) return;
     free(a->free_ids);
-    free(a->in_use);
+    free(a->refs);
     memset(a, 0, sizeof *a);
 }
 
@@ -148,29 +148,57 @@ oscar_status ge_pages_alloc(ge_pages *a, int32_t n, int32_t *out)
                             a->n_free, a->capacity);
     for (int32_t i = 0; i < n; i++) {
         int32_t id = a->free_ids[--a->n_free];
-        a->in_use[id] = 1;
+        a->refs[id] = 1;
         out[i] = id;
     }
     return OSCAR_OK;
 }
 
-oscar_status ge_pages_free(ge_pages *a, int32_t n, const int32_t *ids)
+/* Every id in range and in use, none listed twice. */
+static oscar_status check_held(const ge_pages *a, int32_t n, const int32_t *ids, const char *fn)
 {
     if (!a || n < 0 || (n && !ids))
-        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_pages_free: NULL argument or %d pages", n);
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: NULL argument or %d pages", fn, n);
     for (int32_t i = 0; i < n; i++) {
-        if (ids[i] < 0 || ids[i] >= a->capacity || !a->in_use[ids[i]])
-            return ge_set_error(OSCAR_ERR_BLOCK_TABLE, "ge_pages_free: page %d is out of range or not in use "
-                                "(double free?)", ids[i]);
+        if (ids[i] < 0 || ids[i] >= a->capacity || a->refs[ids[i]] <= 0)
+            return ge_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: page %d is out of range or not in use (double free?)",
+                                fn, ids[i]);
         for (int32_t j = 0; j < i; j++)
-            if (ids[j] == ids[i])
-                return ge_set_error(OSCAR_ERR_BLOCK_TABLE, "ge_pages_free: page %d listed twice", ids[i]);
-    }
-    for (int32_t i = 0; i < n; i++) {
-        a->in_use[ids[i]] = 0;
-        a->free_ids[a->n_free++] = ids[i];
+            if (ids[j] == ids[i]) return ge_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: page %d listed twice", fn, ids[i]);
     }
     return OSCAR_OK;
+}
+
+oscar_status ge_pages_ref(ge_pages *a, int32_t n, const int32_t *ids)
+{
+    oscar_status st = check_held(a, n, ids, "ge_pages_ref");
+    if (st != OSCAR_OK) return st;
+    for (int32_t i = 0; i < n; i++)
+        if (a->refs[ids[i]] == INT32_MAX)
+            return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_pages_ref: page %d has too many holders", ids[i]);
+    for (int32_t i = 0; i < n; i++) a->refs[ids[i]]++;
+    return OSCAR_OK;
+}
+
+oscar_status ge_pages_free(ge_pages *a, int32_t n, const int32_t *ids)
+{
+    oscar_status st = check_held(a, n, ids, "ge_pages_free");
+    if (st != OSCAR_OK) return st;
+    for (int32_t i = 0; i < n; i++)
+        if (--a->refs[ids[i]] == 0) a->free_ids[a->n_free++] = ids[i];
+    return OSCAR_OK;
+}
+
+int32_t ge_shared_pages(const oscar_layout_desc *l, int64_t len)
+{
+    if (!l || l->page_size <= 0 || len <= 0) return 0;
+    /* Rows of the 2-bit history are final once written (positions
+     * S0 .. len-W-1); the BF16 method writes every position to its page
+     * (FORMAT.md §3.3; engine/ sees only the public header). */
+    int64_t rows = l->method == OSCAR_METHOD_BF16 ? len : len - l->sink - l->recent;
+    if (rows <= 0) return 0;
+    int64_t full = rows / l->page_size;
+    return full > INT32_MAX ? INT32_MAX : (int32_t)full;
 }
 
 /* -------------------------------------------------------------- scheduler */
@@ -216,18 +244,28 @@ static int64_t pages_for(const ge_sched *s, int64_t len)
     return p;
 }
 
-oscar_status ge_sched_submit(ge_sched *s, int32_t prompt_len, int32_t max_new, int32_t *id)
+static oscar_status submit(ge_sched *s, int32_t prefix, int32_t prompt_len, int32_t max_new, int32_t *id)
 {
     if (!s || prompt_len <= 0 || max_new < 0)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_submit: prompt of %d tokens, %d new", prompt_len,
                             max_new);
-    int64_t target = (int64_t)prompt_len + max_new;
+    int64_t target = (int64_t)prompt_len + max_new, shared = 0;
+    if (prefix >= 0) {
+        if (prefix >= s->n_reqs || s->reqs[prefix].max_new != 0 || s->reqs[prefix].prefix >= 0)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_submit_shared: request %d is not a prefix "
+                                "(a queued request of its own prompt and no generated tokens)", prefix);
+        if (s->reqs[prefix].prompt_len >= prompt_len)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_submit_shared: the prefix of %d tokens is not "
+                                "shorter than the prompt of %d; the request needs a token of its own",
+                                s->reqs[prefix].prompt_len, prompt_len);
+        shared = ge_shared_pages(&s->layout, s->reqs[prefix].prompt_len);
+    }
     if (target > s->layout.max_seq_len)
         return ge_set_error(OSCAR_ERR_TOO_LONG, "ge_sched_submit: %lld tokens exceed max_seq_len %d",
                             (long long)target, s->layout.max_seq_len);
-    if (pages_for(s, target) > s->pages.capacity)
+    if (pages_for(s, target) - shared > s->pages.capacity)
         return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_sched_submit: %lld tokens need %lld pages, the pool "
-                            "has %d; raise the KV budget", (long long)target, (long long)pages_for(s, target),
+                            "has %d; raise the KV budget", (long long)target, (long long)(pages_for(s, target) - shared),
                             s->pages.capacity);
     if (s->n_reqs == s->cap_reqs) {
         int32_t cap = s->cap_reqs ? 2 * s->cap_reqs : 64;
@@ -236,10 +274,21 @@ oscar_status ge_sched_submit(ge_sched *s, int32_t prompt_len, int32_t max_new, i
         s->reqs = r;
         s->cap_reqs = cap;
     }
-    s->reqs[s->n_reqs] = (ge_request){prompt_len, max_new, -1, 0};
+    s->reqs[s->n_reqs] = (ge_request){prompt_len, max_new, -1, 0, prefix};
     if (id) *id = s->n_reqs;
     s->n_reqs++;
     return OSCAR_OK;
+}
+
+oscar_status ge_sched_submit(ge_sched *s, int32_t prompt_len, int32_t max_new, int32_t *id)
+{
+    return submit(s, -1, prompt_len, max_new, id);
+}
+
+oscar_status ge_sched_submit_shared(ge_sched *s, int32_t prefix, int32_t prompt_len, int32_t max_new, int32_t *id)
+{
+    if (prefix < 0) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_submit_shared: prefix request %d", prefix);
+    return submit(s, prefix, prompt_len, max_new, id);
 }
 
 oscar_status ge_sched_admit(ge_sched *s, int32_t max_tokens, int32_t *out_slots, int32_t *n)
@@ -249,7 +298,20 @@ oscar_status ge_sched_admit(ge_sched *s, int32_t max_tokens, int32_t *out_slots,
     int64_t tokens = 0;
     while (s->head < s->n_reqs) {
         ge_request *r = &s->reqs[s->head];
-        if (*n > 0 && tokens + r->prompt_len > max_tokens) break;
+        /* A shared request starts from its prefix's cache: the prefix must be
+         * running with its whole prompt in the cache. */
+        const ge_request *pr = r->prefix >= 0 ? &s->reqs[r->prefix] : NULL;
+        int32_t src = -1, from = 0, shared = 0;
+        if (pr) {
+            if (pr->done || (pr->slot >= 0 && s->slots[pr->slot].state == GE_SLOT_FREE))
+                return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_sched_admit: request %d shares the prefix of "
+                                    "request %d, which finished before it was admitted", s->head, r->prefix);
+            if (pr->slot < 0 || s->slots[pr->slot].len != pr->prompt_len) break; /* not prefilled yet */
+            src = pr->slot;
+            from = pr->prompt_len;
+            shared = ge_shared_pages(&s->layout, from);
+        }
+        if (*n > 0 && tokens + r->prompt_len - from > max_tokens) break;
         int32_t slot = -1;
         for (int32_t i = 0; i < s->num_slots; i++)
             if (s->slots[i].state == GE_SLOT_FREE) {
@@ -259,13 +321,25 @@ oscar_status ge_sched_admit(ge_sched *s, int32_t max_tokens, int32_t *out_slots,
         if (slot < 0) break;
         int32_t target = r->prompt_len + r->max_new;
         int32_t np = (int32_t)pages_for(s, target);
-        if (np > s->pages.n_free) break;
+        if (np - shared > s->pages.n_free) break;
         int32_t *row = s->block_table + (size_t)slot * s->stride;
-        if (ge_pages_alloc(&s->pages, np, row) != OSCAR_OK) break;
-        s->slots[slot] = (ge_slot){GE_SEQ_PREFILL, s->head, 0, target, np};
+        const int32_t *src_row = src >= 0 ? s->block_table + (size_t)src * s->stride : NULL;
+        if (ge_pages_alloc(&s->pages, np - shared, row + shared) != OSCAR_OK) break;
+        if (shared) {
+            oscar_status st = ge_pages_ref(&s->pages, shared, src_row);
+            if (st != OSCAR_OK) {
+                ge_pages_free(&s->pages, np - shared, row + shared);
+                for (int32_t j = 0; j < np; j++) row[j] = -1;
+                return st;
+            }
+            memcpy(row, src_row, (size_t)shared * sizeof *row);
+        }
+        /* The prefix's last page, if partly written, is copied into ours. */
+        int32_t fork_page = src >= 0 && pages_for(s, from) > shared ? shared : -1;
+        s->slots[slot] = (ge_slot){GE_SEQ_PREFILL, s->head, from, target, np, shared, src, fork_page};
         r->slot = slot;
         out_slots[(*n)++] = slot;
-        tokens += r->prompt_len;
+        tokens += r->prompt_len - from;
         s->running++;
         s->head++;
     }
@@ -338,17 +412,19 @@ oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len)
 #define BAD(...)                                                                                       \
     do {                                                                                               \
         if (msg && msg_len) snprintf(msg, msg_len, __VA_ARGS__);                                       \
-        free(owner);                                                                                   \
+        free(holders);                                                                                 \
+        free(seen);                                                                                    \
         return OSCAR_ERR_INTERNAL;                                                                     \
     } while (0)
     int32_t cap = s->pages.capacity;
-    int32_t *owner = malloc(((size_t)cap + 1) * sizeof *owner);
-    if (!owner) {
+    /* holders[id]: running slots whose row names page id; seen[id]: last slot + 1 that named it. */
+    int32_t *holders = calloc((size_t)cap + 1, sizeof *holders), *seen = calloc((size_t)cap + 1, sizeof *seen);
+    if (!holders || !seen) {
+        free(holders);
+        free(seen);
         if (msg && msg_len) snprintf(msg, msg_len, "out of memory");
         return OSCAR_ERR_OUT_OF_MEMORY;
     }
-    for (int32_t i = 0; i < cap; i++) owner[i] = -1;
-    int64_t held = 0;
     int32_t running = 0;
     for (int32_t sl = 0; sl < s->num_slots; sl++) {
         const ge_slot *q = &s->slots[sl];
@@ -362,6 +438,20 @@ oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len)
         if (q->n_pages != pages_for(s, q->target)) BAD("slot %d holds %d pages, needs %lld", sl, q->n_pages,
                                                        (long long)pages_for(s, q->target));
         if (q->len > q->target) BAD("slot %d length %d over its reservation %d", sl, q->len, q->target);
+        if (q->n_shared < 0 || q->n_shared > q->n_pages) BAD("slot %d shares %d of its %d pages", sl, q->n_shared,
+                                                             q->n_pages);
+        const ge_request *r = &s->reqs[q->req];
+        if (q->n_shared > 0) {
+            /* Shared pages are the prefix's while the prefix still runs. */
+            if (r->prefix < 0) BAD("slot %d shares pages but its request has no prefix", sl);
+            const ge_request *pr = &s->reqs[r->prefix];
+            if (q->n_shared != ge_shared_pages(&s->layout, pr->prompt_len))
+                BAD("slot %d shares %d pages, its prefix of %d tokens has %d full ones", sl, q->n_shared,
+                    pr->prompt_len, ge_shared_pages(&s->layout, pr->prompt_len));
+            if (!pr->done && pr->slot >= 0 && s->slots[pr->slot].state != GE_SLOT_FREE &&
+                memcmp(row, s->block_table + (size_t)pr->slot * s->stride, (size_t)q->n_shared * sizeof *row))
+                BAD("slot %d's shared pages differ from its prefix's (slot %d)", sl, pr->slot);
+        }
         for (int32_t j = 0; j < s->stride; j++) {
             int32_t id = row[j];
             if (j >= q->n_pages) {
@@ -369,20 +459,27 @@ oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len)
                 continue;
             }
             if (id < 0 || id >= cap) BAD("slot %d entry %d = %d out of range", sl, j, id);
-            if (owner[id] != -1) BAD("page %d held by slots %d and %d", id, owner[id], sl);
-            if (!s->pages.in_use[id]) BAD("page %d held by slot %d but marked free", id, sl);
-            owner[id] = sl;
-            held++;
+            if (seen[id] == sl + 1) BAD("page %d twice in slot %d's block table", id, sl);
+            seen[id] = sl + 1;
+            if (s->pages.refs[id] <= 0) BAD("page %d held by slot %d but marked free", id, sl);
+            holders[id]++;
         }
     }
     if (running != s->running) BAD("%d running slots, counter says %d", running, s->running);
+    int64_t held = 0;
+    for (int32_t id = 0; id < cap; id++) {
+        if (holders[id] != s->pages.refs[id])
+            BAD("page %d has %d holders, its reference count says %d", id, holders[id], s->pages.refs[id]);
+        held += holders[id] > 0;
+    }
     if (held + s->pages.n_free != cap) BAD("%lld pages held + %d free != %d", (long long)held, s->pages.n_free, cap);
     for (int32_t i = 0; i < s->pages.n_free; i++) {
         int32_t id = s->pages.free_ids[i];
-        if (id < 0 || id >= cap || owner[id] != -1 || s->pages.in_use[id]) BAD("free list entry %d = %d is held", i, id);
-        owner[id] = -2;
+        if (id < 0 || id >= cap || s->pages.refs[id] != 0 || seen[id] == -1) BAD("free list entry %d = %d is held", i, id);
+        seen[id] = -1; /* twice in the free list */
     }
-    free(owner);
+    free(holders);
+    free(seen);
     return OSCAR_OK;
 #undef BAD
 }

@@ -6,7 +6,16 @@
  * One page id names the same page in every layer's pool (each layer has its
  * own pool of num_pages pages), so one allocator and one block table serve
  * all layers. The window slot of a running sequence is also its row in the
- * host block table. */
+ * host block table.
+ *
+ * Shared prefixes: pages are reference-counted. A request submitted with
+ * ge_sched_submit_shared names a prefix request (a prompt of its own, no
+ * generated tokens) whose cache it starts from: at admission its block
+ * table takes the prefix's full pages (those no later append of the request
+ * writes: ge_shared_pages) by reference, and the engine copies the prefix's
+ * window slot and its last, partly written page, if any, into the request's
+ * own (ge_slot.fork_src / fork_page). The pages stay until their last
+ * holder finishes. */
 #ifndef OSCAR_GE_SCHED_H
 #define OSCAR_GE_SCHED_H
 
@@ -55,15 +64,25 @@ typedef struct ge_pages {
     int32_t *free_ids; /* stack of free page ids */
     int32_t n_free;
     int32_t capacity;
-    uint8_t *in_use;   /* [capacity], catches double frees */
+    int32_t *refs;     /* [capacity] holders of each page (0: free); catches double frees */
 } ge_pages;
 
 oscar_status ge_pages_init(ge_pages *a, int32_t capacity);
 void ge_pages_release(ge_pages *a);
-/* All or nothing: n ids into out, or OSCAR_ERR_OUT_OF_MEMORY and nothing taken. */
+/* All or nothing: n ids into out (one reference each), or
+ * OSCAR_ERR_OUT_OF_MEMORY and nothing taken. */
 oscar_status ge_pages_alloc(ge_pages *a, int32_t n, int32_t *out);
-/* Refuses ids out of range or not in use (nothing freed then). */
+/* One more holder for each of n pages in use (a shared prefix); all or
+ * nothing: ids out of range, free or listed twice are refused. */
+oscar_status ge_pages_ref(ge_pages *a, int32_t n, const int32_t *ids);
+/* Drops one reference to each page; a page whose last holder lets go goes
+ * back to the free list. Refuses ids out of range, free or listed twice
+ * (nothing dropped then). */
 oscar_status ge_pages_free(ge_pages *a, int32_t n, const int32_t *ids);
+/* Pages of a sequence of len tokens that no later append to it writes (full
+ * pages of the 2-bit history, or of the 16-bit pages of the BF16 method):
+ * what a request continuing from a prefix of len tokens can share. */
+int32_t ge_shared_pages(const oscar_layout_desc *l, int64_t len);
 
 /* -------------------------------------------------------------- scheduler */
 typedef enum ge_seq_state { GE_SLOT_FREE = 0, GE_SEQ_PREFILL = 1, GE_SEQ_DECODE = 2 } ge_seq_state;
@@ -72,14 +91,21 @@ typedef struct ge_request {
     int32_t prompt_len, max_new;
     int32_t slot;   /* -1 until admitted */
     int32_t done;
+    int32_t prefix; /* request whose cache this one starts from (its first prefix_len
+                       prompt tokens), or -1 */
 } ge_request;
 
 typedef struct ge_slot {
     ge_seq_state state;
     int32_t req;      /* request id */
-    int32_t len;      /* tokens in the cache */
+    int32_t len;      /* tokens in the cache (a shared request starts at its prefix's length) */
     int32_t target;   /* prompt_len + max_new: the length reserved */
-    int32_t n_pages;  /* pages held (reserved at admission for target) */
+    int32_t n_pages;  /* pages held (reserved at admission for target), shared ones included */
+    int32_t n_shared; /* the first n_shared of them are the prefix's, held by reference */
+    int32_t fork_src; /* set at admission of a shared request: the prefix's slot, whose
+                         window slot the engine copies into this one; -1 otherwise */
+    int32_t fork_page;/* index in the block table of the prefix's partly written last page,
+                         which the engine copies into this slot's page of that index; -1: none */
 } ge_slot;
 
 typedef struct ge_sched {
@@ -99,12 +125,22 @@ void ge_sched_release(ge_sched *s);
 /* Queues a request; refuses one that could never run (longer than
  * max_seq_len or needing more pages than the pool holds). *id may be NULL. */
 oscar_status ge_sched_submit(ge_sched *s, int32_t prompt_len, int32_t max_new, int32_t *id);
+/* Queues a request whose first tokens are the whole prompt of request
+ * prefix (submitted before, with max_new 0): prompt_len counts them too and
+ * must exceed them (the request needs a token of its own). Refused like
+ * ge_sched_submit, and when prefix is not such a request. */
+oscar_status ge_sched_submit_shared(ge_sched *s, int32_t prefix, int32_t prompt_len, int32_t max_new, int32_t *id);
 /* Admits queued requests in FIFO order while the head fits: a free slot,
  * its pages (reserved for prompt + max_new, so a running sequence never
- * waits for a page), and at most max_tokens prompt tokens in total (the
- * head is always admitted when nothing else was, if it fits). Stops at the
- * first that does not fit (no overtaking). Writes admitted slots to
- * out_slots (capacity num_slots) and their count to *n. */
+ * waits for a page; a shared request takes its prefix's full pages by
+ * reference and needs only the rest), and at most max_tokens prompt tokens
+ * in total (a shared request counts only its own; the head is always
+ * admitted when nothing else was, if it fits). A shared request also waits
+ * until its prefix is in the cache (running, prompt complete); a prefix
+ * that already finished is an error (OSCAR_ERR_INVALID_ARGUMENT). Stops at
+ * the first that does not fit (no overtaking). Writes admitted slots to
+ * out_slots (capacity num_slots) and their count to *n; each shared one
+ * has fork_src / fork_page set for the engine's copies. */
 oscar_status ge_sched_admit(ge_sched *s, int32_t max_tokens, int32_t *out_slots, int32_t *n);
 /* The sequence in slot gained n tokens in the cache. */
 oscar_status ge_sched_advance(ge_sched *s, int32_t slot, int32_t n);
@@ -117,9 +153,11 @@ oscar_status ge_sched_finish(ge_sched *s, int32_t slot);
 oscar_status ge_sched_batch(const ge_sched *s, int32_t n, const int32_t *slots, const int32_t *new_tokens,
                             int32_t *seq_lens, int32_t *window_slots, int32_t *block_table, int32_t *cu_new,
                             int32_t *max_len);
-/* Consistency check: every page either free or held by exactly one running
- * slot, counts agree, block table rows match n_pages. OSCAR_OK or
- * OSCAR_ERR_INTERNAL with the problem written to msg. */
+/* Consistency check: every page either free or held by as many running
+ * slots as its reference count says (one, unless shared), no page twice in
+ * a row, shared pages equal to the prefix's where it still runs, counts
+ * agree, block table rows match n_pages. OSCAR_OK or OSCAR_ERR_INTERNAL
+ * with the problem written to msg. */
 oscar_status ge_sched_check(const ge_sched *s, char *msg, size_t msg_len);
 
 /* ------------------------------------------------------------ request loop */
@@ -134,16 +172,40 @@ typedef struct ge_gen_stats {
  * ([n][vocab], may be NULL) the last rows' logits; advances the scheduler. */
 typedef oscar_status (*ge_step_fn)(void *user, int n, const int32_t *slots, const int32_t *n_new,
                                    const int32_t *tokens, int32_t *next, float *logits);
+/* A shared request was admitted into dst_slot (ge_sched_admit): copy the
+ * prefix's window slot src_slot into dst_slot's and, when src_page >= 0, the
+ * prefix's partly written page src_page into dst_page (every layer). */
+typedef oscar_status (*ge_fork_fn)(void *user, int32_t src_slot, int32_t dst_slot, int32_t src_page,
+                                   int32_t dst_page);
+
+typedef struct ge_run_opts {
+    ge_step_fn step;
+    ge_fork_fn fork;        /* needed with prefix_len > 0 */
+    void *user;             /* passed to step and fork */
+    int vocab;
+    int max_prefill_tokens; /* most prompt tokens admitted for one prefill round */
+    int stepwise;           /* 1: prompts go through decode steps, one token per step */
+    int chunk;              /* > 0: a prompt longer than max_prefill_tokens, and a shared
+                               request's own tokens, go at most chunk tokens per prefill step
+                               (the engine attends them over the cache with oscar_extend);
+                               0: whole prompts in one step */
+    int chunk_every_prompt; /* with chunk > 0: every prompt in chunks, also those that fit one step */
+    int prefix_len;         /* > 0: every prompt starts with the same prefix_len tokens (checked),
+                               prefilled once as a request of its own and shared by reference
+                               (ge_sched_submit_shared); needs chunk > 0 or stepwise */
+} ge_run_opts;
 
 /* Greedy generation of n_req prompts: submitted to s in order, admitted FIFO
- * (at most max_prefill_tokens prompt tokens per prefill step), prefilled
- * (whole prompts in one step, or stepwise: one token per step), then decoded
- * together one token per step; a sequence leaves after max_new tokens and
- * its slot and pages go to the next request, so the batch stays full.
+ * (at most max_prefill_tokens prompt tokens per prefill round), prefilled
+ * (whole prompts in one step, in chunks, or stepwise: one token per step;
+ * a shared prefix first, once), then decoded together one token per step; a
+ * sequence leaves after max_new tokens and its slot and pages go to the
+ * next request, so the batch stays full. A shared prefix's slot is given
+ * back once every request using it has been admitted.
  * out [n_req][max_new]; logits (may be NULL) [n_req][max_new][vocab]. */
-oscar_status ge_run_requests(ge_sched *s, ge_step_fn step, void *user, int vocab, int max_prefill_tokens,
-                             int n_req, const int32_t *const *prompts, const int32_t *prompt_lens, int max_new,
-                             int stepwise, int32_t *out, float *logits, ge_gen_stats *st);
+oscar_status ge_run_requests(ge_sched *s, const ge_run_opts *o, int n_req, const int32_t *const *prompts,
+                             const int32_t *prompt_lens, int max_new, int32_t *out, float *logits,
+                             ge_gen_stats *st);
 
 #ifdef __cplusplus
 }

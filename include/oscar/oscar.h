@@ -195,6 +195,16 @@ OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer
  * rounding = 0). Valid while p lives. */
 OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                              const float **F);
+/* Sets the error-feedback weights of one (layer, KV head, K/V): F is a
+ * row-major head_dim x head_dim fp32 matrix, strictly upper triangular,
+ * finite, |F| <= 16 (what a parameter file may hold). Parameters without
+ * weights get them, zero (nearest rounding) everywhere else. For engines
+ * that compute their own weights, and for benchmarks that want the
+ * write-path cost of calibrated parameters without a calibration. oscar2
+ * and oscar2-lm parameters only; kv_head is ignored unless per_head. Plans
+ * made before keep what they copied. */
+OSCAR_API oscar_status oscar_params_set_feedback(oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                                 const float *F);
 /* Drops the error-feedback weights: the write path then rounds to nearest
  * (an ablation, or for an engine whose write path cannot afford the sequential
  * pass). Plans made before keep what they copied. No-op without weights. */

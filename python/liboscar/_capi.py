@@ -129,6 +129,7 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_params_eigenvalues", S, c_void_p, c_int, c_int, c_int, POINTER(c_double_p))
     _sig(L, "oscar_params_feedback", S, c_void_p, c_int, c_int, c_int, POINTER(c_float_p))
     _sig(L, "oscar_params_clear_feedback", S, c_void_p)
+    _sig(L, "oscar_params_set_feedback", S, c_void_p, c_int, c_int, c_int, POINTER(c_float))
     _sig(L, "oscar_params_clip", S, c_void_p, c_int, c_int, POINTER(c_float))
     _sig(L, "oscar_params_set_clip", S, c_void_p, c_int, c_int, c_float)
     _sig(L, "oscar_params_clip_head", S, c_void_p, c_int, c_int, c_int, POINTER(c_float))

@@ -376,6 +376,17 @@ class Params:
     def clear_feedback(self) -> None:
         _check(lib.oscar_params_clear_feedback(self._h))
 
+    def set_feedback(self, layer: int, F, which: str = "k", kv_head: int = 0) -> None:
+        """Sets error-feedback weights (d x d, strictly upper triangular, finite,
+        |F| <= 16; oscar2 / oscar2-lm parameters): weights of your own, or
+        synthetic ones to time the write path."""
+        d = self.info.head_dim
+        f = np.ascontiguousarray(F, dtype=np.float32)
+        if f.shape != (d, d):
+            raise ValueError(f"F: shape {f.shape}, expected ({d}, {d})")
+        _check(lib.oscar_params_set_feedback(self._h, layer, kv_head, _KV[which],
+                                             f.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
+
     def orthogonality_error(self, layer: int, which: str = "k", kv_head: int = 0) -> float:
         e = ctypes.c_double()
         _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _KV[which], ctypes.byref(e)))

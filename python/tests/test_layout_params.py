@@ -54,6 +54,16 @@ def test_builtin_params():
     np.testing.assert_array_equal(i.rotation(0, "k"), np.eye(64, dtype=np.float32))
     o = liboscar.Params.builtin("oscar2", 1, 8, 2, 128)
     assert (o.clip(0, "k"), o.clip(0, "v")) == (pytest.approx(0.96), pytest.approx(0.92))
+    F = np.triu(np.random.default_rng(0).uniform(-0.5, 0.5, (128, 128)), 1).astype(np.float32)
+    o.set_feedback(0, F, "v")
+    np.testing.assert_array_equal(o.feedback(0, "v"), F)
+    assert not o.feedback(0, "k").any(), "the others round to nearest (zero weights)"
+    with pytest.raises(liboscar.OscarError, match="diagonal"):
+        o.set_feedback(0, F + np.eye(128, dtype=np.float32), "k")
+    with pytest.raises(ValueError, match="shape"):
+        o.set_feedback(0, F[:64], "k")
+    with pytest.raises(liboscar.OscarError, match="oscar2"):
+        p.set_feedback(0, F)
 
 
 def test_calibrated_file_and_round_trip(tmp_path):

@@ -5,6 +5,21 @@
  *   oscar-e2e-bench [--method bf16|oscar2|int2|...] [--shape qwen3-8b|qwen3-32b] [--budget-gb G]
  *       [--prompt P] [--gen N] [--batch B] [--max-batch-cap C] [--real-prefill R] [--time-limit S]
  *       [--long 32768,131072] [--long-steps K] [--layers L] [--no-graphs] [--md FILE]
+ *       [--chunk C] [--feedback] [--shared-prefix P --requests N --suffix S]
+ *
+ * --chunk C: the real prefill goes in chunks of C tokens (oscar_append,
+ * then oscar_extend over the whole cache; clamped to the recent window for
+ * 2-bit methods), so its prefill tok/s is that of chunked prefill.
+ * --feedback: oscar2 / oscar2-lm with synthetic error-feedback weights
+ * (ge_options.synth_feedback), the write path of calibrated parameters; the
+ * default rounds to nearest (the built-in parameters have no weights).
+ * --shared-prefix P: instead of the runs above, N requests (--requests,
+ * default 16) whose prompts share P random tokens and continue with S own
+ * ones (--suffix, default 512), through N + 1 slots, --gen tokens each,
+ * chunked prefill (--chunk, default 512): once with the prefix stored once
+ * and referenced by every request, once with each request prefilling its
+ * whole prompt. Rows: effective prefill tok/s (all prompt tokens served /
+ * prefill time) and the requests' KV bytes.
  *
  * Decode steps are replayed from CUDA graphs unless --no-graphs. Each row
  * also gives the roofline step: the bytes a step must read (weights but the
@@ -79,6 +94,7 @@ typedef struct run_result {
     double tok_s, tpot_ms, prefill_tok_s, fill_s, peak_gib, kv_gib, bits;
     double roofline_ms; /* bytes a decode step must read (weights + KV at the mean length) / copy bandwidth */
     int truncated;
+    int chunk;          /* prefill chunk in use (0: exact whole-prompt prefill) */
 } run_result;
 
 /* Device-to-device copy bandwidth (bytes read + written per second), the
@@ -114,6 +130,15 @@ static double g_copy_bw;
 
 static FILE *g_md;
 
+static void md_line(const char *line)
+{
+    fputs(line, stdout);
+    if (g_md) {
+        fputs(line, g_md);
+        fflush(g_md);
+    }
+}
+
 static void md(const char *method, const char *run, run_result *r, int context)
 {
     char pf[32] = "-";
@@ -123,17 +148,15 @@ static void md(const char *method, const char *run, run_result *r, int context)
              method, run, r->truncated ? " (decode stopped early)" : "", context, r->batch, r->bits, r->tok_s,
              r->tpot_ms, r->roofline_ms, r->roofline_ms > 0 ? r->tpot_ms / r->roofline_ms : 0.0, pf, r->kv_gib,
              r->peak_gib);
-    fputs(line, stdout);
-    if (g_md) {
-        fputs(line, g_md);
-        fflush(g_md);
-    }
+    md_line(line);
 }
 
 /* One engine, `batch` sequences of prompt + gen tokens. */
 static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen, int real_prefill, double time_limit,
                uint64_t seed, run_result *r)
 {
+    /* Prefill chunk in use (the engine may clamp the option). */
+    int chunk = 0;
     memset(r, 0, sizeof *r);
     o.max_batch = batch;
     o.max_seq_len = prompt + gen;
@@ -149,6 +172,10 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
                     "GiB, activations %.2f GiB; variant %s\n",
             now_s() - t0, mw / 1073741824.0, mk / 1073741824.0, ge_engine_kv(e)->num_pages,
             ge_engine_kv(e)->num_slots, mws / 1073741824.0, ma / 1073741824.0, ge_engine_variant(e));
+    if (o.chunk_every_prompt && *ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
+    /* The real prefill goes in chunks with --chunk, or when it does not fit one step. */
+    chunk = o.chunk_every_prompt || prompt > o.max_prefill_tokens ? ge_engine_chunk(e) : 0;
+    r->chunk = chunk;
     r->kv_gib = mk / 1073741824.0;
     oscar_layout_desc l;
     ge_layout_make(c, &o, &l);
@@ -186,15 +213,21 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
             st = st * 6364136223846793005ull + 1442695040888963407ull;
             tok[j] = (int32_t)((st >> 33) % (uint64_t)c->vocab);
         }
-        if (ge_step(e, 1, &slots[i], &prompt, tok, nx, NULL) != OSCAR_OK) {
-            fprintf(stderr, "oscar-e2e-bench: real prefill: %s\n", ge_last_error());
-            goto out;
+        /* Whole, or chunk by chunk, each attending over the cache so far. */
+        for (int at = 0; at < prompt;) {
+            int take = chunk > 0 && prompt - at > chunk ? chunk : prompt - at;
+            if (ge_step(e, 1, &slots[i], &take, tok + at, nx, NULL) != OSCAR_OK) {
+                fprintf(stderr, "oscar-e2e-bench: real prefill: %s\n", ge_last_error());
+                goto out;
+            }
+            at += take;
         }
     }
     if (real_prefill) {
         r->real_prefill = real_prefill;
         r->prefill_tok_s = (double)real_prefill * prompt / (now_s() - tp);
-        fprintf(stderr, "real prefill: %d x %d tokens, %.0f tokens/s\n", real_prefill, prompt, r->prefill_tok_s);
+        fprintf(stderr, "real prefill: %d x %d tokens%s, %.0f tokens/s\n", real_prefill, prompt,
+                chunk ? " in chunks" : "", r->prefill_tok_s);
     }
     tp = now_s();
     for (int i = real_prefill; i < batch; i++)
@@ -256,12 +289,96 @@ out:
     return rc;
 }
 
+/* N requests of prefix + suffix random tokens, gen tokens each, through
+ * N + 1 slots with chunked prefill; share: the prefix prefilled once and
+ * its pages referenced (ge_generate's prefix_len), else every request
+ * prefills its whole prompt. One row. */
+static int run_shared(const oe_config *c, ge_options o, int prefix, int suffix, int n_req, int gen, int share,
+                      const char *label)
+{
+    o.max_batch = n_req + 1;
+    o.max_seq_len = prefix + suffix + gen;
+    o.chunk_every_prompt = 1; /* shared or not, every prompt in chunks */
+    ge_engine *e = NULL;
+    if (ge_create_random(c, 3, &o, &e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        return 1;
+    }
+    if (*ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
+    char run_label[256];
+    snprintf(run_label, sizeof run_label, "%s, prefill in chunks of %d", label, ge_engine_chunk(e));
+    label = run_label;
+    const int plen = prefix + suffix;
+    int32_t **pr = calloc((size_t)n_req, sizeof *pr), *lens = malloc((size_t)n_req * 4);
+    int32_t *out = malloc((size_t)n_req * gen * 4);
+    int rc = 1;
+    if (!pr || !lens || !out) goto out;
+    uint64_t st = 977;
+    for (int r = 0; r < n_req; r++) {
+        lens[r] = plen;
+        if (!(pr[r] = malloc((size_t)plen * 4))) goto out;
+        for (int j = 0; j < plen; j++) {
+            st = st * 6364136223846793005ull + 1442695040888963407ull;
+            pr[r][j] = j < prefix && r > 0 ? pr[0][j] : (int32_t)((st >> 33) % (uint64_t)c->vocab);
+        }
+    }
+    ge_gen_stats gs;
+    if (ge_generate(e, n_req, (const int32_t *const *)pr, lens, gen, 0, share ? prefix : 0, out, NULL, &gs) !=
+        OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        goto out;
+    }
+    /* KV bytes the requests hold: their pages (the prefix's full pages once
+     * when shared) and window slots, all layers. */
+    oscar_layout_desc l;
+    ge_layout_make(c, &o, &l);
+    int64_t pages_req, pages_pfx;
+    oscar_layout_pages_for(&l, o.max_seq_len, &pages_req);
+    oscar_layout_pages_for(&l, prefix, &pages_pfx);
+    const ge_kv_plan *kv = ge_engine_kv(e);
+    int64_t shared = share ? ge_shared_pages(&l, prefix) : 0;
+    int64_t pages = share ? pages_pfx + (int64_t)n_req * (pages_req - shared) : (int64_t)n_req * pages_req;
+    double kv_gib = (double)c->num_layers * ((double)pages * kv->page_bytes + (double)n_req * kv->window_slot_bytes) /
+                    1073741824.0;
+    double bits;
+    oscar_layout_bits_per_element(&l, o.max_seq_len, &bits);
+    size_t fr = 0, totm = 0;
+    cudaMemGetInfo(&fr, &totm);
+    double pf = (double)n_req * plen / gs.prefill_s;
+    fprintf(stderr, "%s: prefill %.2f s (%lld tokens computed for %lld served: %.0f tokens/s effective), decode "
+                    "%.2f s, %lld steps\n", label, gs.prefill_s, (long long)gs.prefill_tokens, (long long)n_req * plen,
+            pf, gs.decode_s, (long long)gs.steps);
+    char line[512];
+    snprintf(line, sizeof line, "| %s | %s | %d | %d | %.3f | %.1f | %.2f | - | - | %.0f | %.2f | %.1f |\n",
+             oscar_method_name(o.method), label, plen, n_req, bits,
+             gs.decode_s > 0 ? (double)gs.decode_tokens / gs.decode_s : 0.0,
+             gs.steps ? 1e3 * gs.decode_s / (double)gs.steps : 0.0, pf, kv_gib, (double)(totm - fr) / 1073741824.0);
+    md_line(line);
+    rc = 0;
+out:
+    for (int r = 0; pr && r < n_req; r++) free(pr[r]);
+    free(pr);
+    free(lens);
+    free(out);
+    ge_destroy(e);
+    return rc;
+}
+
+/* A whole decimal integer in [0, 2^30], or -1. */
+static int int_arg(const char *s)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    return end != s && !*end && v >= 0 && v <= 1 << 30 ? (int)v : -1;
+}
+
 int main(int argc, char **argv)
 {
     const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
     double budget_gb = 40.0, time_limit = 60.0;
     int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;
-    int max_prefill = 8192, no_graphs = 0, layers_set = 0;
+    int max_prefill = 8192, no_graphs = 0, layers_set = 0, chunk = 0, feedback = 0, prefix = 0, n_req = 16,
+        suffix = 512;
     const char *shape = "qwen3-8b";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -284,6 +401,11 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--params") && more) params = argv[++i];
         else if (!strcmp(a, "--md") && more) md_path = argv[++i];
         else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
+        else if (!strcmp(a, "--feedback")) feedback = 1;
+        else if (!strcmp(a, "--chunk") && more) chunk = int_arg(argv[++i]);
+        else if (!strcmp(a, "--shared-prefix") && more) prefix = int_arg(argv[++i]);
+        else if (!strcmp(a, "--requests") && more) n_req = int_arg(argv[++i]);
+        else if (!strcmp(a, "--suffix") && more) suffix = int_arg(argv[++i]);
         else if (!strcmp(a, "--shape") && more) shape = argv[++i];
         else {
             fprintf(stderr, "oscar-e2e-bench: unknown or incomplete option '%s'\n", a);
@@ -297,6 +419,21 @@ int main(int argc, char **argv)
     }
     if (prompt <= 0 || gen <= 0 || layers <= 0 || budget_gb <= 0) {
         fprintf(stderr, "oscar-e2e-bench: --prompt, --gen, --layers and --budget-gb must be positive\n");
+        return 2;
+    }
+    if (chunk < 0 || prefix < 0 || n_req <= 0 || suffix <= 0) {
+        fprintf(stderr, "oscar-e2e-bench: --chunk and --shared-prefix must be integers >= 0 (0: off), --requests and "
+                        "--suffix positive integers\n");
+        return 2;
+    }
+    if (chunk > (prompt < max_prefill ? prompt : max_prefill) && !prefix) {
+        fprintf(stderr, "oscar-e2e-bench: --chunk %d is longer than the prompt (%d) or --max-prefill (%d)\n", chunk,
+                prompt, max_prefill);
+        return 2;
+    }
+    if (feedback && method != OSCAR_METHOD_OSCAR2 && method != OSCAR_METHOD_OSCAR2_LM) {
+        fprintf(stderr, "oscar-e2e-bench: --feedback goes with oscar2 or oscar2-lm (error-feedback rounding), not %s\n",
+                oscar_method_name(method));
         return 2;
     }
     if (md_path && !(g_md = fopen(md_path, "a"))) {
@@ -321,6 +458,26 @@ int main(int argc, char **argv)
     o.max_prefill_tokens = prompt < max_prefill ? prompt : max_prefill;
     o.check_every = 256;
     o.max_seq_len = prompt + gen;
+    if (chunk > 0) {
+        o.prefill_chunk = chunk;
+        o.chunk_every_prompt = 1;
+    }
+    o.synth_feedback = feedback;
+    /* Write-path rounding of the 2-bit rows, in every row's label. */
+    const char *rnd = method == OSCAR_METHOD_BF16 || method == OSCAR_METHOD_INT2 || method == OSCAR_METHOD_QUAROT2
+                          ? "" : params ? ", parameter file" : feedback ? ", feedback weights" : ", nearest rounding";
+    if (prefix) {
+        o.max_prefill_tokens = max_prefill;
+        char lab[192];
+        int rc = 0;
+        for (int share = 1; share >= 0 && rc == 0; share--) {
+            snprintf(lab, sizeof lab, "%s, %d requests x (%d shared + %d own) + %d, %s%s", shape, n_req, prefix,
+                     suffix, gen, share ? "prefix stored once" : "no sharing (each prefills its whole prompt)", rnd);
+            rc = run_shared(&c, o, prefix, suffix, n_req, gen, share, lab);
+        }
+        if (g_md) fclose(g_md);
+        return rc;
+    }
     oscar_layout_desc l;
     ge_layout_make(&c, &o, &l);
     int best = 0;
@@ -340,11 +497,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "oscar-e2e-bench: not one sequence of %d tokens fits %.1f GB\n", prompt + gen, budget_gb);
         return 1;
     }
-    char cfg[96];
+    char cfg[192];
     const char *gl = no_graphs ? "host launches" : "CUDA graphs";
-    snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, largest batch %d, %s", shape, budget_gb, prompt, gen, best, gl);
     run_result r;
     int rc = run(&c, o, b, prompt, gen, real_prefill, time_limit, 1, &r);
+    char pfl[48] = "";
+    if (r.chunk > 0) snprintf(pfl, sizeof pfl, ", prefill in chunks of %d", r.chunk);
+    if (batch > 0)
+        snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, batch %d, %s%s%s", shape, budget_gb, prompt, gen, b, gl, rnd, pfl);
+    else
+        snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, largest batch %d, %s%s%s", shape, budget_gb, prompt, gen, best,
+                 gl, rnd, pfl);
     if (rc == 0) md(oscar_method_name(method), cfg, &r, prompt);
     /* Batch 1 at long context. */
     for (const char *p = longs; rc == 0 && p && *p;) {
@@ -359,7 +522,7 @@ int main(int argc, char **argv)
             lo.kv_budget = need + (size_t)c.num_layers * (1u << 20); /* > one page */
             run_result lr;
             if (run(&c, lo, 1, ctx, long_steps, 0, time_limit, 2, &lr) == 0) {
-                snprintf(cfg, sizeof cfg, "%s, batch 1, %d context, %s", shape, ctx, gl);
+                snprintf(cfg, sizeof cfg, "%s, batch 1, %d context, %s%s", shape, ctx, gl, rnd);
                 md(oscar_method_name(method), cfg, &lr, ctx);
             } else rc = 1;
         }

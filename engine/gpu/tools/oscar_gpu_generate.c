@@ -2,8 +2,24 @@
  * Face checkpoint, and (--check) its agreement with the CPU engine.
  *
  *   oscar-gpu-generate MODEL_DIR --prompt-tokens FILE --n N [--method bf16|oscar2|int2|...]
- *       [--params P] [--prompt-len L] [--offset O] [--fp32] [--stepwise]
- *       [--check [--min-agree A] [--max-logit-diff D] [--first K]]
+ *       [--params P] [--prompt-len L] [--offset O] [--fp32] [--stepwise] [--chunk C]
+ *       [--shared-prefix PL R B] [--check [--min-agree A] [--max-logit-diff D] [--first K]]
+ *
+ * --chunk C: chunked prefill (oscar_append of C tokens, then oscar_extend of
+ * their queries over the whole cache; the engine clamps C to the recent
+ * window for 2-bit methods and says so). --check then runs the CPU engine
+ * with the same schedule (oe_forward_options.chunk_tokens C, chunk_limit
+ * the prompt length: chunks up to the prompt's end, token by token after).
+ *
+ * --shared-prefix PL R B (with --chunk): R requests whose prompts share
+ * their first PL tokens (the prompt at --offset) and continue with
+ * different text (consecutive stretches of the file after it), through an
+ * engine of B slots: the prefix is prefilled once, its full 2-bit pages are
+ * referenced by every request's block table, its window copied; each
+ * request prefills its own suffix in chunks, then decodes. --check compares
+ * every request with the CPU engine as above (PL must be a multiple of the
+ * chunk so that the CPU's chunk boundaries are the GPU's); the RESULT line
+ * sums over the requests.
  *
  * --check runs the CPU engine (fp32, K/V rounded to bf16 like the cache;
  * for 2-bit methods its KV hook quantizes the region S0 <= p <= t - W with
@@ -41,8 +57,9 @@
 static void usage(void)
 {
     fprintf(stderr, "usage: oscar-gpu-generate MODEL_DIR --prompt-tokens FILE --n N [--method M] [--params P]\n"
-                    "       [--prompt-len L] [--offset O] [--fp32] [--stepwise] [--sink S] [--recent W]\n"
+                    "       [--prompt-len L] [--offset O] [--fp32] [--stepwise] [--sink S] [--recent W] [--chunk C]\n"
                     "       [--check [--min-agree A] [--max-logit-diff D] [--first K]] [--batch-check R B]\n"
+                    "       [--shared-prefix PL R B]\n"
                     "       [--tie-margin M] [--debug-layers]\n");
 }
 
@@ -141,7 +158,7 @@ static void dbg_gpu(void *user, int layer, const char *what, const float *data, 
 
 /* The engine for slots sequences of up to max_len tokens; its KV layout in *lout when not NULL. */
 static ge_engine *make_engine(const oe_model *m, oscar_method method, const char *params, int fp32, int sink,
-                              int recent, int slots, int max_len, int max_prefill, oscar_layout_desc *lout)
+                              int recent, int chunk, int slots, int max_len, int max_prefill, oscar_layout_desc *lout)
 {
     const oe_config *c = oe_model_config(m);
     ge_options o;
@@ -154,6 +171,10 @@ static ge_engine *make_engine(const oe_model *m, oscar_method method, const char
     o.act_f32 = fp32;
     o.sink = sink;
     o.recent = recent;
+    if (chunk > 0) { /* --chunk: every prompt in chunks, as the CPU check's schedule */
+        o.prefill_chunk = chunk;
+        o.chunk_every_prompt = 1;
+    }
     o.check_every = 1;
     oscar_layout_desc l;
     ge_layout_make(c, &o, &l);
@@ -170,6 +191,7 @@ static ge_engine *make_engine(const oe_model *m, oscar_method method, const char
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
         return NULL;
     }
+    if (chunk > 0 && *ge_engine_notes(e)) printf("note: %s\n", ge_engine_notes(e));
     return e;
 }
 
@@ -193,21 +215,21 @@ static int batch_check(const oe_model *m, const uint32_t *all, int64_t count, lo
         for (int j = 0; j < lens[r]; j++) pr[r][j] = (int32_t)all[at + j];
         at += lens[r];
     }
-    ge_engine *eb = make_engine(m, method, params, fp32, sink, recent, B, plen + n_gen, plen * B, NULL);
+    ge_engine *eb = make_engine(m, method, params, fp32, sink, recent, 0, B, plen + n_gen, plen * B, NULL);
     if (!eb) return 1;
     ge_gen_stats gs;
-    if (ge_generate(eb, R, (const int32_t *const *)pr, lens, n_gen, 0, ob, lb, &gs) != OSCAR_OK) {
+    if (ge_generate(eb, R, (const int32_t *const *)pr, lens, n_gen, 0, 0, ob, lb, &gs) != OSCAR_OK) {
         fprintf(stderr, "oscar-gpu-generate: batched: %s\n", ge_last_error());
         return 1;
     }
     printf("batched: %d requests through %d slots, at most %d decoding together, %lld decode steps\n", R, B,
            gs.max_running, (long long)gs.steps);
     ge_destroy(eb);
-    ge_engine *es = make_engine(m, method, params, fp32, sink, recent, 1, plen + n_gen, plen, NULL);
+    ge_engine *es = make_engine(m, method, params, fp32, sink, recent, 0, 1, plen + n_gen, plen, NULL);
     if (!es) return 1;
     for (int r = 0; r < R; r++) {
         const int32_t *p = pr[r];
-        if (ge_generate(es, 1, &p, &lens[r], n_gen, 0, os + (size_t)r * n_gen, ls + (size_t)r * n_gen * V, NULL) !=
+        if (ge_generate(es, 1, &p, &lens[r], n_gen, 0, 0, os + (size_t)r * n_gen, ls + (size_t)r * n_gen * V, NULL) !=
             OSCAR_OK) {
             fprintf(stderr, "oscar-gpu-generate: alone: %s\n", ge_last_error());
             return 1;
@@ -289,7 +311,7 @@ static int debug_layers(const oe_model *m, const int32_t *prompt, int plen, int 
     }
     oe_ctx_free(ctx);
     d.clast = clog + (size_t)(plen - 1) * c->vocab;
-    ge_engine *e = make_engine(m, OSCAR_METHOD_BF16, NULL, fp32, sink, recent, 1, plen + 1, plen, NULL);
+    ge_engine *e = make_engine(m, OSCAR_METHOD_BF16, NULL, fp32, sink, recent, 0, 1, plen + 1, plen, NULL);
     if (!e) return 1;
     double wrel = 0;
     if (ge_debug_weights(e, m, stdout, &wrel) != OSCAR_OK) {
@@ -301,7 +323,7 @@ static int debug_layers(const oe_model *m, const int32_t *prompt, int plen, int 
     ge_set_debug(e, dbg_gpu, &d);
     int32_t next;
     const int32_t *pp = prompt;
-    if (ge_generate(e, 1, &pp, &plen, 1, 0, &next, glog, NULL) != OSCAR_OK) {
+    if (ge_generate(e, 1, &pp, &plen, 1, 0, 0, &next, glog, NULL) != OSCAR_OK) {
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
         return 1;
     }
@@ -330,6 +352,107 @@ static int debug_layers(const oe_model *m, const int32_t *prompt, int plen, int 
     return ok ? 0 : 3;
 }
 
+/* Teacher-forced agreement of one request with the CPU engine, added to *cs. */
+typedef struct check_stats {
+    int agree, ties, steps, first_miss;
+    double worst, worst_first, sum;
+} check_stats;
+
+typedef struct check_cfg {
+    const oe_model *m;
+    oscar_method method;
+    const oscar_params *prm; /* NULL for BF16 */
+    int group, sink, recent;
+    int chunk;               /* the engine's prefill chunk (0: none) */
+    int first;
+    double tie_margin;
+} check_cfg;
+
+/* CPU reference over prompt + generated[0..n-2]: logits at positions
+ * plen-1 .. plen+n-2, compared with the GPU's tokens out and logits glog.
+ * 0, or 1 when the CPU engine failed. */
+static int cpu_check(const check_cfg *k, const int32_t *prompt, int plen, const int32_t *out, const float *glog,
+                     int n_gen, const char *who, check_stats *cs)
+{
+    const oe_config *c = oe_model_config(k->m);
+    int W = plen + n_gen - 1;
+    uint32_t *win = malloc((size_t)W * 4);
+    float *clog = malloc((size_t)W * c->vocab * 4);
+    if (!win || !clog) return 1;
+    for (int i = 0; i < plen; i++) win[i] = (uint32_t)prompt[i];
+    for (int i = 0; i + 1 < n_gen; i++) win[plen + i] = (uint32_t)out[i];
+    oe_ctx *ctx;
+    oe_forward_options fo;
+    oe_forward_options_default(&fo);
+    fo.kv_bf16 = 1;
+    fo.sink_tokens = k->sink;
+    fo.recent_tokens = k->recent;
+    fo.chunk_tokens = k->chunk;
+    fo.chunk_limit = k->chunk > 0 ? plen : 0;
+    hook_ctx hk = {k->prm, k->method, c->num_kv_heads, c->head_dim, k->group, OSCAR_OK};
+    if (k->prm) {
+        fo.kv_quant = kv_hook;
+        fo.kv_quant_user = &hk;
+    }
+    if (oe_ctx_create(k->m, W, &ctx) != OSCAR_OK || oe_forward(ctx, win, W, &fo, clog) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: CPU reference: %s\n", oe_last_error());
+        return 1;
+    }
+    for (int i = 0; i < n_gen; i++) {
+        const float *cr = clog + (size_t)(plen - 1 + i) * c->vocab, *gr = glog + (size_t)i * c->vocab;
+        int top = 0;
+        double md = 0.0;
+        for (int j = 0; j < c->vocab; j++) {
+            if (cr[j] > cr[top]) top = j;
+            double dd = fabs((double)cr[j] - gr[j]);
+            if (!(dd <= md)) md = dd; /* NaN propagates as a failure */
+        }
+        cs->sum += md;
+        if (!(md <= cs->worst)) cs->worst = md;
+        if (i < k->first && !(md <= cs->worst_first)) cs->worst_first = md;
+        if (top == out[i]) cs->agree++;
+        else {
+            double margin = (double)cr[top] - cr[out[i]];
+            int tie = margin <= k->tie_margin && margin <= 2.0 * md;
+            cs->ties += tie;
+            if (cs->first_miss < 0) cs->first_miss = cs->steps + i;
+            printf("%sstep %d: GPU %d, CPU %d (CPU margin %.4f, max logit diff %.4f)%s\n", who, i, out[i], top, margin,
+                   md, tie ? " near tie" : "");
+        }
+    }
+    cs->steps += n_gen;
+    oe_ctx_free(ctx);
+    free(win);
+    free(clog);
+    return 0;
+}
+
+/* The check line and the RESULT line of one or more requests; exit status. */
+static int report(const check_cfg *k, int fp32, const char *prefill, const check_stats *cs, double min_agree,
+                  double max_diff)
+{
+    double rate = (double)(cs->agree + cs->ties) / cs->steps;
+    int pass = rate >= min_agree && cs->worst_first <= max_diff;
+    printf("check: %s vs CPU engine%s, prefill %s: %d/%d steps agree exactly, %d near ties, rate %.4f (need >= %.4f); "
+           "max logit diff %.5f over the first %d steps (need <= %.4f), %.5f over all, mean %.5f; first "
+           "disagreement %d: %s\n",
+           oscar_method_name(k->method), k->method == OSCAR_METHOD_BF16 ? " (bf16 K/V)" : " + fakequant hook", prefill,
+           cs->agree, cs->steps, cs->ties, rate, min_agree, cs->worst_first, k->first, max_diff, cs->worst,
+           cs->sum / cs->steps, cs->first_miss, pass ? "PASS" : "FAIL");
+    printf("RESULT|%s|%s|%s|%d/%d|%d|%.4f|%.5f|%.5f|%s\n", oscar_method_name(k->method), fp32 ? "fp32" : "bf16",
+           prefill, cs->agree, cs->steps, cs->ties, rate, cs->worst_first, cs->worst, pass ? "PASS" : "FAIL");
+    return pass ? 0 : 3;
+}
+
+static int parse_int(const char *s, int lo, int hi, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) return 0;
+    *out = (int)v;
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
@@ -338,13 +461,13 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1], *tok_path = NULL, *params = NULL, *method_name = "bf16";
     int n_gen = 64, plen = 512, fp32 = 0, stepwise = 0, check = 0, first = 16, sink = 64, recent = 256;
-    int breq = 0, bslots = 0, debug = 0;
+    int breq = 0, bslots = 0, debug = 0, chunk = 0, pfx = 0, preq = 0, pslots = 0;
     double tie_margin = -1.0;
     long offset = 0;
     double min_agree = 1.0, max_diff = 1e30;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
-        int more = i + 1 < argc;
+        int more = i + 1 < argc, ok = 1;
         if (!strcmp(a, "--prompt-tokens") && more) tok_path = argv[++i];
         else if (!strcmp(a, "--n") && more) n_gen = atoi(argv[++i]);
         else if (!strcmp(a, "--method") && more) method_name = argv[++i];
@@ -353,6 +476,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--offset") && more) offset = atol(argv[++i]);
         else if (!strcmp(a, "--sink") && more) sink = atoi(argv[++i]);
         else if (!strcmp(a, "--recent") && more) recent = atoi(argv[++i]);
+        else if (!strcmp(a, "--chunk") && more) ok = parse_int(argv[++i], 1, 1 << 20, &chunk);
         else if (!strcmp(a, "--fp32")) fp32 = 1;
         else if (!strcmp(a, "--stepwise")) stepwise = 1;
         else if (!strcmp(a, "--check")) check = 1;
@@ -361,12 +485,18 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--batch-check") && i + 2 < argc) {
             breq = atoi(argv[++i]);
             bslots = atoi(argv[++i]);
+        } else if (!strcmp(a, "--shared-prefix") && i + 3 < argc) {
+            ok = parse_int(argv[i + 1], 1, 1 << 20, &pfx) && parse_int(argv[i + 2], 1, 1024, &preq) &&
+                 parse_int(argv[i + 3], 2, 1025, &pslots);
+            i += 3;
         }
         else if (!strcmp(a, "--min-agree") && more) min_agree = atof(argv[++i]);
         else if (!strcmp(a, "--max-logit-diff") && more) max_diff = atof(argv[++i]);
         else if (!strcmp(a, "--first") && more) first = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "oscar-gpu-generate: unknown or incomplete option '%s'\n", a);
+        else ok = 0;
+        if (!ok) {
+            fprintf(stderr, "oscar-gpu-generate: unknown, incomplete or out-of-range option '%s' (--chunk takes a "
+                            "size >= 1; --shared-prefix PL R B: PL >= 1 tokens, R >= 1 requests, B >= 2 slots)\n", a);
             usage();
             return 2;
         }
@@ -378,6 +508,16 @@ int main(int argc, char **argv)
     }
     if (oscar_method_from_name(method_name, &method) != OSCAR_OK) {
         fprintf(stderr, "oscar-gpu-generate: %s\n", oscar_last_error());
+        return 2;
+    }
+    if (pfx && (!chunk || stepwise || breq || debug)) {
+        fprintf(stderr, "oscar-gpu-generate: --shared-prefix needs --chunk (the requests' own tokens attend over "
+                        "the shared cache) and goes without --stepwise, --batch-check and --debug-layers\n");
+        return 2;
+    }
+    if (pfx >= plen) {
+        fprintf(stderr, "oscar-gpu-generate: the shared prefix of %d tokens is not shorter than the prompt of %d; "
+                        "each request needs tokens of its own\n", pfx, plen);
         return 2;
     }
     oe_model *m = NULL;
@@ -392,9 +532,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "oscar-gpu-generate: %s\n", oe_last_error());
         return 1;
     }
-    if (offset + plen > count) {
-        fprintf(stderr, "oscar-gpu-generate: %s holds %lld tokens, fewer than offset %ld + prompt %d\n", tok_path,
-                (long long)count, offset, plen);
+    /* Shared prefix: the prompt at offset, then R suffixes one after the other. */
+    const int n_req = pfx ? preq : 1;
+    const int64_t need_tok = offset + (int64_t)plen + (int64_t)(n_req - 1) * (plen - pfx);
+    if (need_tok > count) {
+        fprintf(stderr, "oscar-gpu-generate: %s holds %lld tokens, fewer than the %lld the prompts need (offset %ld)\n",
+                tok_path, (long long)count, (long long)need_tok, offset);
         return 1;
     }
     /* Near tie: the CPU's margin between its top token and the GPU's is
@@ -404,46 +547,59 @@ int main(int argc, char **argv)
     if (tie_margin < 0) tie_margin = fp32 ? 0.1 : 0.5;
     if (breq > 0) return batch_check(m, all, count, offset, plen, n_gen, method, params, fp32, sink, recent, breq,
                                      bslots, max_diff, tie_margin);
-    int32_t *prompt = malloc((size_t)plen * 4), *out = malloc((size_t)n_gen * 4);
-    float *glog = malloc((size_t)n_gen * c->vocab * 4);
-    if (!prompt || !out || !glog) return 1;
-    for (int i = 0; i < plen; i++) prompt[i] = (int32_t)all[offset + i];
-    if (debug) return debug_layers(m, prompt, plen, fp32, sink, recent);
+    int32_t **prompts = calloc((size_t)n_req, sizeof *prompts), *lens = malloc((size_t)n_req * 4);
+    int32_t *out = malloc((size_t)n_req * n_gen * 4);
+    float *glog = malloc((size_t)n_req * n_gen * c->vocab * 4);
+    if (!prompts || !lens || !out || !glog) return 1;
+    for (int r = 0; r < n_req; r++) {
+        lens[r] = plen;
+        if (!(prompts[r] = malloc((size_t)plen * 4))) return 1;
+        const uint32_t *suffix = all + offset + pfx + (size_t)r * (plen - pfx);
+        for (int i = 0; i < plen; i++) prompts[r][i] = (int32_t)(i < pfx ? all[offset + i] : suffix[i - pfx]);
+    }
+    if (debug) return debug_layers(m, prompts[0], plen, fp32, sink, recent);
 
     oscar_layout_desc l;
-    ge_engine *e = make_engine(m, method, params, fp32, sink, recent, 1, plen + n_gen, plen, &l);
+    ge_engine *e = make_engine(m, method, params, fp32, sink, recent, chunk, pfx ? pslots : 1, plen + n_gen, plen, &l);
     if (!e) return 1;
+    /* Stepwise prefill is token by token whatever the chunk. */
+    const int echunk = stepwise ? 0 : ge_engine_chunk(e);
+    if (pfx && pfx % echunk) {
+        fprintf(stderr, "oscar-gpu-generate: the shared prefix of %d tokens is not a multiple of the chunk %d: the "
+                        "CPU engine's chunks would not end where the GPU's do\n", pfx, echunk);
+        return 2;
+    }
+    char prefill[64];
+    if (pfx) snprintf(prefill, sizeof prefill, "shared %d+%d x%d, chunk %d", pfx, plen - pfx, n_req, echunk);
+    else if (echunk) snprintf(prefill, sizeof prefill, "chunked %d", echunk);
+    else snprintf(prefill, sizeof prefill, "%s", stepwise ? "stepwise" : "exact");
     printf("device: %s\nvariant: %s\nmethod: %s, %s weights/activations, prefill %s, prompt %d tokens at offset %ld\n",
            ge_engine_device(e), ge_engine_variant(e), oscar_method_name(method), fp32 ? "fp32" : "bf16",
-           stepwise ? "stepwise (decode path per prompt token)" : "exact (prompt attention on its bf16 K/V)", plen,
-           offset);
-    const int32_t *pp = prompt;
+           stepwise ? "stepwise (decode path per prompt token)"
+           : echunk ? prefill
+                    : "exact (prompt attention on its bf16 K/V)",
+           plen, offset);
+    if (pfx)
+        printf("shared prefix: %d tokens, %d full pages per layer stored once and referenced by %d requests through "
+               "%d slots (one holds the prefix until every request is in)\n", pfx, ge_shared_pages(&l, pfx), n_req,
+               pslots);
     ge_gen_stats gs;
-    if (ge_generate(e, 1, &pp, &plen, n_gen, stepwise, out, glog, &gs) != OSCAR_OK) {
+    if (ge_generate(e, n_req, (const int32_t *const *)prompts, lens, n_gen, stepwise, pfx, out, glog, &gs) != OSCAR_OK) {
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
         return 1;
     }
-    printf("tokens:");
-    for (int i = 0; i < n_gen; i++) printf(" %d", out[i]);
-    printf("\nprefill %.3f s, decode %.3f s (%lld steps)\n", gs.prefill_s, gs.decode_s, (long long)gs.steps);
+    for (int r = 0; r < n_req; r++) {
+        printf("tokens:");
+        if (n_req > 1) printf(" [request %d]", r);
+        for (int i = 0; i < n_gen; i++) printf(" %d", out[(size_t)r * n_gen + i]);
+        printf("\n");
+    }
+    printf("prefill %.3f s (%lld tokens), decode %.3f s (%lld steps)\n", gs.prefill_s, (long long)gs.prefill_tokens,
+           gs.decode_s, (long long)gs.steps);
     ge_destroy(e);
     int rc = 0;
     if (check) {
-        /* CPU reference over prompt + generated[0..n-2]: logits at positions plen-1 .. plen+n-2. */
-        int W = plen + n_gen - 1;
-        uint32_t *win = malloc((size_t)W * 4);
-        float *clog = malloc((size_t)W * c->vocab * 4);
-        if (!win || !clog) return 1;
-        for (int i = 0; i < plen; i++) win[i] = (uint32_t)prompt[i];
-        for (int i = 0; i + 1 < n_gen; i++) win[plen + i] = (uint32_t)out[i];
-        oe_ctx *ctx;
-        oe_forward_options fo;
-        oe_forward_options_default(&fo);
-        fo.kv_bf16 = 1;
-        fo.sink_tokens = sink;
-        fo.recent_tokens = recent;
         oscar_params *prm = NULL;
-        hook_ctx hk = {0};
         if (method != OSCAR_METHOD_BF16) {
             oscar_status s = params ? oscar_params_load(params, &prm)
                                     : oscar_params_create_builtin(method, c->num_layers, c->num_q_heads,
@@ -452,56 +608,22 @@ int main(int argc, char **argv)
                 fprintf(stderr, "oscar-gpu-generate: %s\n", oscar_last_error());
                 return 1;
             }
-            hk = (hook_ctx){prm, method, c->num_kv_heads, c->head_dim, l.group, OSCAR_OK};
-            fo.kv_quant = kv_hook;
-            fo.kv_quant_user = &hk;
         }
-        if (oe_ctx_create(m, W, &ctx) != OSCAR_OK || oe_forward(ctx, win, W, &fo, clog) != OSCAR_OK) {
-            fprintf(stderr, "oscar-gpu-generate: CPU reference: %s\n", oe_last_error());
-            return 1;
+        check_cfg k = {m, method, prm, l.group, sink, recent, echunk, first, tie_margin};
+        check_stats cs = {.first_miss = -1};
+        for (int r = 0; r < n_req; r++) {
+            char who[32] = "";
+            if (n_req > 1) snprintf(who, sizeof who, "request %d ", r);
+            if (cpu_check(&k, prompts[r], plen, out + (size_t)r * n_gen, glog + (size_t)r * n_gen * c->vocab, n_gen,
+                          who, &cs))
+                return 1;
         }
-        int agree = 0, ties = 0;
-        double worst = 0.0, worst_first = 0.0, sum = 0.0;
-        int first_miss = -1;
-        for (int i = 0; i < n_gen; i++) {
-            const float *cr = clog + (size_t)(plen - 1 + i) * c->vocab, *gr = glog + (size_t)i * c->vocab;
-            int top = 0;
-            double md = 0.0;
-            for (int j = 0; j < c->vocab; j++) {
-                if (cr[j] > cr[top]) top = j;
-                double dd = fabs((double)cr[j] - gr[j]);
-                if (!(dd <= md)) md = dd; /* NaN propagates as a failure */
-            }
-            sum += md;
-            if (!(md <= worst)) worst = md;
-            if (i < first && !(md <= worst_first)) worst_first = md;
-            if (top == out[i]) agree++;
-            else {
-                double margin = (double)cr[top] - cr[out[i]];
-                int tie = margin <= tie_margin && margin <= 2.0 * md;
-                ties += tie;
-                if (first_miss < 0) first_miss = i;
-                printf("step %d: GPU %d, CPU %d (CPU margin %.4f, max logit diff %.4f)%s\n", i, out[i], top, margin,
-                       md, tie ? " near tie" : "");
-            }
-        }
-        double rate = (double)(agree + ties) / n_gen;
-        int pass = rate >= min_agree && worst_first <= max_diff;
-        printf("check: %s vs CPU engine%s: %d/%d steps agree exactly, %d near ties, rate %.4f (need >= %.4f); max "
-               "logit diff %.5f over the first %d steps (need <= %.4f), %.5f over all, mean %.5f; first "
-               "disagreement %d: %s\n",
-               oscar_method_name(method), method == OSCAR_METHOD_BF16 ? " (bf16 K/V)" : " + fakequant hook", agree,
-               n_gen, ties, rate, min_agree, worst_first, first, max_diff, worst, sum / n_gen, first_miss,
-               pass ? "PASS" : "FAIL");
-        printf("RESULT|%s|%s|%s|%d/%d|%d|%.4f|%.5f|%.5f|%s\n", oscar_method_name(method), fp32 ? "fp32" : "bf16",
-               stepwise ? "stepwise" : "exact", agree, n_gen, ties, rate, worst_first, worst, pass ? "PASS" : "FAIL");
-        rc = pass ? 0 : 3;
-        oe_ctx_free(ctx);
+        rc = report(&k, fp32, prefill, &cs, min_agree, max_diff);
         oscar_params_destroy(prm);
-        free(win);
-        free(clog);
     }
-    free(prompt);
+    for (int r = 0; r < n_req; r++) free(prompts[r]);
+    free(prompts);
+    free(lens);
     free(out);
     free(glog);
     free(all);
