@@ -1080,6 +1080,24 @@ Test(extend, gqa_ratios_page64_splits, .timeout = 600) {
     });
 }
 
+/* Every query count within the recent window (W 128 >= EXT_MAX_Q): the CUDA
+ * plugin's tensor-core family then takes a chunk's (query row, head) pairs as MMA
+ * columns, causal over the 16-bit rows (the case above runs its generic kernel
+ * whenever one query count passes W). d 128 group 128: GQA 4, GQA 12 (16 columns
+ * per CTA, several CTAs per KV head) with per-head rotations, the BF16 method
+ * (causal over every row); ragged chunks, lengths below S0 + W. */
+Test(extend, window_chunks_tensor_core_shapes, .timeout = 600) {
+    cfg c = {128, 128, 64, 16, 128, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {128, 128, 32, 8, 128, 12, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c3 = {128, 128, 64, 0, 0, 8, 2, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_CPU_AND_EACH_BACKEND(g, {
+        int lens[] = {1, 40, 130, 300};
+        run_scenario_x(&g, &c, 4, lens, CHUNKS, 0, 1, 0, 0);
+        run_scenario_x(&g, &c2, 4, lens, CHUNKS, 0, 1, 0, 0);
+        run_scenario_x(&g, &c3, 4, lens, CHUNKS, 0, 1, 0, 0);
+    });
+}
+
 /* Prefix reuse: four sequences with a common 200-token prefix, their block
  * tables pointing at one copy of its 2-bit (BF16 method: 16-bit) pages, the
  * others poisoned. */

@@ -449,7 +449,7 @@ typedef struct cpu_rig {
 static void feed_chunks(cpu_rig *g, int32_t slot, int from, int to, const uint8_t *k, const uint8_t *v,
                         const uint8_t *q, uint8_t *out)
 {
-    int32_t len, wslot, cu[2], ml, *bt = malloc((size_t)g->sc->stride * sizeof *bt);
+    int32_t len = 0, wslot = 0, cu[2] = {0, 0}, ml = 0, *bt = malloc((size_t)g->sc->stride * sizeof *bt);
     for (int at = from; at < to;) {
         int32_t take = to - at < g->chunk ? to - at : g->chunk;
         cr_assert_eq(g->sc->slots[slot].len, at);
