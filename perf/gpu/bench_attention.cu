@@ -97,6 +97,26 @@ static bool wanted(int B, int L) {
     return false;
 }
 
+// Median ms of fn(i), i = 0..n-1, event-timed one call at a time; n from a probe
+// call: about 150 ms of calls, between lo and hi of them (*count = n).
+template <class F> static float timed_median(cudaEvent_t e0, cudaEvent_t e1, int lo, int hi, int *count, F fn) {
+    auto once = [&](int i) {
+        cudaEventRecord(e0);
+        fn(i);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms;
+        cudaEventElapsedTime(&ms, e0, e1);
+        return ms;
+    };
+    const float probe = once(0);
+    const int n = std::max(lo, std::min(hi, (int)(150.0f / std::max(probe, 1e-3f))));
+    std::vector<float> ts;
+    for (int i = 0; i < n; i++) ts.push_back(once(i));
+    *count = n;
+    return median(ts);
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: %s liboscar_backend_cuda.so out.tsv [quick] [HQ/HKV/D[/G] ...]\n", argv[0]);
@@ -281,24 +301,8 @@ int main(int argc, char **argv) {
             };
             for (int i = 0; i < 5; i++) decode(i % copies);
             // About 150 ms of timed calls per point, 10 to 60 of them.
-            cudaEventRecord(e0);
-            decode(0);
-            cudaEventRecord(e1);
-            cudaEventSynchronize(e1);
-            float ms0;
-            cudaEventElapsedTime(&ms0, e0, e1);
-            int iters = quick ? 20 : std::max(10, std::min(60, (int)(150.0f / std::max(ms0, 1e-3f))));
-            std::vector<float> ts;
-            for (int i = 0; i < iters; i++) {
-                cudaEventRecord(e0);
-                decode(i % copies);
-                cudaEventRecord(e1);
-                cudaEventSynchronize(e1);
-                float ms;
-                cudaEventElapsedTime(&ms, e0, e1);
-                ts.push_back(ms);
-            }
-            float t = median(ts) * 1000.f;
+            int iters;
+            float t = timed_median(e0, e1, quick ? 20 : 10, quick ? 20 : 60, &iters, [&](int i) { decode(i % copies); }) * 1000.f;
             OK(api->check(ctx, plan, ws, nullptr, &err));
             // Extend attention (OSCAR_BENCH_EXTEND=n1,n2,...): n query tokens per sequence at
             // positions L-n..L-1 over the same cache (speculative verify, chunked prefill);
@@ -326,25 +330,9 @@ int main(int argc, char **argv) {
                         OK(api->extend(ctx, plan, &a, &err));
                     };
                     ext(0);
-                    cudaEventRecord(e0);
-                    ext(0);
-                    cudaEventRecord(e1);
-                    cudaEventSynchronize(e1);
-                    float ms1;
-                    cudaEventElapsedTime(&ms1, e0, e1);
-                    int it = std::max(3, std::min(30, (int)(150.0f / std::max(ms1, 1e-3f))));
-                    std::vector<float> te;
-                    for (int i = 0; i < it; i++) {
-                        cudaEventRecord(e0);
-                        ext(i % copies);
-                        cudaEventRecord(e1);
-                        cudaEventSynchronize(e1);
-                        float ms;
-                        cudaEventElapsedTime(&ms, e0, e1);
-                        te.push_back(ms);
-                    }
+                    int it;
+                    float tex = timed_median(e0, e1, 3, 30, &it, [&](int i) { ext(i % copies); }) * 1000.f;
                     OK(api->check(ctx, plan, wse, nullptr, &err));
-                    float tex = median(te) * 1000.f;
                     printf("%-14s %-10s B=%-3d L=%-6d extend n=%-4d %10.1f us  (%.2fx one decode step, %.3f us per query token)\n",
                            shape, mname, B, L, n, tex, tex / t, tex / (B * n));
                     if (ext_out) {
