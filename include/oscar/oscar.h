@@ -263,6 +263,13 @@ typedef struct oscar_calib_options {
                                    probes, given to every KV head; 1: one per (layer, KV head, K/V), each
                                    head's fitted on its own probes (parameter file format_version 3;
                                    docs/eval/retrieval.md: it did not win on both calibration texts) */
+    float key_attn_weight;      /* share in [0, 1] of the attention-weighted query covariance in the key
+                                   target C_K (default 0: C_K = E[q q^T], published): each query weighted by
+                                   the sum of its squared softmax weights on the keys of its 2-bit region
+                                   (sink <= p <= t - recent), the first-order output error a key error
+                                   causes; needs the keys in pass 0 (docs/CALIBRATION.md) */
+    int32_t threads;            /* worker threads of finalize's clip fitting (default 0: the online CPUs,
+                                   at most 64); the result does not depend on it */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
