@@ -962,6 +962,20 @@ static double eval_error(eval_ctx *x, float clip, double *wsum) {
     return total;
 }
 
+/* The row objective's clip: the grid from mild to harsh (ties keep the milder), or `fixed` when > 0. */
+static void row_grid(eval_ctx *x, float fixed, float *best_c, double *best) {
+    double wsum;
+    *best_c = fixed > 0.0f ? fixed : 1.0f;
+    *best = eval_error(x, *best_c, &wsum);
+    for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
+        double err = eval_error(x, k_clip_grid[gi], &wsum);
+        if (err < *best) {
+            *best = err;
+            *best_c = k_clip_grid[gi];
+        }
+    }
+}
+
 /* Ct = R^T C R (R fp32 row-major, NULL = identity). */
 static void rotate_metric(int d, const double *C, const float *R, double *Rd, double *tmp, double *Ct) {
     if (!R) {
@@ -1488,8 +1502,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         /* Held-back rows: errors of none / Hadamard, and the row objective's
          * clip (it decides under clip_objective 1 or for a layer without probes). */
         eval_ctx xs[2];
-        double rel[2], row_best[2];
-        float row_c[2];
+        double rel[2], row_best[2] = {0.0, 0.0};
+        float row_c[2] = {1.0f, 1.0f};
         for (int which = 0; which < 2; which++) {
             const float **Rpw = Rp + (size_t)which * 3 * (size_t)nrot;
             const double **Cpw = Cp + (size_t)which * 3 * (size_t)nrot;
@@ -1513,17 +1527,9 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
             x.rotated = 0;
             x.lloyd_max = c->o.method == OSCAR_METHOD_OSCAR2_LM;
             x.F = p->fb ? Fp + (size_t)which * (size_t)nrot : NULL;
-            float fixed = which == OSCAR_K ? c->o.clip_k : c->o.clip_v, best_c = fixed > 0.0f ? fixed : 1.0f;
-            double best = eval_error(&x, best_c, &wsum);
-            for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
-                double err = eval_error(&x, k_clip_grid[gi], &wsum);
-                if (err < best) { /* strict: ties keep the milder clip */
-                    best = err;
-                    best_c = k_clip_grid[gi];
-                }
-            }
-            row_c[which] = best_c;
-            row_best[which] = best;
+            /* Under the probe objective the row grid is only the fallback of a layer without probes. */
+            if (c->o.clip_objective == 1) row_grid(&x, which == OSCAR_K ? c->o.clip_k : c->o.clip_v, &row_c[which],
+                                                   &row_best[which]);
             xs[which] = x;
             double *rep = which == OSCAR_K ? c->report[l].err_k : c->report[l].err_v;
             rep[0] = err_none;
@@ -1544,14 +1550,15 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         }
         for (int which = 0; which < 2; which++) {
             float *cw = hc + (size_t)which * (size_t)c->hkv, mild = 0.0f;
-            int same = 1;
+            if (by_probes && !fitted)
+                row_grid(&xs[which], which == OSCAR_K ? c->o.clip_k : c->o.clip_v, &row_c[which], &row_best[which]);
+            int same = !by_probes || !fitted; /* row_best holds the error at the chosen ratio */
             for (int h = 0; h < c->hkv; h++) {
                 if (!by_probes || !fitted) cw[h] = row_c[which]; /* the row objective: one ratio per layer */
-                same = same && cw[h] == row_c[which];
                 mild = cw[h] > mild ? cw[h] : mild;
                 *oscar_params_clip_ptr(p, l, h, which) = cw[h];
             }
-            double wsum, best = row_best[which];
+            double wsum, best = same ? row_best[which] : 0.0;
             if (!same) {
                 xs[which].clips = cw;
                 best = eval_error(&xs[which], 1.0f, &wsum);
