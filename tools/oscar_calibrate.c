@@ -91,6 +91,19 @@ static int parse_clip(const char *flag, const char *s, float *out) {
     return 1;
 }
 
+/* A number in [0, 1] (a share or a loss of attention weight). */
+static int parse_share(const char *flag, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0.0 && v <= 1.0)) {
+        fprintf(stderr, "oscar-calibrate: %s wants a number in [0, 1], got '%s'\n", flag, s);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *tok_path = NULL, *out_path = NULL;
     ocal_options o;
@@ -159,21 +172,9 @@ int main(int argc, char **argv) {
             if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
             o.copy_windows = (int)v;
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
-            char *end;
-            double x = strtod(argv[++i], &end);
-            if (*end || !(x >= 0.0 && x <= 1.0)) {
-                fprintf(stderr, "oscar-calibrate: --copy-mass-loss wants a number in [0, 1], got '%s'\n", argv[i]);
-                return 2;
-            }
-            o.copy_mass_loss = (float)x;
+            if (!parse_share(a, argv[++i], &o.copy_mass_loss)) return 2;
         } else if (!strcmp(a, "--key-attn-weight") && has) {
-            char *end;
-            double x = strtod(argv[++i], &end);
-            if (*end || !(x >= 0.0 && x <= 1.0)) {
-                fprintf(stderr, "oscar-calibrate: --key-attn-weight wants a number in [0, 1], got '%s'\n", argv[i]);
-                return 2;
-            }
-            o.key_attn_weight = (float)x;
+            if (!parse_share(a, argv[++i], &o.key_attn_weight)) return 2;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
         else if (!strcmp(a, "--per-layer")) o.per_head = 0;
         else if (!strcmp(a, "--clip-per-layer")) o.clip_per_head = 0;
