@@ -133,6 +133,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->copy_probes = 0;
     o->copy_mass_loss = 0.002f;
     o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
+    o->key_attn_weight = 1.0f; /* attention-weighted C_K: lower KL on 2 calibration texts x 2 slices (docs/EVAL.md) */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -565,7 +566,7 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "dtype %d is not F32, BF16 or F16", (int)dtype);
     const int pass = c->state;
     if (pass == 0 && !q)
-        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 0 needs the queries q (k and v may be NULL)");
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 0 needs the queries q (and the keys k while key_attn_weight > 0)");
     if (pass == 1 && (!k || !v))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 1 needs the keys k and values v (q may be NULL)");
     if (pass == 0 && c->cw && !k)

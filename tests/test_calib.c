@@ -116,7 +116,8 @@ static double rel_frob(const double *a, const double *b, size_t n) {
     return sqrt(num / den);
 }
 
-/* Feeds a layer in windows of random sizes (crossing the internal chunking). */
+/* Feeds a layer in windows of random sizes (crossing the internal chunking); the keys in both passes (the
+ * default attention-weighted key target reads them in pass 0), the values in pass 1. */
 static void feed_pass(oscar_calib *c, int layer, const synth *s, int pass, oscar_dtype dt, const void *q, const void *k,
                       const void *v) {
     size_t es = oscar_dtype_size(dt);
@@ -127,17 +128,17 @@ static void feed_pass(oscar_calib *c, int layer, const synth *s, int pass, oscar
         const char *qp = (const char *)q + (size_t)t * (size_t)s->hq * (size_t)s->d * es;
         const char *kp = (const char *)k + (size_t)t * (size_t)s->hkv * (size_t)s->d * es;
         const char *vp = (const char *)v + (size_t)t * (size_t)s->hkv * (size_t)s->d * es;
-        cr_assert_eq(oscar_calib_feed(c, layer, w, pass == 0 ? qp : NULL, pass == 1 ? kp : NULL,
-                                      pass == 1 ? vp : NULL, dt),
+        cr_assert_eq(oscar_calib_feed(c, layer, w, pass == 0 ? qp : NULL, kp, pass == 1 ? vp : NULL, dt),
                      OSCAR_OK, "%s", oscar_last_error());
         t += w;
     }
 }
 
-static oscar_calib *make(int L, int hq, int hkv, int d, int per_head, int holdout) {
+static oscar_calib *make(int L, int hq, int hkv, int d, int per_head, int holdout, float key_attn) {
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
     o.per_head = per_head;
+    o.key_attn_weight = key_attn;
     o.holdout_rows = holdout;
     oscar_calib *c = NULL;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
@@ -148,7 +149,7 @@ static void check_targets(int per_head) {
     const int d = 64, hq = 4, hkv = 2, n = 4500 + (int)(rnd() % 1000);
     synth s[2];
     for (int l = 0; l < 2; l++) synth_make(&s[l], n, hq, hkv, d, l);
-    oscar_calib *c = make(2, hq, hkv, d, per_head, 512);
+    oscar_calib *c = make(2, hq, hkv, d, per_head, 512, 0.0f); /* C_K = E[q q^T]: the weighted one has its own test */
     size_t dd = (size_t)d * d;
     double *out = malloc(sizeof(double) * dd), *CQ = malloc(sizeof(double) * dd * hkv),
            *CV = malloc(sizeof(double) * dd * hkv), *want = malloc(sizeof(double) * dd);
@@ -203,11 +204,11 @@ Test(calib, bf16_input) {
         vb[i] = oscar_f32_to_bf16(s.v[i]);
         s.v[i] = oscar_bf16_to_f32(vb[i]);
     }
-    oscar_calib *a = make(1, hq, hkv, d, 0, 64), *b = make(1, hq, hkv, d, 0, 64);
+    oscar_calib *a = make(1, hq, hkv, d, 0, 64, 1.0f), *b = make(1, hq, hkv, d, 0, 64, 1.0f);
     cr_assert_eq(oscar_calib_begin_pass(a, 0), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(b, 0), OSCAR_OK);
-    cr_assert_eq(oscar_calib_feed(a, 0, n, qb, NULL, NULL, OSCAR_DTYPE_BF16), OSCAR_OK);
-    cr_assert_eq(oscar_calib_feed(b, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(a, 0, n, qb, kb, NULL, OSCAR_DTYPE_BF16), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(b, 0, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(a, 1), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(b, 1), OSCAR_OK);
     cr_assert_eq(oscar_calib_feed(a, 0, n, NULL, kb, vb, OSCAR_DTYPE_BF16), OSCAR_OK);
@@ -408,7 +409,7 @@ Test(calib, state_machine_and_bad_input) {
     const int d = 64, hq = 2, hkv = 1, n = 50;
     synth s;
     synth_make(&s, n, hq, hkv, d, 0);
-    oscar_calib *c = make(2, hq, hkv, d, 0, 16);
+    oscar_calib *c = make(2, hq, hkv, d, 0, 16, 1.0f);
     double *out = malloc(sizeof(double) * d * d), *ref = malloc(sizeof(double) * d * d);
     oscar_params *p = NULL;
     oscar_calib_layer_report rep;
@@ -427,17 +428,18 @@ Test(calib, state_machine_and_bad_input) {
     cr_assert_eq(oscar_calib_feed(c, 0, n, NULL, s.k, s.v, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
     cr_assert_eq(oscar_calib_feed(c, 0, 0, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_EMPTY);
     cr_assert_eq(oscar_calib_feed(c, 0, -3, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT); /* no keys */
+    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_ERR_STATE); /* layer 1 not fed */
     cr_assert(strstr(oscar_last_error(), "layer 1") != NULL, "%s", oscar_last_error());
     /* A non-finite row is refused and leaves no trace. */
     int bad_t = (int)(rnd() % n), bad_i = (int)(rnd() % (hq * d));
     float keep = s.q[(size_t)bad_t * hq * d + bad_i];
     s.q[(size_t)bad_t * hq * d + bad_i] = (rnd() & 1) ? NAN : -INFINITY;
-    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_NONFINITE);
+    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_NONFINITE);
     cr_assert(strstr(oscar_last_error(), "not finite") != NULL);
     s.q[(size_t)bad_t * hq * d + bad_i] = keep;
-    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_OK);
     cr_assert_eq(oscar_calib_target(c, 1, 0, OSCAR_K, out), OSCAR_OK);
     cr_assert_eq(oscar_calib_target(c, 0, 0, OSCAR_K, ref), OSCAR_OK);
@@ -521,7 +523,7 @@ Test(calib, holdout_deterministic) {
         o.holdout_rows = 100;
         cr_assert_eq(oscar_calib_create(&o, &c[r]), OSCAR_OK);
         cr_assert_eq(oscar_calib_begin_pass(c[r], 0), OSCAR_OK);
-        cr_assert_eq(oscar_calib_feed(c[r], 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+        cr_assert_eq(oscar_calib_feed(c[r], 0, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
         cr_assert_eq(oscar_calib_begin_pass(c[r], 1), OSCAR_OK);
         for (int t = 0; t < n; t += 100)
             cr_assert_eq(oscar_calib_feed(c[r], 0, 100, NULL, s.k + (size_t)t * d, s.v + (size_t)t * d, OSCAR_DTYPE_F32),
@@ -546,12 +548,14 @@ Test(calib, accumulation_speed) {
     float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
     for (size_t i = 0; i < nq; i++) q[i] = (float)(urand() - 0.5);
     for (size_t i = 0; i < nk; i++) k[i] = (float)(urand() - 0.5), v[i] = (float)(urand() - 0.5);
-    oscar_calib *c = make(L, hq, hkv, d, 0, 256);
+    oscar_calib *c = make(L, hq, hkv, d, 0, 256, 1.0f); /* the default target: pass 0 scores the sampled queries */
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     cr_assert_eq(oscar_calib_begin_pass(c, 0), OSCAR_OK);
     for (int l = 0; l < L; l++)
-        for (int w = 0; w < n; w += 2048) cr_assert_eq(oscar_calib_feed(c, l, 2048, q + (size_t)w * hq * d, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+        for (int w = 0; w < n; w += 2048)
+            cr_assert_eq(oscar_calib_feed(c, l, 2048, q + (size_t)w * hq * d, k + (size_t)w * hkv * d, NULL, OSCAR_DTYPE_F32),
+                         OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_OK);
     for (int l = 0; l < L; l++)
         for (int w = 0; w < n; w += 2048)
@@ -570,7 +574,8 @@ Test(calib, accumulation_speed) {
 /* ------------------------------------------------------------ attention probes */
 
 /* Feeds L layers of s window by window (windows of `win` tokens, the last one
- * shorter), q/k/v in pass 0 when kv0, else q only; k/v in pass 1. */
+ * shorter), q/k/v in pass 0 when kv0, else q and k (the probes then take their
+ * keys and values from pass 1); k/v in pass 1. */
 static oscar_params *calibrate_windows(oscar_calib_options *o, synth *s, int win, int kv0, oscar_calib **cal) {
     oscar_calib *c = NULL;
     cr_assert_eq(oscar_calib_create(o, &c), OSCAR_OK, "%s", oscar_last_error());
@@ -582,8 +587,8 @@ static oscar_params *calibrate_windows(oscar_calib_options *o, synth *s, int win
                 const float *q = s[l].q + (size_t)t * (size_t)s[l].hq * (size_t)s[l].d;
                 const float *k = s[l].k + (size_t)t * (size_t)s[l].hkv * (size_t)s[l].d;
                 const float *v = s[l].v + (size_t)t * (size_t)s[l].hkv * (size_t)s[l].d;
-                cr_assert_eq(oscar_calib_feed(c, l, w, pass == 0 ? q : NULL, pass == 1 || kv0 ? k : NULL,
-                                              pass == 1 || kv0 ? v : NULL, OSCAR_DTYPE_F32),
+                cr_assert_eq(oscar_calib_feed(c, l, w, pass == 0 ? q : NULL, k, pass == 1 || kv0 ? v : NULL,
+                                              OSCAR_DTYPE_F32),
                              OSCAR_OK, "%s", oscar_last_error());
             }
     }

@@ -53,7 +53,7 @@ static void usage(FILE *fp) {
             "                   probes (default 0.002)\n"
             "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"
             "                   key target (queries weighted by their squared attention on the 2-bit\n"
-            "                   region; default 0: E[q q^T], published)\n"
+            "                   region; default 1; 0: E[q q^T], published; docs/EVAL.md)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"

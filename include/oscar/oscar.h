@@ -264,10 +264,10 @@ typedef struct oscar_calib_options {
                                    head's fitted on its own probes (parameter file format_version 3;
                                    docs/eval/retrieval.md: it did not win on both calibration texts) */
     float key_attn_weight;      /* share in [0, 1] of the attention-weighted query covariance in the key
-                                   target C_K (default 0: C_K = E[q q^T], published): each query weighted by
-                                   the sum of its squared softmax weights on the keys of its 2-bit region
+                                   target C_K (default 1; 0: C_K = E[q q^T], published): each query weighted
+                                   by the sum of its squared softmax weights on the keys of its 2-bit region
                                    (sink <= p <= t - recent), the first-order output error a key error
-                                   causes; needs the keys in pass 0 (docs/CALIBRATION.md) */
+                                   causes; > 0 needs the keys in pass 0 (docs/CALIBRATION.md) */
     int32_t threads;            /* worker threads of finalize's clip fitting (default 0: the online CPUs,
                                    at most 64); the result does not depend on it */
 } oscar_calib_options;
@@ -291,7 +291,9 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * attending to the earlier ones): feeds of at least sink + recent + 33 tokens
  * give attention probes for clip fitting (queries kept in pass 0; the keys and
  * values up to the probe position from pass 0 when given there, else from the
- * feed with the same per-layer index in pass 1). */
+ * feed with the same per-layer index in pass 1). Pass 0 needs q, and k as well
+ * while key_attn_weight > 0 (the default: the queries' attention weights);
+ * pass 1 needs k and v. */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
 /* Copy probes (pass 0, optional): one causal window whose token at position p
