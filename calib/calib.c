@@ -488,6 +488,41 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
     return OSCAR_OK;
 }
 
+/* Runs fn(ctx, part, parts) for part = 0..parts-1, parts - 1 of them in new threads (a part whose
+ * thread cannot start runs here). Each part writes only its own outputs, so results do not depend on
+ * the count (options.threads). */
+#define MAX_WORKERS 64
+typedef struct part_job {
+    void (*fn)(void *ctx, int part, int parts);
+    void *ctx;
+    int part, parts;
+} part_job;
+
+static void *part_run(void *arg) {
+    const part_job *j = arg;
+    j->fn(j->ctx, j->part, j->parts);
+    return NULL;
+}
+
+static void parallel_parts(int parts, void (*fn)(void *ctx, int part, int parts), void *ctx) {
+    if (parts < 1) parts = 1;
+    if (parts > MAX_WORKERS) parts = MAX_WORKERS;
+    part_job jobs[MAX_WORKERS];
+    pthread_t tid[MAX_WORKERS];
+    int started[MAX_WORKERS] = {0};
+    for (int w = 0; w < parts; w++) {
+        jobs[w] = (part_job){.fn = fn, .ctx = ctx, .part = w, .parts = parts};
+        if (w > 0) started[w] = pthread_create(&tid[w], NULL, part_run, &jobs[w]) == 0;
+    }
+    part_run(&jobs[0]);
+    for (int w = 1; w < parts; w++) {
+        if (started[w])
+            pthread_join(tid[w], NULL);
+        else
+            part_run(&jobs[w]);
+    }
+}
+
 /* Attention-weighted key target (key_attn_weight > 0), pass 0: for every ATTN_STRIDE-th query
  * position t of the window whose 2-bit region [sink, t - recent] is not empty, and every query head
  * of KV head h, a = sum over that region of the squared softmax weights (causal, over 0..t) adds
@@ -496,6 +531,34 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
  * whose attention concentrates on a few 2-bit keys (copy and induction queries) weigh most,
  * queries spread over many keys or kept on the sink and recent window little. */
 #define ATTN_STRIDE 8
+#define ATTN_BLOCK 32 /* query rows per score product */
+/* Rows [m part / parts, m (part + 1) / parts) of attn_weighted_queries: row i (position first + 8 i)
+ * of the scores S [m][n] gives a = sum over the 2-bit region of the squared softmax weights, and the
+ * query row X[i] is scaled by sqrt(a). */
+typedef struct attn_rows_job {
+    const float *S;
+    double *X;
+    int n, m, d, first, sink, recent;
+} attn_rows_job;
+
+static void attn_rows(void *arg, int part, int parts) {
+    const attn_rows_job *j = arg;
+    const int i0 = (int)((int64_t)j->m * part / parts), i1 = (int)((int64_t)j->m * (part + 1) / parts);
+    for (int i = i0; i < i1; i++) {
+        const int t = j->first + i * ATTN_STRIDE;
+        const float *s = j->S + (size_t)i * (size_t)j->n;
+        float mx = s[0];
+        for (int p = 1; p <= t; p++) mx = s[p] > mx ? s[p] : mx;
+        double z = 0.0, a2 = 0.0;
+        for (int p = 0; p <= t; p++) {
+            double e = exp((double)s[p] - (double)mx);
+            z += e;
+            if (p >= j->sink && p <= t - j->recent) a2 += e * e;
+        }
+        const double sq = sqrt(a2 / (z * z));
+        for (int e = 0; e < j->d; e++) j->X[(size_t)i * (size_t)j->d + e] *= sq;
+    }
+}
 static oscar_status attn_weighted_queries(oscar_calib *c, int layer, int n, const void *q, const void *k,
                                           oscar_dtype dtype) {
     const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv, sink = c->o.sink, recent = c->o.recent;
@@ -525,22 +588,15 @@ static oscar_status attn_weighted_queries(oscar_calib *c, int layer, int n, cons
                          X + (size_t)i * (size_t)d);
                 for (int e = 0; e < d; e++) Q[(size_t)i * (size_t)d + (size_t)e] = (float)X[(size_t)i * (size_t)d + e];
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, d, scale, Q, d, K, d, 0.0f, S, n);
-            for (int i = 0; i < m; i++) {
-                const int t = first + i * ATTN_STRIDE;
-                const float *s = S + (size_t)i * (size_t)n;
-                float mx = s[0];
-                for (int p = 1; p <= t; p++) mx = s[p] > mx ? s[p] : mx;
-                double z = 0.0, a2 = 0.0;
-                for (int p = 0; p <= t; p++) {
-                    double e = exp((double)s[p] - (double)mx);
-                    z += e;
-                    if (p >= sink && p <= t - recent) a2 += e * e;
-                }
-                const double a = a2 / (z * z);
-                const double sq = sqrt(a);
-                for (int e = 0; e < d; e++) X[(size_t)i * (size_t)d + e] *= sq;
+            /* Causal: a block of rows needs the keys up to its last position only. */
+            for (int i0 = 0; i0 < m; i0 += ATTN_BLOCK) {
+                const int rows = m - i0 < ATTN_BLOCK ? m - i0 : ATTN_BLOCK;
+                const int keys = first + (i0 + rows - 1) * ATTN_STRIDE + 1;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale, Q + (size_t)i0 * (size_t)d,
+                            d, K, d, 0.0f, S + (size_t)i0 * (size_t)n, n);
             }
+            attn_rows_job job = {.S = S, .X = X, .n = n, .m = m, .d = d, .first = first, .sink = sink, .recent = recent};
+            parallel_parts(c->o.threads, attn_rows, &job);
             cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, m, 1.0, X, d, 1.0, c->cw + mo, d);
         }
     }
@@ -1097,15 +1153,15 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
     }
 }
 
-/* One worker's share of probe_set_quantize: part `part` of `parts` of every selected probe's rows. */
+/* probe_set_quantize's arguments; part `part` of `parts` quantizes that share of every selected probe's rows. */
 typedef struct quant_job {
     probe_set *ps;
-    int which, head, lloyd_max, copies, part, parts;
+    int which, head, lloyd_max, copies;
     float clip;
     const float *const *F;
 } quant_job;
 
-static void *quant_rows(void *arg) {
+static void quant_rows(void *arg, int part, int parts) {
     const quant_job *j = arg;
     probe_set *ps = j->ps;
     const oscar_calib *c = ps->c;
@@ -1120,40 +1176,24 @@ static void *quant_rows(void *arg) {
         const float *Fi = j->F ? j->F[c->o.per_head ? ps->h[i] : 0] : NULL;
         const int lo = c->o.sink, n = ps->p[i]->t - c->o.recent - lo + 1;
         if (n <= 0) continue;
-        const int r0 = lo + (int)((int64_t)n * j->part / j->parts), r1 = lo + (int)((int64_t)n * (j->part + 1) / j->parts);
+        const int r0 = lo + (int)((int64_t)n * part / parts), r1 = lo + (int)((int64_t)n * (part + 1) / parts);
         for (int r = r0; r < r1; r++) {
             oscar_ref_quantize_row_fb(d, c->o.group, j->lloyd_max, j->clip, OSCAR_DTYPE_F16,
                                       src + (size_t)r * (size_t)d, Fi, codes, meta);
             oscar_ref_dequantize_row(d, c->o.group, j->lloyd_max, codes, meta, dst + (size_t)r * (size_t)d);
         }
     }
-    return NULL;
 }
 
 /* Quantizes the 2-bit region [sink, t - recent] of the K or V rows of every
  * probe of KV head `head` (-1: every head) with clip ratio `clip`, as the
  * cache does (group, fp16 metadata). Rows are independent: options.threads
- * workers take a contiguous share of each probe's rows (same result for any
- * count; a worker that cannot start leaves its share to the caller). */
+ * workers take a contiguous share of each probe's rows. */
 static void probe_set_quantize(probe_set *ps, int which, int head, float clip, int lloyd_max, const float *const *F,
                                int copies) {
-    enum { MAX_WORKERS = 64 };
-    const int parts = ps->c->o.threads < 1 ? 1 : ps->c->o.threads > MAX_WORKERS ? MAX_WORKERS : ps->c->o.threads;
-    quant_job jobs[MAX_WORKERS];
-    pthread_t tid[MAX_WORKERS];
-    int started[MAX_WORKERS] = {0};
-    for (int w = 0; w < parts; w++) {
-        jobs[w] = (quant_job){.ps = ps, .which = which, .head = head, .lloyd_max = lloyd_max, .copies = copies,
-                              .part = w, .parts = parts, .clip = clip, .F = F};
-        if (w > 0) started[w] = pthread_create(&tid[w], NULL, quant_rows, &jobs[w]) == 0;
-    }
-    quant_rows(&jobs[0]);
-    for (int w = 1; w < parts; w++) {
-        if (started[w])
-            pthread_join(tid[w], NULL);
-        else
-            quant_rows(&jobs[w]);
-    }
+    quant_job j = {.ps = ps, .which = which, .head = head, .lloyd_max = lloyd_max, .copies = copies, .clip = clip,
+                   .F = F};
+    parallel_parts(ps->c->o.threads, quant_rows, &j);
 }
 
 /* softmax(q K^T / sqrt(d)) V for the g queries of probe i into ps->ob. */
