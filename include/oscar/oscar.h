@@ -316,7 +316,8 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
  * metrics are averaged (give all heads of a layer or none). */
 OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, int kv_head, const double *M);
 /* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
- * after the passes that define them: C_K after pass 0, C_V after pass 1.
+ * after the passes that define them: C_K after pass 0 ((1 - w) C_Q + w C_W with
+ * w = key_attn_weight, C_W scaled to C_Q's trace), C_V after pass 1.
  * out is head_dim*head_dim doubles, row-major, caller-owned. */
 OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
                                           double *out);
