@@ -26,8 +26,10 @@
 #include <cblas.h>
 #include <lapacke.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "oscar_ref.h"
 #include "oscar_internal.h"
@@ -74,6 +76,7 @@ struct oscar_calib {
     size_t dd;
     double *cq;      /* [L][hkv][d][d] pass 0: sum of q q^T (upper triangle while accumulating) */
     double *cqn;     /* [L][hkv][d][d] C_Q,h, full symmetric, set when pass 1 begins */
+    double *cw;      /* [L][hkv][d][d] pass 0, key_attn_weight > 0: sum of a q q^T (upper triangle) */
     double *sv;      /* [L][hkv][d][d] pass 1: sum of w v v^T (upper triangle) */
     double *sw;      /* [L][hkv] pass 1: sum of w */
     int64_t *n0, *n1; /* [L] tokens fed in pass 0 / pass 1 */
@@ -130,12 +133,14 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->copy_probes = 0;
     o->copy_mass_loss = 0.002f;
     o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
+    o->key_attn_weight = 1.0f; /* attention-weighted C_K: lower KL on 2 calibration texts x 2 slices (docs/EVAL.md) */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     if (!c) return;
     free(c->cq);
     free(c->cqn);
+    free(c->cw);
     free(c->sv);
     free(c->sw);
     free(c->n0);
@@ -231,6 +236,12 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->copy_mass_loss >= 0.0f && o->copy_mass_loss <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_mass_loss %g must be in [0, 1]",
                                (double)o->copy_mass_loss);
+    if (!(o->key_attn_weight >= 0.0f && o->key_attn_weight <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g must be in [0, 1]",
+                               (double)o->key_attn_weight);
+    if (o->threads < 0 || o->threads > 64)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "threads %d must be in [0, 64] (0: the online CPUs)",
+                               o->threads);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
@@ -239,6 +250,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->o = *o;
     c->o.struct_size = sizeof c->o;
     if (o->model_hash) memcpy(c->model_hash, o->model_hash, strlen(o->model_hash) + 1);
+    if (c->o.threads == 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        c->o.threads = n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
+    }
     c->o.model_hash = NULL; /* not kept: the caller's string may not outlive us */
     c->state = STATE_CREATED;
     c->L = o->num_layers;
@@ -251,6 +266,13 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     size_t nm = (size_t)c->L * (size_t)c->hkv * c->dd, nres = (size_t)c->L * (size_t)c->cap;
     c->cq = calloc(nm, sizeof(double));
     c->cqn = calloc(nm, sizeof(double));
+    if (o->key_attn_weight > 0.0f) {
+        c->cw = calloc(nm, sizeof(double));
+        if (!c->cw) {
+            oscar_calib_destroy(c);
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for the attention-weighted key target");
+        }
+    }
     c->sv = calloc(nm, sizeof(double));
     c->sw = calloc((size_t)c->L * (size_t)c->hkv, sizeof(double));
     c->n0 = calloc((size_t)c->L, sizeof(int64_t));
@@ -466,6 +488,122 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
     return OSCAR_OK;
 }
 
+/* Runs fn(ctx, part, parts) for part = 0..parts-1, parts - 1 of them in new threads (a part whose
+ * thread cannot start runs here). Each part writes only its own outputs, so results do not depend on
+ * the count (options.threads). */
+#define MAX_WORKERS 64
+typedef struct part_job {
+    void (*fn)(void *ctx, int part, int parts);
+    void *ctx;
+    int part, parts;
+} part_job;
+
+static void *part_run(void *arg) {
+    const part_job *j = arg;
+    j->fn(j->ctx, j->part, j->parts);
+    return NULL;
+}
+
+static void parallel_parts(int parts, void (*fn)(void *ctx, int part, int parts), void *ctx) {
+    if (parts < 1) parts = 1;
+    if (parts > MAX_WORKERS) parts = MAX_WORKERS;
+    part_job jobs[MAX_WORKERS];
+    pthread_t tid[MAX_WORKERS];
+    int started[MAX_WORKERS] = {0};
+    for (int w = 0; w < parts; w++) {
+        jobs[w] = (part_job){.fn = fn, .ctx = ctx, .part = w, .parts = parts};
+        if (w > 0) started[w] = pthread_create(&tid[w], NULL, part_run, &jobs[w]) == 0;
+    }
+    part_run(&jobs[0]);
+    for (int w = 1; w < parts; w++) {
+        if (started[w])
+            pthread_join(tid[w], NULL);
+        else
+            part_run(&jobs[w]);
+    }
+}
+
+/* Attention-weighted key target (key_attn_weight > 0), pass 0: for every ATTN_STRIDE-th query
+ * position t of the window whose 2-bit region [sink, t - recent] is not empty, and every query head
+ * of KV head h, a = sum over that region of the squared softmax weights (causal, over 0..t) adds
+ * a q q^T to cw. A key error dk moves the head's output by about
+ * sum_p P_p (q . dk_p) (v_p - o): its squared size grows with P_p^2 (q^T E[dk dk^T] q), so queries
+ * whose attention concentrates on a few 2-bit keys (copy and induction queries) weigh most,
+ * queries spread over many keys or kept on the sink and recent window little. */
+#define ATTN_STRIDE 8
+#define ATTN_BLOCK 32 /* query rows per score product */
+/* Rows [m part / parts, m (part + 1) / parts) of attn_weighted_queries: row i (position first + 8 i)
+ * of the scores S [m][n] gives a = sum over the 2-bit region of the squared softmax weights, and the
+ * query row X[i] is scaled by sqrt(a). */
+typedef struct attn_rows_job {
+    const float *S;
+    double *X;
+    int n, m, d, first, sink, recent;
+} attn_rows_job;
+
+static void attn_rows(void *arg, int part, int parts) {
+    const attn_rows_job *j = arg;
+    const int i0 = (int)((int64_t)j->m * part / parts), i1 = (int)((int64_t)j->m * (part + 1) / parts);
+    for (int i = i0; i < i1; i++) {
+        const int t = j->first + i * ATTN_STRIDE;
+        const float *s = j->S + (size_t)i * (size_t)j->n;
+        float mx = s[0];
+        for (int p = 1; p <= t; p++) mx = s[p] > mx ? s[p] : mx;
+        double z = 0.0, a2 = 0.0;
+        for (int p = 0; p <= t; p++) {
+            double e = exp((double)s[p] - (double)mx);
+            z += e;
+            if (p >= j->sink && p <= t - j->recent) a2 += e * e;
+        }
+        const double sq = sqrt(a2 / (z * z));
+        for (int e = 0; e < j->d; e++) j->X[(size_t)i * (size_t)j->d + e] *= sq;
+    }
+}
+static oscar_status attn_weighted_queries(oscar_calib *c, int layer, int n, const void *q, const void *k,
+                                          oscar_dtype dtype) {
+    const int d = c->d, g = c->g, hq = c->hq, hkv = c->hkv, sink = c->o.sink, recent = c->o.recent;
+    const int64_t lo = (int64_t)sink + recent;
+    if ((int64_t)n <= lo) return OSCAR_OK;
+    /* The window's sample of positions shifts with the feed index, so all positions get sampled. */
+    const int first = (int)(lo + c->feeds[layer] % ATTN_STRIDE);
+    if (first >= n) return OSCAR_OK;
+    const int m = (n - 1 - first) / ATTN_STRIDE + 1;
+    float *K = malloc((size_t)n * (size_t)d * sizeof(float)), *Q = malloc((size_t)m * (size_t)d * sizeof(float)),
+          *S = malloc((size_t)m * (size_t)n * sizeof(float));
+    double *row = malloc((size_t)d * sizeof(double)), *X = malloc((size_t)m * (size_t)d * sizeof(double));
+    if (!K || !Q || !S || !row || !X) {
+        free(K), free(Q), free(S), free(row), free(X);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for the attention-weighted key target");
+    }
+    const float scale = (float)(1.0 / sqrt((double)d));
+    for (int h = 0; h < hkv; h++) {
+        for (int t = 0; t < n; t++) {
+            load_row(dtype, k, ((size_t)t * (size_t)hkv + (size_t)h) * (size_t)d, d, row);
+            for (int i = 0; i < d; i++) K[(size_t)t * (size_t)d + (size_t)i] = (float)row[i];
+        }
+        const size_t mo = ((size_t)layer * (size_t)hkv + (size_t)h) * c->dd;
+        for (int j = h * g; j < (h + 1) * g; j++) {
+            for (int i = 0; i < m; i++) {
+                load_row(dtype, q, ((size_t)(first + i * ATTN_STRIDE) * (size_t)hq + (size_t)j) * (size_t)d, d,
+                         X + (size_t)i * (size_t)d);
+                for (int e = 0; e < d; e++) Q[(size_t)i * (size_t)d + (size_t)e] = (float)X[(size_t)i * (size_t)d + e];
+            }
+            /* Causal: a block of rows needs the keys up to its last position only. */
+            for (int i0 = 0; i0 < m; i0 += ATTN_BLOCK) {
+                const int rows = m - i0 < ATTN_BLOCK ? m - i0 : ATTN_BLOCK;
+                const int keys = first + (i0 + rows - 1) * ATTN_STRIDE + 1;
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, keys, d, scale, Q + (size_t)i0 * (size_t)d,
+                            d, K, d, 0.0f, S + (size_t)i0 * (size_t)n, n);
+            }
+            attn_rows_job job = {.S = S, .X = X, .n = n, .m = m, .d = d, .first = first, .sink = sink, .recent = recent};
+            parallel_parts(c->o.threads, attn_rows, &job);
+            cblas_dsyrk(CblasRowMajor, CblasUpper, CblasTrans, d, m, 1.0, X, d, 1.0, c->cw + mo, d);
+        }
+    }
+    free(K), free(Q), free(S), free(row), free(X);
+    return OSCAR_OK;
+}
+
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype) {
     oscar_clear_error();
@@ -484,9 +622,14 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "dtype %d is not F32, BF16 or F16", (int)dtype);
     const int pass = c->state;
     if (pass == 0 && !q)
-        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 0 needs the queries q (k and v may be NULL)");
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 0 needs the queries q (and the keys k while key_attn_weight > 0)");
     if (pass == 1 && (!k || !v))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "pass 1 needs the keys k and values v (q may be NULL)");
+    if (pass == 0 && c->cw && !k)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "key_attn_weight %g needs the keys k in pass 0 (the attention weights of the "
+                               "queries): pass k, or set key_attn_weight 0",
+                               (double)c->o.key_attn_weight);
     const int d = c->d, hq = c->hq, hkv = c->hkv, g = c->g;
     const size_t n = (size_t)n_tokens;
 
@@ -516,6 +659,7 @@ OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens,
 
     oscar_status ps = probes_capture(c, layer, n_tokens, q, k, v, dtype, pass);
     if (ps) return ps;
+    if (pass == 0 && c->cw && (ps = attn_weighted_queries(c, layer, n_tokens, q, k, dtype))) return ps;
     if (pass == 0) {
         /* Per KV head: rows q_{t,j} for the group's query heads, rank-k update. */
         const size_t tok_per_chunk = (size_t)(CHUNK_ROWS / g > 0 ? CHUNK_ROWS / g : 1);
@@ -649,7 +793,20 @@ static void target(const oscar_calib *c, int layer, int which, int r, double *ou
     for (int h = h0; h < h1; h++) {
         size_t mo = ((size_t)layer * (size_t)c->hkv + (size_t)h) * c->dd;
         if (which == OSCAR_K) {
-            for (size_t i = 0; i < c->dd; i++) out[i] += scale * c->cqn[mo + i];
+            /* (1 - a) C_Q,h + a C_W,h, C_W,h the attention-weighted one scaled to C_Q,h's trace. */
+            double a = c->cw ? (double)c->o.key_attn_weight : 0.0, trq = 0.0, trw = 0.0;
+            for (int i = 0; a > 0.0 && i < c->d; i++) {
+                trq += c->cqn[mo + (size_t)i * (size_t)c->d + (size_t)i];
+                trw += c->cw[mo + (size_t)i * (size_t)c->d + (size_t)i];
+            }
+            if (!(trw > 0.0)) a = 0.0; /* no weighted query (windows too short): the published target */
+            const double fw = a > 0.0 ? a * scale * trq / trw : 0.0;
+            for (size_t i = 0; i < c->dd; i++) out[i] += (1.0 - a) * scale * c->cqn[mo + i];
+            for (int i = 0; fw > 0.0 && i < c->d; i++)
+                for (int j = 0; j < c->d; j++) {
+                    int lo = i < j ? i : j, hi = i < j ? j : i;
+                    out[(size_t)i * (size_t)c->d + (size_t)j] += fw * c->cw[mo + (size_t)lo * (size_t)c->d + (size_t)hi];
+                }
         } else {
             double sw = c->sw[(size_t)layer * (size_t)c->hkv + (size_t)h];
             double f = sw > 0.0 ? scale / sw : 0.0;
@@ -862,6 +1019,20 @@ static double eval_error(eval_ctx *x, float clip, double *wsum) {
     return total;
 }
 
+/* The row objective's clip: the grid from mild to harsh (ties keep the milder), or `fixed` when > 0. */
+static void row_grid(eval_ctx *x, float fixed, float *best_c, double *best) {
+    double wsum;
+    *best_c = fixed > 0.0f ? fixed : 1.0f;
+    *best = eval_error(x, *best_c, &wsum);
+    for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
+        double err = eval_error(x, k_clip_grid[gi], &wsum);
+        if (err < *best) {
+            *best = err;
+            *best_c = k_clip_grid[gi];
+        }
+    }
+}
+
 /* Ct = R^T C R (R fp32 row-major, NULL = identity). */
 static void rotate_metric(int d, const double *C, const float *R, double *Rd, double *tmp, double *Ct) {
     if (!R) {
@@ -887,10 +1058,7 @@ typedef struct probe_set {
     double **o;      /* [np] exact outputs [g][d] */
     float *S;        /* scratch [g][maxT] */
     float *ob;       /* scratch [g][d] */
-    float *xq;       /* scratch [d] */
     const double *const *om; /* [nrot] output metric in the rotated V space (value metric), or NULL: identity */
-    uint8_t *codes;  /* [d / 4] */
-    float *meta;     /* [2 * groups] */
 } probe_set;
 
 static void probe_set_free(probe_set *ps) {
@@ -912,9 +1080,6 @@ static void probe_set_free(probe_set *ps) {
     free(ps->o);
     free(ps->S);
     free(ps->ob);
-    free(ps->xq);
-    free(ps->codes);
-    free(ps->meta);
     memset(ps, 0, sizeof *ps);
 }
 
@@ -944,11 +1109,7 @@ static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
     ps->o = calloc(np, sizeof(double *));
     ps->S = malloc(g * (size_t)ps->maxT * sizeof(float));
     ps->ob = malloc(g * d * sizeof(float));
-    ps->xq = malloc(d * sizeof(float));
-    ps->codes = malloc(d / 4);
-    ps->meta = malloc(2 * d * sizeof(float));
-    if (!ps->kr || !ps->vr || !ps->kq || !ps->vq || !ps->qr || !ps->o || !ps->S || !ps->ob || !ps->xq ||
-        !ps->codes || !ps->meta)
+    if (!ps->kr || !ps->vr || !ps->kq || !ps->vq || !ps->qr || !ps->o || !ps->S || !ps->ob)
         return -1;
     for (size_t i = 0; i < np; i++) {
         size_t rows = (size_t)ps->p[i]->t + 1;
@@ -992,25 +1153,47 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
     }
 }
 
-/* Quantizes the 2-bit region [sink, t - recent] of the K or V rows of every
- * probe of KV head `head` (-1: every head) with clip ratio `clip`, as the
- * cache does (group, fp16 metadata). */
-static void probe_set_quantize(probe_set *ps, int which, int head, float clip, int lloyd_max, const float *const *F,
-                               int copies) {
+/* probe_set_quantize's arguments; part `part` of `parts` quantizes that share of every selected probe's rows. */
+typedef struct quant_job {
+    probe_set *ps;
+    int which, head, lloyd_max, copies;
+    float clip;
+    const float *const *F;
+} quant_job;
+
+static void quant_rows(void *arg, int part, int parts) {
+    const quant_job *j = arg;
+    probe_set *ps = j->ps;
     const oscar_calib *c = ps->c;
     const int d = c->d;
+    uint8_t codes[64];   /* d / 4, d <= 256 */
+    float meta[2 * 256]; /* two per group */
     for (int i = 0; i < ps->np; i++) {
-        if ((ps->p[i]->period != 0) != copies) continue; /* copies 0: text probes, 1: copy probes */
-        if (head >= 0 && ps->h[i] != head) continue;
-        const float *src = which == OSCAR_K ? ps->kr[i] : ps->vr[i];
-        float *dst = which == OSCAR_K ? ps->kq[i] : ps->vq[i];
-        const float *Fi = F ? F[c->o.per_head ? ps->h[i] : 0] : NULL;
-        for (int r = c->o.sink; r <= ps->p[i]->t - c->o.recent; r++) {
-            oscar_ref_quantize_row_fb(d, c->o.group, lloyd_max, clip, OSCAR_DTYPE_F16, src + (size_t)r * (size_t)d,
-                                      Fi, ps->codes, ps->meta);
-            oscar_ref_dequantize_row(d, c->o.group, lloyd_max, ps->codes, ps->meta, dst + (size_t)r * (size_t)d);
+        if ((ps->p[i]->period != 0) != j->copies) continue; /* copies 0: text probes, 1: copy probes */
+        if (j->head >= 0 && ps->h[i] != j->head) continue;
+        const float *src = j->which == OSCAR_K ? ps->kr[i] : ps->vr[i];
+        float *dst = j->which == OSCAR_K ? ps->kq[i] : ps->vq[i];
+        const float *Fi = j->F ? j->F[c->o.per_head ? ps->h[i] : 0] : NULL;
+        const int lo = c->o.sink, n = ps->p[i]->t - c->o.recent - lo + 1;
+        if (n <= 0) continue;
+        const int r0 = lo + (int)((int64_t)n * part / parts), r1 = lo + (int)((int64_t)n * (part + 1) / parts);
+        for (int r = r0; r < r1; r++) {
+            oscar_ref_quantize_row_fb(d, c->o.group, j->lloyd_max, j->clip, OSCAR_DTYPE_F16,
+                                      src + (size_t)r * (size_t)d, Fi, codes, meta);
+            oscar_ref_dequantize_row(d, c->o.group, j->lloyd_max, codes, meta, dst + (size_t)r * (size_t)d);
         }
     }
+}
+
+/* Quantizes the 2-bit region [sink, t - recent] of the K or V rows of every
+ * probe of KV head `head` (-1: every head) with clip ratio `clip`, as the
+ * cache does (group, fp16 metadata). Rows are independent: options.threads
+ * workers take a contiguous share of each probe's rows. */
+static void probe_set_quantize(probe_set *ps, int which, int head, float clip, int lloyd_max, const float *const *F,
+                               int copies) {
+    quant_job j = {.ps = ps, .which = which, .head = head, .lloyd_max = lloyd_max, .copies = copies, .clip = clip,
+                   .F = F};
+    parallel_parts(ps->c->o.threads, quant_rows, &j);
 }
 
 /* softmax(q K^T / sqrt(d)) V for the g queries of probe i into ps->ob. */
@@ -1360,8 +1543,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         /* Held-back rows: errors of none / Hadamard, and the row objective's
          * clip (it decides under clip_objective 1 or for a layer without probes). */
         eval_ctx xs[2];
-        double rel[2], row_best[2];
-        float row_c[2];
+        double rel[2], row_best[2] = {0.0, 0.0};
+        float row_c[2] = {1.0f, 1.0f};
         for (int which = 0; which < 2; which++) {
             const float **Rpw = Rp + (size_t)which * 3 * (size_t)nrot;
             const double **Cpw = Cp + (size_t)which * 3 * (size_t)nrot;
@@ -1385,17 +1568,9 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
             x.rotated = 0;
             x.lloyd_max = c->o.method == OSCAR_METHOD_OSCAR2_LM;
             x.F = p->fb ? Fp + (size_t)which * (size_t)nrot : NULL;
-            float fixed = which == OSCAR_K ? c->o.clip_k : c->o.clip_v, best_c = fixed > 0.0f ? fixed : 1.0f;
-            double best = eval_error(&x, best_c, &wsum);
-            for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
-                double err = eval_error(&x, k_clip_grid[gi], &wsum);
-                if (err < best) { /* strict: ties keep the milder clip */
-                    best = err;
-                    best_c = k_clip_grid[gi];
-                }
-            }
-            row_c[which] = best_c;
-            row_best[which] = best;
+            /* Under the probe objective the row grid is only the fallback of a layer without probes. */
+            if (c->o.clip_objective == 1) row_grid(&x, which == OSCAR_K ? c->o.clip_k : c->o.clip_v, &row_c[which],
+                                                   &row_best[which]);
             xs[which] = x;
             double *rep = which == OSCAR_K ? c->report[l].err_k : c->report[l].err_v;
             rep[0] = err_none;
@@ -1416,14 +1591,15 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         }
         for (int which = 0; which < 2; which++) {
             float *cw = hc + (size_t)which * (size_t)c->hkv, mild = 0.0f;
-            int same = 1;
+            if (by_probes && !fitted)
+                row_grid(&xs[which], which == OSCAR_K ? c->o.clip_k : c->o.clip_v, &row_c[which], &row_best[which]);
+            int same = !by_probes || !fitted; /* row_best holds the error at the chosen ratio */
             for (int h = 0; h < c->hkv; h++) {
                 if (!by_probes || !fitted) cw[h] = row_c[which]; /* the row objective: one ratio per layer */
-                same = same && cw[h] == row_c[which];
                 mild = cw[h] > mild ? cw[h] : mild;
                 *oscar_params_clip_ptr(p, l, h, which) = cw[h];
             }
-            double wsum, best = row_best[which];
+            double wsum, best = same ? row_best[which] : 0.0;
             if (!same) {
                 xs[which].clips = cw;
                 best = eval_error(&xs[which], 1.0f, &wsum);

@@ -32,6 +32,14 @@ Test(bad_input, calib_feed_refuses_nonfinite_k_and_v_in_pass_0) {
     cr_expect(strstr(oscar_last_error(), "value"), "message: %s", oscar_last_error());
     v[7 * 64] = 0.0f;
     cr_expect_eq(oscar_calib_feed(c, 0, N, q, k, v, OSCAR_DTYPE_F32), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(oscar_calib_feed(c, 0, N, q, k, NULL, OSCAR_DTYPE_F32), OSCAR_OK, "%s", oscar_last_error());
+    /* The default attention-weighted key target needs the keys in pass 0; the published one does not. */
+    cr_expect_eq(oscar_calib_feed(c, 0, N, q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(oscar_last_error(), "key_attn_weight"), "message: %s", oscar_last_error());
+    oscar_calib_destroy(c);
+    o.key_attn_weight = 0.0f;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_calib_begin_pass(c, 0), OSCAR_OK);
     cr_expect_eq(oscar_calib_feed(c, 0, N, q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK, "%s", oscar_last_error());
     oscar_calib_destroy(c);
 }

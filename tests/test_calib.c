@@ -116,7 +116,8 @@ static double rel_frob(const double *a, const double *b, size_t n) {
     return sqrt(num / den);
 }
 
-/* Feeds a layer in windows of random sizes (crossing the internal chunking). */
+/* Feeds a layer in windows of random sizes (crossing the internal chunking); the keys in both passes (the
+ * default attention-weighted key target reads them in pass 0), the values in pass 1. */
 static void feed_pass(oscar_calib *c, int layer, const synth *s, int pass, oscar_dtype dt, const void *q, const void *k,
                       const void *v) {
     size_t es = oscar_dtype_size(dt);
@@ -127,17 +128,17 @@ static void feed_pass(oscar_calib *c, int layer, const synth *s, int pass, oscar
         const char *qp = (const char *)q + (size_t)t * (size_t)s->hq * (size_t)s->d * es;
         const char *kp = (const char *)k + (size_t)t * (size_t)s->hkv * (size_t)s->d * es;
         const char *vp = (const char *)v + (size_t)t * (size_t)s->hkv * (size_t)s->d * es;
-        cr_assert_eq(oscar_calib_feed(c, layer, w, pass == 0 ? qp : NULL, pass == 1 ? kp : NULL,
-                                      pass == 1 ? vp : NULL, dt),
+        cr_assert_eq(oscar_calib_feed(c, layer, w, pass == 0 ? qp : NULL, kp, pass == 1 ? vp : NULL, dt),
                      OSCAR_OK, "%s", oscar_last_error());
         t += w;
     }
 }
 
-static oscar_calib *make(int L, int hq, int hkv, int d, int per_head, int holdout) {
+static oscar_calib *make(int L, int hq, int hkv, int d, int per_head, int holdout, float key_attn) {
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
     o.per_head = per_head;
+    o.key_attn_weight = key_attn;
     o.holdout_rows = holdout;
     oscar_calib *c = NULL;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
@@ -148,7 +149,7 @@ static void check_targets(int per_head) {
     const int d = 64, hq = 4, hkv = 2, n = 4500 + (int)(rnd() % 1000);
     synth s[2];
     for (int l = 0; l < 2; l++) synth_make(&s[l], n, hq, hkv, d, l);
-    oscar_calib *c = make(2, hq, hkv, d, per_head, 512);
+    oscar_calib *c = make(2, hq, hkv, d, per_head, 512, 0.0f); /* C_K = E[q q^T]: the weighted one has its own test */
     size_t dd = (size_t)d * d;
     double *out = malloc(sizeof(double) * dd), *CQ = malloc(sizeof(double) * dd * hkv),
            *CV = malloc(sizeof(double) * dd * hkv), *want = malloc(sizeof(double) * dd);
@@ -203,11 +204,11 @@ Test(calib, bf16_input) {
         vb[i] = oscar_f32_to_bf16(s.v[i]);
         s.v[i] = oscar_bf16_to_f32(vb[i]);
     }
-    oscar_calib *a = make(1, hq, hkv, d, 0, 64), *b = make(1, hq, hkv, d, 0, 64);
+    oscar_calib *a = make(1, hq, hkv, d, 0, 64, 1.0f), *b = make(1, hq, hkv, d, 0, 64, 1.0f);
     cr_assert_eq(oscar_calib_begin_pass(a, 0), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(b, 0), OSCAR_OK);
-    cr_assert_eq(oscar_calib_feed(a, 0, n, qb, NULL, NULL, OSCAR_DTYPE_BF16), OSCAR_OK);
-    cr_assert_eq(oscar_calib_feed(b, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(a, 0, n, qb, kb, NULL, OSCAR_DTYPE_BF16), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(b, 0, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(a, 1), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(b, 1), OSCAR_OK);
     cr_assert_eq(oscar_calib_feed(a, 0, n, NULL, kb, vb, OSCAR_DTYPE_BF16), OSCAR_OK);
@@ -408,7 +409,7 @@ Test(calib, state_machine_and_bad_input) {
     const int d = 64, hq = 2, hkv = 1, n = 50;
     synth s;
     synth_make(&s, n, hq, hkv, d, 0);
-    oscar_calib *c = make(2, hq, hkv, d, 0, 16);
+    oscar_calib *c = make(2, hq, hkv, d, 0, 16, 1.0f);
     double *out = malloc(sizeof(double) * d * d), *ref = malloc(sizeof(double) * d * d);
     oscar_params *p = NULL;
     oscar_calib_layer_report rep;
@@ -427,17 +428,18 @@ Test(calib, state_machine_and_bad_input) {
     cr_assert_eq(oscar_calib_feed(c, 0, n, NULL, s.k, s.v, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
     cr_assert_eq(oscar_calib_feed(c, 0, 0, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_EMPTY);
     cr_assert_eq(oscar_calib_feed(c, 0, -3, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT); /* no keys */
+    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_ERR_STATE); /* layer 1 not fed */
     cr_assert(strstr(oscar_last_error(), "layer 1") != NULL, "%s", oscar_last_error());
     /* A non-finite row is refused and leaves no trace. */
     int bad_t = (int)(rnd() % n), bad_i = (int)(rnd() % (hq * d));
     float keep = s.q[(size_t)bad_t * hq * d + bad_i];
     s.q[(size_t)bad_t * hq * d + bad_i] = (rnd() & 1) ? NAN : -INFINITY;
-    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_NONFINITE);
+    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_NONFINITE);
     cr_assert(strstr(oscar_last_error(), "not finite") != NULL);
     s.q[(size_t)bad_t * hq * d + bad_i] = keep;
-    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 1, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_OK);
     cr_assert_eq(oscar_calib_target(c, 1, 0, OSCAR_K, out), OSCAR_OK);
     cr_assert_eq(oscar_calib_target(c, 0, 0, OSCAR_K, ref), OSCAR_OK);
@@ -521,7 +523,7 @@ Test(calib, holdout_deterministic) {
         o.holdout_rows = 100;
         cr_assert_eq(oscar_calib_create(&o, &c[r]), OSCAR_OK);
         cr_assert_eq(oscar_calib_begin_pass(c[r], 0), OSCAR_OK);
-        cr_assert_eq(oscar_calib_feed(c[r], 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+        cr_assert_eq(oscar_calib_feed(c[r], 0, n, s.q, s.k, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
         cr_assert_eq(oscar_calib_begin_pass(c[r], 1), OSCAR_OK);
         for (int t = 0; t < n; t += 100)
             cr_assert_eq(oscar_calib_feed(c[r], 0, 100, NULL, s.k + (size_t)t * d, s.v + (size_t)t * d, OSCAR_DTYPE_F32),
@@ -546,12 +548,14 @@ Test(calib, accumulation_speed) {
     float *q = malloc(sizeof(float) * nq), *k = malloc(sizeof(float) * nk), *v = malloc(sizeof(float) * nk);
     for (size_t i = 0; i < nq; i++) q[i] = (float)(urand() - 0.5);
     for (size_t i = 0; i < nk; i++) k[i] = (float)(urand() - 0.5), v[i] = (float)(urand() - 0.5);
-    oscar_calib *c = make(L, hq, hkv, d, 0, 256);
+    oscar_calib *c = make(L, hq, hkv, d, 0, 256, 1.0f); /* the default target: pass 0 scores the sampled queries */
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     cr_assert_eq(oscar_calib_begin_pass(c, 0), OSCAR_OK);
     for (int l = 0; l < L; l++)
-        for (int w = 0; w < n; w += 2048) cr_assert_eq(oscar_calib_feed(c, l, 2048, q + (size_t)w * hq * d, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK);
+        for (int w = 0; w < n; w += 2048)
+            cr_assert_eq(oscar_calib_feed(c, l, 2048, q + (size_t)w * hq * d, k + (size_t)w * hkv * d, NULL, OSCAR_DTYPE_F32),
+                         OSCAR_OK);
     cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_OK);
     for (int l = 0; l < L; l++)
         for (int w = 0; w < n; w += 2048)
@@ -570,7 +574,8 @@ Test(calib, accumulation_speed) {
 /* ------------------------------------------------------------ attention probes */
 
 /* Feeds L layers of s window by window (windows of `win` tokens, the last one
- * shorter), q/k/v in pass 0 when kv0, else q only; k/v in pass 1. */
+ * shorter), q/k/v in pass 0 when kv0, else q and k (the probes then take their
+ * keys and values from pass 1); k/v in pass 1. */
 static oscar_params *calibrate_windows(oscar_calib_options *o, synth *s, int win, int kv0, oscar_calib **cal) {
     oscar_calib *c = NULL;
     cr_assert_eq(oscar_calib_create(o, &c), OSCAR_OK, "%s", oscar_last_error());
@@ -582,8 +587,8 @@ static oscar_params *calibrate_windows(oscar_calib_options *o, synth *s, int win
                 const float *q = s[l].q + (size_t)t * (size_t)s[l].hq * (size_t)s[l].d;
                 const float *k = s[l].k + (size_t)t * (size_t)s[l].hkv * (size_t)s[l].d;
                 const float *v = s[l].v + (size_t)t * (size_t)s[l].hkv * (size_t)s[l].d;
-                cr_assert_eq(oscar_calib_feed(c, l, w, pass == 0 ? q : NULL, pass == 1 || kv0 ? k : NULL,
-                                              pass == 1 || kv0 ? v : NULL, OSCAR_DTYPE_F32),
+                cr_assert_eq(oscar_calib_feed(c, l, w, pass == 0 ? q : NULL, k, pass == 1 || kv0 ? v : NULL,
+                                              OSCAR_DTYPE_F32),
                              OSCAR_OK, "%s", oscar_last_error());
             }
     }
@@ -1087,4 +1092,164 @@ Test(calib, feedback_weights) {
     oscar_calib_destroy(c2);
     synth_free(&s[0]);
     synth_free(&fresh);
+}
+
+/* Attention-weighted key target (key_attn_weight): brute force in fp64 of the documented rule. Feed f of
+ * a layer (0-based) samples query positions t = sink + recent + (f % 8) + 8 i < n; each query head j of
+ * KV head h adds a q q^T with a = sum over sink <= p <= t - recent of softmax(q K[0..t]^T / sqrt(d))_p^2;
+ * C_K = (1 - w) C_Q + w C_W tr(C_Q) / tr(C_W) per head (per layer: the mean of the heads' mixtures). */
+static void brute_attn_target(const synth *s, int win, int sink, int recent, double w, int per_head, int r,
+                              double *out) {
+    const int d = s->d, g = s->hq / s->hkv;
+    const size_t dd = (size_t)d * (size_t)d;
+    double *CQ = calloc(dd, sizeof(double)), *CW = calloc(dd, sizeof(double)), *sc = malloc(sizeof(double) * win);
+    memset(out, 0, sizeof(double) * dd);
+    for (int h = per_head ? r : 0; h < (per_head ? r + 1 : s->hkv); h++) {
+        memset(CQ, 0, sizeof(double) * dd);
+        memset(CW, 0, sizeof(double) * dd);
+        int ntok = 0;
+        for (int f = 0, t0 = 0; t0 < s->n; f++, t0 += win) {
+            const int n = s->n - t0 < win ? s->n - t0 : win;
+            for (int t = 0; t < n; t++, ntok++)
+                for (int j = h * g; j < (h + 1) * g; j++) {
+                    const float *q = s->q + ((size_t)(t0 + t) * (size_t)s->hq + (size_t)j) * (size_t)d;
+                    for (int a = 0; a < d; a++)
+                        for (int b = 0; b < d; b++) CQ[a * d + b] += (double)q[a] * q[b];
+                    if (t < sink + recent + f % 8 || (t - sink - recent - f % 8) % 8) continue;
+                    double mx = -INFINITY, z = 0.0, a2 = 0.0;
+                    for (int p = 0; p <= t; p++) {
+                        const float *k = s->k + ((size_t)(t0 + p) * (size_t)s->hkv + (size_t)h) * (size_t)d;
+                        double dot = 0.0;
+                        for (int a = 0; a < d; a++) dot += (double)q[a] * k[a];
+                        sc[p] = dot / sqrt((double)d);
+                        mx = sc[p] > mx ? sc[p] : mx;
+                    }
+                    for (int p = 0; p <= t; p++) z += exp(sc[p] - mx);
+                    for (int p = sink; p <= t - recent; p++) a2 += exp(sc[p] - mx) * exp(sc[p] - mx);
+                    for (int a = 0; a < d; a++)
+                        for (int b = 0; b < d; b++) CW[a * d + b] += a2 / (z * z) * q[a] * q[b];
+                }
+        }
+        double trq = 0.0, trw = 0.0;
+        for (int a = 0; a < d; a++) {
+            trq += CQ[a * d + a] / ((double)ntok * g);
+            trw += CW[a * d + a];
+        }
+        const double share = per_head ? 1.0 : 1.0 / s->hkv;
+        for (size_t i = 0; i < dd; i++)
+            out[i] += share * ((1.0 - w) * CQ[i] / ((double)ntok * g) + w * CW[i] * trq / trw);
+    }
+    free(CQ);
+    free(CW);
+    free(sc);
+}
+
+Test(calib, key_attn_target_matches_brute_force) {
+    const int d = 64, hq = 4, hkv = 2, win = 150, sink = 8, recent = 32;
+    synth s;
+    synth_make(&s, 5 * win + 77 + (int)(rnd() % 40), hq, hkv, d, 1);
+    for (int i = 0; i < s.n * hq * d; i++) s.q[i] *= 0.15f; /* attention neither one-hot nor flat */
+    const size_t dd = (size_t)d * (size_t)d;
+    double *got = malloc(sizeof(double) * dd), *want = malloc(sizeof(double) * dd), *plain = malloc(sizeof(double) * dd);
+    for (int per_head = 0; per_head < 2; per_head++)
+        for (int wi = 0; wi < 2; wi++) {
+            const float w = wi ? 1.0f : 0.5f;
+            oscar_calib_options o;
+            oscar_calib_options_default(&o, 1, hq, hkv, d);
+            o.per_head = per_head, o.sink = sink, o.recent = recent, o.holdout_rows = 256, o.key_attn_weight = w;
+            oscar_calib *c = NULL;
+            cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_calib_begin_pass(c, 0), OSCAR_OK);
+            for (int t = 0; t < s.n; t += win) {
+                const int n = s.n - t < win ? s.n - t : win;
+                cr_assert_eq(oscar_calib_feed(c, 0, n, s.q + (size_t)t * hq * d, s.k + (size_t)t * hkv * d,
+                                              s.v + (size_t)t * hkv * d, OSCAR_DTYPE_F32),
+                             OSCAR_OK, "%s", oscar_last_error());
+            }
+            cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_OK, "%s", oscar_last_error());
+            for (int r = 0; r < (per_head ? hkv : 1); r++) {
+                cr_assert_eq(oscar_calib_target(c, 0, r, OSCAR_K, got), OSCAR_OK, "%s", oscar_last_error());
+                brute_attn_target(&s, win, sink, recent, w, per_head, r, want);
+                brute_attn_target(&s, win, sink, recent, 0.0, per_head, r, plain);
+                double e = rel_frob(got, want, dd), moved = rel_frob(plain, want, dd);
+                cr_log_info("per_head %d weight %.1f head %d: rel err %.2e, weighting moves C_K by %.3f", per_head,
+                            (double)w, r, e, moved);
+                cr_assert_lt(e, 1e-4, "per_head %d weight %g head %d: rel err %g (seed %llu)", per_head, (double)w, r,
+                             e, (unsigned long long)g_seed);
+                cr_assert_gt(moved, 1e-2, "the weighting should change the target here (moved %g)", moved);
+                for (int a = 0; a < d; a++)
+                    for (int b = 0; b < d; b++) cr_assert_eq(got[a * d + b], got[b * d + a], "not symmetric");
+            }
+            oscar_calib_destroy(c);
+        }
+    /* It needs the keys in pass 0; bad weights are refused at create. */
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, 1, hq, hkv, d);
+    o.key_attn_weight = 1.0f;
+    oscar_calib *c = NULL;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK);
+    cr_assert_eq(oscar_calib_begin_pass(c, 0), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 0, win, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "key_attn_weight") != NULL, "%s", oscar_last_error());
+    oscar_calib_destroy(c);
+    const float bad[3] = {-0.1f, 1.5f, NAN};
+    for (int i = 0; i < 3; i++) {
+        o.key_attn_weight = bad[i];
+        c = (oscar_calib *)1;
+        cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g", (double)bad[i]);
+        cr_assert_null(c);
+    }
+    free(got);
+    free(want);
+    free(plain);
+    synth_free(&s);
+}
+
+/* finalize's clip fitting in worker threads: the same parameters and reports for any count. */
+Test(calib, threads_do_not_change_the_result) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160;
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], 10 * win + 21, hq, hkv, d, l);
+    const int counts[3] = {1, 3, 0};
+    oscar_calib *c[3];
+    oscar_params *p[3];
+    for (int r = 0; r < 3; r++) {
+        oscar_calib_options o;
+        small_window_options(&o, L, hq, hkv, d);
+        o.threads = counts[r];
+        p[r] = calibrate_windows(&o, s, win, 1, &c[r]);
+    }
+    const size_t n = (size_t)L * 2 * (size_t)p[0]->num_rot * (size_t)d * (size_t)d;
+    for (int r = 1; r < 3; r++) {
+        cr_assert_eq(memcmp(p[0]->rot, p[r]->rot, n * sizeof(float)), 0, "threads %d: other rotations", counts[r]);
+        cr_assert_not_null(p[r]->fb);
+        cr_assert_eq(memcmp(p[0]->fb, p[r]->fb, n * sizeof(float)), 0, "threads %d: other feedback", counts[r]);
+        for (int l = 0; l < L; l++) {
+            oscar_calib_attn_report a, b;
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c[0], l, &a), OSCAR_OK);
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], l, &b), OSCAR_OK);
+            cr_assert_eq(memcmp(&a, &b, sizeof a), 0, "threads %d layer %d: other probe errors", counts[r], l);
+            for (int h = 0; h < hkv; h++)
+                for (int w = 0; w < 2; w++) {
+                    float x, y;
+                    oscar_params_clip_head(p[0], l, h, (oscar_kv)w, &x);
+                    oscar_params_clip_head(p[r], l, h, (oscar_kv)w, &y);
+                    cr_assert_eq(x, y, "threads %d: layer %d head %d clip differs", counts[r], l, h);
+                }
+        }
+    }
+    for (int r = 0; r < 3; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, 1, hq, hkv, d);
+    const int bad[2] = {-1, 65};
+    for (int i = 0; i < 2; i++) {
+        o.threads = bad[i];
+        oscar_calib *x = (oscar_calib *)1;
+        cr_assert_eq(oscar_calib_create(&o, &x), OSCAR_ERR_INVALID_ARGUMENT, "threads %d", bad[i]);
+        cr_assert_null(x);
+    }
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
 }

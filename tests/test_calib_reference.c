@@ -68,6 +68,7 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
     ocal_options_default(&o);
     o.window = 2048;
     o.max_tokens = 65536;
+    o.key_attn_weight = 0.0f; /* the reference holds the published C_K = E[q q^T] */
     oscar_calib *calib = NULL;
     oscar_params *p = NULL;
     ocal_stats st;

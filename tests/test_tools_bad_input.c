@@ -271,6 +271,20 @@ Test(tools_bad_input, calibrate_checks_the_output_folder_first, .timeout = 300) 
     cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
 }
 
+/* Shares and losses in [0, 1]: anything else exits 2 before the model is read. */
+Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
+    char out[16384];
+    const char *cases[][2] = {{"--key-attn-weight", "1.5"}, {"--key-attn-weight", "-0.1"},
+                              {"--key-attn-weight", "0.5x"}, {"--copy-mass-loss", "abc"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s %s --out p",
+                     cases[i][0], cases[i][1]);
+        cr_expect_eq(rc, 2, "%s %s: exit %d: %s", cases[i][0], cases[i][1], rc, out);
+        cr_expect(strstr(out, cases[i][0]) && strstr(out, "[0, 1]"), "message should name %s and the range: %s",
+                  cases[i][0], out);
+    }
+}
+
 Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothing, .timeout = 300) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64], path[128];

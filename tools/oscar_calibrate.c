@@ -51,6 +51,9 @@ static void usage(FILE *fp) {
             "                   default 0; docs/eval/retrieval.md)\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
+            "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"
+            "                   key target (queries weighted by their squared attention on the 2-bit\n"
+            "                   region; default 1; 0: E[q q^T], published; docs/EVAL.md)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
             "  --recent N       cache recent window the clips are fitted for (default 256)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
@@ -59,7 +62,7 @@ static void usage(FILE *fp) {
             "                   uses 4: ~250 s more for tiny-qwen3 on 2 cores, a CPU forward of the\n"
             "                   model per candidate clip, so it grows with the model)\n"
             "  --clip-search-sweeps N  passes over the layers (default 1)\n"
-            "  --threads N      engine threads (default: all cores)\n"
+            "  --threads N      engine threads and finalize's clip-fitting workers (default: all cores)\n"
             "  --recompute      run the forward again in pass 1 instead of caching pass 0's K/V\n");
 }
 
@@ -82,6 +85,19 @@ static int parse_clip(const char *flag, const char *s, float *out) {
     double v = strtod(s, &end);
     if (errno || end == s || *end || !(v > 0.0 && v <= 1.0)) {
         fprintf(stderr, "oscar-calibrate: %s wants a clip ratio in (0, 1], got '%s'\n", flag, s);
+        return 0;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+/* A number in [0, 1] (a share or a loss of attention weight). */
+static int parse_share(const char *flag, const char *s, float *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v >= 0.0 && v <= 1.0)) {
+        fprintf(stderr, "oscar-calibrate: %s wants a number in [0, 1], got '%s'\n", flag, s);
         return 0;
     }
     *out = (float)v;
@@ -156,13 +172,9 @@ int main(int argc, char **argv) {
             if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
             o.copy_windows = (int)v;
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
-            char *end;
-            double x = strtod(argv[++i], &end);
-            if (*end || !(x >= 0.0 && x <= 1.0)) {
-                fprintf(stderr, "oscar-calibrate: --copy-mass-loss wants a number in [0, 1], got '%s'\n", argv[i]);
-                return 2;
-            }
-            o.copy_mass_loss = (float)x;
+            if (!parse_share(a, argv[++i], &o.copy_mass_loss)) return 2;
+        } else if (!strcmp(a, "--key-attn-weight") && has) {
+            if (!parse_share(a, argv[++i], &o.key_attn_weight)) return 2;
         } else if (!strcmp(a, "--per-head")) o.per_head = 1;
         else if (!strcmp(a, "--per-layer")) o.per_head = 0;
         else if (!strcmp(a, "--clip-per-layer")) o.clip_per_head = 0;
@@ -199,6 +211,7 @@ int main(int argc, char **argv) {
     }
     /* The engine reads OE_THREADS when its context is created. */
     if (threads > 0) {
+        o.threads = (int)threads > 64 ? 64 : (int)threads;
         char buf[16];
         snprintf(buf, sizeof buf, "%d", (int)threads);
         setenv("OE_THREADS", buf, 1);

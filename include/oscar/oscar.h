@@ -273,6 +273,13 @@ typedef struct oscar_calib_options {
                                    probes, given to every KV head; 1: one per (layer, KV head, K/V), each
                                    head's fitted on its own probes (parameter file format_version 3;
                                    docs/eval/retrieval.md: it did not win on both calibration texts) */
+    float key_attn_weight;      /* share in [0, 1] of the attention-weighted query covariance in the key
+                                   target C_K (default 1; 0: C_K = E[q q^T], published): each query weighted
+                                   by the sum of its squared softmax weights on the keys of its 2-bit region
+                                   (sink <= p <= t - recent), the first-order output error a key error
+                                   causes; > 0 needs the keys in pass 0 (docs/CALIBRATION.md) */
+    int32_t threads;            /* worker threads of finalize's clip fitting (default 0: the online CPUs,
+                                   at most 64); the result does not depend on it */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -294,7 +301,9 @@ OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
  * attending to the earlier ones): feeds of at least sink + recent + 33 tokens
  * give attention probes for clip fitting (queries kept in pass 0; the keys and
  * values up to the probe position from pass 0 when given there, else from the
- * feed with the same per-layer index in pass 1). */
+ * feed with the same per-layer index in pass 1). Pass 0 needs q, and k as well
+ * while key_attn_weight > 0 (the default: the queries' attention weights);
+ * pass 1 needs k and v. */
 OSCAR_API oscar_status oscar_calib_feed(oscar_calib *c, int layer, int n_tokens, const void *q, const void *k,
                                         const void *v, oscar_dtype dtype);
 /* Copy probes (pass 0, optional): one causal window whose token at position p
@@ -317,7 +326,8 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
  * metrics are averaged (give all heads of a layer or none). */
 OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, int kv_head, const double *M);
 /* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
- * after the passes that define them: C_K after pass 0, C_V after pass 1.
+ * after the passes that define them: C_K after pass 0 ((1 - w) C_Q + w C_W with
+ * w = key_attn_weight, C_W scaled to C_Q's trace), C_V after pass 1.
  * out is head_dim*head_dim doubles, row-major, caller-owned. */
 OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
                                           double *out);

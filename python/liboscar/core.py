@@ -849,7 +849,8 @@ class Calibrator:
     window's post-RoPE q, k, v of each layer in pass 0, again in pass 1,
     then :meth:`finalize`. Options are the C struct's fields
     (group, per_head, method, clip_k, clip_v, holdout_rows, model_hash, sink,
-    recent, clip_objective, permutation, rounding)."""
+    recent, clip_objective, permutation, rounding, copy_probes, copy_mass_loss,
+    clip_per_head, key_attn_weight, threads)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
         C = _capi.calib()

@@ -27,7 +27,10 @@ def synthetic(rng):
 
 @pytest.mark.parametrize("per_head", [1, 0])
 def test_key_target_rotation_and_file(rng, tmp_path, per_head):
-    c = liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.96, clip_v=0.92, rounding=0, per_head=per_head)
+    # key_attn_weight=0: the published C_K = E[q q^T] checked below (the default weighs the queries by
+    # their attention on the 2-bit region: tests/test_calib.c key_attn_target_matches_brute_force)
+    c = liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.96, clip_v=0.92, rounding=0, per_head=per_head,
+                            key_attn_weight=0)
     data = [synthetic(rng) for _ in range(L)]
     for p in (0, 1):
         c.begin_pass(p)

@@ -41,6 +41,7 @@ void ocal_options_default(ocal_options *o) {
     o->copy_windows = -1;
     o->copy_mass_loss = -1.0f;
     o->clip_per_head = -1;
+    o->key_attn_weight = -1.0f;
     o->per_head = -1;
 }
 
@@ -205,6 +206,8 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     co.copy_probes = ncopy * OCAL_COPY_PROBES_PER_WINDOW > 64 ? 64 : ncopy * OCAL_COPY_PROBES_PER_WINDOW;
     if (o->copy_mass_loss >= 0.0f) co.copy_mass_loss = o->copy_mass_loss;
     if (o->clip_per_head >= 0) co.clip_per_head = o->clip_per_head;
+    if (o->key_attn_weight >= 0.0f) co.key_attn_weight = o->key_attn_weight;
+    if (o->threads > 0) co.threads = o->threads;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
