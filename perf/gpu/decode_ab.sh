@@ -9,21 +9,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/oscar-out}
 mkdir -p "$OUT"
-builds=() shapes=() seen=0
-for a in "$@"; do
-  if [ "$a" = "--" ]; then seen=1; continue; fi
-  if [ $seen = 1 ]; then shapes+=("$a"); else builds+=("$a"); fi
-done
-[ ${#shapes[@]} = 0 ] && shapes=(32/8/128)
+. perf/gpu/ab_rounds.sh
+ab_args "$@"
 export OSCAR_BENCH_METHODS=${OSCAR_BENCH_METHODS:-oscar2}
 export OSCAR_BENCH_CASES=${OSCAR_BENCH_CASES:-1x131072,8x32768,32x32768}
-for round in 1 2; do
-  for b in "${builds[@]}"; do
-    name=${b%%=*} dir=${b#*=}
-    timeout 300 "$dir/bench_attention" "$dir/lib/liboscar_backend_cuda.so" "/tmp/ab-$name-$round.tsv" \
-      "${shapes[@]}" > "/tmp/ab-$name-$round.log" 2>&1 || { tail -20 "/tmp/ab-$name-$round.log"; exit 1; }
-  done
-done
+ab_rounds ab
 python3 - "$OUT/decode_ab.md" "${builds[@]}" <<'PY'
 import csv, statistics, sys
 out, builds = sys.argv[1], [b.split("=")[0] for b in sys.argv[2:]]

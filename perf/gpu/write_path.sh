@@ -11,25 +11,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/oscar-out}
 mkdir -p "$OUT"
-builds=()
-shapes=()
-seen=0
-for a in "$@"; do
-  if [ "$a" = "--" ]; then seen=1; continue; fi
-  if [ $seen = 1 ]; then shapes+=("$a"); else builds+=("$a"); fi
-done
-[ ${#shapes[@]} = 0 ] && shapes=(32/8/128)
+. perf/gpu/ab_rounds.sh
+ab_args "$@"
 export OSCAR_BENCH_FB=1 OSCAR_BENCH_METHODS=oscar2 OSCAR_BENCH_PREFILL=${OSCAR_BENCH_PREFILL:-0}
 export OSCAR_BENCH_CASES=${OSCAR_BENCH_CASES:-1x4096,8x4096,32x4096,64x4096,128x4096,256x4096}
-for round in 1 2; do
-  for b in "${builds[@]}"; do
-    name=${b%%=*}
-    dir=${b#*=}
-    timeout 300 "$dir/bench_attention" "$dir/lib/liboscar_backend_cuda.so" "/tmp/wp-$name-$round.tsv" \
-      "${shapes[@]}" > "/tmp/wp-$name-$round.log" 2>&1 || { tail -20 "/tmp/wp-$name-$round.log"; exit 1; }
-    grep -E "prefill" "/tmp/wp-$name-$round.log" | sed "s/^/$name r$round: /"
-  done
-done
+ab_rounds wp prefill
 python3 - "$OUT/write_path.md" "${builds[@]}" <<'PY'
 import csv, statistics, sys
 out, builds = sys.argv[1], [b.split("=")[0] for b in sys.argv[2:]]
