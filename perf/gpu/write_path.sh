@@ -16,26 +16,4 @@ ab_args "$@"
 export OSCAR_BENCH_FB=1 OSCAR_BENCH_METHODS=oscar2 OSCAR_BENCH_PREFILL=${OSCAR_BENCH_PREFILL:-0}
 export OSCAR_BENCH_CASES=${OSCAR_BENCH_CASES:-1x4096,8x4096,32x4096,64x4096,128x4096,256x4096}
 ab_rounds wp prefill
-python3 - "$OUT/write_path.md" "${builds[@]}" <<'PY'
-import csv, statistics, sys
-out, builds = sys.argv[1], [b.split("=")[0] for b in sys.argv[2:]]
-rows = {}
-for name in builds:
-    for r in (1, 2):
-        for row in csv.DictReader(open("/tmp/wp-%s-%d.tsv" % (name, r)), delimiter="\t"):
-            if not row.get("batch") or not row.get("append_us"):
-                continue
-            key = (row["shape"], int(row["batch"]), int(row["context"]))
-            rows.setdefault(key, {}).setdefault((name, row["method"]), []).append(float(row["append_us"]))
-head = "| shape | batch | context | " + " | ".join("%s nearest us | %s feedback us" % (n, n) for n in builds) + " |"
-lines = [head, "|" + "---|" * (3 + 2 * len(builds))]
-for key in sorted(rows):
-    cells = []
-    for n in builds:
-        for m in ("oscar2", "oscar2-fb"):
-            v = rows[key].get((n, m))
-            cells.append("%.1f" % statistics.median(v) if v else "-")
-    lines.append("| %s | %d | %d | " % key + " | ".join(cells) + " |")
-open(out, "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+python3 perf/gpu/ab_table.py write "$OUT/write_path.md" wp "${builds[@]}"
