@@ -4,6 +4,9 @@
 # two rounds interleaved so clock drift hits all alike, into
 # /tmp/TAG-NAME-ROUND.{tsv,log}; log lines matching PATTERN are echoed.
 # BUILD: a folder with bench_attention and lib/liboscar_backend_cuda.so.
+# Tables go to $OUT (default /tmp/oscar-out).
+OUT=${OUT:-/tmp/oscar-out}
+mkdir -p "$OUT"
 builds=() shapes=()
 ab_args() {
   local seen=0 a

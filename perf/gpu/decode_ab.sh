@@ -7,8 +7,6 @@
 # SHAPE: HQ/HKV/D[/G] (default 32/8/128); cases: OSCAR_BENCH_CASES (BxL,...).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/oscar-out}
-mkdir -p "$OUT"
 . perf/gpu/ab_rounds.sh
 ab_args "$@"
 export OSCAR_BENCH_METHODS=${OSCAR_BENCH_METHODS:-oscar2}

@@ -9,8 +9,6 @@
 # SHAPE: HQ/HKV/D[/G] (default 32/8/128, the Qwen3-8B layer).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/oscar-out}
-mkdir -p "$OUT"
 . perf/gpu/ab_rounds.sh
 ab_args "$@"
 export OSCAR_BENCH_FB=1 OSCAR_BENCH_METHODS=oscar2 OSCAR_BENCH_PREFILL=${OSCAR_BENCH_PREFILL:-0}
