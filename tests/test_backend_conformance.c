@@ -1080,11 +1080,11 @@ Test(extend, gqa_ratios_page64_splits, .timeout = 600) {
     });
 }
 
-/* Every query count within the recent window (W 128 >= EXT_MAX_Q): the CUDA
- * plugin's tensor-core family then takes a chunk's (query row, head) pairs as MMA
- * columns, causal over the 16-bit rows (the case above runs its generic kernel
- * whenever one query count passes W). d 128 group 128: GQA 4, GQA 12 (16 columns
- * per CTA, several CTAs per KV head) with per-head rotations, the BF16 method
+/* Every query count within the recent window (W 128 >= EXT_MAX_Q), so every
+ * 2-bit row precedes every query and only the 16-bit rows need the causal mask:
+ * the case a tensor-core extend for chunks within W is written for (branch
+ * tc-extend-wip; the cases above send some query count past W in most calls).
+ * d 128 group 128: GQA 4, GQA 12 with per-head rotations, the BF16 method
  * (causal over every row); ragged chunks, lengths below S0 + W. */
 Test(extend, window_chunks_tensor_core_shapes, .timeout = 600) {
     cfg c = {128, 128, 64, 16, 128, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};

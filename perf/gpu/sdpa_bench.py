@@ -16,6 +16,7 @@ import sys
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 quick = "quick" in sys.argv[2:]
 shapes = [a for a in sys.argv[2:] if a != "quick"] or ["32/8/128/128"]
@@ -43,7 +44,6 @@ for key, HQ, HKV, D, b, l in points:
         continue
     q = torch.randn(b, HQ, qlen, D, device="cuda", dtype=torch.bfloat16)
     if qlen > 1:
-        from torch.nn.attention.bias import causal_lower_right
         mask = causal_lower_right(qlen, l)
     ks = [torch.randn(b, HKV, l, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     vs = [torch.randn(b, HKV, l, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
