@@ -475,7 +475,14 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
     void *ws = a->workspace;
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
-    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)(4 * D), ra,
+    /* Rotation and merge: 4 D threads (four groups sharing a row's dot products or
+     * splits) while the grid is smaller than two blocks per compute unit, D threads
+     * once Hq x nseq blocks fill the device (the groups then cost more than the
+     * latency they hide). OpenCL keeps 4 D (its rotate_q has a fixed work-group size;
+     * it runs the generic family). */
+    int cu = V(ctx)->compute_units(ctx);
+    unsigned grp = (int64_t)Hq * nseq >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, grp * (unsigned)D, ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     oscar_tc_decode_params dp = {
@@ -496,8 +503,7 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
                                 .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H};
     gpu_arg ma[] = {{&mp, sizeof mp}};
-    /* the tensor-core merge runs 4 D threads (templates/decode_tc.jinja) */
-    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, (unsigned)(4 * D), ma, 1, a->stream, err);
+    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, grp * (unsigned)D, ma, 1, a->stream, err);
 }
 
 /* Checks shared by decode and extend: q/out present, strides. */
