@@ -21,6 +21,12 @@ typedef struct oscar_tc_decode_params {
     int32_t ns2, chunk2;          /* splits over the 2-bit history, tokens per split (multiple of 32) */
     int32_t chunk16;              /* 16-bit rows per later split (multiple of 16) */
     int32_t nsplit;               /* ns2 + splits over the 16-bit rows */
+    /* Extend (oscar_extend): ext 1 and cu_q [num_seqs+1] give sequence s the query
+     * rows cu_q[s] .. cu_q[s+1]-1; the MMA columns of a KV head are then (query row,
+     * query head) pairs, hchunks CTAs of up to 8 * n_tiles columns each. ext 0: one
+     * query row per sequence (decode), cu_q unused. */
+    const int32_t *cu_q;
+    int32_t ext, max_q;           /* max_q: the call's max_q_len (a longer sequence is flagged) */
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,
@@ -33,8 +39,11 @@ typedef struct oscar_tc_merge_params {
     int64_t rot_off;
     unsigned char *out;
     int64_t out_stride;
-    float *lse;                   /* optional [num_seqs][Hq] natural-log LSE, NULL: not written */
+    float *lse;                   /* optional [rows][Hq] natural-log LSE, NULL: not written */
     int32_t nsplit, max_len, num_rot, identity, rotated_output, Hq, H;
+    /* extend: one block per query row; the row's sequence is found in cu_q [nseq+1] */
+    const int32_t *cu_q;
+    int32_t ext, nseq;
 } oscar_tc_merge_params;
 
 #endif

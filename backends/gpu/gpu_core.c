@@ -275,10 +275,12 @@ static int hchunks_of(const gpu_plan *p) {
     int cap = p->k.cap > 0 ? p->k.cap : p->gqa;
     return (p->gqa + cap - 1) / cap;
 }
-static void tc_choose(void *ctx, const gpu_plan *p, int nseq, int max_len, int max_splits, gpu_tc_splits *t) {
+/* cols: MMA columns per (sequence, KV head): the GQA ratio for decode, max_q_len x it for extend. */
+static void tc_choose(void *ctx, const gpu_plan *p, int nseq, int cols, int max_len, int max_splits,
+                      gpu_tc_splits *t) {
     /* bytes of one token of one KV head in a page (codes + metadata of K and V) */
     int row2 = (int)(p->page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
-    gpu_tc_choose(nseq, p->l.num_kv_heads, p->gqa, p->k.cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
+    gpu_tc_choose(nseq, p->l.num_kv_heads, cols, p->k.cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
                   row2, resident_blocks(ctx, p), max_splits, t);
 }
 
@@ -300,7 +302,7 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     int nsplit, chunk;
     if (p->k.tc) {
         gpu_tc_splits t;
-        tc_choose(ctx, p, max_seqs, max_seq_len, 1 << 20, &t);
+        tc_choose(ctx, p, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
         nsplit = t.nsplit;
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
@@ -455,18 +457,23 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                           (int)(sizeof sa / sizeof sa[0]), a->stream, err);
 }
 
-/* q rotation, one tensor-core decode launch over every split, one merge launch. */
-static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_decode_args *a, int max_len,
-                              int max_splits, size_t qtb, float *lse, oscar_errbuf *err) {
+/* q rotation, one tensor-core launch over every split, one merge launch. ext 0:
+ * decode (one query row per sequence, a->cu_q NULL); ext 1: extend (the query
+ * rows of cu_q as MMA columns, causal over the 16-bit rows; the caller makes
+ * sure every 2-bit row precedes every query: max_q_len <= W). */
+static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_extend_args *a, int ext,
+                              int max_len, int max_splits, size_t qtb, float *lse, oscar_errbuf *err) {
     const oscar_batch *b = &a->batch;
     int H = p->l.num_kv_heads, Hq = p->l.num_q_heads, D = p->l.head_dim, nseq = b->num_seqs;
+    int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
+    const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_choose(ctx, p, nseq, max_len, max_splits, &t);
+    tc_choose(ctx, p, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
-                                "%s oscar_decode: workspace holds %d splits, this batch needs %d; size it with "
+                                "%s %s: workspace holds %d splits, this batch needs %d; size it with "
                                 "oscar_plan_workspace_bytes for at least this batch and length",
-                                V(ctx)->name, max_splits, t.nsplit);
+                                V(ctx)->name, fn, max_splits, t.nsplit);
     int64_t qt_off = OSCAR_WORKSPACE_HEADER, part_off = OSCAR_WORKSPACE_HEADER + (int64_t)qtb;
     int64_t q_stride = a->q_stride, rot_off = (int64_t)a->layer * p->num_rot * D * D;
     int num_rot = p->num_rot, identity = p->identity;
@@ -477,12 +484,12 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
     /* Rotation and merge: 4 D threads (four groups sharing a row's dot products or
      * splits) while the grid is smaller than two blocks per compute unit, D threads
-     * once Hq x nseq blocks fill the device (the groups then cost more than the
+     * once Hq x rows blocks fill the device (the groups then cost more than the
      * latency they hide). OpenCL keeps 4 D (its rotate_q has a fixed work-group size;
      * it runs the generic family). */
     int cu = V(ctx)->compute_units(ctx);
-    unsigned grp = (int64_t)Hq * nseq >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
-    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)nseq, 1, grp * (unsigned)D, ra,
+    unsigned grp = (int64_t)Hq * rows >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     oscar_tc_decode_params dp = {
@@ -493,7 +500,7 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
         .num_pages = a->cache.num_pages, .num_slots = a->cache.num_window_slots,
         .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
-        .nsplit = t.nsplit};
+        .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .ext = ext, .max_q = max_q};
     gpu_arg da[] = {{&dp, sizeof dp}};
     st = V(ctx)->launch_smem(ctx, p->k.decode, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128,
                              p->k.smem, da, 1, a->stream, err);
@@ -501,9 +508,10 @@ static oscar_status tc_decode(void *ctx, const gpu_plan *p, const oscar_backend_
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
                                 .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
-                                .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H};
+                                .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H,
+                                .cu_q = ext ? a->cu_q : NULL, .ext = ext, .nseq = nseq};
     gpu_arg ma[] = {{&mp, sizeof mp}};
-    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)nseq, 1, grp * (unsigned)D, ma, 1, a->stream, err);
+    return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ma, 1, a->stream, err);
 }
 
 /* Checks shared by decode and extend: q/out present, strides. */
@@ -614,12 +622,12 @@ static oscar_status decode_impl(void *ctx, const gpu_plan *p, const oscar_backen
     size_t qtb;
     int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->batch.num_seqs, "oscar_decode", &qtb, err);
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
-    if (p->k.tc) return tc_decode(ctx, p, a, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
     oscar_backend_extend_args x = {.layer = a->layer, .cache = a->cache, .batch = a->batch, .total_q = a->batch.num_seqs,
                                    .max_q_len = 1, .q = a->q, .q_stride = a->q_stride, .out = a->out,
                                    .out_stride = a->out_stride, .sm_scale = a->sm_scale,
                                    .rotated_output = a->rotated_output, .workspace = a->workspace,
                                    .workspace_bytes = a->workspace_bytes, .stream = a->stream};
+    if (p->k.tc) return tc_launch(ctx, p, &x, 0, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
     return generic_launch(ctx, p, &x, 0, qtb, max_splits, err);
 }
 
@@ -658,5 +666,12 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     size_t qtb;
     int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->total_q, fn, &qtb, err);
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
+    /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
+     * when every 2-bit row precedes every query (a chunk no longer than the recent
+     * window; the BF16 method has no 2-bit rows) and the grid fits. */
+    int64_t hch = ((int64_t)a->max_q_len * p->gqa + p->k.cap - 1) / (p->k.cap > 0 ? p->k.cap : 1);
+    if (p->k.tc && (!p->quantized || (p->W > 0 && a->max_q_len <= p->W)) &&
+        hch * p->l.num_kv_heads <= 65535)
+        return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
     return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
 }
