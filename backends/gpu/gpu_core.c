@@ -459,8 +459,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
 
 /* q rotation, one tensor-core launch over every split, one merge launch. ext 0:
  * decode (one query row per sequence, a->cu_q NULL); ext 1: extend (the query
- * rows of cu_q as MMA columns, causal over the 16-bit rows; the caller makes
- * sure every 2-bit row precedes every query: max_q_len <= W). */
+ * rows of cu_q as MMA columns, causal over the 16-bit rows and, for chunks
+ * longer than W, over the 2-bit rows). */
 static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_extend_args *a, int ext,
                               int max_len, int max_splits, size_t qtb, float *lse, oscar_errbuf *err) {
     const oscar_batch *b = &a->batch;
@@ -667,11 +667,9 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->total_q, fn, &qtb, err);
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
-     * when every 2-bit row precedes every query (a chunk no longer than the recent
-     * window; the BF16 method has no 2-bit rows) and the grid fits. */
+     * (while the grid's y dimension fits). */
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + p->k.cap - 1) / (p->k.cap > 0 ? p->k.cap : 1);
-    if (p->k.tc && (!p->quantized || (p->W > 0 && a->max_q_len <= p->W)) &&
-        hch * p->l.num_kv_heads <= 65535)
+    if (p->k.tc && hch * p->l.num_kv_heads <= 65535)
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
     return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
 }
