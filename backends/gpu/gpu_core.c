@@ -266,9 +266,24 @@ static int target_blocks(void *ctx, const gpu_plan *p) {
     if (cu < 1) cu = 1;
     return cu * (p->k.blocks_per_sm > 0 ? p->k.blocks_per_sm : 2);
 }
-static int resident_blocks(void *ctx, const gpu_plan *p) {
+static int resident_of(void *ctx, int per_cu) {
     int cu = V(ctx)->compute_units(ctx);
-    return p->k.resident > 0 ? (cu < 1 ? 1 : cu) * p->k.resident : 0;
+    return per_cu > 0 ? (cu < 1 ? 1 : cu) * per_cu : 0;
+}
+static int resident_blocks(void *ctx, const gpu_plan *p) { return resident_of(ctx, p->k.resident); }
+
+/* The tensor-core kernel for cols MMA columns per (sequence, KV head): the decode
+ * variant, or the widest one of its family once cols passes the decode's capacity. */
+typedef struct tc_kernel {
+    const void *fn;
+    int cap, resident;
+    unsigned smem;
+} tc_kernel;
+static tc_kernel tc_kernel_for(const gpu_plan *p, int cols) {
+    tc_kernel k = {p->k.decode, p->k.cap, p->k.resident, p->k.smem};
+    if (p->k.xdecode && p->k.xcap > p->k.cap && cols > p->k.cap)
+        k = (tc_kernel){p->k.xdecode, p->k.xcap, p->k.xresident, p->k.xsmem};
+    return k;
 }
 
 static int hchunks_of(const gpu_plan *p) {
@@ -276,12 +291,12 @@ static int hchunks_of(const gpu_plan *p) {
     return (p->gqa + cap - 1) / cap;
 }
 /* cols: MMA columns per (sequence, KV head): the GQA ratio for decode, max_q_len x it for extend. */
-static void tc_choose(void *ctx, const gpu_plan *p, int nseq, int cols, int max_len, int max_splits,
-                      gpu_tc_splits *t) {
+static void tc_choose(void *ctx, const gpu_plan *p, const tc_kernel *k, int nseq, int cols, int max_len,
+                      int max_splits, gpu_tc_splits *t) {
     /* bytes of one token of one KV head in a page (codes + metadata of K and V) */
     int row2 = (int)(p->page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
-    gpu_tc_choose(nseq, p->l.num_kv_heads, cols, p->k.cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
-                  row2, resident_blocks(ctx, p), max_splits, t);
+    gpu_tc_choose(nseq, p->l.num_kv_heads, cols, k->cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
+                  row2, resident_of(ctx, k->resident), max_splits, t);
 }
 
 /* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */
@@ -302,7 +317,8 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     int nsplit, chunk;
     if (p->k.tc) {
         gpu_tc_splits t;
-        tc_choose(ctx, p, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
+        tc_kernel k = tc_kernel_for(p, p->gqa);
+        tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
         nsplit = t.nsplit;
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
@@ -468,7 +484,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
     const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_choose(ctx, p, nseq, cols, max_len, max_splits, &t);
+    tc_kernel k = tc_kernel_for(p, cols);
+    tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
                                 "%s %s: workspace holds %d splits, this batch needs %d; size it with "
@@ -502,8 +519,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
         .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .ext = ext, .max_q = max_q};
     gpu_arg da[] = {{&dp, sizeof dp}};
-    st = V(ctx)->launch_smem(ctx, p->k.decode, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128,
-                             p->k.smem, da, 1, a->stream, err);
+    st = V(ctx)->launch_smem(ctx, k.fn, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,
+                             da, 1, a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
@@ -668,7 +685,8 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
      * (while the grid's y dimension fits). */
-    int64_t hch = ((int64_t)a->max_q_len * p->gqa + p->k.cap - 1) / (p->k.cap > 0 ? p->k.cap : 1);
+    tc_kernel k = tc_kernel_for(p, a->max_q_len * p->gqa);
+    int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
     if (p->k.tc && hch * p->l.num_kv_heads <= 65535)
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
     return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
