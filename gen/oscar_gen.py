@@ -187,6 +187,7 @@ typedef struct oscar_gpu_decode_variant {{
     const char *name;
     const void *extend, *merge_ext;
     int ext_cap, ext_threads, ext_elems;
+    const void *extend_tc; /* tc: the extend instantiation of decode (same smem), else NULL */
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
@@ -328,12 +329,13 @@ def gen_gpu(target, spec, sel, arch, out):
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)%s, "%s", (const void *)oscar_extend%s, '
-                        '(const void *)oscar_merge_ext%s, %d, %d, %d},'
+                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
                            128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
-                           v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"]))
+                           v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"],
+                           "(const void *)oscar_extend_tc" + v["sfx"] if v["TC"] else "0"))
         if not dv:
-            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0},")
+            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0},")
         body.append("};")
         body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
         write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")

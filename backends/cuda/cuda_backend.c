@@ -194,22 +194,35 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
             occ > 0)
             k->resident = occ;
     }
-    /* Extend: the widest tensor-core variant of the family (more columns per CTA). */
+    /* Extend on the tensor cores: the variant's own extend kernel, and the widest
+     * variant of the family (more columns per CTA). */
+    if (dv->tc && dv->extend_tc) {
+        gpu_err_t e = GPU(FuncSetAttribute)(dv->extend_tc, GPU(FuncAttributeMaxDynamicSharedMemorySize), dv->smem);
+        if (e != GPU_OK) return fail(err, "raising the extend kernel's shared memory limit", e);
+        occ = 0;
+        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->extend_tc, dv->threads, (size_t)dv->smem) !=
+            GPU_OK)
+            occ = 0;
+        k->tc_extend = dv->extend_tc;
+        k->tc_ext_resident = occ > 0 ? occ : 0;
+    }
     const oscar_gpu_decode_variant *xv = NULL;
-    for (int t2 = 0; dv->tc && t2 < GPU_TABLE(num_decode_tables); t2++)
+    for (int t2 = 0; k->tc_extend && t2 < GPU_TABLE(num_decode_tables); t2++)
         for (int i = 0; i < *GPU_TABLE(decode_table_sizes)[t2]; i++) {
             const oscar_gpu_decode_variant *v = &GPU_TABLE(decode_tables)[t2][i];
             if (v->tc && v->d == dv->d && v->group == dv->group && v->kvb == dv->kvb && v->mf32 == dv->mf32 &&
-                v->lm == dv->lm && v->bf16m == dv->bf16m && v->cap > dv->cap && (!xv || v->cap > xv->cap))
+                v->lm == dv->lm && v->bf16m == dv->bf16m && v->cap > dv->cap && v->extend_tc &&
+                (!xv || v->cap > xv->cap))
                 xv = v;
         }
     if (xv) {
-        gpu_err_t e = GPU(FuncSetAttribute)(xv->decode, GPU(FuncAttributeMaxDynamicSharedMemorySize), xv->smem);
+        gpu_err_t e = GPU(FuncSetAttribute)(xv->extend_tc, GPU(FuncAttributeMaxDynamicSharedMemorySize), xv->smem);
         if (e != GPU_OK) return fail(err, "raising the extend kernel's shared memory limit", e);
         occ = 0;
-        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, xv->decode, xv->threads, (size_t)xv->smem) != GPU_OK)
+        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, xv->extend_tc, xv->threads, (size_t)xv->smem) !=
+            GPU_OK)
             occ = 0;
-        k->xdecode = xv->decode;
+        k->xextend = xv->extend_tc;
         k->xcap = xv->cap;
         k->xsmem = (unsigned)xv->smem;
         k->xresident = occ > 0 ? occ : 0;

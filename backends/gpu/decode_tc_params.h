@@ -21,12 +21,13 @@ typedef struct oscar_tc_decode_params {
     int32_t ns2, chunk2;          /* splits over the 2-bit history, tokens per split (multiple of 32) */
     int32_t chunk16;              /* 16-bit rows per later split (multiple of 16) */
     int32_t nsplit;               /* ns2 + splits over the 16-bit rows */
-    /* Extend (oscar_extend): ext 1 and cu_q [num_seqs+1] give sequence s the query
-     * rows cu_q[s] .. cu_q[s+1]-1; the MMA columns of a KV head are then (query row,
-     * query head) pairs, hchunks CTAs of up to 8 * n_tiles columns each. ext 0: one
-     * query row per sequence (decode), cu_q unused. */
+    /* Extend (the oscar_extend_tc kernels): cu_q [num_seqs+1] gives sequence s the
+     * query rows cu_q[s] .. cu_q[s+1]-1; the MMA columns of a KV head are then (query
+     * row, query head) pairs, hchunks CTAs of up to 8 * n_tiles columns each. The
+     * oscar_decode kernels: one query row per sequence, these fields unused. */
     const int32_t *cu_q;
     int32_t ext, max_q;           /* max_q: the call's max_q_len (a longer sequence is flagged) */
+    int32_t total_q, nseq;        /* extend: query rows, sequences (cu_q's checks) */
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,
@@ -43,7 +44,7 @@ typedef struct oscar_tc_merge_params {
     int32_t nsplit, max_len, num_rot, identity, rotated_output, Hq, H;
     /* extend: one block per query row; the row's sequence is found in cu_q [nseq+1] */
     const int32_t *cu_q;
-    int32_t ext, nseq;
+    int32_t ext, nseq, total_q, max_q;
 } oscar_tc_merge_params;
 
 #endif

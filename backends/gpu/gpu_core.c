@@ -272,17 +272,21 @@ static int resident_of(void *ctx, int per_cu) {
 }
 static int resident_blocks(void *ctx, const gpu_plan *p) { return resident_of(ctx, p->k.resident); }
 
-/* The tensor-core kernel for cols MMA columns per (sequence, KV head): the decode
- * variant, or the widest one of its family once cols passes the decode's capacity. */
+/* The tensor-core kernel for cols MMA columns per (sequence, KV head): decode's, or
+ * for extend its extend instantiation, or the widest variant of the family once
+ * cols passes the decode variant's capacity. */
 typedef struct tc_kernel {
     const void *fn;
     int cap, resident;
     unsigned smem;
 } tc_kernel;
-static tc_kernel tc_kernel_for(const gpu_plan *p, int cols) {
+static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols) {
     tc_kernel k = {p->k.decode, p->k.cap, p->k.resident, p->k.smem};
-    if (p->k.xdecode && p->k.xcap > p->k.cap && cols > p->k.cap)
-        k = (tc_kernel){p->k.xdecode, p->k.xcap, p->k.xresident, p->k.xsmem};
+    if (!ext) return k;
+    k.fn = p->k.tc_extend;
+    k.resident = p->k.tc_ext_resident;
+    if (p->k.xextend && p->k.xcap > p->k.cap && cols > p->k.cap)
+        k = (tc_kernel){p->k.xextend, p->k.xcap, p->k.xresident, p->k.xsmem};
     return k;
 }
 
@@ -317,7 +321,7 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     int nsplit, chunk;
     if (p->k.tc) {
         gpu_tc_splits t;
-        tc_kernel k = tc_kernel_for(p, p->gqa);
+        tc_kernel k = tc_kernel_for(p, 0, p->gqa);
         tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
         nsplit = t.nsplit;
     } else {
@@ -474,8 +478,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
 }
 
 /* q rotation, one tensor-core launch over every split, one merge launch. ext 0:
- * decode (one query row per sequence, a->cu_q NULL); ext 1: extend (the query
- * rows of cu_q as MMA columns, causal over the 16-bit rows and, for chunks
+ * decode (one query row per sequence, a->cu_q NULL); ext 1: extend (the oscar_extend_tc
+ * kernels: the query rows of cu_q as MMA columns, causal over the 16-bit rows and, for chunks
  * longer than W, over the 2-bit rows). */
 static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_extend_args *a, int ext,
                               int max_len, int max_splits, size_t qtb, float *lse, oscar_errbuf *err) {
@@ -484,7 +488,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
     const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_kernel k = tc_kernel_for(p, cols);
+    tc_kernel k = tc_kernel_for(p, ext, cols);
     tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
@@ -517,7 +521,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .num_pages = a->cache.num_pages, .num_slots = a->cache.num_window_slots,
         .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
-        .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .ext = ext, .max_q = max_q};
+        .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .ext = ext, .max_q = max_q, .total_q = rows,
+        .nseq = nseq};
     gpu_arg da[] = {{&dp, sizeof dp}};
     st = V(ctx)->launch_smem(ctx, k.fn, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,
                              da, 1, a->stream, err);
@@ -526,7 +531,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
                                 .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
                                 .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H,
-                                .cu_q = ext ? a->cu_q : NULL, .ext = ext, .nseq = nseq};
+                                .cu_q = ext ? a->cu_q : NULL, .ext = ext, .nseq = nseq, .total_q = rows,
+                                .max_q = max_q};
     gpu_arg ma[] = {{&mp, sizeof mp}};
     return V(ctx)->launch(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ma, 1, a->stream, err);
 }
@@ -685,9 +691,9 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
      * (while the grid's y dimension fits). */
-    tc_kernel k = tc_kernel_for(p, a->max_q_len * p->gqa);
+    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa);
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
-    if (p->k.tc && hch * p->l.num_kv_heads <= 65535)
+    if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535)
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
     return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
 }

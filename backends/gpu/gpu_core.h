@@ -31,11 +31,12 @@ typedef struct gpu_kernels {
     int cap;      /* query heads one decode work-group serves; 0: the plan's whole GQA ratio */
     int tc;       /* decode/merge are the tensor-core family (oscar_tc_*_params, launch_smem) */
     unsigned smem; /* dynamic shared memory bytes of the tc decode */
-    /* Tensor-core extend: the widest variant of the same family, for chunks with more
-     * (query row, head) columns than cap (xcap per CTA share each tile's unpacking);
-     * NULL: the decode kernel serves. */
-    const void *xdecode;
-    int xcap, xresident;
+    /* Tensor-core extend (NULL: none): the decode variant's extend instantiation
+     * (tc_extend, ext_resident CTAs per compute unit), and the widest variant of the
+     * family for chunks with more (query row, head) columns than cap (xcap columns
+     * per CTA share each tile's unpacking). */
+    const void *tc_extend, *xextend;
+    int tc_ext_resident, xcap, xresident;
     unsigned xsmem;
     char name[128];
     void *owner; /* vendor data released by release() */

@@ -181,7 +181,7 @@ int main(int argc, char **argv) {
     }
 
     FILE *out = fopen(argv[2], "w");
-    fprintf(out, "shape\tmethod\tbatch\tcontext\tsplits_variant\tmedian_us\tbytes\tGBps\tfrac_copy\tappend_us\n");
+    fprintf(out, "shape\tmethod\tbatch\tcontext\tsplits_variant\tmedian_us\tbytes\tGBps\tfrac_copy\tappend_us\tappend_stream_us\n");
     std::vector<int> extend_ns;
     if (const char *x = getenv("OSCAR_BENCH_EXTEND"))
         for (const char *c = x; *c;) {
@@ -208,13 +208,15 @@ int main(int argc, char **argv) {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    // OSCAR_BENCH_METHODS=oscar2 skips the BF16-paged yardstick (profiling runs).
+    // OSCAR_BENCH_METHODS=oscar2 skips the BF16-paged yardstick (profiling runs); =oscar2-fb with
+    // OSCAR_BENCH_FB=1 runs the feedback plan alone.
     const char *only = getenv("OSCAR_BENCH_METHODS");
     const int prefill_n = getenv("OSCAR_BENCH_PREFILL") ? atoi(getenv("OSCAR_BENCH_PREFILL")) : 0;
     for (int mi = 0; mi < 3; mi++) {
         int bf16m = mi == 1, fbm = mi == 2;
         if (fbm && !getenv("OSCAR_BENCH_FB")) continue;
         if (only && *only && !strstr(only, bf16m ? "bf16" : "oscar2")) continue;
+        if (only && !strcmp(only, "oscar2-fb") && !fbm) continue; /* the feedback plan alone (profiles) */
         const char *mname = bf16m ? "bf16-paged" : fbm ? "oscar2-fb" : "oscar2";
         oscar_layout_desc l = {sizeof l, D, G, Hq, H, P, S0, W, 131072 + 64, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
                                bf16m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2};
@@ -347,23 +349,39 @@ int main(int argc, char **argv) {
             }
             // Write path: append one token per sequence at position L-1 (lens stay L: the
             // token replaces the last one, demoting one row, as a decode step does).
-            // Median us of `runs` appends of `total` new tokens (cu: device [B+1]) after 3 warm-ups.
-            auto time_append = [&](const int *cu, int total, void *src, int runs) {
+            // Median us of `runs` appends of `total` new tokens (cu: device [B+1]) after 3 warm-ups,
+            // each alone between two events (the GPU idles between calls); *stream: the mean of
+            // `runs` appends issued back to back, as in a decode step where more work follows
+            // in the stream (no idle gap, launch latency hidden).
+            auto time_append = [&](const int *cu, int total, void *src, int runs, float *stream) {
                 std::vector<float> t;
-                for (int i = 0; i < runs + 3; i++) {
+                auto one = [&](int i) {
                     oscar_backend_append_args a = {0, {pages[i % copies], num_pages, wins[i % copies], B}, batch, cu,
                                                    total, src, src, (int64_t)H * D, ws, wsb, nullptr};
-                    cudaEventRecord(e0);
                     OK(api->append(ctx, plan, &a, &err));
+                };
+                for (int i = 0; i < runs + 3; i++) {
+                    cudaEventRecord(e0);
+                    one(i);
                     cudaEventRecord(e1);
                     cudaEventSynchronize(e1);
                     float ms;
                     cudaEventElapsedTime(&ms, e0, e1);
                     if (i >= 3) t.push_back(ms);
                 }
+                if (stream) {
+                    cudaEventRecord(e0);
+                    for (int i = 0; i < runs; i++) one(i);
+                    cudaEventRecord(e1);
+                    cudaEventSynchronize(e1);
+                    float ms;
+                    cudaEventElapsedTime(&ms, e0, e1);
+                    *stream = ms * 1000.f / runs;
+                }
                 return median(t) * 1000.f;
             };
-            float tw = time_append(dcu, B, kv, iters);
+            float tws = 0.f;
+            float tw = time_append(dcu, B, kv, iters, &tws);
             OK(api->check(ctx, plan, ws, nullptr, &err));
             // Prefill chunk: n new tokens per sequence rewrite positions L-n..L-1
             // (2-bit rows past the window are stored directly, the window's rows demoted).
@@ -377,7 +395,7 @@ int main(int argc, char **argv) {
                 CK(cudaMalloc(&kvn, (size_t)B * n * H * D * 2));
                 CK(cudaMemcpy(dcun, cun.data(), (B + 1) * 4, cudaMemcpyHostToDevice));
                 fill_bf16<<<1024, 256>>>((unsigned short *)kvn, (size_t)B * n * H * D, 6);
-                float tpm = time_append(dcun, B * n, kvn, 10);
+                float tpm = time_append(dcun, B * n, kvn, 10, nullptr);
                 OK(api->check(ctx, plan, ws, nullptr, &err));
                 printf("%-10s B=%-3d L=%-6d prefill append of %d tokens/seq: %9.1f us (%.3f us per new token)\n",
                        mname, B, L, n, tpm, tpm / (B * n));
@@ -389,10 +407,11 @@ int main(int argc, char **argv) {
             double bytes = B * (tok2 * H * (2.0 * D / 4 + 2.0 * (D / G) * 4) + tok16 * H * 2.0 * D * 2) +
                            2.0 * B * Hq * D * 2;
             double gbs = bytes / (t * 1e-6) / 1e9;
-            printf("%-14s %-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)\n",
-                   shape, mname, B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw, 100.0 * tw / t);
-            fprintf(out, "%s\t%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\n", shape, mname, B, L, variant,
-                    t, bytes, gbs, gbs * 1e9 / copy_bw, tw);
+            printf("%-14s %-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)"
+                   ", in stream %.1f us\n",
+                   shape, mname, B, L, t, bytes / 1e6, gbs, 100.0 * gbs * 1e9 / copy_bw, tw, 100.0 * tw / t, tws);
+            fprintf(out, "%s\t%s\t%d\t%d\t%s\t%.2f\t%.0f\t%.1f\t%.4f\t%.2f\t%.2f\n", shape, mname, B, L, variant,
+                    t, bytes, gbs, gbs * 1e9 / copy_bw, tw, tws);
             fflush(out);
             fflush(stdout);
             for (int k = 0; k < copies; k++) {

@@ -4,6 +4,8 @@
 # warp stall reasons per issued instruction, and the SASS instruction mix of
 # the kernel the plan chose. Uses a prebuilt OSCAR_BENCH_BUILD like run.sh.
 #   bash perf/gpu/profile.sh [BxL] [HQ/HKV/D[/G]] [oscar2|bf16]   (default 32x32768 32/8/128 oscar2)
+# PROF_KERNEL=oscar_extend_tc with OSCAR_BENCH_EXTEND=n profiles the tensor-core
+# extend of n query tokens per sequence instead (bench_attention runs it after the decode).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # Full reports go to PROF_OUT (default /tmp: the device machine returns few files).
@@ -18,7 +20,7 @@ if [ ! -x "$B/bench_attention" ]; then
     cmake --build $B -j16 >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
 fi
 so=$B/lib/liboscar_backend_cuda.so
-tag=$(echo "$SHAPE-$CASE-$METHOD" | tr '/' '_')
+tag=$(echo "$SHAPE-$CASE-$METHOD${OSCAR_BENCH_EXTEND:+-n$OSCAR_BENCH_EXTEND}" | tr '/,' '__')
 m=smsp__average_warps_issue_stalled
 metrics=""
 for r in long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle lg_throttle barrier membar not_selected \
@@ -27,11 +29,11 @@ for r in long_scoreboard short_scoreboard wait math_pipe_throttle mio_throttle l
 done
 metrics="${metrics#,},smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread,smsp__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
 OSCAR_BENCH_CASES=$CASE OSCAR_BENCH_METHODS=$METHOD timeout 300 ncu --clock-control none \
-  --kernel-name regex:oscar_decode --launch-skip 3 --launch-count 1 \
+  --kernel-name regex:${PROF_KERNEL:-oscar_decode} --launch-skip 3 --launch-count 1 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats \
   --metrics "$metrics" $B/bench_attention $so "$OUT/prof.tsv" "$SHAPE" > "$OUT/ncu-$tag.txt" 2>&1
 echo "ncu rc=$? ($tag)"
-kern=$(grep -oE "oscar_decode_[a-z0-9_]+" "$OUT/ncu-$tag.txt" | head -1)
+kern=$(grep -oE "${PROF_KERNEL:-oscar_decode}_[a-z0-9_]+" "$OUT/ncu-$tag.txt" | head -1)
 grep -E "Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Registers Per|Achieved Occupancy|Theoretical Occ|Issued Ipc|No Eligible|Eligible Warps|Active Warps Per|hmma|inst_executed|grid_size" \
   "$OUT/ncu-$tag.txt" | sed 's/  */ /g' | head -24
 grep -E "issue_stalled" "$OUT/ncu-$tag.txt" | sed 's/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' |

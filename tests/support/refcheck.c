@@ -272,12 +272,12 @@ int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *wi
 
 void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const float *rot_k, const float *rot_v,
                       int num_rot, double sm_scale, int rotated_output, double *out) {
-    rc_attention_f64_at(s, L, L - 1, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, NULL);
+    rc_attention_f64_at(s, L, L - 1, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, NULL, NULL);
 }
 
 void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
-                         double *lse) {
+                         double *lse, double *abs_score) {
     int d = s->d, H = s->H, gq = Hq / H, vis = t + 1;
     double *sc = malloc((size_t)vis * sizeof *sc), qr[256], o[256];
     for (int hq = 0; hq < Hq; hq++) {
@@ -292,14 +292,19 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
                 a = q[hq * d + j];
             qr[j] = a;
         }
-        double mx = -INFINITY;
+        double mx = -INFINITY, amx = 0;
         for (int p = 0; p < vis; p++) {
             const float *k = rc_stored_row(s, 0, p, h, L);
-            double a = 0;
-            for (int j = 0; j < d; j++) a += qr[j] * k[j];
+            double a = 0, aa = 0;
+            for (int j = 0; j < d; j++) {
+                a += qr[j] * k[j];
+                aa += fabs(qr[j] * k[j]);
+            }
             sc[p] = a * sm_scale;
             if (sc[p] > mx) mx = sc[p];
+            if (aa > amx) amx = aa;
         }
+        if (abs_score) abs_score[hq] = amx * fabs(sm_scale);
         double sum = 0;
         for (int j = 0; j < d; j++) o[j] = 0;
         for (int p = 0; p < vis; p++) {

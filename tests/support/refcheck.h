@@ -102,10 +102,12 @@ int rc_compare_seq(const rc_seq_ref *s, int L, const void *pages, const void *wi
 void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const float *rot_k, const float *rot_v,
                       int num_rot, double sm_scale, int rotated_output, double *out);
 /* The same for a query at position t < L (extend, FORMAT.md §5.1): it sees
- * rows 0..t as stored at length L; lse: [Hq] natural-log LSE, or NULL. */
+ * rows 0..t as stored at length L; lse: [Hq] natural-log LSE, or NULL;
+ * abs_score: [Hq] the largest sum_j |q~_j k~_pj| * |sm_scale| over the rows seen
+ * (what bounds a score's error from q's representation), or NULL. */
 void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
-                         double *lse);
+                         double *lse, double *abs_score);
 /* Compares n outputs stored in kv_dtype against the float64 reference within
  * the output rounding (2^-8 relative for bf16, 2^-10 for f16) plus a small
  * absolute slack scaled by the largest |ref|. Returns mismatches, first in msg. */
