@@ -126,6 +126,23 @@ static oscar_status g_sync(void *ctx, void *stream, oscar_errbuf *err) {
     return e == GPU_OK ? OSCAR_OK : fail(err, "stream synchronize", e);
 }
 
+/* A tensor-core kernel: its dynamic shared-memory limit raised to smem, and the
+ * CTAs per SM the occupancy API reports in *resident (0: unknown). */
+static oscar_status tc_prepare(const void *fn, int threads, int smem, const char *what, int *resident,
+                               oscar_errbuf *err) {
+    gpu_err_t e = GPU(FuncSetAttribute)(fn, GPU(FuncAttributeMaxDynamicSharedMemorySize), smem);
+    if (e != GPU_OK) {
+        char m[64];
+        snprintf(m, sizeof m, "raising the %s kernel's shared memory limit", what);
+        return fail(err, m, e);
+    }
+    int occ = 0;
+    *resident = GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, fn, threads, (size_t)smem) == GPU_OK && occ > 0
+                    ? occ
+                    : 0;
+    return OSCAR_OK;
+}
+
 static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
     (void)ctx;
     int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
@@ -183,28 +200,15 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->cap = dv->cap;
     k->tc = dv->tc;
     k->smem = (unsigned)dv->smem;
-    /* The tensor-core decode sizes its splits by the CTAs the device holds at once. */
-    int occ = 0;
+    /* The tensor-core kernels size their splits by the CTAs the device holds at once. */
     k->resident = 0;
-    if (dv->tc) {
-        gpu_err_t e = GPU(FuncSetAttribute)(dv->decode, GPU(FuncAttributeMaxDynamicSharedMemorySize), dv->smem);
-        if (e != GPU_OK) return fail(err, "raising the decode kernel's shared memory limit", e);
-        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->decode, dv->threads, (size_t)dv->smem) ==
-                GPU_OK &&
-            occ > 0)
-            k->resident = occ;
-    }
-    /* Extend on the tensor cores: the variant's own extend kernel, and the widest
-     * variant of the family (more columns per CTA). */
+    oscar_status st;
+    if (dv->tc && (st = tc_prepare(dv->decode, dv->threads, dv->smem, "decode", &k->resident, err))) return st;
+    /* Extend on the tensor cores: the variant's own extend instantiation, and the
+     * widest variant of the family (more columns per CTA). */
     if (dv->tc && dv->extend_tc) {
-        gpu_err_t e = GPU(FuncSetAttribute)(dv->extend_tc, GPU(FuncAttributeMaxDynamicSharedMemorySize), dv->smem);
-        if (e != GPU_OK) return fail(err, "raising the extend kernel's shared memory limit", e);
-        occ = 0;
-        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, dv->extend_tc, dv->threads, (size_t)dv->smem) !=
-            GPU_OK)
-            occ = 0;
+        if ((st = tc_prepare(dv->extend_tc, dv->threads, dv->smem, "extend", &k->tc_ext_resident, err))) return st;
         k->tc_extend = dv->extend_tc;
-        k->tc_ext_resident = occ > 0 ? occ : 0;
     }
     const oscar_gpu_decode_variant *xv = NULL;
     for (int t2 = 0; k->tc_extend && t2 < GPU_TABLE(num_decode_tables); t2++)
@@ -216,16 +220,10 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
                 xv = v;
         }
     if (xv) {
-        gpu_err_t e = GPU(FuncSetAttribute)(xv->extend_tc, GPU(FuncAttributeMaxDynamicSharedMemorySize), xv->smem);
-        if (e != GPU_OK) return fail(err, "raising the extend kernel's shared memory limit", e);
-        occ = 0;
-        if (GPU(OccupancyMaxActiveBlocksPerMultiprocessor)(&occ, xv->extend_tc, xv->threads, (size_t)xv->smem) !=
-            GPU_OK)
-            occ = 0;
+        if ((st = tc_prepare(xv->extend_tc, xv->threads, xv->smem, "extend", &k->xresident, err))) return st;
         k->xextend = xv->extend_tc;
         k->xcap = xv->cap;
         k->xsmem = (unsigned)xv->smem;
-        k->xresident = occ > 0 ? occ : 0;
     }
     snprintf(k->name, sizeof k->name, "%s", dv->name);
     return OSCAR_OK;
