@@ -166,8 +166,9 @@ int main(int argc, char **argv) {
             o.sink = (int)v;
             if (o.sink == 0) o.sink = -1; /* explicit 0: no sink (0 in ocal_options means default) */
         } else if (!strcmp(a, "--recent") && has) {
-            if (!parse_int(a, argv[++i], 1, 1 << 24, &v)) return 2;
+            if (!parse_int(a, argv[++i], 0, 1 << 24, &v)) return 2;
             o.recent = (int)v;
+            if (o.recent == 0) o.recent = -1; /* explicit 0: no recent window (the s0w0 layout) */
         } else if (!strcmp(a, "--copy-windows") && has) {
             if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
             o.copy_windows = (int)v;
@@ -289,7 +290,7 @@ int main(int argc, char **argv) {
     ocal_search_options_default(&so);
     so.window = o.window;
     so.sink = o.sink < 0 ? 0 : o.sink > 0 ? o.sink : 64;
-    so.recent = o.recent > 0 ? o.recent : 256;
+    so.recent = o.recent < 0 ? 0 : o.recent > 0 ? o.recent : 256;
     so.group = o.group;
     so.method = o.lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
     so.sweeps = (int)search_sweeps;
