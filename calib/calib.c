@@ -213,10 +213,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (o->holdout_rows < 1 || o->holdout_rows > MAX_HOLDOUT)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "holdout_rows %d must be in [1, %d] (default 4096)",
                                o->holdout_rows, MAX_HOLDOUT);
-    if (o->sink < 0 || o->recent < 1 || o->sink > (1 << 24) || o->recent > (1 << 24))
+    if (o->sink < 0 || o->recent < 0 || o->sink > (1 << 24) || o->recent > (1 << 24))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                               "sink %d / recent %d: the cache layout wants sink >= 0 and recent >= 1 (defaults 64, "
-                               "256)",
+                               "sink %d / recent %d: the cache layout wants sink >= 0 and recent >= 0 (defaults 64, "
+                               "256; recent 0: the current token too is read in 2 bits)",
                                o->sink, o->recent);
     if (o->clip_objective != 0 && o->clip_objective != 1)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,

@@ -671,7 +671,7 @@ Test(calib, probes_bounded_and_deterministic) {
     oscar_calib *bad = (oscar_calib *)1;
     cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
     o.clip_objective = 0;
-    o.recent = 0;
+    o.recent = -1;
     cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
     o.recent = 10;
     o.sink = -1;
@@ -1145,14 +1145,18 @@ static void brute_attn_target(const synth *s, int win, int sink, int recent, dou
 }
 
 Test(calib, key_attn_target_matches_brute_force) {
-    const int d = 64, hq = 4, hkv = 2, win = 150, sink = 8, recent = 32;
+    const int d = 64, hq = 4, hkv = 2, win = 150;
+    /* The windowed layout, and none at all (s0w0: every key, the query's own too, is 2-bit). */
+    const int sinks[2] = {8, 0}, recents[2] = {32, 0};
     synth s;
     synth_make(&s, 5 * win + 77 + (int)(rnd() % 40), hq, hkv, d, 1);
     for (int i = 0; i < s.n * hq * d; i++) s.q[i] *= 0.15f; /* attention neither one-hot nor flat */
     const size_t dd = (size_t)d * (size_t)d;
     double *got = malloc(sizeof(double) * dd), *want = malloc(sizeof(double) * dd), *plain = malloc(sizeof(double) * dd);
+    for (int lay = 0; lay < 2; lay++)
     for (int per_head = 0; per_head < 2; per_head++)
         for (int wi = 0; wi < 2; wi++) {
+            const int sink = sinks[lay], recent = recents[lay];
             const float w = wi ? 1.0f : 0.5f;
             oscar_calib_options o;
             oscar_calib_options_default(&o, 1, hq, hkv, d);
@@ -1172,10 +1176,10 @@ Test(calib, key_attn_target_matches_brute_force) {
                 brute_attn_target(&s, win, sink, recent, w, per_head, r, want);
                 brute_attn_target(&s, win, sink, recent, 0.0, per_head, r, plain);
                 double e = rel_frob(got, want, dd), moved = rel_frob(plain, want, dd);
-                cr_log_info("per_head %d weight %.1f head %d: rel err %.2e, weighting moves C_K by %.3f", per_head,
-                            (double)w, r, e, moved);
-                cr_assert_lt(e, 1e-4, "per_head %d weight %g head %d: rel err %g (seed %llu)", per_head, (double)w, r,
-                             e, (unsigned long long)g_seed);
+                cr_log_info("sink %d recent %d per_head %d weight %.1f head %d: rel err %.2e, weighting moves C_K "
+                            "by %.3f", sink, recent, per_head, (double)w, r, e, moved);
+                cr_assert_lt(e, 1e-4, "sink %d recent %d per_head %d weight %g head %d: rel err %g (seed %llu)", sink,
+                             recent, per_head, (double)w, r, e, (unsigned long long)g_seed);
                 cr_assert_gt(moved, 1e-2, "the weighting should change the target here (moved %g)", moved);
                 for (int a = 0; a < d; a++)
                     for (int b = 0; b < d; b++) cr_assert_eq(got[a * d + b], got[b * d + a], "not symmetric");

@@ -55,7 +55,8 @@ static void usage(FILE *fp) {
             "                   key target (queries weighted by their squared attention on the 2-bit\n"
             "                   region; default 1; 0: E[q q^T], published; docs/EVAL.md)\n"
             "  --sink N         cache sink the clips are fitted for (default 64)\n"
-            "  --recent N       cache recent window the clips are fitted for (default 256)\n"
+            "  --recent N       cache recent window the clips are fitted for (default 256; --sink 0\n"
+            "                   --recent 0: no windows, every key and value in 2 bits, s0w0)\n"
             "  --clip-search N  refine the clips per layer by the end-to-end KL of the next-token\n"
             "                   distribution on N held-out windows of the token file, right after the\n"
             "                   calibration windows (default 0: keep the probe-fitted clips; docs/eval\n"
@@ -166,8 +167,9 @@ int main(int argc, char **argv) {
             o.sink = (int)v;
             if (o.sink == 0) o.sink = -1; /* explicit 0: no sink (0 in ocal_options means default) */
         } else if (!strcmp(a, "--recent") && has) {
-            if (!parse_int(a, argv[++i], 1, 1 << 24, &v)) return 2;
+            if (!parse_int(a, argv[++i], 0, 1 << 24, &v)) return 2;
             o.recent = (int)v;
+            if (o.recent == 0) o.recent = -1; /* explicit 0: no recent window (the s0w0 layout) */
         } else if (!strcmp(a, "--copy-windows") && has) {
             if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
             o.copy_windows = (int)v;
@@ -289,7 +291,7 @@ int main(int argc, char **argv) {
     ocal_search_options_default(&so);
     so.window = o.window;
     so.sink = o.sink < 0 ? 0 : o.sink > 0 ? o.sink : 64;
-    so.recent = o.recent > 0 ? o.recent : 256;
+    so.recent = o.recent < 0 ? 0 : o.recent > 0 ? o.recent : 256;
     so.group = o.group;
     so.method = o.lloyd_max ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2;
     so.sweeps = (int)search_sweeps;

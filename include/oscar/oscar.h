@@ -246,7 +246,8 @@ typedef struct oscar_calib_options {
     void *progress_user;
     /* Added after the first release (struct_size tells them apart). */
     int32_t sink, recent;       /* cache layout the clips are fitted for: positions < sink and the
-                                   last `recent` positions stay full precision (default 64, 256) */
+                                   last `recent` positions stay full precision (default 64, 256;
+                                   recent 0: every key from sink on, the query's own, in 2 bits) */
     int32_t clip_objective;     /* 0 (default): attention-output error on probes (one query
                                    position of a fed window and its keys/values, per layer and KV
                                    head, bounded count); falls back to 1 for a layer without probes.

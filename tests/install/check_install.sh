@@ -35,7 +35,9 @@ while IFS= read -r f; do
   rp=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*R\(UN\)\?PATH.*\[\(.*\)\]/\2/p')
   case "$rp" in *"$build"*|*"$src"*) fail "$f has RUNPATH $rp (build tree)";; esac
 done < <(find "$P" -type f \( -name '*.so*' -o -path '*/bin/*' \))
-readelf -d "$P/bin/oscar-inspect" | grep -q 'R.*PATH.*\$ORIGIN' || fail "oscar-inspect has no \$ORIGIN RUNPATH"
+# grep -q reads here-strings, never a pipe: under pipefail a writer still writing when grep -q has
+# matched and exited dies of SIGPIPE and fails the pipeline (seen once in a loaded ctest run).
+grep -q 'R.*PATH.*\$ORIGIN' <<<"$(readelf -d "$P/bin/oscar-inspect")" || fail "oscar-inspect has no \$ORIGIN RUNPATH"
 
 # The README's C example, exactly as written there.
 awk '/<!-- test: README C example/{m=1;next} m&&/^```c/{p=1;next} p&&/^```/{exit} p' "$src/README.md" \
@@ -49,13 +51,14 @@ run_pair() { # $1: example binary, $2: calib binary
   # dlclose'd, so that run checks memory errors only; the cpu run below opens
   # no plugin and keeps the leak check on the library's own code.
   out=$(ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "$1") || fail "$1 failed: $out"
-  echo "$out" | grep -q "bits per element" || fail "$1 printed: $out"
+  grep -q "bits per element" <<<"$out" || fail "$1 printed: $out"
   if ((opencl)); then
-    echo "$out" | grep -q "found:   $L/oscar/liboscar_backend_opencl.so" ||
+    grep -q "found:   $L/oscar/liboscar_backend_opencl.so" <<<"$out" ||
       fail "plugin not found beside the moved library: $out"
   fi
-  OSCAR_BACKEND=cpu "$1" | grep -q "chosen: cpu" || fail "$1 with OSCAR_BACKEND=cpu"
-  "$2" | grep -q calibrated || fail "$2 failed"
+  local o
+  o=$(OSCAR_BACKEND=cpu "$1") && grep -q "chosen: cpu" <<<"$o" || fail "$1 with OSCAR_BACKEND=cpu"
+  o=$("$2") && grep -q calibrated <<<"$o" || fail "$2 failed"
 }
 
 cmake -S "$src/tests/install/consumer" -B "$work/cmake-consumer" -DCMAKE_PREFIX_PATH="$P" \

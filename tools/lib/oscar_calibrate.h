@@ -25,7 +25,7 @@ typedef struct ocal_options {
     int per_head;            /* 1: one rotation per KV head, 0: per layer; -1 (default): the library's (per head) */
     int lloyd_max;           /* OSCAR2_LM instead of OSCAR2 */
     float clip_k, clip_v;    /* 0: fit */
-    int sink, recent;        /* cache layout the clips are fitted for (0: the core's defaults 64, 256; sink < 0: none) */
+    int sink, recent;        /* cache layout the clips are fitted for (0: the core's defaults 64, 256; < 0: none) */
     int clip_objective;      /* 0: attention probes (default), 1: held-back rows */
     int permutation;         /* oscar_calib_options.permutation; -1 (default): the library's (m-sequence) */
     int rounding;            /* oscar_calib_options.rounding; -1 (default): the library's (error feedback) */

@@ -198,7 +198,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     co.clip_k = o->clip_k;
     co.clip_v = o->clip_v;
     if (o->sink != 0) co.sink = o->sink < 0 ? 0 : o->sink;
-    if (o->recent > 0) co.recent = o->recent;
+    if (o->recent != 0) co.recent = o->recent < 0 ? 0 : o->recent;
     co.clip_objective = o->clip_objective;
     if (o->permutation >= 0) co.permutation = o->permutation;
     if (o->rounding >= 0) co.rounding = o->rounding;
