@@ -1092,9 +1092,10 @@ Test(extend, gqa_ratios_page64_splits, .timeout = 600) {
 }
 
 /* Every query count within the recent window (W 128 >= EXT_MAX_Q), so every
- * 2-bit row precedes every query and only the 16-bit rows need the causal mask:
- * the case a tensor-core extend for chunks within W is written for (branch
- * tc-extend-wip; the cases above send some query count past W in most calls).
+ * 2-bit row precedes every query and only the 16-bit rows need the causal mask
+ * (the cases above send some query count past W in most calls, where the
+ * tensor-core extend masks the 2-bit rows too; it fails with the 16-bit mask
+ * one row late, checked on the H200).
  * d 128 group 128: GQA 4, GQA 12 with per-head rotations, the BF16 method
  * (causal over every row); ragged chunks, lengths below S0 + W. */
 Test(extend, window_chunks_tensor_core_shapes, .timeout = 600) {
