@@ -26,7 +26,7 @@ typedef struct oscar_tc_decode_params {
      * row, query head) pairs, hchunks CTAs of up to 8 * n_tiles columns each. The
      * oscar_decode kernels: one query row per sequence, these fields unused. */
     const int32_t *cu_q;
-    int32_t ext, max_q;           /* max_q: the call's max_q_len (a longer sequence is flagged) */
+    int32_t max_q;                /* the call's max_q_len (a longer sequence is flagged) */
     int32_t total_q, nseq;        /* extend: query rows, sequences (cu_q's checks) */
 } oscar_tc_decode_params;
 

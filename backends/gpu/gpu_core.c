@@ -506,8 +506,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     /* Rotation and merge: 4 D threads (four groups sharing a row's dot products or
      * splits) while the grid is smaller than two blocks per compute unit, D threads
      * once Hq x rows blocks fill the device (the groups then cost more than the
-     * latency they hide). OpenCL keeps 4 D (its rotate_q has a fixed work-group size;
-     * it runs the generic family). */
+     * latency they hide). The generic family (OpenCL, HIP) keeps 4 D. */
     int cu = V(ctx)->compute_units(ctx);
     unsigned grp = (int64_t)Hq * rows >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
     oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ra,
@@ -521,7 +520,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .num_pages = a->cache.num_pages, .num_slots = a->cache.num_window_slots,
         .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
-        .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .ext = ext, .max_q = max_q, .total_q = rows,
+        .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .max_q = max_q, .total_q = rows,
         .nseq = nseq};
     gpu_arg da[] = {{&dp, sizeof dp}};
     st = V(ctx)->launch_smem(ctx, k.fn, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,

@@ -32,7 +32,7 @@ typedef struct gpu_kernels {
     int tc;       /* decode/merge are the tensor-core family (oscar_tc_*_params, launch_smem) */
     unsigned smem; /* dynamic shared memory bytes of the tc decode */
     /* Tensor-core extend (NULL: none): the decode variant's extend instantiation
-     * (tc_extend, ext_resident CTAs per compute unit), and the widest variant of the
+     * (tc_extend, tc_ext_resident CTAs per compute unit), and the widest variant of the
      * family for chunks with more (query row, head) columns than cap (xcap columns
      * per CTA share each tile's unpacking). */
     const void *tc_extend, *xextend;
