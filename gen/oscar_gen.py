@@ -194,6 +194,9 @@ typedef struct oscar_gpu_append_variant {{
     const void *store, *demote; /* two-launch write path (every target) */
     const void *append1;        /* one-launch write path (oscar_append1_params), or NULL */
     const char *name;
+    /* warp write path (CUDA, quantized methods; oscar_append1_params): plain loads (many CTAs),
+     * cp.async rings (few CTAs), or NULL */
+    const void *append_w, *append_wr;
 }} oscar_gpu_append_variant;
 typedef struct oscar_gpu_tuning {{
     int d, threads, elems, min_chunk, blocks_per_sm;
@@ -266,6 +269,14 @@ SHFL32 = {
 }
 
 
+def appendw_ptrs(target, v):
+    """The warp write path's two kernels (templates/append.jinja appendw_family):
+    CUDA and the quantized methods only; OSCAR_NO_APPENDW (A/B timing) leaves them out."""
+    if target != "cuda" or v["BF16M"]:
+        return "0, 0"
+    return "OSCAR_APPENDW_PTR(oscar_append_w%s), OSCAR_APPENDW_PTR(oscar_append_wr%s)" % (v["sfx"], v["sfx"])
+
+
 def gen_gpu(target, spec, sel, arch, out):
     e = env()
     ext = "cu" if target == "cuda" else "hip"
@@ -284,11 +295,11 @@ def gen_gpu(target, spec, sel, arch, out):
         lines = ['extern "C" const oscar_gpu_append_variant oscar_%s_append_table_%s[] = {' % (target, part)]
         for v in av:
             lines.append('    {%d, %d, %d, %d, %d, (const void *)oscar_store%s, (const void *)oscar_demote%s, '
-                         'OSCAR_APPEND1_PTR(oscar_append1%s), "%s"},'
+                         'OSCAR_APPEND1_PTR(oscar_append1%s), "%s", %s},'
                          % (v["D"], v["G"], v["KVB"], v["MF32"], v["BF16M"], v["sfx"], v["sfx"], v["sfx"],
-                            v["sfx"][1:]))
+                            v["sfx"][1:], appendw_ptrs(target, v)))
         if not av:
-            lines.append('    {0, 0, 0, 0, 0, 0, 0, 0, ""},')
+            lines.append('    {0, 0, 0, 0, 0, 0, 0, 0, "", 0, 0},')
         lines.append("};")
         lines.append('extern "C" const int oscar_%s_append_table_%s_n = %d;' % (target, part, len(av)))
         body = [prelude, "#define GRID_X gridDim.x\n", SHFL32[target], '#include "oscar_%s_variants.h"' % target]
@@ -296,8 +307,13 @@ def gen_gpu(target, spec, sel, arch, out):
         body.append('#include "append_params.h"\n'
                     '/* OSCAR_NO_APPEND1: A/B timing only, the two-launch write path on CUDA/HIP too. */\n'
                     '#ifdef OSCAR_NO_APPEND1\n#define OSCAR_APPEND1_PTR(f) NULL\n#else\n'
-                    '#define OSCAR_APPEND1_PTR(f) (const void *)f\n#endif')
+                    '#define OSCAR_APPEND1_PTR(f) (const void *)f\n#endif\n'
+                    '#ifdef OSCAR_NO_APPENDW\n#define OSCAR_APPENDW_PTR(f) NULL\n#else\n'
+                    '#define OSCAR_APPENDW_PTR(f) (const void *)f\n#endif')
         body += [app_t.append1_family(v) for v in av]
+        if target == "cuda" and any(not v["BF16M"] for v in av):
+            body.append(app_t.appendw_helpers())
+            body += [app_t.appendw_family(v) for v in av if not v["BF16M"]]
         write(os.path.join(out, "oscar_%s_append_%s.%s" % (target, part, ext)), "\n".join(body + lines) + "\n")
 
     parts = decode_parts(sel)

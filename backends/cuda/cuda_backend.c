@@ -184,6 +184,8 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->store = av->store;
     k->demote = av->demote;
     k->append1 = av->append1;
+    k->append_w = av->append_w;
+    k->append_wr = av->append_wr;
     k->rotate_q = dv->rotate_q;
     k->decode = dv->decode;
     k->merge = dv->merge;

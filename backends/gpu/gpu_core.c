@@ -10,6 +10,9 @@
 
 #define LOG2E 1.4426950408889634f
 #define ALIGN256(x) (((x) + 255u) & ~(size_t)255u)
+/* Grids of up to this many CTAs per compute unit take the warp write path's cp.async-ring
+ * instance (latency), larger ones the plain-load one (occupancy). */
+#define OSCAR_APPENDW_RING_CTAS 4
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -18,6 +21,7 @@ typedef struct gpu_plan {
     void *rot_k, *rot_v, *rot_vt; /* device fp32 [layers][num_rot][d][d]; rot_vt transposed; NULL if identity */
     void *fb_k, *fb_v; /* device fp32 error-feedback weights, same layout; NULL: round to nearest */
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
+    int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     gpu_kernels k;
 } gpu_plan;
 
@@ -176,6 +180,14 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->W = bf16m ? 0 : l->recent;
     p->lp = lp;
     p->gqa = l->num_q_heads / l->num_kv_heads;
+    /* $OSCAR_APPEND_RING_CTAS (tuning and A/B timing; docs/API.md): read once, kept by the plan */
+    p->ring_ctas = OSCAR_APPENDW_RING_CTAS;
+    const char *rce = getenv("OSCAR_APPEND_RING_CTAS");
+    if (rce && *rce) {
+        char *end = NULL;
+        long rv = strtol(rce, &end, 10);
+        if (end && *end == '\0' && rv >= 0 && rv <= 1000000) p->ring_ctas = (int)rv;
+    }
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -434,16 +446,27 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * launches are faster (measured, perf/RESULTS-attention.md): the long
      * demote chains then run in their own launch. */
     int64_t ctas = (int64_t)a->total_new * 2 * H;
+    oscar_append1_params ap = {
+        .k = k, .v = v, .pages = pages, .windows = windows, .bt = bt, .lens = lens, .slots = slots,
+        .cu_new = cu, .ws = ws, .rot_k = rk, .rot_v = rv, .fb_k = fk, .fb_v = fv, .kv_stride = kv_stride,
+        .rot_off = rot_off, .page_bytes = page_bytes, .slot_bytes = slot_bytes, .kc_off = kc, .vc_off = vc,
+        .km_off = km, .vm_off = vm, .total_new = a->total_new, .nseq = nseq, .num_rot = num_rot,
+        .identity = identity, .lm = lm, .clip_k = ck, .clip_v = cv, .clip_off = clip_off,
+        .num_pages = num_pages, .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len};
+    gpu_arg aa[] = {{&ap, sizeof ap}};
+    /* Warp write path (CUDA, quantized): two warps per (token, row kind, head), every
+     * row's quantization inside one warp. Same slot rule as the one-launch path (with
+     * W = 0 nothing is demoted, so any count). The cp.async-ring instance while the grid
+     * is small (a row's latency decides), the plain-load one when it fills the GPU
+     * (occupancy decides; measured, perf/RESULTS-attention.md). */
+    int small = ctas <= (int64_t)p->ring_ctas * V(ctx)->compute_units(ctx);
+    /* head_dim 256 in a small grid: one warp's rotation (2048 multiply-adds per lane) is
+     * slower than the block-wide one-launch kernel's (measured), which serves there */
+    if (p->quantized && p->k.append_w && (W == 0 || a->total_new <= W) && !(small && D > 128 && p->k.append1))
+        return V(ctx)->launch(ctx, small ? p->k.append_wr : p->k.append_w, (unsigned)a->total_new,
+                              (unsigned)(2 * H), 1, 64, aa, 1, a->stream, err);
     if (p->k.append1 && (!p->quantized || a->total_new <= W) &&
         !(fk && ctas > 4 * (int64_t)V(ctx)->compute_units(ctx))) {
-        oscar_append1_params ap = {
-            .k = k, .v = v, .pages = pages, .windows = windows, .bt = bt, .lens = lens, .slots = slots,
-            .cu_new = cu, .ws = ws, .rot_k = rk, .rot_v = rv, .fb_k = fk, .fb_v = fv, .kv_stride = kv_stride,
-            .rot_off = rot_off, .page_bytes = page_bytes, .slot_bytes = slot_bytes, .kc_off = kc, .vc_off = vc,
-            .km_off = km, .vm_off = vm, .total_new = a->total_new, .nseq = nseq, .num_rot = num_rot,
-            .identity = identity, .lm = lm, .clip_k = ck, .clip_v = cv, .clip_off = clip_off,
-            .num_pages = num_pages, .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len};
-        gpu_arg aa[] = {{&ap, sizeof ap}};
         return V(ctx)->launch(ctx, p->k.append1, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, aa, 1,
                               a->stream, err);
     }

@@ -22,6 +22,9 @@ typedef struct gpu_arg {
 typedef struct gpu_kernels {
     const void *store, *demote, *rotate_q, *decode, *merge;
     const void *append1; /* one-launch write path (oscar_append1_params), NULL: store + demote */
+    /* warp write path (CUDA, quantized methods; oscar_append1_params): plain loads, cp.async
+     * rings; NULL: none */
+    const void *append_w, *append_wr;
     /* Generic (fp32) extend attention and its merge (templates/decode.jinja, ext):
      * ext_cap query heads per work-group, ext_threads threads, ext_elems V elements each. */
     const void *extend, *merge_ext;
