@@ -460,9 +460,11 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * is small (a row's latency decides), the plain-load one when it fills the GPU
      * (occupancy decides; measured, perf/RESULTS-attention.md). */
     int small = ctas <= (int64_t)p->ring_ctas * V(ctx)->compute_units(ctx);
-    /* head_dim 256 in a small grid: one warp's rotation (2048 multiply-adds per lane) is
-     * slower than the block-wide one-launch kernel's (measured), which serves there */
-    if (p->quantized && p->k.append_w && (W == 0 || a->total_new <= W) && !(small && D > 128 && p->k.append1))
+    /* Measured exceptions (perf/RESULTS-attention.md), where the block-wide kernels win:
+     * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
+     * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */
+    int blockwise = (small && D > 128 && p->k.append1) || (fk && D < 128);
+    if (p->quantized && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
         return V(ctx)->launch(ctx, small ? p->k.append_wr : p->k.append_w, (unsigned)a->total_new,
                               (unsigned)(2 * H), 1, 64, aa, 1, a->stream, err);
     if (p->k.append1 && (!p->quantized || a->total_new <= W) &&
