@@ -135,6 +135,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->clip_objective = 0;
     o->probe_queries = 1;
     o->clip_margin = 0.0f;
+    o->probe_span = 0;
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
     o->copy_probes = 0;
@@ -250,6 +251,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "probe_queries %d must be in [1, %d] (query positions per attention probe)",
                                o->probe_queries, MAX_PROBE_QUERIES);
+    if (o->probe_span != 0 && o->probe_span != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "probe_span must be 0 (second half of a window) or 1 (from sink + recent + %d on), got %d",
+                               PROBE_MARGIN, o->probe_span);
     if (!(o->clip_margin >= 0.0f && o->clip_margin <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "clip_margin %g must be in [0, 1] (share of the smallest probe error a milder clip may "
@@ -478,7 +483,8 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
             const int nq = c->o.probe_queries;
             if (!p->q && !(p->q = malloc((size_t)nq * (size_t)g * (size_t)d * sizeof(float))))
                 return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping an attention probe");
-            int64_t lo = n / 2 > lo0 ? n / 2 : lo0, hi = n - 1;
+            /* probe_span 0: the window's second half; 1: every position with a 2-bit region. */
+            int64_t lo = n / 2 > lo0 && c->o.probe_span == 0 ? n / 2 : lo0, hi = n - 1;
             if (nq == 1) {
                 p->t = (int)(lo + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(hi - lo + 1)));
                 p->tq[0] = p->t;

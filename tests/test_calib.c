@@ -502,6 +502,10 @@ Test(calib, bad_options) {
         cr_assert(strstr(oscar_last_error(), "probe_queries") != NULL, "%s", oscar_last_error());
     }
     oscar_calib_options_default(&o, 2, 8, 2, 128);
+    o.probe_span = 2;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "probe_span") != NULL, "%s", oscar_last_error());
+    oscar_calib_options_default(&o, 2, 8, 2, 128);
     o.holdout_rows = 0;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
     oscar_calib_options_default(&o, 2, 8, 2, 128);
@@ -881,8 +885,8 @@ Test(calib, copy_probes) {
  * query positions are the window's last nq (the probe range [sink + recent +
  * 32, n - 1] has nq positions, one per stratum), each reading the 2-bit
  * region [sink, t_a - recent] of its own position. */
-static void check_probe_error(int nq) {
-    const int d = 64, hq = 2, hkv = 1, sink = 4 + (int)(rnd() % 8), recent = 16 + (int)(rnd() % 16);
+static void check_probe_error(int nq, int span, int sink, int recent) {
+    const int d = 64, hq = 2, hkv = 1;
     const int n = sink + recent + 32 + nq, t = n - 1;
     synth s;
     synth_make(&s, n, hq, hkv, d, 1);
@@ -890,6 +894,8 @@ static void check_probe_error(int nq) {
     oscar_calib_options_default(&o, 1, hq, hkv, d);
     cr_assert_eq(o.probe_queries, 1);
     o.probe_queries = nq;
+    cr_assert_eq(o.probe_span, 0);
+    o.probe_span = span;
     o.sink = sink;
     o.recent = recent;
     o.clip_k = 0.9f;
@@ -960,13 +966,16 @@ static void check_probe_error(int nq) {
     oscar_calib_destroy(c);
     synth_free(&s);
 }
-Test(calib, probe_error_matches_brute_force) { check_probe_error(1); }
+Test(calib, probe_error_matches_brute_force) { check_probe_error(1, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16)); }
 /* Several query positions per probe: the earlier ones read the rows after
  * their own 2-bit region exact, although the last position's region holds
  * them quantized (with that region for every position the test fails). */
 Test(calib, probe_queries_error_matches_brute_force) {
-    check_probe_error(4);
-    check_probe_error(9);
+    check_probe_error(4, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16));
+    check_probe_error(9, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16));
+    /* probe_span 1: positions from sink + recent + 32 = 52 on, although the window's second half
+     * starts at 56 (n = 112); with span 0 the test fails. */
+    check_probe_error(60, 1, 4, 16);
 }
 
 /* A few keys carry very large scores: queries are 3 u + 0.5 noise (u the first

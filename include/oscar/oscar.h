@@ -289,6 +289,9 @@ typedef struct oscar_calib_options {
     float clip_margin;          /* probe objective: the mildest clip ratio whose probe error is within
                                    (1 + clip_margin) of the grid's smallest is taken (default 0: the
                                    smallest, ties keeping the milder); in [0, 1] */
+    int32_t probe_span;         /* where a window's probe query positions are drawn: 0 (default) its
+                                   second half; 1 every position from sink + recent + 32 on (the
+                                   positions oscar-eval scores that read a 2-bit region) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
