@@ -45,6 +45,7 @@
 #define PROBES_PER_HEAD 8
 #define PROBE_MARGIN 32 /* the 2-bit region of a probe holds at least this many rows */
 #define MAX_PROBE_QUERIES 64 /* query positions per text probe (options.probe_queries) */
+#define PROBE_QUERIES_S0W0 16 /* probe_queries 0 (default) without windows (sink 0, recent 0) */
 
 enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 
@@ -133,7 +134,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->sink = 64;
     o->recent = 256;
     o->clip_objective = 0;
-    o->probe_queries = 1;
+    o->probe_queries = 0; /* auto: 16 without windows, 1 with (docs/eval/retrieval.md, fourth step) */
     o->clip_margin = 0.0f;
     o->probe_span = 0;
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
@@ -247,9 +248,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->key_attn_weight >= 0.0f && o->key_attn_weight <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g must be in [0, 1]",
                                (double)o->key_attn_weight);
-    if (o->probe_queries < 1 || o->probe_queries > MAX_PROBE_QUERIES)
+    if (o->probe_queries < 0 || o->probe_queries > MAX_PROBE_QUERIES)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                               "probe_queries %d must be in [1, %d] (query positions per attention probe)",
+                               "probe_queries %d must be in [0, %d] (query positions per attention probe; 0: 16 for "
+                               "the layout without windows, sink 0 and recent 0, else 1)",
                                o->probe_queries, MAX_PROBE_QUERIES);
     if (o->probe_span != 0 && o->probe_span != 1)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
@@ -275,6 +277,7 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         c->o.threads = n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
     }
+    if (c->o.probe_queries == 0) c->o.probe_queries = c->o.sink == 0 && c->o.recent == 0 ? PROBE_QUERIES_S0W0 : 1;
     c->o.model_hash = NULL; /* not kept: the caller's string may not outlive us */
     c->state = STATE_CREATED;
     c->L = o->num_layers;

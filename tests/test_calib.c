@@ -497,7 +497,7 @@ Test(calib, bad_options) {
     cr_assert(strstr(oscar_last_error(), "clip_per_head") != NULL, "%s", oscar_last_error());
     for (int bad = 0; bad < 2; bad++) {
         oscar_calib_options_default(&o, 2, 8, 2, 128);
-        o.probe_queries = bad ? 65 : 0;
+        o.probe_queries = bad ? 65 : -1;
         cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
         cr_assert(strstr(oscar_last_error(), "probe_queries") != NULL, "%s", oscar_last_error());
     }
@@ -892,7 +892,7 @@ static void check_probe_error(int nq, int span, int sink, int recent) {
     synth_make(&s, n, hq, hkv, d, 1);
     oscar_calib_options o;
     oscar_calib_options_default(&o, 1, hq, hkv, d);
-    cr_assert_eq(o.probe_queries, 1);
+    cr_assert_eq(o.probe_queries, 0);
     o.probe_queries = nq;
     cr_assert_eq(o.probe_span, 0);
     o.probe_span = span;
@@ -976,6 +976,50 @@ Test(calib, probe_queries_error_matches_brute_force) {
     /* probe_span 1: positions from sink + recent + 32 = 52 on, although the window's second half
      * starts at 56 (n = 112); with span 0 the test fails. */
     check_probe_error(60, 1, 4, 16);
+}
+
+/* probe_queries 0 (default): 16 query positions without windows (sink 0,
+ * recent 0), 1 with them; the same parameters and reports as asking for
+ * them explicitly. */
+Test(calib, probe_queries_auto) {
+    const int d = 64, hq = 4, hkv = 2, L = 1, win = 160, nwin = 6;
+    synth s;
+    synth_make(&s, nwin * win, hq, hkv, d, 1);
+    for (int layout = 0; layout < 2; layout++) {
+        oscar_calib_options o;
+        small_window_options(&o, L, hq, hkv, d);
+        if (layout == 1) o.sink = o.recent = 0;
+        oscar_calib *c[2];
+        oscar_params *p[2];
+        for (int r = 0; r < 2; r++) {
+            o.probe_queries = r == 0 ? 0 : layout == 1 ? 16 : 1;
+            p[r] = calibrate_windows(&o, &s, win, 1, &c[r]);
+        }
+        oscar_calib_attn_report a[2];
+        for (int r = 0; r < 2; r++) cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], 0, &a[r]), OSCAR_OK);
+        cr_assert_eq(memcmp(&a[0], &a[1], sizeof a[0]), 0, "layout %d: auto differs from explicit", layout);
+        for (int w = 0; w < 2; w++) {
+            float x, y;
+            oscar_params_clip(p[0], 0, (oscar_kv)w, &x);
+            oscar_params_clip(p[1], 0, (oscar_kv)w, &y);
+            cr_assert_eq(x, y, "layout %d: auto clip %g, explicit %g", layout, (double)x, (double)y);
+        }
+        if (layout == 1) { /* and 16 positions are not 1: the s0w0 report differs from a 1-position fit */
+            oscar_calib *c1;
+            o.probe_queries = 1;
+            oscar_params *p1 = calibrate_windows(&o, &s, win, 1, &c1);
+            oscar_calib_attn_report a1;
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c1, 0, &a1), OSCAR_OK);
+            cr_assert_neq(a1.err_kv[0], a[0].err_kv[0], "s0w0: 16 positions gave the 1-position error");
+            oscar_params_destroy(p1);
+            oscar_calib_destroy(c1);
+        }
+        for (int r = 0; r < 2; r++) {
+            oscar_params_destroy(p[r]);
+            oscar_calib_destroy(c[r]);
+        }
+    }
+    synth_free(&s);
 }
 
 /* A few keys carry very large scores: queries are 3 u + 0.5 noise (u the first
