@@ -40,10 +40,12 @@
 #define MAX_HEADS 4096
 #define MAX_HOLDOUT (1 << 20)
 /* Attention probes per (layer, KV head): memory is at most
- * L * Hkv * PROBES_PER_HEAD * (2 * n + g) * d floats for windows of n tokens,
+ * L * Hkv * PROBES_PER_HEAD * (2 * n + probe_queries * g) * d floats for windows of n tokens,
  * whatever the number of windows. */
 #define PROBES_PER_HEAD 8
 #define PROBE_MARGIN 32 /* the 2-bit region of a probe holds at least this many rows */
+#define MAX_PROBE_QUERIES 64 /* query positions per text probe (options.probe_queries) */
+#define PROBE_QUERIES_S0W0 16 /* probe_queries 0 (default) without windows (sink 0, recent 0) */
 
 enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 
@@ -58,13 +60,17 @@ const float *oscar_calib_clip_grid(int *count) {
 
 typedef oscar_calib_copy_report copy_report;
 
-/* One attention probe: the g queries at position t of one fed window that
- * read KV head h, and that window's keys and values of h at 0..t. */
+/* One attention probe: the g queries that read KV head h at nq positions
+ * tq[0] < ... <= tq[nq-1] = t of one fed window, and that window's keys and
+ * values of h at 0..t. Query position tq[j] reads rows [sink, tq[j] - recent]
+ * in 2 bits and the others exact (the cache layout at that position). */
 typedef struct probe {
     int64_t feed; /* per-layer feed index (same in both passes) */
-    int n, t;     /* feed length and query position; t < 0: slot empty or dropped */
+    int n, t;     /* feed length and last query position; t < 0: slot empty or dropped */
     int period;   /* copy probe: position t + 1 - period holds the copied token's source; 0: text probe */
-    float *q;     /* [g][d], pass 0 */
+    int nq;       /* query positions (1 for copy probes; options.probe_queries for text probes) */
+    int tq[MAX_PROBE_QUERIES]; /* the positions, increasing; tq[nq - 1] == t */
+    float *q;     /* [nq][g][d], pass 0 */
     float *k, *v; /* [t + 1][d], from pass 0 when given there, else pass 1; NULL until then */
 } probe;
 
@@ -128,6 +134,9 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->sink = 64;
     o->recent = 256;
     o->clip_objective = 0;
+    o->probe_queries = 0; /* auto: 16 without windows, 1 with (docs/eval/retrieval.md, fourth step) */
+    o->clip_margin = 0.0f;
+    o->probe_span = 0;
     o->permutation = 2; /* m-sequence: -15% KL at the fitted clips (docs/eval/permutation.md) */
     o->rounding = 1;    /* error feedback (docs/eval/feedback.md) */
     o->copy_probes = 0;
@@ -239,6 +248,20 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->key_attn_weight >= 0.0f && o->key_attn_weight <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g must be in [0, 1]",
                                (double)o->key_attn_weight);
+    if (o->probe_queries < 0 || o->probe_queries > MAX_PROBE_QUERIES)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "probe_queries %d must be in [0, %d] (query positions per attention probe; 0: 16 for "
+                               "the layout without windows, sink 0 and recent 0, else 1)",
+                               o->probe_queries, MAX_PROBE_QUERIES);
+    if (o->probe_span != 0 && o->probe_span != 1)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "probe_span must be 0 (second half of a window) or 1 (from sink + recent + %d on), got %d",
+                               PROBE_MARGIN, o->probe_span);
+    if (!(o->clip_margin >= 0.0f && o->clip_margin <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "clip_margin %g must be in [0, 1] (share of the smallest probe error a milder clip may "
+                               "exceed it by)",
+                               (double)o->clip_margin);
     if (o->threads < 0 || o->threads > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "threads %d must be in [0, 64] (0: the online CPUs)",
                                o->threads);
@@ -254,6 +277,7 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         c->o.threads = n < 1 ? 1 : n > 64 ? 64 : (int32_t)n;
     }
+    if (c->o.probe_queries == 0) c->o.probe_queries = c->o.sink == 0 && c->o.recent == 0 ? PROBE_QUERIES_S0W0 : 1;
     c->o.model_hash = NULL; /* not kept: the caller's string may not outlive us */
     c->state = STATE_CREATED;
     c->L = o->num_layers;
@@ -434,12 +458,13 @@ static int probe_copy_kv(const oscar_calib *c, probe *p, int h, const void *k, c
 }
 
 
-/* The g query rows of KV head h at the probe's position p->t, as fp32. */
+/* The g query rows of KV head h at the probe's positions p->tq, as fp32. */
 static void probe_copy_q(probe *p, const void *q, oscar_dtype dtype, int hq, int h, int g, int d) {
-    for (int j = 0; j < g; j++)
-        for (int i = 0; i < d; i++)
-            p->q[(size_t)j * (size_t)d + (size_t)i] =
-                oscar_load(dtype, q, ((size_t)p->t * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
+    for (int a = 0; a < p->nq; a++)
+        for (int j = 0; j < g; j++)
+            for (int i = 0; i < d; i++)
+                p->q[((size_t)a * (size_t)g + (size_t)j) * (size_t)d + (size_t)i] = oscar_load(
+                    dtype, q, ((size_t)p->tq[a] * (size_t)hq + (size_t)(h * g + j)) * (size_t)d + (size_t)i);
 }
 
 static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void *q, const void *k, const void *v,
@@ -458,10 +483,24 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
                 if (slot >= PROBES_PER_HEAD) continue;
             }
             probe *p = ph + slot;
-            if (!p->q && !(p->q = malloc((size_t)g * (size_t)d * sizeof(float))))
+            const int nq = c->o.probe_queries;
+            if (!p->q && !(p->q = malloc((size_t)nq * (size_t)g * (size_t)d * sizeof(float))))
                 return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping an attention probe");
-            int64_t lo = n / 2 > lo0 ? n / 2 : lo0, hi = n - 1;
-            p->t = (int)(lo + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(hi - lo + 1)));
+            /* probe_span 0: the window's second half; 1: every position with a 2-bit region. */
+            int64_t lo = n / 2 > lo0 && c->o.probe_span == 0 ? n / 2 : lo0, hi = n - 1;
+            if (nq == 1) {
+                p->t = (int)(lo + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(hi - lo + 1)));
+                p->tq[0] = p->t;
+            } else { /* stratified: one position drawn in each nq-th of [lo, hi] */
+                const int64_t span = hi - lo + 1;
+                for (int a = 0; a < nq; a++) {
+                    int64_t s0 = lo + span * a / nq, s1 = lo + span * (a + 1) / nq - 1;
+                    if (s1 < s0) s1 = s0;
+                    p->tq[a] = (int)(s0 + (int64_t)(splitmix64(&c->probe_rng[layer]) % (uint64_t)(s1 - s0 + 1)));
+                }
+                p->t = p->tq[nq - 1];
+            }
+            p->nq = nq;
             p->n = n;
             p->period = 0;
             p->feed = feed;
@@ -769,6 +808,8 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
         if (!p->q && !(p->q = malloc((size_t)g * (size_t)d * sizeof(float))))
             return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping a copy probe");
         p->t = (int)(lo + (int64_t)(splitmix64(&c->copy_rng[layer]) % (uint64_t)(n_tokens - 1 - lo)));
+        p->nq = 1;
+        p->tq[0] = p->t;
         p->n = n_tokens;
         p->feed = -1; /* never matched by a pass-1 feed */
         p->period = period;
@@ -1055,7 +1096,7 @@ typedef struct probe_set {
     const probe **p; /* [np] */
     int *h;          /* [np] KV head */
     float **kr, **vr, **kq, **vq, **qr; /* [np] each */
-    double **o;      /* [np] exact outputs [g][d] */
+    double **o;      /* [np] exact outputs [nq][g][d] */
     float *S;        /* scratch [g][maxT] */
     float *ob;       /* scratch [g][d] */
     const double *const *om; /* [nrot] output metric in the rotated V space (value metric), or NULL: identity */
@@ -1117,8 +1158,9 @@ static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
         ps->vr[i] = malloc(rows * d * sizeof(float));
         ps->kq[i] = malloc(rows * d * sizeof(float));
         ps->vq[i] = malloc(rows * d * sizeof(float));
-        ps->qr[i] = malloc(g * d * sizeof(float));
-        ps->o[i] = malloc(g * d * sizeof(double));
+        const size_t nq = (size_t)ps->p[i]->nq;
+        ps->qr[i] = malloc(nq * g * d * sizeof(float));
+        ps->o[i] = malloc(nq * g * d * sizeof(double));
         if (!ps->kr[i] || !ps->vr[i] || !ps->kq[i] || !ps->vq[i] || !ps->qr[i] || !ps->o[i]) return -1;
     }
     return 0;
@@ -1144,7 +1186,7 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
         size_t rows = (size_t)ps->p[i]->t + 1;
         if (which == OSCAR_K) {
             rotate_rows(d, rows, ps->p[i]->k, Ri, 1, ps->kr[i]);
-            rotate_rows(d, (size_t)c->g, ps->p[i]->q, Ri, 0, ps->qr[i]);
+            rotate_rows(d, (size_t)ps->p[i]->nq * (size_t)c->g, ps->p[i]->q, Ri, 0, ps->qr[i]);
             memcpy(ps->kq[i], ps->kr[i], rows * (size_t)d * sizeof(float));
         } else {
             rotate_rows(d, rows, ps->p[i]->v, Ri, 1, ps->vr[i]);
@@ -1196,11 +1238,26 @@ static void probe_set_quantize(probe_set *ps, int which, int head, float clip, i
     parallel_parts(ps->c->o.threads, quant_rows, &j);
 }
 
-/* softmax(q K^T / sqrt(d)) V for the g queries of probe i into ps->ob. */
-static void probe_attend(probe_set *ps, int i, const float *K, const float *V) {
-    const int d = ps->c->d, g = ps->c->g, T = ps->p[i]->t + 1;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, T, d, (float)(1.0 / sqrt((double)d)), ps->qr[i], d, K, d,
-                0.0f, ps->S, T);
+/* softmax(q K^T / sqrt(d)) V for the g queries at position a of probe i
+ * into ps->ob, with the quantized keys (qk) and/or values (qv) read in the
+ * 2-bit region of that position, [sink, tq[a] - recent], the exact rows
+ * elsewhere. The quantized copies hold the region of the probe's last
+ * position t; an earlier position reads the rows after its own region
+ * exact. */
+static void probe_attend(probe_set *ps, int i, int a, int qk, int qv) {
+    const probe *p = ps->p[i];
+    const int d = ps->c->d, g = ps->c->g, T = p->tq[a] + 1;
+    const float *K = qk ? ps->kq[i] : ps->kr[i], *V = qv ? ps->vq[i] : ps->vr[i];
+    const float *q = ps->qr[i] + (size_t)a * (size_t)g * (size_t)d;
+    const float scale = (float)(1.0 / sqrt((double)d));
+    /* First row after position a's 2-bit region that the quantized copies may still hold. */
+    int x = p->tq[a] - ps->c->o.recent + 1;
+    if (x < ps->c->o.sink) x = ps->c->o.sink;
+    const int tail = T < p->t + 1 && x < T; /* an earlier position with rows to read exact */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, T, d, scale, q, d, K, d, 0.0f, ps->S, T);
+    if (tail && qk)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g, T - x, d, scale, q, d, ps->kr[i] + (size_t)x * d, d,
+                    0.0f, ps->S + x, T);
     for (int j = 0; j < g; j++) {
         float *s = ps->S + (size_t)j * (size_t)T;
         float m = s[0];
@@ -1209,16 +1266,23 @@ static void probe_attend(probe_set *ps, int i, const float *K, const float *V) {
         for (int r = 0; r < T; r++) z += exp((double)s[r] - (double)m);
         for (int r = 0; r < T; r++) s[r] = (float)(exp((double)s[r] - (double)m) / z);
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, T, 1.0f, ps->S, T, V, d, 0.0f, ps->ob, d);
+    if (tail && qv) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, x, 1.0f, ps->S, T, V, d, 0.0f, ps->ob, d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, T - x, 1.0f, ps->S + x, T,
+                    ps->vr[i] + (size_t)x * d, d, x > 0 ? 1.0f : 0.0f, ps->ob, d);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, g, d, T, 1.0f, ps->S, T, V, d, 0.0f, ps->ob, d);
+    }
 }
 
 /* Exact outputs from the rotated bf16 rows (after rotating both K and V). */
 static void probe_set_exact(probe_set *ps) {
     const size_t gd = (size_t)ps->c->g * (size_t)ps->c->d;
-    for (int i = 0; i < ps->np; i++) {
-        probe_attend(ps, i, ps->kr[i], ps->vr[i]);
-        for (size_t e = 0; e < gd; e++) ps->o[i][e] = ps->ob[e];
-    }
+    for (int i = 0; i < ps->np; i++)
+        for (int a = 0; a < ps->p[i]->nq; a++) {
+            probe_attend(ps, i, a, 0, 0);
+            for (size_t e = 0; e < gd; e++) ps->o[i][(size_t)a * gd + e] = ps->ob[e];
+        }
 }
 
 /* sum ||o^ - o||^2 / sum ||o||^2 over the probes of KV head `head` (-1:
@@ -1231,28 +1295,31 @@ static double probe_set_error_nd(probe_set *ps, int head, int qk, int qv, double
     for (int i = 0; i < ps->np; i++) {
         if (ps->p[i]->period) continue; /* copy probes constrain c_K (probe_set_copy_mass), not the error */
         if (head >= 0 && ps->h[i] != head) continue;
-        probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], qv ? ps->vq[i] : ps->vr[i]);
-        const double *M = ps->om ? ps->om[ps->c->o.per_head ? ps->h[i] : 0] : NULL;
-        if (!M) {
-            for (size_t e = 0; e < gd; e++) {
-                double diff = (double)ps->ob[e] - ps->o[i][e];
-                num += diff * diff;
-                den += ps->o[i][e] * ps->o[i][e];
-            }
-            continue;
-        }
-        /* As the output projection sees it: e^T M e per query head. */
-        for (int j = 0; j < g; j++) {
-            const float *ob = ps->ob + (size_t)j * (size_t)d;
-            const double *o = ps->o[i] + (size_t)j * (size_t)d;
-            for (int a = 0; a < d; a++) {
-                double ea = (double)ob[a] - o[a], ma = 0.0, mo = 0.0;
-                for (int b = 0; b < d; b++) {
-                    ma += M[(size_t)a * d + b] * ((double)ob[b] - o[b]);
-                    mo += M[(size_t)a * d + b] * o[b];
+        for (int qa = 0; qa < ps->p[i]->nq; qa++) {
+            probe_attend(ps, i, qa, qk, qv);
+            const double *M = ps->om ? ps->om[ps->c->o.per_head ? ps->h[i] : 0] : NULL;
+            const double *oi = ps->o[i] + (size_t)qa * gd;
+            if (!M) {
+                for (size_t e = 0; e < gd; e++) {
+                    double diff = (double)ps->ob[e] - oi[e];
+                    num += diff * diff;
+                    den += oi[e] * oi[e];
                 }
-                num += ea * ma;
-                den += o[a] * mo;
+                continue;
+            }
+            /* As the output projection sees it: e^T M e per query head. */
+            for (int j = 0; j < g; j++) {
+                const float *ob = ps->ob + (size_t)j * (size_t)d;
+                const double *o = oi + (size_t)j * (size_t)d;
+                for (int a = 0; a < d; a++) {
+                    double ea = (double)ob[a] - o[a], ma = 0.0, mo = 0.0;
+                    for (int b = 0; b < d; b++) {
+                        ma += M[(size_t)a * d + b] * ((double)ob[b] - o[b]);
+                        mo += M[(size_t)a * d + b] * o[b];
+                    }
+                    num += ea * ma;
+                    den += o[a] * mo;
+                }
             }
         }
     }
@@ -1275,7 +1342,7 @@ static double probe_set_copy_mass(probe_set *ps, int head, int qk, int *count) {
     for (int i = 0; i < ps->np; i++) {
         const probe *p = ps->p[i];
         if (!p->period || (head >= 0 && ps->h[i] != head)) continue;
-        probe_attend(ps, i, qk ? ps->kq[i] : ps->kr[i], ps->vr[i]);
+        probe_attend(ps, i, 0, qk, 0); /* a copy probe has one query position, t */
         const int T = p->t + 1, src = p->t + 1 - p->period;
         for (int j = 0; j < g; j++, cnt++) sum += ps->S[(size_t)j * (size_t)T + (size_t)src];
     }
@@ -1377,30 +1444,36 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                 const double m0 = which == OSCAR_K ? probe_set_copy_mass(&ps, h, 0, &nch) : 0.0;
                 const int constrain = nch > 0;
                 probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0);
-                double num, den, best_num, best_den;
-                double best = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &best_num, &best_den), free_best = best;
+                /* err/num/den of grid point gi (gi 0: best_c, the fixed ratio or 1) for gi < ng. */
+                double errs[CLIP_GRID_N], nums[CLIP_GRID_N], dens[CLIP_GRID_N];
+                errs[0] = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &nums[0], &dens[0]);
+                double best = errs[0], free_best = best;
                 float free_c = best_c;
+                int ng = 1;
                 if (constrain) probe_set_quantize(&ps, which, h, best_c, lm, Fw, 1);
                 for (int gi = 1; fixed <= 0.0f && gi < CLIP_GRID_N; gi++) {
                     probe_set_quantize(&ps, which, h, k_clip_grid[gi], lm, Fw, 0);
-                    double err = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &num, &den);
+                    double err = probe_set_error_nd(&ps, h, 1, which == OSCAR_V, &nums[gi], &dens[gi]);
                     if (err < free_best) {
                         free_best = err;
                         free_c = k_clip_grid[gi];
                     }
-                    if (err < best) { /* strict: ties keep the milder clip */
-                        if (constrain) { /* copies are quantized only for a clip that would win */
-                            probe_set_quantize(&ps, which, h, k_clip_grid[gi], lm, Fw, 1);
-                            /* The scan goes from mild to harsh: the first winning clip that breaks the
-                             * bound ends it, so the bound never picks a clip harsher than the error alone. */
-                            if (m0 - probe_set_copy_mass(&ps, h, 1, &nch) > (double)c->o.copy_mass_loss) break;
-                        }
-                        best = err;
-                        best_num = num;
-                        best_den = den;
-                        best_c = k_clip_grid[gi];
+                    if (err < best && constrain) { /* copies are quantized only for a clip that would win */
+                        probe_set_quantize(&ps, which, h, k_clip_grid[gi], lm, Fw, 1);
+                        /* The scan goes from mild to harsh: the first winning clip that breaks the
+                         * bound ends it, so the bound never picks a clip harsher than the error alone. */
+                        if (m0 - probe_set_copy_mass(&ps, h, 1, &nch) > (double)c->o.copy_mass_loss) break;
                     }
+                    errs[gi] = err;
+                    ng = gi + 1;
+                    if (err < best) best = err;
                 }
+                /* The mildest ratio within clip_margin of the smallest error (margin 0: the smallest
+                 * error, ties keeping the milder ratio). */
+                int bi = 0;
+                while (errs[bi] > best * (1.0 + (double)c->o.clip_margin) && bi + 1 < ng) bi++;
+                if (bi > 0) best_c = k_clip_grid[bi];
+                const double best_num = nums[bi], best_den = dens[bi];
                 sum_num[which] += best_num;
                 sum_den[which] += best_den;
                 if (which == OSCAR_K && free_c > cr->clip_free) cr->clip_free = free_c;

@@ -495,6 +495,16 @@ Test(calib, bad_options) {
     o.clip_per_head = 2;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
     cr_assert(strstr(oscar_last_error(), "clip_per_head") != NULL, "%s", oscar_last_error());
+    for (int bad = 0; bad < 2; bad++) {
+        oscar_calib_options_default(&o, 2, 8, 2, 128);
+        o.probe_queries = bad ? 65 : -1;
+        cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(oscar_last_error(), "probe_queries") != NULL, "%s", oscar_last_error());
+    }
+    oscar_calib_options_default(&o, 2, 8, 2, 128);
+    o.probe_span = 2;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "probe_span") != NULL, "%s", oscar_last_error());
     oscar_calib_options_default(&o, 2, 8, 2, 128);
     o.holdout_rows = 0;
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
@@ -733,6 +743,53 @@ Test(calib, clip_per_head_vs_per_layer) {
     }
 }
 
+/* clip_margin: the mildest ratio within (1 + margin) of the smallest probe
+ * error. Per layer, so the K error at the chosen key ratio is the scan's:
+ * margin 0 is the default fit, a margin never gives a harsher ratio and its K
+ * error stays within the margin of margin 0's. */
+Test(calib, clip_margin) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12;
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, 1);
+    oscar_calib_options o;
+    small_window_options(&o, L, hq, hkv, d);
+    cr_assert_eq(o.clip_margin, 0.0f);
+    const float margins[3] = {0.0f, 0.05f, 1.0f};
+    oscar_calib *c[3];
+    oscar_params *p[3];
+    for (int r = 0; r < 3; r++) {
+        o.clip_margin = margins[r];
+        p[r] = calibrate_windows(&o, s, win, 1, &c[r]);
+    }
+    int milder = 0;
+    for (int l = 0; l < L; l++) {
+        oscar_calib_attn_report a[3];
+        float ck[3];
+        for (int r = 0; r < 3; r++) {
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], l, &a[r]), OSCAR_OK);
+            oscar_params_clip(p[r], l, OSCAR_K, &ck[r]);
+        }
+        for (int r = 1; r < 3; r++) {
+            cr_assert_geq(ck[r], ck[r - 1], "layer %d: margin %g gave key clip %g, harsher than %g", l,
+                          (double)margins[r], (double)ck[r], (double)ck[r - 1]);
+            cr_assert_leq(a[r].err_k[2], a[0].err_k[2] * (1.0 + (double)margins[r]) * (1.0 + 1e-9),
+                          "layer %d: margin %g: K error %g, margin 0 %g", l, (double)margins[r], a[r].err_k[2],
+                          a[0].err_k[2]);
+            milder += ck[r] > ck[0];
+        }
+    }
+    cr_assert_gt(milder, 0, "a margin of 1 should make some key clip milder on these probes");
+    for (int r = 0; r < 3; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    o.clip_margin = 1.5f;
+    oscar_calib *bad = (oscar_calib *)1;
+    cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "clip_margin") != NULL, "%s", oscar_last_error());
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
 Test(calib, copy_probes) {
     const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 6, ncopy = 5;
     synth s[2];
@@ -824,15 +881,21 @@ Test(calib, copy_probes) {
 }
 
 /* Attention error against a brute-force fp64 computation: one window of
- * sink + recent + 33 tokens gives exactly one probe per KV head, at its last
- * position t = n - 1. */
-Test(calib, probe_error_matches_brute_force) {
-    const int d = 64, hq = 2, hkv = 1, sink = 4 + (int)(rnd() % 8), recent = 16 + (int)(rnd() % 16);
-    const int n = sink + recent + 33, t = n - 1;
+ * sink + recent + 32 + nq tokens gives exactly one probe per KV head, whose nq
+ * query positions are the window's last nq (the probe range [sink + recent +
+ * 32, n - 1] has nq positions, one per stratum), each reading the 2-bit
+ * region [sink, t_a - recent] of its own position. */
+static void check_probe_error(int nq, int span, int sink, int recent) {
+    const int d = 64, hq = 2, hkv = 1;
+    const int n = sink + recent + 32 + nq, t = n - 1;
     synth s;
     synth_make(&s, n, hq, hkv, d, 1);
     oscar_calib_options o;
     oscar_calib_options_default(&o, 1, hq, hkv, d);
+    cr_assert_eq(o.probe_queries, 0);
+    o.probe_queries = nq;
+    cr_assert_eq(o.probe_span, 0);
+    o.probe_span = span;
     o.sink = sink;
     o.recent = recent;
     o.clip_k = 0.9f;
@@ -848,7 +911,7 @@ Test(calib, probe_error_matches_brute_force) {
     float clip[2] = {0.9f, 0.85f};
     cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_K, &R[0]), OSCAR_OK);
     cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_V, &R[1]), OSCAR_OK);
-    /* Rotated bf16 rows, exact and with the 2-bit region quantized. */
+    /* Rotated bf16 rows, exact and quantized (every row; a position reads its own region from them). */
     float *x[2], *xq[2], row[64], meta[4];
     uint8_t codes[16];
     for (int w = 0; w < 2; w++) {
@@ -857,47 +920,105 @@ Test(calib, probe_error_matches_brute_force) {
         for (int r = 0; r < n; r++) {
             oscar_ref_rotate(d, (w ? s.v : s.k) + (size_t)r * d, R[w], row);
             for (int i = 0; i < d; i++) x[w][(size_t)r * d + i] = oscar_round_to(OSCAR_DTYPE_BF16, row[i]);
-            memcpy(xq[w] + (size_t)r * d, x[w] + (size_t)r * d, sizeof row);
-            if (r >= sink && r <= t - recent) {
-                oscar_ref_quantize_row(d, 32, 0, clip[w], OSCAR_DTYPE_F16, x[w] + (size_t)r * d, codes, meta);
-                oscar_ref_dequantize_row(d, 32, 0, codes, meta, xq[w] + (size_t)r * d);
-            }
+            oscar_ref_quantize_row(d, 32, 0, clip[w], OSCAR_DTYPE_F16, x[w] + (size_t)r * d, codes, meta);
+            oscar_ref_dequantize_row(d, 32, 0, codes, meta, xq[w] + (size_t)r * d);
         }
     }
     double num[3] = {0}, den = 0; /* K only, V only, both */
-    for (int j = 0; j < hq; j++) {
-        float qr[64];
-        oscar_ref_rotate(d, s.q + ((size_t)t * hq + j) * d, R[0], qr);
-        double o_[4][64];
-        for (int m = 0; m < 4; m++) { /* m bit 0: K quantized, bit 1: V quantized */
-            const float *K = (m & 1) ? xq[0] : x[0], *V = (m & 2) ? xq[1] : x[1];
-            double sc[1024], mx = -1e300, z = 0;
-            for (int r = 0; r < n; r++) {
-                double acc = 0;
-                for (int i = 0; i < d; i++) acc += (double)qr[i] * K[(size_t)r * d + i];
-                sc[r] = acc / sqrt((double)d);
-                mx = fmax(mx, sc[r]);
+    for (int ta = t - nq + 1; ta <= t; ta++)
+        for (int j = 0; j < hq; j++) {
+            float qr[64];
+            oscar_ref_rotate(d, s.q + ((size_t)ta * hq + j) * d, R[0], qr);
+            double o_[4][64];
+            for (int m = 0; m < 4; m++) { /* m bit 0: K quantized, bit 1: V quantized */
+                double sc[1024], mx = -1e300, z = 0;
+                for (int r = 0; r <= ta; r++) {
+                    const int in2 = r >= sink && r <= ta - recent; /* ta's 2-bit region */
+                    const float *K = (m & 1) && in2 ? xq[0] : x[0];
+                    double acc = 0;
+                    for (int i = 0; i < d; i++) acc += (double)qr[i] * K[(size_t)r * d + i];
+                    sc[r] = acc / sqrt((double)d);
+                    mx = fmax(mx, sc[r]);
+                }
+                for (int r = 0; r <= ta; r++) z += exp(sc[r] - mx);
+                for (int i = 0; i < d; i++) o_[m][i] = 0;
+                for (int r = 0; r <= ta; r++) {
+                    const int in2 = r >= sink && r <= ta - recent;
+                    const float *V = (m & 2) && in2 ? xq[1] : x[1];
+                    for (int i = 0; i < d; i++) o_[m][i] += exp(sc[r] - mx) / z * V[(size_t)r * d + i];
+                }
             }
-            for (int r = 0; r < n; r++) z += exp(sc[r] - mx);
-            for (int i = 0; i < d; i++) o_[m][i] = 0;
-            for (int r = 0; r < n; r++)
-                for (int i = 0; i < d; i++) o_[m][i] += exp(sc[r] - mx) / z * V[(size_t)r * d + i];
+            for (int i = 0; i < d; i++) {
+                den += o_[0][i] * o_[0][i];
+                for (int m = 1; m < 4; m++) num[m - 1] += (o_[m][i] - o_[0][i]) * (o_[m][i] - o_[0][i]);
+            }
         }
-        for (int i = 0; i < d; i++) {
-            den += o_[0][i] * o_[0][i];
-            for (int m = 1; m < 4; m++) num[m - 1] += (o_[m][i] - o_[0][i]) * (o_[m][i] - o_[0][i]);
-        }
-    }
     double want[3] = {num[0] / den, num[1] / den, num[2] / den}, got[3] = {a.err_k[2], a.err_v[2], a.err_kv[2]};
     for (int m = 0; m < 3; m++)
-        cr_assert(fabs(got[m] - want[m]) <= 2e-3 * want[m] + 1e-9, "%s: report %.8g, brute force %.8g (seed %llu)",
-                  m == 0 ? "K" : m == 1 ? "V" : "KV", got[m], want[m], (unsigned long long)g_seed);
+        cr_assert(fabs(got[m] - want[m]) <= 2e-3 * want[m] + 1e-9,
+                  "%s, %d query positions: report %.8g, brute force %.8g (seed %llu)", m == 0 ? "K" : m == 1 ? "V" : "KV",
+                  nq, got[m], want[m], (unsigned long long)g_seed);
     for (int w = 0; w < 2; w++) {
         free(x[w]);
         free(xq[w]);
     }
     oscar_params_destroy(p);
     oscar_calib_destroy(c);
+    synth_free(&s);
+}
+Test(calib, probe_error_matches_brute_force) { check_probe_error(1, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16)); }
+/* Several query positions per probe: the earlier ones read the rows after
+ * their own 2-bit region exact, although the last position's region holds
+ * them quantized (with that region for every position the test fails). */
+Test(calib, probe_queries_error_matches_brute_force) {
+    check_probe_error(4, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16));
+    check_probe_error(9, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16));
+    /* probe_span 1: positions from sink + recent + 32 = 52 on, although the window's second half
+     * starts at 56 (n = 112); with span 0 the test fails. */
+    check_probe_error(60, 1, 4, 16);
+}
+
+/* probe_queries 0 (default): 16 query positions without windows (sink 0,
+ * recent 0), 1 with them; the same parameters and reports as asking for
+ * them explicitly. */
+Test(calib, probe_queries_auto) {
+    const int d = 64, hq = 4, hkv = 2, L = 1, win = 160, nwin = 6;
+    synth s;
+    synth_make(&s, nwin * win, hq, hkv, d, 1);
+    for (int layout = 0; layout < 2; layout++) {
+        oscar_calib_options o;
+        small_window_options(&o, L, hq, hkv, d);
+        if (layout == 1) o.sink = o.recent = 0;
+        oscar_calib *c[2];
+        oscar_params *p[2];
+        for (int r = 0; r < 2; r++) {
+            o.probe_queries = r == 0 ? 0 : layout == 1 ? 16 : 1;
+            p[r] = calibrate_windows(&o, &s, win, 1, &c[r]);
+        }
+        oscar_calib_attn_report a[2];
+        for (int r = 0; r < 2; r++) cr_assert_eq(oscar_calib_layer_attn_report_get(c[r], 0, &a[r]), OSCAR_OK);
+        cr_assert_eq(memcmp(&a[0], &a[1], sizeof a[0]), 0, "layout %d: auto differs from explicit", layout);
+        for (int w = 0; w < 2; w++) {
+            float x, y;
+            oscar_params_clip(p[0], 0, (oscar_kv)w, &x);
+            oscar_params_clip(p[1], 0, (oscar_kv)w, &y);
+            cr_assert_eq(x, y, "layout %d: auto clip %g, explicit %g", layout, (double)x, (double)y);
+        }
+        if (layout == 1) { /* and 16 positions are not 1: the s0w0 report differs from a 1-position fit */
+            oscar_calib *c1;
+            o.probe_queries = 1;
+            oscar_params *p1 = calibrate_windows(&o, &s, win, 1, &c1);
+            oscar_calib_attn_report a1;
+            cr_assert_eq(oscar_calib_layer_attn_report_get(c1, 0, &a1), OSCAR_OK);
+            cr_assert_neq(a1.err_kv[0], a[0].err_kv[0], "s0w0: 16 positions gave the 1-position error");
+            oscar_params_destroy(p1);
+            oscar_calib_destroy(c1);
+        }
+        for (int r = 0; r < 2; r++) {
+            oscar_params_destroy(p[r]);
+            oscar_calib_destroy(c[r]);
+        }
+    }
     synth_free(&s);
 }
 

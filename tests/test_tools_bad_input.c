@@ -275,13 +275,26 @@ Test(tools_bad_input, calibrate_checks_the_output_folder_first, .timeout = 300) 
 Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     char out[16384];
     const char *cases[][2] = {{"--key-attn-weight", "1.5"}, {"--key-attn-weight", "-0.1"},
-                              {"--key-attn-weight", "0.5x"}, {"--copy-mass-loss", "abc"}};
+                              {"--key-attn-weight", "0.5x"}, {"--copy-mass-loss", "abc"},
+                              {"--clip-margin", "1.5"},       {"--clip-margin", "-0.05"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s %s --out p",
                      cases[i][0], cases[i][1]);
         cr_expect_eq(rc, 2, "%s %s: exit %d: %s", cases[i][0], cases[i][1], rc, out);
         cr_expect(strstr(out, cases[i][0]) && strstr(out, "[0, 1]"), "message should name %s and the range: %s",
                   cases[i][0], out);
+    }
+}
+
+Test(tools_bad_input, calibrate_refuses_bad_probe_queries, .timeout = 60) {
+    char out[16384];
+    const char *cases[] = {"0", "65", "4x", "-1"};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 30,
+                     BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent --probe-queries %s --out p", cases[i]);
+        cr_expect_eq(rc, 2, "--probe-queries %s: exit %d: %s", cases[i], rc, out);
+        cr_expect(strstr(out, "--probe-queries") && strstr(out, "[1, 64]"), "message should name the flag and range: %s",
+                  out);
     }
 }
 

@@ -49,6 +49,13 @@ static void usage(FILE *fp) {
             "  --copy-windows N copy windows (a span of calibration text fed twice) whose probes join\n"
             "                   the clip objective, so retrieval from the 2-bit region counts (0..64,\n"
             "                   default 0; docs/eval/retrieval.md)\n"
+            "  --probe-queries N  query positions per attention probe of the clip fit (1..64; default 16\n"
+            "                   with --sink 0 --recent 0, else 1; each window's probe keeps its keys\n"
+            "                   once and reads them from N positions)\n"
+            "  --probe-span half|all  probe query positions from the window's second half (default)\n"
+            "                   or from every position that reads a 2-bit region\n"
+            "  --clip-margin X  take the mildest clip whose probe error is within (1 + X) of the\n"
+            "                   smallest (X in [0, 1], default 0)\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
             "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"
@@ -173,6 +180,19 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--copy-windows") && has) {
             if (!parse_int(a, argv[++i], 0, 64, &v)) return 2;
             o.copy_windows = (int)v;
+        } else if (!strcmp(a, "--probe-queries") && has) {
+            if (!parse_int(a, argv[++i], 1, 64, &v)) return 2;
+            o.probe_queries = (int)v;
+        } else if (!strcmp(a, "--probe-span") && has) {
+            const char *ps = argv[++i];
+            if (!strcmp(ps, "half")) o.probe_span = 0;
+            else if (!strcmp(ps, "all")) o.probe_span = 1;
+            else {
+                fprintf(stderr, "oscar-calibrate: --probe-span wants 'half' or 'all', got '%s'\n", ps);
+                return 2;
+            }
+        } else if (!strcmp(a, "--clip-margin") && has) {
+            if (!parse_share(a, argv[++i], &o.clip_margin)) return 2;
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
             if (!parse_share(a, argv[++i], &o.copy_mass_loss)) return 2;
         } else if (!strcmp(a, "--key-attn-weight") && has) {

@@ -281,6 +281,17 @@ typedef struct oscar_calib_options {
                                    causes; > 0 needs the keys in pass 0 (docs/CALIBRATION.md) */
     int32_t threads;            /* worker threads of finalize's clip fitting (default 0: the online CPUs,
                                    at most 64); the result does not depend on it */
+    int32_t probe_queries;      /* query positions per attention probe, 1..64, or 0 (default): 16 for the
+                                   layout without windows (sink 0, recent 0), else 1. A window's probe
+                                   keeps its keys and values once and that many query positions, one
+                                   drawn in each equal part of its span (probe_span), each reading the
+                                   2-bit region of its own position (docs/CALIBRATION.md) */
+    float clip_margin;          /* probe objective: the mildest clip ratio whose probe error is within
+                                   (1 + clip_margin) of the grid's smallest is taken (default 0: the
+                                   smallest, ties keeping the milder); in [0, 1] */
+    int32_t probe_span;         /* where a window's probe query positions are drawn: 0 (default) its
+                                   second half; 1 every position from sink + recent + 32 on (the
+                                   positions oscar-eval scores that read a 2-bit region) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */

@@ -46,7 +46,8 @@ class CalibOptions(Structure):
                 ("model_hash", c_char_p), ("progress", c_void_p), ("progress_user", c_void_p), ("sink", c_int32),
                 ("recent", c_int32), ("clip_objective", c_int32), ("permutation", c_int32), ("rounding", c_int32),
                 ("copy_probes", c_int32), ("copy_mass_loss", c_float), ("clip_per_head", c_int32),
-                ("key_attn_weight", c_float), ("threads", c_int32)]
+                ("key_attn_weight", c_float), ("threads", c_int32), ("probe_queries", c_int32),
+                ("clip_margin", c_float), ("probe_span", c_int32)]
 
 
 class CalibLayerReport(Structure):

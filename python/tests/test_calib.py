@@ -80,3 +80,18 @@ def test_calibrator_errors(rng):
     bad[3, 1, 5] = np.inf
     with pytest.raises(liboscar.OscarError, match="non-finite|NaN|Inf"):
         c.feed(0, bad, k, v)
+
+
+def test_probe_options_mirrored(rng):
+    # probe_queries / clip_margin / probe_span (issue 16): the binding mirrors them and the
+    # library checks them (tests/test_calib.c checks what they do)
+    c = liboscar.Calibrator(L, HQ, HKV, D, probe_queries=16, clip_margin=0.05, probe_span=1, sink=8, recent=32)
+    data = [synthetic(rng) for _ in range(L)]
+    for p in (0, 1):
+        c.begin_pass(p)
+        for layer, (q, k, v) in enumerate(data):
+            c.feed(layer, q, k, v)
+    c.finalize()
+    for bad in (dict(probe_queries=65), dict(clip_margin=2.0), dict(probe_span=3)):
+        with pytest.raises(Exception, match=next(iter(bad))):
+            liboscar.Calibrator(L, HQ, HKV, D, **bad)

@@ -43,6 +43,8 @@ void ocal_options_default(ocal_options *o) {
     o->clip_per_head = -1;
     o->key_attn_weight = -1.0f;
     o->per_head = -1;
+    o->clip_margin = -1.0f;
+    o->probe_span = -1;
 }
 
 /* Copy windows when ocal_options.copy_windows is -1, and copy probes (query
@@ -208,6 +210,9 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->clip_per_head >= 0) co.clip_per_head = o->clip_per_head;
     if (o->key_attn_weight >= 0.0f) co.key_attn_weight = o->key_attn_weight;
     if (o->threads > 0) co.threads = o->threads;
+    if (o->probe_queries > 0) co.probe_queries = o->probe_queries;
+    if (o->clip_margin >= 0.0f) co.clip_margin = o->clip_margin;
+    if (o->probe_span >= 0) co.probe_span = o->probe_span;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
