@@ -439,12 +439,6 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                *v = a->v;
     void *rk = p->rot_k, *rv = p->rot_v, *fk = p->fb_k, *fv = p->fb_v;
     int fb_on = fk != NULL;
-    /* One launch (CUDA/HIP): each CTA demotes the row its token's window slot
-     * held, then stores the token. Only when no sequence can gain more than
-     * W tokens (else two tokens of the launch could share a slot). With
-     * feedback weights and more CTAs than ~4 per compute unit the two
-     * launches are faster (measured, perf/RESULTS-attention.md): the long
-     * demote chains then run in their own launch. */
     int64_t ctas = (int64_t)a->total_new * 2 * H;
     oscar_append1_params ap = {
         .k = k, .v = v, .pages = pages, .windows = windows, .bt = bt, .lens = lens, .slots = slots,
@@ -467,6 +461,12 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     if (p->quantized && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
         return V(ctx)->launch(ctx, small ? p->k.append_wr : p->k.append_w, (unsigned)a->total_new,
                               (unsigned)(2 * H), 1, 64, aa, 1, a->stream, err);
+    /* One launch (CUDA/HIP): each CTA demotes the row its token's window slot
+     * held, then stores the token. Only when no sequence can gain more than
+     * W tokens (else two tokens of the launch could share a slot). With
+     * feedback weights and more CTAs than ~4 per compute unit the two
+     * launches are faster (measured, perf/RESULTS-attention.md): the long
+     * demote chains then run in their own launch. */
     if (p->k.append1 && (!p->quantized || a->total_new <= W) &&
         !(fk && ctas > 4 * (int64_t)V(ctx)->compute_units(ctx))) {
         return V(ctx)->launch(ctx, p->k.append1, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, aa, 1,
