@@ -112,6 +112,19 @@ static int parse_share(const char *flag, const char *s, float *out) {
     return 1;
 }
 
+/* One of n keywords; *out gets its index. The message lists them: 'a' or 'b', 'a', 'b' or 'c'. */
+static int parse_choice(const char *flag, const char *s, const char *const *names, int n, int *out) {
+    for (int k = 0; k < n; k++)
+        if (!strcmp(s, names[k])) {
+            *out = k;
+            return 1;
+        }
+    fprintf(stderr, "oscar-calibrate: %s wants ", flag);
+    for (int k = 0; k < n; k++) fprintf(stderr, "%s'%s'", k == 0 ? "" : (k == n - 1 ? " or " : ", "), names[k]);
+    fprintf(stderr, ", got '%s'\n", s);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *model_dir = NULL, *tok_path = NULL, *out_path = NULL;
     ocal_options o;
@@ -145,30 +158,14 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--clip-search-sweeps") && has) {
             if (!parse_int(a, argv[++i], 1, 100, &search_sweeps)) return 2;
         } else if (!strcmp(a, "--clip-objective") && has) {
-            const char *ob = argv[++i];
-            if (!strcmp(ob, "probes")) o.clip_objective = 0;
-            else if (!strcmp(ob, "rows")) o.clip_objective = 1;
-            else {
-                fprintf(stderr, "oscar-calibrate: --clip-objective wants 'probes' or 'rows', got '%s'\n", ob);
-                return 2;
-            }
+            static const char *const names[] = {"probes", "rows"};
+            if (!parse_choice(a, argv[++i], names, 2, &o.clip_objective)) return 2;
         } else if (!strcmp(a, "--permutation") && has) {
-            const char *pm = argv[++i];
-            if (!strcmp(pm, "bitrev")) o.permutation = 0;
-            else if (!strcmp(pm, "random")) o.permutation = 1;
-            else if (!strcmp(pm, "spread")) o.permutation = 2;
-            else {
-                fprintf(stderr, "oscar-calibrate: --permutation wants 'bitrev', 'random' or 'spread', got '%s'\n", pm);
-                return 2;
-            }
+            static const char *const names[] = {"bitrev", "random", "spread"};
+            if (!parse_choice(a, argv[++i], names, 3, &o.permutation)) return 2;
         } else if (!strcmp(a, "--rounding") && has) {
-            const char *rm = argv[++i];
-            if (!strcmp(rm, "nearest")) o.rounding = 0;
-            else if (!strcmp(rm, "feedback")) o.rounding = 1;
-            else {
-                fprintf(stderr, "oscar-calibrate: --rounding wants 'nearest' or 'feedback', got '%s'\n", rm);
-                return 2;
-            }
+            static const char *const names[] = {"nearest", "feedback"};
+            if (!parse_choice(a, argv[++i], names, 2, &o.rounding)) return 2;
         } else if (!strcmp(a, "--sink") && has) {
             if (!parse_int(a, argv[++i], 0, 1 << 24, &v)) return 2;
             o.sink = (int)v;
@@ -184,13 +181,8 @@ int main(int argc, char **argv) {
             if (!parse_int(a, argv[++i], 1, 64, &v)) return 2;
             o.probe_queries = (int)v;
         } else if (!strcmp(a, "--probe-span") && has) {
-            const char *ps = argv[++i];
-            if (!strcmp(ps, "half")) o.probe_span = 0;
-            else if (!strcmp(ps, "all")) o.probe_span = 1;
-            else {
-                fprintf(stderr, "oscar-calibrate: --probe-span wants 'half' or 'all', got '%s'\n", ps);
-                return 2;
-            }
+            static const char *const names[] = {"half", "all"};
+            if (!parse_choice(a, argv[++i], names, 2, &o.probe_span)) return 2;
         } else if (!strcmp(a, "--clip-margin") && has) {
             if (!parse_share(a, argv[++i], &o.clip_margin)) return 2;
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
