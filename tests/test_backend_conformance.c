@@ -1063,11 +1063,15 @@ Test(extend, chunked_prefill_ragged, .timeout = 600) {
     cfg c = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
     cfg c2 = {64, 64, 16, 3, 6, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 1};
     cfg c3 = {64, 64, 16, 0, 0, 4, 2, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    /* d 128, group 64, f32 metadata, GQA 6, page 32: the row-tiled CUDA kernels' other
+     * metadata width and group, with 1, 2 and 4 row groups by the chunk */
+    cfg c4 = {128, 64, 32, 4, 16, 6, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 1};
     FOR_CPU_AND_EACH_BACKEND(g, {
         int lens[] = {1, 3, 11, 12, 13, 29, 47, 90};
         run_scenario_x(&g, &c, 8, lens, CHUNKS, 0, 1, 0, 0);
         run_scenario_x(&g, &c2, 8, lens, CHUNKS, 0, 1, 0, 0);
         run_scenario_x(&g, &c3, 8, lens, CHUNKS, 0, 1, 0, 0);
+        run_scenario_x(&g, &c4, 4, lens + 4, CHUNKS, 0, 1, 0, 0);
     });
 }
 
