@@ -50,6 +50,14 @@ Test(eval_storage, parses_specs)
     cr_assert_eq(ev_storage_applies(&s, L, 0, OSCAR_K), 0);
     cr_assert_eq(ev_storage_applies(&s, 4, HKV, OSCAR_K), 0);
     ev_storage_free(&s);
+    parse_ok("clip=1,kv=k,heads=4:1", &s);
+    cr_assert_float_eq(s.clip, 1.0f, 0.0f);
+    cr_assert_eq(s.outliers + s.group, 0);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12); /* a clip costs no bits */
+    ev_storage_free(&s);
+    parse_ok("clip=0.9,group=64", &s);
+    cr_assert_float_eq(s.clip, 0.9f, 0.0f);
+    ev_storage_free(&s);
     parse_ok("out=1,by=norm,kv=v,heads=all", &s);
     cr_assert_eq(s.by, EV_BY_NORM);
     cr_assert(ev_storage_applies(&s, 0, 0, OSCAR_V));
@@ -77,6 +85,10 @@ Test(eval_storage, refuses_bad_specs_with_a_reason)
     parse_bad("out=1,heads=3", "LAYER:KV_HEAD");
     parse_bad("out=1,heads=+", "no head");
     parse_bad("kv=k", "changes nothing");
+    parse_bad("clip=0", "(0, 1]");
+    parse_bad("clip=1.5", "(0, 1]");
+    parse_bad("clip=nan", "(0, 1]");
+    parse_bad("clip=0.9x", "(0, 1]");
     parse_bad("group=32,by=norm", "by= needs out=");
     ev_storage s;
     char err[400];

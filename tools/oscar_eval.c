@@ -47,6 +47,7 @@ static void usage(FILE *f)
             "                      separated out=K (K rows per page of 64 and KV head kept bf16, 6-bit\n"
             "                      index each), by=err|norm (which rows: largest 2-bit error or norm;\n"
             "                      default err), group=G (32, 64, 128: quant group of those heads),\n"
+            "                      clip=C (clip ratio of those heads instead of the file's),\n"
             "                      kv=k|v|kv (default kv), heads=all|L:H+L:H... (default all); bits\n"
             "                      counted over every layer, KV head and K/V (docs/eval/retrieval.md)\n"
             "  --retrieval-trials N  random repeated-sequence trials (default 4; 0 = none)\n"
@@ -391,6 +392,7 @@ int main(int argc, char **argv)
     int rc = 0;
     uint32_t *ret_tok = NULL, *task_tok = NULL;
     static ev_storage storages[16];
+    static oscar_params *storage_params[16];
     int nstorage_made = 0;
     /* The reference always runs (KL and top-1 need it); it is reported only
      * when asked for. */
@@ -432,6 +434,19 @@ int main(int argc, char **argv)
             goto done;
         }
         ev_variant *sv = &R.vars[R.nvar - 1];
+        if (storages[i].clip > 0.0f) {
+            /* A private copy of the parameters with those heads' clips. */
+            if (!(storage_params[i] = load_copy(S.params_path))) {
+                rc = 1;
+                goto done;
+            }
+            for (int l = 0; l < cfg.num_layers; l++)
+                for (int hh = 0; hh < cfg.num_kv_heads; hh++)
+                    for (int kv = 0; kv < 2; kv++)
+                        if (ev_storage_applies(&storages[i], l, hh, (oscar_kv)kv))
+                            oscar_params_set_clip_head(storage_params[i], l, hh, (oscar_kv)kv, storages[i].clip);
+            sv->params = storage_params[i];
+        }
         sv->storage = &storages[i];
         sv->same_as = -1;
         sv->bits = ev_storage_bits(&storages[i], (int)group);
@@ -669,7 +684,10 @@ int main(int argc, char **argv)
     fprintf(stderr, "oscar-eval: done in %.1f s wall, %.1f s CPU\n", S.wall_s, S.cpu_s);
 
 done:
-    for (int i = 0; i < nstorage_made; i++) ev_storage_free(&storages[i]);
+    for (int i = 0; i < nstorage_made; i++) {
+        ev_storage_free(&storages[i]);
+        oscar_params_destroy(storage_params[i]);
+    }
     free(R.jobs);
     free(R.stats);
     free(ret_tok);

@@ -106,6 +106,7 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     const size_t row = (size_t)h->Hkv * (size_t)h->d;
     int any = 0;
     for (int kv = 0; kv < h->Hkv; kv++) any |= ev_storage_applies(st, layer, kv, which);
+    if (!st->outliers && !st->group) any = 0; /* clip= only: the variant's parameters carry it */
     if (st->outliers && any) {
         int end = (hi + EV_PAGE - 1) / EV_PAGE * EV_PAGE;
         if (end > n) end = n;

@@ -70,21 +70,21 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
-    int seen_by = 0, seen[5] = {0};
+    int seen_by = 0, seen[6] = {0};
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         if (!eq || eq == t || !eq[1]) {
-            fail(err, errlen, "wants key=value items (out, by, group, kv, heads), not", t);
+            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip), not", t);
             goto bad;
         }
         *eq = '\0';
         const char *key = t, *val = eq + 1;
-        static const char *keys[5] = {"out", "by", "group", "kv", "heads"};
+        static const char *keys[6] = {"out", "by", "group", "kv", "heads", "clip"};
         int ki = -1;
-        for (int i = 0; i < 5; i++)
+        for (int i = 0; i < 6; i++)
             if (!strcmp(key, keys[i])) ki = i;
         if (ki < 0) {
-            fail(err, errlen, "unknown key (out, by, group, kv, heads):", key);
+            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip):", key);
             goto bad;
         }
         if (seen[ki]++) {
@@ -126,13 +126,23 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
                 goto bad;
             }
             break;
-        default:
+        case 4:
             if (parse_heads(val, s, err, errlen) != 0) goto bad;
             break;
+        default: {
+            char *end;
+            double cv = strtod(val, &end);
+            if (*end || !(cv > 0.0 && cv <= 1.0)) {
+                fail(err, errlen, "clip= wants a ratio in (0, 1], not", val);
+                goto bad;
+            }
+            s->clip = (float)cv;
+            break;
+        }
         }
     }
-    if (!s->outliers && !s->group) {
-        fail(err, errlen, "changes nothing (give out=K and/or group=G):", spec);
+    if (!s->outliers && !s->group && !s->clip) {
+        fail(err, errlen, "changes nothing (give out=K, group=G and/or clip=C):", spec);
         goto bad;
     }
     if (seen_by && !s->outliers) {

@@ -11,8 +11,10 @@
  *                alone) or largest L2 norm (default err)
  *   group=G      quant group along head_dim for the selected heads (32, 64, 128)
  *   kv=k|v|kv    the tensors it applies to (default kv; K and V select apart)
+ *   clip=C       clip ratio (0, 1] of the selected heads instead of the file's (a
+ *                calibration-side change, to combine with the storage ones)
  *   heads=all|L:H+L:H...  the (layer, KV head) pairs it applies to (default all)
- * At least one of out, group. */
+ * At least one of out, group, clip. */
 #ifndef OSCAR_EVAL_STORAGE_H
 #define OSCAR_EVAL_STORAGE_H
 
@@ -29,6 +31,7 @@ typedef struct ev_storage {
     int outliers;          /* rows per page and KV head kept bf16 (0: none) */
     ev_outlier_by by;
     int group;             /* quant group of the selected heads (0: the run's) */
+    float clip;            /* clip ratio of the selected heads (0: the file's) */
     int tensors;           /* bit OSCAR_K: keys, bit OSCAR_V: values */
     int L, Hkv, d;
     unsigned char *heads;  /* [L][Hkv]: 1 where the change applies */
