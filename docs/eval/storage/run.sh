@@ -45,3 +45,10 @@ L=${LLAMA:-/work/models-local/tiny-llama}
 # the copy heads on calibration text (2 windows of calib.tokens from token 0)
 "$B/bin/oscar-copy-probe" "$M" --tokens "$D/calib.tokens" --params "$P" --trials 2 --offset 0 --heads \
     > "$O/copy-probe-calib.txt" 2>&1
+# without windows: a file calibrated for s0w0, groups only (out= needs a recent window)
+"$B/bin/oscar-calibrate" "$M" --tokens "$D/calib.tokens" --sink 0 --recent 0 --threads 2 --out "$O/s0w0.oscar.safetensors" \
+    > /dev/null 2>&1
+"$B/bin/oscar-eval" "$M" --params "$O/s0w0.oscar.safetensors" --tokens "$D/eval.tokens" --methods bf16,oscar2 --context 2048 \
+    --max-tokens 32768 --sink 0 --recent 0 --threads 2 --retrieval-trials 0 --storage clip=1,group=32,kv=k,heads=$C \
+    --storage group=32,kv=k,heads=$C --storage group=32,heads=$C --storage group=64 --storage clip=1,group=64 \
+    --out "$O/s0w0-eval-tokens.json" --md "$O/s0w0-eval-tokens.md" 2> "$O/s0w0-eval-tokens.log"
