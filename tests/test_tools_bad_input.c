@@ -340,3 +340,29 @@ Test(tools_bad_input, eval_tasks_need_a_tokenizer_and_room_for_the_facts, .timeo
     }
     rmrf(dir);
 }
+
+Test(tools_bad_input, eval_storage_specs_are_checked_before_the_model_load, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const struct {
+        const char *args, *needle;
+    } cases[] = {{"--storage out=99", "1..63"},
+                 {"--storage out=1,heads=9:0", "layer in 0..7"},
+                 {"--storage group=16", "unsupported"},
+                 {"--storage colour=red", "unknown key"},
+                 {"--storage out=1 --recent 16", "--recent >= 64"},
+                 {"--storage", "needs a value"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --out %s/r.json %s",
+                     g_model, g_tokens, P, dir, cases[i].args);
+        cr_expect_eq(rc, 2, "--storage case %zu: exit %d: %s", i, rc, out);
+        cr_expect(strstr(out, cases[i].needle), "message should say \"%s\": %s", cases[i].needle, out);
+    }
+    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --methods int2 --storage out=1 --out %s/r.json",
+                 g_model, g_tokens, dir);
+    cr_expect_eq(rc, 2, "--storage without --params: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--params"), "message should name --params: %s", out);
+    rmrf(dir);
+}

@@ -42,6 +42,14 @@ static void usage(FILE *f)
             "                      Lloyd-Max), with windows and without\n"
             "  --per-layer LIST    also run each listed method with one layer quantized at a time\n"
             "                      (diagnosis: which layers cost the most)\n"
+            "  --storage SPEC      also run oscar2 with a storage change, by fake-quant (an ablation: the\n"
+            "                      library's format is not changed); repeatable, at most 16. SPEC: comma-\n"
+            "                      separated out=K (K rows per page of 64 and KV head kept bf16, 6-bit\n"
+            "                      index each), by=err|norm (which rows: largest 2-bit error or norm;\n"
+            "                      default err), group=G (32, 64, 128: quant group of those heads),\n"
+            "                      clip=C (clip ratio of those heads instead of the file's),\n"
+            "                      kv=k|v|kv (default kv), heads=all|L:H+L:H... (default all); bits\n"
+            "                      counted over every layer, KV head and K/V (docs/eval/retrieval.md)\n"
             "  --retrieval-trials N  random repeated-sequence trials (default 4; 0 = none)\n"
             "  --retrieval-source text|random  the repeated sequence: a chunk of the token file\n"
             "                      (default) or random ids from the vocabulary\n"
@@ -101,7 +109,7 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
     v->only_layer = -1;
     for (int i = 0; i + 1 < R->nvar; i++) {
         const ev_variant *u = &R->vars[i];
-        if (u->same_as < 0 && u->method == m && u->params == p && u->sink == v->sink && u->recent == v->recent &&
+        if (u->same_as < 0 && !u->storage && u->method == m && u->params == p && u->sink == v->sink && u->recent == v->recent &&
             u->group == group)
             v->same_as = i;
     }
@@ -132,6 +140,8 @@ int main(int argc, char **argv)
     int ablations = 0, allow_other_model = 0, tasks = 0;
     long task_docs = 16;
     const char *per_layer = NULL;
+    const char *storage_specs[16];
+    int nstorage = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -159,6 +169,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--per-layer")) {
             NEED_VAL;
             per_layer = val;
+        } else if (!strcmp(a, "--storage")) {
+            NEED_VAL;
+            if (nstorage >= 16) return bad("--storage: at most 16 (got '%s' as the 17th)%s", val, "");
+            storage_specs[nstorage++] = val;
         } else if (!strcmp(a, "--params-lm")) {
             NEED_VAL;
             S.params_lm_path = val;
@@ -241,8 +255,9 @@ int main(int argc, char **argv)
         }
     }
     if (nm == 0) return bad("--methods is empty%s%s", "", "");
-    if ((need_params || ablations) && !S.params_path)
-        return bad("oscar2, oscar2-lm and --ablations need --params P (make P with oscar-calibrate)%s%s", "", "");
+    if ((need_params || ablations || nstorage) && !S.params_path)
+        return bad("oscar2, oscar2-lm, --ablations and --storage need --params P (make P with oscar-calibrate)%s%s",
+                   "", "");
 
     double t_start = ev_now(), cpu_start = ev_cpu_seconds();
     time_t now = time(NULL);
@@ -280,6 +295,22 @@ int main(int argc, char **argv)
         return bad("--group %s unsupported for head_dim %s: use 32, 64 or 128 dividing head_dim", a, b);
     }
     if (group == 0) group = d;
+    /* --storage specs checked now (parsed again where the variants are made). */
+    for (int i = 0; i < nstorage; i++) {
+        ev_storage st;
+        char serr[400];
+        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &st, serr, sizeof serr) != 0)
+            return bad("%s%s", serr, "");
+        int outl = st.outliers;
+        ev_storage_free(&st);
+        if (outl && recent < EV_PAGE) {
+            char a[32];
+            snprintf(a, sizeof a, "%ld", recent);
+            return bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
+                       "once the whole page is written, before its first row leaves the recent window",
+                       storage_specs[i], a);
+        }
+    }
     for (int j = 0; j < nm; j++)
         if (mlist[j] == OSCAR_METHOD_KIVI2 && recent < 31)
             fprintf(stderr, "oscar-eval: warning: kivi2 with --recent %ld < 31: a key group of 32 tokens then "
@@ -360,6 +391,9 @@ int main(int argc, char **argv)
     pthread_mutex_init(&R.log_mu, NULL);
     int rc = 0;
     uint32_t *ret_tok = NULL, *task_tok = NULL;
+    static ev_storage storages[16];
+    static oscar_params *storage_params[16];
+    int nstorage_made = 0;
     /* The reference always runs (KL and top-1 need it); it is reported only
      * when asked for. */
     add_variant(&R, "bf16", "K/V rounded to bf16 everywhere, no 2-bit region (the reference)",
@@ -382,6 +416,41 @@ int main(int argc, char **argv)
         int calibrated = mlist[j] == OSCAR_METHOD_OSCAR2 || mlist[j] == OSCAR_METHOD_OSCAR2_LM;
         add_variant(&R, mnames[j], note, mlist[j],
                     calibrated ? (mlist[j] == OSCAR_METHOD_OSCAR2_LM ? PL : P) : NULL, (int)sink, (int)recent, (int)group, 0);
+    }
+    for (int i = 0; i < nstorage; i++) {
+        char serr[400], nm4[64];
+        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
+                             sizeof serr) != 0) {
+            fprintf(stderr, "oscar-eval: %s\n", serr);
+            rc = EXIT_BAD_INPUT;
+            goto done;
+        }
+        nstorage_made = i + 1;
+        snprintf(nm4, sizeof nm4, "oscar2[%s]", storage_specs[i]);
+        if (!add_variant(&R, nm4, "oscar2 with a storage change (--storage, fake-quant only)", OSCAR_METHOD_OSCAR2, P,
+                         (int)sink, (int)recent, (int)group, 1)) {
+            fprintf(stderr, "oscar-eval: too many variants (at most %d)\n", EV_MAX_VARIANTS);
+            rc = EXIT_BAD_INPUT;
+            goto done;
+        }
+        ev_variant *sv = &R.vars[R.nvar - 1];
+        if (storages[i].clip > 0.0f) {
+            /* A private copy of the parameters with those heads' clips. */
+            if (!(storage_params[i] = load_copy(S.params_path))) {
+                rc = 1;
+                goto done;
+            }
+            for (int l = 0; l < cfg.num_layers; l++)
+                for (int hh = 0; hh < cfg.num_kv_heads; hh++)
+                    for (int kv = 0; kv < 2; kv++)
+                        if (ev_storage_applies(&storages[i], l, hh, (oscar_kv)kv))
+                            oscar_params_set_clip_head(storage_params[i], l, hh, (oscar_kv)kv, storages[i].clip);
+            sv->params = storage_params[i];
+        }
+        sv->storage = &storages[i];
+        sv->same_as = -1;
+        sv->bits = ev_storage_bits(&storages[i], (int)group);
+        sv->bits_seq = bits_whole(sv->bits, R.ctx, sv->sink, sv->recent);
     }
     if (ablations) {
         int L = cfg.num_layers;
@@ -615,6 +684,10 @@ int main(int argc, char **argv)
     fprintf(stderr, "oscar-eval: done in %.1f s wall, %.1f s CPU\n", S.wall_s, S.cpu_s);
 
 done:
+    for (int i = 0; i < nstorage_made; i++) {
+        ev_storage_free(&storages[i]);
+        oscar_params_destroy(storage_params[i]);
+    }
     free(R.jobs);
     free(R.stats);
     free(ret_tok);

@@ -9,6 +9,7 @@
 
 #include "engine.h"
 #include "oscar/oscar.h"
+#include "oscar_eval_storage.h"
 
 #define EV_MAX_THREADS 64
 #define EV_MAX_VARIANTS 64
@@ -29,6 +30,7 @@ typedef struct ev_variant {
     int ablation;                 /* 1: "ablations"; 2: "per_layer"; -1: reference not asked for */
     int only_layer;               /* >= 0: quantize this layer only (per-layer diagnosis) */
     int same_as;                  /* >= 0: identical to that variant, not run again */
+    const ev_storage *storage;    /* --storage: a storage-format ablation of oscar2 (NULL: none) */
     double bits;                  /* bits per element of the 2-bit (quantized) region */
     double bits_seq;              /* whole sequence at the context, 16-bit windows counted */
 } ev_variant;
@@ -54,12 +56,14 @@ typedef struct ev_stats {
     int64_t task_correct, task_first, task_total; /* key-value lookup: queries with all answer digits right,
                                                       with the first digit right, queries */
     double seconds, hook_seconds;
+    int64_t kept; /* --storage out=: rows (per KV head, K or V) kept bf16 by the hook */
 } ev_stats;
 
 typedef struct ev_hook {
     const ev_variant *var;
     int Hkv, d, threads;
     double hook_s;
+    long long kept; /* --storage out=: rows kept bf16 (a check that the ablation ran) */
 } ev_hook;
 
 typedef struct ev_run {
@@ -90,6 +94,7 @@ typedef struct ev_total {
     double task_first[EV_TASK_CTX]; /* the same counting the first digit only */
     int64_t task_total[EV_TASK_CTX];
     double seconds, hook_seconds;
+    int64_t kept;
 } ev_total;
 void ev_totals(const ev_run *R, int v, ev_total *out);
 

@@ -28,6 +28,7 @@ void ev_totals(const ev_run *R, int v, ev_total *out)
         out->ret_total += s->ret_total;
         out->seconds += s->seconds;
         out->hook_seconds += s->hook_seconds;
+        out->kept += s->kept;
     }
     if (out->scored > 0) {
         out->ppl = exp(out->nll / (double)out->scored);
@@ -87,6 +88,10 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
     }
     json_object_set_new(o, "seconds", json_real(t.seconds));
     json_object_set_new(o, "hook_seconds", json_real(t.hook_seconds));
+    if (var->storage) {
+        json_object_set_new(o, "storage", json_string(var->storage->spec));
+        json_object_set_new(o, "storage_rows_kept_bf16", json_integer(t.kept));
+    }
     if (var->same_as >= 0) json_object_set_new(o, "same_run_as", json_string(R->vars[var->same_as].name));
     json_object_set_new(o, "note", json_string(var->note));
     return o;

@@ -91,6 +91,53 @@ static oscar_status fakequant_split(const ev_variant *var, int layer, oscar_kv w
     return OSCAR_OK;
 }
 
+/* --storage (tools/oscar_eval_storage.h): the run's fake-quant of rows
+ * [lo, hi), then the change on the heads it names. With out=K the rows up to
+ * the end of hi's page (or n) are quantized too, so that each page's
+ * outliers are chosen among all its rows, as a write path that demotes a
+ * complete page would (those rows exist when the page's first row leaves
+ * the recent window, W >= EV_PAGE; oscar-eval refuses out= otherwise).
+ * The engine reads only rows <= t - W of the copy: the extra rows are never
+ * read in 2 bits. */
+static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, float *buf, oscar_kv which)
+{
+    const ev_variant *var = h->var;
+    const ev_storage *st = var->storage;
+    const size_t row = (size_t)h->Hkv * (size_t)h->d;
+    int any = 0;
+    for (int kv = 0; kv < h->Hkv; kv++) any |= ev_storage_applies(st, layer, kv, which);
+    if (!st->outliers && !st->group) any = 0; /* clip= only: the variant's parameters carry it */
+    if (st->outliers && any) {
+        int end = (hi + EV_PAGE - 1) / EV_PAGE * EV_PAGE;
+        if (end > n) end = n;
+        for (size_t i = (size_t)hi * row; i < (size_t)end * row; i++) buf[i] = oe_round_bf16(buf[i]);
+        hi = end;
+    }
+    float *orig = NULL, *qg = NULL;
+    if (any) {
+        orig = malloc((size_t)n * row * sizeof *orig);
+        qg = st->group ? malloc((size_t)n * row * sizeof *qg) : NULL;
+        if (!orig || (st->group && !qg)) {
+            free(orig);
+            free(qg);
+            fprintf(stderr, "oscar-eval: %s: out of memory for the storage ablation's rows\n", var->name);
+            return OSCAR_ERR_OUT_OF_MEMORY;
+        }
+        memcpy(orig + (size_t)lo * row, buf + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *orig);
+    }
+    oscar_status s = fakequant_split(var, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, buf);
+    if (s == OSCAR_OK && qg) {
+        ev_variant gv = *var;
+        gv.group = st->group;
+        memcpy(qg + (size_t)lo * row, orig + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *qg);
+        s = fakequant_split(&gv, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, qg);
+    }
+    if (s == OSCAR_OK && any) ev_storage_apply(st, layer, which, lo, hi, orig, qg, buf, &h->kept);
+    free(orig);
+    free(qg);
+    return s;
+}
+
 /* oe_kv_quant_fn: copies K/V (the engine reads the quantized copies only in
  * the 2-bit region, but multiplies whole buffers, so every row must be
  * finite), rounds the region to bf16 as the cache's input dtype does, and
@@ -120,6 +167,13 @@ static oscar_status kv_hook(void *user, int layer, int n, const float *k, const 
              * stays bf16, like KIVI's full-precision residual. */
             hik = lo + (hi - lo) / 32 * 32;
             align = 32;
+        }
+        if (var->storage) {
+            oscar_status s = storage_quant(h, layer, n, lo, hi, kq, OSCAR_K);
+            if (s == OSCAR_OK) s = storage_quant(h, layer, n, lo, hi, vq, OSCAR_V);
+            if (s != OSCAR_OK) return s;
+            h->hook_s += now_s() - t0;
+            return OSCAR_OK;
         }
         oscar_status s = fakequant_split(var, layer, OSCAR_K, n, h->Hkv, h->d, lo, hik, align, h->threads, kq);
         if (s == OSCAR_OK) s = fakequant_split(var, layer, OSCAR_V, n, h->Hkv, h->d, lo, hi, 1, h->threads, vq);
@@ -245,6 +299,7 @@ static oscar_status run_job(worker *w, int job)
         double t1 = now_s();
         w->hook.var = var;
         w->hook.hook_s = 0.0;
+        w->hook.kept = 0;
         o.kv_quant = kv_hook;
         o.kv_quant_user = &w->hook;
         o.sink_tokens = var->sink;
@@ -257,6 +312,7 @@ static oscar_status run_job(worker *w, int job)
         else score_rows(&w->ref, w->logits, vocab, J->r0, J->r1, J->tokens, &row[v]);
         row[v].seconds += now_s() - t1;
         row[v].hook_seconds += w->hook.hook_s;
+        row[v].kept += w->hook.kept;
     }
     return OSCAR_OK;
 }

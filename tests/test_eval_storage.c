@@ -1,0 +1,211 @@
+/* oscar-eval --storage (tools/oscar_eval_storage.c): SPEC parsing and its
+ * messages, the bit count, top-k per page and where the change is applied
+ * (which heads, which tensor, page boundaries, the row criterion). No model. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "oscar_eval_storage.h"
+
+enum { L = 8, HKV = 2, D = 128 };
+
+static void parse_ok(const char *spec, ev_storage *s)
+{
+    char err[400] = "";
+    cr_assert_eq(ev_storage_parse(spec, L, HKV, D, s, err, sizeof err), 0, "%s: %s", spec, err);
+}
+
+static void parse_bad(const char *spec, const char *needle)
+{
+    ev_storage s;
+    char err[400] = "";
+    cr_assert_eq(ev_storage_parse(spec, L, HKV, D, &s, err, sizeof err), -1, "'%s' accepted", spec);
+    cr_assert(strstr(err, needle), "'%s': message '%s' lacks '%s'", spec, err, needle);
+    cr_assert_null(s.heads);
+}
+
+Test(eval_storage, parses_specs)
+{
+    ev_storage s;
+    parse_ok("out=2", &s);
+    cr_assert_eq(s.outliers, 2);
+    cr_assert_eq(s.by, EV_BY_ERR);
+    cr_assert_eq(s.group, 0);
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < HKV; h++) {
+            cr_assert(ev_storage_applies(&s, l, h, OSCAR_K));
+            cr_assert(ev_storage_applies(&s, l, h, OSCAR_V));
+        }
+    ev_storage_free(&s);
+    parse_ok("group=32,kv=k,heads=4:1+3:0", &s);
+    cr_assert_eq(s.outliers, 0);
+    cr_assert_eq(s.group, 32);
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < HKV; h++) {
+            int want = (l == 4 && h == 1) || (l == 3 && h == 0);
+            cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_K), want, "layer %d head %d", l, h);
+            cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_V), 0);
+        }
+    cr_assert_eq(ev_storage_applies(&s, L, 0, OSCAR_K), 0);
+    cr_assert_eq(ev_storage_applies(&s, 4, HKV, OSCAR_K), 0);
+    ev_storage_free(&s);
+    parse_ok("clip=1,kv=k,heads=4:1", &s);
+    cr_assert_float_eq(s.clip, 1.0f, 0.0f);
+    cr_assert_eq(s.outliers + s.group, 0);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12); /* a clip costs no bits */
+    ev_storage_free(&s);
+    parse_ok("clip=0.9,group=64", &s);
+    cr_assert_float_eq(s.clip, 0.9f, 0.0f);
+    ev_storage_free(&s);
+    parse_ok("out=1,by=norm,kv=v,heads=all", &s);
+    cr_assert_eq(s.by, EV_BY_NORM);
+    cr_assert(ev_storage_applies(&s, 0, 0, OSCAR_V));
+    cr_assert_eq(ev_storage_applies(&s, 0, 0, OSCAR_K), 0);
+    ev_storage_free(&s);
+}
+
+Test(eval_storage, refuses_bad_specs_with_a_reason)
+{
+    parse_bad("", "empty");
+    parse_bad("out=0", "1..63");
+    parse_bad("out=64", "1..63");
+    parse_bad("out=2x", "1..63");
+    parse_bad("out=", "key=value");
+    parse_bad("=3", "key=value");
+    parse_bad("out", "key=value");
+    parse_bad("outliers=2", "unknown key");
+    parse_bad("out=1,out=2", "twice");
+    parse_bad("out=1,by=max", "err or norm");
+    parse_bad("group=16", "unsupported");
+    parse_bad("group=256", "unsupported");
+    parse_bad("out=1,kv=q", "k, v or kv");
+    parse_bad("out=1,heads=8:0", "layer in 0..7");
+    parse_bad("out=1,heads=0:2", "KV head in 0..1");
+    parse_bad("out=1,heads=3", "LAYER:KV_HEAD");
+    parse_bad("out=1,heads=+", "no head");
+    parse_bad("kv=k", "changes nothing");
+    parse_bad("clip=0", "(0, 1]");
+    parse_bad("clip=1.5", "(0, 1]");
+    parse_bad("clip=nan", "(0, 1]");
+    parse_bad("clip=0.9x", "(0, 1]");
+    parse_bad("group=32,by=norm", "by= needs out=");
+    ev_storage s;
+    char err[400];
+    cr_assert_eq(ev_storage_parse("group=128", L, HKV, 64, &s, err, sizeof err), -1, "group 128 > head_dim 64");
+    cr_assert_eq(ev_storage_parse("out=1", 0, HKV, D, &s, err, sizeof err), -1);
+}
+
+Test(eval_storage, counts_bits)
+{
+    ev_storage s;
+    parse_ok("out=1", &s);
+    double want = (1.0 * (16.0 + 6.0 / D) + 63.0 * 2.25) / 64.0;
+    cr_assert_float_eq(ev_storage_bits(&s, 128), want, 1e-12);
+    ev_storage_free(&s);
+    /* keys of 2 heads out of 8 x 2 x {K, V} = 32 head-tensors */
+    parse_ok("out=2,kv=k,heads=4:1+3:0", &s);
+    double ch = (2.0 * (16.0 + 6.0 / D) + 62.0 * 2.25) / 64.0;
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * ch) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("group=32,kv=k,heads=4:1+3:0", &s);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("group=64", &s);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.5, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("group=64,out=4", &s);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (4.0 * (16.0 + 6.0 / D) + 60.0 * 2.5) / 64.0, 1e-12);
+    ev_storage_free(&s);
+}
+
+Test(eval_storage, topk)
+{
+    const double sc[6] = {0.5, 3.0, 1.0, 3.0, -1.0, 2.0};
+    unsigned char keep[6];
+    ev_topk(sc, 6, 1, keep);
+    cr_assert_arr_eq(keep, ((unsigned char[]){0, 1, 0, 0, 0, 0}), 6); /* tie: the lower index */
+    ev_topk(sc, 6, 3, keep);
+    cr_assert_arr_eq(keep, ((unsigned char[]){0, 1, 0, 1, 0, 1}), 6);
+    ev_topk(sc, 6, 6, keep);
+    cr_assert_arr_eq(keep, ((unsigned char[]){1, 1, 1, 1, 1, 1}), 6);
+    ev_topk(sc, 2, 5, keep);
+    cr_assert_arr_eq(keep, ((unsigned char[]){1, 1}), 2);
+}
+
+/* Rows: orig = 1 + row-dependent offsets; q = orig plus an error e(p, h) on
+ * the first value; qg = orig plus 1000 (marks where the group copy went). */
+enum { N = 200, HH = 2, DD = 32 };
+static float orig[N][HH][DD], q[N][HH][DD], qg[N][HH][DD];
+
+static double err_of(int p, int h) { return (double)((p * 37 + h * 11) % 101) * 0.01; }
+
+static void fill(void)
+{
+    for (int p = 0; p < N; p++)
+        for (int h = 0; h < HH; h++)
+            for (int j = 0; j < DD; j++) {
+                orig[p][h][j] = 1.0f + 0.001f * (float)j;
+                q[p][h][j] = orig[p][h][j] + (j == 0 ? (float)err_of(p, h) : 0.0f);
+                qg[p][h][j] = orig[p][h][j] + 1000.0f;
+            }
+}
+
+Test(eval_storage, keeps_the_worst_rows_of_each_page)
+{
+    ev_storage s;
+    char err[400];
+    cr_assert_eq(ev_storage_parse("out=2,kv=k,heads=1:1", 2, HH, DD, &s, err, sizeof err), 0, "%s", err);
+    fill();
+    const int lo = 70, hi = 192; /* first page [64, 128) partly before lo; last ends at 192 */
+    q[66][1][0] = orig[66][1][0] + 5.0f; /* the page's largest error, but before lo: never chosen */
+    q[hi][1][0] = orig[hi][1][0] + 5.0f; /* after hi: never chosen */
+    long long kept = 0;
+    ev_storage_apply(&s, 0, OSCAR_K, lo, hi, &orig[0][0][0], NULL, &q[0][0][0], &kept);
+    cr_assert_eq(kept, 0, "layer 0 is not named");
+    ev_storage_apply(&s, 1, OSCAR_V, lo, hi, &orig[0][0][0], NULL, &q[0][0][0], &kept);
+    cr_assert_eq(kept, 0, "values are not named");
+    ev_storage_apply(&s, 1, OSCAR_K, lo, hi, &orig[0][0][0], NULL, &q[0][0][0], &kept);
+    cr_assert_eq(kept, 4, "2 rows in each of the pages [70, 128) and [128, 192)");
+    const int pages[2][2] = {{lo, 128}, {128, hi}};
+    for (int pg = 0; pg < 2; pg++) {
+        /* the expected two: largest err_of in the page (ties: lower index) */
+        int b1 = -1, b2 = -1;
+        for (int p = pages[pg][0]; p < pages[pg][1]; p++)
+            if (b1 < 0 || err_of(p, 1) > err_of(b1, 1)) b1 = p;
+        for (int p = pages[pg][0]; p < pages[pg][1]; p++)
+            if (p != b1 && (b2 < 0 || err_of(p, 1) > err_of(b2, 1))) b2 = p;
+        for (int p = pages[pg][0]; p < pages[pg][1]; p++) {
+            int k = p == b1 || p == b2;
+            float want = orig[p][1][0] + (k ? 0.0f : (float)err_of(p, 1));
+            cr_assert_eq(q[p][1][0], want, "row %d kept %d", p, k);
+            cr_assert_eq(q[p][0][0], orig[p][0][0] + (float)err_of(p, 0), "head 0 row %d untouched", p);
+        }
+    }
+    for (int p = 0; p < lo; p++)
+        cr_assert_eq(q[p][1][0], orig[p][1][0] + (p == 66 ? 5.0f : (float)err_of(p, 1)), "row %d < lo", p);
+    for (int p = hi; p < N; p++)
+        cr_assert_eq(q[p][1][0], orig[p][1][0] + (p == hi ? 5.0f : (float)err_of(p, 1)), "row %d >= hi", p);
+    ev_storage_free(&s);
+}
+
+Test(eval_storage, norm_criterion_and_group_copy)
+{
+    ev_storage s;
+    char err[400];
+    cr_assert_eq(ev_storage_parse("out=1,by=norm,group=32,kv=v,heads=0:0", 1, HH, DD, &s, err, sizeof err), 0, "%s", err);
+    fill();
+    orig[100][0][5] = 9.0f; /* the largest norm of page [64, 128) of head 0 */
+    orig[150][0][7] = -9.0f; /* and of page [128, 192) */
+    long long kept = 0;
+    ev_storage_apply(&s, 0, OSCAR_V, 64, 192, &orig[0][0][0], &qg[0][0][0], &q[0][0][0], &kept);
+    cr_assert_eq(kept, 2);
+    for (int p = 64; p < 192; p++) {
+        if (p == 100 || p == 150) cr_assert_eq(memcmp(q[p][0], orig[p][0], sizeof q[p][0]), 0, "row %d kept bf16", p);
+        else cr_assert_eq(q[p][0][3], qg[p][0][3], "row %d: the group copy", p);
+        cr_assert_eq(q[p][1][0], orig[p][1][0] + (float)err_of(p, 1), "head 1 untouched");
+    }
+    ev_storage_free(&s);
+    ev_storage_free(&s); /* twice is harmless */
+    ev_storage_free(NULL);
+}

@@ -1,0 +1,233 @@
+/* oscar-eval --storage: 16-bit outlier rows per page and smaller quant groups
+ * for chosen heads, as fake-quant ablations (tools/oscar_eval_storage.h). */
+#include "oscar_eval_storage.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errlen, const char *what, const char *val)
+{
+    snprintf(err, errlen, "--storage: %s '%s'", what, val);
+    return -1;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    if (!*s) return 0;
+    long v = strtol(s, &end, 10);
+    if (*end || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+/* "L:H+L:H..." or "all" into s->heads. */
+static int parse_heads(const char *val, ev_storage *s, char *err, size_t errlen)
+{
+    if (!strcmp(val, "all")) {
+        memset(s->heads, 1, (size_t)s->L * (size_t)s->Hkv);
+        return 0;
+    }
+    char buf[160];
+    if (strlen(val) >= sizeof buf) return fail(err, errlen, "heads= list too long:", val);
+    snprintf(buf, sizeof buf, "%s", val);
+    memset(s->heads, 0, (size_t)s->L * (size_t)s->Hkv);
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
+        char *colon = strchr(t, ':');
+        long l, h;
+        if (!colon) return fail(err, errlen, "heads= wants LAYER:KV_HEAD pairs joined by '+', not", t);
+        *colon = '\0';
+        if (!parse_int(t, 0, s->L - 1, &l) || !parse_int(colon + 1, 0, s->Hkv - 1, &h)) {
+            *colon = ':';
+            snprintf(err, errlen, "--storage: heads= pair '%s' is not a layer in 0..%d and a KV head in 0..%d", t,
+                     s->L - 1, s->Hkv - 1);
+            return -1;
+        }
+        s->heads[l * s->Hkv + h] = 1;
+        n++;
+    }
+    if (n == 0) return fail(err, errlen, "heads= names no head:", val);
+    return 0;
+}
+
+int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    if (L < 1 || Hkv < 1 || d < 1) {
+        snprintf(err, errlen, "--storage: bad model shape %d layers, %d KV heads, head_dim %d", L, Hkv, d);
+        return -1;
+    }
+    if (!spec || !*spec) return fail(err, errlen, "empty SPEC", "");
+    if (strlen(spec) >= sizeof s->spec) return fail(err, errlen, "SPEC too long:", spec);
+    snprintf(s->spec, sizeof s->spec, "%s", spec);
+    s->L = L, s->Hkv = Hkv, s->d = d;
+    s->tensors = (1 << OSCAR_K) | (1 << OSCAR_V);
+    s->by = EV_BY_ERR;
+    s->heads = malloc((size_t)L * (size_t)Hkv);
+    if (!s->heads) return fail(err, errlen, "out of memory for", spec);
+    memset(s->heads, 1, (size_t)L * (size_t)Hkv);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s", spec);
+    int seen_by = 0, seen[6] = {0};
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq || eq == t || !eq[1]) {
+            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip), not", t);
+            goto bad;
+        }
+        *eq = '\0';
+        const char *key = t, *val = eq + 1;
+        static const char *keys[6] = {"out", "by", "group", "kv", "heads", "clip"};
+        int ki = -1;
+        for (int i = 0; i < 6; i++)
+            if (!strcmp(key, keys[i])) ki = i;
+        if (ki < 0) {
+            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip):", key);
+            goto bad;
+        }
+        if (seen[ki]++) {
+            fail(err, errlen, "key given twice:", key);
+            goto bad;
+        }
+        long v;
+        switch (ki) {
+        case 0:
+            if (!parse_int(val, 1, EV_PAGE - 1, &v)) {
+                fail(err, errlen, "out= wants rows per page in 1..63, not", val);
+                goto bad;
+            }
+            s->outliers = (int)v;
+            break;
+        case 1:
+            if (!strcmp(val, "err")) s->by = EV_BY_ERR;
+            else if (!strcmp(val, "norm")) s->by = EV_BY_NORM;
+            else {
+                fail(err, errlen, "by= wants err or norm, not", val);
+                goto bad;
+            }
+            seen_by = 1;
+            break;
+        case 2:
+            if (!parse_int(val, 1, 256, &v) || (v != 32 && v != 64 && v != 128) || v > d || d % v) {
+                snprintf(err, errlen, "--storage: group= '%s' unsupported for head_dim %d: use 32, 64 or 128 "
+                                      "dividing head_dim", val, d);
+                goto bad;
+            }
+            s->group = (int)v;
+            break;
+        case 3:
+            if (!strcmp(val, "k")) s->tensors = 1 << OSCAR_K;
+            else if (!strcmp(val, "v")) s->tensors = 1 << OSCAR_V;
+            else if (!strcmp(val, "kv")) s->tensors = (1 << OSCAR_K) | (1 << OSCAR_V);
+            else {
+                fail(err, errlen, "kv= wants k, v or kv, not", val);
+                goto bad;
+            }
+            break;
+        case 4:
+            if (parse_heads(val, s, err, errlen) != 0) goto bad;
+            break;
+        default: {
+            char *end;
+            double cv = strtod(val, &end);
+            if (*end || !(cv > 0.0 && cv <= 1.0)) {
+                fail(err, errlen, "clip= wants a ratio in (0, 1], not", val);
+                goto bad;
+            }
+            s->clip = (float)cv;
+            break;
+        }
+        }
+    }
+    if (!s->outliers && !s->group && !s->clip) {
+        fail(err, errlen, "changes nothing (give out=K, group=G and/or clip=C):", spec);
+        goto bad;
+    }
+    if (seen_by && !s->outliers) {
+        fail(err, errlen, "by= needs out=K:", spec);
+        goto bad;
+    }
+    return 0;
+bad:
+    free(s->heads);
+    s->heads = NULL;
+    return -1;
+}
+
+void ev_storage_free(ev_storage *s)
+{
+    if (!s) return;
+    free(s->heads);
+    s->heads = NULL;
+}
+
+int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    if (!s || !s->heads || layer < 0 || layer >= s->L || h < 0 || h >= s->Hkv) return 0;
+    if (!(s->tensors & (1 << which))) return 0;
+    return s->heads[layer * s->Hkv + h] != 0;
+}
+
+double ev_storage_bits(const ev_storage *s, int run_group)
+{
+    const double base = 2.0 + 32.0 / (double)run_group;
+    const int g = s->group ? s->group : run_group;
+    const double b = 2.0 + 32.0 / (double)g, k = s->outliers;
+    const double changed = (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
+    double sum = 0.0;
+    int n = 0;
+    for (int l = 0; l < s->L; l++)
+        for (int h = 0; h < s->Hkv; h++)
+            for (int w = 0; w < 2; w++, n++) sum += ev_storage_applies(s, l, h, (oscar_kv)w) ? changed : base;
+    return sum / n;
+}
+
+void ev_topk(const double *score, int n, int k, unsigned char *keep)
+{
+    memset(keep, 0, (size_t)n);
+    if (k >= n) {
+        memset(keep, 1, (size_t)n);
+        return;
+    }
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int i = 0; i < n; i++)
+            if (!keep[i] && (best < 0 || score[i] > score[best])) best = i;
+        keep[best] = 1;
+    }
+}
+
+void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
+                      const float *qg, float *q, long long *kept)
+{
+    const int Hkv = s->Hkv, d = s->d;
+    const size_t row = (size_t)Hkv * (size_t)d;
+    for (int h = 0; h < Hkv; h++) {
+        if (!ev_storage_applies(s, layer, h, which)) continue;
+        if (s->group && qg)
+            for (int p = lo; p < hi; p++) memcpy(q + p * row + (size_t)h * d, qg + p * row + (size_t)h * d, (size_t)d * sizeof *q);
+        if (!s->outliers) continue;
+        for (int p0 = lo / EV_PAGE * EV_PAGE; p0 < hi; p0 += EV_PAGE) {
+            const int a = p0 > lo ? p0 : lo, e = p0 + EV_PAGE < hi ? p0 + EV_PAGE : hi;
+            double score[EV_PAGE];
+            unsigned char keep[EV_PAGE];
+            for (int p = a; p < e; p++) {
+                const float *o = orig + p * row + (size_t)h * d, *x = q + p * row + (size_t)h * d;
+                double acc = 0.0;
+                for (int j = 0; j < d; j++) {
+                    double t = s->by == EV_BY_NORM ? (double)o[j] : (double)o[j] - (double)x[j];
+                    acc += t * t;
+                }
+                score[p - a] = acc;
+            }
+            ev_topk(score, e - a, s->outliers, keep);
+            for (int p = a; p < e; p++)
+                if (keep[p - a]) {
+                    memcpy(q + p * row + (size_t)h * d, orig + p * row + (size_t)h * d, (size_t)d * sizeof *q);
+                    if (kept) (*kept)++;
+                }
+        }
+    }
+}

@@ -1,0 +1,69 @@
+/* oscar-eval --storage: storage-format ablations evaluated by fake-quant only
+ * (docs/eval/retrieval.md, fifth step). Nothing here is a library format:
+ * the on-disk layout, the ABI and the kernels are untouched; the figures say
+ * whether such a format change would be worth building, with its bits counted.
+ *
+ * A SPEC is a comma-separated list of key=value:
+ *   out=K        keep K rows per page (EV_PAGE tokens) and KV head in bf16, the
+ *                rest in 2 bits (1..EV_PAGE-1); a 6-bit in-page index per row
+ *   by=err|norm  which rows: largest squared 2-bit reconstruction error of the
+ *                row (its own codes, computable by the write path from the row
+ *                alone) or largest L2 norm (default err)
+ *   group=G      quant group along head_dim for the selected heads (32, 64, 128)
+ *   kv=k|v|kv    the tensors it applies to (default kv; K and V select apart)
+ *   clip=C       clip ratio (0, 1] of the selected heads instead of the file's (a
+ *                calibration-side change, to combine with the storage ones)
+ *   heads=all|L:H+L:H...  the (layer, KV head) pairs it applies to (default all)
+ * At least one of out, group, clip. */
+#ifndef OSCAR_EVAL_STORAGE_H
+#define OSCAR_EVAL_STORAGE_H
+
+#include <stddef.h>
+
+#include "oscar/oscar.h"
+
+#define EV_PAGE 64      /* tokens per page (the layout default, FORMAT.md) */
+#define EV_PAGE_INDEX_BITS 6 /* log2(EV_PAGE): one in-page index per 16-bit row */
+
+typedef enum ev_outlier_by { EV_BY_ERR = 0, EV_BY_NORM = 1 } ev_outlier_by;
+
+typedef struct ev_storage {
+    int outliers;          /* rows per page and KV head kept bf16 (0: none) */
+    ev_outlier_by by;
+    int group;             /* quant group of the selected heads (0: the run's) */
+    float clip;            /* clip ratio of the selected heads (0: the file's) */
+    int tensors;           /* bit OSCAR_K: keys, bit OSCAR_V: values */
+    int L, Hkv, d;
+    unsigned char *heads;  /* [L][Hkv]: 1 where the change applies */
+    char spec[160];        /* as given */
+} ev_storage;
+
+/* Parses SPEC for a model of L layers, Hkv KV heads, head_dim d. 0, or -1
+ * with a message in err (nothing to free then). */
+int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen);
+void ev_storage_free(ev_storage *s);
+
+/* Whether the change applies to (layer, KV head, tensor). */
+int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which);
+
+/* Bits per element of the quantized region, averaged over every (layer, KV
+ * head, K/V) (each holds the same number of elements): a changed head stores
+ * per page out rows of 16 bits plus EV_PAGE_INDEX_BITS each and EV_PAGE - out
+ * rows of 2 + 32/group bits per element; run_group is the group of the rest. */
+double ev_storage_bits(const ev_storage *s, int run_group);
+
+/* Marks in keep[0..n) the k entries of score with the largest values (ties:
+ * the lower index); all of them when k >= n. */
+void ev_topk(const double *score, int n, int k, unsigned char *keep);
+
+/* Applies the change to the rows [lo, hi) of one layer's tensor after the
+ * base fake-quant: orig holds the bf16 rows, q the run group's fake-quant,
+ * qg (NULL without group=) the group= fake-quant, all [n][Hkv][d]; q is
+ * overwritten where the change applies. Pages are absolute positions
+ * [EV_PAGE p, EV_PAGE (p + 1)); each page's outliers are chosen among its rows
+ * in [lo, hi), so hi must be a page end or the end of what exists (the write
+ * path chooses once the page is complete). kept counts the rows kept bf16. */
+void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
+                      const float *qg, float *q, long long *kept);
+
+#endif
