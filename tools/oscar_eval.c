@@ -142,6 +142,10 @@ int main(int argc, char **argv)
     const char *per_layer = NULL;
     const char *storage_specs[16];
     int nstorage = 0;
+    /* --storage specs, parsed once (after the model's shape is known); freed at done */
+    static ev_storage storages[16];
+    static oscar_params *storage_params[16];
+    int nstorage_made = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -295,15 +299,14 @@ int main(int argc, char **argv)
         return bad("--group %s unsupported for head_dim %s: use 32, 64 or 128 dividing head_dim", a, b);
     }
     if (group == 0) group = d;
-    /* --storage specs checked now (parsed again where the variants are made). */
+    /* --storage specs parsed now, before any work (the variants are made from them below). */
     for (int i = 0; i < nstorage; i++) {
-        ev_storage st;
         char serr[400];
-        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &st, serr, sizeof serr) != 0)
+        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
+                             sizeof serr) != 0)
             return bad("%s%s", serr, "");
-        int outl = st.outliers;
-        ev_storage_free(&st);
-        if (outl && recent < EV_PAGE) {
+        nstorage_made = i + 1;
+        if (storages[i].outliers && recent < EV_PAGE) {
             char a[32];
             snprintf(a, sizeof a, "%ld", recent);
             return bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
@@ -391,9 +394,6 @@ int main(int argc, char **argv)
     pthread_mutex_init(&R.log_mu, NULL);
     int rc = 0;
     uint32_t *ret_tok = NULL, *task_tok = NULL;
-    static ev_storage storages[16];
-    static oscar_params *storage_params[16];
-    int nstorage_made = 0;
     /* The reference always runs (KL and top-1 need it); it is reported only
      * when asked for. */
     add_variant(&R, "bf16", "K/V rounded to bf16 everywhere, no 2-bit region (the reference)",
@@ -418,14 +418,7 @@ int main(int argc, char **argv)
                     calibrated ? (mlist[j] == OSCAR_METHOD_OSCAR2_LM ? PL : P) : NULL, (int)sink, (int)recent, (int)group, 0);
     }
     for (int i = 0; i < nstorage; i++) {
-        char serr[400], nm4[64];
-        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
-                             sizeof serr) != 0) {
-            fprintf(stderr, "oscar-eval: %s\n", serr);
-            rc = EXIT_BAD_INPUT;
-            goto done;
-        }
-        nstorage_made = i + 1;
+        char nm4[64];
         snprintf(nm4, sizeof nm4, "oscar2[%s]", storage_specs[i]);
         if (!add_variant(&R, nm4, "oscar2 with a storage change (--storage, fake-quant only)", OSCAR_METHOD_OSCAR2, P,
                          (int)sink, (int)recent, (int)group, 1)) {

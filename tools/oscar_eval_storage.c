@@ -70,7 +70,7 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
-    int seen_by = 0, seen[6] = {0};
+    int seen[6] = {0}; /* per key of keys[] below */
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         if (!eq || eq == t || !eq[1]) {
@@ -107,7 +107,6 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
                 fail(err, errlen, "by= wants err or norm, not", val);
                 goto bad;
             }
-            seen_by = 1;
             break;
         case 2:
             if (!parse_int(val, 1, 256, &v) || (v != 32 && v != 64 && v != 128) || v > d || d % v) {
@@ -145,7 +144,7 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
         fail(err, errlen, "changes nothing (give out=K, group=G and/or clip=C):", spec);
         goto bad;
     }
-    if (seen_by && !s->outliers) {
+    if (seen[1] && !s->outliers) { /* by= */
         fail(err, errlen, "by= needs out=K:", spec);
         goto bad;
     }
