@@ -37,6 +37,7 @@ typedef struct gpu_ctx {
     gpu_ctx_head head;
     int device;
     int sms;
+    int pdl; /* programmatic dependent launch: sm_90+ and OSCAR_NO_PDL unset (read at init) */
     char name[300];
 } gpu_ctx;
 
@@ -74,6 +75,10 @@ static oscar_status g_init(int device_index, void **ctx, oscar_errbuf *err) {
         return fail(err, "device selection", e);
     }
     c->sms = prop.multiProcessorCount;
+#ifndef OSCAR_HIP
+    const char *np = getenv("OSCAR_NO_PDL");
+    c->pdl = prop.major >= 9 && !(np && *np && strcmp(np, "0") != 0);
+#endif
     snprintf(c->name, sizeof c->name, "%s (%d SMs, %.1f GiB)", prop.name, prop.multiProcessorCount,
              (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     *ctx = c;
@@ -253,8 +258,37 @@ static oscar_status g_launch(void *ctx, const void *kernel, unsigned gx, unsigne
     return g_launch_smem(ctx, kernel, gx, gy, gz, block, 0, args, nargs, stream, err);
 }
 
+#ifdef OSCAR_HIP
+#define g_launch_dep g_launch_smem
+#else
+/* The launch latency of the next kernel hides behind the tail of the previous one
+ * (the kernels trigger and wait with griddepcontrol; capturable in CUDA graphs). */
+static oscar_status g_launch_dep(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                 unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    if (!((gpu_ctx *)ctx)->pdl) return g_launch_smem(ctx, kernel, gx, gy, gz, block, smem, args, nargs, stream, err);
+    void *argv[40];
+    if (nargs > 40) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
+    for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
+    cudaLaunchAttribute at[1];
+    memset(at, 0, sizeof at);
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = (dim3){gx, gy, gz};
+    cfg.blockDim = (dim3){block, 1, 1};
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = (cudaStream_t)stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, argv);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return e == cudaSuccess ? OSCAR_OK : fail(err, "kernel launch", e);
+}
+#endif
+
 static const gpu_vendor k_vendor = {GPU_NAME, g_select, g_release, g_launch, g_units,       g_alloc,
-                                    g_free,   g_write,  g_read,    g_sync,   g_launch_smem};
+                                    g_free,   g_write,  g_read,    g_sync,   g_launch_smem, g_launch_dep};
 
 static const oscar_backend_api k_api = {
     OSCAR_BACKEND_ABI_VERSION, GPU_NAME,          g_probe,         g_init,

@@ -63,6 +63,12 @@ typedef struct gpu_vendor {
     /* Launch with dynamic shared memory; only vendors with tc kernels set it. */
     oscar_status (*launch_smem)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
                                 unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err);
+    /* As launch_smem, but the kernel may start while the stream's previous kernel
+     * still runs (CUDA programmatic dependent launch): it waits for that kernel's
+     * results itself (griddepcontrol.wait). NULL, or a plain launch, where the
+     * device or vendor has no such launch. */
+    oscar_status (*launch_dep)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                               unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err);
 } gpu_vendor;
 
 /* Every vendor context starts with this header. */

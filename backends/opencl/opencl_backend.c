@@ -302,7 +302,7 @@ static oscar_status ocl_launch(void *ctx, const void *kernel, unsigned gx, unsig
 }
 
 static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_launch, ocl_compute_units,
-                                    ocl_alloc, ocl_free,   ocl_write,   ocl_read,   ocl_sync,  NULL};
+                                    ocl_alloc, ocl_free,   ocl_write,   ocl_read,   ocl_sync,  NULL, NULL};
 
 static const oscar_backend_api k_api = {
     OSCAR_BACKEND_ABI_VERSION, "opencl",           ocl_probe,       ocl_init,
