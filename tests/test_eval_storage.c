@@ -209,3 +209,70 @@ Test(eval_storage, norm_criterion_and_group_copy)
     ev_storage_free(&s); /* twice is harmless */
     ev_storage_free(NULL);
 }
+
+/* vgroup= / vclip=: the values set apart from the keys on the same heads
+ * (the copy heads' keys unclipped in groups of 32, their values otherwise). */
+Test(eval_storage, values_apart_from_keys)
+{
+    ev_storage s;
+    parse_ok("clip=1,group=32,kv=k,heads=4:1+3:0,vclip=0.98", &s);
+    cr_assert_eq(ev_storage_group_of(&s, OSCAR_K), 32);
+    cr_assert_eq(ev_storage_group_of(&s, OSCAR_V), 0, "values keep the run's group");
+    cr_assert_float_eq(ev_storage_clip_of(&s, OSCAR_K), 1.0f, 0.0f);
+    cr_assert_float_eq(ev_storage_clip_of(&s, OSCAR_V), 0.98f, 0.0f);
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < HKV; h++) {
+            int want = (l == 4 && h == 1) || (l == 3 && h == 0);
+            cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_K), want, "K layer %d head %d", l, h);
+            cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_V), want, "V layer %d head %d", l, h);
+        }
+    /* the values' clip costs no bits: as the keys-only row */
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("clip=1,group=32,heads=4:1,vgroup=64", &s); /* kv= default: V unclipped too, in groups of 64 */
+    cr_assert_eq(ev_storage_group_of(&s, OSCAR_K), 32);
+    cr_assert_eq(ev_storage_group_of(&s, OSCAR_V), 64);
+    cr_assert_float_eq(ev_storage_clip_of(&s, OSCAR_V), 1.0f, 0.0f);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 3.0 + 2.5) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("out=1,kv=k,vgroup=32,heads=0:0", &s); /* out= stays on the keys */
+    cr_assert_eq(ev_storage_outliers_of(&s, OSCAR_K), 1);
+    cr_assert_eq(ev_storage_outliers_of(&s, OSCAR_V), 0);
+    cr_assert_eq(ev_storage_group_of(&s, OSCAR_K), 0);
+    cr_assert_eq(ev_storage_group_of(&s, OSCAR_V), 32);
+    double ch = (1.0 * (16.0 + 6.0 / D) + 63.0 * 2.25) / 64.0;
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + ch + 3.0) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("vclip=0.9", &s); /* alone: the values of every head */
+    cr_assert(ev_storage_applies(&s, 0, 0, OSCAR_V));
+    cr_assert_eq(ev_storage_clip_of(&s, OSCAR_K), 0.0f, "no clip= given: the keys keep the file's");
+    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12);
+    ev_storage_free(&s);
+    parse_bad("vgroup=48", "unsupported");
+    parse_bad("vgroup=16", "vgroup=");
+    parse_bad("vclip=0", "vclip= wants");
+    parse_bad("vclip=2", "(0, 1]");
+    parse_bad("group=32,kv=v,vgroup=64", "kv=v");
+    parse_bad("clip=1,kv=v,vclip=0.9", "kv=v");
+    parse_bad("vclip=0.9,vclip=0.8", "twice");
+    parse_bad("kv=k,heads=4:1", "vgroup=G");
+}
+
+/* ev_storage_apply copies the group fake-quant on the values by vgroup= even
+ * where kv= names only the keys. */
+Test(eval_storage, vgroup_applies_the_group_copy_to_values)
+{
+    ev_storage s;
+    char err[400];
+    cr_assert_eq(ev_storage_parse("clip=1,kv=k,vgroup=32,heads=0:1", 1, HH, DD, &s, err, sizeof err), 0, "%s", err);
+    fill();
+    long long kept = 0;
+    ev_storage_apply(&s, 0, OSCAR_V, 64, 192, &orig[0][0][0], &qg[0][0][0], &q[0][0][0], &kept);
+    cr_assert_eq(kept, 0);
+    for (int p = 64; p < 192; p++) {
+        cr_assert_eq(q[p][1][3], qg[p][1][3], "row %d: the group copy on head 1's values", p);
+        cr_assert_eq(q[p][0][0], orig[p][0][0] + (float)err_of(p, 0), "head 0 untouched");
+    }
+    for (int p = 0; p < 64; p++) cr_assert_eq(q[p][1][3], orig[p][1][3], "row %d < lo untouched", p);
+    ev_storage_free(&s);
+}

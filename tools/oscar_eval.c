@@ -48,6 +48,7 @@ static void usage(FILE *f)
             "                      index each), by=err|norm (which rows: largest 2-bit error or norm;\n"
             "                      default err), group=G (32, 64, 128: quant group of those heads),\n"
             "                      clip=C (clip ratio of those heads instead of the file's),\n"
+            "                      vgroup=G, vclip=C (the values' group / clip where they differ),\n"
             "                      kv=k|v|kv (default kv), heads=all|L:H+L:H... (default all); bits\n"
             "                      counted over every layer, KV head and K/V (docs/eval/retrieval.md)\n"
             "  --retrieval-trials N  random repeated-sequence trials (default 4; 0 = none)\n"
@@ -418,7 +419,7 @@ int main(int argc, char **argv)
                     calibrated ? (mlist[j] == OSCAR_METHOD_OSCAR2_LM ? PL : P) : NULL, (int)sink, (int)recent, (int)group, 0);
     }
     for (int i = 0; i < nstorage; i++) {
-        char nm4[64];
+        char nm4[176];
         snprintf(nm4, sizeof nm4, "oscar2[%s]", storage_specs[i]);
         if (!add_variant(&R, nm4, "oscar2 with a storage change (--storage, fake-quant only)", OSCAR_METHOD_OSCAR2, P,
                          (int)sink, (int)recent, (int)group, 1)) {
@@ -427,7 +428,7 @@ int main(int argc, char **argv)
             goto done;
         }
         ev_variant *sv = &R.vars[R.nvar - 1];
-        if (storages[i].clip > 0.0f) {
+        if (ev_storage_clip_of(&storages[i], OSCAR_K) > 0.0f || ev_storage_clip_of(&storages[i], OSCAR_V) > 0.0f) {
             /* A private copy of the parameters with those heads' clips. */
             if (!(storage_params[i] = load_copy(S.params_path))) {
                 rc = 1;
@@ -436,8 +437,10 @@ int main(int argc, char **argv)
             for (int l = 0; l < cfg.num_layers; l++)
                 for (int hh = 0; hh < cfg.num_kv_heads; hh++)
                     for (int kv = 0; kv < 2; kv++)
-                        if (ev_storage_applies(&storages[i], l, hh, (oscar_kv)kv))
-                            oscar_params_set_clip_head(storage_params[i], l, hh, (oscar_kv)kv, storages[i].clip);
+                        if (ev_storage_applies(&storages[i], l, hh, (oscar_kv)kv) &&
+                            ev_storage_clip_of(&storages[i], (oscar_kv)kv) > 0.0f)
+                            oscar_params_set_clip_head(storage_params[i], l, hh, (oscar_kv)kv,
+                                                       ev_storage_clip_of(&storages[i], (oscar_kv)kv));
             sv->params = storage_params[i];
         }
         sv->storage = &storages[i];

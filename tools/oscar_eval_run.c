@@ -104,10 +104,11 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     const ev_variant *var = h->var;
     const ev_storage *st = var->storage;
     const size_t row = (size_t)h->Hkv * (size_t)h->d;
+    const int out = ev_storage_outliers_of(st, which), group = ev_storage_group_of(st, which);
     int any = 0;
     for (int kv = 0; kv < h->Hkv; kv++) any |= ev_storage_applies(st, layer, kv, which);
-    if (!st->outliers && !st->group) any = 0; /* clip= only: the variant's parameters carry it */
-    if (st->outliers && any) {
+    if (!out && !group) any = 0; /* clip= only: the variant's parameters carry it */
+    if (out && any) {
         int end = (hi + EV_PAGE - 1) / EV_PAGE * EV_PAGE;
         if (end > n) end = n;
         for (size_t i = (size_t)hi * row; i < (size_t)end * row; i++) buf[i] = oe_round_bf16(buf[i]);
@@ -116,8 +117,8 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     float *orig = NULL, *qg = NULL;
     if (any) {
         orig = malloc((size_t)n * row * sizeof *orig);
-        qg = st->group ? malloc((size_t)n * row * sizeof *qg) : NULL;
-        if (!orig || (st->group && !qg)) {
+        qg = group ? malloc((size_t)n * row * sizeof *qg) : NULL;
+        if (!orig || (group && !qg)) {
             free(orig);
             free(qg);
             fprintf(stderr, "oscar-eval: %s: out of memory for the storage ablation's rows\n", var->name);
@@ -128,7 +129,7 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     oscar_status s = fakequant_split(var, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, buf);
     if (s == OSCAR_OK && qg) {
         ev_variant gv = *var;
-        gv.group = st->group;
+        gv.group = group;
         memcpy(qg + (size_t)lo * row, orig + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *qg);
         s = fakequant_split(&gv, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, qg);
     }

@@ -70,21 +70,21 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
-    int seen[6] = {0}; /* per key of keys[] below */
+    int seen[8] = {0}; /* per key of keys[] below */
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         if (!eq || eq == t || !eq[1]) {
-            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip), not", t);
+            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip, vgroup, vclip), not", t);
             goto bad;
         }
         *eq = '\0';
         const char *key = t, *val = eq + 1;
-        static const char *keys[6] = {"out", "by", "group", "kv", "heads", "clip"};
+        static const char *keys[8] = {"out", "by", "group", "kv", "heads", "clip", "vgroup", "vclip"};
         int ki = -1;
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < 8; i++)
             if (!strcmp(key, keys[i])) ki = i;
         if (ki < 0) {
-            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip):", key);
+            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip, vgroup, vclip):", key);
             goto bad;
         }
         if (seen[ki]++) {
@@ -109,12 +109,14 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
             }
             break;
         case 2:
+        case 6:
             if (!parse_int(val, 1, 256, &v) || (v != 32 && v != 64 && v != 128) || v > d || d % v) {
-                snprintf(err, errlen, "--storage: group= '%s' unsupported for head_dim %d: use 32, 64 or 128 "
-                                      "dividing head_dim", val, d);
+                snprintf(err, errlen, "--storage: %s= '%s' unsupported for head_dim %d: use 32, 64 or 128 "
+                                      "dividing head_dim", key, val, d);
                 goto bad;
             }
-            s->group = (int)v;
+            if (ki == 2) s->group = (int)v;
+            else s->vgroup = (int)v;
             break;
         case 3:
             if (!strcmp(val, "k")) s->tensors = 1 << OSCAR_K;
@@ -128,20 +130,26 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
         case 4:
             if (parse_heads(val, s, err, errlen) != 0) goto bad;
             break;
-        default: {
+        default: { /* clip, vclip */
             char *end;
             double cv = strtod(val, &end);
             if (*end || !(cv > 0.0 && cv <= 1.0)) {
-                fail(err, errlen, "clip= wants a ratio in (0, 1], not", val);
+                fail(err, errlen, ki == 5 ? "clip= wants a ratio in (0, 1], not" : "vclip= wants a ratio in (0, 1], not",
+                     val);
                 goto bad;
             }
-            s->clip = (float)cv;
+            if (ki == 5) s->clip = (float)cv;
+            else s->vclip = (float)cv;
             break;
         }
         }
     }
-    if (!s->outliers && !s->group && !s->clip) {
-        fail(err, errlen, "changes nothing (give out=K, group=G and/or clip=C):", spec);
+    if (!s->outliers && !s->group && !s->clip && !s->vgroup && !s->vclip) {
+        fail(err, errlen, "changes nothing (give out=K, group=G, clip=C, vgroup=G and/or vclip=C):", spec);
+        goto bad;
+    }
+    if ((s->vgroup || s->vclip) && s->tensors == (1 << OSCAR_V)) {
+        fail(err, errlen, "vgroup=/vclip= set the values apart from the keys; with kv=v use group=/clip=:", spec);
         goto bad;
     }
     if (seen[1] && !s->outliers) { /* by= */
@@ -162,24 +170,44 @@ void ev_storage_free(ev_storage *s)
     s->heads = NULL;
 }
 
+/* Whether kv= names the tensor. */
+static int in_kv(const ev_storage *s, oscar_kv which) { return (s->tensors & (1 << which)) != 0; }
+
+int ev_storage_outliers_of(const ev_storage *s, oscar_kv which) { return in_kv(s, which) ? s->outliers : 0; }
+
+int ev_storage_group_of(const ev_storage *s, oscar_kv which)
+{
+    if (which == OSCAR_V && s->vgroup) return s->vgroup;
+    return in_kv(s, which) ? s->group : 0;
+}
+
+float ev_storage_clip_of(const ev_storage *s, oscar_kv which)
+{
+    if (which == OSCAR_V && s->vclip > 0.0f) return s->vclip;
+    return in_kv(s, which) ? s->clip : 0.0f;
+}
+
 int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which)
 {
     if (!s || !s->heads || layer < 0 || layer >= s->L || h < 0 || h >= s->Hkv) return 0;
-    if (!(s->tensors & (1 << which))) return 0;
+    if (!in_kv(s, which) && !(which == OSCAR_V && (s->vgroup || s->vclip > 0.0f))) return 0;
     return s->heads[layer * s->Hkv + h] != 0;
 }
 
 double ev_storage_bits(const ev_storage *s, int run_group)
 {
     const double base = 2.0 + 32.0 / (double)run_group;
-    const int g = s->group ? s->group : run_group;
-    const double b = 2.0 + 32.0 / (double)g, k = s->outliers;
-    const double changed = (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
+    double changed[2];
+    for (int w = 0; w < 2; w++) {
+        const int g0 = ev_storage_group_of(s, (oscar_kv)w), g = g0 ? g0 : run_group;
+        const double b = 2.0 + 32.0 / (double)g, k = ev_storage_outliers_of(s, (oscar_kv)w);
+        changed[w] = (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
+    }
     double sum = 0.0;
     int n = 0;
     for (int l = 0; l < s->L; l++)
         for (int h = 0; h < s->Hkv; h++)
-            for (int w = 0; w < 2; w++, n++) sum += ev_storage_applies(s, l, h, (oscar_kv)w) ? changed : base;
+            for (int w = 0; w < 2; w++, n++) sum += ev_storage_applies(s, l, h, (oscar_kv)w) ? changed[w] : base;
     return sum / n;
 }
 
@@ -201,13 +229,13 @@ void ev_topk(const double *score, int n, int k, unsigned char *keep)
 void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
                       const float *qg, float *q, long long *kept)
 {
-    const int Hkv = s->Hkv, d = s->d;
+    const int Hkv = s->Hkv, d = s->d, out = ev_storage_outliers_of(s, which);
     const size_t row = (size_t)Hkv * (size_t)d;
     for (int h = 0; h < Hkv; h++) {
         if (!ev_storage_applies(s, layer, h, which)) continue;
-        if (s->group && qg)
+        if (ev_storage_group_of(s, which) && qg)
             for (int p = lo; p < hi; p++) memcpy(q + p * row + (size_t)h * d, qg + p * row + (size_t)h * d, (size_t)d * sizeof *q);
-        if (!s->outliers) continue;
+        if (!out) continue;
         for (int p0 = lo / EV_PAGE * EV_PAGE; p0 < hi; p0 += EV_PAGE) {
             const int a = p0 > lo ? p0 : lo, e = p0 + EV_PAGE < hi ? p0 + EV_PAGE : hi;
             double score[EV_PAGE];
@@ -221,7 +249,7 @@ void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, in
                 }
                 score[p - a] = acc;
             }
-            ev_topk(score, e - a, s->outliers, keep);
+            ev_topk(score, e - a, out, keep);
             for (int p = a; p < e; p++)
                 if (keep[p - a]) {
                     memcpy(q + p * row + (size_t)h * d, orig + p * row + (size_t)h * d, (size_t)d * sizeof *q);

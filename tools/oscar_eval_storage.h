@@ -13,8 +13,12 @@
  *   kv=k|v|kv    the tensors it applies to (default kv; K and V select apart)
  *   clip=C       clip ratio (0, 1] of the selected heads instead of the file's (a
  *                calibration-side change, to combine with the storage ones)
+ *   vgroup=G     the values' group where it differs from group= (V then changes
+ *                on the selected heads whatever kv= says; kv=v refuses them)
+ *   vclip=C      the values' clip where it differs from clip= (same rules)
  *   heads=all|L:H+L:H...  the (layer, KV head) pairs it applies to (default all)
- * At least one of out, group, clip. */
+ * out= and by= apply to the tensors of kv= only. At least one of out, group,
+ * clip, vgroup, vclip. */
 #ifndef OSCAR_EVAL_STORAGE_H
 #define OSCAR_EVAL_STORAGE_H
 
@@ -32,6 +36,8 @@ typedef struct ev_storage {
     ev_outlier_by by;
     int group;             /* quant group of the selected heads (0: the run's) */
     float clip;            /* clip ratio of the selected heads (0: the file's) */
+    int vgroup;            /* values' group where it differs from group (0: none) */
+    float vclip;           /* values' clip where it differs from clip (0: none) */
     int tensors;           /* bit OSCAR_K: keys, bit OSCAR_V: values */
     int L, Hkv, d;
     unsigned char *heads;  /* [L][Hkv]: 1 where the change applies */
@@ -46,10 +52,18 @@ void ev_storage_free(ev_storage *s);
 /* Whether the change applies to (layer, KV head, tensor). */
 int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which);
 
+/* The change per tensor (which: OSCAR_K or OSCAR_V), for the heads where
+ * ev_storage_applies: rows kept bf16 per page, quant group (0: the run's),
+ * clip ratio (0: the file's). */
+int ev_storage_outliers_of(const ev_storage *s, oscar_kv which);
+int ev_storage_group_of(const ev_storage *s, oscar_kv which);
+float ev_storage_clip_of(const ev_storage *s, oscar_kv which);
+
 /* Bits per element of the quantized region, averaged over every (layer, KV
  * head, K/V) (each holds the same number of elements): a changed head stores
  * per page out rows of 16 bits plus EV_PAGE_INDEX_BITS each and EV_PAGE - out
- * rows of 2 + 32/group bits per element; run_group is the group of the rest. */
+ * rows of 2 + 32/group bits per element (out and group of that tensor);
+ * run_group is the group of the rest. */
 double ev_storage_bits(const ev_storage *s, int run_group);
 
 /* Marks in keep[0..n) the k entries of score with the largest values (ties:
