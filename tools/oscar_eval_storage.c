@@ -52,7 +52,8 @@ static int parse_heads(const char *val, ev_storage *s, char *err, size_t errlen)
     return 0;
 }
 
-int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
+/* One clause (no '/'): the fields of s, s->more NULL. */
+static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
     if (L < 1 || Hkv < 1 || d < 1) {
@@ -168,46 +169,121 @@ void ev_storage_free(ev_storage *s)
     if (!s) return;
     free(s->heads);
     s->heads = NULL;
+    for (ev_storage *c = s->more, *next; c; c = next) {
+        next = c->more;
+        free(c->heads);
+        free(c);
+    }
+    s->more = NULL;
+}
+
+int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    if (!spec || !*spec) return fail(err, errlen, "empty SPEC", "");
+    if (strlen(spec) >= sizeof s->spec) return fail(err, errlen, "SPEC too long:", spec);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s", spec);
+    ev_storage *last = NULL;
+    int n = 0;
+    for (char *a = buf, *slash;; a = slash + 1) {
+        slash = strchr(a, '/');
+        if (slash) *slash = '\0';
+        if (!*a) {
+            ev_storage_free(s);
+            return fail(err, errlen, "empty clause (clauses are joined by '/') in", spec);
+        }
+        ev_storage *c = n == 0 ? s : calloc(1, sizeof *c);
+        if (!c) {
+            ev_storage_free(s);
+            return fail(err, errlen, "out of memory for", spec);
+        }
+        if (parse_clause(a, L, Hkv, d, c, err, errlen) != 0) {
+            if (n) free(c);
+            ev_storage_free(s);
+            s->heads = NULL;
+            return -1;
+        }
+        if (n) last->more = c;
+        last = c;
+        n++;
+        if (!slash) break;
+    }
+    snprintf(s->spec, sizeof s->spec, "%s", spec);
+    return 0;
+}
+
+int ev_storage_has_outliers(const ev_storage *s)
+{
+    for (const ev_storage *c = s; c; c = c->more)
+        if (c->outliers) return 1;
+    return 0;
 }
 
 /* Whether kv= names the tensor. */
 static int in_kv(const ev_storage *s, oscar_kv which) { return (s->tensors & (1 << which)) != 0; }
 
-int ev_storage_outliers_of(const ev_storage *s, oscar_kv which) { return in_kv(s, which) ? s->outliers : 0; }
-
-int ev_storage_group_of(const ev_storage *s, oscar_kv which)
+/* Whether one clause names (layer, h, which). */
+static int clause_applies(const ev_storage *c, int layer, int h, oscar_kv which)
 {
-    if (which == OSCAR_V && s->vgroup) return s->vgroup;
-    return in_kv(s, which) ? s->group : 0;
+    if (!c->heads || layer < 0 || layer >= c->L || h < 0 || h >= c->Hkv) return 0;
+    if (!in_kv(c, which) && !(which == OSCAR_V && (c->vgroup || c->vclip > 0.0f))) return 0;
+    return c->heads[layer * c->Hkv + h] != 0;
 }
 
-float ev_storage_clip_of(const ev_storage *s, oscar_kv which)
+/* The last clause that names (layer, h, which), or NULL. */
+static const ev_storage *clause_for(const ev_storage *s, int layer, int h, oscar_kv which)
 {
-    if (which == OSCAR_V && s->vclip > 0.0f) return s->vclip;
-    return in_kv(s, which) ? s->clip : 0.0f;
+    const ev_storage *hit = NULL;
+    for (const ev_storage *c = s; c; c = c->more)
+        if (clause_applies(c, layer, h, which)) hit = c;
+    return hit;
+}
+
+int ev_storage_outliers_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    return c && in_kv(c, which) ? c->outliers : 0;
+}
+
+ev_outlier_by ev_storage_by_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    return c ? c->by : EV_BY_ERR;
+}
+
+int ev_storage_group_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    if (!c) return 0;
+    if (which == OSCAR_V && c->vgroup) return c->vgroup;
+    return in_kv(c, which) ? c->group : 0;
+}
+
+float ev_storage_clip_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    if (!c) return 0.0f;
+    if (which == OSCAR_V && c->vclip > 0.0f) return c->vclip;
+    return in_kv(c, which) ? c->clip : 0.0f;
 }
 
 int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which)
 {
-    if (!s || !s->heads || layer < 0 || layer >= s->L || h < 0 || h >= s->Hkv) return 0;
-    if (!in_kv(s, which) && !(which == OSCAR_V && (s->vgroup || s->vclip > 0.0f))) return 0;
-    return s->heads[layer * s->Hkv + h] != 0;
+    return s && clause_for(s, layer, h, which) != NULL;
 }
 
 double ev_storage_bits(const ev_storage *s, int run_group)
 {
-    const double base = 2.0 + 32.0 / (double)run_group;
-    double changed[2];
-    for (int w = 0; w < 2; w++) {
-        const int g0 = ev_storage_group_of(s, (oscar_kv)w), g = g0 ? g0 : run_group;
-        const double b = 2.0 + 32.0 / (double)g, k = ev_storage_outliers_of(s, (oscar_kv)w);
-        changed[w] = (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
-    }
     double sum = 0.0;
     int n = 0;
     for (int l = 0; l < s->L; l++)
         for (int h = 0; h < s->Hkv; h++)
-            for (int w = 0; w < 2; w++, n++) sum += ev_storage_applies(s, l, h, (oscar_kv)w) ? changed[w] : base;
+            for (int w = 0; w < 2; w++, n++) {
+                const int g0 = ev_storage_group_of(s, l, h, (oscar_kv)w), g = g0 ? g0 : run_group;
+                const double b = 2.0 + 32.0 / (double)g, k = ev_storage_outliers_of(s, l, h, (oscar_kv)w);
+                sum += (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
+            }
     return sum / n;
 }
 
@@ -226,15 +302,20 @@ void ev_topk(const double *score, int n, int k, unsigned char *keep)
     }
 }
 
+int ev_group_index(int group) { return group == 32 ? 0 : group == 64 ? 1 : group == 128 ? 2 : -1; }
+
 void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
-                      const float *qg, float *q, long long *kept)
+                      const float *const qg[EV_NGROUPS], float *q, long long *kept)
 {
-    const int Hkv = s->Hkv, d = s->d, out = ev_storage_outliers_of(s, which);
+    const int Hkv = s->Hkv, d = s->d;
     const size_t row = (size_t)Hkv * (size_t)d;
     for (int h = 0; h < Hkv; h++) {
         if (!ev_storage_applies(s, layer, h, which)) continue;
-        if (ev_storage_group_of(s, which) && qg)
-            for (int p = lo; p < hi; p++) memcpy(q + p * row + (size_t)h * d, qg + p * row + (size_t)h * d, (size_t)d * sizeof *q);
+        const int out = ev_storage_outliers_of(s, layer, h, which), gi = ev_group_index(ev_storage_group_of(s, layer, h, which));
+        const ev_outlier_by by = ev_storage_by_of(s, layer, h, which);
+        const float *g = gi >= 0 && qg ? qg[gi] : NULL;
+        if (g)
+            for (int p = lo; p < hi; p++) memcpy(q + p * row + (size_t)h * d, g + p * row + (size_t)h * d, (size_t)d * sizeof *q);
         if (!out) continue;
         for (int p0 = lo / EV_PAGE * EV_PAGE; p0 < hi; p0 += EV_PAGE) {
             const int a = p0 > lo ? p0 : lo, e = p0 + EV_PAGE < hi ? p0 + EV_PAGE : hi;
@@ -244,7 +325,7 @@ void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, in
                 const float *o = orig + p * row + (size_t)h * d, *x = q + p * row + (size_t)h * d;
                 double acc = 0.0;
                 for (int j = 0; j < d; j++) {
-                    double t = s->by == EV_BY_NORM ? (double)o[j] : (double)o[j] - (double)x[j];
+                    double t = by == EV_BY_NORM ? (double)o[j] : (double)o[j] - (double)x[j];
                     acc += t * t;
                 }
                 score[p - a] = acc;
