@@ -41,6 +41,9 @@ ev "$P" "$D/eval.tokens" eval-retrieval16 64 256 --max-tokens 2048 --retrieval-t
 # where eval.tokens' KL sits (diagnosis: out=63 keeps 63 of 64 rows bf16), and K re-run
 ev "$P" "$D/eval.tokens" eval-diagnosis 64 256 --max-tokens 32768 --retrieval-trials 4 --storage "$K" --storage "out=63/$A" \
     --storage out=63,heads=$C --storage out=63,kv=k,heads=$C --storage out=63,kv=v,heads=$C
+ev "$P" "$D/eval.tokens" eval-diagnosis2 64 256 --max-tokens 32768 --retrieval-trials 4 --storage out=63,kv=k,heads=4:1 \
+    --storage out=63,kv=k,heads=3:0 --storage "clip=1,group=32,kv=k,heads=4:1,vclip=1,out=1/clip=1,group=64,kv=k,heads=3:0,vclip=1" \
+    --storage "clip=1,group=32,kv=k,heads=4:1,vclip=1/clip=1,group=64,kv=k,heads=3:0,vclip=1"
 # valA, valB (16384 tokens, 8 retrieval trials), calibration texts 1 and 2
 for s in valA valB; do
     ev "$P" "$O/$s.tokens" "values-$s" 64 256 --max-tokens 16384 --retrieval-trials 8 --storage "$A" --storage "$K,vclip=0.98" \
