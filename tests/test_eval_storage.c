@@ -198,7 +198,7 @@ Test(eval_storage, norm_criterion_and_group_copy)
     orig[100][0][5] = 9.0f; /* the largest norm of page [64, 128) of head 0 */
     orig[150][0][7] = -9.0f; /* and of page [128, 192) */
     long long kept = 0;
-    ev_storage_apply(&s, 0, OSCAR_V, 64, 192, &orig[0][0][0], &qg[0][0][0], &q[0][0][0], &kept);
+    ev_storage_apply(&s, 0, OSCAR_V, 64, 192, &orig[0][0][0], (const float *const[EV_NGROUPS]){&qg[0][0][0], NULL, NULL}, &q[0][0][0], &kept);
     cr_assert_eq(kept, 2);
     for (int p = 64; p < 192; p++) {
         if (p == 100 || p == 150) cr_assert_eq(memcmp(q[p][0], orig[p][0], sizeof q[p][0]), 0, "row %d kept bf16", p);
@@ -208,4 +208,132 @@ Test(eval_storage, norm_criterion_and_group_copy)
     ev_storage_free(&s);
     ev_storage_free(&s); /* twice is harmless */
     ev_storage_free(NULL);
+}
+
+/* vgroup= / vclip=: the values set apart from the keys on the same heads
+ * (the copy heads' keys unclipped in groups of 32, their values otherwise). */
+Test(eval_storage, values_apart_from_keys)
+{
+    ev_storage s;
+    parse_ok("clip=1,group=32,kv=k,heads=4:1+3:0,vclip=0.98", &s);
+    cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_K), 32);
+    cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_V), 0, "values keep the run's group");
+    cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_K), 1.0f, 0.0f);
+    cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_V), 0.98f, 0.0f);
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < HKV; h++) {
+            int want = (l == 4 && h == 1) || (l == 3 && h == 0);
+            cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_K), want, "K layer %d head %d", l, h);
+            cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_V), want, "V layer %d head %d", l, h);
+        }
+    /* the values' clip costs no bits: as the keys-only row */
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("clip=1,group=32,heads=4:1,vgroup=64", &s); /* kv= default: V unclipped too, in groups of 64 */
+    cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_K), 32);
+    cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_V), 64);
+    cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_V), 1.0f, 0.0f);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 3.0 + 2.5) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("out=1,kv=k,vgroup=32,heads=0:0", &s); /* out= stays on the keys */
+    cr_assert_eq(ev_storage_outliers_of(&s, 0, 0, OSCAR_K), 1);
+    cr_assert_eq(ev_storage_outliers_of(&s, 0, 0, OSCAR_V), 0);
+    cr_assert_eq(ev_storage_group_of(&s, 0, 0, OSCAR_K), 0);
+    cr_assert_eq(ev_storage_group_of(&s, 0, 0, OSCAR_V), 32);
+    double ch = (1.0 * (16.0 + 6.0 / D) + 63.0 * 2.25) / 64.0;
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + ch + 3.0) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("vclip=0.9", &s); /* alone: the values of every head */
+    cr_assert(ev_storage_applies(&s, 0, 0, OSCAR_V));
+    cr_assert_eq(ev_storage_clip_of(&s, 0, 0, OSCAR_K), 0.0f, "no clip= given: the keys keep the file's");
+    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12);
+    ev_storage_free(&s);
+    parse_bad("vgroup=48", "unsupported");
+    parse_bad("vgroup=16", "vgroup=");
+    parse_bad("vclip=0", "vclip= wants");
+    parse_bad("vclip=2", "(0, 1]");
+    parse_bad("group=32,kv=v,vgroup=64", "kv=v");
+    parse_bad("clip=1,kv=v,vclip=0.9", "kv=v");
+    parse_bad("vclip=0.9,vclip=0.8", "twice");
+    parse_bad("kv=k,heads=4:1", "vgroup=G");
+}
+
+/* ev_storage_apply copies the group fake-quant on the values by vgroup= even
+ * where kv= names only the keys. */
+Test(eval_storage, vgroup_applies_the_group_copy_to_values)
+{
+    ev_storage s;
+    char err[400];
+    cr_assert_eq(ev_storage_parse("clip=1,kv=k,vgroup=32,heads=0:1", 1, HH, DD, &s, err, sizeof err), 0, "%s", err);
+    fill();
+    long long kept = 0;
+    ev_storage_apply(&s, 0, OSCAR_V, 64, 192, &orig[0][0][0], (const float *const[EV_NGROUPS]){&qg[0][0][0], NULL, NULL}, &q[0][0][0], &kept);
+    cr_assert_eq(kept, 0);
+    for (int p = 64; p < 192; p++) {
+        cr_assert_eq(q[p][1][3], qg[p][1][3], "row %d: the group copy on head 1's values", p);
+        cr_assert_eq(q[p][0][0], orig[p][0][0] + (float)err_of(p, 0), "head 0 untouched");
+    }
+    for (int p = 0; p < 64; p++) cr_assert_eq(q[p][1][3], orig[p][1][3], "row %d < lo untouched", p);
+    ev_storage_free(&s);
+}
+
+/* Clauses joined by '/': different settings per head; the last clause that
+ * names a (layer, head, tensor) decides it; bits per head-tensor. */
+Test(eval_storage, clauses_set_heads_apart)
+{
+    ev_storage s;
+    parse_ok("clip=1,group=32,kv=k,heads=4:1+3:0/vclip=1,kv=k,heads=4:1/group=64,kv=k,heads=3:0", &s);
+    cr_assert_str_eq(s.spec, "clip=1,group=32,kv=k,heads=4:1+3:0/vclip=1,kv=k,heads=4:1/group=64,kv=k,heads=3:0");
+    /* 4:1: the second clause (keys: nothing set there, so the file's clip and the run's group) */
+    cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_K), 0, "the second clause replaces the first on 4:1's keys");
+    cr_assert_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_K), 0.0f);
+    cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_V), 1.0f, 0.0f);
+    cr_assert(ev_storage_applies(&s, 4, 1, OSCAR_V));
+    /* 3:0: the third clause on K, nothing on V */
+    cr_assert_eq(ev_storage_group_of(&s, 3, 0, OSCAR_K), 64);
+    cr_assert_eq(ev_storage_clip_of(&s, 3, 0, OSCAR_K), 0.0f);
+    cr_assert_eq(ev_storage_applies(&s, 3, 0, OSCAR_V), 0);
+    cr_assert_eq(ev_storage_applies(&s, 0, 0, OSCAR_K), 0);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (31.0 * 2.25 + 2.5) / 32.0, 1e-12);
+    cr_assert_eq(ev_storage_has_outliers(&s), 0);
+    ev_storage_free(&s);
+    /* the usual way: one clause for the keys, one for 4:1's values */
+    parse_ok("clip=1,group=32,kv=k,heads=4:1+3:0/vclip=1,kv=k,clip=1,group=32,heads=4:1", &s);
+    cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_K), 32);
+    cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_K), 1.0f, 0.0f);
+    cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_V), 1.0f, 0.0f);
+    cr_assert_eq(ev_storage_clip_of(&s, 3, 0, OSCAR_V), 0.0f, "3:0's values keep the file's clip");
+    cr_assert_float_eq(ev_storage_clip_of(&s, 3, 0, OSCAR_K), 1.0f, 0.0f);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("group=32,kv=k,heads=0:0/out=1,kv=v,heads=1:1", &s);
+    cr_assert_eq(ev_storage_has_outliers(&s), 1);
+    cr_assert_eq(ev_storage_outliers_of(&s, 1, 1, OSCAR_V), 1);
+    cr_assert_eq(ev_storage_outliers_of(&s, 0, 0, OSCAR_K), 0);
+    ev_storage_free(&s);
+    parse_bad("group=32/", "empty clause");
+    parse_bad("/group=32", "empty clause");
+    parse_bad("group=32//clip=1", "empty clause");
+    parse_bad("group=32/colour=red", "unknown key");
+    parse_bad("group=32/kv=k", "changes nothing");
+}
+
+/* Two groups in one layer and tensor: each head takes its own group's copy. */
+Test(eval_storage, each_head_its_group)
+{
+    ev_storage s;
+    char err[400];
+    cr_assert_eq(ev_storage_parse("group=32,heads=0:0/group=64,heads=0:1", 1, HH, 64, &s, err, sizeof err), 0, "%s", err);
+    enum { NN = 4, DG = 64 };
+    static float o[NN][HH][DG], x[NN][HH][DG], g32[NN][HH][DG], g64[NN][HH][DG];
+    for (int p = 0; p < NN; p++)
+        for (int h = 0; h < HH; h++)
+            for (int j = 0; j < DG; j++) o[p][h][j] = x[p][h][j] = 1.0f, g32[p][h][j] = 32.0f, g64[p][h][j] = 64.0f;
+    ev_storage_apply(&s, 0, OSCAR_K, 0, NN, &o[0][0][0], (const float *const[EV_NGROUPS]){&g32[0][0][0], &g64[0][0][0], NULL},
+                     &x[0][0][0], NULL);
+    for (int p = 0; p < NN; p++) {
+        cr_assert_eq(x[p][0][5], 32.0f, "head 0: group 32");
+        cr_assert_eq(x[p][1][5], 64.0f, "head 1: group 64");
+    }
+    ev_storage_free(&s);
 }

@@ -352,6 +352,9 @@ Test(tools_bad_input, eval_storage_specs_are_checked_before_the_model_load, .tim
                  {"--storage out=1,heads=9:0", "layer in 0..7"},
                  {"--storage group=16", "unsupported"},
                  {"--storage colour=red", "unknown key"},
+                 {"--storage group=32,kv=v,vgroup=64", "kv=v"},
+                 {"--storage clip=1,vclip=1.5", "(0, 1]"},
+                 {"--storage group=32,heads=4:1/", "empty clause"},
                  {"--storage out=1 --recent 16", "--recent >= 64"},
                  {"--storage", "needs a value"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

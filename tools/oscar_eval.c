@@ -48,6 +48,8 @@ static void usage(FILE *f)
             "                      index each), by=err|norm (which rows: largest 2-bit error or norm;\n"
             "                      default err), group=G (32, 64, 128: quant group of those heads),\n"
             "                      clip=C (clip ratio of those heads instead of the file's),\n"
+            "                      vgroup=G, vclip=C (the values' group / clip where they differ);\n"
+            "                      clauses joined by '/' set heads apart (the last naming a head wins);\n"
             "                      kv=k|v|kv (default kv), heads=all|L:H+L:H... (default all); bits\n"
             "                      counted over every layer, KV head and K/V (docs/eval/retrieval.md)\n"
             "  --retrieval-trials N  random repeated-sequence trials (default 4; 0 = none)\n"
@@ -306,7 +308,7 @@ int main(int argc, char **argv)
                              sizeof serr) != 0)
             return bad("%s%s", serr, "");
         nstorage_made = i + 1;
-        if (storages[i].outliers && recent < EV_PAGE) {
+        if (ev_storage_has_outliers(&storages[i]) && recent < EV_PAGE) {
             char a[32];
             snprintf(a, sizeof a, "%ld", recent);
             return bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
@@ -418,7 +420,7 @@ int main(int argc, char **argv)
                     calibrated ? (mlist[j] == OSCAR_METHOD_OSCAR2_LM ? PL : P) : NULL, (int)sink, (int)recent, (int)group, 0);
     }
     for (int i = 0; i < nstorage; i++) {
-        char nm4[64];
+        char nm4[176];
         snprintf(nm4, sizeof nm4, "oscar2[%s]", storage_specs[i]);
         if (!add_variant(&R, nm4, "oscar2 with a storage change (--storage, fake-quant only)", OSCAR_METHOD_OSCAR2, P,
                          (int)sink, (int)recent, (int)group, 1)) {
@@ -427,7 +429,11 @@ int main(int argc, char **argv)
             goto done;
         }
         ev_variant *sv = &R.vars[R.nvar - 1];
-        if (storages[i].clip > 0.0f) {
+        int clips = 0;
+        for (int l = 0; l < cfg.num_layers; l++)
+            for (int hh = 0; hh < cfg.num_kv_heads; hh++)
+                for (int kv = 0; kv < 2; kv++) clips |= ev_storage_clip_of(&storages[i], l, hh, (oscar_kv)kv) > 0.0f;
+        if (clips) {
             /* A private copy of the parameters with those heads' clips. */
             if (!(storage_params[i] = load_copy(S.params_path))) {
                 rc = 1;
@@ -435,9 +441,10 @@ int main(int argc, char **argv)
             }
             for (int l = 0; l < cfg.num_layers; l++)
                 for (int hh = 0; hh < cfg.num_kv_heads; hh++)
-                    for (int kv = 0; kv < 2; kv++)
-                        if (ev_storage_applies(&storages[i], l, hh, (oscar_kv)kv))
-                            oscar_params_set_clip_head(storage_params[i], l, hh, (oscar_kv)kv, storages[i].clip);
+                    for (int kv = 0; kv < 2; kv++) {
+                        const float c = ev_storage_clip_of(&storages[i], l, hh, (oscar_kv)kv);
+                        if (c > 0.0f) oscar_params_set_clip_head(storage_params[i], l, hh, (oscar_kv)kv, c);
+                    }
             sv->params = storage_params[i];
         }
         sv->storage = &storages[i];

@@ -22,7 +22,7 @@
 
 /* One evaluated configuration: a method, its parameters and windows. */
 typedef struct ev_variant {
-    char name[64];                /* key in report.json */
+    char name[176];               /* key in report.json ("oscar2[" SPEC "]": SPEC up to 159) */
     char note[200];               /* what it is, for the report */
     oscar_method method;          /* BF16: the reference (no 2-bit region) */
     const oscar_params *params;   /* NULL for methods without rotation/clip */

@@ -104,37 +104,41 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     const ev_variant *var = h->var;
     const ev_storage *st = var->storage;
     const size_t row = (size_t)h->Hkv * (size_t)h->d;
-    int any = 0;
-    for (int kv = 0; kv < h->Hkv; kv++) any |= ev_storage_applies(st, layer, kv, which);
-    if (!st->outliers && !st->group) any = 0; /* clip= only: the variant's parameters carry it */
-    if (st->outliers && any) {
+    /* the groups the heads of this layer and tensor use, and whether any keeps rows */
+    int out = 0, need[EV_NGROUPS] = {0}, any = 0;
+    for (int kv = 0; kv < h->Hkv; kv++) {
+        const int o = ev_storage_outliers_of(st, layer, kv, which), gi = ev_group_index(ev_storage_group_of(st, layer, kv, which));
+        out |= o > 0;
+        if (gi >= 0) need[gi] = 1;
+        any |= o > 0 || gi >= 0; /* clip= only: the variant's parameters carry it */
+    }
+    if (out) {
         int end = (hi + EV_PAGE - 1) / EV_PAGE * EV_PAGE;
         if (end > n) end = n;
         for (size_t i = (size_t)hi * row; i < (size_t)end * row; i++) buf[i] = oe_round_bf16(buf[i]);
         hi = end;
     }
-    float *orig = NULL, *qg = NULL;
+    float *orig = NULL, *qg[EV_NGROUPS] = {NULL, NULL, NULL};
+    int oom = 0;
     if (any) {
-        orig = malloc((size_t)n * row * sizeof *orig);
-        qg = st->group ? malloc((size_t)n * row * sizeof *qg) : NULL;
-        if (!orig || (st->group && !qg)) {
-            free(orig);
-            free(qg);
-            fprintf(stderr, "oscar-eval: %s: out of memory for the storage ablation's rows\n", var->name);
-            return OSCAR_ERR_OUT_OF_MEMORY;
-        }
-        memcpy(orig + (size_t)lo * row, buf + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *orig);
+        oom |= !(orig = malloc((size_t)n * row * sizeof *orig));
+        for (int gi = 0; gi < EV_NGROUPS; gi++)
+            if (need[gi]) oom |= !(qg[gi] = malloc((size_t)n * row * sizeof *qg[gi]));
+        if (!oom) memcpy(orig + (size_t)lo * row, buf + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *orig);
     }
-    oscar_status s = fakequant_split(var, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, buf);
-    if (s == OSCAR_OK && qg) {
+    oscar_status s = OSCAR_ERR_OUT_OF_MEMORY;
+    if (oom) fprintf(stderr, "oscar-eval: %s: out of memory for the storage ablation's rows\n", var->name);
+    else s = fakequant_split(var, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, buf);
+    for (int gi = 0; gi < EV_NGROUPS && s == OSCAR_OK; gi++) {
+        if (!qg[gi]) continue;
         ev_variant gv = *var;
-        gv.group = st->group;
-        memcpy(qg + (size_t)lo * row, orig + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *qg);
-        s = fakequant_split(&gv, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, qg);
+        gv.group = 32 << gi;
+        memcpy(qg[gi] + (size_t)lo * row, orig + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *qg[gi]);
+        s = fakequant_split(&gv, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, qg[gi]);
     }
-    if (s == OSCAR_OK && any) ev_storage_apply(st, layer, which, lo, hi, orig, qg, buf, &h->kept);
+    if (s == OSCAR_OK && any) ev_storage_apply(st, layer, which, lo, hi, orig, (const float *const *)qg, buf, &h->kept);
     free(orig);
-    free(qg);
+    for (int gi = 0; gi < EV_NGROUPS; gi++) free(qg[gi]);
     return s;
 }
 

@@ -52,7 +52,8 @@ static int parse_heads(const char *val, ev_storage *s, char *err, size_t errlen)
     return 0;
 }
 
-int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
+/* One clause (no '/'): the fields of s, s->more NULL. */
+static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
 {
     memset(s, 0, sizeof *s);
     if (L < 1 || Hkv < 1 || d < 1) {
@@ -70,21 +71,21 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
-    int seen[6] = {0}; /* per key of keys[] below */
+    int seen[8] = {0}; /* per key of keys[] below */
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         if (!eq || eq == t || !eq[1]) {
-            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip), not", t);
+            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip, vgroup, vclip), not", t);
             goto bad;
         }
         *eq = '\0';
         const char *key = t, *val = eq + 1;
-        static const char *keys[6] = {"out", "by", "group", "kv", "heads", "clip"};
+        static const char *keys[8] = {"out", "by", "group", "kv", "heads", "clip", "vgroup", "vclip"};
         int ki = -1;
-        for (int i = 0; i < 6; i++)
+        for (int i = 0; i < 8; i++)
             if (!strcmp(key, keys[i])) ki = i;
         if (ki < 0) {
-            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip):", key);
+            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip, vgroup, vclip):", key);
             goto bad;
         }
         if (seen[ki]++) {
@@ -109,12 +110,14 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
             }
             break;
         case 2:
+        case 6:
             if (!parse_int(val, 1, 256, &v) || (v != 32 && v != 64 && v != 128) || v > d || d % v) {
-                snprintf(err, errlen, "--storage: group= '%s' unsupported for head_dim %d: use 32, 64 or 128 "
-                                      "dividing head_dim", val, d);
+                snprintf(err, errlen, "--storage: %s= '%s' unsupported for head_dim %d: use 32, 64 or 128 "
+                                      "dividing head_dim", key, val, d);
                 goto bad;
             }
-            s->group = (int)v;
+            if (ki == 2) s->group = (int)v;
+            else s->vgroup = (int)v;
             break;
         case 3:
             if (!strcmp(val, "k")) s->tensors = 1 << OSCAR_K;
@@ -128,20 +131,26 @@ int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, cha
         case 4:
             if (parse_heads(val, s, err, errlen) != 0) goto bad;
             break;
-        default: {
+        default: { /* clip, vclip */
             char *end;
             double cv = strtod(val, &end);
             if (*end || !(cv > 0.0 && cv <= 1.0)) {
-                fail(err, errlen, "clip= wants a ratio in (0, 1], not", val);
+                fail(err, errlen, ki == 5 ? "clip= wants a ratio in (0, 1], not" : "vclip= wants a ratio in (0, 1], not",
+                     val);
                 goto bad;
             }
-            s->clip = (float)cv;
+            if (ki == 5) s->clip = (float)cv;
+            else s->vclip = (float)cv;
             break;
         }
         }
     }
-    if (!s->outliers && !s->group && !s->clip) {
-        fail(err, errlen, "changes nothing (give out=K, group=G and/or clip=C):", spec);
+    if (!s->outliers && !s->group && !s->clip && !s->vgroup && !s->vclip) {
+        fail(err, errlen, "changes nothing (give out=K, group=G, clip=C, vgroup=G and/or vclip=C):", spec);
+        goto bad;
+    }
+    if ((s->vgroup || s->vclip) && s->tensors == (1 << OSCAR_V)) {
+        fail(err, errlen, "vgroup=/vclip= set the values apart from the keys; with kv=v use group=/clip=:", spec);
         goto bad;
     }
     if (seen[1] && !s->outliers) { /* by= */
@@ -160,26 +169,121 @@ void ev_storage_free(ev_storage *s)
     if (!s) return;
     free(s->heads);
     s->heads = NULL;
+    for (ev_storage *c = s->more, *next; c; c = next) {
+        next = c->more;
+        free(c->heads);
+        free(c);
+    }
+    s->more = NULL;
+}
+
+int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen)
+{
+    memset(s, 0, sizeof *s);
+    if (!spec || !*spec) return fail(err, errlen, "empty SPEC", "");
+    if (strlen(spec) >= sizeof s->spec) return fail(err, errlen, "SPEC too long:", spec);
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s", spec);
+    ev_storage *last = NULL;
+    int n = 0;
+    for (char *a = buf, *slash;; a = slash + 1) {
+        slash = strchr(a, '/');
+        if (slash) *slash = '\0';
+        if (!*a) {
+            ev_storage_free(s);
+            return fail(err, errlen, "empty clause (clauses are joined by '/') in", spec);
+        }
+        ev_storage *c = n == 0 ? s : calloc(1, sizeof *c);
+        if (!c) {
+            ev_storage_free(s);
+            return fail(err, errlen, "out of memory for", spec);
+        }
+        if (parse_clause(a, L, Hkv, d, c, err, errlen) != 0) {
+            if (n) free(c);
+            ev_storage_free(s);
+            s->heads = NULL;
+            return -1;
+        }
+        if (n) last->more = c;
+        last = c;
+        n++;
+        if (!slash) break;
+    }
+    snprintf(s->spec, sizeof s->spec, "%s", spec);
+    return 0;
+}
+
+int ev_storage_has_outliers(const ev_storage *s)
+{
+    for (const ev_storage *c = s; c; c = c->more)
+        if (c->outliers) return 1;
+    return 0;
+}
+
+/* Whether kv= names the tensor. */
+static int in_kv(const ev_storage *s, oscar_kv which) { return (s->tensors & (1 << which)) != 0; }
+
+/* Whether one clause names (layer, h, which). */
+static int clause_applies(const ev_storage *c, int layer, int h, oscar_kv which)
+{
+    if (!c->heads || layer < 0 || layer >= c->L || h < 0 || h >= c->Hkv) return 0;
+    if (!in_kv(c, which) && !(which == OSCAR_V && (c->vgroup || c->vclip > 0.0f))) return 0;
+    return c->heads[layer * c->Hkv + h] != 0;
+}
+
+/* The last clause that names (layer, h, which), or NULL. */
+static const ev_storage *clause_for(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *hit = NULL;
+    for (const ev_storage *c = s; c; c = c->more)
+        if (clause_applies(c, layer, h, which)) hit = c;
+    return hit;
+}
+
+int ev_storage_outliers_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    return c && in_kv(c, which) ? c->outliers : 0;
+}
+
+ev_outlier_by ev_storage_by_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    return c ? c->by : EV_BY_ERR;
+}
+
+int ev_storage_group_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    if (!c) return 0;
+    if (which == OSCAR_V && c->vgroup) return c->vgroup;
+    return in_kv(c, which) ? c->group : 0;
+}
+
+float ev_storage_clip_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    if (!c) return 0.0f;
+    if (which == OSCAR_V && c->vclip > 0.0f) return c->vclip;
+    return in_kv(c, which) ? c->clip : 0.0f;
 }
 
 int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which)
 {
-    if (!s || !s->heads || layer < 0 || layer >= s->L || h < 0 || h >= s->Hkv) return 0;
-    if (!(s->tensors & (1 << which))) return 0;
-    return s->heads[layer * s->Hkv + h] != 0;
+    return s && clause_for(s, layer, h, which) != NULL;
 }
 
 double ev_storage_bits(const ev_storage *s, int run_group)
 {
-    const double base = 2.0 + 32.0 / (double)run_group;
-    const int g = s->group ? s->group : run_group;
-    const double b = 2.0 + 32.0 / (double)g, k = s->outliers;
-    const double changed = (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
     double sum = 0.0;
     int n = 0;
     for (int l = 0; l < s->L; l++)
         for (int h = 0; h < s->Hkv; h++)
-            for (int w = 0; w < 2; w++, n++) sum += ev_storage_applies(s, l, h, (oscar_kv)w) ? changed : base;
+            for (int w = 0; w < 2; w++, n++) {
+                const int g0 = ev_storage_group_of(s, l, h, (oscar_kv)w), g = g0 ? g0 : run_group;
+                const double b = 2.0 + 32.0 / (double)g, k = ev_storage_outliers_of(s, l, h, (oscar_kv)w);
+                sum += (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
+            }
     return sum / n;
 }
 
@@ -198,16 +302,21 @@ void ev_topk(const double *score, int n, int k, unsigned char *keep)
     }
 }
 
+int ev_group_index(int group) { return group == 32 ? 0 : group == 64 ? 1 : group == 128 ? 2 : -1; }
+
 void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
-                      const float *qg, float *q, long long *kept)
+                      const float *const qg[EV_NGROUPS], float *q, long long *kept)
 {
     const int Hkv = s->Hkv, d = s->d;
     const size_t row = (size_t)Hkv * (size_t)d;
     for (int h = 0; h < Hkv; h++) {
         if (!ev_storage_applies(s, layer, h, which)) continue;
-        if (s->group && qg)
-            for (int p = lo; p < hi; p++) memcpy(q + p * row + (size_t)h * d, qg + p * row + (size_t)h * d, (size_t)d * sizeof *q);
-        if (!s->outliers) continue;
+        const int out = ev_storage_outliers_of(s, layer, h, which), gi = ev_group_index(ev_storage_group_of(s, layer, h, which));
+        const ev_outlier_by by = ev_storage_by_of(s, layer, h, which);
+        const float *g = gi >= 0 && qg ? qg[gi] : NULL;
+        if (g)
+            for (int p = lo; p < hi; p++) memcpy(q + p * row + (size_t)h * d, g + p * row + (size_t)h * d, (size_t)d * sizeof *q);
+        if (!out) continue;
         for (int p0 = lo / EV_PAGE * EV_PAGE; p0 < hi; p0 += EV_PAGE) {
             const int a = p0 > lo ? p0 : lo, e = p0 + EV_PAGE < hi ? p0 + EV_PAGE : hi;
             double score[EV_PAGE];
@@ -216,12 +325,12 @@ void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, in
                 const float *o = orig + p * row + (size_t)h * d, *x = q + p * row + (size_t)h * d;
                 double acc = 0.0;
                 for (int j = 0; j < d; j++) {
-                    double t = s->by == EV_BY_NORM ? (double)o[j] : (double)o[j] - (double)x[j];
+                    double t = by == EV_BY_NORM ? (double)o[j] : (double)o[j] - (double)x[j];
                     acc += t * t;
                 }
                 score[p - a] = acc;
             }
-            ev_topk(score, e - a, s->outliers, keep);
+            ev_topk(score, e - a, out, keep);
             for (int p = a; p < e; p++)
                 if (keep[p - a]) {
                     memcpy(q + p * row + (size_t)h * d, orig + p * row + (size_t)h * d, (size_t)d * sizeof *q);

@@ -13,8 +13,14 @@
  *   kv=k|v|kv    the tensors it applies to (default kv; K and V select apart)
  *   clip=C       clip ratio (0, 1] of the selected heads instead of the file's (a
  *                calibration-side change, to combine with the storage ones)
+ *   vgroup=G     the values' group where it differs from group= (V then changes
+ *                on the selected heads whatever kv= says; kv=v refuses them)
+ *   vclip=C      the values' clip where it differs from clip= (same rules)
  *   heads=all|L:H+L:H...  the (layer, KV head) pairs it applies to (default all)
- * At least one of out, group, clip. */
+ * out= and by= apply to the tensors of kv= only. At least one of out, group,
+ * clip, vgroup, vclip. Clauses joined by '/' set different heads apart
+ * ("clip=1,group=32,kv=k,heads=4:1+3:0/vclip=1,heads=4:1"): where several name
+ * a (layer, KV head, K/V), the last one decides all of its settings. */
 #ifndef OSCAR_EVAL_STORAGE_H
 #define OSCAR_EVAL_STORAGE_H
 
@@ -32,24 +38,42 @@ typedef struct ev_storage {
     ev_outlier_by by;
     int group;             /* quant group of the selected heads (0: the run's) */
     float clip;            /* clip ratio of the selected heads (0: the file's) */
+    int vgroup;            /* values' group where it differs from group (0: none) */
+    float vclip;           /* values' clip where it differs from clip (0: none) */
     int tensors;           /* bit OSCAR_K: keys, bit OSCAR_V: values */
     int L, Hkv, d;
     unsigned char *heads;  /* [L][Hkv]: 1 where the change applies */
-    char spec[160];        /* as given */
+    char spec[160];        /* as given (the whole SPEC in the first clause) */
+    struct ev_storage *more; /* the next '/' clause (NULL: none) */
 } ev_storage;
 
+#define EV_NGROUPS 3 /* groups 32, 64, 128 (ev_group_index) */
+
 /* Parses SPEC for a model of L layers, Hkv KV heads, head_dim d. 0, or -1
- * with a message in err (nothing to free then). */
+ * with a message in err (nothing to free then; s->heads NULL). */
 int ev_storage_parse(const char *spec, int L, int Hkv, int d, ev_storage *s, char *err, size_t errlen);
 void ev_storage_free(ev_storage *s);
 
 /* Whether the change applies to (layer, KV head, tensor). */
 int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which);
 
+/* The change of (layer, KV head, tensor) (which: OSCAR_K or OSCAR_V), from
+ * the last clause naming it: rows kept bf16 per page and their criterion,
+ * quant group (0: the run's), clip ratio (0: the file's). 0 where none. */
+int ev_storage_outliers_of(const ev_storage *s, int layer, int h, oscar_kv which);
+ev_outlier_by ev_storage_by_of(const ev_storage *s, int layer, int h, oscar_kv which);
+int ev_storage_group_of(const ev_storage *s, int layer, int h, oscar_kv which);
+float ev_storage_clip_of(const ev_storage *s, int layer, int h, oscar_kv which);
+/* Whether some clause keeps rows bf16 (out=). */
+int ev_storage_has_outliers(const ev_storage *s);
+/* 32, 64, 128 -> 0, 1, 2; -1 otherwise. */
+int ev_group_index(int group);
+
 /* Bits per element of the quantized region, averaged over every (layer, KV
  * head, K/V) (each holds the same number of elements): a changed head stores
  * per page out rows of 16 bits plus EV_PAGE_INDEX_BITS each and EV_PAGE - out
- * rows of 2 + 32/group bits per element; run_group is the group of the rest. */
+ * rows of 2 + 32/group bits per element (out and group of that tensor);
+ * run_group is the group of the rest. */
 double ev_storage_bits(const ev_storage *s, int run_group);
 
 /* Marks in keep[0..n) the k entries of score with the largest values (ties:
@@ -58,12 +82,14 @@ void ev_topk(const double *score, int n, int k, unsigned char *keep);
 
 /* Applies the change to the rows [lo, hi) of one layer's tensor after the
  * base fake-quant: orig holds the bf16 rows, q the run group's fake-quant,
- * qg (NULL without group=) the group= fake-quant, all [n][Hkv][d]; q is
+ * qg[ev_group_index(G)] the fake-quant at group G for each G a head here
+ * uses (NULL elsewhere; qg itself may be NULL without group=), all
+ * [n][Hkv][d]; q is
  * overwritten where the change applies. Pages are absolute positions
  * [EV_PAGE p, EV_PAGE (p + 1)); each page's outliers are chosen among its rows
  * in [lo, hi), so hi must be a page end or the end of what exists (the write
  * path chooses once the page is complete). kept counts the rows kept bf16. */
 void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
-                      const float *qg, float *q, long long *kept);
+                      const float *const qg[EV_NGROUPS], float *q, long long *kept);
 
 #endif
