@@ -4,14 +4,8 @@
 # calibration texts 1 and 2), the copy probe on eval.tokens and calibration text 2, and s0w0.
 # Usage: docs/eval/storage/run6.sh [BUILD_DIR] [OUT_DIR]   (from the repository root; ~90 min on 2 cores)
 set -euo pipefail
-B=${1:-build}; O=${2:-/tmp/oscar-storage6}; S=${SHARED:-../shared}
-M=$S/models/tiny-qwen3; D=$S/data/tiny-qwen3; P=docs/eval/tiny-qwen3.oscar.safetensors
-mkdir -p "$O"
-# slices of calib.tokens (uint32): valA from token 131072, valB from 327680, calibration text 2 = [196608, 262144)
-tail -c +$((131072 * 4 + 1)) "$D/calib.tokens" > "$O/valA.tokens"
-tail -c +$((327680 * 4 + 1)) "$D/calib.tokens" > "$O/valB.tokens"
-dd if="$D/calib.tokens" of="$O/calib2.tokens" bs=4 skip=196608 count=65536 status=none
-"$B/bin/oscar-calibrate" "$M" --tokens "$O/calib2.tokens" --threads 2 --out "$O/text2.oscar.safetensors" > /dev/null 2>&1
+B=${1:-build}; O=${2:-/tmp/oscar-storage6}
+. "$(dirname "$0")/slices.sh"
 ev() { # ev PARAMS TOKENS TAG SINK RECENT [args]
     local p=$1 t=$2 tag=$3 s0=$4 w=$5; shift 5
     "$B/bin/oscar-eval" "$M" --params "$p" --tokens "$t" --methods bf16,oscar2 --context 2048 --sink "$s0" --recent "$w" \
