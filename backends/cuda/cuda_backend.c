@@ -241,51 +241,57 @@ static void g_release(void *ctx, gpu_kernels *k) {
     (void)k;
 }
 
-static oscar_status g_launch_smem(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
-                                  unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
-    (void)ctx;
+/* One launch path: dep asks for a programmatic dependent launch (the kernel may start
+ * under the tail of the stream's previous kernel and waits for its results with
+ * griddepcontrol; capturable in CUDA graphs), taken where the device has it (pdl). */
+static oscar_status launch_kernel(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                  unsigned smem, const gpu_arg *args, int nargs, void *stream, int dep,
+                                  oscar_errbuf *err) {
     void *argv[40];
     if (nargs > 40) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
     for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
     dim3 grid = {gx, gy, gz}, blk = {block, 1, 1};
-    gpu_err_t e = GPU(LaunchKernel)(kernel, grid, blk, argv, smem, (gpu_stream_t)stream);
+    gpu_err_t e;
+#ifndef OSCAR_HIP
+    if (dep && ((gpu_ctx *)ctx)->pdl) {
+        cudaLaunchAttribute at[1];
+        memset(at, 0, sizeof at);
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.gridDim = grid;
+        cfg.blockDim = blk;
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = (cudaStream_t)stream;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        e = cudaLaunchKernelExC(&cfg, kernel, argv);
+    } else
+#endif
+    {
+        (void)ctx;
+        (void)dep;
+        e = GPU(LaunchKernel)(kernel, grid, blk, argv, smem, (gpu_stream_t)stream);
+    }
     if (e == GPU_OK) e = GPU(GetLastError)();
     return e == GPU_OK ? OSCAR_OK : fail(err, "kernel launch", e);
+}
+
+static oscar_status g_launch_smem(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                  unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    return launch_kernel(ctx, kernel, gx, gy, gz, block, smem, args, nargs, stream, 0, err);
+}
+
+static oscar_status g_launch_dep(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
+                                 unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
+    return launch_kernel(ctx, kernel, gx, gy, gz, block, smem, args, nargs, stream, 1, err);
 }
 
 static oscar_status g_launch(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
                              const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
     return g_launch_smem(ctx, kernel, gx, gy, gz, block, 0, args, nargs, stream, err);
 }
-
-#ifdef OSCAR_HIP
-#define g_launch_dep g_launch_smem
-#else
-/* The launch latency of the next kernel hides behind the tail of the previous one
- * (the kernels trigger and wait with griddepcontrol; capturable in CUDA graphs). */
-static oscar_status g_launch_dep(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
-                                 unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err) {
-    if (!((gpu_ctx *)ctx)->pdl) return g_launch_smem(ctx, kernel, gx, gy, gz, block, smem, args, nargs, stream, err);
-    void *argv[40];
-    if (nargs > 40) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
-    for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
-    cudaLaunchAttribute at[1];
-    memset(at, 0, sizeof at);
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.gridDim = (dim3){gx, gy, gz};
-    cfg.blockDim = (dim3){block, 1, 1};
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = (cudaStream_t)stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelExC(&cfg, kernel, argv);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    return e == cudaSuccess ? OSCAR_OK : fail(err, "kernel launch", e);
-}
-#endif
 
 static const gpu_vendor k_vendor = {GPU_NAME, g_select, g_release, g_launch, g_units,       g_alloc,
                                     g_free,   g_write,  g_read,    g_sync,   g_launch_smem, g_launch_dep};

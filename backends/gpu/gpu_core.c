@@ -549,10 +549,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .nseq = nseq};
     gpu_arg da[] = {{&dp, sizeof dp}};
     /* attention and merge start under the previous kernel's tail (they wait for its results) */
-    oscar_status (*dep)(void *, const void *, unsigned, unsigned, unsigned, unsigned, unsigned, const gpu_arg *, int,
-                        void *, oscar_errbuf *) = V(ctx)->launch_dep ? V(ctx)->launch_dep : V(ctx)->launch_smem;
-    st = dep(ctx, k.fn, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem, da, 1, a->stream,
-             err);
+    st = V(ctx)->launch_dep(ctx, k.fn, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,
+                            da, 1, a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
@@ -561,7 +559,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .cu_q = ext ? a->cu_q : NULL, .ext = ext, .nseq = nseq, .total_q = rows,
                                 .max_q = max_q};
     gpu_arg ma[] = {{&mp, sizeof mp}};
-    return dep(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, 0, ma, 1, a->stream, err);
+    return V(ctx)->launch_dep(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, 0, ma, 1, a->stream,
+                              err);
 }
 
 /* Checks shared by decode and extend: q/out present, strides. */

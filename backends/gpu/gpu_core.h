@@ -45,6 +45,9 @@ typedef struct gpu_kernels {
     void *owner; /* vendor data released by release() */
 } gpu_kernels;
 
+typedef oscar_status (*gpu_launch_smem_fn)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz,
+                                           unsigned block, unsigned smem, const gpu_arg *args, int nargs, void *stream,
+                                           oscar_errbuf *err);
 typedef struct gpu_vendor {
     const char *name;
     /* Finds (CUDA/HIP) or compiles (OpenCL) the kernels for a layout. */
@@ -61,14 +64,12 @@ typedef struct gpu_vendor {
                          oscar_errbuf *err);
     oscar_status (*sync)(void *ctx, void *stream, oscar_errbuf *err);
     /* Launch with dynamic shared memory; only vendors with tc kernels set it. */
-    oscar_status (*launch_smem)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
-                                unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err);
+    gpu_launch_smem_fn launch_smem;
     /* As launch_smem, but the kernel may start while the stream's previous kernel
      * still runs (CUDA programmatic dependent launch): it waits for that kernel's
-     * results itself (griddepcontrol.wait). NULL, or a plain launch, where the
-     * device or vendor has no such launch. */
-    oscar_status (*launch_dep)(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
-                               unsigned smem, const gpu_arg *args, int nargs, void *stream, oscar_errbuf *err);
+     * results itself (griddepcontrol.wait). Set wherever launch_smem is (a plain
+     * launch where the device has no such launch). */
+    gpu_launch_smem_fn launch_dep;
 } gpu_vendor;
 
 /* Every vendor context starts with this header. */
