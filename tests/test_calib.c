@@ -1,5 +1,6 @@
 /* Calibration core: targets against brute-force fp64, rotations, clip
  * fitting, the layer report and the state machine. */
+#include <cblas.h>
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +13,12 @@
 
 static uint64_t g_seed, g_state;
 static void seed_init(void) {
-    g_seed = ((uint64_t)time(NULL) * 2654435761u) ^ ((uint64_t)getpid() << 20) ^ 0x5eedull;
+    /* OSCAR_TEST_SEED replays a seed a failure printed (the tests' convention, as in support/refcheck.c). */
+    const char *env = getenv("OSCAR_TEST_SEED");
+    if (env && *env)
+        g_seed = (uint64_t)strtoull(env, NULL, 10);
+    else
+        g_seed = ((uint64_t)time(NULL) * 2654435761u) ^ ((uint64_t)getpid() << 20) ^ 0x5eedull;
     g_state = g_seed | 1;
 }
 static uint64_t rnd(void) {
@@ -906,20 +912,30 @@ static void check_probe_error(int nq, int span, int sink, int recent) {
     oscar_params *p = calibrate_windows(&o, &s, n, 0, &c);
     oscar_calib_attn_report a;
     cr_assert_eq(oscar_calib_layer_attn_report_get(c, 0, &a), OSCAR_OK);
-    cr_assert_eq(a.probes, 1);
+    cr_assert_eq(a.probes, 1, "seed %llu", (unsigned long long)g_seed);
     const float *R[2];
     float clip[2] = {0.9f, 0.85f};
     cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_K, &R[0]), OSCAR_OK);
     cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_V, &R[1]), OSCAR_OK);
-    /* Rotated bf16 rows, exact and quantized (every row; a position reads its own region from them). */
-    float *x[2], *xq[2], row[64], meta[4];
+    /* Rotated bf16 rows, exact and quantized (every row; a position reads its own region from them).
+     * FORMAT.md §1 fixes x R in fp32 but not the order of its sum: the calibration rotates the
+     * probe's rows 0..t with one sgemm (calib.c rotate_rows), oscar_ref_rotate sums in i order, and
+     * the two differ by an fp32 ulp or so. A few rotated values per draw lie that close to a bf16
+     * rounding midpoint and round the other way; one such value moves its 2-bit group (scale, clip)
+     * and the error with it: 1 draw in 200-500 failed, by up to 4 % (K side, seed
+     * 6605975128237700949 with OpenBLAS 0.3.21's Haswell kernel; which draws fail depends on the
+     * BLAS kernel), far past any rounding tolerance. The rotation is not what this test checks, so
+     * the rows come from the same sgemm call as the calibration's (hkv 1: the probe's rows are
+     * s.k, s.v as they are). The queries are not rounded: their rotation order does not matter. */
+    float *x[2], *xq[2], meta[4];
     uint8_t codes[16];
     for (int w = 0; w < 2; w++) {
         x[w] = malloc(sizeof(float) * (size_t)n * d);
         xq[w] = malloc(sizeof(float) * (size_t)n * d);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, d, d, 1.0f, w ? s.v : s.k, d, R[w], d, 0.0f, x[w], d);
         for (int r = 0; r < n; r++) {
-            oscar_ref_rotate(d, (w ? s.v : s.k) + (size_t)r * d, R[w], row);
-            for (int i = 0; i < d; i++) x[w][(size_t)r * d + i] = oscar_round_to(OSCAR_DTYPE_BF16, row[i]);
+            for (int i = 0; i < d; i++)
+                x[w][(size_t)r * d + i] = oscar_round_to(OSCAR_DTYPE_BF16, x[w][(size_t)r * d + i]);
             oscar_ref_quantize_row(d, 32, 0, clip[w], OSCAR_DTYPE_F16, x[w] + (size_t)r * d, codes, meta);
             oscar_ref_dequantize_row(d, 32, 0, codes, meta, xq[w] + (size_t)r * d);
         }
@@ -954,6 +970,10 @@ static void check_probe_error(int nq, int span, int sink, int recent) {
             }
         }
     double want[3] = {num[0] / den, num[1] / den, num[2] / den}, got[3] = {a.err_k[2], a.err_v[2], a.err_kv[2]};
+    /* From the same bf16 rows the two differ only by the calibration's fp32 scores, softmax and
+     * P V against fp64 here: at most 6e-5 relative over 1500 draws (1e-9 absolute covers errors
+     * near the fp32 rounding of o itself), so 2e-3 is loose for rounding yet far below what a
+     * wrong 2-bit region per position does to the error. */
     for (int m = 0; m < 3; m++)
         cr_assert(fabs(got[m] - want[m]) <= 2e-3 * want[m] + 1e-9,
                   "%s, %d query positions: report %.8g, brute force %.8g (seed %llu)", m == 0 ? "K" : m == 1 ? "V" : "KV",
@@ -966,13 +986,21 @@ static void check_probe_error(int nq, int span, int sink, int recent) {
     oscar_calib_destroy(c);
     synth_free(&s);
 }
-Test(calib, probe_error_matches_brute_force) { check_probe_error(1, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16)); }
+/* sink and recent drawn in separate statements: within one call's arguments the order of the two
+ * draws is unspecified, so a printed seed would replay other windows under another compiler
+ * (recent first: the order gcc took, so seeds gcc builds printed still replay). */
+static void check_probe_error_drawn(int nq) {
+    const int recent = 16 + (int)(rnd() % 16);
+    const int sink = 4 + (int)(rnd() % 8);
+    check_probe_error(nq, 0, sink, recent);
+}
+Test(calib, probe_error_matches_brute_force) { check_probe_error_drawn(1); }
 /* Several query positions per probe: the earlier ones read the rows after
  * their own 2-bit region exact, although the last position's region holds
  * them quantized (with that region for every position the test fails). */
 Test(calib, probe_queries_error_matches_brute_force) {
-    check_probe_error(4, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16));
-    check_probe_error(9, 0, 4 + (int)(rnd() % 8), 16 + (int)(rnd() % 16));
+    check_probe_error_drawn(4);
+    check_probe_error_drawn(9);
     /* probe_span 1: positions from sink + recent + 32 = 52 on, although the window's second half
      * starts at 56 (n = 112); with span 0 the test fails. */
     check_probe_error(60, 1, 4, 16);
