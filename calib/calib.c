@@ -46,9 +46,12 @@
 #define PROBE_MARGIN 32 /* the 2-bit region of a probe holds at least this many rows */
 #define MAX_PROBE_QUERIES 64 /* query positions per text probe (options.probe_queries) */
 #define PROBE_QUERIES_S0W0 16 /* probe_queries 0 (default) without windows (sink 0, recent 0) */
-/* Ridge on the error-feedback metric, a share of its mean eigenvalue: a nearly singular metric
- * stays well posed (oscar_calib_options.feedback_damp; docs/EVAL.md says how it was chosen). */
-#define FEEDBACK_DAMP_DEFAULT 1e-3f
+/* Ridge on the error-feedback metric, a share of its mean eigenvalue, for feedback_damp 0 (default):
+ * a nearly singular metric stays well posed. Without windows the larger one lowered s0w0 KL on 2
+ * calibration texts x 2 slices; with windows it did not win (docs/EVAL.md). Doubles, not the
+ * option's float: the windowed files stay byte-identical to those before the option existed. */
+#define FB_DAMP 1e-3
+#define FB_DAMP_S0W0 1e-2
 
 enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 
@@ -146,7 +149,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->copy_mass_loss = 0.002f;
     o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
     o->key_attn_weight = 1.0f; /* attention-weighted C_K: lower KL on 2 calibration texts x 2 slices (docs/EVAL.md) */
-    o->feedback_damp = FEEDBACK_DAMP_DEFAULT;
+    o->feedback_damp = 0.0f; /* auto: FB_DAMP_S0W0 without windows, FB_DAMP with */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -266,10 +269,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                "clip_margin %g must be in [0, 1] (share of the smallest probe error a milder clip may "
                                "exceed it by)",
                                (double)o->clip_margin);
-    if (!(o->feedback_damp > 0.0f && o->feedback_damp <= 1.0f))
+    if (!(o->feedback_damp >= 0.0f && o->feedback_damp <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                               "feedback_damp %g must be in (0, 1] (ridge on the error-feedback metric, a share of its "
-                               "mean eigenvalue)",
+                               "feedback_damp %g must be in [0, 1] (ridge on the error-feedback metric, a share of its "
+                               "mean eigenvalue; 0: 0.01 without windows, else 0.001)",
                                (double)o->feedback_damp);
     if (o->threads < 0 || o->threads > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "threads %d must be in [0, 64] (0: the online CPUs)",
@@ -1558,6 +1561,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         goto done;
     }
     oscar_ref_hadamard(d, H);
+    const double fb_damp = c->o.feedback_damp > 0.0f ? (double)c->o.feedback_damp
+                           : c->o.sink == 0 && c->o.recent == 0 ? FB_DAMP_S0W0 : FB_DAMP;
     for (int l = 0; l < L; l++) {
         if (c->o.progress) c->o.progress(c->o.progress_user, "eigendecomposition", l, L);
         for (int which = 0; which < 2; which++) {
@@ -1611,7 +1616,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                     Mf = Mv;
                 }
                 float *F = oscar_params_fb_ptr(p, l, which, r);
-                if (Mf && feedback_weights(d, Mf, (double)c->o.feedback_damp, A, F)) {
+                if (Mf && feedback_weights(d, Mf, fb_damp, A, F)) {
                     s = oscar_set_error(OSCAR_ERR_INTERNAL,
                                         "Cholesky factor of layer %d %c feedback metric failed: report this with the "
                                         "calibration data",

@@ -1189,20 +1189,26 @@ static void expected_feedback(int d, const double *Ct, double damp, double *F) {
 }
 
 /* The ridge of the feedback metric is options.feedback_damp: the keys' weights are those of
- * R^T C_K R + damp (tr / d) I, for the default and for another damp, and the two differ. */
+ * R^T C_K R + damp (tr / d) I. Default 0 means 0.001 with windows and 0.01 without (sink 0, recent
+ * 0); an explicit damp is used as given; each case gives other weights. */
 Test(calib, feedback_damp_is_the_ridge) {
     const int d = 128, hq = 4, hkv = 2, n = 2500, L = 1;
     synth s[1];
     synth_make(&s[0], n, hq, hkv, d, 0);
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
-    cr_assert_float_eq(o.feedback_damp, 1e-3f, 1e-9f, "the default ridge (docs/EVAL.md)");
-    const float damps[2] = {o.feedback_damp, 0.1f};
+    cr_assert_eq(o.feedback_damp, 0.0f, "default: chosen by the layout");
+    /* option, sink, recent -> the ridge expected */
+    const float opt[3] = {0.0f, 0.0f, 0.1f};
+    const int sink[3] = {64, 0, 64}, recent[3] = {256, 0, 256};
+    const double want[3] = {1e-3, 1e-2, (double)0.1f};
     const size_t dd = (size_t)d * (size_t)d;
     double *C = malloc(dd * sizeof(double)), *Ct = malloc(dd * sizeof(double)), *Fe = malloc(dd * sizeof(double));
-    float *F0 = malloc(dd * sizeof(float));
-    for (int t = 0; t < 2; t++) {
-        o.feedback_damp = damps[t];
+    float *Fprev = malloc(dd * sizeof(float));
+    for (int t = 0; t < 3; t++) {
+        o.feedback_damp = opt[t];
+        o.sink = sink[t];
+        o.recent = recent[t];
         oscar_calib *c;
         oscar_params *p = calibrate(&o, s, &c);
         for (int h = 0; h < hkv; h++) {
@@ -1223,24 +1229,25 @@ Test(calib, feedback_damp_is_the_ridge) {
                     for (int k = 0; k < d; k++) a += (double)R[(size_t)k * d + i] * Fe[(size_t)k * d + j];
                     Ct[(size_t)i * d + j] = a;
                 }
-            expected_feedback(d, Ct, damps[t], Fe);
+            expected_feedback(d, Ct, want[t], Fe);
             double worst = 0.0;
             for (size_t i = 0; i < dd; i++) {
                 double e = fabs((double)F[i] - Fe[i]) / (1.0 + fabs(Fe[i]));
                 worst = e > worst ? e : worst;
             }
-            cr_assert_lt(worst, 1e-4, "damp %g head %d: weights off the definition by %g", (double)damps[t], h, worst);
-            if (h == 0 && t == 0) memcpy(F0, F, dd * sizeof(float));
-            if (h == 0 && t == 1) {
+            cr_assert_lt(worst, 1e-4, "case %d head %d: weights off the definition with ridge %g by %g", t, h, want[t],
+                         worst);
+            if (h == 0 && t > 0) {
                 double diff = 0.0;
-                for (size_t i = 0; i < dd; i++) diff += fabs((double)F[i] - (double)F0[i]);
-                cr_assert_gt(diff, 1e-3 * (double)dd, "another damp, the same weights");
+                for (size_t i = 0; i < dd; i++) diff += fabs((double)F[i] - (double)Fprev[i]);
+                cr_assert_gt(diff, 1e-3 * (double)dd, "case %d: the same weights as case %d", t, t - 1);
             }
+            if (h == 0) memcpy(Fprev, F, dd * sizeof(float));
         }
         oscar_params_destroy(p);
         oscar_calib_destroy(c);
     }
-    const float bad[3] = {0.0f, 1.5f, NAN};
+    const float bad[3] = {-0.01f, 1.5f, NAN};
     for (int b = 0; b < 3; b++) {
         o.feedback_damp = bad[b];
         oscar_calib *c = (oscar_calib *)1;
@@ -1250,7 +1257,7 @@ Test(calib, feedback_damp_is_the_ridge) {
     free(C);
     free(Ct);
     free(Fe);
-    free(F0);
+    free(Fprev);
     synth_free(&s[0]);
 }
 

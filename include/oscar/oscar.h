@@ -293,9 +293,10 @@ typedef struct oscar_calib_options {
                                    second half; 1 every position from sink + recent + 32 on (the
                                    positions oscar-eval scores that read a 2-bit region) */
     float feedback_damp;        /* error-feedback weights: ridge added to the metric before its Cholesky
-                                   factor, as a share of the metric's mean eigenvalue (trace / head_dim);
-                                   in (0, 1] (default: oscar_calib_options_default's, chosen in docs/EVAL.md);
-                                   grown tenfold while a weight would exceed 16 */
+                                   factor, as a share of the metric's mean eigenvalue (trace / head_dim),
+                                   grown tenfold while a weight would exceed 16; in (0, 1], or 0 (default):
+                                   0.01 for the layout without windows (sink 0, recent 0), else 0.001
+                                   (docs/EVAL.md, how the defaults were chosen) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
