@@ -47,11 +47,10 @@
 #define MAX_PROBE_QUERIES 64 /* query positions per text probe (options.probe_queries) */
 #define PROBE_QUERIES_S0W0 16 /* probe_queries 0 (default) without windows (sink 0, recent 0) */
 /* Ridge on the error-feedback metric, a share of its mean eigenvalue, for feedback_damp 0 (default):
- * a nearly singular metric stays well posed. Without windows the larger one lowered s0w0 KL on 2
- * calibration texts x 2 slices; with windows it did not win (docs/EVAL.md). Doubles, not the
- * option's float: the windowed files stay byte-identical to those before the option existed. */
+ * a nearly singular metric stays well posed. A double, not the option's float, so the files stay
+ * byte-identical to those before the option existed. 0.01 lowered s0w0 KL on the validation slices
+ * but not on eval.tokens, and lost with windows (docs/eval/retrieval.md, seventh step). */
 #define FB_DAMP 1e-3
-#define FB_DAMP_S0W0 1e-2
 
 enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 
@@ -149,7 +148,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->copy_mass_loss = 0.002f;
     o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
     o->key_attn_weight = 1.0f; /* attention-weighted C_K: lower KL on 2 calibration texts x 2 slices (docs/EVAL.md) */
-    o->feedback_damp = 0.0f; /* auto: FB_DAMP_S0W0 without windows, FB_DAMP with */
+    o->feedback_damp = 0.0f; /* FB_DAMP */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -272,7 +271,7 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->feedback_damp >= 0.0f && o->feedback_damp <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "feedback_damp %g must be in [0, 1] (ridge on the error-feedback metric, a share of its "
-                               "mean eigenvalue; 0: 0.01 without windows, else 0.001)",
+                               "mean eigenvalue; 0: the default 0.001)",
                                (double)o->feedback_damp);
     if (o->threads < 0 || o->threads > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "threads %d must be in [0, 64] (0: the online CPUs)",
@@ -1561,8 +1560,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         goto done;
     }
     oscar_ref_hadamard(d, H);
-    const double fb_damp = c->o.feedback_damp > 0.0f ? (double)c->o.feedback_damp
-                           : c->o.sink == 0 && c->o.recent == 0 ? FB_DAMP_S0W0 : FB_DAMP;
+    const double fb_damp = c->o.feedback_damp > 0.0f ? (double)c->o.feedback_damp : FB_DAMP;
     for (int l = 0; l < L; l++) {
         if (c->o.progress) c->o.progress(c->o.progress_user, "eigendecomposition", l, L);
         for (int which = 0; which < 2; which++) {

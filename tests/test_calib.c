@@ -1189,8 +1189,8 @@ static void expected_feedback(int d, const double *Ct, double damp, double *F) {
 }
 
 /* The ridge of the feedback metric is options.feedback_damp: the keys' weights are those of
- * R^T C_K R + damp (tr / d) I. Default 0 means 0.001 with windows and 0.01 without (sink 0, recent
- * 0); an explicit damp is used as given; each case gives other weights. */
+ * R^T C_K R + damp (tr / d) I. Default 0 means 0.001 with and without windows; an explicit damp is
+ * used as given (with and without windows); each case gives other weights than the one before. */
 Test(calib, feedback_damp_is_the_ridge) {
     const int d = 128, hq = 4, hkv = 2, n = 2500, L = 1;
     synth s[1];
@@ -1199,13 +1199,13 @@ Test(calib, feedback_damp_is_the_ridge) {
     oscar_calib_options_default(&o, L, hq, hkv, d);
     cr_assert_eq(o.feedback_damp, 0.0f, "default: chosen by the layout");
     /* option, sink, recent -> the ridge expected */
-    const float opt[3] = {0.0f, 0.0f, 0.1f};
-    const int sink[3] = {64, 0, 64}, recent[3] = {256, 0, 256};
-    const double want[3] = {1e-3, 1e-2, (double)0.1f};
+    const float opt[4] = {0.0f, 0.0f, 0.01f, 0.1f};
+    const int sink[4] = {64, 0, 0, 64}, recent[4] = {256, 0, 0, 256};
+    const double want[4] = {1e-3, 1e-3, (double)0.01f, (double)0.1f};
     const size_t dd = (size_t)d * (size_t)d;
     double *C = malloc(dd * sizeof(double)), *Ct = malloc(dd * sizeof(double)), *Fe = malloc(dd * sizeof(double));
     float *Fprev = malloc(dd * sizeof(float));
-    for (int t = 0; t < 3; t++) {
+    for (int t = 0; t < 4; t++) {
         o.feedback_damp = opt[t];
         o.sink = sink[t];
         o.recent = recent[t];

@@ -57,7 +57,7 @@ static void usage(FILE *fp) {
             "  --clip-margin X  take the mildest clip whose probe error is within (1 + X) of the\n"
             "                   smallest (X in [0, 1], default 0)\n"
             "  --feedback-damp X  ridge on the error-feedback metric, a share in (0, 1] of its mean\n"
-            "                   eigenvalue (default 0.01 with --sink 0 --recent 0, else 0.001; docs/EVAL.md)\n"
+            "                   eigenvalue (default 0.001; docs/eval/retrieval.md, seventh step)\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
             "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"

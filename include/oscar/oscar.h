@@ -295,8 +295,7 @@ typedef struct oscar_calib_options {
     float feedback_damp;        /* error-feedback weights: ridge added to the metric before its Cholesky
                                    factor, as a share of the metric's mean eigenvalue (trace / head_dim),
                                    grown tenfold while a weight would exceed 16; in (0, 1], or 0 (default):
-                                   0.01 for the layout without windows (sink 0, recent 0), else 0.001
-                                   (docs/EVAL.md, how the defaults were chosen) */
+                                   0.001 (docs/eval/retrieval.md, seventh step) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */

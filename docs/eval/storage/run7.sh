@@ -4,8 +4,9 @@
 # s0w0 diagnoses (groups of 32 on every head, key statistics, feedback pivots), eval.tokens.
 # Usage: docs/eval/storage/run7.sh [BUILD_DIR] [OLD_BUILD_DIR] [OUT_DIR]   (from the repository root)
 #   BUILD_DIR: this tree. OLD_BUILD_DIR: commit cc04a4c with step7/experiments.patch applied (its
-#   environment switches are off by default, so without them it calibrates exactly as cc04a4c: the
-#   "before" rows, ridge 1e-3 as a double, which this tree's float option cannot write byte for byte).
+#   environment switches are off by default, so without them it calibrates exactly as cc04a4c and as
+#   this tree's default; OSCAR_EXP_DAMP=1e-2 is the ridge 1e-2 as a double, which this tree's float
+#   option --feedback-damp 0.01 is not byte for byte).
 # ~70 min on the loaded 2-core machine.
 set -euo pipefail
 B=${1:-build-y}; OB=${2:-build}; O=${3:-/tmp/oscar-storage7}
@@ -21,18 +22,20 @@ ev() { # ev PARAMS TOKENS TAG SINK RECENT [args]
     "$B/bin/oscar-eval" "$M" --params "$p" --tokens "$t" --methods bf16,oscar2 --context 2048 --sink "$s0" --recent "$w" \
         --threads 2 --out "$O/$tag.json" --md "$O/$tag.md" "$@" 2> "$O/$tag.log"
 }
-# s0w0: before (ridge 1e-3, cc04a4c) and the new default (ridge 1e-2 at sink 0 / recent 0), texts 1 and 2
+# s0w0: the default (ridge 1e-3) and ridge 1e-2, texts 1 and 2
 cal "$OB" base "$T1" --sink 0 --recent 0
 cal "$OB" t2base "$T2" --sink 0 --recent 0
-cal "$B" damp1e-2 "$T1" --sink 0 --recent 0
-cal "$B" t2damp1e-2 "$T2" --sink 0 --recent 0
+OSCAR_EXP_DAMP=1e-2 cal "$OB" damp1e-2 "$T1" --sink 0 --recent 0
+OSCAR_EXP_DAMP=1e-2 cal "$OB" t2damp1e-2 "$T2" --sink 0 --recent 0
 for f in base t2base damp1e-2 t2damp1e-2; do
     for s in valA valB; do ev "$O/$f.st" "$O/$s.tokens" "$f-$s" 0 0 --max-tokens 16384 --retrieval-trials 0; done
 done
-cal "$B" damp1e-1 "$T1" --sink 0 --recent 0 --feedback-damp 0.1 # (the run in step7/ used OSCAR_EXP_DAMP=1e-1, a double)
+OSCAR_EXP_DAMP=1e-1 cal "$OB" damp1e-1 "$T1" --sink 0 --recent 0
 ev "$O/damp1e-1.st" "$O/valA.tokens" damp1e-1-valA 0 0 --max-tokens 16384 --retrieval-trials 0
 # eval.tokens, s0w0 (16 windows, no retrieval trials)
-for f in base damp1e-2; do ev "$O/$f.st" "$D/eval.tokens" "s0w0-eval-$f" 0 0 --max-tokens 32768 --retrieval-trials 0; done
+for f in base damp1e-2 t2base t2damp1e-2; do
+    ev "$O/$f.st" "$D/eval.tokens" "s0w0-eval-$f" 0 0 --max-tokens 32768 --retrieval-trials 0
+done
 # s0w0 diagnosis, valA's first 4 windows: every head's keys, or values, in groups of 32 (2.625 bits/elt)
 ev "$O/base.st" "$O/valA.tokens" diag-kv 0 0 --max-tokens 8192 --retrieval-trials 0 --storage group=32,kv=k \
     --storage group=32,kv=v
@@ -49,7 +52,7 @@ cal "$B" y-w-t1 "$T1"
 cal "$OB" old-w-t1 "$T1"
 cmp "$O/y-w-t1.st" "$O/old-w-t1.st" && echo "windowed default: byte-identical to cc04a4c"
 cal "$B" y-s0w0-t1 "$T1" --sink 0 --recent 0
-cmp "$O/y-s0w0-t1.st" "$O/damp1e-2.st" && echo "s0w0 default: deterministic"
+cmp "$O/y-s0w0-t1.st" "$O/base.st" && echo "s0w0 default: byte-identical to cc04a4c"
 # Experiments that need OLD_BUILD_DIR's switches (step7/experiments.patch), s0w0, text 1:
 #   free direction = the keys' top second-moment direction (valA, valB)
 OSCAR_EXP_FREE=1 cal "$OB" freek "$T1" --sink 0 --recent 0
