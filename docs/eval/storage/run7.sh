@@ -51,6 +51,7 @@ done
 cal "$B" y-w-t1 "$T1"
 cal "$OB" old-w-t1 "$T1"
 cmp "$O/y-w-t1.st" "$O/old-w-t1.st" && echo "windowed default: byte-identical to cc04a4c"
+for s in valA valB; do ev "$O/y-w-t1.st" "$O/$s.tokens" "y-w-t1-$s" 64 256 --max-tokens 16384 --retrieval-trials 8; done
 cal "$B" y-s0w0-t1 "$T1" --sink 0 --recent 0
 cmp "$O/y-s0w0-t1.st" "$O/base.st" && echo "s0w0 default: byte-identical to cc04a4c"
 # Experiments that need OLD_BUILD_DIR's switches (step7/experiments.patch), s0w0, text 1:
