@@ -46,6 +46,11 @@
 #define PROBE_MARGIN 32 /* the 2-bit region of a probe holds at least this many rows */
 #define MAX_PROBE_QUERIES 64 /* query positions per text probe (options.probe_queries) */
 #define PROBE_QUERIES_S0W0 16 /* probe_queries 0 (default) without windows (sink 0, recent 0) */
+/* Ridge on the error-feedback metric, a share of its mean eigenvalue, for feedback_damp 0 (default):
+ * a nearly singular metric stays well posed. A double, not the option's float, so the files stay
+ * byte-identical to those before the option existed. 0.01 lowered s0w0 KL on the validation slices
+ * but not on eval.tokens, and lost with windows (docs/eval/retrieval.md, seventh step). */
+#define FB_DAMP 1e-3
 
 enum { STATE_CREATED = -1, STATE_PASS0 = 0, STATE_PASS1 = 1, STATE_FINAL = 2 };
 
@@ -143,6 +148,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->copy_mass_loss = 0.002f;
     o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
     o->key_attn_weight = 1.0f; /* attention-weighted C_K: lower KL on 2 calibration texts x 2 slices (docs/EVAL.md) */
+    o->feedback_damp = 0.0f; /* FB_DAMP */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -262,6 +268,11 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                "clip_margin %g must be in [0, 1] (share of the smallest probe error a milder clip may "
                                "exceed it by)",
                                (double)o->clip_margin);
+    if (!(o->feedback_damp >= 0.0f && o->feedback_damp <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "feedback_damp %g must be in [0, 1] (ridge on the error-feedback metric, a share of its "
+                               "mean eigenvalue; 0: the default 0.001)",
+                               (double)o->feedback_damp);
     if (o->threads < 0 || o->threads > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "threads %d must be in [0, 64] (0: the online CPUs)",
                                o->threads);
@@ -920,7 +931,6 @@ OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, i
 
 /* ------------------------------------------------------------ finalize */
 
-#define FB_DAMP 1e-3   /* relative ridge on the metric: a nearly singular metric stays well posed */
 
 /* The value metric of (layer, rotation index r) into M: the head's, or with
  * one rotation per layer the mean over heads. 0 when not given. */
@@ -949,13 +959,13 @@ static int value_metric(const oscar_calib *c, int layer, int r, double *M) {
  * for k > j (0 elsewhere). Rounding value j then moves the later values so the
  * error e minimises e^T Ct e given the earlier choices (the GPTQ/OBQ update).
  * A zero metric gives F = 0 (nearest). Returns 0, or -1 when LAPACK fails. */
-static int feedback_weights(int d, const double *Ct, double *A, float *F) {
+static int feedback_weights(int d, const double *Ct, double damp0, double *A, float *F) {
     const size_t dd = (size_t)d * (size_t)d;
     double tr = 0.0;
     for (int i = 0; i < d; i++) tr += Ct[(size_t)i * d + i];
     memset(F, 0, dd * sizeof(float));
     if (!(tr > 0.0)) return 0;
-    for (double damp = FB_DAMP; damp <= 1.0; damp *= 10.0) {
+    for (double damp = damp0; damp <= 1.0; damp *= 10.0) {
         memcpy(A, Ct, dd * sizeof(double));
         for (int i = 0; i < d; i++) A[(size_t)i * d + i] += damp * tr / d;
         if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', d, A, d) || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'U', d, A, d) ||
@@ -1550,6 +1560,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         goto done;
     }
     oscar_ref_hadamard(d, H);
+    const double fb_damp = c->o.feedback_damp > 0.0f ? (double)c->o.feedback_damp : FB_DAMP;
     for (int l = 0; l < L; l++) {
         if (c->o.progress) c->o.progress(c->o.progress_user, "eigendecomposition", l, L);
         for (int which = 0; which < 2; which++) {
@@ -1603,7 +1614,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                     Mf = Mv;
                 }
                 float *F = oscar_params_fb_ptr(p, l, which, r);
-                if (Mf && feedback_weights(d, Mf, A, F)) {
+                if (Mf && feedback_weights(d, Mf, fb_damp, A, F)) {
                     s = oscar_set_error(OSCAR_ERR_INTERNAL,
                                         "Cholesky factor of layer %d %c feedback metric failed: report this with the "
                                         "calibration data",

@@ -1161,6 +1161,134 @@ static double metric_error(int d, const float *R, const double *C, const float *
     return total / n;
 }
 
+/* Error-feedback weights of metric Ct with ridge `damp` (a share of the mean eigenvalue), grown
+ * tenfold while a weight exceeds 16, from the definition (FORMAT.md 2.3): U^T U = (Ct + r I)^-1,
+ * U upper triangular, F[j][k] = U[j][k] / U[j][j]. Plain Cholesky, written apart from calib.c. */
+static void expected_feedback(int d, const double *Ct, double damp, double *F) {
+    const size_t dd = (size_t)d * (size_t)d;
+    double *B = malloc(dd * sizeof(double)), *Li = malloc(dd * sizeof(double)), *A = malloc(dd * sizeof(double));
+    double tr = 0.0;
+    for (int i = 0; i < d; i++) tr += Ct[(size_t)i * d + i];
+    for (;; damp *= 10.0) {
+        memcpy(B, Ct, dd * sizeof(double));
+        for (int i = 0; i < d; i++) B[(size_t)i * d + i] += damp * tr / d;
+        /* B = L L^T (L lower, in place), Li = L^-1, A = Li^T Li = B^-1. */
+        for (int j = 0; j < d; j++) {
+            for (int k = 0; k < j; k++) B[(size_t)j * d + j] -= B[(size_t)j * d + k] * B[(size_t)j * d + k];
+            B[(size_t)j * d + j] = sqrt(B[(size_t)j * d + j]);
+            for (int i = j + 1; i < d; i++) {
+                for (int k = 0; k < j; k++) B[(size_t)i * d + j] -= B[(size_t)i * d + k] * B[(size_t)j * d + k];
+                B[(size_t)i * d + j] /= B[(size_t)j * d + j];
+            }
+        }
+        memset(Li, 0, dd * sizeof(double));
+        for (int c = 0; c < d; c++)
+            for (int i = c; i < d; i++) {
+                double v = i == c ? 1.0 : 0.0;
+                for (int k = c; k < i; k++) v -= B[(size_t)i * d + k] * Li[(size_t)k * d + c];
+                Li[(size_t)i * d + c] = v / B[(size_t)i * d + i];
+            }
+        for (int i = 0; i < d; i++)
+            for (int j = 0; j < d; j++) {
+                double v = 0.0;
+                for (int k = i > j ? i : j; k < d; k++) v += Li[(size_t)k * d + i] * Li[(size_t)k * d + j];
+                A[(size_t)i * d + j] = v;
+            }
+        /* A = Lc Lc^T (lower); U = Lc^T, so F[j][k] = Lc[k][j] / Lc[j][j]. */
+        for (int j = 0; j < d; j++) {
+            for (int k = 0; k < j; k++) A[(size_t)j * d + j] -= A[(size_t)j * d + k] * A[(size_t)j * d + k];
+            A[(size_t)j * d + j] = sqrt(A[(size_t)j * d + j]);
+            for (int i = j + 1; i < d; i++) {
+                for (int k = 0; k < j; k++) A[(size_t)i * d + j] -= A[(size_t)i * d + k] * A[(size_t)j * d + k];
+                A[(size_t)i * d + j] /= A[(size_t)j * d + j];
+            }
+        }
+        int ok = 1;
+        for (int j = 0; j < d; j++)
+            for (int k = 0; k < d; k++) {
+                F[(size_t)j * d + k] = k > j ? A[(size_t)k * d + j] / A[(size_t)j * d + j] : 0.0;
+                if (fabs(F[(size_t)j * d + k]) > 16.0) ok = 0;
+            }
+        if (ok || damp >= 1.0) break;
+    }
+    free(B);
+    free(Li);
+    free(A);
+}
+
+/* The ridge of the feedback metric is options.feedback_damp: the keys' weights are those of
+ * R^T C_K R + damp (tr / d) I. Default 0 means 0.001 with and without windows; an explicit damp is
+ * used as given (with and without windows); each case gives other weights than the one before. */
+Test(calib, feedback_damp_is_the_ridge) {
+    const int d = 128, hq = 4, hkv = 2, n = 2500, L = 1;
+    synth s[1];
+    synth_make(&s[0], n, hq, hkv, d, 0);
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, L, hq, hkv, d);
+    cr_assert_eq(o.feedback_damp, 0.0f, "default: chosen by the layout");
+    /* option, sink, recent -> the ridge expected */
+    const float opt[4] = {0.0f, 0.0f, 0.01f, 0.1f};
+    const int sink[4] = {64, 0, 0, 64}, recent[4] = {256, 0, 0, 256};
+    const double want[4] = {1e-3, 1e-3, (double)0.01f, (double)0.1f};
+    const size_t dd = (size_t)d * (size_t)d;
+    double *C = malloc(dd * sizeof(double)), *Ct = malloc(dd * sizeof(double)), *Fe = malloc(dd * sizeof(double));
+    float *Fprev = malloc(dd * sizeof(float));
+    for (int t = 0; t < 4; t++) {
+        o.feedback_damp = opt[t];
+        o.sink = sink[t];
+        o.recent = recent[t];
+        oscar_calib *c;
+        oscar_params *p = calibrate(&o, s, &c);
+        for (int h = 0; h < hkv; h++) {
+            const float *R, *F;
+            cr_assert_eq(oscar_calib_target(c, 0, h, OSCAR_K, C), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_params_rotation(p, 0, h, OSCAR_K, &R), OSCAR_OK);
+            cr_assert_eq(oscar_params_feedback(p, 0, h, OSCAR_K, &F), OSCAR_OK);
+            cr_assert_not_null(F);
+            for (int i = 0; i < d; i++) /* Fe = C R, then Ct = R^T Fe */
+                for (int j = 0; j < d; j++) {
+                    double a = 0.0;
+                    for (int k = 0; k < d; k++) a += C[(size_t)i * d + k] * (double)R[(size_t)k * d + j];
+                    Fe[(size_t)i * d + j] = a;
+                }
+            for (int i = 0; i < d; i++)
+                for (int j = 0; j < d; j++) {
+                    double a = 0.0;
+                    for (int k = 0; k < d; k++) a += (double)R[(size_t)k * d + i] * Fe[(size_t)k * d + j];
+                    Ct[(size_t)i * d + j] = a;
+                }
+            expected_feedback(d, Ct, want[t], Fe);
+            double worst = 0.0;
+            for (size_t i = 0; i < dd; i++) {
+                double e = fabs((double)F[i] - Fe[i]) / (1.0 + fabs(Fe[i]));
+                worst = e > worst ? e : worst;
+            }
+            cr_assert_lt(worst, 1e-4, "case %d head %d: weights off the definition with ridge %g by %g", t, h, want[t],
+                         worst);
+            if (h == 0 && t > 0) {
+                double diff = 0.0;
+                for (size_t i = 0; i < dd; i++) diff += fabs((double)F[i] - (double)Fprev[i]);
+                cr_assert_gt(diff, 1e-3 * (double)dd, "case %d: the same weights as case %d", t, t - 1);
+            }
+            if (h == 0) memcpy(Fprev, F, dd * sizeof(float));
+        }
+        oscar_params_destroy(p);
+        oscar_calib_destroy(c);
+    }
+    const float bad[3] = {-0.01f, 1.5f, NAN};
+    for (int b = 0; b < 3; b++) {
+        o.feedback_damp = bad[b];
+        oscar_calib *c = (oscar_calib *)1;
+        cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_assert(strstr(oscar_last_error(), "feedback_damp") != NULL, "%s", oscar_last_error());
+    }
+    free(C);
+    free(Ct);
+    free(Fe);
+    free(Fprev);
+    synth_free(&s[0]);
+}
+
 Test(calib, feedback_weights) {
     const int d = 128, hq = 4, hkv = 2, n = 2500, L = 1;
     synth s[1], fresh;

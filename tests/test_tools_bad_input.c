@@ -276,7 +276,8 @@ Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     char out[16384];
     const char *cases[][2] = {{"--key-attn-weight", "1.5"}, {"--key-attn-weight", "-0.1"},
                               {"--key-attn-weight", "0.5x"}, {"--copy-mass-loss", "abc"},
-                              {"--clip-margin", "1.5"},       {"--clip-margin", "-0.05"}};
+                              {"--clip-margin", "1.5"},       {"--clip-margin", "-0.05"},
+                              {"--feedback-damp", "1.5"},     {"--feedback-damp", "-0.1"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s %s --out p",
                      cases[i][0], cases[i][1]);
@@ -284,6 +285,11 @@ Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
         cr_expect(strstr(out, cases[i][0]) && strstr(out, "[0, 1]"), "message should name %s and the range: %s",
                   cases[i][0], out);
     }
+    /* A ridge of 0 would leave a singular metric unregularised: (0, 1]. */
+    int rc = run(out, sizeof out, 30,
+                 BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent --feedback-damp 0 --out p");
+    cr_expect_eq(rc, 2, "--feedback-damp 0: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--feedback-damp") && strstr(out, "(0, 1]"), "message should name the flag and range: %s", out);
 }
 
 Test(tools_bad_input, calibrate_refuses_bad_probe_queries, .timeout = 60) {

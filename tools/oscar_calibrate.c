@@ -56,6 +56,8 @@ static void usage(FILE *fp) {
             "                   or from every position that reads a 2-bit region\n"
             "  --clip-margin X  take the mildest clip whose probe error is within (1 + X) of the\n"
             "                   smallest (X in [0, 1], default 0)\n"
+            "  --feedback-damp X  ridge on the error-feedback metric, a share in (0, 1] of its mean\n"
+            "                   eigenvalue (default 0.001; docs/eval/retrieval.md, seventh step)\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
             "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"
@@ -185,6 +187,12 @@ int main(int argc, char **argv) {
             if (!parse_choice(a, argv[++i], names, 2, &o.probe_span)) return 2;
         } else if (!strcmp(a, "--clip-margin") && has) {
             if (!parse_share(a, argv[++i], &o.clip_margin)) return 2;
+        } else if (!strcmp(a, "--feedback-damp") && has) {
+            if (!parse_share(a, argv[++i], &o.feedback_damp)) return 2;
+            if (!(o.feedback_damp > 0.0f)) {
+                fprintf(stderr, "oscar-calibrate: --feedback-damp must be in (0, 1], got 0\n");
+                return 2;
+            }
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
             if (!parse_share(a, argv[++i], &o.copy_mass_loss)) return 2;
         } else if (!strcmp(a, "--key-attn-weight") && has) {

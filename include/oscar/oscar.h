@@ -292,6 +292,10 @@ typedef struct oscar_calib_options {
     int32_t probe_span;         /* where a window's probe query positions are drawn: 0 (default) its
                                    second half; 1 every position from sink + recent + 32 on (the
                                    positions oscar-eval scores that read a 2-bit region) */
+    float feedback_damp;        /* error-feedback weights: ridge added to the metric before its Cholesky
+                                   factor, as a share of the metric's mean eigenvalue (trace / head_dim),
+                                   grown tenfold while a weight would exceed 16; in (0, 1], or 0 (default):
+                                   0.001 (docs/eval/retrieval.md, seventh step) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */

@@ -47,7 +47,7 @@ class CalibOptions(Structure):
                 ("recent", c_int32), ("clip_objective", c_int32), ("permutation", c_int32), ("rounding", c_int32),
                 ("copy_probes", c_int32), ("copy_mass_loss", c_float), ("clip_per_head", c_int32),
                 ("key_attn_weight", c_float), ("threads", c_int32), ("probe_queries", c_int32),
-                ("clip_margin", c_float), ("probe_span", c_int32)]
+                ("clip_margin", c_float), ("probe_span", c_int32), ("feedback_damp", c_float)]
 
 
 class CalibLayerReport(Structure):
