@@ -10,6 +10,7 @@
 
 #include "oscar_ref.h"
 #include "oscar_internal.h"
+#include "refcheck.h"
 
 static uint64_t g_seed, g_state;
 static void seed_init(void) {
@@ -1162,58 +1163,17 @@ static double metric_error(int d, const float *R, const double *C, const float *
 }
 
 /* Error-feedback weights of metric Ct with ridge `damp` (a share of the mean eigenvalue), grown
- * tenfold while a weight exceeds 16, from the definition (FORMAT.md 2.3): U^T U = (Ct + r I)^-1,
- * U upper triangular, F[j][k] = U[j][k] / U[j][j]. Plain Cholesky, written apart from calib.c. */
+ * tenfold while a weight exceeds 16, from the definition (FORMAT.md 2.3) as the tests'
+ * reference computes it (support/refcheck.c, written apart from calib.c). */
 static void expected_feedback(int d, const double *Ct, double damp, double *F) {
     const size_t dd = (size_t)d * (size_t)d;
-    double *B = malloc(dd * sizeof(double)), *Li = malloc(dd * sizeof(double)), *A = malloc(dd * sizeof(double));
-    double tr = 0.0;
-    for (int i = 0; i < d; i++) tr += Ct[(size_t)i * d + i];
+    float *Ff = malloc(dd * sizeof *Ff);
     for (;; damp *= 10.0) {
-        memcpy(B, Ct, dd * sizeof(double));
-        for (int i = 0; i < d; i++) B[(size_t)i * d + i] += damp * tr / d;
-        /* B = L L^T (L lower, in place), Li = L^-1, A = Li^T Li = B^-1. */
-        for (int j = 0; j < d; j++) {
-            for (int k = 0; k < j; k++) B[(size_t)j * d + j] -= B[(size_t)j * d + k] * B[(size_t)j * d + k];
-            B[(size_t)j * d + j] = sqrt(B[(size_t)j * d + j]);
-            for (int i = j + 1; i < d; i++) {
-                for (int k = 0; k < j; k++) B[(size_t)i * d + j] -= B[(size_t)i * d + k] * B[(size_t)j * d + k];
-                B[(size_t)i * d + j] /= B[(size_t)j * d + j];
-            }
-        }
-        memset(Li, 0, dd * sizeof(double));
-        for (int c = 0; c < d; c++)
-            for (int i = c; i < d; i++) {
-                double v = i == c ? 1.0 : 0.0;
-                for (int k = c; k < i; k++) v -= B[(size_t)i * d + k] * Li[(size_t)k * d + c];
-                Li[(size_t)i * d + c] = v / B[(size_t)i * d + i];
-            }
-        for (int i = 0; i < d; i++)
-            for (int j = 0; j < d; j++) {
-                double v = 0.0;
-                for (int k = i > j ? i : j; k < d; k++) v += Li[(size_t)k * d + i] * Li[(size_t)k * d + j];
-                A[(size_t)i * d + j] = v;
-            }
-        /* A = Lc Lc^T (lower); U = Lc^T, so F[j][k] = Lc[k][j] / Lc[j][j]. */
-        for (int j = 0; j < d; j++) {
-            for (int k = 0; k < j; k++) A[(size_t)j * d + j] -= A[(size_t)j * d + k] * A[(size_t)j * d + k];
-            A[(size_t)j * d + j] = sqrt(A[(size_t)j * d + j]);
-            for (int i = j + 1; i < d; i++) {
-                for (int k = 0; k < j; k++) A[(size_t)i * d + j] -= A[(size_t)i * d + k] * A[(size_t)j * d + k];
-                A[(size_t)i * d + j] /= A[(size_t)j * d + j];
-            }
-        }
-        int ok = 1;
-        for (int j = 0; j < d; j++)
-            for (int k = 0; k < d; k++) {
-                F[(size_t)j * d + k] = k > j ? A[(size_t)k * d + j] / A[(size_t)j * d + j] : 0.0;
-                if (fabs(F[(size_t)j * d + k]) > 16.0) ok = 0;
-            }
-        if (ok || damp >= 1.0) break;
+        const double mx = rc_feedback_weights(d, Ct, damp, Ff);
+        if ((mx >= 0.0 && mx <= 16.0) || damp >= 1.0) break;
     }
-    free(B);
-    free(Li);
-    free(A);
+    for (size_t i = 0; i < dd; i++) F[i] = Ff[i];
+    free(Ff);
 }
 
 /* The ridge of the feedback metric is options.feedback_damp: the keys' weights are those of
