@@ -931,7 +931,6 @@ OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, i
 
 /* ------------------------------------------------------------ finalize */
 
-
 /* The value metric of (layer, rotation index r) into M: the head's, or with
  * one rotation per layer the mean over heads. 0 when not given. */
 static int value_metric(const oscar_calib *c, int layer, int r, double *M) {
