@@ -141,10 +141,24 @@ def enumerate_variants(spec, sel, arch, target):
         if v["TC"]:
             v.update(tc_smem(v, tc))
     for v in append:
+        v["TILE"] = tile_geom(v["D"], v["NG"])
         v["with_helpers"] = True
         v["qsfx"] = v["sfx"]
         v["BF16M_CONST"] = bool(v["BF16M"])
     return append, decode, rotq
+
+
+def tile_geom(d, ng):
+    """Geometry of the tile write path (templates/append.jinja appendt_family), the
+    one home of these numbers for the kernel and the host table: L = d / 32 lanes
+    per row in the feedback chain, 32 / L rows per warp, 4 warps, so T = 4 * 32 / L
+    tokens per CTA; rotation chunks of RK rows (8 KB), feedback chunks of KC rows;
+    SMEM: dynamic shared bytes (xs, xn, the R/F ring, group values, LM scratch, codes)."""
+    L = d // 32
+    g = dict(L=L, RPW=32 // L, T=4 * (32 // L), NT=128, RK=2048 // d, KC=32 if d <= 128 else 16, FSW=36, XSS=d + 4)
+    g["RING"] = max(2 * g["RK"] * d, g["KC"] * L * g["FSW"])
+    g["SMEM"] = 4 * (2 * g["T"] * g["XSS"] + g["RING"] + g["T"] * ng * 10 + 4 * d + g["T"] * L * 2)
+    return g
 
 
 def format_constants(path=os.path.join(ROOT, "format", "oscar_format.h")):
@@ -197,6 +211,10 @@ typedef struct oscar_gpu_append_variant {{
     /* warp write path (CUDA, quantized methods; oscar_append1_params): plain loads (many CTAs),
      * cp.async rings (few CTAs), or NULL */
     const void *append_w, *append_wr;
+    /* tile write path (CUDA, quantized methods; oscar_append1_params): many tokens per CTA,
+     * its tokens per CTA and dynamic shared bytes, or NULL */
+    const void *append_t;
+    int tile_tokens, tile_smem;
 }} oscar_gpu_append_variant;
 typedef struct oscar_gpu_tuning {{
     int d, threads, elems, min_chunk, blocks_per_sm;
@@ -270,11 +288,14 @@ SHFL32 = {
 
 
 def appendw_ptrs(target, v):
-    """The warp write path's two kernels (templates/append.jinja appendw_family):
-    CUDA and the quantized methods only; OSCAR_NO_APPENDW (A/B timing) leaves them out."""
+    """The warp write path's two kernels and the tile write path (templates/append.jinja
+    appendw_family, appendt_family) with its geometry: CUDA and the quantized methods
+    only; OSCAR_NO_APPENDW (A/B timing) leaves them out."""
     if target != "cuda" or v["BF16M"]:
-        return "0, 0"
-    return "OSCAR_APPENDW_PTR(oscar_append_w%s), OSCAR_APPENDW_PTR(oscar_append_wr%s)" % (v["sfx"], v["sfx"])
+        return "0, 0, 0, 0, 0"
+    return ("OSCAR_APPENDW_PTR(oscar_append_w%s), OSCAR_APPENDW_PTR(oscar_append_wr%s), "
+            "OSCAR_APPENDW_PTR(oscar_append_t%s), %d, %d"
+            % (v["sfx"], v["sfx"], v["sfx"], v["TILE"]["T"], v["TILE"]["SMEM"]))
 
 
 def gen_gpu(target, spec, sel, arch, out):
@@ -299,7 +320,7 @@ def gen_gpu(target, spec, sel, arch, out):
                          % (v["D"], v["G"], v["KVB"], v["MF32"], v["BF16M"], v["sfx"], v["sfx"], v["sfx"],
                             v["sfx"][1:], appendw_ptrs(target, v)))
         if not av:
-            lines.append('    {0, 0, 0, 0, 0, 0, 0, 0, "", 0, 0},')
+            lines.append('    {0, 0, 0, 0, 0, 0, 0, 0, "", 0, 0, 0, 0, 0},')
         lines.append("};")
         lines.append('extern "C" const int oscar_%s_append_table_%s_n = %d;' % (target, part, len(av)))
         body = [prelude, "#define GRID_X gridDim.x\n", SHFL32[target], '#include "oscar_%s_variants.h"' % target]
@@ -314,6 +335,7 @@ def gen_gpu(target, spec, sel, arch, out):
         if target == "cuda" and any(not v["BF16M"] for v in av):
             body.append(app_t.appendw_helpers())
             body += [app_t.appendw_family(v) for v in av if not v["BF16M"]]
+            body += [app_t.appendt_family(v) for v in av if not v["BF16M"]]
         write(os.path.join(out, "oscar_%s_append_%s.%s" % (target, part, ext)), "\n".join(body + lines) + "\n")
 
     parts = decode_parts(sel)

@@ -191,6 +191,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->append1 = av->append1;
     k->append_w = av->append_w;
     k->append_wr = av->append_wr;
+    k->append_t = NULL;
     k->rotate_q = dv->rotate_q;
     k->decode = dv->decode;
     k->merge = dv->merge;
@@ -231,6 +232,13 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         k->xextend = xv->extend_tc;
         k->xcap = xv->cap;
         k->xsmem = (unsigned)xv->smem;
+    }
+    if (av->append_t) {
+        int unused = 0;
+        if ((st = tc_prepare(av->append_t, 128, av->tile_smem, "tile append", &unused, err))) return st;
+        k->append_t = av->append_t;
+        k->tile_tokens = av->tile_tokens;
+        k->tile_smem = (unsigned)av->tile_smem;
     }
     snprintf(k->name, sizeof k->name, "%s", dv->name);
     return OSCAR_OK;

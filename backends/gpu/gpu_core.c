@@ -13,6 +13,11 @@
 /* Grids of up to this many CTAs per compute unit take the warp write path's cp.async-ring
  * instance (latency), larger ones the plain-load one (occupancy). */
 #define OSCAR_APPENDW_RING_CTAS 4
+/* Grids of more than this many warp-path CTAs per compute unit take the tile write path
+ * (rotation and feedback weights shared by a CTA's tokens) at head_dim 128 with feedback
+ * weights and at head_dim 256: measured on the H200 (perf/RESULTS-attention.md), the
+ * tile path wins there at batch 256 x 8 KV heads (31 per SM) and loses at 128 (15.5). */
+#define OSCAR_APPEND_TILE_CTAS 24
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -22,6 +27,7 @@ typedef struct gpu_plan {
     void *fb_k, *fb_v; /* device fp32 error-feedback weights, same layout; NULL: round to nearest */
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
+    int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
     gpu_kernels k;
 } gpu_plan;
 
@@ -187,6 +193,14 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
         char *end = NULL;
         long rv = strtol(rce, &end, 10);
         if (end && *end == '\0' && rv >= 0 && rv <= 1000000) p->ring_ctas = (int)rv;
+    }
+    /* $OSCAR_APPEND_TILE_CTAS (tuning and A/B timing; docs/API.md), the same way */
+    p->tile_ctas = OSCAR_APPEND_TILE_CTAS;
+    const char *tce = getenv("OSCAR_APPEND_TILE_CTAS");
+    if (tce && *tce) {
+        char *end = NULL;
+        long tv = strtol(tce, &end, 10);
+        if (end && *end == '\0' && tv >= 0 && tv <= 1000000) p->tile_ctas = (int)tv;
     }
     size_t D = (size_t)d;
     oscar_page_geom g;
@@ -453,7 +467,21 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * W = 0 nothing is demoted, so any count). The cp.async-ring instance while the grid
      * is small (a row's latency decides), the plain-load one when it fills the GPU
      * (occupancy decides; measured, perf/RESULTS-attention.md). */
-    int small = ctas <= (int64_t)p->ring_ctas * V(ctx)->compute_units(ctx);
+    int64_t cus = V(ctx)->compute_units(ctx);
+    /* Tile write path (CUDA, quantized): a CTA per tile of new tokens and (row kind, head),
+     * the rotation and feedback weights read once per tile; for grids past tile_ctas
+     * warp-path CTAs per compute unit, where the per-row reads of R and F decide; not at
+     * head_dim 64 nor with nearest rounding at 128, where a CTA's serial work is longer
+     * than the warp path's whole grid (measured, perf/RESULTS-attention.md). Same slot
+     * rule as below. */
+    int tile_wins = (D >= 128 && (fk || D > 128)) || p->tile_ctas == 0; /* 0: forced (tests, A/B) */
+    if (p->quantized && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
+        ctas > (int64_t)p->tile_ctas * cus) {
+        unsigned tiles = (unsigned)((a->total_new + p->k.tile_tokens - 1) / p->k.tile_tokens);
+        return V(ctx)->launch_smem(ctx, p->k.append_t, tiles, (unsigned)(2 * H), 1, 128, p->k.tile_smem, aa, 1,
+                                   a->stream, err);
+    }
+    int small = ctas <= (int64_t)p->ring_ctas * cus;
     /* Measured exceptions (perf/RESULTS-attention.md), where the block-wide kernels win:
      * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
      * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */

@@ -25,6 +25,11 @@ typedef struct gpu_kernels {
     /* warp write path (CUDA, quantized methods; oscar_append1_params): plain loads, cp.async
      * rings; NULL: none */
     const void *append_w, *append_wr;
+    /* tile write path (CUDA, quantized methods; oscar_append1_params, launch_smem): tile_tokens
+     * new tokens per CTA, tile_smem dynamic shared bytes; NULL: none */
+    const void *append_t;
+    int tile_tokens;
+    unsigned tile_smem;
     /* Generic (fp32) extend attention and its merge (templates/decode.jinja, ext):
      * ext_cap query heads per work-group, ext_threads threads, ext_elems V elements each. */
     const void *extend, *merge_ext;
