@@ -33,6 +33,15 @@ typedef struct gpu_plan {
 
 static const gpu_vendor *V(void *ctx) { return ((gpu_ctx_head *)ctx)->vendor; }
 
+/* $name as a count in 0 .. 1000000, else def (unset, empty or malformed). */
+static int env_count(const char *name, int def) {
+    const char *e = getenv(name);
+    if (!e || !*e) return def;
+    char *end = NULL;
+    long v = strtol(e, &end, 10);
+    return end && *end == '\0' && v >= 0 && v <= 1000000 ? (int)v : def;
+}
+
 static int log2_exact(int x) {
     int b = 0;
     while ((1 << b) < x) b++;
@@ -186,22 +195,10 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->W = bf16m ? 0 : l->recent;
     p->lp = lp;
     p->gqa = l->num_q_heads / l->num_kv_heads;
-    /* $OSCAR_APPEND_RING_CTAS (tuning and A/B timing; docs/API.md): read once, kept by the plan */
-    p->ring_ctas = OSCAR_APPENDW_RING_CTAS;
-    const char *rce = getenv("OSCAR_APPEND_RING_CTAS");
-    if (rce && *rce) {
-        char *end = NULL;
-        long rv = strtol(rce, &end, 10);
-        if (end && *end == '\0' && rv >= 0 && rv <= 1000000) p->ring_ctas = (int)rv;
-    }
-    /* $OSCAR_APPEND_TILE_CTAS (tuning and A/B timing; docs/API.md), the same way */
-    p->tile_ctas = OSCAR_APPEND_TILE_CTAS;
-    const char *tce = getenv("OSCAR_APPEND_TILE_CTAS");
-    if (tce && *tce) {
-        char *end = NULL;
-        long tv = strtol(tce, &end, 10);
-        if (end && *end == '\0' && tv >= 0 && tv <= 1000000) p->tile_ctas = (int)tv;
-    }
+    /* $OSCAR_APPEND_RING_CTAS, $OSCAR_APPEND_TILE_CTAS (tuning and A/B timing; docs/API.md):
+     * read once, kept by the plan */
+    p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
+    p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
