@@ -347,6 +347,18 @@ static void check_cache(env *e, const rc_paged *b, rc_seq_ref *refs, uint64_t se
     free(usedmap);
 }
 
+/* The q~ a CUDA decode or extend left in its workspace (gpu_core.c: fp32
+ * [query token][Hq][d] after the header). */
+static const void *dev_qt(const env *e) {
+    return (const char *)e->g_ws + OSCAR_WORKSPACE_HEADER;
+}
+
+/* The plugin's variant is of the CUDA tensor-core family. */
+static int is_tc(const env *e) {
+    const size_t vn = strlen(e->variant);
+    return vn >= 3 && !strcmp(e->variant + vn - 3, "_tc");
+}
+
 static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int rotated_output, uint64_t seed) {
     int Hq = e->l.num_q_heads, d = e->l.head_dim, qpad = rc_randint(r, 0, 3) * 8, opad = rc_randint(r, 0, 2) * 8;
     size_t es = oscar_dtype_size(e->l.kv_dtype);
@@ -354,7 +366,9 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
     size_t qbytes = (size_t)b->num_seqs * qs * es, obytes = (size_t)b->num_seqs * os * es;
     float *q = malloc((size_t)b->num_seqs * Hq * d * sizeof *q);
     char *qb = malloc(qbytes), *ob = malloc(obytes), *cob = malloc(obytes);
-    double *ref = malloc((size_t)Hq * d * sizeof *ref);
+    double *ref = malloc((size_t)Hq * d * sizeof *ref), *reft = malloc((size_t)Hq * d * sizeof *reft);
+    const int tc = is_tc(e);
+    float *qt = tc ? malloc((size_t)b->num_seqs * Hq * d * sizeof *qt) : NULL;
     rc_gen_kv(r, b->num_seqs, Hq, d, 2, e->l.kv_dtype, q);
     rc_poison(qb, qbytes);
     rc_poison(ob, obytes);
@@ -378,20 +392,28 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
     cr_assert_eq(g->api->decode(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s decode: %s",
                  (unsigned long long)seed, g->api->name, err.msg);
     dev_download(g, ob, dout, obytes);
+    if (tc) dev_download(g, qt, dev_qt(e), (size_t)b->num_seqs * Hq * d * sizeof *qt);
     cr_assert_eq(g->api->check(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK, "check after decode: %s", err.msg);
     char msg[256];
     for (int i = 0; i < b->num_seqs; i++) {
-        rc_attention_f64(&refs[i], b->seq_lens[i], Hq, q + (size_t)i * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
-                         e->num_rot, sm, rotated_output, ref);
+        const int L = b->seq_lens[i];
+        rc_attention_f64(&refs[i], L, Hq, q + (size_t)i * Hq * d, layer_rot(e, 0), layer_rot(e, 1), e->num_rot, sm,
+                         rotated_output, ref);
+        /* the tensor-core kernels score the 2-bit rows with q~ in two int8 limbs (FORMAT.md §5):
+         * their reference does the same from the q~ they held */
+        if (tc)
+            rc_attention_f64_q(&refs[i], L, L - 1, Hq, q + (size_t)i * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
+                               e->num_rot, sm, rotated_output, reft, NULL, NULL, qt + (size_t)i * Hq * d);
         const char *o = ob + (size_t)i * os * es;
         /* Absolute floor 2^-10 of the largest output (FORMAT.md §5): the tensor-core
          * decode rounds P' = p a to fp16 (2^-11; FlashAttention's bf16 P is 2^-9).
          * Measured on the H200: errors up to 2.1e-4 of the largest output. */
-        int bad = rc_check_output_abs(e->l.kv_dtype, o, ref, (size_t)Hq * d, 0x1p-10, msg, sizeof msg);
+        int bad = rc_check_output_abs(e->l.kv_dtype, o, tc ? reft : ref, (size_t)Hq * d, 0x1p-10, msg, sizeof msg);
         cr_assert_eq(bad, 0, "seed %llu %s (%s): decode of sequence %d (L=%d, rotated_output %d): %d outputs off; %s",
                      (unsigned long long)seed, g->api->name, e->variant, i, b->seq_lens[i], rotated_output, bad, msg);
         /* Against the CPU backend's own output: each is within output rounding
-         * of the float64 reference, so they agree within two 16-bit ulps. */
+         * of its float64 reference (the tensor-core family's: with its q~ limbs), so
+         * they agree within two 16-bit ulps plus the difference of the references. */
         float *gf = malloc((size_t)Hq * d * sizeof *gf), *cf = malloc((size_t)Hq * d * sizeof *cf);
         rc_from_dtype(e->l.kv_dtype, o, gf, (size_t)Hq * d);
         rc_from_dtype(e->l.kv_dtype, cob + (size_t)i * os * es, cf, (size_t)Hq * d);
@@ -399,7 +421,7 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
         for (int j = 0; j < Hq * d; j++) mx = fabs(cf[j]) > mx ? fabs(cf[j]) : mx;
         for (int j = 0; j < Hq * d; j++) {
             double a = fabs(gf[j]) > fabs(cf[j]) ? fabs(gf[j]) : fabs(cf[j]);
-            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + 0.01 * mx,
+            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + 0.01 * mx + (tc ? fabs(reft[j] - ref[j]) : 0.0),
                           "seed %llu %s (%s): decode of sequence %d output %d: %g vs CPU backend %g",
                           (unsigned long long)seed, g->api->name, e->variant, i, j, gf[j], cf[j]);
         }
@@ -417,6 +439,8 @@ static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int r
     free(ob);
     free(cob);
     free(ref);
+    free(reft);
+    free(qt);
 }
 
 /* ------------------------------------------------------------- extend */
@@ -456,11 +480,12 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     size_t qbytes = (size_t)total * qs * es, obytes = (size_t)(total + 1) * os * es;
     size_t lbytes = (size_t)(total + 1) * Hq * sizeof(float);
     float *q = malloc((size_t)total * Hq * d * sizeof *q), *clse = malloc(lbytes), *glse = malloc(lbytes);
+    float *qt = malloc((size_t)total * Hq * d * sizeof *qt); /* the device's q~ (tensor-core family) */
     char *qb = malloc(qbytes), *cob = malloc(obytes), *gob = malloc(obytes);
-    double *ref = malloc((size_t)Hq * d * sizeof *ref), *rlse = malloc((size_t)Hq * sizeof *rlse),
+    double *ref = malloc((size_t)Hq * d * sizeof *ref), *reft = malloc((size_t)Hq * d * sizeof *reft),
+           *rlse = malloc((size_t)Hq * sizeof *rlse), *rlset = malloc((size_t)Hq * sizeof *rlset),
            *rabs = malloc((size_t)Hq * sizeof *rabs);
-    const size_t vn = strlen(e->variant);
-    const int tc = vn >= 3 && !strcmp(e->variant + vn - 3, "_tc"); /* the tensor-core family */
+    const int tc = is_tc(e);
     rc_gen_kv(r, total, Hq, d, 2, e->l.kv_dtype, q);
     rc_poison(qb, qbytes);
     rc_poison(cob, obytes);
@@ -496,6 +521,7 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     cr_assert_eq(g->api->extend(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s extend: %s",
                  (unsigned long long)seed, g->api->name, err.msg);
     dev_download(g, gob, dout, obytes);
+    if (tc) dev_download(g, qt, dev_qt(e), (size_t)total * Hq * d * sizeof *qt);
     dev_download(g, glse, dlse, lbytes);
     cr_assert_eq(g->api->check(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK, "seed %llu: check after extend: %s",
                  (unsigned long long)seed, err.msg);
@@ -509,11 +535,17 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
             int tok = cu[i] + k, pos = L - qn[i] + k;
             rc_attention_f64_at(&refs[i], L, pos, Hq, q + (size_t)tok * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
                                 e->num_rot, sm, rotated_output, ref, rlse, rabs);
+            /* the device's reference: the tensor-core family scores the 2-bit rows with the q~
+             * it held in two int8 limbs (FORMAT.md §5) */
+            if (tc)
+                rc_attention_f64_q(&refs[i], L, pos, Hq, q + (size_t)tok * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
+                                   e->num_rot, sm, rotated_output, reft, rlset, NULL, qt + (size_t)tok * Hq * d);
             for (int w = 0; w < 2; w++) {
                 const char *o = outs[w] + (size_t)tok * os * es;
+                const int wt = w && tc;
                 /* CPU: the fp32 reference bound; device: the tensor-core floor (FORMAT.md §5). */
-                int bad = rc_check_output_abs(e->l.kv_dtype, o, ref, (size_t)Hq * d, w ? 0x1p-10 : 2e-4, msg,
-                                              sizeof msg);
+                int bad = rc_check_output_abs(e->l.kv_dtype, o, wt ? reft : ref, (size_t)Hq * d, w ? 0x1p-10 : 2e-4,
+                                              msg, sizeof msg);
                 cr_assert_eq(bad, 0,
                              "seed %llu %s (%s): extend of sequence %d (L=%d, %d queries), query at %d: %d outputs "
                              "off; %s",
@@ -523,10 +555,10 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
                                  (unsigned long long)seed, names[w]);
                 if (want_lse)
                     for (int h = 0; h < Hq; h++)
-                        cr_assert(!rc_lse_off(lses[w][(size_t)tok * Hq + h], rlse[h], w && tc, rabs[h]),
+                        cr_assert(!rc_lse_off(lses[w][(size_t)tok * Hq + h], wt ? rlset[h] : rlse[h], wt, rabs[h]),
                                   "seed %llu %s (%s): LSE of sequence %d query at %d head %d: %.9g vs reference %.9g",
                                   (unsigned long long)seed, names[w], e->variant, i, pos, h,
-                                  (double)lses[w][(size_t)tok * Hq + h], rlse[h]);
+                                  (double)lses[w][(size_t)tok * Hq + h], wt ? rlset[h] : rlse[h]);
             }
         }
     }
@@ -567,7 +599,10 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     free(cob);
     free(gob);
     free(ref);
+    free(reft);
     free(rlse);
+    free(rlset);
+    free(qt);
     free(rabs);
 }
 

@@ -275,11 +275,33 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
     rc_attention_f64_at(s, L, L - 1, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, NULL, NULL);
 }
 
+/* q~ as the CUDA tensor-core kernels meet the 2-bit codes with it (FORMAT.md §5),
+ * from the device's own q~ (fp32, scaled by sm_scale log2(e)): qmx the power of two
+ * >= max|q~|, element j scaled by 127 / qmx / 4^(j mod 4) and split into two int8
+ * limbs l0 + l1 / 254, bit for bit as the kernel does; returned in q's units. */
+static void q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
+    float mx = 0.0f;
+    for (int j = 0; j < d; j++) mx = fmaxf(mx, fabsf(qt[j]));
+    const float qmx = mx > 0.0f && mx < 1e30f ? exp2f(ceilf(log2f(mx))) : 1.0f;
+    const double sc = (double)(float)(sm_scale * 1.4426950408889634);
+    for (int j = 0; j < d; j++) {
+        const float f = (127.0f / qmx) * (1.0f / (float)(1 << (2 * (j & 3))));
+        const float y = qt[j] * f, r0 = rintf(y), r1 = rintf((y - r0) * 254.0f);
+        q2[j] = ((double)r0 + (double)r1 / 254.0) / (double)f / sc;
+    }
+}
+
 void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
                          double *lse, double *abs_score) {
+    rc_attention_f64_q(s, L, t, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, lse, abs_score, NULL);
+}
+
+void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                        const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                        double *lse, double *abs_score, const float *qt_dev) {
     int d = s->d, H = s->H, gq = Hq / H, vis = t + 1;
-    double *sc = malloc((size_t)vis * sizeof *sc), qr[256], o[256];
+    double *sc = malloc((size_t)vis * sizeof *sc), qr[256], q2[256], o[256];
     for (int hq = 0; hq < Hq; hq++) {
         int h = hq / gq;
         const float *RK = rot_k ? rot_k + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
@@ -292,12 +314,17 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
                 a = q[hq * d + j];
             qr[j] = a;
         }
+        if (qt_dev) q_limbs2(qt_dev + (size_t)hq * d, d, sm_scale, q2);
         double mx = -INFINITY, amx = 0;
         for (int p = 0; p < vis; p++) {
             const float *k = rc_stored_row(s, 0, p, h, L);
+            /* the kernels meet the codes (x~ - b) with q', the bias b of each group with q~ */
+            const float *mb = qt_dev && rc_region(&s->l, p, L) == RC_2BIT
+                                  ? s->meta[0] + ((size_t)p * H + h) * (size_t)s->ng * 2 : NULL;
             double a = 0, aa = 0;
             for (int j = 0; j < d; j++) {
-                a += qr[j] * k[j];
+                const double b = mb ? mb[(j / s->l.group) * 2 + 1] : 0.0;
+                a += mb ? q2[j] * (k[j] - b) + qr[j] * b : qr[j] * k[j];
                 aa += fabs(qr[j] * k[j]);
             }
             sc[p] = a * sm_scale;

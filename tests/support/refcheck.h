@@ -108,6 +108,13 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
 void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
                          double *lse, double *abs_score);
+/* The same; qt_dev: [Hq][d] or NULL, the q~ of this query that a CUDA tensor-core
+ * kernel held (fp32, scaled by sm_scale log2(e), read back from its workspace): the
+ * 2-bit rows are then scored as those kernels do, with q~ in two int8 limbs
+ * (FORMAT.md §5) derived bit for bit from it; NULL: exact. */
+void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                        const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                        double *lse, double *abs_score, const float *qt_dev);
 /* Compares n outputs stored in kv_dtype against the float64 reference within
  * the output rounding (2^-8 relative for bf16, 2^-10 for f16) plus a small
  * absolute slack scaled by the largest |ref|. Returns mismatches, first in msg. */
