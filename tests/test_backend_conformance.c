@@ -903,6 +903,9 @@ Test(conformance, error_feedback_rounding, .timeout = 900) {
         run_scenario_fb(&g, &c2, 6, l2, CHUNKS, 1);
         int l3[] = {1, 63, 320, 321, 449};
         run_scenario_fb(&g, &c3, 5, l3, PREFILL, 1);
+        /* the default shape in chunks: the CUDA tile write path where it is forced */
+        int l3c[] = {2, 70, 321, 330};
+        run_scenario_fb(&g, &c3, 4, l3c, CHUNKS, 1);
         int l4[] = {5, 36, 37, 90};
         run_scenario_fb(&g, &c4, 4, l4, CHUNKS, 1);
         int l5[] = {1, 32, 33, 100, 170};
