@@ -212,6 +212,12 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->resident = 0;
     oscar_status st;
     if (dv->tc && (st = tc_prepare(dv->decode, dv->threads, dv->smem, "decode", &k->resident, err))) return st;
+    k->decode_o3 = NULL;
+    k->resident_o3 = 0;
+    if (dv->tc && dv->decode_o3) {
+        if ((st = tc_prepare(dv->decode_o3, dv->threads, dv->smem, "decode", &k->resident_o3, err))) return st;
+        k->decode_o3 = dv->decode_o3;
+    }
     /* Extend on the tensor cores: the variant's own extend instantiation, and the
      * widest variant of the family (more columns per CTA). */
     if (dv->tc && dv->extend_tc) {

@@ -28,6 +28,8 @@ typedef struct gpu_plan {
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
+    int o3_ctas;   /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin;
+                    * -1: a third of the compute units */
     gpu_kernels k;
 } gpu_plan;
 
@@ -199,6 +201,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
      * read once, kept by the plan */
     p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
     p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
+    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", -1);
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -295,16 +298,28 @@ static int resident_of(void *ctx, int per_cu) {
 }
 static int resident_blocks(void *ctx, const gpu_plan *p) { return resident_of(ctx, p->k.resident); }
 
-/* The tensor-core kernel for cols MMA columns per (sequence, KV head): decode's, or
- * for extend its extend instantiation, or the widest variant of the family once
- * cols passes the decode variant's capacity. */
+static int hchunks_of(const gpu_plan *p) {
+    int cap = p->k.cap > 0 ? p->k.cap : p->gqa;
+    return (p->gqa + cap - 1) / cap;
+}
+/* The tensor-core kernel for cols MMA columns per (sequence, KV head) of nseq
+ * sequences: decode's, or for extend its extend instantiation, or the widest variant
+ * of the family once cols passes the decode variant's capacity. A decode with a
+ * 3-CTA-per-SM twin (the 16-head 2-bit variants) takes it once the (sequence, KV
+ * head, head chunk) CTAs before splitting reach a third of the compute units: H200,
+ * GQA 12 / 16 at d 128, 1.04-1.07x from 64 such CTAs up, 0.90-0.94x at 4-32
+ * (perf/RESULTS-attention.md, ninth session). */
 typedef struct tc_kernel {
     const void *fn;
     int cap, resident;
     unsigned smem;
 } tc_kernel;
-static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols) {
+static tc_kernel tc_kernel_for(void *ctx, const gpu_plan *p, int ext, int cols, int nseq) {
     tc_kernel k = {p->k.decode, p->k.cap, p->k.resident, p->k.smem};
+    const int64_t ctas = (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p);
+    if (!ext && p->k.decode_o3 &&
+        (p->o3_ctas >= 0 ? ctas >= p->o3_ctas : 3 * ctas >= (int64_t)V(ctx)->compute_units(ctx)))
+        k = (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem};
     if (!ext) return k;
     k.fn = p->k.tc_extend;
     k.resident = p->k.tc_ext_resident;
@@ -313,10 +328,6 @@ static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols) {
     return k;
 }
 
-static int hchunks_of(const gpu_plan *p) {
-    int cap = p->k.cap > 0 ? p->k.cap : p->gqa;
-    return (p->gqa + cap - 1) / cap;
-}
 /* cols: MMA columns per (sequence, KV head): the GQA ratio for decode, max_q_len x it for extend. */
 static void tc_choose(void *ctx, const gpu_plan *p, const tc_kernel *k, int nseq, int cols, int max_len,
                       int max_splits, gpu_tc_splits *t) {
@@ -344,9 +355,15 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     int nsplit, chunk;
     if (p->k.tc) {
         gpu_tc_splits t;
-        tc_kernel k = tc_kernel_for(p, 0, p->gqa);
+        /* the splits of either decode kernel (the 3-CTA twin may want more) */
+        tc_kernel k = {p->k.decode, p->k.cap, p->k.resident, p->k.smem};
         tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
         nsplit = t.nsplit;
+        if (p->k.decode_o3) {
+            k = (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem};
+            tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
+            if (t.nsplit > nsplit) nsplit = t.nsplit;
+        }
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
                           target_blocks(ctx, p), resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
@@ -538,7 +555,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
     const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_kernel k = tc_kernel_for(p, ext, cols);
+    tc_kernel k = tc_kernel_for(ctx, p, ext, cols, nseq);
     tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
@@ -742,7 +759,7 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
      * (while the grid's y dimension fits). */
-    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa);
+    tc_kernel k = tc_kernel_for(ctx, p, 1, a->max_q_len * p->gqa, a->batch.num_seqs);
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
     if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535)
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);

@@ -36,6 +36,10 @@ typedef struct gpu_kernels {
     int ext_cap, ext_threads, ext_elems;
     int threads, elems, min_chunk, blocks_per_sm;
     int resident; /* decode CTAs resident per compute unit when known (occupancy query), else 0 */
+    /* The tc decode at 3 CTAs per SM where decode runs at 2 (NULL: none), taken for grids
+     * of at least a third of a CTA per compute unit before splitting (gpu_core.c). */
+    const void *decode_o3;
+    int resident_o3;
     int cap;      /* query heads one decode work-group serves; 0: the plan's whole GQA ratio */
     int tc;       /* decode/merge are the tensor-core family (oscar_tc_*_params, launch_smem) */
     unsigned smem; /* dynamic shared memory bytes of the tc decode */
