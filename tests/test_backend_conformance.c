@@ -936,15 +936,16 @@ Test(conformance, d128_gqa4_tensor_core_shapes, .timeout = 900) {
 
 /* Every GQA ratio and head_dim of the model zoo (perf/RESULTS-attention.md):
  * 32/8/128 (ratio 4), 64/8/128 (8), 96/8/128 (12), 64/4/128 (16), 28/4/128 (7),
- * 24/8/128 (3), MHA (1), 16/8/256 (2), 32/8/64 (4), and 20 query heads on one
- * KV head (above the 16 one CTA holds: several CTAs per KV head). KV heads are
+ * 24/8/128 (3), MHA (1), 16/8/256 (2), 32/8/64 (4), 20 query heads on one
+ * KV head (above the 16 one CTA holds: several CTAs per KV head) and GQA 12 at
+ * d 64 (the 16-head variant there, and its 3-CTA twin when forced). KV heads are
  * fewer than the real models' (the ratio and head_dim are what select and
  * shape the kernels) to keep the CPU reference quick; 96/8 runs at full size.
  * 2-bit (uniform) and the BF16 method, mixed lengths below and above S0 + W,
  * not multiples of the page, one sequence long enough for several splits. */
 Test(conformance, model_zoo_shapes, .timeout = 1200) {
     static const int zoo[][3] = {{8, 2, 128}, {16, 2, 128}, {96, 8, 128}, {32, 2, 128}, {14, 2, 128},
-                                 {6, 2, 128}, {2, 2, 128}, {4, 2, 256}, {8, 2, 64}, {20, 1, 128}};
+                                 {6, 2, 128}, {2, 2, 128}, {4, 2, 256}, {8, 2, 64}, {20, 1, 128}, {24, 2, 64}};
     FOR_EACH_BACKEND(g, {
         for (size_t z = 0; z < sizeof zoo / sizeof zoo[0]; z++) {
             int d = zoo[z][2], G = d == 64 ? 64 : 128;
