@@ -24,3 +24,4 @@ ev "$P" "$O/valB.tokens" t1-valB --max-tokens 16384 --retrieval-trials 8 --stora
 ev "$T2" "$O/valA.tokens" t2-valA --max-tokens 8192 --retrieval-trials 8 --storage $S2
 ev "$T2" "$O/valB.tokens" t2-valB --max-tokens 8192 --retrieval-trials 8 --storage $S2
 ev "$P" "$D/eval.tokens" eval --max-tokens 32768 --retrieval-trials 4 --storage $S2 --storage $S4
+ev "$P" "$D/eval.tokens" eval-ret16 --max-tokens 2048 --retrieval-trials 16 --storage $S2 --storage $S4
