@@ -3,6 +3,7 @@
  * (which heads, which tensor, page boundaries, the row criterion). No model. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -336,4 +337,104 @@ Test(eval_storage, each_head_its_group)
         cr_assert_eq(x[p][1][5], 64.0f, "head 1: group 64");
     }
     ev_storage_free(&s);
+}
+
+/* ------------------------------------------------- bits= (wider codes) */
+Test(eval_storage, code_width_parses_counts_and_is_refused)
+{
+    ev_storage s;
+    parse_ok("bits=3,kv=k,heads=4:1", &s);
+    cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_K), 3);
+    cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_V), 0);
+    cr_assert_eq(ev_storage_bits_of(&s, 4, 0, OSCAR_K), 0);
+    /* one head-tensor of 32 at 3 + 32/128 bits */
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (31.0 * 2.25 + 3.25) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("bits=3,kv=k,heads=4:1,vbits=4,group=64", &s);
+    cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_V), 4);
+    cr_assert(ev_storage_applies(&s, 4, 1, OSCAR_V));
+    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 3.5 + 4.25) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("bits=3,kv=k,heads=4:1/bits=2,heads=4:1", &s); /* the last clause decides */
+    cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_K), 2);
+    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12);
+    ev_storage_free(&s);
+    parse_bad("bits=5", "2, 3 or 4");
+    parse_bad("bits=1", "2, 3 or 4");
+    parse_bad("vbits=3x", "2, 3 or 4");
+    parse_bad("vbits=3,kv=v", "with kv=v use");
+    parse_bad("out=1,bits=3", "does not combine");
+}
+
+/* rows [n][h][d] of bf16 values with a few large channels (as keys have) */
+static void bf16_rows(float *x, int n, int hkv, int d, unsigned seed)
+{
+    for (int i = 0; i < n * hkv * d; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        float u = (float)((seed >> 8) & 0xffff) / 65536.0f - 0.5f;
+        float v = (i % d) % 17 == 3 ? 8.0f * u : u;
+        uint32_t b;
+        memcpy(&b, &v, 4);
+        b &= 0xffff0000u; /* exact in bf16 */
+        memcpy(&v, &b, 4);
+        x[i] = v;
+    }
+}
+
+static oscar_params *shipped_params(void)
+{
+    oscar_params *p = NULL;
+    const char *path = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    cr_assert_eq(oscar_params_load(path, &p), OSCAR_OK, "%s: %s", path, oscar_last_error());
+    return p;
+}
+
+/* At 2 bits the tool's coder is the library's OSCAR2 write path, bit for bit:
+ * the shipped file's per-head rotations, feedback weights and clips. */
+Test(eval_storage, two_bit_code_width_is_the_write_path)
+{
+    enum { NT = 48 };
+    oscar_params *p = shipped_params();
+    static float a[NT * HKV * D], b[NT * HKV * D];
+    for (int layer = 0; layer < L; layer += 3)
+        for (int w = 0; w < 2; w++)
+            for (int group = 32; group <= 128; group *= 2) {
+                bf16_rows(a, NT, HKV, D, 7u + (unsigned)(layer * 4 + w));
+                memcpy(b, a, sizeof a);
+                cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, layer, (oscar_kv)w, group, NT, HKV, D, a), OSCAR_OK,
+                             "%s", oscar_last_error());
+                for (int h = 0; h < HKV; h++)
+                    cr_assert_eq(ev_fakequant_bits(p, layer, h, (oscar_kv)w, 2, group, HKV, D, 0, NT, b), 0);
+                for (int i = 0; i < NT * HKV * D; i++)
+                    cr_assert_eq(memcmp(&a[i], &b[i], sizeof a[i]), 0, "layer %d %c group %d value %d: %g vs %g", layer,
+                                 "KV"[w], group, i, (double)a[i], (double)b[i]);
+            }
+    oscar_params_destroy(p);
+}
+
+/* Wider codes: rows outside [lo, hi) and other heads untouched, and the error
+ * falls with each bit (unclipped, where the clip's own error does not stay). */
+Test(eval_storage, wider_codes_lower_the_error)
+{
+    enum { NT = 64 };
+    oscar_params *p = shipped_params();
+    cr_assert_eq(oscar_params_set_clip_head(p, 4, 1, OSCAR_K, 1.0f), OSCAR_OK);
+    static float x[NT * HKV * D], y[NT * HKV * D];
+    bf16_rows(x, NT, HKV, D, 99u);
+    double mse[5] = {0};
+    for (int bits = 2; bits <= 4; bits++) {
+        memcpy(y, x, sizeof x);
+        cr_assert_eq(ev_fakequant_bits(p, 4, 1, OSCAR_K, bits, 128, HKV, D, 8, NT - 8, y), 0);
+        for (int t = 0; t < NT; t++)
+            for (int h = 0; h < HKV; h++)
+                for (int j = 0; j < D; j++) {
+                    const size_t i = ((size_t)t * HKV + (size_t)h) * D + (size_t)j;
+                    if (h == 0 || t < 8 || t >= NT - 8) cr_assert_eq(memcmp(&x[i], &y[i], sizeof x[i]), 0);
+                    else mse[bits] += (double)(x[i] - y[i]) * (double)(x[i] - y[i]);
+                }
+    }
+    cr_assert(mse[3] < 0.5 * mse[2] && mse[4] < 0.5 * mse[3], "mse %g %g %g", mse[2], mse[3], mse[4]);
+    cr_assert_eq(ev_fakequant_bits(p, 4, 1, OSCAR_K, 9, 128, HKV, D, 0, NT, y), -1);
+    cr_assert_eq(ev_fakequant_bits(p, 4, 2, OSCAR_K, 3, 128, HKV, D, 0, NT, y), -1);
+    oscar_params_destroy(p);
 }

@@ -361,6 +361,8 @@ Test(tools_bad_input, eval_storage_specs_are_checked_before_the_model_load, .tim
                  {"--storage group=32,kv=v,vgroup=64", "kv=v"},
                  {"--storage clip=1,vclip=1.5", "(0, 1]"},
                  {"--storage group=32,heads=4:1/", "empty clause"},
+                 {"--storage bits=5,kv=k,heads=4:1", "2, 3 or 4"},
+                 {"--storage out=1,bits=3", "does not combine"},
                  {"--storage out=1 --recent 16", "--recent >= 64"},
                  {"--storage", "needs a value"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -49,6 +49,8 @@ static void usage(FILE *f)
             "                      default err), group=G (32, 64, 128: quant group of those heads),\n"
             "                      clip=C (clip ratio of those heads instead of the file's),\n"
             "                      vgroup=G, vclip=C (the values' group / clip where they differ);\n"
+            "                      bits=B, vbits=B (2, 3, 4: code width of those heads / their values,\n"
+            "                      2^B uniform levels; a format that does not exist, not with out=);\n"
             "                      clauses joined by '/' set heads apart (the last naming a head wins);\n"
             "                      kv=k|v|kv (default kv), heads=all|L:H+L:H... (default all); bits\n"
             "                      counted over every layer, KV head and K/V (docs/eval/retrieval.md)\n"

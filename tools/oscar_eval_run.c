@@ -108,9 +108,10 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     int out = 0, need[EV_NGROUPS] = {0}, any = 0;
     for (int kv = 0; kv < h->Hkv; kv++) {
         const int o = ev_storage_outliers_of(st, layer, kv, which), gi = ev_group_index(ev_storage_group_of(st, layer, kv, which));
+        const int b = ev_storage_bits_of(st, layer, kv, which);
         out |= o > 0;
-        if (gi >= 0) need[gi] = 1;
-        any |= o > 0 || gi >= 0; /* clip= only: the variant's parameters carry it */
+        if (gi >= 0 && !b) need[gi] = 1; /* a bits= head is coded apart below */
+        any |= o > 0 || gi >= 0 || b > 0; /* clip= only: the variant's parameters carry it */
     }
     if (out) {
         int end = (hi + EV_PAGE - 1) / EV_PAGE * EV_PAGE;
@@ -137,6 +138,20 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
         s = fakequant_split(&gv, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, qg[gi]);
     }
     if (s == OSCAR_OK && any) ev_storage_apply(st, layer, which, lo, hi, orig, (const float *const *)qg, buf, &h->kept);
+    /* bits=: those heads' rows coded again from the bf16 rows at their code width (out= is refused with it) */
+    for (int kv = 0; kv < h->Hkv && s == OSCAR_OK; kv++) {
+        const int b = ev_storage_bits_of(st, layer, kv, which);
+        if (!b) continue;
+        const int g0 = ev_storage_group_of(st, layer, kv, which), g = g0 ? g0 : (var->group ? var->group : h->d);
+        for (int p = lo; p < hi; p++)
+            memcpy(buf + (size_t)p * row + (size_t)kv * h->d, orig + (size_t)p * row + (size_t)kv * h->d,
+                   (size_t)h->d * sizeof *buf);
+        if (ev_fakequant_bits(var->params, layer, kv, which, b, g, h->Hkv, h->d, lo, hi, buf) != 0) {
+            fprintf(stderr, "oscar-eval: %s, layer %d: the %d-bit fake-quant of KV head %d failed: %s\n", var->name,
+                    layer, b, kv, oscar_last_error());
+            s = OSCAR_ERR_INVALID_ARGUMENT;
+        }
+    }
     free(orig);
     for (int gi = 0; gi < EV_NGROUPS; gi++) free(qg[gi]);
     return s;

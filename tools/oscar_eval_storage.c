@@ -2,6 +2,8 @@
  * for chosen heads, as fake-quant ablations (tools/oscar_eval_storage.h). */
 #include "oscar_eval_storage.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,21 +73,21 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
-    int seen[8] = {0}; /* per key of keys[] below */
+    int seen[10] = {0}; /* per key of keys[] below */
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
         if (!eq || eq == t || !eq[1]) {
-            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip, vgroup, vclip), not", t);
+            fail(err, errlen, "wants key=value items (out, by, group, kv, heads, clip, vgroup, vclip, bits, vbits), not", t);
             goto bad;
         }
         *eq = '\0';
         const char *key = t, *val = eq + 1;
-        static const char *keys[8] = {"out", "by", "group", "kv", "heads", "clip", "vgroup", "vclip"};
+        static const char *keys[10] = {"out", "by", "group", "kv", "heads", "clip", "vgroup", "vclip", "bits", "vbits"};
         int ki = -1;
-        for (int i = 0; i < 8; i++)
+        for (int i = 0; i < 10; i++)
             if (!strcmp(key, keys[i])) ki = i;
         if (ki < 0) {
-            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip, vgroup, vclip):", key);
+            fail(err, errlen, "unknown key (out, by, group, kv, heads, clip, vgroup, vclip, bits, vbits):", key);
             goto bad;
         }
         if (seen[ki]++) {
@@ -131,6 +133,16 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
         case 4:
             if (parse_heads(val, s, err, errlen) != 0) goto bad;
             break;
+        case 8:
+        case 9:
+            if (!parse_int(val, 2, 4, &v)) {
+                fail(err, errlen, ki == 8 ? "bits= wants a code width of 2, 3 or 4, not" : "vbits= wants a code width of 2, 3 or 4, not",
+                     val);
+                goto bad;
+            }
+            if (ki == 8) s->bits = (int)v;
+            else s->vbits = (int)v;
+            break;
         default: { /* clip, vclip */
             char *end;
             double cv = strtod(val, &end);
@@ -145,12 +157,18 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
         }
         }
     }
-    if (!s->outliers && !s->group && !s->clip && !s->vgroup && !s->vclip) {
-        fail(err, errlen, "changes nothing (give out=K, group=G, clip=C, vgroup=G and/or vclip=C):", spec);
+    if (!s->outliers && !s->group && !s->clip && !s->vgroup && !s->vclip && !s->bits && !s->vbits) {
+        fail(err, errlen, "changes nothing (give out=K, group=G, clip=C, vgroup=G, vclip=C, bits=B and/or vbits=B):",
+             spec);
         goto bad;
     }
-    if ((s->vgroup || s->vclip) && s->tensors == (1 << OSCAR_V)) {
-        fail(err, errlen, "vgroup=/vclip= set the values apart from the keys; with kv=v use group=/clip=:", spec);
+    if ((s->vgroup || s->vclip || s->vbits) && s->tensors == (1 << OSCAR_V)) {
+        fail(err, errlen, "vgroup=/vclip=/vbits= set the values apart from the keys; with kv=v use group=/clip=/bits=:",
+             spec);
+        goto bad;
+    }
+    if (s->outliers && (s->bits || s->vbits)) {
+        fail(err, errlen, "out= does not combine with bits=/vbits=:", spec);
         goto bad;
     }
     if (seen[1] && !s->outliers) { /* by= */
@@ -227,7 +245,7 @@ static int in_kv(const ev_storage *s, oscar_kv which) { return (s->tensors & (1 
 static int clause_applies(const ev_storage *c, int layer, int h, oscar_kv which)
 {
     if (!c->heads || layer < 0 || layer >= c->L || h < 0 || h >= c->Hkv) return 0;
-    if (!in_kv(c, which) && !(which == OSCAR_V && (c->vgroup || c->vclip > 0.0f))) return 0;
+    if (!in_kv(c, which) && !(which == OSCAR_V && (c->vgroup || c->vclip > 0.0f || c->vbits))) return 0;
     return c->heads[layer * c->Hkv + h] != 0;
 }
 
@@ -268,6 +286,14 @@ float ev_storage_clip_of(const ev_storage *s, int layer, int h, oscar_kv which)
     return in_kv(c, which) ? c->clip : 0.0f;
 }
 
+int ev_storage_bits_of(const ev_storage *s, int layer, int h, oscar_kv which)
+{
+    const ev_storage *c = s ? clause_for(s, layer, h, which) : NULL;
+    if (!c) return 0;
+    if (which == OSCAR_V && c->vbits) return c->vbits;
+    return in_kv(c, which) ? c->bits : 0;
+}
+
 int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which)
 {
     return s && clause_for(s, layer, h, which) != NULL;
@@ -281,7 +307,8 @@ double ev_storage_bits(const ev_storage *s, int run_group)
         for (int h = 0; h < s->Hkv; h++)
             for (int w = 0; w < 2; w++, n++) {
                 const int g0 = ev_storage_group_of(s, l, h, (oscar_kv)w), g = g0 ? g0 : run_group;
-                const double b = 2.0 + 32.0 / (double)g, k = ev_storage_outliers_of(s, l, h, (oscar_kv)w);
+                const int c0 = ev_storage_bits_of(s, l, h, (oscar_kv)w), cb = c0 ? c0 : 2;
+                const double b = (double)cb + 32.0 / (double)g, k = ev_storage_outliers_of(s, l, h, (oscar_kv)w);
                 sum += (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
             }
     return sum / n;
@@ -338,4 +365,130 @@ void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, in
                 }
         }
     }
+}
+
+/* ------------------------------------------------- wider codes (bits=) */
+/* Round to nearest even at bf16 (8 significand bits), as the cache's input
+ * dtype; NaN passes. */
+static float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return x;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Round to nearest even at fp16, saturating at +-65504 like the write path's
+ * metadata (format/ref_quant.c meta_round). */
+static float round_f16(float x)
+{
+    if (!isfinite(x)) return x;
+    const double a = fabs((double)x);
+    if (a >= 65520.0) return copysignf(65504.0f, x); /* rounds to Inf in fp16: saturate */
+    if (a == 0.0) return x;
+    double q;
+    if (a < 0x1p-14) q = ldexp(nearbyint(ldexp((double)x, 24)), -24); /* subnormal: steps of 2^-24 */
+    else {
+        const int e = ilogb((double)x);
+        q = ldexp(nearbyint(ldexp((double)x, 10 - e)), e - 10);
+    }
+    return (float)q;
+}
+
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* The write path's tau (format/ref_quant.c oscar_ref_clip_tau): linear
+ * interpolation between the order statistics at c (d - 1). */
+static float clip_tau(int d, const float *x, float c)
+{
+    float s[256];
+    float mx = 0.0f;
+    for (int j = 0; j < d; j++) {
+        s[j] = fabsf(x[j]);
+        if (s[j] > mx) mx = s[j];
+    }
+    if (!(c < 1.0f)) return mx;
+    qsort(s, (size_t)d, sizeof *s, cmp_float);
+    const float pos = c * (float)(d - 1);
+    int i = (int)floorf(pos);
+    if (i < 0) i = 0;
+    if (i > d - 1) i = d - 1;
+    const float f = pos - (float)i, si = s[i], sn = i + 1 < d ? s[i + 1] : si;
+    return si + f * (sn - si);
+}
+
+int ev_fakequant_bits(const oscar_params *p, int layer, int h, oscar_kv which, int bits, int group, int Hkv,
+                      int d, int lo, int hi, float *rows)
+{
+    if (!p || !rows || bits < 2 || bits > 8 || d < 4 || d > 256 || d % 4 || group < 1 || d % group || h < 0 ||
+        h >= Hkv || lo < 0 || hi < lo)
+        return -1;
+    const float *R = NULL, *F = NULL;
+    float c = 1.0f;
+    if (oscar_params_rotation(p, layer, h, which, &R) != OSCAR_OK || !R) return -1;
+    if (oscar_params_feedback(p, layer, h, which, &F) != OSCAR_OK) return -1;
+    if (oscar_params_clip_head(p, layer, h, which, &c) != OSCAR_OK) return -1;
+    const float top = (float)((1 << bits) - 1);
+    const int ng = d / group, d8 = d & ~7;
+    float xr[256], v[256], deq[256], meta[2 * 256];
+    for (int t = lo; t < hi; t++) {
+        float *row = rows + ((size_t)t * (size_t)Hkv + (size_t)h) * (size_t)d;
+        /* rotate (oscar_ref_rotate's order: i outer, 8-wide j inner) and round to bf16 */
+        for (int j = 0; j < d; j++) xr[j] = 0.0f;
+        for (int i = 0; i < d; i++) {
+            const float xi = row[i], *Ri = R + (size_t)i * d;
+            for (int j = 0; j < d8; j += 8)
+                for (int k = 0; k < 8; k++) xr[j + k] += xi * Ri[j + k];
+            for (int j = d8; j < d; j++) xr[j] += xi * Ri[j];
+        }
+        for (int j = 0; j < d; j++) xr[j] = round_bf16(xr[j]);
+        const float tau = c < 1.0f ? clip_tau(d, xr, c) : INFINITY;
+        for (int j = 0; j < d; j++) v[j] = xr[j] < -tau ? -tau : (xr[j] > tau ? tau : xr[j]);
+        for (int g = 0; g < ng; g++) {
+            const float *gv = v + (size_t)g * group;
+            float mn = gv[0], mx = gv[0];
+            for (int j = 1; j < group; j++) {
+                mn = gv[j] < mn ? gv[j] : mn;
+                mx = gv[j] > mx ? gv[j] : mx;
+            }
+            meta[2 * g] = round_f16((mx - mn) / top);
+            meta[2 * g + 1] = round_f16(mn);
+        }
+        if (F) memcpy(v, xr, (size_t)d * sizeof *v); /* feedback carries the clip's error too */
+        for (int j = 0; j < d; j++) {
+            const int g = j / group;
+            const float a = meta[2 * g], b = meta[2 * g + 1];
+            int code = 0;
+            if (a != 0.0f) {
+                const float r = floorf((v[j] - b) / a + 0.5f);
+                code = !(r >= 0.0f) ? 0 : (r > top ? (int)top : (int)r);
+            }
+            deq[j] = b + a * (float)code;
+            if (!F) continue;
+            const float e = v[j] - deq[j];
+            if (e == 0.0f) continue;
+            const float *Fj = F + (size_t)j * (size_t)d;
+            for (int k = (j + 1) & ~3; k < d; k += 4) {
+                v[k] = v[k] - e * Fj[k];
+                v[k + 1] = v[k + 1] - e * Fj[k + 1];
+                v[k + 2] = v[k + 2] - e * Fj[k + 2];
+                v[k + 3] = v[k + 3] - e * Fj[k + 3];
+            }
+        }
+        /* rotate back: row[i] = sum_j deq[j] R[i][j] */
+        for (int i = 0; i < d; i++) {
+            const float *Ri = R + (size_t)i * d;
+            float s = 0.0f;
+            for (int j = 0; j < d; j++) s += deq[j] * Ri[j];
+            row[i] = s;
+        }
+    }
+    return 0;
 }

@@ -16,9 +16,15 @@
  *   vgroup=G     the values' group where it differs from group= (V then changes
  *                on the selected heads whatever kv= says; kv=v refuses them)
  *   vclip=C      the values' clip where it differs from clip= (same rules)
+ *   bits=B       code width of the selected heads: 2 (the format's), 3 or 4 bits
+ *                per element, 2^B uniform levels per group (a format that does not
+ *                exist: ev_fakequant_bits, the write path's rotation, clip and
+ *                error feedback with 2^B - 1 steps instead of 3)
+ *   vbits=B      the values' code width where it differs from bits= (same rules
+ *                as vgroup=)
  *   heads=all|L:H+L:H...  the (layer, KV head) pairs it applies to (default all)
  * out= and by= apply to the tensors of kv= only. At least one of out, group,
- * clip, vgroup, vclip. Clauses joined by '/' set different heads apart
+ * clip, vgroup, vclip, bits, vbits; out= does not combine with bits=/vbits=. Clauses joined by '/' set different heads apart
  * ("clip=1,group=32,kv=k,heads=4:1+3:0/vclip=1,heads=4:1"): where several name
  * a (layer, KV head, K/V), the last one decides all of its settings. */
 #ifndef OSCAR_EVAL_STORAGE_H
@@ -40,6 +46,8 @@ typedef struct ev_storage {
     float clip;            /* clip ratio of the selected heads (0: the file's) */
     int vgroup;            /* values' group where it differs from group (0: none) */
     float vclip;           /* values' clip where it differs from clip (0: none) */
+    int bits;              /* code width of the selected heads (0: the format's 2) */
+    int vbits;             /* values' code width where it differs from bits (0: none) */
     int tensors;           /* bit OSCAR_K: keys, bit OSCAR_V: values */
     int L, Hkv, d;
     unsigned char *heads;  /* [L][Hkv]: 1 where the change applies */
@@ -64,6 +72,8 @@ int ev_storage_outliers_of(const ev_storage *s, int layer, int h, oscar_kv which
 ev_outlier_by ev_storage_by_of(const ev_storage *s, int layer, int h, oscar_kv which);
 int ev_storage_group_of(const ev_storage *s, int layer, int h, oscar_kv which);
 float ev_storage_clip_of(const ev_storage *s, int layer, int h, oscar_kv which);
+/* Code width of (layer, KV head, tensor): 0 where the format's 2 bits apply. */
+int ev_storage_bits_of(const ev_storage *s, int layer, int h, oscar_kv which);
 /* Whether some clause keeps rows bf16 (out=). */
 int ev_storage_has_outliers(const ev_storage *s);
 /* 32, 64, 128 -> 0, 1, 2; -1 otherwise. */
@@ -72,7 +82,8 @@ int ev_group_index(int group);
 /* Bits per element of the quantized region, averaged over every (layer, KV
  * head, K/V) (each holds the same number of elements): a changed head stores
  * per page out rows of 16 bits plus EV_PAGE_INDEX_BITS each and EV_PAGE - out
- * rows of 2 + 32/group bits per element (out and group of that tensor);
+ * rows of B + 32/group bits per element (out, group and code width B of that
+ * tensor, B = 2 unless bits= says);
  * run_group is the group of the rest. */
 double ev_storage_bits(const ev_storage *s, int run_group);
 
@@ -91,5 +102,17 @@ void ev_topk(const double *score, int n, int k, unsigned char *keep);
  * path chooses once the page is complete). kept counts the rows kept bf16. */
 void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
                       const float *const qg[EV_NGROUPS], float *q, long long *kept);
+
+/* B-bit fake-quant of the rows [lo, hi) of KV head h in rows ([n][Hkv][d],
+ * bf16 values): the write path of oscar2 (format/ref_quant.c) with 2^bits
+ * uniform levels per group instead of four: rotate by the head's R (x R),
+ * round to bf16, clip to +-tau (tau the c-quantile of the row's absolute
+ * values, c the head's clip in p), scale = (max - min) / (2^bits - 1) and
+ * bias = min per group in fp16, codes in error-feedback order with the head's
+ * weights F (nearest rounding without them), dequantize, rotate back. At
+ * bits = 2 it is oscar_fakequant's OSCAR2 path (tests/test_eval_storage.c
+ * checks that). 0, or -1 on a bad argument or a parameter getter's error. */
+int ev_fakequant_bits(const oscar_params *p, int layer, int h, oscar_kv which, int bits, int group, int Hkv,
+                      int d, int lo, int hi, float *rows);
 
 #endif
