@@ -480,12 +480,12 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     size_t qbytes = (size_t)total * qs * es, obytes = (size_t)(total + 1) * os * es;
     size_t lbytes = (size_t)(total + 1) * Hq * sizeof(float);
     float *q = malloc((size_t)total * Hq * d * sizeof *q), *clse = malloc(lbytes), *glse = malloc(lbytes);
-    float *qt = malloc((size_t)total * Hq * d * sizeof *qt); /* the device's q~ (tensor-core family) */
     char *qb = malloc(qbytes), *cob = malloc(obytes), *gob = malloc(obytes);
     double *ref = malloc((size_t)Hq * d * sizeof *ref), *reft = malloc((size_t)Hq * d * sizeof *reft),
            *rlse = malloc((size_t)Hq * sizeof *rlse), *rlset = malloc((size_t)Hq * sizeof *rlset),
            *rabs = malloc((size_t)Hq * sizeof *rabs);
     const int tc = is_tc(e);
+    float *qt = tc ? malloc((size_t)total * Hq * d * sizeof *qt) : NULL; /* the device's q~ */
     rc_gen_kv(r, total, Hq, d, 2, e->l.kv_dtype, q);
     rc_poison(qb, qbytes);
     rc_poison(cob, obytes);

@@ -28,8 +28,7 @@ typedef struct gpu_plan {
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
-    int o3_ctas;   /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin;
-                    * -1: a third of the compute units */
+    int o3_ctas;   /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin */
     gpu_kernels k;
 } gpu_plan;
 
@@ -201,7 +200,8 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
      * read once, kept by the plan */
     p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
     p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
-    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", -1);
+    int cus = V(ctx)->compute_units(ctx);
+    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3); /* default: a third of the CUs */
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -314,12 +314,13 @@ typedef struct tc_kernel {
     int cap, resident;
     unsigned smem;
 } tc_kernel;
-static tc_kernel tc_kernel_for(void *ctx, const gpu_plan *p, int ext, int cols, int nseq) {
-    tc_kernel k = {p->k.decode, p->k.cap, p->k.resident, p->k.smem};
-    const int64_t ctas = (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p);
-    if (!ext && p->k.decode_o3 &&
-        (p->o3_ctas >= 0 ? ctas >= p->o3_ctas : 3 * ctas >= (int64_t)V(ctx)->compute_units(ctx)))
-        k = (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem};
+/* The decode kernel, or (o3, where the variant has one) its 3-CTA twin. */
+static tc_kernel tc_decode_kernel(const gpu_plan *p, int o3) {
+    return o3 && p->k.decode_o3 ? (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem}
+                                : (tc_kernel){p->k.decode, p->k.cap, p->k.resident, p->k.smem};
+}
+static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq) {
+    tc_kernel k = tc_decode_kernel(p, (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p) >= p->o3_ctas);
     if (!ext) return k;
     k.fn = p->k.tc_extend;
     k.resident = p->k.tc_ext_resident;
@@ -356,11 +357,9 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     if (p->k.tc) {
         gpu_tc_splits t;
         /* the splits of either decode kernel (the 3-CTA twin may want more) */
-        tc_kernel k = {p->k.decode, p->k.cap, p->k.resident, p->k.smem};
-        tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
-        nsplit = t.nsplit;
-        if (p->k.decode_o3) {
-            k = (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem};
+        nsplit = 0;
+        for (int o3 = 0; o3 < (p->k.decode_o3 ? 2 : 1); o3++) {
+            tc_kernel k = tc_decode_kernel(p, o3);
             tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
             if (t.nsplit > nsplit) nsplit = t.nsplit;
         }
@@ -555,7 +554,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
     const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_kernel k = tc_kernel_for(ctx, p, ext, cols, nseq);
+    tc_kernel k = tc_kernel_for(p, ext, cols, nseq);
     tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
@@ -759,7 +758,7 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
      * (while the grid's y dimension fits). */
-    tc_kernel k = tc_kernel_for(ctx, p, 1, a->max_q_len * p->gqa, a->batch.num_seqs);
+    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa, a->batch.num_seqs);
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
     if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535)
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
