@@ -177,6 +177,12 @@ oscar_status oscar_plan_check(oscar_plan *plan, void *workspace, void *stream) {
     return oscar_set_errbuf(plan->rt->api->check(plan->rt->ctx, plan->bplan, workspace, stream, &e), &e);
 }
 
+/* Whether a layout keeps 16-bit rows in window slots: sink 0 and recent 0
+ * leave none (window_slot_bytes 0), and the BF16 method pages every row. */
+static int uses_windows(const oscar_layout_desc *l) {
+    return l->method != OSCAR_METHOD_BF16 && l->sink + l->recent > 0;
+}
+
 /* Cheap checks shared by append and decode (no device reads). */
 static oscar_status check_common(const oscar_plan *plan, const char *fn, int layer, const oscar_cache *cache,
                                  const oscar_batch *batch, void *workspace, size_t workspace_bytes) {
@@ -188,12 +194,11 @@ static oscar_status check_common(const oscar_plan *plan, const char *fn, int lay
         return oscar_set_error(OSCAR_ERR_EMPTY, "%s: num_seqs is %d; pass at least one sequence", fn, batch->num_seqs);
     if (!batch->seq_lens || !batch->block_table)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: seq_lens and block_table are required", fn);
-    const int windowed = plan->layout.method != OSCAR_METHOD_BF16;
-    if (windowed && (!batch->window_slots || !cache->windows || cache->num_window_slots <= 0))
+    if (uses_windows(&plan->layout) && (!batch->window_slots || !cache->windows || cache->num_window_slots <= 0))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                               "%s: the %s cache needs window_slots and a window pool (cache->windows, "
-                               "num_window_slots > 0)",
-                               fn, oscar_method_name(plan->layout.method));
+                               "%s: the %s cache with sink %d and recent %d needs window_slots and a window pool "
+                               "(cache->windows, num_window_slots > 0)",
+                               fn, oscar_method_name(plan->layout.method), plan->layout.sink, plan->layout.recent);
     if (!cache->pages || cache->num_pages <= 0)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: cache->pages is NULL or num_pages <= 0", fn);
     if (batch->max_seq_len <= 0 || batch->max_seq_len > plan->layout.max_seq_len)
@@ -228,6 +233,7 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
                                      const oscar_batch *b, const int32_t *cu_new, int32_t total_new, void *stream) {
     oscar_runtime *rt = plan->rt;
     size_t n = (size_t)b->num_seqs, stride = (size_t)b->block_table_stride;
+    const int windowed = uses_windows(&plan->layout); /* slots are read and checked only where they are used */
     int32_t *lens = malloc(sizeof(int32_t) * n), *slots = malloc(sizeof(int32_t) * n);
     int32_t *bt = malloc(sizeof(int32_t) * (n * stride + 1)), *cu = malloc(sizeof(int32_t) * (n + 1));
     oscar_status s = OSCAR_OK;
@@ -237,7 +243,7 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         goto done;
     }
     if ((s = rt->api->read(rt->ctx, lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
-        (b->window_slots && (s = rt->api->read(rt->ctx, slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
+        (windowed && (s = rt->api->read(rt->ctx, slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
         (stride && (s = rt->api->read(rt->ctx, bt, b->block_table, 0, sizeof(int32_t) * n * stride, stream, &e))) ||
         (cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
         (s = rt->api->sync(rt->ctx, stream, &e))) {
@@ -257,7 +263,7 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
                                 lens[i], b->max_seq_len);
             goto done;
         }
-        if (b->window_slots && (slots[i] < 0 || slots[i] >= cache->num_window_slots)) {
+        if (windowed && (slots[i] < 0 || slots[i] >= cache->num_window_slots)) {
             s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: window_slots[%zu] = %d outside [0, %d)", fn, i, slots[i],
                                 cache->num_window_slots);
             goto done;

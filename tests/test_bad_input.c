@@ -83,8 +83,16 @@ static uint16_t to16(oscar_dtype t, float f) {
     return (uint16_t)(s | ((uint32_t)ee << 10) | (m >> 13));
 }
 
-/* Returns 0 (test skipped) when the backend is absent and not required. */
-static int rig_open(rig *r, const char *backend, oscar_method m, oscar_dtype kvt, int validate) {
+static float to_f32(uint16_t h) { /* bf16 */
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Returns 0 (test skipped) when the backend is absent and not required.
+ * windows 0: sink 0 and recent 0, and then no window pool nor slots at all. */
+static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype kvt, int validate, int windows) {
     memset(r, 0, sizeof *r);
     r->backend = backend;
     oscar_runtime_options ro;
@@ -101,8 +109,8 @@ static int rig_open(rig *r, const char *backend, oscar_method m, oscar_dtype kvt
     r->l.num_q_heads = 2;
     r->l.num_kv_heads = 1;
     r->l.page_size = 16;
-    r->l.sink = 8;
-    r->l.recent = 16;
+    r->l.sink = windows ? 8 : 0;
+    r->l.recent = windows ? 16 : 0;
     r->l.max_seq_len = LEN;
     r->l.kv_dtype = kvt;
     r->l.method = m;
@@ -121,12 +129,12 @@ static int rig_open(rig *r, const char *backend, oscar_method m, oscar_dtype kvt
     }
     cu[SEQ] = SEQ * LEN;
     r->pages = dev(r, NULL, sz.page_bytes * (size_t)(SEQ * pps) + 64);
-    r->windows = dev(r, NULL, sz.window_slot_bytes * SEQ + 64);
+    r->windows = windows ? dev(r, NULL, sz.window_slot_bytes * SEQ + 64) : NULL;
     cr_assert_eq(oscar_plan_workspace_bytes(r->plan, SEQ, LEN, &r->ws_bytes), OSCAR_OK);
     r->ws = dev(r, NULL, r->ws_bytes);
     cr_assert_eq(oscar_plan_workspace_init(r->plan, r->ws, NULL), OSCAR_OK);
     r->lens = dev(r, lens, sizeof lens);
-    r->slots = dev(r, slots, sizeof slots);
+    r->slots = windows ? dev(r, slots, sizeof slots) : NULL;
     r->bt = dev(r, bt, sizeof(int32_t) * (size_t)(SEQ * pps));
     r->cu = dev(r, cu, sizeof cu);
     r->kv_elems = (size_t)SEQ * LEN * 64;
@@ -138,6 +146,10 @@ static int rig_open(rig *r, const char *backend, oscar_method m, oscar_dtype kvt
     return 1;
 }
 
+static int rig_open(rig *r, const char *backend, oscar_method m, oscar_dtype kvt, int validate) {
+    return rig_open_w(r, backend, m, kvt, validate, 1);
+}
+
 static void rig_fill(rig *r, void *buf, size_t n, float scale) {
     uint16_t *h = malloc(n * 2);
     cr_assert(h);
@@ -146,7 +158,7 @@ static void rig_fill(rig *r, void *buf, size_t n, float scale) {
     free(h);
 }
 
-static oscar_cache rig_cache(const rig *r) { return (oscar_cache){r->pages, SEQ * r->pps, r->windows, SEQ}; }
+static oscar_cache rig_cache(const rig *r) { return (oscar_cache){r->pages, SEQ * r->pps, r->windows, r->windows ? SEQ : 0}; }
 static oscar_batch rig_batch(const rig *r) { return (oscar_batch){SEQ, r->lens, r->slots, r->bt, r->pps, LEN}; }
 
 static oscar_status rig_append(rig *r) {
@@ -164,7 +176,8 @@ static oscar_status rig_decode(rig *r) {
 
 static void rig_close(rig *r) {
     void *b[] = {r->pages, r->windows, r->ws, r->lens, r->slots, r->bt, r->cu, r->k, r->v, r->q, r->out};
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) oscar_buffer_free(r->rt, b[i]);
+    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++)
+        if (b[i]) oscar_buffer_free(r->rt, b[i]);
     oscar_plan_destroy(r->plan);
     oscar_runtime_destroy(r->rt);
 }
@@ -241,6 +254,42 @@ Test(bad_input, zero_length_sequence_same_code_with_validate_0_and_1) {
     cr_expect_eq(got[0][0], got[1][0], "append: validate 0 gives %d, validate 1 gives %d", got[0][0], got[1][0]);
     cr_expect_eq(got[0][1], got[1][1], "decode: validate 0 gives %d, validate 1 gives %d", got[0][1], got[1][1]);
     cr_expect_eq(got[0][0], OSCAR_ERR_EMPTY);
+}
+
+/* A layout without 16-bit windows (sink 0, recent 0) has window_slot_bytes
+ * 0: no window pool nor slots are needed, and leaving them out is not a bad
+ * input (the runtime refused it, the CPU backend wanted window_slots it
+ * never reads). Every backend, with validate 0 and 1, appends and decodes
+ * without them and agrees with the CPU backend within bf16 rounding. */
+static void no_window_pool_case(const char *backend, uint16_t *ref, int have_ref) {
+    for (int val = 0; val < 2; val++) {
+        rig r;
+        if (!rig_open_w(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, val, 0)) return;
+        rig_fill(&r, r.k, r.kv_elems, 1.0f);
+        rig_fill(&r, r.v, r.kv_elems, -2.0f);
+        rig_fill(&r, r.q, r.q_elems, 0.5f);
+        cr_assert_eq(rig_append(&r), OSCAR_OK, "%s validate %d: %s", backend, val, oscar_last_error());
+        cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s validate %d: %s", backend, val, oscar_last_error());
+        uint16_t got[SEQ * 2 * 64];
+        cr_assert_eq(oscar_buffer_read(r.rt, got, r.out, 0, sizeof got, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_synchronize(r.rt, NULL), OSCAR_OK);
+        if (!have_ref && !val) memcpy(ref, got, sizeof got);
+        double mx = 0.0;
+        for (int i = 0; i < SEQ * 2 * 64; i++) mx = fmax(mx, fabs(to_f32(ref[i])));
+        for (int i = 0; i < SEQ * 2 * 64; i++) {
+            double a = to_f32(ref[i]), g = to_f32(got[i]);
+            cr_assert(fabs(a - g) <= 0x1p-7 * fabs(a) + 1e-3 * mx, "%s validate %d: out[%d] = %g, cpu %g", backend,
+                      val, i, g, a);
+        }
+        rig_close(&r);
+    }
+}
+Test(bad_input, no_window_pool_without_windows, .timeout = 300) {
+    uint16_t ref[SEQ * 2 * 64];
+    no_window_pool_case("cpu", ref, 0);
+    no_window_pool_case("opencl", ref, 1);
+    no_window_pool_case("cuda", ref, 1);
+    no_window_pool_case("hip", ref, 1);
 }
 
 /* ----------------------------------------------------------------- extend */

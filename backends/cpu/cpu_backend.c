@@ -244,13 +244,13 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
     if (b->num_seqs < 1)
         return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s: num_seqs is %d; pass at least one sequence", fn,
                                 b->num_seqs);
-    if (!b->seq_lens || (p->quantized && !b->window_slots))
+    int need_windows = p->quantized && p->S0 + p->W > 0; /* sink 0 and recent 0: no slot is read */
+    if (!b->seq_lens || (need_windows && !b->window_slots))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: seq_lens%s must not be NULL", fn,
-                                p->quantized ? " and window_slots" : "");
+                                need_windows ? " and window_slots" : "");
     if (b->block_table_stride < 0)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: block_table_stride %d is negative", fn,
                                 b->block_table_stride);
-    int need_windows = p->quantized && p->S0 + p->W > 0;
     if (need_windows && !c->windows)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "%s: cache.windows is NULL; allocate num_window_slots * window_slot_bytes", fn);

@@ -493,7 +493,8 @@ typedef struct oscar_cache {
     void *pages;               /* paged pool: num_pages * page_bytes */
     int32_t num_pages;
     void *windows;             /* window pool: num_window_slots * window_slot_bytes
-                                  (unused by the BF16 method) */
+                                  (unused, may be NULL, for the BF16 method and for
+                                  sink 0 with recent 0: window_slot_bytes is then 0) */
     int32_t num_window_slots;
 } oscar_cache;
 
@@ -501,7 +502,8 @@ typedef struct oscar_cache {
 typedef struct oscar_batch {
     int32_t num_seqs;
     const int32_t *seq_lens;     /* [num_seqs] tokens in the cache after this call's append (>= 1) */
-    const int32_t *window_slots; /* [num_seqs] window pool slot of each sequence */
+    const int32_t *window_slots; /* [num_seqs] window pool slot of each sequence (NULL where the
+                                    window pool is unused, see oscar_cache.windows) */
     const int32_t *block_table;  /* [num_seqs][block_table_stride] physical page ids, logical order */
     int32_t block_table_stride;  /* columns of block_table (max pages per sequence) */
     int32_t max_seq_len;         /* host-side bound on seq_lens in this batch (grid sizing) */
