@@ -279,7 +279,7 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
             }
         }
         if (cu_new) {
-            int32_t k = cu[i + 1] - cu[i];
+            int64_t k = (int64_t)cu[i + 1] - cu[i]; /* hostile entries must not overflow */
             if (cu[0] != 0 || k < 0 || k > lens[i] || cu[i + 1] > total_new) {
                 s = oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                     "%s: cu_new must start at 0, be non-decreasing, stay within total_new %d and give "
@@ -420,7 +420,12 @@ oscar_status oscar_extend(oscar_plan *plan, int layer, const oscar_cache *cache,
                                "%s: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld", fn,
                                (long long)x.q_stride, (long long)x.out_stride, (long long)row);
     const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
-    const size_t out_need = ((size_t)(x.total_q - 1) * (size_t)x.out_stride + (size_t)row) * es;
+    /* A stride whose byte count wraps around would pass the size check: such a
+     * call needs more than any buffer holds. */
+    const size_t n1 = (size_t)(x.total_q - 1);
+    size_t out_need = SIZE_MAX;
+    if (n1 == 0 || (size_t)x.out_stride <= (SIZE_MAX / es - (size_t)row) / n1)
+        out_need = (n1 * (size_t)x.out_stride + (size_t)row) * es;
     if (x.out_bytes < out_need)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "%s: out_bytes %zu is smaller than the %zu bytes %d query tokens of stride %lld "

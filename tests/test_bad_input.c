@@ -256,6 +256,31 @@ Test(bad_input, zero_length_sequence_same_code_with_validate_0_and_1) {
     cr_expect_eq(got[0][0], OSCAR_ERR_EMPTY);
 }
 
+/* Hostile cu_new entries are refused without a signed overflow in the
+ * checks (UBSan aborts on one): the host validation (validate = 1) and the
+ * CPU backend's own. Three sequences, the third reusing the second's pages
+ * and slot (refused before anything is written). */
+Test(bad_input, hostile_cu_new_refused_without_overflow) {
+    for (int val = 0; val < 2; val++) {
+        rig r;
+        cr_assert(rig_open(&r, "cpu", OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, val));
+        rig_fill(&r, r.k, r.kv_elems, 1.0f);
+        rig_fill(&r, r.v, r.kv_elems, 1.0f);
+        int32_t lens[3] = {LEN, LEN, LEN}, slots[3] = {0, 1, 1}, cu[4] = {0, 1, INT32_MIN, SEQ * LEN};
+        int32_t *bt = malloc(sizeof(int32_t) * 3 * (size_t)r.pps);
+        cr_assert(bt);
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < r.pps; j++) bt[i * r.pps + j] = (i < 2 ? i : 1) * r.pps + j;
+        oscar_cache c = rig_cache(&r);
+        oscar_batch b = {3, lens, slots, bt, r.pps, LEN};
+        oscar_status s = oscar_append(r.plan, 0, &c, &b, cu, SEQ * LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: status %d (%s)", val, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "cu_new"), "validate %d: message: %s", val, oscar_last_error());
+        free(bt);
+        rig_close(&r);
+    }
+}
+
 /* A layout without 16-bit windows (sink 0, recent 0) has window_slot_bytes
  * 0: no window pool nor slots are needed, and leaving them out is not a bad
  * input (the runtime refused it, the CPU backend wanted window_slots it
@@ -417,6 +442,8 @@ static void extend_bad_case(const char *backend, int validate) {
     host[nh++].field = "out_bytes";
     host[nh].a = a, host[nh].a.out_stride = 2 * 64 + 8, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
     host[nh++].field = "out_bytes"; /* a padded stride no longer fits the buffer */
+    host[nh].a = a, host[nh].a.out_stride = INT64_MAX, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
+    host[nh++].field = "out_bytes"; /* its byte count wraps around: not a small buffer's worth */
     host[nh].a = a, host[nh].a.total_q = 0, host[nh].want = OSCAR_ERR_EMPTY, host[nh++].field = "total_q";
     host[nh].a = a, host[nh].a.max_q_len = 0, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
     host[nh++].field = "max_q_len";

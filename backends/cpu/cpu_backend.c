@@ -352,12 +352,12 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                 "oscar_append: cu_new must start at 0 and end at total_new = %d (got %d .. %d)",
                                 a->total_new, a->cu_new[0], a->cu_new[b->num_seqs]);
     for (int i = 0; i < b->num_seqs; i++) {
-        int32_t n = a->cu_new[i + 1] - a->cu_new[i];
+        int64_t n = (int64_t)a->cu_new[i + 1] - a->cu_new[i]; /* hostile entries must not overflow */
         if (n < 0 || n > b->seq_lens[i])
             return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                    "oscar_append: sequence %d gets %d new tokens but seq_lens is %d; cu_new must be "
+                                    "oscar_append: sequence %d gets %lld new tokens but seq_lens is %d; cu_new must be "
                                     "non-decreasing and n_i <= seq_len",
-                                    i, n, b->seq_lens[i]);
+                                    i, (long long)n, b->seq_lens[i]);
     }
     if (a->total_new == 0) return OSCAR_OK;
     if (!a->k || !a->v) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: k or v is NULL");
