@@ -195,16 +195,18 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     const int *t = tuning_of(l->head_dim);
     int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
     int G = bf16m ? l->head_dim : l->group;
+    /* A work-group serves at most 16 query heads of its KV head (its local
+     * arrays grow with OSCAR_GQ, a capacity); a larger ratio (MQA with many
+     * heads, GQA 20+) runs in equal chunks of at most 16, one work-group each
+     * (the kernels' hchunks, the host's cap). */
+    const int chunks = (gq + 15) / 16, cap = (gq + chunks - 1) / chunks;
     char opts[384];
     snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
              "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d -DOSCAR_TPT=%d -DOSCAR_VB=%d%s",
              l->head_dim, G, l->head_dim / G, l->kv_dtype == OSCAR_DTYPE_BF16, l->meta_dtype == OSCAR_DTYPE_F32,
-             bf16m, gq, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6],
+             bf16m, cap, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6],
              getenv("OSCAR_OPENCL_OPTIONS") ? getenv("OSCAR_OPENCL_OPTIONS") : "");
-    if (gq > 16)
-        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "opencl plan: %d query heads per KV head; at most 16 are supported", gq);
     cl_program prog = NULL;
     for (int i = 0; i < c->nprogs; i++)
         if (!strcmp(c->progs[i].opts, opts)) prog = c->progs[i].prog;
@@ -251,7 +253,7 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     k->merge = pk->k[4];
     k->extend = pk->k[5];
     k->merge_ext = pk->k[6];
-    k->ext_cap = gq; /* the program is built for the plan's ratio (OSCAR_GQ) */
+    k->cap = k->ext_cap = cap; /* the program is built for this capacity (OSCAR_GQ) */
     k->ext_threads = t[1];
     k->ext_elems = t[2];
     k->threads = t[1];
