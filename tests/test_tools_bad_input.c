@@ -141,6 +141,22 @@ Test(tools_bad_input, bench_huge_context_is_refused_not_overflowed, .timeout = 1
     cr_expect_eq(rc, 2, "--context 12abc: exit %d: %s", rc, out);
 }
 
+/* Shapes the library cannot store: exit 2 naming the field, before any work
+ * (they used to exit 1 after the calibration and half a table). */
+Test(tools_bad_input, bench_impossible_shapes_are_bad_input, .timeout = 120) {
+    char out[16384];
+    const struct {
+        const char *args, *needle;
+    } cases[] = {{"--q-heads 3 --kv-heads 2", "num_q_heads"}, {"--head-dim 96", "head_dim"},
+                 {"--group 256", "group"},                   {"--page 24", "page_size"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-bench --quick --backend cpu %s", cases[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
+        cr_expect(strstr(out, cases[i].needle), "%s: message should name %s: %s", cases[i].args, cases[i].needle, out);
+        cr_expect(!strstr(out, "calibrated"), "%s: refused only after calibrating: %s", cases[i].args, out);
+    }
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {

@@ -135,8 +135,8 @@ typedef struct result {
     float *out; /* [batch][Hq][d] */
 } result;
 
-static void run_method(oscar_runtime *rt, const opts *o, oscar_method m, const oscar_params *params,
-                       const float *k, const float *v, const float *q, const int *lens, result *res) {
+/* The cache layout the options ask for, with method m. */
+static oscar_layout_desc layout_of(const opts *o, oscar_method m) {
     oscar_layout_desc ld;
     oscar_layout_default(&ld);
     ld.head_dim = o->head_dim;
@@ -148,6 +148,12 @@ static void run_method(oscar_runtime *rt, const opts *o, oscar_method m, const o
     ld.recent = o->recent;
     ld.max_seq_len = o->context;
     ld.method = m;
+    return ld;
+}
+
+static void run_method(oscar_runtime *rt, const opts *o, oscar_method m, const oscar_params *params,
+                       const float *k, const float *v, const float *q, const int *lens, result *res) {
+    oscar_layout_desc ld = layout_of(o, m);
     oscar_plan *plan;
     CHECK(oscar_plan_create(rt, &ld, m == OSCAR_METHOD_OSCAR2 ? params : NULL, &plan));
     oscar_layout_sizes sz;
@@ -320,6 +326,16 @@ int main(int argc, char **argv) {
     if (o.batch < 1 || o.context < 1 || o.head_dim > 512 || o.q_heads < 1 || o.kv_heads < 1) {
         fprintf(stderr, "oscar-bench: batch, context, heads must be >= 1 and head_dim <= 512\n");
         return 2;
+    }
+    {
+        /* A shape the library cannot store is bad input: refused before the
+         * calibration and the first methods run (it used to exit 1 half way). */
+        oscar_layout_desc ld = layout_of(&o, OSCAR_METHOD_OSCAR2);
+        if (oscar_layout_validate(&ld) != OSCAR_OK) {
+            fprintf(stderr, "oscar-bench: %s (set by --head-dim, --group, --q-heads, --kv-heads, --page, --sink, "
+                    "--recent)\n", oscar_last_error());
+            return 2;
+        }
     }
     {
         /* Host K/V of the whole batch (fp32, K and V) plus the CPU reference's
