@@ -15,6 +15,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "oscar/oscar.h"
+
 /* Runs `cmd` (through sh, stderr merged) with a time limit; returns its exit
  * status (124: it ran out of time) and its output in out. */
 static int run(char *out, size_t n, int seconds, const char *fmt, ...) {
@@ -331,6 +333,20 @@ Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothi
                  dir, g_tokens, P, dir);
     cr_expect_eq(rc, 2, "params of another model: exit %d: %s", rc, out);
     cr_expect(strstr(out, "--allow-other-model"), "message should name the override: %s", out);
+    /* Another shape (7 layers for a model of 8): no override serves it, so the
+     * message must not offer one, and the override does not take it. */
+    oscar_params *p7;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 7, 8, 2, 128, &p7), OSCAR_OK);
+    snprintf(path, sizeof path, "%s/p7.safetensors", dir);
+    cr_assert_eq(oscar_params_save(p7, path), OSCAR_OK, "%s", oscar_last_error());
+    oscar_params_destroy(p7);
+    for (int allow = 0; allow < 2; allow++) {
+        rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s %s --methods oscar2 --out %s/r.json",
+                 g_model, g_tokens, path, allow ? "--allow-other-model" : "", dir);
+        cr_expect_eq(rc, 2, "params of another shape (allow %d): exit %d: %s", allow, rc, out);
+        cr_expect(strstr(out, "7 layers") && !strstr(out, "--allow-other-model"),
+                  "message should name the shapes and offer no override: %s", out);
+    }
     /* --md into a missing folder: refused before the work, no report left. */
     rc = run(out, sizeof out, 120,
              BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "

@@ -78,6 +78,25 @@ static int bad(const char *fmt, const char *a, const char *b)
     return EXIT_BAD_INPUT;
 }
 
+/* 0 when parameters p (loaded from path, given by flag) serve the model of
+ * cfg; else the message and EXIT_BAD_INPUT. Another shape cannot serve it at
+ * all; another model of the same shape (fingerprint) can with
+ * --allow-other-model, whose model_hash is then NULL. */
+static int params_for_model(const char *flag, const char *path, const oscar_params *p, const oe_config *cfg,
+                            const char *model_hash)
+{
+    char what[4200];
+    snprintf(what, sizeof what, "%s %s", flag, path);
+    if (oscar_params_check_shape(p, cfg->num_layers, cfg->num_q_heads, cfg->num_kv_heads, cfg->head_dim, NULL) !=
+        OSCAR_OK)
+        return bad("%s does not fit this model: %s", what, oscar_last_error());
+    if (oscar_params_check_shape(p, cfg->num_layers, cfg->num_q_heads, cfg->num_kv_heads, cfg->head_dim,
+                                 model_hash) != OSCAR_OK)
+        return bad("%s does not belong to this model: %s (--allow-other-model uses it anyway)", what,
+                   oscar_last_error());
+    return 0;
+}
+
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
@@ -335,9 +354,8 @@ int main(int argc, char **argv)
     if (S.params_path) {
         if (oscar_params_load(S.params_path, &P) != OSCAR_OK)
             return bad("--params %s: %s", S.params_path, oscar_last_error());
-        if (oscar_params_check_shape(P, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, model_hash) != OSCAR_OK) {
-            int rc = bad("--params %s does not belong to this model: %s (--allow-other-model uses it anyway)",
-                         S.params_path, oscar_last_error());
+        int rc = params_for_model("--params", S.params_path, P, &cfg, model_hash);
+        if (rc) {
             oscar_params_destroy(P);
             return rc;
         }
@@ -346,10 +364,8 @@ int main(int argc, char **argv)
         int rc = 0;
         if (oscar_params_load(S.params_lm_path, &P_lm) != OSCAR_OK)
             rc = bad("--params-lm %s: %s", S.params_lm_path, oscar_last_error());
-        else if (oscar_params_check_shape(P_lm, cfg.num_layers, cfg.num_q_heads, cfg.num_kv_heads, d, model_hash) !=
-                 OSCAR_OK)
-            rc = bad("--params-lm %s does not belong to this model: %s (--allow-other-model uses it anyway)",
-                     S.params_lm_path, oscar_last_error());
+        else
+            rc = params_for_model("--params-lm", S.params_lm_path, P_lm, &cfg, model_hash);
         if (rc) {
             oscar_params_destroy(P);
             oscar_params_destroy(P_lm);
