@@ -18,6 +18,10 @@
  * weights and at head_dim 256: measured on the H200 (perf/RESULTS-attention.md), the
  * tile path wins there at batch 256 x 8 KV heads (31 per SM) and loses at 128 (15.5). */
 #define OSCAR_APPEND_TILE_CTAS 24
+/* Shorter decodes keep the 16-head variants' 2-CTA kernel unless the grid is large:
+ * at 4K the 3-CTA twin measured 0.81-0.96x, at 32K 1.06x (H200, tenth session); the
+ * threshold lies between, not measured more finely. */
+#define OSCAR_DECODE_O3_MIN_LEN 16384
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -28,7 +32,9 @@ typedef struct gpu_plan {
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
-    int o3_ctas;   /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin */
+    /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
+     * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
+    int o3_ctas, o3_len, o3_big;
     gpu_kernels k;
 } gpu_plan;
 
@@ -201,7 +207,11 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
     p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
     int cus = V(ctx)->compute_units(ctx);
-    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3); /* default: a third of the CUs */
+    /* default: a third of the CUs, and a call of >= 16K tokens or 3 CTAs per CU; an explicit
+     * $OSCAR_DECODE_O3_CTAS (tests, A/B) is the whole rule */
+    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3);
+    p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
+    p->o3_big = 3 * (cus > 0 ? cus : 1);
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -303,12 +313,14 @@ static int hchunks_of(const gpu_plan *p) {
     return (p->gqa + cap - 1) / cap;
 }
 /* The tensor-core kernel for cols MMA columns per (sequence, KV head) of nseq
- * sequences: decode's, or for extend its extend instantiation, or the widest variant
- * of the family once cols passes the decode variant's capacity. A decode with a
- * 3-CTA-per-SM twin (the 16-head 2-bit variants) takes it once the (sequence, KV
- * head, head chunk) CTAs before splitting reach a third of the compute units: H200,
- * GQA 12 / 16 at d 128, 1.04-1.07x from 64 such CTAs up, 0.90-0.94x at 4-32
- * (perf/RESULTS-attention.md, ninth session). */
+ * sequences (max_len tokens at most): decode's, or for extend its extend instantiation,
+ * or the widest variant of the family once cols passes the decode variant's capacity.
+ * A decode with a 3-CTA-per-SM twin (the 16-head 2-bit variants) takes it once the
+ * (sequence, KV head, head chunk) CTAs before splitting reach a third of the compute
+ * units and the call is long (>= 16K tokens) or its grid large (3 such CTAs per unit):
+ * H200, GQA 12 / 16 at d 128, 1.04-1.07x from 64 such CTAs up at 32K and 128K, 0.90-0.94x
+ * at 4-32 (ninth session); at 4K 0.81-0.96x with 64-128 CTAs, 1.00 with 256, 1.05x with
+ * 512 (tenth session; perf/RESULTS-attention.md). */
 typedef struct tc_kernel {
     const void *fn;
     int cap, resident;
@@ -319,8 +331,9 @@ static tc_kernel tc_decode_kernel(const gpu_plan *p, int o3) {
     return o3 && p->k.decode_o3 ? (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem}
                                 : (tc_kernel){p->k.decode, p->k.cap, p->k.resident, p->k.smem};
 }
-static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq) {
-    tc_kernel k = tc_decode_kernel(p, (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p) >= p->o3_ctas);
+static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq, int max_len) {
+    int64_t units = (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p);
+    tc_kernel k = tc_decode_kernel(p, units >= p->o3_ctas && (max_len >= p->o3_len || units >= p->o3_big));
     if (!ext) return k;
     k.fn = p->k.tc_extend;
     k.resident = p->k.tc_ext_resident;
@@ -554,7 +567,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
     const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_kernel k = tc_kernel_for(p, ext, cols, nseq);
+    tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len);
     tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
@@ -758,7 +771,7 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
      * (while the grid's y dimension fits). */
-    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa, a->batch.num_seqs);
+    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa, a->batch.num_seqs, batch_max_len(p, &a->batch));
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
     if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535)
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
