@@ -755,8 +755,11 @@ Test(calib, clip_per_head_vs_per_layer) {
  * margin 0 is the default fit, a margin never gives a harsher ratio and its K
  * error stays within the margin of margin 0's. */
 Test(calib, clip_margin) {
-    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12;
-    synth s[2];
+    /* 4 layers: on these heavy-tailed probes a layer's milder clips can all cost more than
+     * twice the best error (margin 1 then moves nothing); with 2 layers that happened
+     * for both at ~1 % of seeds (e.g. OSCAR_TEST_SEED=301477345, 80566943) */
+    const int d = 64, hq = 4, hkv = 2, L = 4, win = 160, nwin = 12;
+    synth s[4];
     for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, 1);
     oscar_calib_options o;
     small_window_options(&o, L, hq, hkv, d);
@@ -785,7 +788,8 @@ Test(calib, clip_margin) {
             milder += ck[r] > ck[0];
         }
     }
-    cr_assert_gt(milder, 0, "a margin of 1 should make some key clip milder on these probes");
+    cr_assert_gt(milder, 0, "seed %llu: a margin of 1 should make some key clip milder on these probes",
+                 (unsigned long long)g_seed);
     for (int r = 0; r < 3; r++) {
         oscar_params_destroy(p[r]);
         oscar_calib_destroy(c[r]);
