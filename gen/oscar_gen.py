@@ -117,9 +117,10 @@ def enumerate_variants(spec, sel, arch, target):
                                                                    kv, "m" + meta, "u"))
                             for nt in tc["n_tiles"]:
                                 # O3: a second decode kernel at 3 CTAs per SM (the 16-head 2-bit
-                                # variants at d <= 128 run at 2: decode_tc.jinja, gpu_core.c)
+                                # variants at d <= 128 run at 2: decode_tc.jinja, gpu_core.c);
+                                # LP: the 8-head variants' decode for GQA <= 4 (limb-packed columns)
                                 decode.append(dict(base, GQ=8 * nt, NT=nt, LM=0, TC=True, E=0, EXT=ext,
-                                                   O3=int(nt == 2 and d <= 128),
+                                                   O3=int(nt == 2 and d <= 128), LP=int(nt == 1),
                                                    sfx=sfx_of("d%d" % d, "g%d" % g, "h%d" % (8 * nt), kv,
                                                               "m" + meta, "u", "tc")))
                             continue
@@ -206,6 +207,7 @@ typedef struct oscar_gpu_decode_variant {{
     int ext_cap, ext_threads, ext_elems;
     const void *extend_tc; /* tc: the extend instantiation of decode (same smem), else NULL */
     const void *decode_o3; /* tc: decode at 3 CTAs per SM where decode runs at 2, else NULL */
+    const void *decode_lp; /* tc: decode for at most 4 query heads per KV head (limb-packed), else NULL */
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
@@ -371,14 +373,15 @@ def gen_gpu(target, spec, sel, arch, out):
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)%s, "%s", (const void *)oscar_extend%s, '
-                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s},'
+                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
                            128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
                            v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"],
                            "(const void *)oscar_extend_tc" + v["sfx"] if v["TC"] else "0",
-                           "(const void *)oscar_decode_o3" + v["sfx"] if v.get("O3") else "0"))
+                           "(const void *)oscar_decode_o3" + v["sfx"] if v.get("O3") else "0",
+                           "(const void *)oscar_decode_lp" + v["sfx"] if v.get("LP") else "0"))
         if not dv:
-            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0},")
+            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0, 0},")
         body.append("};")
         body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
         write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")

@@ -163,6 +163,10 @@ static float *random_feedback(rc_rng *r, int num_rot, int d) {
     return F;
 }
 
+/* Set by a test (each runs in a process of its own) that forces a CUDA kernel
+ * through its environment switch: every CUDA plan must name it. */
+static const char *expect_cuda_variant;
+
 /* Returns 0 if the backend does not build this variant (skipped with a note).
  * fb: give both backends error-feedback weights. */
 static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int max_seqs, int max_len, int fb) {
@@ -193,6 +197,10 @@ static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int
         return 0;
     }
     cr_assert_eq(s, OSCAR_OK, "seed %llu: %s plan_create: %s", (unsigned long long)seed, g->api->name, err.msg);
+    /* a case that forces a CUDA kernel choice checks that the plan took it */
+    if (expect_cuda_variant && !strcmp(g->api->name, "cuda"))
+        cr_assert(strstr(e->variant, expect_cuda_variant), "seed %llu: cuda took %s, the case wants a %s variant",
+                  (unsigned long long)seed, e->variant, expect_cuda_variant);
     cr_assert_eq(e->cpu->init(0, &e->cpu_ctx, &err), OSCAR_OK);
     cr_assert_eq(e->cpu->plan_create(e->cpu_ctx, &pd, &e->cpu_plan, NULL, 0, &err), OSCAR_OK, "cpu plan: %s",
                  err.msg);
@@ -936,6 +944,26 @@ Test(conformance, d128_gqa4_tensor_core_shapes, .timeout = 900) {
         int l2[] = {1, 3, 31, 32, 33, 100, 517};
         run_scenario(&g, &c2, 7, l2, CHUNKS);
         run_scenario(&g, &c3, 7, l2, PREFILL);
+    });
+}
+
+/* The limb-packed tensor-core decode (OSCAR_DECODE_LP=1, CUDA, plans of at most
+ * 4 query heads per KV head: templates/decode_tc.jinja LP) on every head_dim,
+ * group and metadata width it serves, GQA 1 to 4, partial tiles, lengths below
+ * S0 + W and several splits. Other backends ignore the switch and run the case
+ * as any other. */
+Test(conformance, limb_packed_decode, .timeout = 900) {
+    setenv("OSCAR_DECODE_LP", "1", 1);
+    expect_cuda_variant = "_lp_tc";
+    static const int shp[][4] = {{128, 128, 8, 2}, {128, 32, 6, 2}, {64, 64, 4, 4}, {256, 128, 4, 2}, {128, 64, 3, 1}};
+    FOR_EACH_BACKEND(g, {
+        for (size_t z = 0; z < sizeof shp / sizeof shp[0]; z++) {
+            cfg c = {shp[z][0], shp[z][1], 32, 16, 48, shp[z][2], shp[z][3], OSCAR_METHOD_OSCAR2,
+                     z == 4 ? OSCAR_DTYPE_F16 : OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
+                     (int)(z & 1)};
+            int lens[] = {1, 40, 64, 65, 97, 211, 1300};
+            run_scenario(&g, &c, 7, lens, PREFILL);
+        }
     });
 }
 

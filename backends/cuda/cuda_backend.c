@@ -193,7 +193,12 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->append_wr = av->append_wr;
     k->append_t = NULL;
     k->rotate_q = dv->rotate_q;
-    k->decode = dv->decode;
+    /* At most 4 query heads per KV head: the limb-packed decode (decode_tc.jinja LP; H200
+     * A/B in perf/RESULTS-attention.md) when OSCAR_DECODE_LP is set and not 0. Off by
+     * default until the CUDA conformance suite has passed with it (docs/API.md). */
+    const char *lpe = getenv("OSCAR_DECODE_LP");
+    const int lp = dv->tc && dv->decode_lp && gq <= 4 && lpe && *lpe && strcmp(lpe, "0") != 0;
+    k->decode = lp ? dv->decode_lp : dv->decode;
     k->merge = dv->merge;
     k->extend = dv->extend;
     k->merge_ext = dv->merge_ext;
@@ -211,7 +216,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     /* The tensor-core kernels size their splits by the CTAs the device holds at once. */
     k->resident = 0;
     oscar_status st;
-    if (dv->tc && (st = tc_prepare(dv->decode, dv->threads, dv->smem, "decode", &k->resident, err))) return st;
+    if (dv->tc && (st = tc_prepare(k->decode, dv->threads, dv->smem, "decode", &k->resident, err))) return st;
     k->decode_o3 = NULL;
     k->resident_o3 = 0;
     if (dv->tc && dv->decode_o3) {
@@ -246,7 +251,12 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         k->tile_tokens = av->tile_tokens;
         k->tile_smem = (unsigned)av->tile_smem;
     }
-    snprintf(k->name, sizeof k->name, "%s", dv->name);
+    /* the limb-packed decode: "_lp" before the family's "_tc" suffix (which tools and tests read) */
+    const size_t nl = strlen(dv->name);
+    if (lp && nl >= 3 && !strcmp(dv->name + nl - 3, "_tc"))
+        snprintf(k->name, sizeof k->name, "%.*s_lp_tc", (int)(nl - 3), dv->name);
+    else
+        snprintf(k->name, sizeof k->name, "%s", dv->name);
     return OSCAR_OK;
 }
 
