@@ -46,7 +46,7 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 4 /* 4: caps word (code widths) and the plan descriptor's code widths; 2: plan descriptor carries error-feedback weights; 3: extend entry,
+#define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
                                        clips per KV head */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
 #define OSCAR_PARAMS_FORMAT_VERSION 4 /* 2: error-feedback weights; 3: clip ratios per KV head; 4: code
