@@ -342,11 +342,12 @@ static void store_row(const cpu_plan *p, const float *x, void *dst) {
     else
         for (int j = 0; j < p->g.d; j++) h[j] = oscar_f32_to_f16(x[j]);
 }
-/* Quantizes a rotated kv_dtype-rounded row into page row (h, r). */
 /* The 1-bit plane index of (layer, head, kind), -1 when it is stored in 2 bits. */
 static int plane_of(const cpu_plan *p, int layer, int h, int kv) {
     return p->plane ? p->plane[((size_t)layer * (size_t)p->g.H + (size_t)h) * 2 + (size_t)kv] : -1;
 }
+/* Quantizes a rotated kv_dtype-rounded row into page row (h, r): its codes and metadata, and the 1-bit
+ * plane's row when (layer, h, kv) is a 3-bit head-tensor (FORMAT.md §2.7). */
 static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, int r, float clip, const float *x) {
     uint8_t codes[64], hi[32];
     float meta[16];
