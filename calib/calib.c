@@ -64,6 +64,7 @@ const float *oscar_calib_clip_grid(int *count) {
 }
 
 typedef oscar_calib_copy_report copy_report;
+typedef oscar_calib_width_report width_report;
 
 /* One attention probe: the g queries that read KV head h at nq positions
  * tq[0] < ... <= tq[nq-1] = t of one fed window, and that window's keys and
@@ -110,6 +111,7 @@ struct oscar_calib {
     int64_t *feeds;       /* [2][L] feeds per pass and layer */
     oscar_calib_attn_report *attn; /* [L] after finalize */
     copy_report *copy;    /* [L] after finalize */
+    width_report *width;  /* [L][hkv][2] after finalize: code-width scores */
     double *vmetric;      /* [L][hkv][d][d] value-error metrics (oscar_calib_set_value_metric), or NULL */
     uint8_t *vmetric_set; /* [L][hkv] */
 };
@@ -184,6 +186,7 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->feeds);
     free(c->attn);
     free(c->copy);
+    free(c->width);
     free(c->vmetric);
     free(c->vmetric_set);
     free(c);
@@ -254,6 +257,16 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->key_attn_weight >= 0.0f && o->key_attn_weight <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g must be in [0, 1]",
                                (double)o->key_attn_weight);
+    if (!(o->wide_bits >= 0.0f && o->wide_bits <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "wide_bits %g must be in [0, 1] (bits per element the code-width rule may add; 0: "
+                               "none)", (double)o->wide_bits);
+    if (o->wide_bits > 0.0f && o->method != OSCAR_METHOD_OSCAR2)
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED,
+                               "wide_bits needs method OSCAR2: 3-bit codes have uniform levels (no Lloyd-Max set)");
+    if (o->wide_bits > 0.0f && o->clip_objective != 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "wide_bits ranks head-tensors on the attention probes: use clip_objective 0");
     if (o->probe_queries < 0 || o->probe_queries > MAX_PROBE_QUERIES)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "probe_queries %d must be in [0, %d] (query positions per attention probe; 0: 16 for "
@@ -331,8 +344,9 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->feeds = calloc(2 * (size_t)c->L, sizeof(int64_t));
     c->attn = calloc((size_t)c->L, sizeof *c->attn);
     c->copy = calloc((size_t)c->L, sizeof *c->copy);
+    c->width = calloc((size_t)c->L * (size_t)c->hkv * 2, sizeof *c->width);
     if (!c->probes || !c->probe_offers || !c->probe_rng || !c->copy_offers || !c->copy_rng || !c->feeds ||
-        !c->attn || !c->copy) {
+        !c->attn || !c->copy || !c->width) {
         oscar_calib_destroy(c);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for calibration state (%d layers)",
                                o->num_layers);
@@ -1207,7 +1221,7 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
 /* probe_set_quantize's arguments; part `part` of `parts` quantizes that share of every selected probe's rows. */
 typedef struct quant_job {
     probe_set *ps;
-    int which, head, lloyd_max, copies;
+    int which, head, lloyd_max, copies, bits;
     float clip;
     const float *const *F;
 } quant_job;
@@ -1217,8 +1231,8 @@ static void quant_rows(void *arg, int part, int parts) {
     probe_set *ps = j->ps;
     const oscar_calib *c = ps->c;
     const int d = c->d;
-    uint8_t codes[64];   /* d / 4, d <= 256 */
-    float meta[2 * 256]; /* two per group */
+    uint8_t codes[64], hi[32]; /* d / 4 and d / 8, d <= 256 */
+    float meta[2 * 256];       /* two per group */
     for (int i = 0; i < ps->np; i++) {
         if ((ps->p[i]->period != 0) != j->copies) continue; /* copies 0: text probes, 1: copy probes */
         if (j->head >= 0 && ps->h[i] != j->head) continue;
@@ -1229,9 +1243,10 @@ static void quant_rows(void *arg, int part, int parts) {
         if (n <= 0) continue;
         const int r0 = lo + (int)((int64_t)n * part / parts), r1 = lo + (int)((int64_t)n * (part + 1) / parts);
         for (int r = r0; r < r1; r++) {
-            oscar_ref_quantize_row_fb(d, c->o.group, j->lloyd_max, j->clip, OSCAR_DTYPE_F16,
-                                      src + (size_t)r * (size_t)d, Fi, codes, meta);
-            oscar_ref_dequantize_row(d, c->o.group, j->lloyd_max, codes, meta, dst + (size_t)r * (size_t)d);
+            oscar_ref_quantize_row_wide(d, c->o.group, j->bits, j->lloyd_max, j->clip, OSCAR_DTYPE_F16,
+                                        src + (size_t)r * (size_t)d, Fi, codes, hi, meta);
+            oscar_ref_dequantize_row_wide(d, c->o.group, j->bits, j->lloyd_max, codes, hi, meta,
+                                          dst + (size_t)r * (size_t)d);
         }
     }
 }
@@ -1240,11 +1255,23 @@ static void quant_rows(void *arg, int part, int parts) {
  * probe of KV head `head` (-1: every head) with clip ratio `clip`, as the
  * cache does (group, fp16 metadata). Rows are independent: options.threads
  * workers take a contiguous share of each probe's rows. */
+static void probe_set_quantize_bits(probe_set *ps, int which, int head, int bits, float clip, int lloyd_max,
+                                    const float *const *F, int copies) {
+    quant_job j = {.ps = ps, .which = which, .head = head, .lloyd_max = lloyd_max, .copies = copies, .clip = clip,
+                   .F = F, .bits = bits};
+    parallel_parts(ps->c->o.threads, quant_rows, &j);
+}
 static void probe_set_quantize(probe_set *ps, int which, int head, float clip, int lloyd_max, const float *const *F,
                                int copies) {
-    quant_job j = {.ps = ps, .which = which, .head = head, .lloyd_max = lloyd_max, .copies = copies, .clip = clip,
-                   .F = F};
-    parallel_parts(ps->c->o.threads, quant_rows, &j);
+    probe_set_quantize_bits(ps, which, head, 2, clip, lloyd_max, F, copies);
+}
+
+/* Text-probe query evaluations of KV head `head` (the count the error sums run over). */
+static int probe_set_queries(const probe_set *ps, int head) {
+    int n = 0;
+    for (int i = 0; i < ps->np; i++)
+        if (!ps->p[i]->period && ps->h[i] == head) n += ps->p[i]->nq;
+    return n;
 }
 
 /* softmax(q K^T / sqrt(d)) V for the g queries at position a of probe i
@@ -1501,6 +1528,27 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             probe_set_quantize(&ps, OSCAR_K, -1, fix_k > 0.0f ? fix_k : 1.0f, lm, Fk, 1);
             cr->mass[1] = probe_set_copy_mass(&ps, -1, 1, &ncq);
         }
+        /* Code widths (docs/eval/retrieval.md, ninth step): each head-tensor's share of the probe
+         * error, alone (the other tensor exact), at 2 bits and its chosen ratio, then at 3 bits
+         * unclipped. Absolute errors in the output metric, per query evaluation, so that layers
+         * compare. Last: the copies' quantized rows are not read after this. */
+        if (!lm)
+            for (int h = 0; h < c->hkv; h++) {
+                const int nqh = probe_set_queries(&ps, h);
+                for (int which = 0; which < 2; which++) {
+                    width_report *wr = c->width + ((size_t)layer * (size_t)c->hkv + (size_t)h) * 2 + (size_t)which;
+                    const float *const *Fw = which == OSCAR_K ? Fk : Fv;
+                    double num, den;
+                    probe_set_quantize(&ps, which, h, which == OSCAR_K ? clip_k[h] : clip_v[h], 0, Fw, 0);
+                    probe_set_error_nd(&ps, h, which == OSCAR_K, which == OSCAR_V, &num, &den);
+                    wr->err2 = nqh ? num / nqh : 0.0;
+                    wr->norm = nqh ? den / nqh : 0.0;
+                    probe_set_quantize_bits(&ps, which, h, 3, 1.0f, 0, Fw, 0);
+                    probe_set_error_nd(&ps, h, which == OSCAR_K, which == OSCAR_V, &num, &den);
+                    wr->err3 = nqh ? num / nqh : 0.0;
+                    probe_set_quantize(&ps, which, h, which == OSCAR_K ? clip_k[h] : clip_v[h], 0, Fw, 0);
+                }
+            }
     }
     probe_set_free(&ps);
     free(omb);
@@ -1508,6 +1556,48 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
     free(omp);
     *fitted = 1;
     return 0;
+}
+
+/* The code-width rule (docs/eval/retrieval.md, ninth step): head-tensors ranked by what 3 bits
+ * buy on the probes (err2 - err3, absolute, in the output metric), widened best first while the
+ * bits per element they add, 1 / (2 L Hkv) each, stay within options.wide_bits; a widened
+ * tensor is stored unclipped (the eighth step: at 3 bits the clip costs retrieval). */
+static void choose_widths(oscar_calib *c, oscar_params *p) {
+    const size_t n = (size_t)c->L * (size_t)c->hkv * 2;
+    const double each = 1.0 / (double)n;
+    int taken = 0;
+    for (;;) {
+        size_t best = n;
+        double gain = 0.0;
+        for (size_t i = 0; i < n; i++) {
+            const double g = c->width[i].err2 - c->width[i].err3;
+            if (!c->width[i].wide && g > gain) {
+                gain = g;
+                best = i;
+            }
+        }
+        if (best == n || (double)(taken + 1) * each > (double)c->o.wide_bits + 1e-9) break;
+        const int l = (int)(best / 2 / (size_t)c->hkv), h = (int)(best / 2 % (size_t)c->hkv), w = (int)(best % 2);
+        c->width[best].wide = 1;
+        taken++;
+        /* Both calls are valid by construction (oscar2 parameters, indices in range). */
+        (void)oscar_params_set_code_bits(p, l, h, (oscar_kv)w, 3);
+        *oscar_params_clip_ptr(p, l, h, w) = 1.0f;
+    }
+}
+
+OSCAR_API oscar_status oscar_calib_width_report_get(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
+                                                    oscar_calib_width_report *out) {
+    oscar_clear_error();
+    if (!c || !out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_width_report_get: NULL argument");
+    if (layer < 0 || layer >= c->L || kv_head < 0 || kv_head >= c->hkv || (which != OSCAR_K && which != OSCAR_V))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_calib_width_report_get: layer %d / kv_head %d / which %d out of range ([0, %d), "
+                               "[0, %d), K or V)", layer, kv_head, (int)which, c->L, c->hkv);
+    if (c->state != STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE, "the width report exists after oscar_calib_finalize: finalize first");
+    *out = c->width[((size_t)layer * (size_t)c->hkv + (size_t)kv_head) * 2 + (size_t)which];
+    return OSCAR_OK;
 }
 
 OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) {
@@ -1692,6 +1782,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
             *(which == OSCAR_K ? &c->report[l].clip_k : &c->report[l].clip_v) = mild; /* the layer's mildest */
         }
     }
+    choose_widths(c, p);
     if (c->o.progress) c->o.progress(c->o.progress_user, "done", L, L);
     c->state = STATE_FINAL;
     *out = p;

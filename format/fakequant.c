@@ -41,8 +41,8 @@ static void kivi_keys(int n_tokens, int H, int d, float *rows) {
 }
 
 int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *clip, int clip_stride,
-                             const float *rot, const float *fb, int per_head, int n_tokens, int num_kv_heads,
-                             int head_dim, float *rows) {
+                             const uint8_t *bits, const float *rot, const float *fb, int per_head, int n_tokens,
+                             int num_kv_heads, int head_dim, float *rows) {
     size_t n = (size_t)n_tokens * (size_t)num_kv_heads * (size_t)head_dim;
     /* The cache stores rows in kv_dtype: every method starts from the bf16 row
      * (the rotated row for rotating methods). */
@@ -71,7 +71,7 @@ int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *c
     int lm = m == OSCAR_METHOD_OSCAR2_LM;
     size_t dd = (size_t)d * (size_t)d;
     float xr[256], deq[256], meta[16];
-    uint8_t codes[64];
+    uint8_t codes[64], hi[32];
     for (int t = 0; t < n_tokens; t++)
         for (int h = 0; h < num_kv_heads; h++) {
             float *row = rows + ((size_t)t * num_kv_heads + h) * d;
@@ -81,8 +81,9 @@ int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *c
             for (int j = 0; j < d; j++) xr[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
             const float *F = calibrated && fb ? fb + r * dd : NULL;
             const float c = calibrated && clip ? clip[(size_t)h * (size_t)clip_stride] : 1.0f;
-            oscar_ref_quantize_row_fb(d, group, lm, c, OSCAR_DTYPE_F16, xr, F, codes, meta);
-            oscar_ref_dequantize_row(d, group, lm, codes, meta, deq);
+            const int b = calibrated && bits ? bits[(size_t)h * (size_t)clip_stride] : 2;
+            oscar_ref_quantize_row_wide(d, group, b, lm, c, OSCAR_DTYPE_F16, xr, F, codes, hi, meta);
+            oscar_ref_dequantize_row_wide(d, group, b, lm, codes, hi, meta, deq);
             oscar_ref_unrotate(d, deq, R, row);
         }
     free(H);

@@ -62,6 +62,14 @@ oscar_status oscar_format_check_layout(const oscar_layout_desc *d, char *msg, si
         return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: kv_dtype must be OSCAR_DTYPE_BF16 or F16");
     if (d->meta_dtype != OSCAR_DTYPE_F16 && d->meta_dtype != OSCAR_DTYPE_F32)
         return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: meta_dtype must be OSCAR_DTYPE_F16 or F32");
+    if (d->wide_tensors < 0 || d->wide_tensors > 2 * d->num_kv_heads)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n,
+                    "layout: wide_tensors %d must be in [0, 2 num_kv_heads = %d] (3-bit head-tensors per layer)",
+                    d->wide_tensors, 2 * d->num_kv_heads);
+    if (d->wide_tensors > 0 && d->method != OSCAR_METHOD_OSCAR2)
+        return fail(OSCAR_ERR_UNSUPPORTED, msg, n,
+                    "layout: wide_tensors %d needs method oscar2 (3-bit codes have uniform levels); use 0 for %s",
+                    d->wide_tensors, oscar_format_method_name(d->method));
     if (!oscar_method_paged(d->method))
         return fail(OSCAR_ERR_UNSUPPORTED, msg, n,
                     "layout: method %s is evaluation-only (oscar_fakequant); a paged cache supports oscar2, "
@@ -95,6 +103,9 @@ void oscar_page_geom_init(const oscar_layout_desc *l, oscar_page_geom *g) {
     g->v_codes = rows * g->codes_row_bytes;
     g->k_meta = 2 * rows * g->codes_row_bytes;
     g->v_meta = g->k_meta + rows * g->meta_row_bytes;
-    g->page_bytes = g->v_meta + rows * g->meta_row_bytes;
+    g->hi = g->v_meta + rows * g->meta_row_bytes;
+    g->hi_row_bytes = (size_t)g->d / 8;
+    g->wide = l->wide_tensors > 0 ? l->wide_tensors : 0;
+    g->page_bytes = g->hi + (size_t)g->wide * (size_t)g->P * g->hi_row_bytes;
     g->window_slot_bytes = 2 * (size_t)g->H * (size_t)(l->sink + l->recent) * (size_t)g->d * kvs;
 }

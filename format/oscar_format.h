@@ -120,6 +120,10 @@ typedef struct oscar_page_geom {
     size_t codes_row_bytes; /* d/4 */
     size_t meta_row_bytes;  /* ng * 2 * sizeof(meta) */
     size_t k_codes, v_codes, k_meta, v_meta, page_bytes;
+    /* Code widths (§2.7): wide 1-bit planes of P rows x hi_row_bytes (d/8) each, the first at hi
+     * (the end of the V metadata); plane j at hi + j * P * hi_row_bytes. wide 0: none. */
+    int wide;
+    size_t hi, hi_row_bytes;
     size_t window_slot_bytes; /* 2 * H * (S0 + W) * d * sizeof(kv_dtype); 0 for BF16 */
 } oscar_page_geom;
 void oscar_page_geom_init(const oscar_layout_desc *l, oscar_page_geom *g);

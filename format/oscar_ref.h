@@ -63,6 +63,19 @@ void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *co
                               float *out);
 /* Code of value j in a packed row. */
 static inline int oscar_ref_code_at(const uint8_t *codes, int j) { return (codes[j >> 2] >> (2 * (j & 3))) & 3; }
+/* Code widths (FORMAT.md §2.7): a head-tensor at 3 bits keeps the 2-bit plane above (the low two
+ * bits of each code) and adds a 1-bit plane of d/8 bytes (bit j of the plane = bit 2 of value j's
+ * code), uniform levels only: a = (max - min) / 7, code 0..7. bits 2 is exactly the functions
+ * above (hi unused, may be NULL). */
+static inline int oscar_ref_code3_at(const uint8_t *codes, const uint8_t *hi, int j) {
+    return oscar_ref_code_at(codes, j) | (((hi[j >> 3] >> (j & 7)) & 1) << 2);
+}
+/* oscar_ref_quantize_row_fb with 2^bits uniform levels (bits 2 or 3; 3 only without lloyd_max):
+ * codes d/4 bytes, hi d/8 bytes (bits 3). */
+void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, float c, oscar_dtype meta_dtype,
+                                 const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta);
+void oscar_ref_dequantize_row_wide(int d, int group, int bits, int lloyd_max, const uint8_t *codes,
+                                   const uint8_t *hi, const float *meta, float *out);
 
 /* Per-token asymmetric b-bit quantize-dequantize in place (int2/int4/int8
  * baselines, groups of `group` along the row; fp16 metadata): a = (max-min) /
@@ -75,11 +88,12 @@ void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
  * rows. OSCAR2/OSCAR2-LM: rot is [num_rot][d][d] (NULL: identity), fb the
  * error-feedback weights of the same shape or NULL, num_rot = num_kv_heads
  * when per_head, else 1; clip[h * clip_stride] the clip ratio of KV head h
- * (NULL: 1). Other methods ignore rot, fb and clip. Arguments must be valid (oscar_fakequant checks them) and the
+ * (NULL: 1), bits[h * clip_stride] its code width (2 or 3, NULL: 2; 3 only for
+ * OSCAR2). Other methods ignore rot, fb, clip and bits. Arguments must be valid (oscar_fakequant checks them) and the
  * rows finite. Returns 0, or -1 when out of memory (rows then unchanged for
  * QUAROT2). */
 int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *clip, int clip_stride,
-                             const float *rot, const float *fb, int per_head, int n_tokens, int num_kv_heads,
-                             int head_dim, float *rows);
+                             const uint8_t *bits, const float *rot, const float *fb, int per_head, int n_tokens,
+                             int num_kv_heads, int head_dim, float *rows);
 
 #endif /* OSCAR_REF_H */

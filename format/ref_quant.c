@@ -225,22 +225,25 @@ static float meta_round(oscar_dtype meta, float v) {
 
 static const float k_lm_levels[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
 
-/* Code of value t = (x - b) / a on the level grid. NaN (only from absurd
- * rows under error feedback) maps to a valid code instead of a cast of NaN. */
-static int level_code(int lloyd_max, float t) {
+/* Code of value t = (x - b) / a on the level grid of 2^bits uniform levels
+ * (or the 4 Lloyd-Max levels). NaN (only from absurd rows under error
+ * feedback) maps to a valid code instead of a cast of NaN. */
+static int level_code(int lloyd_max, int top, float t) {
     if (!lloyd_max) {
         float r = floorf(t + 0.5f);
-        return !(r >= 0.0f) ? 0 : (r > 3.0f ? 3 : (int)r);
+        return !(r >= 0.0f) ? 0 : (r > (float)top ? top : (int)r);
     }
     return t < -OSCAR_LM_T ? 0 : (t < 0.0f ? 1 : (t < OSCAR_LM_T ? 2 : 3));
 }
 
-void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
-                               const float *fb, uint8_t *codes, float *meta) {
+void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, float c, oscar_dtype meta_dtype,
+                                 const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
+    const int top = (1 << bits) - 1; /* 3 (2-bit) or 7 (3-bit) */
     float tau = (c < 1.0f) ? oscar_ref_clip_tau(d, x, c) : INFINITY;
     float v[256];
     for (int j = 0; j < d; j++) v[j] = x[j] < -tau ? -tau : (x[j] > tau ? tau : x[j]);
     memset(codes, 0, (size_t)d / 4);
+    if (bits == 3) memset(hi, 0, (size_t)d / 8);
     int ng = d / group;
     /* Metadata from the clipped row, before any feedback. */
     for (int g = 0; g < ng; g++) {
@@ -252,7 +255,7 @@ void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_d
                 mn = gv[j] < mn ? gv[j] : mn;
                 mx = gv[j] > mx ? gv[j] : mx;
             }
-            a = (mx - mn) / 3.0f;
+            a = (mx - mn) / (float)top;
             b = mn;
         } else {
             float sum = 0.0f;
@@ -279,8 +282,9 @@ void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_d
     for (int j = 0; j < d; j++) {
         int g = j / group;
         float a = meta[2 * g], b = meta[2 * g + 1];
-        int code = a == 0.0f ? (lloyd_max ? 2 : 0) : level_code(lloyd_max, (v[j] - b) / a);
-        codes[j >> 2] |= (uint8_t)(code << (2 * (j & 3)));
+        int code = a == 0.0f ? (lloyd_max ? 2 : 0) : level_code(lloyd_max, top, (v[j] - b) / a);
+        codes[j >> 2] |= (uint8_t)((code & 3) << (2 * (j & 3)));
+        if (bits == 3) hi[j >> 3] |= (uint8_t)((code >> 2) << (j & 7));
         if (!fb) continue;
         float e = v[j] - (b + a * (lloyd_max ? k_lm_levels[code] : (float)code));
         if (e == 0.0f) continue;
@@ -297,19 +301,32 @@ void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_d
     }
 }
 
+void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
+                               const float *fb, uint8_t *codes, float *meta) {
+    oscar_ref_quantize_row_wide(d, group, 2, lloyd_max, c, meta_dtype, x, fb, codes, NULL, meta);
+}
+
 void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
                             uint8_t *codes, float *meta) {
     oscar_ref_quantize_row_fb(d, group, lloyd_max, c, meta_dtype, x, NULL, codes, meta);
 }
 
-void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *codes, const float *meta,
-                              float *out) {
+void oscar_ref_dequantize_row_wide(int d, int group, int bits, int lloyd_max, const uint8_t *codes,
+                                   const uint8_t *hi, const float *meta, float *out) {
     static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
     const float *lev = lloyd_max ? k_lm_levels : uni;
     for (int j = 0; j < d; j++) {
         int g = j / group;
-        out[j] = meta[2 * g + 1] + meta[2 * g] * lev[oscar_ref_code_at(codes, j)];
+        if (bits == 3)
+            out[j] = meta[2 * g + 1] + meta[2 * g] * (float)oscar_ref_code3_at(codes, hi, j);
+        else
+            out[j] = meta[2 * g + 1] + meta[2 * g] * lev[oscar_ref_code_at(codes, j)];
     }
+}
+
+void oscar_ref_dequantize_row(int d, int group, int lloyd_max, const uint8_t *codes, const float *meta,
+                              float *out) {
+    oscar_ref_dequantize_row_wide(d, group, 2, lloyd_max, codes, NULL, meta, out);
 }
 
 void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x) {

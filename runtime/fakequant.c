@@ -58,13 +58,15 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
 
     const float *rot = NULL, *fb = NULL;
     const float *clip = NULL; /* [kv head] with stride 2 (K and V interleaved) */
+    const uint8_t *bits = NULL; /* the same layout; NULL: 2 bits everywhere */
     if (calibrated) {
         int r0 = 0;
         rot = p->identity ? NULL : oscar_params_rot_ptr(p, layer, (int)which, r0);
         fb = oscar_params_fb_ptr(p, layer, (int)which, r0);
         clip = oscar_params_clip_ptr(p, layer, 0, (int)which);
+        bits = oscar_params_bits_ptr(p, layer, 0, (int)which);
     }
-    if (oscar_ref_fakequant_rows(m, which == OSCAR_K, group, clip, 2, rot, fb, calibrated && p->per_head, n_tokens,
+    if (oscar_ref_fakequant_rows(m, which == OSCAR_K, group, clip, 2, bits, rot, fb, calibrated && p->per_head, n_tokens,
                                  num_kv_heads, head_dim, rows) != 0)
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_fakequant: cannot allocate the Hadamard matrix");
     return OSCAR_OK;

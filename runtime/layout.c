@@ -43,7 +43,8 @@ oscar_status oscar_layout_sizes_get(const oscar_layout_desc *in, oscar_layout_si
     out->window_slot_bytes = g.window_slot_bytes;
     out->bits_per_element = d->method == OSCAR_METHOD_BF16
                                 ? 8.0 * (double)oscar_dtype_size(d->kv_dtype)
-                                : oscar_method_bits(d->method, d->head_dim, d->group, d->meta_dtype);
+                                : oscar_method_bits(d->method, d->head_dim, d->group, d->meta_dtype) +
+                                      (double)g.wide / (2.0 * (double)g.H); /* 1-bit planes (§2.7) */
     return OSCAR_OK;
 }
 

@@ -56,6 +56,12 @@ typedef struct oscar_backend_plan_desc {
     /* Error-feedback weights, same layout as rot_k / rot_v (strictly upper
      * triangular, FORMAT.md §2.3), or NULL: round to nearest. */
     const float *fb_k, *fb_v;
+    /* Code widths (FORMAT.md §2.7): [num_layers][num_kv_heads][2] (K, V), 2 or 3, or NULL: 2
+     * everywhere; layout.wide_tensors is at least each layer's count of 3s. Only the built-in CPU
+     * backend stores 3-bit head-tensors so far: the runtime refuses such parameters, and layouts
+     * with wide_tensors > 0, on every plugin (OSCAR_ERR_UNSUPPORTED) and gives plugins NULL here. A
+     * plugin that learns them will need a capability word in this ABI (not added yet). */
+    const uint8_t *code_bits;
 } oscar_backend_plan_desc;
 
 typedef struct oscar_backend_append_args {

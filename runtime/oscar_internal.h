@@ -59,6 +59,8 @@ struct oscar_params {
     float *clip;           /* [num_layers][num_kv_heads][2] (K, V) */
     float *fb;             /* [num_layers][2][num_rot][d][d] error-feedback weights (strictly upper
                               triangular; FORMAT.md §2.3), or NULL: nearest rounding */
+    uint8_t *bits;         /* [num_layers][num_kv_heads][2] (K, V) code width, 2 or 3 (FORMAT.md §2.7,
+                              format_version 4), or NULL: 2 everywhere */
 };
 
 /* Allocates parameters with identity rotations, no eigenvalues and clip 1.
@@ -87,6 +89,21 @@ static inline float *oscar_params_fb_ptr(const oscar_params *p, int layer, int k
 static inline float *oscar_params_clip_ptr(const oscar_params *p, int layer, int kv_head, int kv) {
     return p->clip + ((size_t)layer * (size_t)p->num_kv_heads + (size_t)kv_head) * 2 + (size_t)kv;
 }
+/* Code width of (layer, KV head, kind) as a pointer into the bits array (stride 2 between heads),
+ * or NULL when every head-tensor is at 2 bits. */
+static inline uint8_t *oscar_params_bits_ptr(const oscar_params *p, int layer, int kv_head, int kv) {
+    if (!p->bits) return NULL;
+    return p->bits + ((size_t)layer * (size_t)p->num_kv_heads + (size_t)kv_head) * 2 + (size_t)kv;
+}
+/* Code width of (layer, KV head, kind): 2 or 3. */
+static inline int oscar_params_bits_of(const oscar_params *p, int layer, int kv_head, int kv) {
+    const uint8_t *b = oscar_params_bits_ptr(p, layer, kv_head, kv);
+    return b ? *b : 2;
+}
+/* 1 when some head-tensor has a code width other than 2 (the file is then format_version 4). */
+int oscar_params_has_wide(const oscar_params *p);
+/* Number of head-tensors (KV head, K/V) of `layer` at 3 bits. */
+int oscar_params_wide_in_layer(const oscar_params *p, int layer);
 /* 1 when every KV head of every layer shares its layer's clip ratios (the
  * file then keeps the per-layer clip tensor of format versions 1-2). */
 int oscar_params_clips_per_layer(const oscar_params *p);

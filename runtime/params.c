@@ -107,6 +107,7 @@ OSCAR_API void oscar_params_destroy(oscar_params *p) {
     free(p->eig);
     free(p->clip);
     free(p->fb);
+    free(p->bits);
     free(p);
 }
 
@@ -294,6 +295,52 @@ OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_k
     if (s == OSCAR_OK) s = check_clip_ratio(c);
     if (s != OSCAR_OK) return s;
     for (int h = 0; h < p->num_kv_heads; h++) *oscar_params_clip_ptr(p, layer, h, (int)which) = c;
+    return OSCAR_OK;
+}
+
+int oscar_params_has_wide(const oscar_params *p) {
+    if (!p->bits) return 0;
+    for (size_t i = 0; i < (size_t)p->num_layers * (size_t)p->num_kv_heads * 2; i++)
+        if (p->bits[i] != 2) return 1;
+    return 0;
+}
+
+int oscar_params_wide_in_layer(const oscar_params *p, int layer) {
+    int n = 0;
+    for (int h = 0; h < p->num_kv_heads; h++)
+        for (int kv = 0; kv < 2; kv++) n += oscar_params_bits_of(p, layer, h, kv) == 3;
+    return n;
+}
+
+OSCAR_API oscar_status oscar_params_code_bits(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                              int *bits) {
+    oscar_clear_error();
+    if (!bits) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_code_bits: bits is NULL");
+    oscar_status s = check_clip_index(p, "oscar_params_code_bits", layer, kv_head, which);
+    if (s != OSCAR_OK) return s;
+    *bits = oscar_params_bits_of(p, layer, kv_head, (int)which);
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_params_set_code_bits(oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                                  int bits) {
+    oscar_clear_error();
+    const char *fn = "oscar_params_set_code_bits";
+    oscar_status s = check_clip_index(p, fn, layer, kv_head, which);
+    if (s != OSCAR_OK) return s;
+    if (bits != 2 && bits != 3)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: code width %d is not supported: use 2 or 3", fn, bits);
+    if (bits == 3 && p->method != OSCAR_METHOD_OSCAR2)
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED, "%s: 3-bit codes need oscar2 parameters (uniform levels); these "
+                               "are for %s", fn, oscar_method_name(p->method));
+    if (!p->bits) {
+        if (bits == 2) return OSCAR_OK;
+        const size_t n = (size_t)p->num_layers * (size_t)p->num_kv_heads * 2;
+        p->bits = malloc(n);
+        if (!p->bits) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory", fn);
+        memset(p->bits, 2, n);
+    }
+    *oscar_params_bits_ptr(p, layer, kv_head, (int)which) = (uint8_t)bits;
     return OSCAR_OK;
 }
 

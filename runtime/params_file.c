@@ -83,9 +83,11 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     char version[32];
     snprintf(version, sizeof version, "%d.%d.%d", OSCAR_VERSION_MAJOR, OSCAR_VERSION_MINOR, OSCAR_VERSION_PATCH);
     /* The lowest version that holds the file: version 1 readers know everything but the
-     * feedback weights, version 2 readers everything but per-head clip ratios. */
+     * feedback weights, version 2 readers everything but per-head clip ratios, version 3 readers
+     * everything but code widths other than 2 (FORMAT.md §2.7). */
     const int clip_heads = oscar_params_clips_per_layer(p) ? 1 : p->num_kv_heads;
-    json_object_set_new(meta, "format_version", json_integer(clip_heads > 1 ? 3 : p->fb ? 2 : 1));
+    const int wide = oscar_params_has_wide(p);
+    json_object_set_new(meta, "format_version", json_integer(wide ? 4 : clip_heads > 1 ? 3 : p->fb ? 2 : 1));
     json_object_set_new(meta, "library_version", json_string(version));
     json_object_set_new(meta, "method", json_string(oscar_method_name(p->method)));
     json_object_set_new(meta, "num_layers", json_integer(p->num_layers));
@@ -136,10 +138,20 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
                                              (int)(i % 2));
     if (!bad && clip_heads == 1) clip_shape[1] = 2;
     if (!bad) bad = add_tensor(hdr, "clip", "F32", clip_heads > 1 ? 3 : 2, clip_shape, &off, clip_count * sizeof(float));
+    /* code_bits: [num_layers][num_kv_heads][2] I32, only when some head-tensor is not at 2 bits. */
+    const size_t bits_count = wide ? (size_t)p->num_layers * (size_t)p->num_kv_heads * 2 : 0;
+    int32_t *bits_out = wide ? malloc(bits_count * sizeof(int32_t)) : NULL;
+    if (wide) {
+        bad = bad || !bits_out;
+        for (size_t i = 0; !bad && i < bits_count; i++) bits_out[i] = p->bits[i];
+        int64_t bits_shape[3] = {p->num_layers, p->num_kv_heads, 2};
+        if (!bad) bad = add_tensor(hdr, "code_bits", "I32", 3, bits_shape, &off, bits_count * sizeof(int32_t));
+    }
     char *hdr_str = bad ? NULL : json_dumps(hdr, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(hdr);
     if (!hdr_str) {
         free(clip_out);
+        free(bits_out);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory building the file header");
     }
 
@@ -150,6 +162,7 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     if (!tmp) {
         free(hdr_str);
         free(clip_out);
+        free(bits_out);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory");
     }
     memcpy(tmp, path, plen);
@@ -161,6 +174,7 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
         free(tmp);
         free(hdr_str);
         free(clip_out);
+        free(bits_out);
         return s;
     }
     uint8_t lenbuf[8];
@@ -176,6 +190,8 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
     }
     if (!err) err = write_all(fd, clip_out, clip_count * sizeof(float));
     free(clip_out);
+    if (!err && bits_out) err = write_all(fd, bits_out, bits_count * sizeof(int32_t));
+    free(bits_out);
     if (!err) err = fsync(fd);
     int saved = errno;
     if (close(fd) != 0 && !err) {
@@ -250,11 +266,12 @@ typedef struct tensor_slot {
     int found;
 } tensor_slot;
 
-/* Parses "layers.{l}.{rot,eig,fb}_{k,v}" or "clip" into a slot index:
+/* Parses "layers.{l}.{rot,eig,fb}_{k,v}", "clip" or "code_bits" into a slot index:
  * layer * NKIND + {rot_k 0, rot_v 1, eig_k 2, eig_v 3, fb_k 4, fb_v 5};
- * clip is num_layers * NKIND. */
+ * clip is num_layers * NKIND, code_bits num_layers * NKIND + 1. */
 static int tensor_index(const char *name, int num_layers) {
     if (strcmp(name, "clip") == 0) return num_layers * NKIND;
+    if (strcmp(name, "code_bits") == 0) return num_layers * NKIND + 1;
     if (strncmp(name, "layers.", 7) != 0) return -1;
     const char *s = name + 7;
     long l = 0;
@@ -445,7 +462,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
     /* Every header key must be an expected tensor with the right dtype,
      * shape and an exact, in-bounds byte range. */
     const int64_t nr = per_head ? hkv : 1;
-    const size_t nslots = (size_t)L * NKIND + 1;
+    const size_t nslots = (size_t)L * NKIND + 2;
     slots = calloc(nslots, sizeof *slots);
     order = calloc(nslots, sizeof *order);
     if (!slots || !order) {
@@ -459,10 +476,19 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
         if (strcmp(key, "__metadata__") == 0) continue;
         int idx = tensor_index(key, (int)L);
         if (idx < 0) {
-            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig/fb of a layer < %lld, nor clip)", key,
-                     (long long)L);
+            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig/fb of a layer < %lld, nor clip, nor "
+                     "code_bits)", key, (long long)L);
             s = corrupt(msg);
             goto done;
+        }
+        if (idx == (int)L * NKIND + 1) { /* code_bits: [L][Hkv][2] I32, from version 4 */
+            if (fv < 4) {
+                s = corrupt("code widths per head-tensor (tensor code_bits) need format_version 4");
+                goto done;
+            }
+            int64_t shb[3] = {L, hkv, 2};
+            if ((s = check_entry(key, val, "I32", 3, shb, 4, data_size, &slots[idx]))) goto done;
+            continue;
         }
         int kind = idx == (int)L * NKIND ? NKIND : idx % NKIND;
         int64_t sh3[3] = {nr, d, d}, sh2[2] = {nr, d}, shc[3] = {L, 2, 2};
@@ -513,6 +539,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
         goto done;
     }
     order[nfound++] = &slots[L * NKIND];
+    if (slots[L * NKIND + 1].found) order[nfound++] = &slots[L * NKIND + 1];
     qsort(order, nfound, sizeof *order, cmp_slot);
     for (size_t i = 1; i < nfound; i++)
         if (order[i]->begin < order[i - 1]->end) {
@@ -618,6 +645,33 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
             s = corrupt(msg);
             goto done;
         }
+    if (slots[L * NKIND + 1].found) { /* code widths: 2 or 3, 3 only with uniform levels (oscar2) */
+        const size_t nb = (size_t)L * (size_t)hkv * 2;
+        p->bits = malloc(nb);
+        if (!p->bits) {
+            s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading code widths");
+            goto done;
+        }
+        for (size_t i = 0; i < nb; i++) {
+            int32_t b;
+            memcpy(&b, tensor_data + slots[L * NKIND + 1].begin + i * sizeof b, sizeof b);
+            if (b != 2 && b != 3) {
+                snprintf(msg, sizeof msg, "code_bits of layer %lld KV head %lld %c is %ld: must be 2 or 3",
+                         (long long)(i / 2 / (size_t)hkv), (long long)(i / 2 % (size_t)hkv), i % 2 ? 'V' : 'K',
+                         (long)b);
+                s = corrupt(msg);
+                goto done;
+            }
+            if (b == 3 && method != OSCAR_METHOD_OSCAR2) {
+                snprintf(msg, sizeof msg, "code_bits of layer %lld KV head %lld %c is 3, which needs method oscar2 "
+                         "(uniform levels), not %s", (long long)(i / 2 / (size_t)hkv),
+                         (long long)(i / 2 % (size_t)hkv), i % 2 ? 'V' : 'K', oscar_method_name((oscar_method)method));
+                s = corrupt(msg);
+                goto done;
+            }
+            p->bits[i] = (uint8_t)b;
+        }
+    }
     *out = p;
     p = NULL;
 done:

@@ -56,6 +56,36 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                "group %d; use layout group %d or recalibrate with --group %d",
                                params->group, layout->group, params->group, layout->group);
     }
+    /* Code widths (FORMAT.md §2.7): opt-in, and only where the backend stores them. */
+    const int wide = needs_params && oscar_params_has_wide(params);
+    if ((wide || layout->wide_tensors > 0) && rt->api != oscar_cpu_backend()) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED,
+                               "oscar_plan_create: backend %s cannot store 3-bit head-tensors (%s): use the cpu "
+                               "backend, or parameters calibrated without --wide-bits and layout.wide_tensors 0",
+                               rt->api->name,
+                               wide ? "the parameters' code_bits field (format_version 4) has 3s"
+                                    : "layout.wide_tensors > 0");
+    }
+    if (wide) {
+        if (m != OSCAR_METHOD_OSCAR2) {
+            oscar_params_destroy(owned);
+            return oscar_set_error(OSCAR_ERR_UNSUPPORTED,
+                                   "oscar_plan_create: the parameters' code_bits field has 3-bit head-tensors, "
+                                   "which only method oscar2 stores (the layout asks %s)",
+                                   oscar_method_name(m));
+        }
+        for (int l = 0; l < params->num_layers; l++)
+            if (oscar_params_wide_in_layer(params, l) > layout->wide_tensors) {
+                const int n = oscar_params_wide_in_layer(params, l);
+                oscar_params_destroy(owned);
+                return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                                       "oscar_plan_create: layer %d of the parameters stores %d head-tensors in 3 "
+                                       "bits (code_bits) but layout.wide_tensors is %d: set it to at least the "
+                                       "largest count of any layer and size pages with oscar_layout_sizes_get",
+                                       l, n, layout->wide_tensors);
+            }
+    }
     const int L = params->num_layers, d = params->head_dim;
     const size_t nclip = (size_t)L * (size_t)params->num_kv_heads;
     float *clip = malloc(sizeof(float) * 2 * nclip);
@@ -107,6 +137,7 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         .clip_v = clip + nclip,
         .fb_k = fk,
         .fb_v = fv,
+        .code_bits = wide ? params->bits : NULL,
     };
     if (m == OSCAR_METHOD_INT2 || m == OSCAR_METHOD_BF16) {
         /* Force identity whatever the parameters hold. */

@@ -552,3 +552,85 @@ Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) 
     free(v);
     oscar_runtime_destroy(rt);
 }
+
+/* ------------------------------------------------------- code widths */
+/* 3-bit head-tensors (FORMAT.md §2.7) are opt-in and CPU-only so far: the CPU backend plans them when the
+ * layout has room (layout.wide_tensors); every other backend refuses such parameters and layouts with
+ * OSCAR_ERR_UNSUPPORTED and a message naming the field, never a plan that would read 2-bit codes. */
+static void wide_codes_case(const char *backend) {
+    oscar_runtime *rt = NULL;
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = backend;
+    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
+        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
+        cr_skip_test("%s not available", backend);
+    }
+    const int cpu = strcmp(backend, "cpu") == 0;
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 4, 2, 64, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 1, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 64;
+    l.group = 64;
+    l.num_q_heads = 4;
+    l.num_kv_heads = 2;
+    l.max_seq_len = LEN;
+    l.wide_tensors = 1;
+    oscar_plan *plan = NULL;
+    oscar_status s = oscar_plan_create(rt, &l, p, &plan);
+    if (cpu) {
+        cr_expect_eq(s, OSCAR_OK, "%s", oscar_last_error());
+        cr_expect(strstr(oscar_plan_variant(plan), "_w3") != NULL, "variant %s", oscar_plan_variant(plan));
+    } else {
+        cr_expect_eq(s, OSCAR_ERR_UNSUPPORTED, "%s planned 3-bit head-tensors: %s", backend, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "code_bits") != NULL, "message: %s", oscar_last_error());
+    }
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    /* A layout with room for them but 2-bit parameters: refused where the pages are not understood. */
+    oscar_params *p2 = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 4, 2, 64, &p2), OSCAR_OK);
+    s = oscar_plan_create(rt, &l, p2, &plan);
+    cr_expect_eq(s, cpu ? OSCAR_OK : OSCAR_ERR_UNSUPPORTED, "%s: %s", backend, oscar_last_error());
+    if (!cpu) cr_expect(strstr(oscar_last_error(), "wide_tensors") != NULL, "message: %s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    oscar_params_destroy(p2);
+    if (cpu) {
+        /* No room in the pages for the parameters' 3-bit head-tensor. */
+        l.wide_tensors = 0;
+        cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH);
+        cr_expect(strstr(oscar_last_error(), "wide_tensors") != NULL, "message: %s", oscar_last_error());
+        /* Lloyd-Max layouts have no 3-bit codes, with or without room asked for. */
+        l.method = OSCAR_METHOD_OSCAR2_LM;
+        cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_UNSUPPORTED);
+        cr_expect(strstr(oscar_last_error(), "code_bits") != NULL, "message: %s", oscar_last_error());
+        l.wide_tensors = 1;
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_UNSUPPORTED);
+        cr_expect(strstr(oscar_last_error(), "wide_tensors") != NULL, "message: %s", oscar_last_error());
+        l.method = OSCAR_METHOD_OSCAR2;
+        l.wide_tensors = 5; /* more than 2 num_kv_heads */
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_INVALID_ARGUMENT);
+        cr_expect(strstr(oscar_last_error(), "wide_tensors") != NULL, "message: %s", oscar_last_error());
+        l.wide_tensors = -1;
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_INVALID_ARGUMENT);
+        /* Page geometry: one 1-bit plane of P x d/8 bytes per head-tensor of room. */
+        oscar_layout_sizes a, b;
+        l.wide_tensors = 0;
+        cr_assert_eq(oscar_layout_sizes_get(&l, &a), OSCAR_OK);
+        l.wide_tensors = 3;
+        cr_assert_eq(oscar_layout_sizes_get(&l, &b), OSCAR_OK);
+        cr_expect_eq(b.page_bytes - a.page_bytes, (size_t)3 * (size_t)l.page_size * 64 / 8, "%zu -> %zu",
+                     a.page_bytes, b.page_bytes);
+        cr_expect(fabs(b.bits_per_element - a.bits_per_element - 3.0 / 4.0) < 1e-12, "bits %g -> %g",
+                  a.bits_per_element, b.bits_per_element);
+    }
+    oscar_params_destroy(p);
+    oscar_runtime_destroy(rt);
+}
+Test(bad_input, wide_codes_cpu) { wide_codes_case("cpu"); }
+Test(bad_input, wide_codes_refused_opencl, .timeout = 300) { wide_codes_case("opencl"); }
+Test(bad_input, wide_codes_refused_cuda, .timeout = 300) { wide_codes_case("cuda"); }
+Test(bad_input, wide_codes_refused_hip, .timeout = 300) { wide_codes_case("hip"); }

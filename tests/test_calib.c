@@ -750,6 +750,91 @@ Test(calib, clip_per_head_vs_per_layer) {
     }
 }
 
+/* Code widths (wide_bits, docs/eval/retrieval.md ninth step): the report ranks every head-tensor by what 3
+ * bits buy on its probes; a budget of k / (2 L Hkv) widens exactly the k best, each stored unclipped in 3
+ * bits; 0 widens none and gives the same parameters otherwise. */
+Test(calib, wide_bits_rule) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 12;
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, 0); /* not heavy-tailed */
+    /* Layer 0 KV head 1's values 10x larger: its outputs, and the output error of its keys and of its
+     * values (no value metric here: the identity), 100x, so one of them must rank first. (On a heavy-tailed synth 3 bits unclipped can lose to 2 bits clipped:
+     * a negative gain, never widened.) */
+    for (int t = 0; t < s[0].n; t++)
+        for (int i = 0; i < d; i++) s[0].v[((size_t)t * (size_t)hkv + 1) * (size_t)d + (size_t)i] *= 10.0f;
+    oscar_calib_options o;
+    small_window_options(&o, L, hq, hkv, d);
+    const int n = 2 * L * hkv;
+    oscar_calib *c[3];
+    oscar_params *p[3];
+    const int take[3] = {0, 1, 3};
+    for (int r = 0; r < 3; r++) {
+        o.wide_bits = (float)take[r] / (float)n;
+        p[r] = calibrate_windows(&o, s, win, 1, &c[r]);
+    }
+    oscar_calib_width_report w[8];
+    int order[8];
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(oscar_calib_width_report_get(c[0], i / 2 / hkv, i / 2 % hkv, (oscar_kv)(i % 2), &w[i]), OSCAR_OK,
+                     "%s", oscar_last_error());
+        cr_assert(w[i].err2 > 0.0 && w[i].err3 > 0.0 && w[i].norm > 0.0, "head-tensor %d: %g %g %g", i, w[i].err2,
+                  w[i].err3, w[i].norm);
+        cr_assert_eq(w[i].wide, 0);
+        order[i] = i;
+    }
+    for (int i = 1; i < n; i++) /* by gain, largest first */
+        for (int j = i; j > 0 && w[order[j]].err2 - w[order[j]].err3 > w[order[j - 1]].err2 - w[order[j - 1]].err3; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    cr_assert(order[0] / 2 == 1, "layer 0 KV head 1 (scaled values) does not rank first: head-tensor %d does "
+              "(seed %llu)", order[0], (unsigned long long)g_seed);
+    for (int k = 0; k < 3; k++)
+        cr_assert_gt(w[order[k]].err2, w[order[k]].err3, "rank %d (head-tensor %d) gains nothing: %g -> %g", k,
+                     order[k], w[order[k]].err2, w[order[k]].err3);
+    for (int r = 0; r < 3; r++) {
+        int widened = 0;
+        for (int i = 0; i < n; i++) {
+            const int l = i / 2 / hkv, h = i / 2 % hkv;
+            const oscar_kv kv = (oscar_kv)(i % 2);
+            int b = 0, top = 0;
+            float cl = 0.0f, cl0 = 0.0f;
+            for (int k = 0; k < take[r]; k++) top |= order[k] == i;
+            oscar_calib_width_report wr;
+            cr_assert_eq(oscar_calib_width_report_get(c[r], l, h, kv, &wr), OSCAR_OK);
+            cr_assert(wr.err2 == w[i].err2 && wr.err3 == w[i].err3, "the ranking depends on the budget");
+            cr_assert_eq(oscar_params_code_bits(p[r], l, h, kv, &b), OSCAR_OK);
+            cr_assert_eq(b, top ? 3 : 2, "budget %d: head-tensor %d has %d bits", take[r], i, b);
+            cr_assert_eq(wr.wide, top, "budget %d: report says wide %d for head-tensor %d", take[r], wr.wide, i);
+            oscar_params_clip_head(p[r], l, h, kv, &cl);
+            oscar_params_clip_head(p[0], l, h, kv, &cl0);
+            cr_assert_eq(cl, top ? 1.0f : cl0, "budget %d: head-tensor %d clip %g (without widths %g)", take[r], i,
+                         (double)cl, (double)cl0);
+            widened += top;
+        }
+        cr_assert_eq(widened, take[r]);
+    }
+    /* Bad budgets and a method without 3-bit codes. */
+    oscar_calib *bad = NULL;
+    const float wrong[] = {-0.1f, 1.5f, NAN};
+    for (int i = 0; i < 3; i++) {
+        o.wide_bits = wrong[i];
+        cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_INVALID_ARGUMENT, "wide_bits %g", (double)wrong[i]);
+        cr_assert(strstr(oscar_last_error(), "wide_bits") != NULL, "%s", oscar_last_error());
+    }
+    o.wide_bits = 0.1f;
+    o.method = OSCAR_METHOD_OSCAR2_LM;
+    cr_assert_eq(oscar_calib_create(&o, &bad), OSCAR_ERR_UNSUPPORTED);
+    cr_assert(strstr(oscar_last_error(), "wide_bits") != NULL, "%s", oscar_last_error());
+    cr_assert_eq(oscar_calib_width_report_get(c[0], 2, 0, OSCAR_K, &w[0]), OSCAR_ERR_INVALID_ARGUMENT);
+    for (int r = 0; r < 3; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
 /* clip_margin: the mildest ratio within (1 + margin) of the smallest probe
  * error. Per layer, so the K error at the chosen key ratio is the scan's:
  * margin 0 is the default fit, a margin never gives a harsher ratio and its K

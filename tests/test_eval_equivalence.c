@@ -55,7 +55,7 @@ static void tf_attention(const float *q, const float *k, const float *v, const f
 
 /* chunk 0: one oscar_append + oscar_decode per token; chunk N: oscar_append
  * of N tokens, then oscar_extend with their N queries. */
-static void run_case_x(oscar_method m, int group, int feedback, int chunk)
+static void run_case_w(oscar_method m, int group, int feedback, int chunk, int wide)
 {
     uint64_t seed = rc_fresh_seed();
     rc_rng rng;
@@ -94,6 +94,13 @@ static void run_case_x(oscar_method m, int group, int feedback, int chunk)
             free(C);
         }
     }
+    if (wide) {
+        /* Code widths (FORMAT.md §2.7): KV head 1's keys and KV head 0's values in 3 bits, head 1's keys
+         * unclipped as calibration stores them; two 1-bit planes per page. */
+        cr_assert_eq(oscar_params_set_code_bits(prm, 0, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_params_set_code_bits(prm, 0, 0, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_params_set_clip_head(prm, 0, 1, OSCAR_K, 1.0f), OSCAR_OK);
+    }
 
     /* Teacher-forced copies: every row a query may read in 2 bits. */
     memcpy(kq, k, kvn * sizeof *kq);
@@ -120,6 +127,30 @@ static void run_case_x(oscar_method m, int group, int feedback, int chunk)
         cr_assert_gt(rows_diff, (size_t)(T - S0) * HKV / 2, "%s: feedback changed only %zu rows", mname, rows_diff);
         oscar_params_destroy(near);
         free(kn);
+    }
+    if (wide) {
+        /* The widths must matter: the same parameters at 2 bits everywhere give other rows on both
+         * widened head-tensors (a backend that ignored code_bits would then fail the steps below). */
+        float *k2 = malloc(kvn * sizeof *k2), *v2 = malloc(kvn * sizeof *v2);
+        cr_assert(k2 && v2);
+        cr_assert_eq(oscar_params_set_code_bits(prm, 0, 1, OSCAR_K, 2), OSCAR_OK);
+        cr_assert_eq(oscar_params_set_code_bits(prm, 0, 0, OSCAR_V, 2), OSCAR_OK);
+        memcpy(k2, k, kvn * sizeof *k2);
+        memcpy(v2, v, kvn * sizeof *v2);
+        cr_assert_eq(oscar_fakequant(prm, m, 0, OSCAR_K, group, T - S0, HKV, D, k2 + off), OSCAR_OK);
+        cr_assert_eq(oscar_fakequant(prm, m, 0, OSCAR_V, group, T - S0, HKV, D, v2 + off), OSCAR_OK);
+        cr_assert_eq(oscar_params_set_code_bits(prm, 0, 1, OSCAR_K, 3), OSCAR_OK);
+        cr_assert_eq(oscar_params_set_code_bits(prm, 0, 0, OSCAR_V, 3), OSCAR_OK);
+        size_t dk[2] = {0, 0}, dv[2] = {0, 0};
+        for (size_t r = (size_t)S0 * HKV; r < (size_t)T * HKV; r++) {
+            dk[r % HKV] += memcmp(k2 + r * D, kq + r * D, D * sizeof(float)) != 0;
+            dv[r % HKV] += memcmp(v2 + r * D, vq + r * D, D * sizeof(float)) != 0;
+        }
+        cr_assert(dk[0] == 0 && dv[1] == 0, "2-bit head-tensors moved: K head 0 %zu rows, V head 1 %zu", dk[0], dv[1]);
+        cr_assert(dk[1] > (size_t)(T - S0) * 9 / 10 && dv[0] > (size_t)(T - S0) * 9 / 10,
+                  "3-bit head-tensors changed only %zu (K head 1) / %zu (V head 0) of %d rows", dk[1], dv[0], T - S0);
+        free(k2);
+        free(v2);
     }
 
     /* What the cache's 16-bit windows hold: the ROTATED row rounded to bf16
@@ -159,6 +190,7 @@ static void run_case_x(oscar_method m, int group, int feedback, int chunk)
     l.recent = W;
     l.max_seq_len = T;
     l.method = m;
+    l.wide_tensors = wide ? 2 : 0;
     oscar_plan *plan = NULL;
     cr_assert_eq(oscar_plan_create(rt, &l, prm, &plan), OSCAR_OK, "%s", oscar_last_error());
     rc_paged pb;
@@ -245,6 +277,10 @@ static void run_case_x(oscar_method m, int group, int feedback, int chunk)
     free(k), free(v), free(q), free(kq), free(vq), free(kw), free(vw);
 }
 
+static void run_case_x(oscar_method m, int group, int feedback, int chunk)
+{
+    run_case_w(m, group, feedback, chunk, 0);
+}
 static void run_case_fb(oscar_method m, int group, int feedback) { run_case_x(m, group, feedback, 0); }
 static void run_case(oscar_method m, int group) { run_case_fb(m, group, 0); }
 
@@ -261,3 +297,7 @@ Test(eval_equivalence, quarot2) { run_case(OSCAR_METHOD_QUAROT2, 64); }
 Test(eval_equivalence, oscar2_chunked_7) { run_case_x(OSCAR_METHOD_OSCAR2, 128, 1, 7); }
 Test(eval_equivalence, oscar2_lm_chunked_32) { run_case_x(OSCAR_METHOD_OSCAR2_LM, 64, 0, 32); }
 Test(eval_equivalence, int2_chunked_32) { run_case_x(OSCAR_METHOD_INT2, 128, 0, 32); }
+/* Code widths (FORMAT.md §2.7): two 3-bit head-tensors next to 2-bit ones, with feedback, decode and
+ * a chunked extend (demotions inside the chunk). */
+Test(eval_equivalence, oscar2_wide_feedback) { run_case_w(OSCAR_METHOD_OSCAR2, 128, 1, 0, 1); }
+Test(eval_equivalence, oscar2_wide_group32_chunked_7) { run_case_w(OSCAR_METHOD_OSCAR2, 32, 1, 7, 1); }

@@ -412,6 +412,45 @@ Test(eval_storage, two_bit_code_width_is_the_write_path)
     oscar_params_destroy(p);
 }
 
+/* The library's 3-bit head-tensors (parameters' code_bits, FORMAT.md §2.7) are the eighth step's fake-quant
+ * `bits=3` bit for bit: what oscar-eval measures with a --wide-bits file is what --storage bits=3 measured. */
+Test(eval_storage, three_bit_code_width_is_the_library_format)
+{
+    enum { NT = 48 };
+    oscar_params *p = shipped_params();
+    cr_assert_eq(oscar_params_set_code_bits(p, 4, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_clip_head(p, 4, 1, OSCAR_K, 1.0f), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 3, 0, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    static float a[NT * HKV * D], b[NT * HKV * D];
+    const int layers[2] = {3, 4};
+    for (int li = 0; li < 2; li++)
+        for (int w = 0; w < 2; w++)
+            for (int group = 32; group <= 128; group *= 2) {
+                const int layer = layers[li];
+                bf16_rows(a, NT, HKV, D, 17u + (unsigned)(layer * 4 + w));
+                memcpy(b, a, sizeof a);
+                cr_assert_eq(oscar_fakequant(p, OSCAR_METHOD_OSCAR2, layer, (oscar_kv)w, group, NT, HKV, D, a), OSCAR_OK,
+                             "%s", oscar_last_error());
+                int wide = 0;
+                for (int h = 0; h < HKV; h++) {
+                    int bits = 0;
+                    cr_assert_eq(oscar_params_code_bits(p, layer, h, (oscar_kv)w, &bits), OSCAR_OK);
+                    wide += bits == 3;
+                    cr_assert_eq(ev_fakequant_bits(p, layer, h, (oscar_kv)w, bits, group, HKV, D, 0, NT, b), 0);
+                }
+                for (int i = 0; i < NT * HKV * D; i++)
+                    cr_assert_eq(memcmp(&a[i], &b[i], sizeof a[i]), 0, "layer %d %c group %d value %d: %g vs %g", layer,
+                                 "KV"[w], group, i, (double)a[i], (double)b[i]);
+                if (wide) { /* and 2 bits would not have matched: the width is what the library used */
+                    bf16_rows(b, NT, HKV, D, 17u + (unsigned)(layer * 4 + w));
+                    for (int h = 0; h < HKV; h++)
+                        cr_assert_eq(ev_fakequant_bits(p, layer, h, (oscar_kv)w, 2, group, HKV, D, 0, NT, b), 0);
+                    cr_assert_neq(memcmp(a, b, sizeof a), 0, "layer %d %c: 3 bits gave the 2-bit rows", layer, "KV"[w]);
+                }
+            }
+    oscar_params_destroy(p);
+}
+
 /* Wider codes: rows outside [lo, hi) and other heads untouched, and the error
  * falls with each bit (unclipped, where the clip's own error does not stay). */
 Test(eval_storage, wider_codes_lower_the_error)

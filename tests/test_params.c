@@ -453,7 +453,8 @@ static void valid_file_of(int head_clips) {
     seed_init();
     mk_dir();
     oscar_params *p = random_params(2, 4, 2, 64, 0, 1);
-    if (head_clips) cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_K, 0.93f), OSCAR_OK); /* version 3 */
+    if (head_clips == 1) cr_assert_eq(oscar_params_set_clip_head(p, 0, 1, OSCAR_K, 0.93f), OSCAR_OK); /* version 3 */
+    if (head_clips == 2) cr_assert_eq(oscar_params_set_code_bits(p, 1, 0, OSCAR_V, 3), OSCAR_OK); /* version 4 */
     char path[400];
     snprintf(path, sizeof path, "%s/valid.safetensors", g_dir);
     cr_assert_eq(oscar_params_save(p, path), OSCAR_OK);
@@ -763,6 +764,99 @@ Test(params, clip_heads_corrupt_files_refused, .init = valid_head_file, .fini = 
         cr_assert_eq(load_mutated(m_clip, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "clip %g", (double)g_clip_value);
         cr_assert(strstr(msg, "clip ratio of layer 0 KV head 1 V") != NULL, "%s", msg);
     }
+}
+
+/* Code widths (format_version 4, FORMAT.md §2.7): tensor code_bits [L][Hkv][2] I32, 2 or 3, 3 only for
+ * oscar2; the tensor needs the version. */
+static void valid_wide_file(void) { valid_file_of(2); }
+static int32_t g_bits_value;
+static void m_bits_value(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)n;
+    memcpy(d + tensor_begin(h, "code_bits") + 4 * 5, &g_bits_value, 4); /* layer 1, KV head 0, V */
+}
+static void m_bits_v3(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "format_version", json_integer(3));
+}
+static void m_bits_lm(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "method", json_string("oscar2-lm"));
+}
+static void m_bits_shape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    set_shape3(h, "code_bits", 2, 2, 1);
+}
+static void m_bits_dtype(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "code_bits"), "dtype", json_string("F32"));
+}
+
+Test(params, code_bits_corrupt_files_refused, .init = valid_wide_file, .fini = free_file) {
+    char msg[512];
+    cr_assert_eq(load_mutated(m_none, msg, sizeof msg), OSCAR_OK, "%s", msg);
+    cr_assert_eq(load_mutated(m_bits_v3, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "%s", msg);
+    cr_assert(strstr(msg, "need format_version 4") != NULL, "%s", msg);
+    cr_assert_eq(load_mutated(m_bits_lm, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "%s", msg);
+    cr_assert(strstr(msg, "code_bits of layer 1 KV head 0 V is 3, which needs method oscar2") != NULL, "%s", msg);
+    cr_assert_eq(load_mutated(m_bits_shape, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "%s", msg);
+    cr_assert(strstr(msg, "code_bits") != NULL, "%s", msg);
+    cr_assert_eq(load_mutated(m_bits_dtype, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "%s", msg);
+    cr_assert(strstr(msg, "dtype") != NULL, "%s", msg);
+    const int32_t bad[] = {0, 1, 4, 8, -1, INT32_MAX, INT32_MIN};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        g_bits_value = bad[i];
+        cr_assert_eq(load_mutated(m_bits_value, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "bits %d", (int)bad[i]);
+        cr_assert(strstr(msg, "code_bits of layer 1 KV head 0 V is") != NULL && strstr(msg, "must be 2 or 3") != NULL,
+                  "%s", msg);
+    }
+    g_bits_value = 2; /* a file may spell out 2 everywhere */
+    cr_assert_eq(load_mutated(m_bits_value, msg, sizeof msg), OSCAR_OK, "%s", msg);
+}
+
+Test(params, code_bits_round_trip_and_setter, .init = mk_dir, .fini = rm_dir) {
+    seed_init();
+    oscar_params *p = random_params(3, 8, 2, 128, 1, 1);
+    int b = 0;
+    cr_assert_eq(oscar_params_code_bits(p, 2, 1, OSCAR_K, &b), OSCAR_OK);
+    cr_assert_eq(b, 2, "default width %d", b);
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 1, OSCAR_K, 4), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "code width 4") != NULL, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 2, OSCAR_K, 3), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_set_code_bits(p, 3, 0, OSCAR_K, 3), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_code_bits(p, 0, 0, OSCAR_K, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 0, 0, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    char path[400];
+    snprintf(path, sizeof path, "%s/wide.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+    int version = 0, rank = 0;
+    int64_t shape[3];
+    file_clip_header(path, &version, &rank, shape, NULL, 0);
+    cr_assert_eq(version, 4, "a file with 3-bit head-tensors is format_version %d", version);
+    oscar_params *q = NULL;
+    cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+    assert_same(p, q);
+    for (int l = 0; l < 3; l++)
+        for (int h = 0; h < 2; h++)
+            for (int w = 0; w < 2; w++) {
+                cr_assert_eq(oscar_params_code_bits(q, l, h, (oscar_kv)w, &b), OSCAR_OK);
+                const int want = (l == 2 && h == 1 && w == 0) || (l == 0 && h == 0 && w == 1) ? 3 : 2;
+                cr_assert_eq(b, want, "layer %d head %d %c: %d bits after the round trip", l, h, w ? 'V' : 'K', b);
+            }
+    oscar_params_destroy(q);
+    /* Back to 2 bits everywhere: the file is again the older version and has no code_bits. */
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 1, OSCAR_K, 2), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 0, 0, OSCAR_V, 2), OSCAR_OK);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+    file_clip_header(path, &version, &rank, shape, NULL, 0);
+    cr_assert_lt(version, 4, "a file with 2 bits everywhere is format_version %d", version);
+    oscar_params_destroy(p);
+    /* 3-bit codes have uniform levels: Lloyd-Max parameters refuse them. */
+    oscar_params *lm = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2_LM, 1, 4, 2, 64, &lm), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(lm, 0, 0, OSCAR_K, 3), OSCAR_ERR_UNSUPPORTED);
+    cr_assert(strstr(oscar_last_error(), "oscar2") != NULL, "%s", oscar_last_error());
+    oscar_params_destroy(lm);
 }
 
 Test(params, raw_header_attacks, .init = valid_file, .fini = free_file) {

@@ -232,6 +232,53 @@ Test(row, uniform_error_within_half_step) {
     }
 }
 
+/* 3-bit codes (FORMAT.md §2.7): a = (max - min) / 7, nearest codes within a/2 (+ metadata rounding), every
+ * level reachable, the low two bits in the 2-bit plane and bit 2 in the 1-bit plane; 2 bits through the
+ * wide entry is the 2-bit function byte for byte. */
+Test(row, three_bit_codes) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    float x[256], out[256], meta[16], meta2[16];
+    uint8_t codes[64], hi[32], codes2[64];
+    int seen[8] = {0};
+    for (int it = 0; it < 1000; it++) {
+        int d = k_dims[it % 3], G = k_groups[(it / 3) % 3];
+        if (G > d) G = d;
+        oscar_dtype md = it & 1 ? OSCAR_DTYPE_F32 : OSCAR_DTYPE_F16;
+        rc_gen_kv(&r, 1, 1, d, rc_randint(&r, 0, 4), OSCAR_DTYPE_BF16, x);
+        oscar_ref_quantize_row_wide(d, G, 3, 0, 1.0f, md, x, NULL, codes, hi, meta);
+        oscar_ref_dequantize_row_wide(d, G, 3, 0, codes, hi, meta, out);
+        for (int g = 0; g < d / G; g++) {
+            float mn = x[g * G], mx = x[g * G];
+            for (int j = 0; j < G; j++) {
+                mn = fminf(mn, x[g * G + j]);
+                mx = fmaxf(mx, x[g * G + j]);
+            }
+            float a = meta[2 * g], b = meta[2 * g + 1];
+            cr_assert(isfinite(a) && isfinite(b) && a >= 0);
+            cr_assert_leq(fabs((double)a - (mx - mn) / 7.0), (md == OSCAR_DTYPE_F16 ? 0x1p-10 : 0x1p-22) * (mx - mn) + 1e-30,
+                          "seed %llu it %d: scale %g for range %g", (unsigned long long)seed, it, (double)a,
+                          (double)(mx - mn));
+            double slack = (md == OSCAR_DTYPE_F16 ? 0x1p-11 : 0x1p-23) * (fabs(mn) + 7.0 * (mx - mn)) * 1.01 + 1e-7;
+            for (int j = 0; j < G; j++) {
+                const int c = oscar_ref_code3_at(codes, hi, g * G + j);
+                cr_assert(c >= 0 && c <= 7);
+                seen[c]++;
+                cr_assert_eq(out[g * G + j], b + a * (float)c);
+                double e = fabs((double)out[g * G + j] - x[g * G + j]);
+                cr_assert_leq(e, a / 2.0 + slack, "seed %llu it %d d %d G %d value %d: |err| %g > a/2 %g",
+                              (unsigned long long)seed, it, d, G, g * G + j, e, a / 2.0);
+            }
+        }
+        oscar_ref_quantize_row_wide(d, G, 2, 0, 1.0f, md, x, NULL, codes, NULL, meta);
+        oscar_ref_quantize_row(d, G, 0, 1.0f, md, x, codes2, meta2);
+        cr_assert_eq(memcmp(codes, codes2, (size_t)d / 4), 0);
+        cr_assert_eq(memcmp(meta, meta2, (size_t)(2 * d / G) * sizeof(float)), 0);
+    }
+    for (int c = 0; c < 8; c++) cr_assert_gt(seen[c], 0, "3-bit level %d never used (seed %llu)", c, (unsigned long long)seed);
+}
+
 Test(row, uniform_idempotent) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;

@@ -295,7 +295,8 @@ Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     const char *cases[][2] = {{"--key-attn-weight", "1.5"}, {"--key-attn-weight", "-0.1"},
                               {"--key-attn-weight", "0.5x"}, {"--copy-mass-loss", "abc"},
                               {"--clip-margin", "1.5"},       {"--clip-margin", "-0.05"},
-                              {"--feedback-damp", "1.5"},     {"--feedback-damp", "-0.1"}};
+                              {"--feedback-damp", "1.5"},     {"--feedback-damp", "-0.1"},
+                              {"--wide-bits", "1.5"},         {"--wide-bits", "-0.01"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s %s --out p",
                      cases[i][0], cases[i][1]);

@@ -21,6 +21,45 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The code-width ranking (oscar_calib_width_report_get): every head-tensor's probe error alone at 2 bits
+ * and at 3 bits unclipped, its share of the sum at 2 bits, best gain first. */
+static void print_widths(const oscar_calib *calib, const oscar_params *params, const oe_config *cf) {
+    const int n = cf->num_layers * cf->num_kv_heads * 2;
+    oscar_calib_width_report *w = calloc((size_t)n, sizeof *w);
+    int *ord = calloc((size_t)n, sizeof *ord);
+    double total = 0.0;
+    int ok = w && ord;
+    for (int i = 0; ok && i < n; i++) {
+        ok = oscar_calib_width_report_get(calib, i / 2 / cf->num_kv_heads, i / 2 % cf->num_kv_heads,
+                                          (oscar_kv)(i % 2), &w[i]) == OSCAR_OK;
+        total += ok ? w[i].err2 : 0.0;
+        ord[i] = i;
+    }
+    if (ok && total > 0.0) {
+        for (int i = 1; i < n; i++) /* insertion sort by gain, largest first */
+            for (int j = i; j > 0 && w[ord[j]].err2 - w[ord[j]].err3 > w[ord[j - 1]].err2 - w[ord[j - 1]].err3; j--) {
+                int t = ord[j];
+                ord[j] = ord[j - 1];
+                ord[j - 1] = t;
+            }
+        printf("\ncode widths: each head-tensor's attention-output error on probes alone (output metric, per query\n"
+               "position), at 2 bits (chosen clip) and 3 bits (clip 1); share = its part of the sum at 2 bits\n");
+        printf("rank | layer head K/V |   err 2-bit   err 3-bit        gain | share | relative 2-bit | width\n");
+        for (int r = 0; r < n && r < 12; r++) {
+            const int i = ord[r];
+            int b = 2;
+            oscar_params_code_bits(params, i / 2 / cf->num_kv_heads, i / 2 % cf->num_kv_heads, (oscar_kv)(i % 2), &b);
+            printf("%4d | %5d %4d   %c | %11.4e %11.4e %11.4e | %4.1f%% | %14.5f | %d\n", r + 1,
+                   i / 2 / cf->num_kv_heads, i / 2 % cf->num_kv_heads, i % 2 ? 'V' : 'K', w[i].err2, w[i].err3,
+                   w[i].err2 - w[i].err3, 100.0 * w[i].err2 / total, w[i].norm > 0.0 ? w[i].err2 / w[i].norm : 0.0,
+                   b);
+        }
+        if (n > 12) printf("(%d more head-tensors below)\n", n - 12);
+    }
+    free(w);
+    free(ord);
+}
+
 static void usage(FILE *fp) {
     fprintf(fp,
             "usage: oscar-calibrate MODEL_DIR --tokens FILE --out PARAMS.safetensors [options]\n"
@@ -58,6 +97,10 @@ static void usage(FILE *fp) {
             "                   smallest (X in [0, 1], default 0)\n"
             "  --feedback-damp X  ridge on the error-feedback metric, a share in (0, 1] of its mean\n"
             "                   eigenvalue (default 0.001; docs/eval/retrieval.md, seventh step)\n"
+            "  --wide-bits X    code widths (opt-in, format_version 4): store the head-tensors whose\n"
+            "                   probe error 3-bit codes cut most in 3 bits (unclipped), while the bits\n"
+            "                   per element they add stay <= X (each adds 1 / (2 layers KV heads));\n"
+            "                   default 0: 2 bits everywhere (docs/eval/retrieval.md, ninth step)\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
             "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"
@@ -193,6 +236,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "oscar-calibrate: --feedback-damp must be in (0, 1], got 0\n");
                 return 2;
             }
+        } else if (!strcmp(a, "--wide-bits") && has) {
+            if (!parse_share(a, argv[++i], &o.wide_bits)) return 2;
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
             if (!parse_share(a, argv[++i], &o.copy_mass_loss)) return 2;
         } else if (!strcmp(a, "--key-attn-weight") && has) {
@@ -420,6 +465,7 @@ int main(int argc, char **argv) {
                    cr.mass[2], (double)ck, (double)cr.clip_free);
         }
     }
+    print_widths(calib, params, &cfg);
     if (no_probes)
         printf("%d layer(s) without probes (windows shorter than sink + recent + 33 tokens): their clips come "
                "from the held-back rows\n",

@@ -114,6 +114,22 @@ static double bits_whole(double bits, int ctx, int sink, int recent)
     return (16.0 * w16 + bits * (double)(ctx - w16)) / (double)ctx;
 }
 
+/* Bits per element the parameters' 3-bit head-tensors add (FORMAT.md §2.7: one 1-bit plane per
+ * 3-bit head-tensor, over all 2 L Hkv head-tensors); 0 without parameters or code widths. */
+static double wide_share(const oscar_params *p)
+{
+    oscar_params_info in;
+    if (!p || oscar_params_get_info(p, &in) != OSCAR_OK) return 0.0;
+    int n3 = 0;
+    for (int l = 0; l < in.num_layers; l++)
+        for (int h = 0; h < in.num_kv_heads; h++)
+            for (int w = 0; w < 2; w++) {
+                int b = 2;
+                if (oscar_params_code_bits(p, l, h, (oscar_kv)w, &b) == OSCAR_OK && b == 3) n3++;
+            }
+    return (double)n3 / (2.0 * in.num_layers * in.num_kv_heads);
+}
+
 static int add_variant(ev_run *R, const char *name, const char *note, oscar_method m, const oscar_params *p,
                        int sink, int recent, int group, int ablation)
 {
@@ -136,7 +152,7 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
             u->group == group)
             v->same_as = i;
     }
-    v->bits = oscar_method_bits(m, R->d, group, OSCAR_DTYPE_F16);
+    v->bits = oscar_method_bits(m, R->d, group, OSCAR_DTYPE_F16) + (m == OSCAR_METHOD_OSCAR2 ? wide_share(p) : 0.0);
     v->bits_seq = m == OSCAR_METHOD_BF16 ? 16.0 : bits_whole(v->bits, R->ctx, v->sink, v->recent);
     return 1;
 }

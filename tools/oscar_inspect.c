@@ -88,6 +88,12 @@ int main(int argc, char **argv) {
                 break;
             }
         }
+        for (int h = 0; h < info.num_kv_heads; h++) /* code widths other than 2 (FORMAT.md 2.7) */
+            for (int w = 0; w < 2; w++) {
+                int b = 2;
+                if (oscar_params_code_bits(p, l, h, (oscar_kv)w, &b) == OSCAR_OK && b != 2)
+                    printf("  [KV head %d %c: %d-bit codes]", h, w ? 'V' : 'K', b);
+            }
         printf("\n");
         for (int w = 0; w < 2; w++)
             for (int r = 0; r < nrot; r++) {

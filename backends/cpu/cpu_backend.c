@@ -24,6 +24,8 @@ typedef struct cpu_plan {
     float *rot_k, *rot_v; /* [layers][num_rot][d][d], NULL when identity */
     float *fb_k, *fb_v;   /* [layers][num_rot][d][d] error-feedback weights, NULL: nearest rounding */
     float *clip_k, *clip_v; /* [layers][kv heads], 1 for methods that never clip */
+    int8_t *plane;          /* [layers][kv heads][2]: 1-bit plane of a 3-bit head-tensor (FORMAT.md §2.7),
+                               -1 for 2 bits; NULL: 2 bits everywhere */
     float lut[256][4];      /* byte of 4 codes -> 4 levels */
 } cpu_plan;
 
@@ -91,6 +93,7 @@ static void cpu_plan_free(cpu_plan *p) {
     free(p->fb_v);
     free(p->clip_k);
     free(p->clip_v);
+    free(p->plane);
     free(p);
 }
 
@@ -164,13 +167,40 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
         p->clip_k[i] = ck;
         p->clip_v[i] = cv;
     }
+    if (desc->code_bits) { /* planes in (KV head, K/V) order within each layer */
+        if (l->method != OSCAR_METHOD_OSCAR2) {
+            cpu_plan_free(p);
+            return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "cpu plan: 3-bit code widths need method oscar2");
+        }
+        p->plane = malloc(nclip * 2);
+        if (!p->plane) {
+            cpu_plan_free(p);
+            return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory");
+        }
+        for (size_t layer = 0; layer < nl; layer++) {
+            int next = 0;
+            for (size_t i = layer * (size_t)l->num_kv_heads * 2; i < (layer + 1) * (size_t)l->num_kv_heads * 2; i++) {
+                const uint8_t b = desc->code_bits[i];
+                if ((b != 2 && b != 3) || (b == 3 && next >= l->wide_tensors)) {
+                    cpu_plan_free(p);
+                    return oscar_errbuf_set(err, b == 3 ? OSCAR_ERR_SHAPE_MISMATCH : OSCAR_ERR_INVALID_ARGUMENT,
+                                            "cpu plan: code width %d of layer %zu KV head %zu %c: %s", (int)b, layer,
+                                            i / 2 % (size_t)l->num_kv_heads, i % 2 ? 'V' : 'K',
+                                            b == 3 ? "more 3-bit head-tensors than layout.wide_tensors"
+                                                   : "must be 2 or 3");
+                }
+                p->plane[i] = (int8_t)(b == 3 ? next++ : -1);
+            }
+        }
+    }
     static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
     static const float lmv[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
     for (int b = 0; b < 256; b++)
         for (int k = 0; k < 4; k++) p->lut[b][k] = (p->lm ? lmv : uni)[(b >> (2 * k)) & 3];
     if (variant && variant_len)
-        snprintf(variant, variant_len, "cpu:d%d_g%d_p%d_q%d_%s", l->head_dim, l->group, l->page_size,
-                 l->num_q_heads / l->num_kv_heads, l->kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16");
+        snprintf(variant, variant_len, "cpu:d%d_g%d_p%d_q%d_%s%s", l->head_dim, l->group, l->page_size,
+                 l->num_q_heads / l->num_kv_heads, l->kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16",
+                 p->plane ? "_w3" : "");
     *bplan = p;
     return OSCAR_OK;
 }
@@ -312,12 +342,21 @@ static void store_row(const cpu_plan *p, const float *x, void *dst) {
     else
         for (int j = 0; j < p->g.d; j++) h[j] = oscar_f32_to_f16(x[j]);
 }
-/* Quantizes a rotated kv_dtype-rounded row into page row (h, r). */
+/* The 1-bit plane index of (layer, head, kind), -1 when it is stored in 2 bits. */
+static int plane_of(const cpu_plan *p, int layer, int h, int kv) {
+    return p->plane ? p->plane[((size_t)layer * (size_t)p->g.H + (size_t)h) * 2 + (size_t)kv] : -1;
+}
+/* Quantizes a rotated kv_dtype-rounded row into page row (h, r): its codes and metadata, and the 1-bit
+ * plane's row when (layer, h, kv) is a 3-bit head-tensor (FORMAT.md §2.7). */
 static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, int r, float clip, const float *x) {
-    uint8_t codes[64];
+    uint8_t codes[64], hi[32];
     float meta[16];
     const float *fb = head_matrix(p, kv ? p->fb_v : p->fb_k, layer, h);
-    oscar_ref_quantize_row_fb(p->g.d, p->g.group, p->lm, clip, p->l.meta_dtype, x, fb, codes, meta);
+    const int pl = plane_of(p, layer, h, kv);
+    oscar_ref_quantize_row_wide(p->g.d, p->g.group, pl >= 0 ? 3 : 2, p->lm, clip, p->l.meta_dtype, x, fb, codes, hi,
+                                meta);
+    if (pl >= 0)
+        memcpy(page + p->g.hi + ((size_t)pl * (size_t)p->g.P + (size_t)r) * p->g.hi_row_bytes, hi, p->g.hi_row_bytes);
     size_t row = (size_t)h * (size_t)p->g.P + (size_t)r;
     memcpy(page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes, codes, p->g.codes_row_bytes);
     void *m = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;
@@ -467,8 +506,8 @@ static int q_finite(const cpu_plan *p, const void *q, int64_t q_stride, int rows
 }
 
 /* Stored row of position pos (K: kv 0, V: kv 1) as fp32, rotated space. */
-static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *bt, int32_t slot, int kv, int h,
-                        int64_t pos, int64_t L, float *out) {
+static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *bt, int32_t slot, int layer, int kv,
+                        int h, int64_t pos, int64_t L, float *out) {
     int r;
     if (!p->quantized) {
         char *page = page_base(p, c->pages, bt, pos, &r);
@@ -484,6 +523,9 @@ static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *
     size_t row = (size_t)h * p->g.P + (size_t)r;
     const uint8_t *codes = (const uint8_t *)page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes;
     const char *meta = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;
+    const int pl = plane_of(p, layer, h, kv);
+    const uint8_t *hi =
+        pl >= 0 ? (const uint8_t *)page + p->g.hi + ((size_t)pl * (size_t)p->g.P + (size_t)r) * p->g.hi_row_bytes : NULL;
     int G = p->g.group;
     for (int g = 0; g < p->g.ng; g++) {
         float sa, sb;
@@ -499,6 +541,11 @@ static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *
         }
         const uint8_t *cg = codes + (size_t)g * G / 4;
         float *og = out + (size_t)g * G;
+        if (hi) { /* 3 bits: code = 2-bit code + 4 * plane bit */
+            for (int j = 0; j < G; j++)
+                og[j] = sb + sa * (float)oscar_ref_code3_at(codes, hi, g * G + j);
+            continue;
+        }
         for (int k = 0; k < G / 4; k++) {
             const float *lv = p->lut[cg[k]];
             og[4 * k + 0] = sb + sa * lv[0];
@@ -540,7 +587,7 @@ static void attend_token(const cpu_plan *p, int layer, const oscar_cache *c, con
             for (int64_t p0 = 0; p0 < vis; p0 += POS_BLOCK) {
                 int nb = vis - p0 < POS_BLOCK ? (int)(vis - p0) : POS_BLOCK;
                 for (int k = 0; k < nb; k++) {
-                    read_stored(p, c, bt, slot, 0, h, p0 + k, L, row);
+                    read_stored(p, c, bt, slot, layer, 0, h, p0 + k, L, row);
                     for (int qi = 0; qi < nq; qi++) s[qi][k] = sm_scale * dot(d, qr[qi], row);
                 }
                 /* Online softmax: rescale the running sums to the new max. */
@@ -557,7 +604,7 @@ static void attend_token(const cpu_plan *p, int layer, const oscar_cache *c, con
                     m[qi] = bm;
                 }
                 for (int k = 0; k < nb; k++) {
-                    read_stored(p, c, bt, slot, 1, h, p0 + k, L, row);
+                    read_stored(p, c, bt, slot, layer, 1, h, p0 + k, L, row);
                     for (int qi = 0; qi < nq; qi++) {
                         float w = s[qi][k];
                         float *ac = acc[qi];

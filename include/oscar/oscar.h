@@ -49,8 +49,9 @@ extern "C" {
 #define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
                                        clips per KV head */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
-#define OSCAR_PARAMS_FORMAT_VERSION 3 /* 2: error-feedback weights; 3: clip ratios per KV head (files are
-                                         written with the lowest version that holds them) */
+#define OSCAR_PARAMS_FORMAT_VERSION 4 /* 2: error-feedback weights; 3: clip ratios per KV head; 4: code
+                                         widths per head-tensor (files are written with the lowest
+                                         version that holds them) */
 
 /* Returns "MAJOR.MINOR.PATCH"; *major etc. may be NULL. Static string. */
 OSCAR_API const char *oscar_version(int *major, int *minor, int *patch);
@@ -127,6 +128,14 @@ typedef struct oscar_layout_desc {
     oscar_dtype kv_dtype;   /* BF16 or F16: window storage and all activations */
     oscar_dtype meta_dtype; /* F16 or F32: per-group scale and bias */
     oscar_method method;    /* OSCAR2, OSCAR2_LM, INT2, QUAROT2 or BF16 */
+    /* Added after the first release (struct_size tells them apart). */
+    int32_t wide_tensors;   /* OSCAR2 code widths (opt-in, docs/FORMAT.md §2.7): room in every page for this
+                               many 3-bit head-tensors (KV head, K/V) per layer, a 1-bit plane of P x
+                               head_dim/8 bytes each after the metadata; 0 (default): 2 bits everywhere.
+                               At least the largest count of 3-bit head-tensors in one layer of the
+                               parameters (oscar_params_code_bits); at most 2 num_kv_heads. Backends that
+                               cannot store them (every GPU backend so far) refuse such layouts and
+                               parameters with OSCAR_ERR_UNSUPPORTED */
 } oscar_layout_desc;
 
 /* Fills the defaults: head_dim 128, group 128, 32 q heads, 8 kv heads,
@@ -221,6 +230,15 @@ OSCAR_API oscar_status oscar_params_set_clip_head(oscar_params *p, int layer, in
  * oscar_params_set_clip sets every KV head of the layer. */
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c);
 OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_kv which, float c);
+/* Code width of one (layer, KV head, K/V) head-tensor's 2-bit region (docs/FORMAT.md §2.7): 2 (every
+ * head-tensor of a file of format versions 1-3, and the default) or 3 (eight uniform levels: the
+ * 2-bit plane plus a 1-bit plane of head_dim/8 bytes per row; oscar2 parameters only; format_version
+ * 4). Opt-in: a layout's pages then need oscar_layout_sizes_params, and a backend that cannot store
+ * 3-bit head-tensors refuses such parameters at oscar_plan_create with OSCAR_ERR_UNSUPPORTED. */
+OSCAR_API oscar_status oscar_params_code_bits(const oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                              int *bits);
+OSCAR_API oscar_status oscar_params_set_code_bits(oscar_params *p, int layer, int kv_head, oscar_kv which,
+                                                  int bits);
 /* Refuses parameters whose shape disagrees with the model's (OSCAR_ERR_SHAPE_MISMATCH
  * with both shapes in the message). model_hash may be NULL to skip that check. */
 OSCAR_API oscar_status oscar_params_check_shape(const oscar_params *p, int num_layers, int num_q_heads,
@@ -296,6 +314,13 @@ typedef struct oscar_calib_options {
                                    factor, as a share of the metric's mean eigenvalue (trace / head_dim),
                                    grown tenfold while a weight would exceed 16; in (0, 1], or 0 (default):
                                    0.001 (docs/eval/retrieval.md, seventh step) */
+    float wide_bits;            /* code widths (opt-in; OSCAR2, probe objective): bits per element of the
+                                   2-bit region the rule may add by storing head-tensors in 3 bits, in [0, 1];
+                                   0 (default): every head-tensor at 2 bits. Each widened (layer, KV head,
+                                   K/V) adds 1 / (2 num_layers num_kv_heads) and is stored unclipped; they are
+                                   taken in the order of what 3 bits buy on the probes
+                                   (oscar_calib_width_report_get). Parameter file format_version 4
+                                   (docs/eval/retrieval.md, ninth step) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -386,6 +411,19 @@ typedef struct oscar_calib_copy_report {
 } oscar_calib_copy_report;
 OSCAR_API oscar_status oscar_calib_layer_copy_report_get(const oscar_calib *c, int layer,
                                                          oscar_calib_copy_report *out);
+
+/* Code-width diagnostic after finalize (OSCAR2; zeros for OSCAR2_LM or a layer without probes): the
+ * attention-output error of one (layer, KV head, K/V) head-tensor alone (the other exact), summed
+ * over its text probes' query heads in the output metric (oscar_calib_set_value_metric) and divided
+ * by the probes' query positions: err2 at 2 bits and the chosen clip, err3 at 3 bits unclipped;
+ * norm the same mean of the exact outputs' squared norm. err2 - err3 ranks the head-tensors for
+ * wide_bits; wide is 1 where the rule widened it. */
+typedef struct oscar_calib_width_report {
+    double err2, err3, norm;
+    int32_t wide;
+} oscar_calib_width_report;
+OSCAR_API oscar_status oscar_calib_width_report_get(const oscar_calib *c, int layer, int kv_head, oscar_kv which,
+                                                    oscar_calib_width_report *out);
 
 /* ------------------------------------------------------------- fake quant */
 /* Quantize-dequantize rows on the host exactly as the cache would store them

@@ -21,7 +21,8 @@ c_double_p = POINTER(c_double)
 class LayoutDesc(Structure):
     _fields_ = [("struct_size", c_uint32), ("head_dim", c_int32), ("group", c_int32), ("num_q_heads", c_int32),
                 ("num_kv_heads", c_int32), ("page_size", c_int32), ("sink", c_int32), ("recent", c_int32),
-                ("max_seq_len", c_int32), ("kv_dtype", c_int), ("meta_dtype", c_int), ("method", c_int)]
+                ("max_seq_len", c_int32), ("kv_dtype", c_int), ("meta_dtype", c_int), ("method", c_int),
+                ("wide_tensors", c_int32)]
 
 
 class LayoutSizes(Structure):
@@ -47,7 +48,7 @@ class CalibOptions(Structure):
                 ("recent", c_int32), ("clip_objective", c_int32), ("permutation", c_int32), ("rounding", c_int32),
                 ("copy_probes", c_int32), ("copy_mass_loss", c_float), ("clip_per_head", c_int32),
                 ("key_attn_weight", c_float), ("threads", c_int32), ("probe_queries", c_int32),
-                ("clip_margin", c_float), ("probe_span", c_int32), ("feedback_damp", c_float)]
+                ("clip_margin", c_float), ("probe_span", c_int32), ("feedback_damp", c_float), ("wide_bits", c_float)]
 
 
 class CalibLayerReport(Structure):

@@ -472,11 +472,12 @@ class Layout:
     kv_dtype: str = _DTYPE_NAMES[_LD.kv_dtype]
     meta_dtype: str = _DTYPE_NAMES[_LD.meta_dtype]
     method: str = field(default_factory=lambda: method_name(_LD.method))
+    wide_tensors: int = _LD.wide_tensors  # room for 3-bit head-tensors per layer (FORMAT.md 2.7; CPU only)
 
     def _c(self) -> _capi.LayoutDesc:
         d = _layout_defaults()
         for f in ("head_dim", "group", "num_q_heads", "num_kv_heads", "page_size", "sink", "recent",
-                  "max_seq_len"):
+                  "max_seq_len", "wide_tensors"):
             setattr(d, f, int(getattr(self, f)))
         d.kv_dtype, d.meta_dtype = dtype_id(self.kv_dtype), dtype_id(self.meta_dtype)
         d.method = method_id(self.method)
@@ -851,7 +852,7 @@ class Calibrator:
     (group, per_head, method, clip_k, clip_v, holdout_rows, model_hash, sink,
     recent, clip_objective, permutation, rounding, copy_probes, copy_mass_loss,
     clip_per_head, key_attn_weight, threads, probe_queries, clip_margin,
-    probe_span, feedback_damp)."""
+    probe_span, feedback_damp, wide_bits)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
         C = _capi.calib()

@@ -40,6 +40,7 @@ typedef struct ocal_options {
     float clip_margin;       /* oscar_calib_options.clip_margin; < 0 (default): the library's */
     int probe_span;          /* oscar_calib_options.probe_span; -1 (default): the library's */
     float feedback_damp;     /* oscar_calib_options.feedback_damp; <= 0 (default): the library's */
+    float wide_bits;         /* oscar_calib_options.wide_bits; <= 0 (default): every head-tensor at 2 bits */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

@@ -214,6 +214,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->clip_margin >= 0.0f) co.clip_margin = o->clip_margin;
     if (o->probe_span >= 0) co.probe_span = o->probe_span;
     if (o->feedback_damp > 0.0f) co.feedback_damp = o->feedback_damp;
+    if (o->wide_bits > 0.0f) co.wide_bits = o->wide_bits;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
