@@ -317,6 +317,21 @@ static oscar_status validate_cu_q(const oscar_plan *plan, const char *fn, const 
     return s;
 }
 
+/* Whether `rows` tokens `stride` elements apart, the last `row` elements
+ * wide, span at most PTRDIFF_MAX bytes. A longer span is no buffer's (the
+ * caller passed a wrong stride) and would wrap the backends' offsets: they
+ * would touch memory before the buffer. rows, stride, row >= 1. */
+static int span_fits(int64_t rows, int64_t stride, int64_t row, size_t es) {
+    const uint64_t limit = (uint64_t)PTRDIFF_MAX / es, n1 = (uint64_t)(rows - 1);
+    return n1 == 0 ? (uint64_t)row <= limit : (uint64_t)stride <= (limit - (uint64_t)row) / n1;
+}
+static oscar_status stride_too_large(const char *fn, const char *name, int64_t stride, int64_t rows) {
+    return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                           "%s: %s %lld over %lld tokens spans more bytes than any buffer holds; pass the stride in "
+                           "elements between consecutive tokens (0 = dense)",
+                           fn, name, (long long)stride, (long long)rows);
+}
+
 oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
                           const int32_t *cu_new, int32_t total_new, const void *k, const void *v, int64_t kv_stride,
                           void *workspace, size_t workspace_bytes, void *stream) {
@@ -332,6 +347,8 @@ oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache,
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "oscar_append: kv_stride %lld is smaller than num_kv_heads*head_dim = %lld",
                                (long long)kv_stride, (long long)row);
+    const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    if (!span_fits(total_new, kv_stride, row, es)) return stride_too_large("oscar_append", "kv_stride", kv_stride, total_new);
     if (plan->rt->validate &&
         (s = validate_on_host(plan, "oscar_append", cache, batch, cu_new, total_new, stream)) != OSCAR_OK)
         return s;
@@ -358,6 +375,11 @@ oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache,
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld",
                                (long long)q_stride, (long long)out_stride, (long long)row);
+    const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    if (!span_fits(batch->num_seqs, q_stride, row, es))
+        return stride_too_large("oscar_decode", "q_stride", q_stride, batch->num_seqs);
+    if (!span_fits(batch->num_seqs, out_stride, row, es))
+        return stride_too_large("oscar_decode", "out_stride", out_stride, batch->num_seqs);
     if (!(sm_scale >= 0.0f) || isinf(sm_scale))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_decode: sm_scale must be finite and >= 0 (0 = 1/sqrt(d))");
     if (sm_scale == 0.0f) sm_scale = 1.0f / sqrtf((float)plan->layout.head_dim);
@@ -420,6 +442,8 @@ oscar_status oscar_extend(oscar_plan *plan, int layer, const oscar_cache *cache,
                                "%s: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld", fn,
                                (long long)x.q_stride, (long long)x.out_stride, (long long)row);
     const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    if (!span_fits(x.total_q, x.q_stride, row, es)) return stride_too_large(fn, "q_stride", x.q_stride, x.total_q);
+    if (!span_fits(x.total_q, x.out_stride, row, es)) return stride_too_large(fn, "out_stride", x.out_stride, x.total_q);
     /* A stride whose byte count wraps around would pass the size check: such a
      * call needs more than any buffer holds. */
     const size_t n1 = (size_t)(x.total_q - 1);

@@ -281,6 +281,62 @@ Test(bad_input, hostile_cu_new_refused_without_overflow) {
     }
 }
 
+/* Strides whose byte offsets wrap around (or run past any buffer's
+ * possible size): q_stride / out_stride of a decode, kv_stride of an append,
+ * q_stride of an extend, and out_stride with out_bytes = SIZE_MAX. They
+ * were accepted and the CPU backend read or wrote just before the buffer
+ * (ASan: heap-buffer-overflow). Refused at the call naming the stride, with
+ * nothing written. */
+Test(bad_input, hostile_strides_refused_before_any_access) {
+    for (int val = 0; val < 2; val++) {
+        rig r;
+        cr_assert(rig_open(&r, "cpu", OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, val));
+        rig_fill(&r, r.k, r.kv_elems, 1.0f);
+        rig_fill(&r, r.v, r.kv_elems, 1.0f);
+        rig_fill(&r, r.q, r.q_elems, 1.0f);
+        cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+        oscar_cache c = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        const int64_t bad[] = {INT64_MAX, INT64_MAX / 2 + 1, (int64_t)1 << 62};
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            oscar_status s = oscar_decode(r.plan, 0, &c, &b, r.q, bad[k], r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: decode q_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "q_stride"), "message: %s", oscar_last_error());
+            s = oscar_decode(r.plan, 0, &c, &b, r.q, 0, r.out, bad[k], 0.0f, 0, r.ws, r.ws_bytes, NULL);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: decode out_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "out_stride"), "message: %s", oscar_last_error());
+            s = oscar_append(r.plan, 0, &c, &b, r.cu, SEQ * LEN, r.k, r.v, bad[k], r.ws, r.ws_bytes, NULL);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: append kv_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "kv_stride"), "message: %s", oscar_last_error());
+            oscar_attn_args a;
+            oscar_attn_args_default(&a);
+            a.total_q = SEQ;
+            a.max_q_len = 1;
+            a.q = r.q;
+            a.q_stride = bad[k];
+            a.out = r.out;
+            a.out_bytes = r.q_elems * 2;
+            a.workspace = r.ws;
+            a.workspace_bytes = r.ws_bytes;
+            s = oscar_extend(r.plan, 0, &c, &b, &a);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: extend q_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "q_stride"), "message: %s", oscar_last_error());
+            a.q_stride = 0;
+            a.out_stride = bad[k];
+            a.out_bytes = SIZE_MAX; /* a size no buffer has: the stride is still refused */
+            s = oscar_extend(r.plan, 0, &c, &b, &a);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: extend out_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "out_stride"), "message: %s", oscar_last_error());
+        }
+        rig_close(&r);
+    }
+}
+
 /* A layout without 16-bit windows (sink 0, recent 0) has window_slot_bytes
  * 0: no window pool nor slots are needed, and leaving them out is not a bad
  * input (the runtime refused it, the CPU backend wanted window_slots it
@@ -443,7 +499,7 @@ static void extend_bad_case(const char *backend, int validate) {
     host[nh].a = a, host[nh].a.out_stride = 2 * 64 + 8, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
     host[nh++].field = "out_bytes"; /* a padded stride no longer fits the buffer */
     host[nh].a = a, host[nh].a.out_stride = INT64_MAX, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
-    host[nh++].field = "out_bytes"; /* its byte count wraps around: not a small buffer's worth */
+    host[nh++].field = "out_stride"; /* its byte count wraps around: no buffer's stride */
     host[nh].a = a, host[nh].a.total_q = 0, host[nh].want = OSCAR_ERR_EMPTY, host[nh++].field = "total_q";
     host[nh].a = a, host[nh].a.max_q_len = 0, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
     host[nh++].field = "max_q_len";
