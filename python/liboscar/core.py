@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -252,12 +253,12 @@ class DeviceBuffer:
         if kind not in _KIND_SIZE:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
         self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), tuple(int(n) for n in shape), kind
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * _KIND_SIZE[kind]
+        self.nbytes = math.prod(self.shape) * _KIND_SIZE[kind]  # Python ints: no int64 wrap-around
         self._owned = owned
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
-        n = int(np.prod(tuple(shape), dtype=np.int64)) * _KIND_SIZE.get(kind, 1)
+        n = math.prod(int(x) for x in shape) * _KIND_SIZE.get(kind, 1)
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
         return cls(runtime, h.value, shape, kind, owned=True)
@@ -477,7 +478,7 @@ class Layout:
         d = _layout_defaults()
         for f in ("head_dim", "group", "num_q_heads", "num_kv_heads", "page_size", "sink", "recent",
                   "max_seq_len"):
-            setattr(d, f, int(getattr(self, f)))
+            setattr(d, f, getattr(self, f))  # checked: no float truncated, no int wrapped
         d.kv_dtype, d.meta_dtype = dtype_id(self.kv_dtype), dtype_id(self.meta_dtype)
         d.method = method_id(self.method)
         return d

@@ -1,0 +1,50 @@
+"""Hostile arguments through the Python binding: refused with a message
+naming the argument, never passed on silently changed (ctypes wraps an int
+modulo 2^bits and int() truncates a float)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import liboscar
+
+SMALL = dict(head_dim=64, group=64, num_q_heads=2, num_kv_heads=1, page_size=16, sink=8, recent=16,
+             max_seq_len=100, method="int2")
+
+
+def test_layout_integers_that_do_not_fit_are_refused():
+    # 2**32 + 2 heads reached the library as 2 heads, 64.9 as 64: both "valid".
+    with pytest.raises(ValueError, match="num_q_heads"):
+        liboscar.Layout(**{**SMALL, "num_q_heads": 2**32 + 2}).validate()
+    with pytest.raises(ValueError, match="max_seq_len"):
+        liboscar.Layout(**{**SMALL, "max_seq_len": 2**32 + 100}).sizes()
+    with pytest.raises(TypeError, match="head_dim"):
+        liboscar.Layout(**{**SMALL, "head_dim": 64.9}).validate()
+
+
+def test_call_arguments_that_do_not_fit_are_refused(cpu):
+    lay = liboscar.Layout(**SMALL)
+    plan = liboscar.Plan(cpu, lay)
+    # workspace_bytes(2**32 + 1, ...) was the size for 1 sequence; pages_for(2**64 + 90) that of 90 tokens.
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        plan.workspace_bytes(2**32 + 1, 100)
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        lay.pages_for(2**64 + 90)
+    assert lay.pages_for(90) == liboscar.Layout(**SMALL).pages_for(90)
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        liboscar.Params.builtin("int2", 2**32 + 1, 2, 1, 64)
+    # Plan.append's layer 2**32 went to layer 0.
+    c = plan.cache(1, 1, 64)
+    k = np.zeros((1, 1, 64), np.uint16)
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        plan.append(2**32, c.pages[0], c.windows[0], np.ones(1, np.int32), c.window_slots, c.block_table,
+                    np.array([0, 1], np.int32), k, k, c.workspace)
+    plan.close()
+
+
+def test_huge_device_buffer_shape_is_not_wrapped(cpu):
+    # np.prod in int64 wrapped (2**40)**2 to 0 bytes.
+    b = liboscar.DeviceBuffer(cpu, 0, (2**40, 2**40), "u8", owned=False)
+    assert b.nbytes == 2**80
