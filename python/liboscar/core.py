@@ -134,6 +134,9 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
             raise ValueError(f"{name}: tensor is not contiguous; pass {name}.contiguous()")
         got_shape = tuple(x.shape)
         addr = x.data_ptr()
+        if addr % x.element_size():
+            raise ValueError(f"{name}: tensor data is not aligned to its {x.element_size()}-byte elements; pass "
+                             f"{name}.clone()")
     elif isinstance(x, np.ndarray):
         if device:
             raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
@@ -144,6 +147,9 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
             raise TypeError(f"{name}: dtype {x.dtype}, expected {want}{hint}")
         if not x.flags.c_contiguous:
             raise ValueError(f"{name}: array is not C-contiguous; pass numpy.ascontiguousarray({name})")
+        if not x.flags.aligned:  # the library reads whole elements: a misaligned one is undefined behaviour
+            raise ValueError(f"{name}: array data is not aligned to its {x.dtype.itemsize}-byte elements; pass "
+                             f"numpy.require({name}, requirements='CA')")
         if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
             raise ValueError(f"{name}: array is read-only")
         got_shape = x.shape

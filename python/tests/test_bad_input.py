@@ -48,3 +48,16 @@ def test_huge_device_buffer_shape_is_not_wrapped(cpu):
     # np.prod in int64 wrapped (2**40)**2 to 0 bytes.
     b = liboscar.DeviceBuffer(cpu, 0, (2**40, 2**40), "u8", owned=False)
     assert b.nbytes == 2**80
+
+
+def test_misaligned_arrays_are_refused(cpu):
+    # A C-contiguous uint16 view at an odd address went to the library, which
+    # reads whole 16-bit elements (undefined behaviour in C).
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 2, 64)
+    raw = np.zeros(2 * 64 * 2 + 1, np.uint8)
+    k = raw[1:].view(np.uint16).reshape(2, 1, 64)
+    assert k.flags.c_contiguous and not k.flags.aligned
+    with pytest.raises(ValueError, match="k: array data is not aligned"):
+        c.append(0, k, np.zeros((2, 1, 64), np.uint16))
+    c.append(0, np.require(k, requirements="CA"), np.zeros((2, 1, 64), np.uint16))
