@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
@@ -523,7 +524,7 @@ class Plan:
     """
 
     def __init__(self, runtime: Runtime, layout: Layout, params: Optional[Params] = None):
-        self.runtime, self.layout, self.params = runtime, layout, params
+        self.runtime, self.params = runtime, params
         self._desc = layout._c()
         if not runtime._h:
             raise ValueError("Plan: the runtime is closed")
@@ -532,8 +533,16 @@ class Plan:
                                      ctypes.byref(h)))
         self._h = h
         runtime._plans += 1
+        # The shapes the library planned with, dtypes and method by name,
+        # apart from the caller's object: a Layout changed after this call
+        # must not change the shapes the calls check (the library would read
+        # and write past arrays sized by the new values).
+        d = self._desc
+        self._L = Layout(d.head_dim, d.group, d.num_q_heads, d.num_kv_heads, d.page_size, d.sink, d.recent,
+                         d.max_seq_len, _DTYPE_NAMES[d.kv_dtype], _DTYPE_NAMES[d.meta_dtype], method_name(d.method))
+        self.layout = dataclasses.replace(self._L)
         self.variant: str = lib.oscar_plan_variant(h).decode()
-        self.sizes = layout.sizes()
+        self.sizes = self._L.sizes()
 
     def workspace_bytes(self, max_seqs: int, max_seq_len: int) -> int:
         n = ctypes.c_size_t()
@@ -557,7 +566,7 @@ class Plan:
         return stream if stream is not None else self.runtime.default_stream()
 
     def _batch(self, pages, windows, seq_lens, window_slots, block_table, max_seq_len):
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         if not hasattr(seq_lens, "shape") or len(seq_lens.shape) != 1:
             raise ValueError("seq_lens: expected a 1-D int32 array [num_seqs]")
         ns = int(seq_lens.shape[0])
@@ -580,7 +589,7 @@ class Plan:
         """``oscar_append``: new K/V rows [total_new, num_kv_heads, head_dim]
         (kv_dtype) go into the cache; ``seq_lens`` are lengths after the
         append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         total = k.shape[0] if len(k.shape) else 0
         shape = (total, L.num_kv_heads, L.head_dim)
@@ -596,7 +605,7 @@ class Plan:
                stream: Optional[int] = None) -> None:
         """``oscar_decode``: one query per sequence, q and out
         [num_seqs, num_q_heads, head_dim] (kv_dtype)."""
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         shape = (batch.num_seqs, L.num_q_heads, L.head_dim)
         _check(lib.oscar_decode(self._h, layer, ctypes.byref(cache), ctypes.byref(batch),
@@ -616,7 +625,7 @@ class Plan:
         [total_q, num_q_heads] float32 receives the natural-log sum of
         exp(scores) when given. The workspace must hold
         ``workspace_bytes(max(num_seqs, total_q), max_seq_len)``."""
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         total = int(q.shape[0]) if len(q.shape) else 0
         shape = (total, L.num_q_heads, L.head_dim)
@@ -662,7 +671,7 @@ class PagedCache:
 
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
-        L = plan.layout
+        L = plan._L
         self.max_seq_len = int(max_seq_len or L.max_seq_len)
         if self.max_seq_len > L.max_seq_len:
             raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the layout's {L.max_seq_len}")
@@ -773,7 +782,7 @@ class PagedCache:
         cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
         stream = self.plan._stream(stream)
         if self._by_handle:
-            kind = self.plan.layout.kv_dtype
+            kind = self.plan._L.kv_dtype
             k, v = self._stage("k", k, kind, stream), self._stage("v", v, kind, stream)
         self.plan.append(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(lens, getattr(self, "_lens_dev", None), stream), self.window_slots,
@@ -793,7 +802,7 @@ class PagedCache:
         stream = self.plan._stream(stream)
         qd, od = q, out
         if self._by_handle:
-            kind = self.plan.layout.kv_dtype
+            kind = self.plan._L.kv_dtype
             qd, od = self._stage("q", q, kind, stream), self._stage("out", out, kind, stream, copy=False)
         self.plan.decode(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
@@ -835,8 +844,8 @@ class PagedCache:
             out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
         lse_buf = None
         if lse:
-            lse_buf = (torch.empty((total, self.plan.layout.num_q_heads), dtype=torch.float32, device=q.device)
-                       if _is_torch(q) else np.empty((total, self.plan.layout.num_q_heads), np.float32))
+            lse_buf = (torch.empty((total, self.plan._L.num_q_heads), dtype=torch.float32, device=q.device)
+                       if _is_torch(q) else np.empty((total, self.plan._L.num_q_heads), np.float32))
         stream = self.plan._stream(stream)
         cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
         self.plan.extend(layer, self.pages[layer], self.windows[layer],

@@ -61,3 +61,29 @@ def test_misaligned_arrays_are_refused(cpu):
     with pytest.raises(ValueError, match="k: array data is not aligned"):
         c.append(0, k, np.zeros((2, 1, 64), np.uint16))
     c.append(0, np.require(k, requirements="CA"), np.zeros((2, 1, 64), np.uint16))
+
+
+def test_plan_keeps_the_layout_it_was_made_with(cpu):
+    # The plan checked shapes against the caller's Layout object: changed
+    # after Plan() (8 -> 1 query heads), a 1-head q passed the check and the
+    # library read 8 heads' rows from it and wrote 8 into out (heap overflow).
+    lay = liboscar.Layout(**{**SMALL, "num_q_heads": 8})
+    plan = liboscar.Plan(cpu, lay)
+    c = plan.cache(1, 1, 64)
+    z = np.zeros((1, 1, 64), np.uint16)
+    c.append(0, z, z)
+    lay.num_q_heads = 1
+    with pytest.raises(ValueError, match=r"q: shape \(1, 1, 64\), expected \(1, 8, 64\)"):
+        c.decode(0, np.zeros((1, 1, 64), np.uint16))
+    assert plan.layout.num_q_heads == 8
+    assert c.decode(0, np.zeros((1, 8, 64), np.uint16)).shape == (1, 8, 64)
+
+
+def test_dtype_and_method_given_as_numbers(cpu):
+    # kv_dtype=0 (the enum value) made a plan whose append raised KeyError: 0.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**{**SMALL, "kv_dtype": 0, "method": 2}))
+    assert (plan.layout.kv_dtype, plan.layout.method) == ("bf16", "int2")
+    c = plan.cache(1, 1, 64)
+    z = np.zeros((1, 1, 64), np.uint16)
+    c.append(0, z, z)
+    assert c.decode(0, np.zeros((1, 2, 64), np.uint16)).shape == (1, 2, 64)
