@@ -34,7 +34,14 @@ ArrayLike = Any  # numpy.ndarray or torch.Tensor
 
 DTYPES = {"bf16": 0, "f16": 1, "f32": 2}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-_KV = {"k": 0, "v": 1}
+_KV_IDS = {"k": 0, "v": 1}
+
+
+def _kv(which: str) -> int:
+    """"k" or "v" to oscar_kv; a ValueError naming both otherwise."""
+    if which not in _KV_IDS:
+        raise ValueError(f"which: {which!r}; use 'k' (keys) or 'v' (values)")
+    return _KV_IDS[which]
 
 
 class OscarError(RuntimeError):
@@ -359,7 +366,7 @@ class Params:
 
     def _matrix(self, fn, layer: int, which: str, kv_head: int, n: int, ctype, dtype) -> Optional[np.ndarray]:
         p = ctypes.POINTER(ctype)()
-        _check(fn(self._h, layer, kv_head, _KV[which], ctypes.byref(p)))
+        _check(fn(self._h, layer, kv_head, _kv(which), ctypes.byref(p)))
         if not p:
             return None
         return np.ctypeslib.as_array(p, shape=(n,)).astype(dtype, copy=True)
@@ -392,29 +399,29 @@ class Params:
         f = np.ascontiguousarray(F, dtype=np.float32)
         if f.shape != (d, d):
             raise ValueError(f"F: shape {f.shape}, expected ({d}, {d})")
-        _check(lib.oscar_params_set_feedback(self._h, layer, kv_head, _KV[which],
+        _check(lib.oscar_params_set_feedback(self._h, layer, kv_head, _kv(which),
                                              f.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
 
     def orthogonality_error(self, layer: int, which: str = "k", kv_head: int = 0) -> float:
         e = ctypes.c_double()
-        _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _KV[which], ctypes.byref(e)))
+        _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _kv(which), ctypes.byref(e)))
         return e.value
 
     def clip(self, layer: int, which: str = "k", kv_head: Optional[int] = None) -> float:
         """Clip ratio of one KV head, or (kv_head None) the layer's mildest over its heads."""
         c = ctypes.c_float()
         if kv_head is None:
-            _check(lib.oscar_params_clip(self._h, layer, _KV[which], ctypes.byref(c)))
+            _check(lib.oscar_params_clip(self._h, layer, _kv(which), ctypes.byref(c)))
         else:
-            _check(lib.oscar_params_clip_head(self._h, layer, kv_head, _KV[which], ctypes.byref(c)))
+            _check(lib.oscar_params_clip_head(self._h, layer, kv_head, _kv(which), ctypes.byref(c)))
         return c.value
 
     def set_clip(self, layer: int, which: str, c: float, kv_head: Optional[int] = None) -> None:
         """Sets one KV head's clip ratio, or (kv_head None) every head's of the layer."""
         if kv_head is None:
-            _check(lib.oscar_params_set_clip(self._h, layer, _KV[which], c))
+            _check(lib.oscar_params_set_clip(self._h, layer, _kv(which), c))
         else:
-            _check(lib.oscar_params_set_clip_head(self._h, layer, kv_head, _KV[which], c))
+            _check(lib.oscar_params_set_clip_head(self._h, layer, kv_head, _kv(which), c))
 
     def check_shape(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                     model_hash: Optional[str] = None) -> None:
@@ -441,7 +448,7 @@ def fakequant(rows: np.ndarray, method: Union[str, int], params: Optional[Params
     x = np.array(rows, dtype=np.float32, order="C", copy=True)
     if x.ndim != 3:
         raise ValueError(f"rows: shape {x.shape}, expected (n_tokens, num_kv_heads, head_dim)")
-    _check(lib.oscar_fakequant(params._h if params else None, method_id(method), layer, _KV[which], group,
+    _check(lib.oscar_fakequant(params._h if params else None, method_id(method), layer, _kv(which), group,
                                x.shape[0], x.shape[1], x.shape[2], x.ctypes.data))
     return x
 
@@ -917,7 +924,7 @@ class Calibrator:
         """C_K (after pass 0) or C_V (after pass 1), d x d float64."""
         d = self.shape[3]
         out = np.empty((d, d), dtype=np.float64)
-        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _KV[which], out.ctypes.data))
+        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _kv(which), out.ctypes.data))
         return out
 
     def finalize(self) -> Params:

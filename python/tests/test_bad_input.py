@@ -87,3 +87,13 @@ def test_dtype_and_method_given_as_numbers(cpu):
     z = np.zeros((1, 1, 64), np.uint16)
     c.append(0, z, z)
     assert c.decode(0, np.zeros((1, 2, 64), np.uint16)).shape == (1, 2, 64)
+
+
+def test_which_other_than_k_or_v(cpu):
+    # which="x" raised a bare KeyError: 'x'.
+    p = liboscar.Params.builtin("int2", 1, 2, 1, 64)
+    with pytest.raises(ValueError, match="'k' .* or 'v'"):
+        p.rotation(0, "x")
+    with pytest.raises(ValueError, match="which"):
+        liboscar.fakequant(np.zeros((1, 1, 64), np.float32), "int2", which="K")
+    assert p.rotation(0, "v").shape == (64, 64)
