@@ -214,6 +214,7 @@ int main(int argc, char **argv)
             S.out_md = val;
         } else if (!strcmp(a, "--plot")) {
             NEED_VAL;
+            if (strpbrk(val, "\n\r")) return bad("--plot: the path holds a line break, which gnuplot cannot take%s%s", "", "");
             S.out_plot = val;
         } else if (!strcmp(a, "--retrieval-source")) {
             NEED_VAL;
