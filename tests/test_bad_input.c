@@ -549,6 +549,69 @@ Test(bad_input, extend_refusals_hip, .timeout = 300) {
     extend_bad_case("hip", 1);
 }
 
+/* OpenCL buffers are cl_mem handles whose sizes the plugin can ask for: a
+ * call whose counts need more than a buffer holds (out of 16 bytes for 2
+ * query rows, a page pool smaller than num_pages pages, a workspace smaller
+ * than workspace_bytes, ...) ran the kernels past the buffer: heap
+ * corruption on PoCL ("free(): invalid pointer"), or reads of whatever lay
+ * behind it. Refused before any launch, naming the buffer and both sizes. */
+Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout = 300) {
+    rig r;
+    if (!rig_open(&r, "opencl", OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("opencl not available");
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
+    void *small = dev(&r, NULL, 16), *tiny = dev(&r, NULL, 4); /* tiny: less than SEQ int32 */
+    for (int k = 0; k < 11; k++) {
+        oscar_cache c = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        void *q = r.q, *out = r.out, *kk = r.k, *cu = r.cu;
+        size_t wsb = r.ws_bytes;
+        const char *name = "";
+        int append = 0;
+        oscar_status want = OSCAR_ERR_INVALID_ARGUMENT;
+        switch (k) {
+        case 0: out = small, name = "out"; break;
+        case 1: q = small, name = "q"; break;
+        case 2: c.pages = small, name = "pages"; break;
+        case 3: c.pages = small, name = "pages", append = 1; break;
+        case 4: c.windows = small, name = "windows"; break;
+        case 5: b.block_table = small, name = "block_table"; break;
+        case 6: b.seq_lens = tiny, name = "seq_lens"; break;
+        case 7: b.window_slots = tiny, name = "window_slots", append = 1; break;
+        case 8: kk = small, name = "k", append = 1; break;
+        case 9: cu = tiny, name = "cu_new", append = 1; break;
+        case 10: wsb = r.ws_bytes + 4096, name = "workspace", want = OSCAR_ERR_WORKSPACE; break;
+        }
+        oscar_status s = append ? oscar_append(r.plan, 0, &c, &b, cu, SEQ * LEN, kk, r.v, 0, r.ws, wsb, NULL)
+                                : oscar_decode(r.plan, 0, &c, &b, q, 0, out, 0, 0.0f, 0, r.ws, wsb, NULL);
+        cr_expect_eq(s, want, "case %d (%s): status %d (%s)", k, name, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), name), "case %d: message does not name %s: %s", k, name,
+                  oscar_last_error());
+        cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "case %d: a kernel ran: %s", k,
+                     oscar_last_error());
+    }
+    /* extend: lse and the cu_q of a call are checked the same way */
+    oscar_attn_args a;
+    oscar_attn_args_default(&a);
+    a.total_q = SEQ, a.max_q_len = 1, a.q = r.q, a.out = r.out, a.out_bytes = r.q_elems * 2, a.lse = tiny,
+    a.lse_bytes = 4096, a.workspace = r.ws, a.workspace_bytes = r.ws_bytes;
+    oscar_cache c = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    cr_expect_eq(oscar_extend(r.plan, 0, &c, &b, &a), OSCAR_ERR_INVALID_ARGUMENT, "%s", oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "lse"), "message: %s", oscar_last_error());
+    a.lse = NULL, a.lse_bytes = 0, a.cu_q = tiny;
+    cr_expect_eq(oscar_extend(r.plan, 0, &c, &b, &a), OSCAR_ERR_INVALID_ARGUMENT, "%s", oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "cu_q"), "message: %s", oscar_last_error());
+    cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
+    oscar_buffer_free(r.rt, small);
+    oscar_buffer_free(r.rt, tiny);
+    rig_close(&r);
+}
+
 /* ------------------------------------------------------------- parameters */
 Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
     oscar_runtime *rt;

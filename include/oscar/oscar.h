@@ -13,7 +13,9 @@
  *    cl_mem handle cast to void* on OpenCL, plain host memory on the CPU
  *    backend. The caller owns all device memory passed in (KV pools, block
  *    tables, activations, workspace). The library allocates only in *_create
- *    calls (never on the hot path: oscar_append, oscar_decode).
+ *    calls (never on the hot path: oscar_append, oscar_decode). Counts and
+ *    strides passed with a buffer must describe it: only OpenCL can check
+ *    (a cl_mem knows its size; a smaller one is refused, naming it).
  *  - `stream` is the backend's native queue (cudaStream_t, hipStream_t,
  *    cl_command_queue) or NULL for the backend's default queue; the CPU backend
  *    ignores it and runs synchronously. Device calls are asynchronous with
