@@ -671,3 +671,27 @@ Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) 
     free(v);
     oscar_runtime_destroy(rt);
 }
+
+/* ----------------------------------------------------------------- layout */
+/* oscar_layout_pages_for takes any int64 length: INT64_MAX overflowed the
+ * ceiling division's n + P - 1 (signed overflow, UBSan aborts; the result
+ * was negative). Every length gives ceil(paged tokens / P), exactly. */
+Test(bad_input, pages_for_huge_lengths_without_overflow) {
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    for (int m = 0; m < 2; m++) {
+        l.method = m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_INT2;
+        const int64_t paged_off = m ? 0 : l.sink + l.recent;
+        const int64_t lens[] = {INT64_MAX, INT64_MAX - 1, INT64_MAX - 63, (int64_t)1 << 62, 1000, 0};
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+            int64_t pages = -1;
+            cr_assert_eq(oscar_layout_pages_for(&l, lens[i], &pages), OSCAR_OK, "%s", oscar_last_error());
+            int64_t n = lens[i] > paged_off ? lens[i] - paged_off : 0;
+            cr_expect_eq(pages, n / 64 + (n % 64 != 0), "method %d length %lld: %lld pages", m, (long long)lens[i],
+                         (long long)pages);
+        }
+        double bits = 0.0;
+        cr_expect_eq(oscar_layout_bits_per_element(&l, INT64_MAX, &bits), OSCAR_OK);
+        cr_expect(bits > 0.0 && bits <= 16.0, "bits %g", bits);
+    }
+}
