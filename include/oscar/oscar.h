@@ -174,7 +174,8 @@ OSCAR_API oscar_status oscar_params_create_builtin(oscar_method method, int num_
  * Truncated, corrupt, oversized or inconsistent files are refused with
  * OSCAR_ERR_CORRUPT_FILE / OSCAR_ERR_VERSION. Caller destroys. */
 OSCAR_API oscar_status oscar_params_load(const char *path, oscar_params **out);
-/* Writes atomically (temporary file + rename). */
+/* Writes atomically (a temporary file of its own beside path, then rename):
+ * readers, and other saves to the same path, see one whole file. */
 OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path);
 OSCAR_API void oscar_params_destroy(oscar_params *p);
 OSCAR_API oscar_status oscar_params_get_info(const oscar_params *p, oscar_params_info *out);
