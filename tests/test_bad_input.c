@@ -58,6 +58,8 @@ typedef struct rig {
     int32_t pps;
 } rig;
 
+static oscar_dtype g_meta = OSCAR_DTYPE_F16; /* the rig's metadata dtype */
+
 static int required(const char *name) {
     const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
     return r && strstr(r, name);
@@ -114,6 +116,7 @@ static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype k
     r->l.max_seq_len = LEN;
     r->l.kv_dtype = kvt;
     r->l.method = m;
+    r->l.meta_dtype = g_meta;
     cr_assert_eq(oscar_plan_create(r->rt, &r->l, NULL, &r->plan), OSCAR_OK, "%s", oscar_last_error());
     oscar_layout_sizes sz;
     cr_assert_eq(oscar_layout_sizes_get(&r->l, &sz), OSCAR_OK);
@@ -694,4 +697,62 @@ Test(bad_input, pages_for_huge_lengths_without_overflow) {
         cr_expect_eq(oscar_layout_bits_per_element(&l, INT64_MAX, &bits), OSCAR_OK);
         cr_expect(bits > 0.0 && bits <= 16.0, "bits %g", bits);
     }
+}
+
+/* A finite bf16 row whose group spread overflows fp32 (values near +-3.4e38)
+ * with F32 metadata: the CPU reference saturates the scale to +-65504 like
+ * F16 metadata (finite metadata, FORMAT.md 2.2), the generated write path kept
+ * Inf, so OpenCL stored other bytes than the CPU and its decode returned NaN
+ * (every output, from finite input) where the CPU's was finite. */
+static void extreme_spread_pages(const char *backend, unsigned char **pages, size_t *n, uint16_t *out) {
+    rig r;
+    g_meta = OSCAR_DTYPE_F32;
+    int ok = rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, 0);
+    g_meta = OSCAR_DTYPE_F16;
+    if (!ok) {
+        *pages = NULL;
+        return;
+    }
+    uint16_t *h = malloc(r.kv_elems * 2);
+    cr_assert(h);
+    for (size_t i = 0; i < r.kv_elems; i++) h[i] = 0x3f80; /* 1.0 */
+    for (int j = 0; j < 64; j++) h[20 * 64 + j] = (j & 1) ? 0x7f7f : 0xff7f; /* token 20 (2-bit): +-3.39e38 */
+    cr_assert_eq(oscar_buffer_write(r.rt, r.v, 0, h, r.kv_elems * 2, NULL), OSCAR_OK);
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    memset(h, 0, r.q_elems * 2); /* q = 0: every score 0, the output the mean of V */
+    cr_assert_eq(oscar_buffer_write(r.rt, r.q, 0, h, r.q_elems * 2, NULL), OSCAR_OK);
+    free(h);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(&r.l, &sz), OSCAR_OK);
+    *n = sz.page_bytes * (size_t)(SEQ * r.pps);
+    *pages = malloc(*n);
+    cr_assert(*pages);
+    cr_assert_eq(oscar_buffer_read(r.rt, *pages, r.pages, 0, *n, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_read(r.rt, out, r.out, 0, r.q_elems * 2, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_synchronize(r.rt, NULL), OSCAR_OK);
+    rig_close(&r);
+}
+Test(bad_input, extreme_rows_with_f32_metadata_store_the_same_bytes, .timeout = 300) {
+    unsigned char *cpu, *ocl;
+    size_t n_cpu = 0, n_ocl = 0;
+    uint16_t out_cpu[SEQ * 2 * 64], out_ocl[SEQ * 2 * 64];
+    extreme_spread_pages("cpu", &cpu, &n_cpu, out_cpu);
+    cr_assert(cpu);
+    for (int i = 0; i < SEQ * 2 * 64; i++) cr_expect(isfinite(to_f32(out_cpu[i])), "cpu out[%d] not finite", i);
+    extreme_spread_pages("opencl", &ocl, &n_ocl, out_ocl);
+    if (!ocl) {
+        free(cpu);
+        cr_skip_test("opencl not available");
+    }
+    cr_assert_eq(n_cpu, n_ocl);
+    size_t first = n_cpu;
+    for (size_t i = 0; i < n_cpu && first == n_cpu; i++)
+        if (cpu[i] != ocl[i]) first = i;
+    cr_expect_eq(first, n_cpu, "opencl pages differ from the cpu's from byte %zu", first);
+    for (int i = 0; i < SEQ * 2 * 64; i++)
+        cr_expect(isfinite(to_f32(out_ocl[i])), "opencl out[%d] = %g from finite input", i, (double)to_f32(out_ocl[i]));
+    free(cpu);
+    free(ocl);
 }
