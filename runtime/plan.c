@@ -250,6 +250,14 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         oscar_set_errbuf(s, &e);
         goto done;
     }
+    /* cu_new from 0 to total_new, as the CPU backend checks first (a last
+     * entry past total_new claims rows that were not given). */
+    if (cu_new && (cu[0] != 0 || cu[n] != total_new)) {
+        s = oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                            "%s: cu_new must start at 0 and end at total_new = %d (got %d .. %d)", fn, total_new,
+                            cu[0], cu[n]);
+        goto done;
+    }
     for (size_t i = 0; i < n; i++) {
         /* The same codes as the backends give without validation (CPU: EMPTY
          * for < 1, TOO_LONG above the bound). */

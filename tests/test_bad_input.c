@@ -756,3 +756,41 @@ Test(bad_input, extreme_rows_with_f32_metadata_store_the_same_bytes, .timeout = 
     free(cpu);
     free(ocl);
 }
+
+/* cu_new ending past total_new ({0, 50, 150} with total_new 100): sequence
+ * 1 claims 100 new rows of which only 50 are given. The CPU backend refuses
+ * it; GPU kernels without validation stored the 100 rows they had, flagged
+ * nothing and left sequence 1's last 50 positions stale (status OK, check
+ * OK: a silently wrong cache), and validate = 1 let it through too. Now the
+ * kernels flag it (oscar_plan_check: OSCAR_ERR_TOO_LONG) and validate = 1
+ * refuses it at the call with the CPU's code. */
+static void cu_new_past_total_case(const char *backend, int validate) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate)) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    int32_t lens[SEQ] = {50, LEN}, cu[SEQ + 1] = {0, 50, 150};
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu, sizeof cu, NULL), OSCAR_OK);
+    oscar_cache c = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    const int gpu_flag = strcmp(backend, "cpu") && !validate;
+    oscar_status s = oscar_append(r.plan, 0, &c, &b, r.cu, 100, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    if (gpu_flag) {
+        cr_expect_eq(s, OSCAR_OK, "%s: %s", backend, oscar_last_error());
+        s = oscar_plan_check(r.plan, r.ws, NULL);
+        cr_expect_eq(s, OSCAR_ERR_TOO_LONG, "%s validate 0: check gave %d (%s)", backend, s, oscar_last_error());
+    } else {
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s validate %d: %d (%s)", backend, validate, s,
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "end at total_new"), "%s validate %d: %s", backend, validate,
+                  oscar_last_error());
+        cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK);
+    }
+    rig_close(&r);
+}
+Test(bad_input, cu_new_ending_past_total_new_is_not_silent, .timeout = 300) {
+    const char *b[] = {"cpu", "opencl", "cuda", "hip"};
+    for (int i = 0; i < 4; i++)
+        for (int val = 0; val < 2; val++) cu_new_past_total_case(b[i], val);
+}
