@@ -794,3 +794,20 @@ Test(bad_input, cu_new_ending_past_total_new_is_not_silent, .timeout = 300) {
     for (int i = 0; i < 4; i++)
         for (int val = 0; val < 2; val++) cu_new_past_total_case(b[i], val);
 }
+
+/* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
+ * bytes) failed (-61)"; the message now names the limit and what to change. */
+Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "opencl";
+    oscar_runtime *rt;
+    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
+        cr_assert(!required("opencl"), "%s", oscar_last_error());
+        cr_skip_test("opencl not available");
+    }
+    void *b = NULL;
+    cr_expect_eq(oscar_buffer_alloc(rt, (size_t)1 << 62, &b), OSCAR_ERR_OUT_OF_MEMORY);
+    cr_expect(strstr(oscar_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"), "message: %s", oscar_last_error());
+    oscar_runtime_destroy(rt);
+}

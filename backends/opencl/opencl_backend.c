@@ -150,9 +150,17 @@ static oscar_status ocl_alloc(void *ctx, size_t bytes, void **buf, oscar_errbuf 
     cl_int rc;
     if (!buf) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl alloc: buf is NULL");
     cl_mem m = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 16, NULL, &rc);
-    if (rc != CL_SUCCESS)
-        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl alloc: clCreateBuffer(%zu bytes) failed (%d)",
-                                bytes, (int)rc);
+    if (rc != CL_SUCCESS) {
+        /* Name the device's limits: -61 (CL_INVALID_BUFFER_SIZE) alone tells no caller what to change. */
+        cl_ulong max_alloc = 0, global = 0;
+        clGetDeviceInfo(c->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+        clGetDeviceInfo(c->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY,
+                                "opencl alloc: clCreateBuffer(%zu bytes) failed (%d); the device allows buffers of "
+                                "up to %llu bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE) and has %llu bytes in all: "
+                                "allocate less (fewer sequences, pages or a shorter max_seq_len)",
+                                bytes, (int)rc, (unsigned long long)max_alloc, (unsigned long long)global);
+    }
     *buf = m;
     return OSCAR_OK;
 }
