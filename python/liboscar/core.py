@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -61,6 +62,15 @@ def _check(status: int, where: str = "") -> None:
         raise OscarError(status, msg)
 
 
+def _cstr(value: Any, name: str, path: bool = False) -> bytes:
+    """A C string for the library; a NUL inside would end it early, so the
+    library would act on a shorter name (load or write another file)."""
+    b = os.fsencode(value) if path else str(value).encode()
+    if b"\0" in b:
+        raise ValueError(f"{name}: {value!r} holds a NUL byte; C strings end there")
+    return b
+
+
 def version() -> str:
     """The C library's version, "MAJOR.MINOR.PATCH"."""
     return lib.oscar_version(None, None, None).decode()
@@ -72,7 +82,7 @@ def method_id(method: Union[str, int]) -> int:
     if isinstance(method, int):
         return method
     out = ctypes.c_int()
-    _check(lib.oscar_method_from_name(str(method).encode(), ctypes.byref(out)))
+    _check(lib.oscar_method_from_name(_cstr(method, "method"), ctypes.byref(out)))
     return out.value
 
 
@@ -190,7 +200,8 @@ class Runtime:
     def __init__(self, backend: Optional[str] = None, plugin_dir: Optional[str] = None, device_index: int = 0,
                  validate: bool = False, native_context: Optional[int] = None, native_queue: Optional[int] = None):
         o = _capi.defaults(_capi.RuntimeOptions, lib.oscar_runtime_options_default)
-        self._keep = [s.encode() if s else None for s in (backend, plugin_dir)]
+        self._keep = [_cstr(s, n, path=n == "plugin_dir") if s else None
+                      for s, n in ((backend, "backend"), (plugin_dir, "plugin_dir"))]
         o.backend, o.plugin_dir = self._keep
         o.device_index = device_index
         o.validate = 1 if validate else 0
@@ -341,7 +352,7 @@ class Params:
         """Loads a parameter file (safetensors; docs/FORMAT.md §6). Corrupt or
         foreign files raise OscarError naming the problem."""
         h = ctypes.c_void_p()
-        _check(lib.oscar_params_load(str(path).encode(), ctypes.byref(h)))
+        _check(lib.oscar_params_load(_cstr(path, "path", path=True), ctypes.byref(h)))
         return cls(h)
 
     @classmethod
@@ -355,7 +366,7 @@ class Params:
         return cls(h)
 
     def save(self, path: str) -> None:
-        _check(lib.oscar_params_save(self._h, str(path).encode()))
+        _check(lib.oscar_params_save(self._h, _cstr(path, "path", path=True)))
 
     @property
     def info(self) -> ParamsInfo:
@@ -427,7 +438,7 @@ class Params:
                     model_hash: Optional[str] = None) -> None:
         """Raises OscarError (SHAPE_MISMATCH) when the parameters are for another model."""
         _check(lib.oscar_params_check_shape(self._h, num_layers, num_q_heads, num_kv_heads, head_dim,
-                                            model_hash.encode() if model_hash else None))
+                                            _cstr(model_hash, "model_hash") if model_hash else None))
 
     def close(self) -> None:
         if getattr(self, "_h", None):
@@ -888,7 +899,7 @@ class Calibrator:
             if key == "method":
                 val = method_id(val)
             elif key == "model_hash":
-                self._keep = val = str(val).encode()
+                self._keep = val = _cstr(val, "model_hash")
             setattr(o, key, val)
         h = ctypes.c_void_p()
         _check(C.oscar_calib_create(ctypes.byref(o), ctypes.byref(h)))

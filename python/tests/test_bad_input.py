@@ -97,3 +97,21 @@ def test_which_other_than_k_or_v(cpu):
     with pytest.raises(ValueError, match="which"):
         liboscar.fakequant(np.zeros((1, 1, 64), np.float32), "int2", which="K")
     assert p.rotation(0, "v").shape == (64, 64)
+
+
+def test_strings_with_a_nul_byte_are_refused(cpu, tmp_path):
+    # The library reads C strings: "a.safetensors\0.bak" saved to (and loaded
+    # from) a.safetensors, another file than the one named.
+    p = liboscar.Params.builtin("int2", 1, 2, 1, 64)
+    target = tmp_path / "a.safetensors"
+    with pytest.raises(ValueError, match="NUL"):
+        p.save(str(target) + "\0.bak")
+    assert not target.exists()
+    p.save(target)
+    with pytest.raises(ValueError, match="NUL"):
+        liboscar.Params.load(str(target) + "\0x")
+    assert liboscar.Params.load(target).info.num_layers == 1
+    with pytest.raises(ValueError, match="NUL"):
+        liboscar.Runtime("cpu\0cuda")
+    with pytest.raises(ValueError, match="NUL"):
+        liboscar.method_id("int2\0x")
