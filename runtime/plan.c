@@ -228,6 +228,68 @@ static oscar_status check_common(const oscar_plan *plan, const char *fn, int lay
     return OSCAR_OK;
 }
 
+/* One page or window slot an append writes, and who writes it. */
+typedef struct written {
+    int32_t id, seq, col; /* col: block table column, -1 for a window slot */
+} written;
+static int cmp_written(const void *a, const void *b) {
+    const written *x = a, *y = b;
+    return x->id != y->id ? (x->id < y->id ? -1 : 1) : x->seq != y->seq ? (x->seq < y->seq ? -1 : 1) : (x->col > y->col) - (x->col < y->col);
+}
+
+/* validate = 1, append (host copies, already range-checked): no window slot
+ * and no page is written twice, by two sequences or through two columns of
+ * one block table; both writes would land, one over the other. A sequence
+ * without new tokens writes nothing, so it may share (a prefix's pages). */
+static oscar_status check_append_aliasing(const oscar_plan *plan, const char *fn, const int32_t *lens,
+                                          const int32_t *slots, const int32_t *bt, size_t stride, const int32_t *cu,
+                                          size_t n) {
+    const oscar_layout_desc *l = &plan->layout;
+    const int quantized = l->method != OSCAR_METHOD_BF16, windowed = uses_windows(l);
+    const int64_t S0 = quantized ? l->sink : 0, W = quantized ? l->recent : 0, P = l->page_size;
+    written *w = malloc(sizeof *w * (n * stride + 1)), *ws = malloc(sizeof *ws * (n + 1));
+    size_t nw = 0, nws = 0;
+    oscar_status s = OSCAR_OK;
+    if (!w || !ws) {
+        s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory while validating", fn);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const int64_t L = lens[i], k = (int64_t)cu[i + 1] - cu[i], L0 = L - k;
+        if (k <= 0) continue;
+        if (windowed && (W > 0 || L0 < S0)) ws[nws++] = (written){slots[i], (int32_t)i, -1};
+        /* Paged rows written: new rows of the 2-bit (or BF16) region and rows
+         * demoted out of the recent window, one run [a, e) of positions. */
+        int64_t a = quantized ? (L0 - W > S0 ? L0 - W : S0) : L0, e = L - W;
+        if (a >= e) continue;
+        for (int64_t c = (a - S0) / P; c <= (e - 1 - S0) / P; c++)
+            w[nw++] = (written){bt[i * stride + (size_t)c], (int32_t)i, (int32_t)c};
+    }
+    qsort(ws, nws, sizeof *ws, cmp_written);
+    for (size_t j = 1; j < nws; j++)
+        if (ws[j].id == ws[j - 1].id) {
+            s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE,
+                                "%s: window slot %d is written by sequences %d and %d of this append; each sequence "
+                                "needs a window slot of its own",
+                                fn, ws[j].id, ws[j - 1].seq, ws[j].seq);
+            goto done;
+        }
+    qsort(w, nw, sizeof *w, cmp_written);
+    for (size_t j = 1; j < nw; j++)
+        if (w[j].id == w[j - 1].id) {
+            s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE,
+                                "%s: page %d is written through block_table[%d][%d] and block_table[%d][%d] in this "
+                                "append; a page belongs to one sequence at a time (only pages no append writes may "
+                                "be shared)",
+                                fn, w[j].id, w[j - 1].seq, w[j - 1].col, w[j].seq, w[j].col);
+            goto done;
+        }
+done:
+    free(w);
+    free(ws);
+    return s;
+}
+
 /* validate = 1: copy the index arrays to the host and check them all. */
 static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, const oscar_cache *cache,
                                      const oscar_batch *b, const int32_t *cu_new, int32_t total_new, void *stream) {
@@ -297,6 +359,7 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
             }
         }
     }
+    if (cu_new) s = check_append_aliasing(plan, fn, lens, slots, bt, stride, cu, n);
 done:
     free(lens);
     free(slots);

@@ -811,3 +811,53 @@ Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
     cr_expect(strstr(oscar_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"), "message: %s", oscar_last_error());
     oscar_runtime_destroy(rt);
 }
+
+/* Two sequences of one append writing the same window slot or the same page
+ * (an engine's allocator bug): every backend wrote both, one over the other,
+ * status OK, even with validate = 1. validate = 1 now refuses it with
+ * OSCAR_ERR_BLOCK_TABLE naming the slot or page and both sequences, before
+ * anything is written. A sequence with no new tokens writes nothing, so it
+ * may share (a prefix's pages, a slot being handed over). */
+static void aliasing_case(const char *backend) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, 1)) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    oscar_cache c = rig_cache(&r);
+    int32_t lens[SEQ] = {LEN, LEN}, cu[SEQ + 1] = {0, LEN, 2 * LEN}, slots[SEQ] = {0, 1};
+    int32_t *bt = malloc(sizeof(int32_t) * SEQ * (size_t)r.pps);
+    cr_assert(bt);
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    void *d_bt = dev(&r, bt, sizeof(int32_t) * SEQ * (size_t)r.pps), *d_slots = dev(&r, slots, sizeof slots);
+    void *d_lens = dev(&r, lens, sizeof lens), *d_cu = dev(&r, cu, sizeof cu);
+    oscar_batch b = {SEQ, d_lens, d_slots, d_bt, r.pps, LEN};
+    /* 1: both sequences in window slot 0 */
+    slots[1] = 0;
+    cr_assert_eq(oscar_buffer_write(r.rt, d_slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+    oscar_status s = oscar_append(r.plan, 0, &c, &b, d_cu, SEQ * LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s shared slot: %d (%s)", backend, s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "window slot 0"), "%s: %s", backend, oscar_last_error());
+    slots[1] = 1;
+    cr_assert_eq(oscar_buffer_write(r.rt, d_slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+    /* 2: sequence 1's second page is sequence 0's second page */
+    bt[r.pps + 1] = 1;
+    cr_assert_eq(oscar_buffer_write(r.rt, d_bt, 0, bt, sizeof(int32_t) * SEQ * (size_t)r.pps, NULL), OSCAR_OK);
+    s = oscar_append(r.plan, 0, &c, &b, d_cu, SEQ * LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s shared page: %d (%s)", backend, s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "page 1"), "%s: %s", backend, oscar_last_error());
+    /* 3: the same table, sequence 1 appending nothing: allowed */
+    int32_t lens3[SEQ] = {LEN, LEN}, cu3[SEQ + 1] = {0, LEN, LEN};
+    cr_assert_eq(oscar_buffer_write(r.rt, d_lens, 0, lens3, sizeof lens3, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, d_cu, 0, cu3, sizeof cu3, NULL), OSCAR_OK);
+    s = oscar_append(r.plan, 0, &c, &b, d_cu, LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    cr_expect_eq(s, OSCAR_OK, "%s: a sequence without new tokens shares: %s", backend, oscar_last_error());
+    cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    void *bufs[] = {d_bt, d_slots, d_lens, d_cu};
+    for (int i = 0; i < 4; i++) oscar_buffer_free(r.rt, bufs[i]);
+    free(bt);
+    rig_close(&r);
+}
+Test(bad_input, validate_refuses_two_sequences_writing_one_slot_or_page, .timeout = 300) {
+    aliasing_case("cpu");
+    aliasing_case("opencl");
+}

@@ -416,7 +416,9 @@ typedef struct oscar_runtime_options {
     const char *plugin_dir; /* extra folder searched first for plugins, or NULL */
     int32_t device_index;   /* GPU ordinal (default 0) */
     int32_t validate;       /* 1: check block tables and lengths on the host
-                               before every device call (slow, for debugging) */
+                               before every device call, and that no page or
+                               window slot is written twice by one append
+                               (slow, for debugging) */
     oscar_log_fn log;       /* discovery log, or NULL */
     void *log_user;
     /* Added after the first release (struct_size tells them apart). */
