@@ -136,7 +136,8 @@ static inline int64_t oscar_paged_tokens(const oscar_layout_desc *l, int64_t L) 
 }
 /* Pages a sequence of L tokens needs: ceil(paged tokens / P). */
 static inline int64_t oscar_pages_for(const oscar_layout_desc *l, int64_t L) {
-    return (oscar_paged_tokens(l, L) + l->page_size - 1) / l->page_size;
+    const int64_t n = oscar_paged_tokens(l, L); /* no n + P - 1: L may be INT64_MAX (public API) */
+    return n / l->page_size + (n % l->page_size != 0);
 }
 
 #ifdef __cplusplus

@@ -7,6 +7,9 @@
 
 #include "oscar_internal.h"
 
+/* Upper bound on any version of a versioned struct (today's are under 128 bytes). */
+#define OSCAR_STRUCT_SIZE_MAX 4096u
+
 oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, size_t min_size, const char *what,
                                  const char *fill_with) {
     uint32_t n;
@@ -16,6 +19,13 @@ oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, s
                                "%s: struct_size %u is smaller than the first version of the struct (%zu bytes); "
                                "set struct_size = sizeof the struct, e.g. by filling it with %s()",
                                what, n, min_size, fill_with);
+    /* No version of a struct will be this large: garbage (a struct never
+     * filled by its *_default) would make the scan below read past it. */
+    if (n > OSCAR_STRUCT_SIZE_MAX)
+        return oscar_set_error(OSCAR_ERR_VERSION,
+                               "%s: struct_size %u is not the size of any version of the struct (at most %u "
+                               "bytes): the struct was not initialized; fill it with %s() before setting fields",
+                               what, n, (unsigned)OSCAR_STRUCT_SIZE_MAX, fill_with);
     if (n > full_size) {
         /* A newer caller: fine while every field this library lacks is zero
          * (zero means "as before" for every field added after version 1). */
@@ -24,9 +34,10 @@ oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, s
             if (tail[i])
                 return oscar_set_error(OSCAR_ERR_VERSION,
                                        "%s: struct_size %u is larger than this library's %zu bytes and byte %zu "
-                                       "beyond it is set: a field of a newer header this library does not know; "
-                                       "update liboscar or leave that field zero",
-                                       what, n, full_size, full_size + i);
+                                       "beyond it is set: a field of a newer header this library does not know "
+                                       "(update liboscar or leave that field zero), or a struct never filled "
+                                       "by %s()",
+                                       what, n, full_size, full_size + i, fill_with);
         n = (uint32_t)full_size;
     }
     memset(dst, 0, full_size);

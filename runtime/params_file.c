@@ -157,8 +157,11 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
 
     /* Header padded with spaces to 8 bytes so the tensor data is aligned. */
     size_t hlen = strlen(hdr_str), padded = (hlen + 7) & ~(size_t)7;
+    /* A temporary file of this save's own (mkstemp): with one fixed name, a
+     * concurrent save to the same path would rename this one's half-written
+     * file into place, or have its own moved away under it. */
     size_t plen = strlen(path);
-    char *tmp = malloc(plen + 5);
+    char *tmp = malloc(plen + 12);
     if (!tmp) {
         free(hdr_str);
         free(clip_out);
@@ -166,8 +169,13 @@ OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory");
     }
     memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    memcpy(tmp + plen, ".tmpXXXXXX", 11);
+    int fd = mkstemp(tmp);
+    if (fd >= 0 && fchmod(fd, 0644) != 0) { /* mkstemp makes it 0600; a parameter file is not a secret */
+        close(fd);
+        unlink(tmp);
+        fd = -1;
+    }
     if (fd < 0) {
         oscar_status s = oscar_set_error(OSCAR_ERR_IO, "cannot create %s: %s (check the folder exists and is writable)",
                                          tmp, strerror(errno));

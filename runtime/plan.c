@@ -259,6 +259,68 @@ static oscar_status check_common(const oscar_plan *plan, const char *fn, int lay
     return OSCAR_OK;
 }
 
+/* One page or window slot an append writes, and who writes it. */
+typedef struct written {
+    int32_t id, seq, col; /* col: block table column, -1 for a window slot */
+} written;
+static int cmp_written(const void *a, const void *b) {
+    const written *x = a, *y = b;
+    return x->id != y->id ? (x->id < y->id ? -1 : 1) : x->seq != y->seq ? (x->seq < y->seq ? -1 : 1) : (x->col > y->col) - (x->col < y->col);
+}
+
+/* validate = 1, append (host copies, already range-checked): no window slot
+ * and no page is written twice, by two sequences or through two columns of
+ * one block table; both writes would land, one over the other. A sequence
+ * without new tokens writes nothing, so it may share (a prefix's pages). */
+static oscar_status check_append_aliasing(const oscar_plan *plan, const char *fn, const int32_t *lens,
+                                          const int32_t *slots, const int32_t *bt, size_t stride, const int32_t *cu,
+                                          size_t n) {
+    const oscar_layout_desc *l = &plan->layout;
+    const int quantized = l->method != OSCAR_METHOD_BF16, windowed = uses_windows(l);
+    const int64_t S0 = quantized ? l->sink : 0, W = quantized ? l->recent : 0, P = l->page_size;
+    written *w = malloc(sizeof *w * (n * stride + 1)), *ws = malloc(sizeof *ws * (n + 1));
+    size_t nw = 0, nws = 0;
+    oscar_status s = OSCAR_OK;
+    if (!w || !ws) {
+        s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory while validating", fn);
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const int64_t L = lens[i], k = (int64_t)cu[i + 1] - cu[i], L0 = L - k;
+        if (k <= 0) continue;
+        if (windowed && (W > 0 || L0 < S0)) ws[nws++] = (written){slots[i], (int32_t)i, -1};
+        /* Paged rows written: new rows of the 2-bit (or BF16) region and rows
+         * demoted out of the recent window, one run [a, e) of positions. */
+        int64_t a = quantized ? (L0 - W > S0 ? L0 - W : S0) : L0, e = L - W;
+        if (a >= e) continue;
+        for (int64_t c = (a - S0) / P; c <= (e - 1 - S0) / P; c++)
+            w[nw++] = (written){bt[i * stride + (size_t)c], (int32_t)i, (int32_t)c};
+    }
+    qsort(ws, nws, sizeof *ws, cmp_written);
+    for (size_t j = 1; j < nws; j++)
+        if (ws[j].id == ws[j - 1].id) {
+            s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE,
+                                "%s: window slot %d is written by sequences %d and %d of this append; each sequence "
+                                "needs a window slot of its own",
+                                fn, ws[j].id, ws[j - 1].seq, ws[j].seq);
+            goto done;
+        }
+    qsort(w, nw, sizeof *w, cmp_written);
+    for (size_t j = 1; j < nw; j++)
+        if (w[j].id == w[j - 1].id) {
+            s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE,
+                                "%s: page %d is written through block_table[%d][%d] and block_table[%d][%d] in this "
+                                "append; a page belongs to one sequence at a time (only pages no append writes may "
+                                "be shared)",
+                                fn, w[j].id, w[j - 1].seq, w[j - 1].col, w[j].seq, w[j].col);
+            goto done;
+        }
+done:
+    free(w);
+    free(ws);
+    return s;
+}
+
 /* validate = 1: copy the index arrays to the host and check them all. */
 static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, const oscar_cache *cache,
                                      const oscar_batch *b, const int32_t *cu_new, int32_t total_new, void *stream) {
@@ -279,6 +341,14 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         (cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
         (s = rt->api->sync(rt->ctx, stream, &e))) {
         oscar_set_errbuf(s, &e);
+        goto done;
+    }
+    /* cu_new from 0 to total_new, as the CPU backend checks first (a last
+     * entry past total_new claims rows that were not given). */
+    if (cu_new && (cu[0] != 0 || cu[n] != total_new)) {
+        s = oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                            "%s: cu_new must start at 0 and end at total_new = %d (got %d .. %d)", fn, total_new,
+                            cu[0], cu[n]);
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
@@ -320,6 +390,7 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
             }
         }
     }
+    if (cu_new) s = check_append_aliasing(plan, fn, lens, slots, bt, stride, cu, n);
 done:
     free(lens);
     free(slots);
@@ -348,6 +419,21 @@ static oscar_status validate_cu_q(const oscar_plan *plan, const char *fn, const 
     return s;
 }
 
+/* Whether `rows` tokens `stride` elements apart, the last `row` elements
+ * wide, span at most PTRDIFF_MAX bytes. A longer span is no buffer's (the
+ * caller passed a wrong stride) and would wrap the backends' offsets: they
+ * would touch memory before the buffer. rows, stride, row >= 1. */
+static int span_fits(int64_t rows, int64_t stride, int64_t row, size_t es) {
+    const uint64_t limit = (uint64_t)PTRDIFF_MAX / es, n1 = (uint64_t)(rows - 1);
+    return n1 == 0 ? (uint64_t)row <= limit : (uint64_t)stride <= (limit - (uint64_t)row) / n1;
+}
+static oscar_status stride_too_large(const char *fn, const char *name, int64_t stride, int64_t rows) {
+    return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                           "%s: %s %lld over %lld tokens spans more bytes than any buffer holds; pass the stride in "
+                           "elements between consecutive tokens (0 = dense)",
+                           fn, name, (long long)stride, (long long)rows);
+}
+
 oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache, const oscar_batch *batch,
                           const int32_t *cu_new, int32_t total_new, const void *k, const void *v, int64_t kv_stride,
                           void *workspace, size_t workspace_bytes, void *stream) {
@@ -363,6 +449,8 @@ oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cache *cache,
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "oscar_append: kv_stride %lld is smaller than num_kv_heads*head_dim = %lld",
                                (long long)kv_stride, (long long)row);
+    const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    if (!span_fits(total_new, kv_stride, row, es)) return stride_too_large("oscar_append", "kv_stride", kv_stride, total_new);
     if (plan->rt->validate &&
         (s = validate_on_host(plan, "oscar_append", cache, batch, cu_new, total_new, stream)) != OSCAR_OK)
         return s;
@@ -389,6 +477,11 @@ oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache,
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "oscar_decode: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld",
                                (long long)q_stride, (long long)out_stride, (long long)row);
+    const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    if (!span_fits(batch->num_seqs, q_stride, row, es))
+        return stride_too_large("oscar_decode", "q_stride", q_stride, batch->num_seqs);
+    if (!span_fits(batch->num_seqs, out_stride, row, es))
+        return stride_too_large("oscar_decode", "out_stride", out_stride, batch->num_seqs);
     if (!(sm_scale >= 0.0f) || isinf(sm_scale))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_decode: sm_scale must be finite and >= 0 (0 = 1/sqrt(d))");
     if (sm_scale == 0.0f) sm_scale = 1.0f / sqrtf((float)plan->layout.head_dim);
@@ -451,6 +544,8 @@ oscar_status oscar_extend(oscar_plan *plan, int layer, const oscar_cache *cache,
                                "%s: q_stride %lld / out_stride %lld smaller than num_q_heads*head_dim = %lld", fn,
                                (long long)x.q_stride, (long long)x.out_stride, (long long)row);
     const size_t es = oscar_dtype_size(plan->layout.kv_dtype);
+    if (!span_fits(x.total_q, x.q_stride, row, es)) return stride_too_large(fn, "q_stride", x.q_stride, x.total_q);
+    if (!span_fits(x.total_q, x.out_stride, row, es)) return stride_too_large(fn, "out_stride", x.out_stride, x.total_q);
     /* A stride whose byte count wraps around would pass the size check: such a
      * call needs more than any buffer holds. */
     const size_t n1 = (size_t)(x.total_q - 1);

@@ -145,3 +145,35 @@ Test(abi, runtime_destroyed_before_its_plan) {
     cr_expect_eq(oscar_plan_workspace_bytes(p2, 4, 1024, &ws), OSCAR_OK, "%s", oscar_last_error());
     oscar_plan_destroy(p2); /* the last holder: frees the runtime (LeakSanitizer checks) */
 }
+
+/* A struct never filled by its *_default() holds garbage in struct_size. A
+ * huge one made the library scan that many bytes past the caller's struct
+ * for a set "newer field" (ASan: heap-buffer-overflow; without ASan a fault
+ * or a message telling the caller to update liboscar). Sizes beyond any
+ * version's are refused at once, saying to fill the struct first. */
+Test(abi, garbage_struct_size_is_refused_without_reading_past_the_struct) {
+    const uint32_t garbage[] = {0x7fffffffu, 0xffffffffu, 1u << 20};
+    for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
+        oscar_layout_desc *l = malloc(sizeof *l);
+        cr_assert(l);
+        oscar_layout_default(l);
+        l->struct_size = garbage[i];
+        cr_expect_eq(oscar_layout_validate(l), OSCAR_ERR_VERSION, "struct_size %u", garbage[i]);
+        cr_expect(strstr(oscar_last_error(), "oscar_layout_default"), "message: %s", oscar_last_error());
+        free(l);
+        oscar_runtime_options *o = malloc(sizeof *o);
+        cr_assert(o);
+        oscar_runtime_options_default(o);
+        o->struct_size = garbage[i];
+        oscar_runtime *rt = NULL;
+        cr_expect_eq(oscar_runtime_create(o, &rt), OSCAR_ERR_VERSION, "struct_size %u", garbage[i]);
+        cr_expect(strstr(oscar_last_error(), "oscar_runtime_options_default"), "message: %s", oscar_last_error());
+        free(o);
+        oscar_attn_args *a = malloc(sizeof *a);
+        cr_assert(a);
+        oscar_attn_args_default(a);
+        a->struct_size = garbage[i];
+        cr_expect_eq(oscar_extend(NULL, 0, NULL, NULL, a), OSCAR_ERR_VERSION, "struct_size %u", garbage[i]);
+        free(a);
+    }
+}

@@ -58,6 +58,8 @@ typedef struct rig {
     int32_t pps;
 } rig;
 
+static oscar_dtype g_meta = OSCAR_DTYPE_F16; /* the rig's metadata dtype */
+
 static int required(const char *name) {
     const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
     return r && strstr(r, name);
@@ -114,6 +116,7 @@ static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype k
     r->l.max_seq_len = LEN;
     r->l.kv_dtype = kvt;
     r->l.method = m;
+    r->l.meta_dtype = g_meta;
     cr_assert_eq(oscar_plan_create(r->rt, &r->l, NULL, &r->plan), OSCAR_OK, "%s", oscar_last_error());
     oscar_layout_sizes sz;
     cr_assert_eq(oscar_layout_sizes_get(&r->l, &sz), OSCAR_OK);
@@ -281,6 +284,62 @@ Test(bad_input, hostile_cu_new_refused_without_overflow) {
     }
 }
 
+/* Strides whose byte offsets wrap around (or run past any buffer's
+ * possible size): q_stride / out_stride of a decode, kv_stride of an append,
+ * q_stride of an extend, and out_stride with out_bytes = SIZE_MAX. They
+ * were accepted and the CPU backend read or wrote just before the buffer
+ * (ASan: heap-buffer-overflow). Refused at the call naming the stride, with
+ * nothing written. */
+Test(bad_input, hostile_strides_refused_before_any_access) {
+    for (int val = 0; val < 2; val++) {
+        rig r;
+        cr_assert(rig_open(&r, "cpu", OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, val));
+        rig_fill(&r, r.k, r.kv_elems, 1.0f);
+        rig_fill(&r, r.v, r.kv_elems, 1.0f);
+        rig_fill(&r, r.q, r.q_elems, 1.0f);
+        cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+        oscar_cache c = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        const int64_t bad[] = {INT64_MAX, INT64_MAX / 2 + 1, (int64_t)1 << 62};
+        for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+            oscar_status s = oscar_decode(r.plan, 0, &c, &b, r.q, bad[k], r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: decode q_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "q_stride"), "message: %s", oscar_last_error());
+            s = oscar_decode(r.plan, 0, &c, &b, r.q, 0, r.out, bad[k], 0.0f, 0, r.ws, r.ws_bytes, NULL);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: decode out_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "out_stride"), "message: %s", oscar_last_error());
+            s = oscar_append(r.plan, 0, &c, &b, r.cu, SEQ * LEN, r.k, r.v, bad[k], r.ws, r.ws_bytes, NULL);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: append kv_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "kv_stride"), "message: %s", oscar_last_error());
+            oscar_attn_args a;
+            oscar_attn_args_default(&a);
+            a.total_q = SEQ;
+            a.max_q_len = 1;
+            a.q = r.q;
+            a.q_stride = bad[k];
+            a.out = r.out;
+            a.out_bytes = r.q_elems * 2;
+            a.workspace = r.ws;
+            a.workspace_bytes = r.ws_bytes;
+            s = oscar_extend(r.plan, 0, &c, &b, &a);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: extend q_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "q_stride"), "message: %s", oscar_last_error());
+            a.q_stride = 0;
+            a.out_stride = bad[k];
+            a.out_bytes = SIZE_MAX; /* a size no buffer has: the stride is still refused */
+            s = oscar_extend(r.plan, 0, &c, &b, &a);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "validate %d: extend out_stride %lld: %d (%s)", val,
+                         (long long)bad[k], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "out_stride"), "message: %s", oscar_last_error());
+        }
+        rig_close(&r);
+    }
+}
+
 /* A layout without 16-bit windows (sink 0, recent 0) has window_slot_bytes
  * 0: no window pool nor slots are needed, and leaving them out is not a bad
  * input (the runtime refused it, the CPU backend wanted window_slots it
@@ -443,7 +502,7 @@ static void extend_bad_case(const char *backend, int validate) {
     host[nh].a = a, host[nh].a.out_stride = 2 * 64 + 8, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
     host[nh++].field = "out_bytes"; /* a padded stride no longer fits the buffer */
     host[nh].a = a, host[nh].a.out_stride = INT64_MAX, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
-    host[nh++].field = "out_bytes"; /* its byte count wraps around: not a small buffer's worth */
+    host[nh++].field = "out_stride"; /* its byte count wraps around: no buffer's stride */
     host[nh].a = a, host[nh].a.total_q = 0, host[nh].want = OSCAR_ERR_EMPTY, host[nh++].field = "total_q";
     host[nh].a = a, host[nh].a.max_q_len = 0, host[nh].want = OSCAR_ERR_INVALID_ARGUMENT,
     host[nh++].field = "max_q_len";
@@ -491,6 +550,69 @@ Test(bad_input, extend_refusals_cuda, .timeout = 300) {
 Test(bad_input, extend_refusals_hip, .timeout = 300) {
     extend_bad_case("hip", 0);
     extend_bad_case("hip", 1);
+}
+
+/* OpenCL buffers are cl_mem handles whose sizes the plugin can ask for: a
+ * call whose counts need more than a buffer holds (out of 16 bytes for 2
+ * query rows, a page pool smaller than num_pages pages, a workspace smaller
+ * than workspace_bytes, ...) ran the kernels past the buffer: heap
+ * corruption on PoCL ("free(): invalid pointer"), or reads of whatever lay
+ * behind it. Refused before any launch, naming the buffer and both sizes. */
+Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout = 300) {
+    rig r;
+    if (!rig_open(&r, "opencl", OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("opencl not available");
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
+    void *small = dev(&r, NULL, 16), *tiny = dev(&r, NULL, 4); /* tiny: less than SEQ int32 */
+    for (int k = 0; k < 11; k++) {
+        oscar_cache c = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        void *q = r.q, *out = r.out, *kk = r.k, *cu = r.cu;
+        size_t wsb = r.ws_bytes;
+        const char *name = "";
+        int append = 0;
+        oscar_status want = OSCAR_ERR_INVALID_ARGUMENT;
+        switch (k) {
+        case 0: out = small, name = "out"; break;
+        case 1: q = small, name = "q"; break;
+        case 2: c.pages = small, name = "pages"; break;
+        case 3: c.pages = small, name = "pages", append = 1; break;
+        case 4: c.windows = small, name = "windows"; break;
+        case 5: b.block_table = small, name = "block_table"; break;
+        case 6: b.seq_lens = tiny, name = "seq_lens"; break;
+        case 7: b.window_slots = tiny, name = "window_slots", append = 1; break;
+        case 8: kk = small, name = "k", append = 1; break;
+        case 9: cu = tiny, name = "cu_new", append = 1; break;
+        case 10: wsb = r.ws_bytes + 4096, name = "workspace", want = OSCAR_ERR_WORKSPACE; break;
+        }
+        oscar_status s = append ? oscar_append(r.plan, 0, &c, &b, cu, SEQ * LEN, kk, r.v, 0, r.ws, wsb, NULL)
+                                : oscar_decode(r.plan, 0, &c, &b, q, 0, out, 0, 0.0f, 0, r.ws, wsb, NULL);
+        cr_expect_eq(s, want, "case %d (%s): status %d (%s)", k, name, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), name), "case %d: message does not name %s: %s", k, name,
+                  oscar_last_error());
+        cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "case %d: a kernel ran: %s", k,
+                     oscar_last_error());
+    }
+    /* extend: lse and the cu_q of a call are checked the same way */
+    oscar_attn_args a;
+    oscar_attn_args_default(&a);
+    a.total_q = SEQ, a.max_q_len = 1, a.q = r.q, a.out = r.out, a.out_bytes = r.q_elems * 2, a.lse = tiny,
+    a.lse_bytes = 4096, a.workspace = r.ws, a.workspace_bytes = r.ws_bytes;
+    oscar_cache c = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    cr_expect_eq(oscar_extend(r.plan, 0, &c, &b, &a), OSCAR_ERR_INVALID_ARGUMENT, "%s", oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "lse"), "message: %s", oscar_last_error());
+    a.lse = NULL, a.lse_bytes = 0, a.cu_q = tiny;
+    cr_expect_eq(oscar_extend(r.plan, 0, &c, &b, &a), OSCAR_ERR_INVALID_ARGUMENT, "%s", oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "cu_q"), "message: %s", oscar_last_error());
+    cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
+    oscar_buffer_free(r.rt, small);
+    oscar_buffer_free(r.rt, tiny);
+    rig_close(&r);
 }
 
 /* ------------------------------------------------------------- parameters */
@@ -634,3 +756,190 @@ Test(bad_input, wide_codes_cpu) { wide_codes_case("cpu"); }
 Test(bad_input, wide_codes_refused_opencl, .timeout = 300) { wide_codes_case("opencl"); }
 Test(bad_input, wide_codes_refused_cuda, .timeout = 300) { wide_codes_case("cuda"); }
 Test(bad_input, wide_codes_refused_hip, .timeout = 300) { wide_codes_case("hip"); }
+
+/* ----------------------------------------------------------------- layout */
+/* oscar_layout_pages_for takes any int64 length: INT64_MAX overflowed the
+ * ceiling division's n + P - 1 (signed overflow, UBSan aborts; the result
+ * was negative). Every length gives ceil(paged tokens / P), exactly. */
+Test(bad_input, pages_for_huge_lengths_without_overflow) {
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    for (int m = 0; m < 2; m++) {
+        l.method = m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_INT2;
+        const int64_t paged_off = m ? 0 : l.sink + l.recent;
+        const int64_t lens[] = {INT64_MAX, INT64_MAX - 1, INT64_MAX - 63, (int64_t)1 << 62, 1000, 0};
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+            int64_t pages = -1;
+            cr_assert_eq(oscar_layout_pages_for(&l, lens[i], &pages), OSCAR_OK, "%s", oscar_last_error());
+            int64_t n = lens[i] > paged_off ? lens[i] - paged_off : 0;
+            cr_expect_eq(pages, n / 64 + (n % 64 != 0), "method %d length %lld: %lld pages", m, (long long)lens[i],
+                         (long long)pages);
+        }
+        double bits = 0.0;
+        cr_expect_eq(oscar_layout_bits_per_element(&l, INT64_MAX, &bits), OSCAR_OK);
+        cr_expect(bits > 0.0 && bits <= 16.0, "bits %g", bits);
+    }
+}
+
+/* A finite bf16 row whose group spread overflows fp32 (values near +-3.4e38)
+ * with F32 metadata: the CPU reference saturates the scale to +-65504 like
+ * F16 metadata (finite metadata, FORMAT.md 2.2), the generated write path kept
+ * Inf, so OpenCL stored other bytes than the CPU and its decode returned NaN
+ * (every output, from finite input) where the CPU's was finite. */
+static void extreme_spread_pages(const char *backend, unsigned char **pages, size_t *n, uint16_t *out) {
+    rig r;
+    g_meta = OSCAR_DTYPE_F32;
+    int ok = rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, 0);
+    g_meta = OSCAR_DTYPE_F16;
+    if (!ok) {
+        *pages = NULL;
+        return;
+    }
+    uint16_t *h = malloc(r.kv_elems * 2);
+    cr_assert(h);
+    for (size_t i = 0; i < r.kv_elems; i++) h[i] = 0x3f80; /* 1.0 */
+    for (int j = 0; j < 64; j++) h[20 * 64 + j] = (j & 1) ? 0x7f7f : 0xff7f; /* token 20 (2-bit): +-3.39e38 */
+    cr_assert_eq(oscar_buffer_write(r.rt, r.v, 0, h, r.kv_elems * 2, NULL), OSCAR_OK);
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    memset(h, 0, r.q_elems * 2); /* q = 0: every score 0, the output the mean of V */
+    cr_assert_eq(oscar_buffer_write(r.rt, r.q, 0, h, r.q_elems * 2, NULL), OSCAR_OK);
+    free(h);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(&r.l, &sz), OSCAR_OK);
+    *n = sz.page_bytes * (size_t)(SEQ * r.pps);
+    *pages = malloc(*n);
+    cr_assert(*pages);
+    cr_assert_eq(oscar_buffer_read(r.rt, *pages, r.pages, 0, *n, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_read(r.rt, out, r.out, 0, r.q_elems * 2, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_synchronize(r.rt, NULL), OSCAR_OK);
+    rig_close(&r);
+}
+Test(bad_input, extreme_rows_with_f32_metadata_store_the_same_bytes, .timeout = 300) {
+    unsigned char *cpu, *ocl;
+    size_t n_cpu = 0, n_ocl = 0;
+    uint16_t out_cpu[SEQ * 2 * 64], out_ocl[SEQ * 2 * 64];
+    extreme_spread_pages("cpu", &cpu, &n_cpu, out_cpu);
+    cr_assert(cpu);
+    for (int i = 0; i < SEQ * 2 * 64; i++) cr_expect(isfinite(to_f32(out_cpu[i])), "cpu out[%d] not finite", i);
+    extreme_spread_pages("opencl", &ocl, &n_ocl, out_ocl);
+    if (!ocl) {
+        free(cpu);
+        cr_skip_test("opencl not available");
+    }
+    cr_assert_eq(n_cpu, n_ocl);
+    size_t first = n_cpu;
+    for (size_t i = 0; i < n_cpu && first == n_cpu; i++)
+        if (cpu[i] != ocl[i]) first = i;
+    cr_expect_eq(first, n_cpu, "opencl pages differ from the cpu's from byte %zu", first);
+    for (int i = 0; i < SEQ * 2 * 64; i++)
+        cr_expect(isfinite(to_f32(out_ocl[i])), "opencl out[%d] = %g from finite input", i, (double)to_f32(out_ocl[i]));
+    free(cpu);
+    free(ocl);
+}
+
+/* cu_new ending past total_new ({0, 50, 150} with total_new 100): sequence
+ * 1 claims 100 new rows of which only 50 are given. The CPU backend refuses
+ * it; GPU kernels without validation stored the 100 rows they had, flagged
+ * nothing and left sequence 1's last 50 positions stale (status OK, check
+ * OK: a silently wrong cache), and validate = 1 let it through too. Now the
+ * kernels flag it (oscar_plan_check: OSCAR_ERR_TOO_LONG) and validate = 1
+ * refuses it at the call with the CPU's code. */
+static void cu_new_past_total_case(const char *backend, int validate) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate)) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    int32_t lens[SEQ] = {50, LEN}, cu[SEQ + 1] = {0, 50, 150};
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu, sizeof cu, NULL), OSCAR_OK);
+    oscar_cache c = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    const int gpu_flag = strcmp(backend, "cpu") && !validate;
+    oscar_status s = oscar_append(r.plan, 0, &c, &b, r.cu, 100, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    if (gpu_flag) {
+        cr_expect_eq(s, OSCAR_OK, "%s: %s", backend, oscar_last_error());
+        s = oscar_plan_check(r.plan, r.ws, NULL);
+        cr_expect_eq(s, OSCAR_ERR_TOO_LONG, "%s validate 0: check gave %d (%s)", backend, s, oscar_last_error());
+    } else {
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s validate %d: %d (%s)", backend, validate, s,
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "end at total_new"), "%s validate %d: %s", backend, validate,
+                  oscar_last_error());
+        cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK);
+    }
+    rig_close(&r);
+}
+Test(bad_input, cu_new_ending_past_total_new_is_not_silent, .timeout = 300) {
+    const char *b[] = {"cpu", "opencl", "cuda", "hip"};
+    for (int i = 0; i < 4; i++)
+        for (int val = 0; val < 2; val++) cu_new_past_total_case(b[i], val);
+}
+
+/* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
+ * bytes) failed (-61)"; the message now names the limit and what to change. */
+Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "opencl";
+    oscar_runtime *rt;
+    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
+        cr_assert(!required("opencl"), "%s", oscar_last_error());
+        cr_skip_test("opencl not available");
+    }
+    void *b = NULL;
+    cr_expect_eq(oscar_buffer_alloc(rt, (size_t)1 << 62, &b), OSCAR_ERR_OUT_OF_MEMORY);
+    cr_expect(strstr(oscar_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"), "message: %s", oscar_last_error());
+    oscar_runtime_destroy(rt);
+}
+
+/* Two sequences of one append writing the same window slot or the same page
+ * (an engine's allocator bug): every backend wrote both, one over the other,
+ * status OK, even with validate = 1. validate = 1 now refuses it with
+ * OSCAR_ERR_BLOCK_TABLE naming the slot or page and both sequences, before
+ * anything is written. A sequence with no new tokens writes nothing, so it
+ * may share (a prefix's pages, a slot being handed over). */
+static void aliasing_case(const char *backend) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, 1)) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    oscar_cache c = rig_cache(&r);
+    int32_t lens[SEQ] = {LEN, LEN}, cu[SEQ + 1] = {0, LEN, 2 * LEN}, slots[SEQ] = {0, 1};
+    int32_t *bt = malloc(sizeof(int32_t) * SEQ * (size_t)r.pps);
+    cr_assert(bt);
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    void *d_bt = dev(&r, bt, sizeof(int32_t) * SEQ * (size_t)r.pps), *d_slots = dev(&r, slots, sizeof slots);
+    void *d_lens = dev(&r, lens, sizeof lens), *d_cu = dev(&r, cu, sizeof cu);
+    oscar_batch b = {SEQ, d_lens, d_slots, d_bt, r.pps, LEN};
+    /* 1: both sequences in window slot 0 */
+    slots[1] = 0;
+    cr_assert_eq(oscar_buffer_write(r.rt, d_slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+    oscar_status s = oscar_append(r.plan, 0, &c, &b, d_cu, SEQ * LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s shared slot: %d (%s)", backend, s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "window slot 0"), "%s: %s", backend, oscar_last_error());
+    slots[1] = 1;
+    cr_assert_eq(oscar_buffer_write(r.rt, d_slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+    /* 2: sequence 1's second page is sequence 0's second page */
+    bt[r.pps + 1] = 1;
+    cr_assert_eq(oscar_buffer_write(r.rt, d_bt, 0, bt, sizeof(int32_t) * SEQ * (size_t)r.pps, NULL), OSCAR_OK);
+    s = oscar_append(r.plan, 0, &c, &b, d_cu, SEQ * LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s shared page: %d (%s)", backend, s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "page 1"), "%s: %s", backend, oscar_last_error());
+    /* 3: the same table, sequence 1 appending nothing: allowed */
+    int32_t lens3[SEQ] = {LEN, LEN}, cu3[SEQ + 1] = {0, LEN, LEN};
+    cr_assert_eq(oscar_buffer_write(r.rt, d_lens, 0, lens3, sizeof lens3, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, d_cu, 0, cu3, sizeof cu3, NULL), OSCAR_OK);
+    s = oscar_append(r.plan, 0, &c, &b, d_cu, LEN, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    cr_expect_eq(s, OSCAR_OK, "%s: a sequence without new tokens shares: %s", backend, oscar_last_error());
+    cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    void *bufs[] = {d_bt, d_slots, d_lens, d_cu};
+    for (int i = 0; i < 4; i++) oscar_buffer_free(r.rt, bufs[i]);
+    free(bt);
+    rig_close(&r);
+}
+Test(bad_input, validate_refuses_two_sequences_writing_one_slot_or_page, .timeout = 300) {
+    aliasing_case("cpu");
+    aliasing_case("opencl");
+}

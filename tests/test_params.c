@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -23,7 +24,7 @@ static uint64_t rnd(void) {
 static double urand(void) { return (double)(rnd() >> 11) * 0x1p-53; }
 static void seed_init(void) { g_seed = (uint64_t)time(NULL) * 2654435761u ^ (uint64_t)getpid() ^ 0x9e37ull; }
 
-static char g_dir[256];
+static char g_dir[256], g_path_concurrent[512];
 static void mk_dir(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/oscar_test_params_XXXXXX");
     cr_assert_not_null(mkdtemp(g_dir));
@@ -1098,4 +1099,65 @@ Test(params, feedback_corrupt_files_refused, .init = valid_fb_file, .fini = free
     g_fb_index = 5;
     g_fb_value = -16.0f;
     cr_assert_eq(load_mutated(m_fb_value, msg, sizeof msg), OSCAR_OK, "%s", msg);
+}
+
+/* Two writers saving to one path at once (a calibration retried while the
+ * first still runs, two engines sharing a cache folder) and a reader: both
+ * wrote PATH.tmp, so one writer's rename moved the other's half-written
+ * file into place and its own rename then failed ("No such file or
+ * directory (check disk space...)"): ~75 % of the saves failed and the
+ * reader loaded truncated files. Each save now has a temporary file of its
+ * own: every save succeeds and a reader sees one whole file or the other. */
+typedef struct saver_arg {
+    const oscar_params *p;
+    const char *path;
+    int fails;
+    char why[512];
+} saver_arg;
+static void *saver(void *v) {
+    saver_arg *a = v;
+    for (int i = 0; i < 40; i++)
+        if (oscar_params_save(a->p, a->path) != OSCAR_OK) {
+            a->fails++;
+            snprintf(a->why, sizeof a->why, "%s", oscar_last_error());
+        }
+    return NULL;
+}
+static volatile int g_stop;
+static void *loader(void *v) {
+    int *bad = v;
+    while (!g_stop) {
+        oscar_params *q = NULL;
+        if (oscar_params_load(g_path_concurrent, &q) != OSCAR_OK) (*bad)++;
+        oscar_params_destroy(q);
+    }
+    return NULL;
+}
+Test(params, concurrent_saves_to_one_path_are_each_whole, .init = mk_dir, .fini = rm_dir, .timeout = 120) {
+    oscar_params *p[2];
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 2, 2, 1, 64, &p[0]), OSCAR_OK);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 2, 2, 1, 64, &p[1]), OSCAR_OK);
+    snprintf(g_path_concurrent, sizeof g_path_concurrent, "%s/same.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p[0], g_path_concurrent), OSCAR_OK, "%s", oscar_last_error());
+    saver_arg a[2] = {{p[0], g_path_concurrent, 0, ""}, {p[1], g_path_concurrent, 0, ""}};
+    int bad = 0;
+    pthread_t t[3];
+    g_stop = 0;
+    cr_assert_eq(pthread_create(&t[2], NULL, loader, &bad), 0);
+    for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&t[i], NULL, saver, &a[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+    g_stop = 1;
+    pthread_join(t[2], NULL);
+    cr_expect_eq(a[0].fails + a[1].fails, 0, "%d and %d of 40 saves failed: %s%s", a[0].fails, a[1].fails, a[0].why,
+                 a[1].why);
+    cr_expect_eq(bad, 0, "the reader could not load %d of the files it saw", bad);
+    /* No temporary file is left beside it. */
+    DIR *dp = opendir(g_dir);
+    cr_assert(dp);
+    int files = 0;
+    for (struct dirent *e; (e = readdir(dp));) files += e->d_name[0] != '.';
+    closedir(dp);
+    cr_expect_eq(files, 1, "%d files in the folder (temporary files left behind)", files);
+    oscar_params_destroy(p[0]);
+    oscar_params_destroy(p[1]);
 }

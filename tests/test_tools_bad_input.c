@@ -410,3 +410,78 @@ Test(tools_bad_input, eval_storage_specs_are_checked_before_the_model_load, .tim
     cr_expect(strstr(out, "--params"), "message should name --params: %s", out);
     rmrf(dir);
 }
+
+/* oscar-eval --plot PATH ran `gnuplot 'PATH.gp'` through the shell and wrote
+ * `set output 'PATH'` into the script unquoted: a path with a single quote
+ * failed, and one like "a';touch PWNED;echo '.png" ran the command between
+ * the quotes. The path now reaches gnuplot as an argument and as a quoted
+ * gnuplot string. */
+Test(tools_bad_input, eval_plot_path_is_not_run_by_a_shell, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    cr_assert_eq(chdir(dir), 0); /* this test's own process: the injected command would run here */
+    int rc = run(out, sizeof out, 200,
+                 BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 "
+                 "--recent 16 --retrieval-trials 0 --out a.json --plot \"a';touch PWNED;echo '.png\"",
+                 g_model, g_tokens);
+    snprintf(path, sizeof path, "%s/PWNED", dir);
+    struct stat sb;
+    cr_expect(stat(path, &sb) != 0, "the --plot path was run as a shell command: %s", out);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    char have[8];
+    if (run(have, sizeof have, 10, "sh -c 'command -v gnuplot > /dev/null && echo y'") == 0 && have[0] == 'y') {
+        snprintf(path, sizeof path, "%s/a';touch PWNED;echo '.png", dir);
+        cr_expect(stat(path, &sb) == 0 && sb.st_size > 0, "the plot was not written: %s", out);
+    }
+    /* A newline cannot be in a gnuplot string: refused before the work. */
+    rc = run(out, sizeof out, 60,
+             BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                 "--retrieval-trials 0 --out b.json --plot \"$(printf 'x\\ny.png')\"",
+             g_model, g_tokens);
+    cr_expect_eq(rc, 2, "a newline in --plot: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--plot"), "message should name --plot: %s", out);
+    cr_assert_eq(chdir("/"), 0);
+    rmrf(dir);
+}
+
+/* An output path naming an input file (or another output): oscar-eval --out
+ * equal to --tokens overwrote the token file with the report after the whole
+ * evaluation, --out equal to --md ran everything and then wrote nothing
+ * ("cannot rename ... no report written"), oscar-calibrate --out equal to
+ * --tokens replaced the tokens with the parameters. Refused up front (exit
+ * 2), naming both flags, with the inputs untouched. */
+Test(tools_bad_input, outputs_never_overwrite_inputs_or_each_other, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128], link[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/t.tokens", dir);
+    size_t n;
+    char *t = slurp(g_tokens, &n);
+    spit(tok, t, 4096);
+    free(t);
+    snprintf(link, sizeof link, "%s/same.tokens", dir); /* another name of the same file */
+    cr_assert_eq(symlink(tok, link), 0);
+    const char *common = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    struct {
+        const char *outs, *want;
+    } cases[] = {
+        {"--out %s/t.tokens", "--tokens"},
+        {"--out %s/same.tokens", "--tokens"},
+        {"--out %s/r.json --md %s/r.json", "--md"},
+        {"--out %s/r.json --plot %s/r.json", "--plot"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char outs[512];
+        snprintf(outs, sizeof outs, cases[k].outs, dir, dir);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s %s", g_model, tok, common, outs);
+        cr_expect_eq(rc, 2, "case %zu (%s): exit %d: %s", k, outs, rc, out);
+        cr_expect(strstr(out, cases[k].want), "case %zu: message should name %s: %s", k, cases[k].want, out);
+    }
+    int rc = run(out, sizeof out, 120, BIN "/oscar-calibrate %s --tokens %s --out %s", g_model, tok, link);
+    cr_expect_eq(rc, 2, "calibrate --out = --tokens: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--tokens"), "message should name --tokens: %s", out);
+    struct stat sb;
+    cr_expect(stat(tok, &sb) == 0 && sb.st_size == 4096, "the token file was overwritten");
+    rmrf(dir);
+}

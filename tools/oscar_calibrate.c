@@ -275,6 +275,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "oscar-calibrate: --out %s; choose another --out\n", why);
             return 2;
         }
+        if (tool_same_file(out_path, tok_path)) { /* the parameters would replace the tokens */
+            fprintf(stderr, "oscar-calibrate: --out and --tokens name the same file (%s); choose another --out\n",
+                    out_path);
+            return 2;
+        }
     }
     /* The engine reads OE_THREADS when its context is created. */
     if (threads > 0) {

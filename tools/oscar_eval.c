@@ -230,6 +230,7 @@ int main(int argc, char **argv)
             S.out_md = val;
         } else if (!strcmp(a, "--plot")) {
             NEED_VAL;
+            if (strpbrk(val, "\n\r")) return bad("--plot: the path holds a line break, which gnuplot cannot take%s%s", "", "");
             S.out_plot = val;
         } else if (!strcmp(a, "--retrieval-source")) {
             NEED_VAL;
@@ -276,6 +277,23 @@ int main(int argc, char **argv)
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
+        /* Written after the whole evaluation: over an input it would destroy it,
+         * over another output neither would survive. */
+        const char *ins[3] = {S.tokens_path, S.params_path, S.params_lm_path},
+                   *inflags[3] = {"--tokens", "--params", "--params-lm"};
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++) {
+                char what[64];
+                snprintf(what, sizeof what, "%s and %s", flags[i], inflags[j]);
+                if (outs[i] && tool_same_file(outs[i], ins[j]))
+                    return bad("%s name the same file (%s): the report would overwrite the input; choose "
+                               "another output path",
+                               what, outs[i]);
+                if (j > i && outs[i] && tool_same_file(outs[i], outs[j])) {
+                    snprintf(what, sizeof what, "%s and %s", flags[i], flags[j]);
+                    return bad("%s name the same file (%s): give each output its own path", what, outs[i]);
+                }
+            }
     }
 
     /* Methods first: a typo should not cost a model load. */

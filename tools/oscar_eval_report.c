@@ -1,10 +1,15 @@
 /* oscar-eval reports: report.json (jansson), a Markdown table and a gnuplot
  * PNG of bits per element against KL. */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+
+extern char **environ;
 
 #include "oscar_eval.h"
 
@@ -252,6 +257,31 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
 
 /* Plot: one labelled point per (non-ablation) method; BF16 has KL 0 and
  * cannot sit on a log axis, so it is left out (said in the title). */
+/* s as a gnuplot single-quoted string (a quote inside is doubled): a file
+ * name is data in the script, never syntax. */
+static void gp_string(FILE *f, const char *s)
+{
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputc('\'', f);
+        fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+/* Runs gnuplot on script without a shell (the path is an argument, not
+ * command text); 0 when it exited with status 0. */
+static int run_gnuplot(const char *script)
+{
+    char *argv[] = {(char *)"gnuplot", (char *)script, NULL};
+    pid_t pid;
+    if (posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ) != 0) return -1;
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
 int ev_write_plot(const ev_run *R, const ev_settings *S)
 {
     if (system("command -v gnuplot > /dev/null 2>&1") != 0) {
@@ -260,9 +290,9 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
         return 0;
     }
     size_t len = strlen(S->out_plot) + 8;
-    char *dat = malloc(len), *gp = malloc(len), *cmd = malloc(2 * len + 64);
-    if (!dat || !gp || !cmd) {
-        free(dat), free(gp), free(cmd);
+    char *dat = malloc(len), *gp = malloc(len);
+    if (!dat || !gp) {
+        free(dat), free(gp);
         return 1;
     }
     snprintf(dat, len, "%s.dat", S->out_plot);
@@ -288,10 +318,10 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
     const char *term = system("gnuplot -e 'set terminal pngcairo' > /dev/null 2>&1") == 0 ? "pngcairo" : "png";
     f = fopen(gp, "w");
     if (!f) goto out;
+    fprintf(f, "set terminal %s size 900,600\nset output ", term);
+    gp_string(f, S->out_plot);
     fprintf(f,
-            "set terminal %s size 900,600\n"
-            "set output '%s'\n"
-            "set title \"KL(p_bf16 || p_method) per token vs bits per element\\ncontext %d, sink %d, recent %d "
+            "\nset title \"KL(p_bf16 || p_method) per token vs bits per element\\ncontext %d, sink %d, recent %d "
             "(bf16: 16 bits, KL 0, not shown)\" noenhanced\n"
             "set xlabel 'bits per element (quantized region, metadata counted)'\n"
             "set ylabel 'mean KL per token (nats), log scale'\n"
@@ -303,12 +333,16 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
             "pts = \"5 7 9 11 13 15 4 6 8 10 12 14\"\n"
             "cols = \"#1b9e77 #d95f02 #7570b3 #e7298a #66a61e #a6761d #000000 #666666 #1f78b4 #b2df8a #fb9a99 "
             "#cab2d6\"\n"
-            "plot for [i=1:words(names)] '%s' every ::(i-1)::(i-1) using 2:3 with points "
-            "pt int(word(pts, (i - 1) %% 12 + 1)) ps 2 lc rgb word(cols, (i - 1) %% 12 + 1) title word(names, i)\n",
-            term, S->out_plot, S->ctx, S->sink, S->recent, names, dat);
-    fclose(f);
-    snprintf(cmd, 2 * len + 64, "gnuplot '%s'", gp);
-    if (system(cmd) != 0) {
+            "plot for [i=1:words(names)] ",
+            S->ctx, S->sink, S->recent, names);
+    gp_string(f, dat);
+    fprintf(f, " every ::(i-1)::(i-1) using 2:3 with points pt int(word(pts, (i - 1) %% 12 + 1)) ps 2 lc rgb "
+               "word(cols, (i - 1) %% 12 + 1) title word(names, i)\n");
+    if (fclose(f) != 0) {
+        fprintf(stderr, "oscar-eval: error writing %s; the plot was not written\n", gp);
+        goto out;
+    }
+    if (run_gnuplot(gp) != 0) {
         fprintf(stderr, "oscar-eval: gnuplot failed on %s; the plot was not written\n", gp);
         goto out;
     }
@@ -316,6 +350,5 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
 out:
     free(dat);
     free(gp);
-    free(cmd);
     return rc;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "gpu_core.h"
+#include "oscar_format.h" /* page geometry: the sizes a call's buffers must hold */
 
 extern const char oscar_opencl_source[];
 extern const size_t oscar_opencl_source_len;
@@ -149,9 +150,17 @@ static oscar_status ocl_alloc(void *ctx, size_t bytes, void **buf, oscar_errbuf 
     cl_int rc;
     if (!buf) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl alloc: buf is NULL");
     cl_mem m = clCreateBuffer(c->context, CL_MEM_READ_WRITE, bytes ? bytes : 16, NULL, &rc);
-    if (rc != CL_SUCCESS)
-        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl alloc: clCreateBuffer(%zu bytes) failed (%d)",
-                                bytes, (int)rc);
+    if (rc != CL_SUCCESS) {
+        /* Name the device's limits: -61 (CL_INVALID_BUFFER_SIZE) alone tells no caller what to change. */
+        cl_ulong max_alloc = 0, global = 0;
+        clGetDeviceInfo(c->device, CL_DEVICE_MAX_MEM_ALLOC_SIZE, sizeof max_alloc, &max_alloc, NULL);
+        clGetDeviceInfo(c->device, CL_DEVICE_GLOBAL_MEM_SIZE, sizeof global, &global, NULL);
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY,
+                                "opencl alloc: clCreateBuffer(%zu bytes) failed (%d); the device allows buffers of "
+                                "up to %llu bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE) and has %llu bytes in all: "
+                                "allocate less (fewer sequences, pages or a shorter max_seq_len)",
+                                bytes, (int)rc, (unsigned long long)max_alloc, (unsigned long long)global);
+    }
     *buf = m;
     return OSCAR_OK;
 }
@@ -306,12 +315,169 @@ static oscar_status ocl_launch(void *ctx, const void *kernel, unsigned gx, unsig
 static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_launch, ocl_compute_units,
                                     ocl_alloc, ocl_free,   ocl_write,   ocl_read,   ocl_sync,  NULL, NULL};
 
+/* ------------------------------------------------------ buffer sizes */
+/* A cl_mem knows its size, so every buffer of a call is checked against
+ * what the call's counts make the kernels touch before anything is
+ * launched: a count larger than its buffer would run the kernels past it
+ * (heap corruption on a CPU device, a fault or garbage on a GPU). The
+ * plugin's plan wraps the shared GPU plan with the sizes this needs. */
+typedef struct ocl_plan {
+    void *gpu; /* gpu_core's plan */
+    oscar_layout_desc l;
+    size_t page_bytes, slot_bytes, es;
+    int windowed; /* window slots and pool are read */
+} ocl_plan;
+
+static oscar_status ocl_plan_create(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
+                                    size_t variant_len, oscar_errbuf *err) {
+    if (!desc || !bplan) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl plan: NULL descriptor");
+    ocl_plan *op = calloc(1, sizeof *op);
+    if (!op) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl plan: out of host memory");
+    oscar_status s = gpu_plan_create(ctx, desc, &op->gpu, variant, variant_len, err);
+    if (s != OSCAR_OK) {
+        free(op);
+        return s;
+    }
+    oscar_page_geom g;
+    oscar_page_geom_init(&desc->layout, &g);
+    op->l = desc->layout;
+    op->page_bytes = g.page_bytes;
+    op->slot_bytes = g.window_slot_bytes;
+    op->es = desc->layout.kv_dtype == OSCAR_DTYPE_F32 ? 4 : 2;
+    op->windowed = desc->layout.method != OSCAR_METHOD_BF16 && desc->layout.sink + desc->layout.recent > 0;
+    *bplan = op;
+    return OSCAR_OK;
+}
+static void ocl_plan_destroy(void *ctx, void *bplan) {
+    ocl_plan *op = bplan;
+    if (!op) return;
+    gpu_plan_destroy(ctx, op->gpu);
+    free(op);
+}
+static void *gpu_of(void *bplan) { return bplan ? ((ocl_plan *)bplan)->gpu : NULL; }
+static oscar_status ocl_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_seq_len, size_t *bytes,
+                                        oscar_errbuf *err) {
+    return gpu_workspace_bytes(ctx, gpu_of(bplan), max_seqs, max_seq_len, bytes, err);
+}
+static oscar_status ocl_workspace_init(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err) {
+    return gpu_workspace_init(ctx, gpu_of(bplan), workspace, stream, err);
+}
+static oscar_status ocl_check(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err) {
+    return gpu_check(ctx, gpu_of(bplan), workspace, stream, err);
+}
+
+/* a * b * c, or SIZE_MAX where it would wrap (no buffer is that large). */
+static size_t mul3(size_t a, size_t b, size_t c) {
+    if (b && a > SIZE_MAX / b) return SIZE_MAX;
+    a *= b;
+    return c && a > SIZE_MAX / c ? SIZE_MAX : a * c;
+}
+/* Bytes of rows tokens stride elements apart, the last one row wide. */
+static size_t rows_bytes(int64_t rows, int64_t stride, int64_t row, size_t es) {
+    if (rows < 1) return 0;
+    size_t n = mul3((size_t)(rows - 1), (size_t)stride, 1);
+    return n > SIZE_MAX - (size_t)row ? SIZE_MAX : mul3(n + (size_t)row, es, 1);
+}
+/* OK when buffer m (NULL: not used by this call) holds need bytes. */
+static oscar_status mem_holds(const char *fn, const char *name, const void *m, size_t need, oscar_status code,
+                              oscar_errbuf *err) {
+    if (!m || !need) return OSCAR_OK;
+    size_t have = 0;
+    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof have, &have, NULL);
+    if (rc != CL_SUCCESS)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: %s is not a cl_mem of this runtime (clGetMemObjectInfo: %d); pass "
+                                "buffers from oscar_buffer_alloc or the runtime's native context",
+                                fn, name, (int)rc);
+    if (have < need)
+        return oscar_errbuf_set(err, code,
+                                "opencl %s: %s holds %zu bytes but the call's counts need %zu; nothing was run "
+                                "(pass a larger buffer or the counts that describe it)",
+                                fn, name, have, need);
+    return OSCAR_OK;
+}
+/* Buffers every call reads: the cache pools, the batch's index arrays, the workspace. */
+static oscar_status check_batch_buffers(const ocl_plan *op, const char *fn, const oscar_cache *c,
+                                        const oscar_batch *b, const void *ws, size_t ws_bytes, oscar_errbuf *err) {
+    const size_t ns = b->num_seqs > 0 ? (size_t)b->num_seqs : 0;
+    const size_t stride = b->block_table_stride > 0 ? (size_t)b->block_table_stride : 0;
+    oscar_status s;
+    if ((s = mem_holds(fn, "cache.pages", c->pages, mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0,
+                                                                    op->page_bytes, 1),
+                       OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (op->windowed &&
+         (s = mem_holds(fn, "cache.windows", c->windows,
+                        mul3(c->num_window_slots > 0 ? (size_t)c->num_window_slots : 0, op->slot_bytes, 1),
+                        OSCAR_ERR_INVALID_ARGUMENT, err))) ||
+        (s = mem_holds(fn, "batch.seq_lens", b->seq_lens, mul3(ns, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (op->windowed && (s = mem_holds(fn, "batch.window_slots", b->window_slots, mul3(ns, 4, 1),
+                                        OSCAR_ERR_INVALID_ARGUMENT, err))) ||
+        (s = mem_holds(fn, "batch.block_table", b->block_table, mul3(ns, stride, 4), OSCAR_ERR_INVALID_ARGUMENT,
+                       err)) ||
+        (s = mem_holds(fn, "workspace", ws, ws_bytes, OSCAR_ERR_WORKSPACE, err)))
+        return s;
+    return OSCAR_OK;
+}
+
+static oscar_status ocl_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
+    const ocl_plan *op = bplan;
+    const char *fn = "oscar_append";
+    if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
+    const int64_t row = (int64_t)op->l.num_kv_heads * op->l.head_dim;
+    const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
+    oscar_status s;
+    if ((s = check_batch_buffers(op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, err)) ||
+        (s = mem_holds(fn, "cu_new", a->cu_new, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (s = mem_holds(fn, "k", a->k, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
+                       err)) ||
+        (s = mem_holds(fn, "v", a->v, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
+                       err)))
+        return s;
+    oscar_backend_append_args g = *a;
+    return gpu_append(ctx, op->gpu, &g, err);
+}
+
+static oscar_status ocl_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
+    const ocl_plan *op = bplan;
+    const char *fn = "oscar_decode";
+    if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
+    const int64_t row = (int64_t)op->l.num_q_heads * op->l.head_dim;
+    oscar_status s;
+    if ((s = check_batch_buffers(op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, err)) ||
+        (s = mem_holds(fn, "q", a->q, rows_bytes(a->batch.num_seqs, a->q_stride, row, op->es),
+                       OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (s = mem_holds(fn, "out", a->out, rows_bytes(a->batch.num_seqs, a->out_stride, row, op->es),
+                       OSCAR_ERR_INVALID_ARGUMENT, err)))
+        return s;
+    return gpu_decode(ctx, op->gpu, a, err);
+}
+
+static oscar_status ocl_extend(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err) {
+    const ocl_plan *op = bplan;
+    const char *fn = "oscar_extend";
+    if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
+    const int64_t row = (int64_t)op->l.num_q_heads * op->l.head_dim;
+    const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
+    const size_t tq = a->total_q > 0 ? (size_t)a->total_q : 0;
+    oscar_status s;
+    if ((s = check_batch_buffers(op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, err)) ||
+        (s = mem_holds(fn, "cu_q", a->cu_q, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (s = mem_holds(fn, "q", a->q, rows_bytes(a->total_q, a->q_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
+                       err)) ||
+        (s = mem_holds(fn, "out", a->out, rows_bytes(a->total_q, a->out_stride, row, op->es),
+                       OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (s = mem_holds(fn, "lse", a->lse, mul3(tq, (size_t)op->l.num_q_heads, sizeof(float)),
+                       OSCAR_ERR_INVALID_ARGUMENT, err)))
+        return s;
+    return gpu_extend(ctx, op->gpu, a, err);
+}
+
 static const oscar_backend_api k_api = {
     OSCAR_BACKEND_ABI_VERSION, "opencl",           ocl_probe,       ocl_init,
     ocl_shutdown,              ocl_device_name,    ocl_alloc,       ocl_free,
-    ocl_write,                 ocl_read,           ocl_sync,        gpu_plan_create,
-    gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
-    gpu_append,                gpu_decode,         gpu_extend};
+    ocl_write,                 ocl_read,           ocl_sync,        ocl_plan_create,
+    ocl_plan_destroy,          ocl_workspace_bytes, ocl_workspace_init, ocl_check,
+    ocl_append,                ocl_decode,         ocl_extend};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }
 

@@ -13,7 +13,9 @@
  *    cl_mem handle cast to void* on OpenCL, plain host memory on the CPU
  *    backend. The caller owns all device memory passed in (KV pools, block
  *    tables, activations, workspace). The library allocates only in *_create
- *    calls (never on the hot path: oscar_append, oscar_decode).
+ *    calls (never on the hot path: oscar_append, oscar_decode). Counts and
+ *    strides passed with a buffer must describe it: only OpenCL can check
+ *    (a cl_mem knows its size; a smaller one is refused, naming it).
  *  - `stream` is the backend's native queue (cudaStream_t, hipStream_t,
  *    cl_command_queue) or NULL for the backend's default queue; the CPU backend
  *    ignores it and runs synchronously. Device calls are asynchronous with
@@ -181,7 +183,8 @@ OSCAR_API oscar_status oscar_params_create_builtin(oscar_method method, int num_
  * Truncated, corrupt, oversized or inconsistent files are refused with
  * OSCAR_ERR_CORRUPT_FILE / OSCAR_ERR_VERSION. Caller destroys. */
 OSCAR_API oscar_status oscar_params_load(const char *path, oscar_params **out);
-/* Writes atomically (temporary file + rename). */
+/* Writes atomically (a temporary file of its own beside path, then rename):
+ * readers, and other saves to the same path, see one whole file. */
 OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path);
 OSCAR_API void oscar_params_destroy(oscar_params *p);
 OSCAR_API oscar_status oscar_params_get_info(const oscar_params *p, oscar_params_info *out);
@@ -451,7 +454,9 @@ typedef struct oscar_runtime_options {
     const char *plugin_dir; /* extra folder searched first for plugins, or NULL */
     int32_t device_index;   /* GPU ordinal (default 0) */
     int32_t validate;       /* 1: check block tables and lengths on the host
-                               before every device call (slow, for debugging) */
+                               before every device call, and that no page or
+                               window slot is written twice by one append
+                               (slow, for debugging) */
     oscar_log_fn log;       /* discovery log, or NULL */
     void *log_user;
     /* Added after the first release (struct_size tells them apart). */

@@ -7,6 +7,7 @@ a header change that is not mirrored here fails at import, not in a call.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int32, c_int64, c_size_t,
                     c_uint32, c_void_p)
@@ -17,21 +18,71 @@ c_int32_p = POINTER(c_int32)
 c_float_p = POINTER(c_float)
 c_double_p = POINTER(c_double)
 
+# ctypes stores a Python int into a C integer modulo 2^bits, silently: 2**32 + 8
+# heads would reach the library as 8. Every integer that goes in is checked
+# against its C type's range first (struct fields by name, arguments by position).
+_INT_RANGES = {t: ((-(1 << (8 * ctypes.sizeof(t) - 1)), (1 << (8 * ctypes.sizeof(t) - 1)) - 1)
+                   if t(-1).value < 0 else (0, (1 << (8 * ctypes.sizeof(t))) - 1))
+               for t in (c_int, c_int32, c_int64, c_uint32, c_size_t)}
+_INT_NAMES = {c_int: "int", c_int32: "int32_t", c_int64: "int64_t", c_uint32: "uint32_t", c_size_t: "size_t"}
 
-class LayoutDesc(Structure):
+
+def checked_int(value, ctype, name: str) -> int:
+    """value as an int that the C type ctype holds exactly; TypeError for a
+    non-integer (a float is not truncated), ValueError outside the range."""
+    try:
+        i = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {value!r} ({type(value).__name__})") from None
+    lo, hi = _INT_RANGES[ctype]
+    if not lo <= i <= hi:
+        raise ValueError(f"{name}: {i} is outside [{lo}, {hi}], the range of the C {_INT_NAMES[ctype]} it is passed as")
+    return i
+
+
+class _Struct(Structure):
+    """A ctypes Structure whose integer fields refuse what they cannot hold."""
+
+    def __setattr__(self, name, value):
+        t = type(self).__dict__.get("_types_")
+        if t is None:
+            t = type(self)._types_ = dict(type(self)._fields_)
+        if t.get(name) in _INT_RANGES:
+            value = checked_int(value, t[name], f"{type(self).__name__}.{name}")
+        super().__setattr__(name, value)
+
+    def __init__(self, *args, **kw):
+        super().__init__()
+        for (name, _), v in zip(self._fields_, args):
+            setattr(self, name, v)
+        for name, v in kw.items():
+            setattr(self, name, v)
+
+
+def _ranged(ctype):
+    """ctype as an argtype that range-checks its argument (ctypes.ArgumentError names its position)."""
+    class T(ctype):
+        @classmethod
+        def from_param(cls, v):
+            return cls(checked_int(v, ctype, f"{_INT_NAMES[ctype]} argument"))
+    T.__name__ = ctype.__name__
+    return T
+
+
+class LayoutDesc(_Struct):
     _fields_ = [("struct_size", c_uint32), ("head_dim", c_int32), ("group", c_int32), ("num_q_heads", c_int32),
                 ("num_kv_heads", c_int32), ("page_size", c_int32), ("sink", c_int32), ("recent", c_int32),
                 ("max_seq_len", c_int32), ("kv_dtype", c_int), ("meta_dtype", c_int), ("method", c_int),
                 ("wide_tensors", c_int32)]
 
 
-class LayoutSizes(Structure):
+class LayoutSizes(_Struct):
     _fields_ = [("page_bytes", c_size_t), ("window_slot_bytes", c_size_t), ("k_codes_offset", c_size_t),
                 ("v_codes_offset", c_size_t), ("k_meta_offset", c_size_t), ("v_meta_offset", c_size_t),
                 ("bits_per_element", c_double)]
 
 
-class ParamsInfo(Structure):
+class ParamsInfo(_Struct):
     _fields_ = [("num_layers", c_int32), ("num_q_heads", c_int32), ("num_kv_heads", c_int32), ("head_dim", c_int32),
                 ("per_head", c_int32), ("method", c_int), ("calib_tokens", c_int32), ("model_hash", c_char * 65)]
 
@@ -40,7 +91,7 @@ PROGRESS_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p, c_int64, c_int64)
 LOG_FN = ctypes.CFUNCTYPE(None, c_void_p, c_char_p)
 
 
-class CalibOptions(Structure):
+class CalibOptions(_Struct):
     _fields_ = [("struct_size", c_uint32), ("num_layers", c_int32), ("num_q_heads", c_int32),
                 ("num_kv_heads", c_int32), ("head_dim", c_int32), ("group", c_int32), ("per_head", c_int32),
                 ("method", c_int), ("clip_k", c_float), ("clip_v", c_float), ("holdout_rows", c_int32),
@@ -51,26 +102,26 @@ class CalibOptions(Structure):
                 ("clip_margin", c_float), ("probe_span", c_int32), ("feedback_damp", c_float), ("wide_bits", c_float)]
 
 
-class CalibLayerReport(Structure):
+class CalibLayerReport(_Struct):
     _fields_ = [("err_k", c_double * 3), ("err_v", c_double * 3), ("clip_k", c_float), ("clip_v", c_float)]
 
 
-class RuntimeOptions(Structure):
+class RuntimeOptions(_Struct):
     _fields_ = [("struct_size", c_uint32), ("backend", c_char_p), ("plugin_dir", c_char_p),
                 ("device_index", c_int32), ("validate", c_int32), ("log", c_void_p), ("log_user", c_void_p),
                 ("native_context", c_void_p), ("native_queue", c_void_p)]
 
 
-class Cache(Structure):
+class Cache(_Struct):
     _fields_ = [("pages", c_void_p), ("num_pages", c_int32), ("windows", c_void_p), ("num_window_slots", c_int32)]
 
 
-class Batch(Structure):
+class Batch(_Struct):
     _fields_ = [("num_seqs", c_int32), ("seq_lens", c_void_p), ("window_slots", c_void_p),
                 ("block_table", c_void_p), ("block_table_stride", c_int32), ("max_seq_len", c_int32)]
 
 
-class AttnArgs(Structure):
+class AttnArgs(_Struct):
     """oscar_attn_args (include/oscar/oscar.h); fill with oscar_attn_args_default."""
     _fields_ = [("struct_size", c_uint32), ("cu_q", c_void_p), ("total_q", c_int32), ("max_q_len", c_int32),
                 ("q", c_void_p), ("q_stride", c_int64), ("out", c_void_p), ("out_stride", c_int64),
@@ -104,10 +155,13 @@ lib = _load("liboscar.so.0")
 _calib: Optional[ctypes.CDLL] = None
 
 
+_CHECKED = {t: _ranged(t) for t in _INT_RANGES}
+
+
 def _sig(dll: ctypes.CDLL, name: str, restype, *argtypes) -> None:
     f = getattr(dll, name)
     f.restype = restype
-    f.argtypes = list(argtypes)
+    f.argtypes = [_CHECKED.get(a, a) for a in argtypes]
 
 
 def _declare_core(L: ctypes.CDLL) -> None:

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
+import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -32,7 +35,14 @@ ArrayLike = Any  # numpy.ndarray or torch.Tensor
 
 DTYPES = {"bf16": 0, "f16": 1, "f32": 2}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
-_KV = {"k": 0, "v": 1}
+_KV_IDS = {"k": 0, "v": 1}
+
+
+def _kv(which: str) -> int:
+    """"k" or "v" to oscar_kv; a ValueError naming both otherwise."""
+    if which not in _KV_IDS:
+        raise ValueError(f"which: {which!r}; use 'k' (keys) or 'v' (values)")
+    return _KV_IDS[which]
 
 
 class OscarError(RuntimeError):
@@ -52,6 +62,15 @@ def _check(status: int, where: str = "") -> None:
         raise OscarError(status, msg)
 
 
+def _cstr(value: Any, name: str, path: bool = False) -> bytes:
+    """A C string for the library; a NUL inside would end it early, so the
+    library would act on a shorter name (load or write another file)."""
+    b = os.fsencode(value) if path else str(value).encode()
+    if b"\0" in b:
+        raise ValueError(f"{name}: {value!r} holds a NUL byte; C strings end there")
+    return b
+
+
 def version() -> str:
     """The C library's version, "MAJOR.MINOR.PATCH"."""
     return lib.oscar_version(None, None, None).decode()
@@ -63,7 +82,7 @@ def method_id(method: Union[str, int]) -> int:
     if isinstance(method, int):
         return method
     out = ctypes.c_int()
-    _check(lib.oscar_method_from_name(str(method).encode(), ctypes.byref(out)))
+    _check(lib.oscar_method_from_name(_cstr(method, "method"), ctypes.byref(out)))
     return out.value
 
 
@@ -133,6 +152,9 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
             raise ValueError(f"{name}: tensor is not contiguous; pass {name}.contiguous()")
         got_shape = tuple(x.shape)
         addr = x.data_ptr()
+        if addr % x.element_size():
+            raise ValueError(f"{name}: tensor data is not aligned to its {x.element_size()}-byte elements; pass "
+                             f"{name}.clone()")
     elif isinstance(x, np.ndarray):
         if device:
             raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
@@ -143,6 +165,9 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
             raise TypeError(f"{name}: dtype {x.dtype}, expected {want}{hint}")
         if not x.flags.c_contiguous:
             raise ValueError(f"{name}: array is not C-contiguous; pass numpy.ascontiguousarray({name})")
+        if not x.flags.aligned:  # the library reads whole elements: a misaligned one is undefined behaviour
+            raise ValueError(f"{name}: array data is not aligned to its {x.dtype.itemsize}-byte elements; pass "
+                             f"numpy.require({name}, requirements='CA')")
         if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
             raise ValueError(f"{name}: array is read-only")
         got_shape = x.shape
@@ -175,7 +200,8 @@ class Runtime:
     def __init__(self, backend: Optional[str] = None, plugin_dir: Optional[str] = None, device_index: int = 0,
                  validate: bool = False, native_context: Optional[int] = None, native_queue: Optional[int] = None):
         o = _capi.defaults(_capi.RuntimeOptions, lib.oscar_runtime_options_default)
-        self._keep = [s.encode() if s else None for s in (backend, plugin_dir)]
+        self._keep = [_cstr(s, n, path=n == "plugin_dir") if s else None
+                      for s, n in ((backend, "backend"), (plugin_dir, "plugin_dir"))]
         o.backend, o.plugin_dir = self._keep
         o.device_index = device_index
         o.validate = 1 if validate else 0
@@ -252,12 +278,12 @@ class DeviceBuffer:
         if kind not in _KIND_SIZE:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
         self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), tuple(int(n) for n in shape), kind
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * _KIND_SIZE[kind]
+        self.nbytes = math.prod(self.shape) * _KIND_SIZE[kind]  # Python ints: no int64 wrap-around
         self._owned = owned
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
-        n = int(np.prod(tuple(shape), dtype=np.int64)) * _KIND_SIZE.get(kind, 1)
+        n = math.prod(int(x) for x in shape) * _KIND_SIZE.get(kind, 1)
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
         return cls(runtime, h.value, shape, kind, owned=True)
@@ -326,7 +352,7 @@ class Params:
         """Loads a parameter file (safetensors; docs/FORMAT.md §6). Corrupt or
         foreign files raise OscarError naming the problem."""
         h = ctypes.c_void_p()
-        _check(lib.oscar_params_load(str(path).encode(), ctypes.byref(h)))
+        _check(lib.oscar_params_load(_cstr(path, "path", path=True), ctypes.byref(h)))
         return cls(h)
 
     @classmethod
@@ -340,7 +366,7 @@ class Params:
         return cls(h)
 
     def save(self, path: str) -> None:
-        _check(lib.oscar_params_save(self._h, str(path).encode()))
+        _check(lib.oscar_params_save(self._h, _cstr(path, "path", path=True)))
 
     @property
     def info(self) -> ParamsInfo:
@@ -351,7 +377,7 @@ class Params:
 
     def _matrix(self, fn, layer: int, which: str, kv_head: int, n: int, ctype, dtype) -> Optional[np.ndarray]:
         p = ctypes.POINTER(ctype)()
-        _check(fn(self._h, layer, kv_head, _KV[which], ctypes.byref(p)))
+        _check(fn(self._h, layer, kv_head, _kv(which), ctypes.byref(p)))
         if not p:
             return None
         return np.ctypeslib.as_array(p, shape=(n,)).astype(dtype, copy=True)
@@ -384,35 +410,35 @@ class Params:
         f = np.ascontiguousarray(F, dtype=np.float32)
         if f.shape != (d, d):
             raise ValueError(f"F: shape {f.shape}, expected ({d}, {d})")
-        _check(lib.oscar_params_set_feedback(self._h, layer, kv_head, _KV[which],
+        _check(lib.oscar_params_set_feedback(self._h, layer, kv_head, _kv(which),
                                              f.ctypes.data_as(ctypes.POINTER(ctypes.c_float))))
 
     def orthogonality_error(self, layer: int, which: str = "k", kv_head: int = 0) -> float:
         e = ctypes.c_double()
-        _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _KV[which], ctypes.byref(e)))
+        _check(lib.oscar_params_orthogonality_error(self._h, layer, kv_head, _kv(which), ctypes.byref(e)))
         return e.value
 
     def clip(self, layer: int, which: str = "k", kv_head: Optional[int] = None) -> float:
         """Clip ratio of one KV head, or (kv_head None) the layer's mildest over its heads."""
         c = ctypes.c_float()
         if kv_head is None:
-            _check(lib.oscar_params_clip(self._h, layer, _KV[which], ctypes.byref(c)))
+            _check(lib.oscar_params_clip(self._h, layer, _kv(which), ctypes.byref(c)))
         else:
-            _check(lib.oscar_params_clip_head(self._h, layer, kv_head, _KV[which], ctypes.byref(c)))
+            _check(lib.oscar_params_clip_head(self._h, layer, kv_head, _kv(which), ctypes.byref(c)))
         return c.value
 
     def set_clip(self, layer: int, which: str, c: float, kv_head: Optional[int] = None) -> None:
         """Sets one KV head's clip ratio, or (kv_head None) every head's of the layer."""
         if kv_head is None:
-            _check(lib.oscar_params_set_clip(self._h, layer, _KV[which], c))
+            _check(lib.oscar_params_set_clip(self._h, layer, _kv(which), c))
         else:
-            _check(lib.oscar_params_set_clip_head(self._h, layer, kv_head, _KV[which], c))
+            _check(lib.oscar_params_set_clip_head(self._h, layer, kv_head, _kv(which), c))
 
     def check_shape(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                     model_hash: Optional[str] = None) -> None:
         """Raises OscarError (SHAPE_MISMATCH) when the parameters are for another model."""
         _check(lib.oscar_params_check_shape(self._h, num_layers, num_q_heads, num_kv_heads, head_dim,
-                                            model_hash.encode() if model_hash else None))
+                                            _cstr(model_hash, "model_hash") if model_hash else None))
 
     def close(self) -> None:
         if getattr(self, "_h", None):
@@ -433,7 +459,7 @@ def fakequant(rows: np.ndarray, method: Union[str, int], params: Optional[Params
     x = np.array(rows, dtype=np.float32, order="C", copy=True)
     if x.ndim != 3:
         raise ValueError(f"rows: shape {x.shape}, expected (n_tokens, num_kv_heads, head_dim)")
-    _check(lib.oscar_fakequant(params._h if params else None, method_id(method), layer, _KV[which], group,
+    _check(lib.oscar_fakequant(params._h if params else None, method_id(method), layer, _kv(which), group,
                                x.shape[0], x.shape[1], x.shape[2], x.ctypes.data))
     return x
 
@@ -478,7 +504,7 @@ class Layout:
         d = _layout_defaults()
         for f in ("head_dim", "group", "num_q_heads", "num_kv_heads", "page_size", "sink", "recent",
                   "max_seq_len", "wide_tensors"):
-            setattr(d, f, int(getattr(self, f)))
+            setattr(d, f, getattr(self, f))  # checked: no float truncated, no int wrapped
         d.kv_dtype, d.meta_dtype = dtype_id(self.kv_dtype), dtype_id(self.meta_dtype)
         d.method = method_id(self.method)
         return d
@@ -517,7 +543,7 @@ class Plan:
     """
 
     def __init__(self, runtime: Runtime, layout: Layout, params: Optional[Params] = None):
-        self.runtime, self.layout, self.params = runtime, layout, params
+        self.runtime, self.params = runtime, params
         self._desc = layout._c()
         if not runtime._h:
             raise ValueError("Plan: the runtime is closed")
@@ -526,8 +552,16 @@ class Plan:
                                      ctypes.byref(h)))
         self._h = h
         runtime._plans += 1
+        # The shapes the library planned with, dtypes and method by name,
+        # apart from the caller's object: a Layout changed after this call
+        # must not change the shapes the calls check (the library would read
+        # and write past arrays sized by the new values).
+        d = self._desc
+        self._L = Layout(d.head_dim, d.group, d.num_q_heads, d.num_kv_heads, d.page_size, d.sink, d.recent,
+                         d.max_seq_len, _DTYPE_NAMES[d.kv_dtype], _DTYPE_NAMES[d.meta_dtype], method_name(d.method))
+        self.layout = dataclasses.replace(self._L)
         self.variant: str = lib.oscar_plan_variant(h).decode()
-        self.sizes = layout.sizes()
+        self.sizes = self._L.sizes()
 
     def workspace_bytes(self, max_seqs: int, max_seq_len: int) -> int:
         n = ctypes.c_size_t()
@@ -551,7 +585,7 @@ class Plan:
         return stream if stream is not None else self.runtime.default_stream()
 
     def _batch(self, pages, windows, seq_lens, window_slots, block_table, max_seq_len):
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         if not hasattr(seq_lens, "shape") or len(seq_lens.shape) != 1:
             raise ValueError("seq_lens: expected a 1-D int32 array [num_seqs]")
         ns = int(seq_lens.shape[0])
@@ -574,7 +608,7 @@ class Plan:
         """``oscar_append``: new K/V rows [total_new, num_kv_heads, head_dim]
         (kv_dtype) go into the cache; ``seq_lens`` are lengths after the
         append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         total = k.shape[0] if len(k.shape) else 0
         shape = (total, L.num_kv_heads, L.head_dim)
@@ -590,7 +624,7 @@ class Plan:
                stream: Optional[int] = None) -> None:
         """``oscar_decode``: one query per sequence, q and out
         [num_seqs, num_q_heads, head_dim] (kv_dtype)."""
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         shape = (batch.num_seqs, L.num_q_heads, L.head_dim)
         _check(lib.oscar_decode(self._h, layer, ctypes.byref(cache), ctypes.byref(batch),
@@ -610,7 +644,7 @@ class Plan:
         [total_q, num_q_heads] float32 receives the natural-log sum of
         exp(scores) when given. The workspace must hold
         ``workspace_bytes(max(num_seqs, total_q), max_seq_len)``."""
-        L, dev = self.layout, self._dev
+        L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         total = int(q.shape[0]) if len(q.shape) else 0
         shape = (total, L.num_q_heads, L.head_dim)
@@ -656,7 +690,7 @@ class PagedCache:
 
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
-        L = plan.layout
+        L = plan._L
         self.max_seq_len = int(max_seq_len or L.max_seq_len)
         if self.max_seq_len > L.max_seq_len:
             raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the layout's {L.max_seq_len}")
@@ -767,7 +801,7 @@ class PagedCache:
         cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
         stream = self.plan._stream(stream)
         if self._by_handle:
-            kind = self.plan.layout.kv_dtype
+            kind = self.plan._L.kv_dtype
             k, v = self._stage("k", k, kind, stream), self._stage("v", v, kind, stream)
         self.plan.append(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(lens, getattr(self, "_lens_dev", None), stream), self.window_slots,
@@ -787,7 +821,7 @@ class PagedCache:
         stream = self.plan._stream(stream)
         qd, od = q, out
         if self._by_handle:
-            kind = self.plan.layout.kv_dtype
+            kind = self.plan._L.kv_dtype
             qd, od = self._stage("q", q, kind, stream), self._stage("out", out, kind, stream, copy=False)
         self.plan.decode(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
@@ -829,8 +863,8 @@ class PagedCache:
             out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
         lse_buf = None
         if lse:
-            lse_buf = (torch.empty((total, self.plan.layout.num_q_heads), dtype=torch.float32, device=q.device)
-                       if _is_torch(q) else np.empty((total, self.plan.layout.num_q_heads), np.float32))
+            lse_buf = (torch.empty((total, self.plan._L.num_q_heads), dtype=torch.float32, device=q.device)
+                       if _is_torch(q) else np.empty((total, self.plan._L.num_q_heads), np.float32))
         stream = self.plan._stream(stream)
         cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
         self.plan.extend(layer, self.pages[layer], self.windows[layer],
@@ -866,7 +900,7 @@ class Calibrator:
             if key == "method":
                 val = method_id(val)
             elif key == "model_hash":
-                self._keep = val = str(val).encode()
+                self._keep = val = _cstr(val, "model_hash")
             setattr(o, key, val)
         h = ctypes.c_void_p()
         _check(C.oscar_calib_create(ctypes.byref(o), ctypes.byref(h)))
@@ -902,7 +936,7 @@ class Calibrator:
         """C_K (after pass 0) or C_V (after pass 1), d x d float64."""
         d = self.shape[3]
         out = np.empty((d, d), dtype=np.float64)
-        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _KV[which], out.ctypes.data))
+        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _kv(which), out.ctypes.data))
         return out
 
     def finalize(self) -> Params:

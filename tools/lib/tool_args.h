@@ -56,4 +56,14 @@ static inline int tool_output_ok(const char *path, char *why, size_t n) {
     return 1;
 }
 
+/* 1 when paths a and b name one file: the same string, or existing files
+ * with the same device and inode (a link, another spelling of the path).
+ * Checked so that no output is written over an input or another output. */
+static inline int tool_same_file(const char *a, const char *b) {
+    if (!a || !b) return 0;
+    if (!strcmp(a, b)) return 1;
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 #endif

@@ -1,0 +1,117 @@
+"""Hostile arguments through the Python binding: refused with a message
+naming the argument, never passed on silently changed (ctypes wraps an int
+modulo 2^bits and int() truncates a float)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import liboscar
+
+SMALL = dict(head_dim=64, group=64, num_q_heads=2, num_kv_heads=1, page_size=16, sink=8, recent=16,
+             max_seq_len=100, method="int2")
+
+
+def test_layout_integers_that_do_not_fit_are_refused():
+    # 2**32 + 2 heads reached the library as 2 heads, 64.9 as 64: both "valid".
+    with pytest.raises(ValueError, match="num_q_heads"):
+        liboscar.Layout(**{**SMALL, "num_q_heads": 2**32 + 2}).validate()
+    with pytest.raises(ValueError, match="max_seq_len"):
+        liboscar.Layout(**{**SMALL, "max_seq_len": 2**32 + 100}).sizes()
+    with pytest.raises(TypeError, match="head_dim"):
+        liboscar.Layout(**{**SMALL, "head_dim": 64.9}).validate()
+
+
+def test_call_arguments_that_do_not_fit_are_refused(cpu):
+    lay = liboscar.Layout(**SMALL)
+    plan = liboscar.Plan(cpu, lay)
+    # workspace_bytes(2**32 + 1, ...) was the size for 1 sequence; pages_for(2**64 + 90) that of 90 tokens.
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        plan.workspace_bytes(2**32 + 1, 100)
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        lay.pages_for(2**64 + 90)
+    assert lay.pages_for(90) == liboscar.Layout(**SMALL).pages_for(90)
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        liboscar.Params.builtin("int2", 2**32 + 1, 2, 1, 64)
+    # Plan.append's layer 2**32 went to layer 0.
+    c = plan.cache(1, 1, 64)
+    k = np.zeros((1, 1, 64), np.uint16)
+    with pytest.raises(ctypes.ArgumentError, match="outside"):
+        plan.append(2**32, c.pages[0], c.windows[0], np.ones(1, np.int32), c.window_slots, c.block_table,
+                    np.array([0, 1], np.int32), k, k, c.workspace)
+    plan.close()
+
+
+def test_huge_device_buffer_shape_is_not_wrapped(cpu):
+    # np.prod in int64 wrapped (2**40)**2 to 0 bytes.
+    b = liboscar.DeviceBuffer(cpu, 0, (2**40, 2**40), "u8", owned=False)
+    assert b.nbytes == 2**80
+
+
+def test_misaligned_arrays_are_refused(cpu):
+    # A C-contiguous uint16 view at an odd address went to the library, which
+    # reads whole 16-bit elements (undefined behaviour in C).
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 2, 64)
+    raw = np.zeros(2 * 64 * 2 + 1, np.uint8)
+    k = raw[1:].view(np.uint16).reshape(2, 1, 64)
+    assert k.flags.c_contiguous and not k.flags.aligned
+    with pytest.raises(ValueError, match="k: array data is not aligned"):
+        c.append(0, k, np.zeros((2, 1, 64), np.uint16))
+    c.append(0, np.require(k, requirements="CA"), np.zeros((2, 1, 64), np.uint16))
+
+
+def test_plan_keeps_the_layout_it_was_made_with(cpu):
+    # The plan checked shapes against the caller's Layout object: changed
+    # after Plan() (8 -> 1 query heads), a 1-head q passed the check and the
+    # library read 8 heads' rows from it and wrote 8 into out (heap overflow).
+    lay = liboscar.Layout(**{**SMALL, "num_q_heads": 8})
+    plan = liboscar.Plan(cpu, lay)
+    c = plan.cache(1, 1, 64)
+    z = np.zeros((1, 1, 64), np.uint16)
+    c.append(0, z, z)
+    lay.num_q_heads = 1
+    with pytest.raises(ValueError, match=r"q: shape \(1, 1, 64\), expected \(1, 8, 64\)"):
+        c.decode(0, np.zeros((1, 1, 64), np.uint16))
+    assert plan.layout.num_q_heads == 8
+    assert c.decode(0, np.zeros((1, 8, 64), np.uint16)).shape == (1, 8, 64)
+
+
+def test_dtype_and_method_given_as_numbers(cpu):
+    # kv_dtype=0 (the enum value) made a plan whose append raised KeyError: 0.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**{**SMALL, "kv_dtype": 0, "method": 2}))
+    assert (plan.layout.kv_dtype, plan.layout.method) == ("bf16", "int2")
+    c = plan.cache(1, 1, 64)
+    z = np.zeros((1, 1, 64), np.uint16)
+    c.append(0, z, z)
+    assert c.decode(0, np.zeros((1, 2, 64), np.uint16)).shape == (1, 2, 64)
+
+
+def test_which_other_than_k_or_v(cpu):
+    # which="x" raised a bare KeyError: 'x'.
+    p = liboscar.Params.builtin("int2", 1, 2, 1, 64)
+    with pytest.raises(ValueError, match="'k' .* or 'v'"):
+        p.rotation(0, "x")
+    with pytest.raises(ValueError, match="which"):
+        liboscar.fakequant(np.zeros((1, 1, 64), np.float32), "int2", which="K")
+    assert p.rotation(0, "v").shape == (64, 64)
+
+
+def test_strings_with_a_nul_byte_are_refused(cpu, tmp_path):
+    # The library reads C strings: "a.safetensors\0.bak" saved to (and loaded
+    # from) a.safetensors, another file than the one named.
+    p = liboscar.Params.builtin("int2", 1, 2, 1, 64)
+    target = tmp_path / "a.safetensors"
+    with pytest.raises(ValueError, match="NUL"):
+        p.save(str(target) + "\0.bak")
+    assert not target.exists()
+    p.save(target)
+    with pytest.raises(ValueError, match="NUL"):
+        liboscar.Params.load(str(target) + "\0x")
+    assert liboscar.Params.load(target).info.num_layers == 1
+    with pytest.raises(ValueError, match="NUL"):
+        liboscar.Runtime("cpu\0cuda")
+    with pytest.raises(ValueError, match="NUL"):
+        liboscar.method_id("int2\0x")
