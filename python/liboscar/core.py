@@ -556,9 +556,10 @@ class Plan:
         # apart from the caller's object: a Layout changed after this call
         # must not change the shapes the calls check (the library would read
         # and write past arrays sized by the new values).
+        # Every field from the struct by name, so a field added later is kept too.
         d = self._desc
-        self._L = Layout(d.head_dim, d.group, d.num_q_heads, d.num_kv_heads, d.page_size, d.sink, d.recent,
-                         d.max_seq_len, _DTYPE_NAMES[d.kv_dtype], _DTYPE_NAMES[d.meta_dtype], method_name(d.method))
+        names = {"kv_dtype": lambda x: _DTYPE_NAMES[x], "meta_dtype": lambda x: _DTYPE_NAMES[x], "method": method_name}
+        self._L = Layout(**{f.name: names.get(f.name, int)(getattr(d, f.name)) for f in dataclasses.fields(Layout)})
         self.layout = dataclasses.replace(self._L)
         self.variant: str = lib.oscar_plan_variant(h).decode()
         self.sizes = self._L.sizes()

@@ -115,3 +115,15 @@ def test_strings_with_a_nul_byte_are_refused(cpu, tmp_path):
         liboscar.Runtime("cpu\0cuda")
     with pytest.raises(ValueError, match="NUL"):
         liboscar.method_id("int2\0x")
+
+
+def test_plan_snapshot_keeps_every_layout_field(cpu):
+    # The snapshot a Plan keeps (test_plan_keeps_the_layout_it_was_made_with)
+    # listed the fields one by one and dropped wide_tensors when that field
+    # came: plan.sizes were those of a layout without room for 3-bit rows, so
+    # PagedCache made pages smaller than the library writes.
+    lay = liboscar.Layout(**{**SMALL, "method": "oscar2", "wide_tensors": 1})
+    plan = liboscar.Plan(cpu, lay, liboscar.Params.builtin("oscar2", 1, 2, 1, 64))
+    assert plan.layout == lay
+    assert plan.sizes == lay.sizes()
+    assert plan.sizes.page_bytes > liboscar.Layout(**{**SMALL, "method": "oscar2"}).sizes().page_bytes
