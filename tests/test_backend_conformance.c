@@ -947,8 +947,9 @@ Test(conformance, d128_gqa4_tensor_core_shapes, .timeout = 900) {
     });
 }
 
-/* The limb-packed tensor-core decode (OSCAR_DECODE_LP=1, CUDA, plans of at most
- * 4 query heads per KV head: templates/decode_tc.jinja LP) on every head_dim,
+/* The limb-packed tensor-core decode (CUDA's default for plans of at most 4 query
+ * heads per KV head, templates/decode_tc.jinja LP; set here so an environment with
+ * OSCAR_DECODE_LP=0 cannot skip it) on every head_dim,
  * group and metadata width it serves, GQA 1 to 4, partial tiles, lengths below
  * S0 + W and several splits. Other backends ignore the switch and run the case
  * as any other. */

@@ -194,10 +194,10 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->append_t = NULL;
     k->rotate_q = dv->rotate_q;
     /* At most 4 query heads per KV head: the limb-packed decode (decode_tc.jinja LP; H200
-     * A/B in perf/RESULTS-attention.md) when OSCAR_DECODE_LP is set and not 0. Off by
-     * default until the CUDA conformance suite has passed with it (docs/API.md). */
+     * A/B in perf/RESULTS-attention.md), unless OSCAR_DECODE_LP=0 asks for the plain
+     * 8-column kernel (an A/B switch, docs/API.md). */
     const char *lpe = getenv("OSCAR_DECODE_LP");
-    const int lp = dv->tc && dv->decode_lp && gq <= 4 && lpe && *lpe && strcmp(lpe, "0") != 0;
+    const int lp = dv->tc && dv->decode_lp && gq <= 4 && !(lpe && strcmp(lpe, "0") == 0);
     k->decode = lp ? dv->decode_lp : dv->decode;
     k->merge = dv->merge;
     k->extend = dv->extend;
