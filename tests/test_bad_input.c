@@ -186,10 +186,13 @@ static void rig_close(rig *r) {
 }
 
 /* NaN in q: refused on every backend (CPU at the call, GPUs through the
- * device flag oscar_plan_check reports), never OK with NaN or zero output. */
-static void nan_q_case(const char *backend) {
+ * device flag oscar_plan_check reports), never OK with NaN or zero output.
+ * Methods without a rotation (BF16, INT2) too: the BF16 method's CUDA attention
+ * kernel reads q itself, without the rotation kernel. */
+static void nan_q_method(const char *backend, oscar_method m) {
     rig r;
-    if (!rig_open(&r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("%s not available", backend);
+    if (!rig_open_w(&r, backend, m, OSCAR_DTYPE_BF16, 0, m != OSCAR_METHOD_BF16))
+        cr_skip_test("%s not available", backend);
     rig_fill(&r, r.k, r.kv_elems, 1.0f);
     rig_fill(&r, r.v, r.kv_elems, 1.0f);
     cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
@@ -197,8 +200,13 @@ static void nan_q_case(const char *backend) {
     cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
     uint16_t nan16 = r.l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x7fc0u : 0x7e00u;
     cr_assert_eq(oscar_buffer_write(r.rt, r.q, 2 * (64 + 3), &nan16, 2, NULL), OSCAR_OK);
-    cr_expect_eq(rig_decode(&r), OSCAR_ERR_NONFINITE, "%s: NaN in q not refused", backend);
+    cr_expect_eq(rig_decode(&r), OSCAR_ERR_NONFINITE, "%s method %d: NaN in q not refused", backend, (int)m);
     rig_close(&r);
+}
+static void nan_q_case(const char *backend) {
+    nan_q_method(backend, OSCAR_METHOD_QUAROT2);
+    nan_q_method(backend, OSCAR_METHOD_BF16);
+    nan_q_method(backend, OSCAR_METHOD_INT2);
 }
 Test(bad_input, nan_q_refused_cpu) { nan_q_case("cpu"); }
 Test(bad_input, nan_q_refused_opencl, .timeout = 300) { nan_q_case("opencl"); }

@@ -28,6 +28,12 @@ typedef struct oscar_tc_decode_params {
     const int32_t *cu_q;
     int32_t max_q;                /* the call's max_q_len (a longer sequence is flagged) */
     int32_t total_q, nseq;        /* extend: query rows, sequences (cu_q's checks) */
+    /* The BF16 method (no rotation): the caller's q
+     * (kv_dtype, q_stride elements per row) read by the kernel and scaled by qscale
+     * (sm_scale log2 e), no rotation kernel; NULL: q~ from the workspace. */
+    const uint16_t *q;
+    int64_t q_stride;
+    float qscale;
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,

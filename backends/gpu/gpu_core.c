@@ -588,8 +588,11 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
      * latency they hide). The generic family (OpenCL, HIP) keeps 4 D. */
     int cu = V(ctx)->compute_units(ctx);
     unsigned grp = (int64_t)Hq * rows >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
-    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ra,
-                                     (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+    /* The BF16 method (no rotation): its attention kernel reads and scales q itself */
+    const int qdirect = p->l.method == OSCAR_METHOD_BF16; /* its tc variants read P.q (always set here) */
+    oscar_status st = qdirect ? OSCAR_OK
+                               : V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D,
+                                                ra, (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     oscar_tc_decode_params dp = {
         .pages = a->cache.pages, .windows = a->cache.windows, .bt = b->block_table, .lens = b->seq_lens,
@@ -600,11 +603,14 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
         .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .max_q = max_q, .total_q = rows,
-        .nseq = nseq};
+        .nseq = nseq, .q = qdirect ? (const uint16_t *)a->q : NULL, .q_stride = q_stride, .qscale = scale};
     gpu_arg da[] = {{&dp, sizeof dp}};
-    /* attention and merge start under the previous kernel's tail (they wait for its results) */
-    st = V(ctx)->launch_dep(ctx, k.fn, (unsigned)t.nsplit, (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,
-                            da, 1, a->stream, err);
+    /* attention and merge start under the previous kernel's tail (they wait for its results);
+     * without the rotation kernel the attention launches plainly: its prologue reads the
+     * lengths before it waits, so what came before (the caller's kernels) must be done */
+    st = (qdirect ? V(ctx)->launch_smem : V(ctx)->launch_dep)(ctx, k.fn, (unsigned)t.nsplit,
+                                                               (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,
+                                                               da, 1, a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
