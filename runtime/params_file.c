@@ -270,8 +270,24 @@ static oscar_status meta_str(json_t *meta, const char *key, size_t cap, char *ou
         return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
                                "corrupt parameter file: metadata \"%s\" must be a string of at most %zu characters",
                                key, cap - 1);
+    /* Printable ASCII only: tools print these strings, and a hostile file's
+     * terminal escapes must not reach a user's terminal or an engine's log. */
+    for (const char *c = json_string_value(v); *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+            return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
+                                   "corrupt parameter file: metadata \"%s\" has a non-printable character (byte "
+                                   "0x%02x): it must be printable ASCII", key, (unsigned)(unsigned char)*c);
     memcpy(out, json_string_value(v), json_string_length(v) + 1);
     return OSCAR_OK;
+}
+
+/* A file's string as a message may quote it: at most 80 bytes, anything not
+ * printable ASCII as '?' (a hostile file's terminal escapes stay out of logs). */
+static const char *shown(char dst[81], const char *src) {
+    size_t k = 0;
+    for (; src[k] && k < 80; k++) dst[k] = src[k] >= 0x20 && src[k] < 0x7f ? src[k] : '?';
+    dst[k] = '\0';
+    return dst;
 }
 
 /* One expected tensor: where the header says its bytes are. */
@@ -331,8 +347,9 @@ static oscar_status check_entry(const char *name, json_t *t, const char *dtype, 
     }
     json_t *dt = json_object_get(t, "dtype"), *sh = json_object_get(t, "shape"), *of = json_object_get(t, "data_offsets");
     if (!json_is_string(dt) || strcmp(json_string_value(dt), dtype) != 0) {
+        char sh_dt[81];
         snprintf(msg, sizeof msg, "tensor \"%s\" has dtype %s, expected %s", name,
-                 json_is_string(dt) ? json_string_value(dt) : "(missing)", dtype);
+                 json_is_string(dt) ? shown(sh_dt, json_string_value(dt)) : "(missing)", dtype);
         return corrupt(msg);
     }
     if (!json_is_array(sh) || json_array_size(sh) != (size_t)rank) {
@@ -517,8 +534,9 @@ static oscar_status load_impl(const uint8_t *bytes, size_t size, const pf_src *s
         if (strcmp(key, "__metadata__") == 0) continue;
         int idx = tensor_index(key, (int)L);
         if (idx < 0) {
-            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig/fb of a layer < %lld, nor clip, nor "
-                     "code_bits)", key, (long long)L);
+            char sh_key[81];
+            snprintf(msg, sizeof msg, "unexpected tensor \"%s\" (not rot/eig/fb of a layer < %lld, nor clip, nor "
+                     "code_bits)", shown(sh_key, key), (long long)L);
             s = corrupt(msg);
             goto done;
         }

@@ -617,6 +617,19 @@ static void m_dtype_unknown(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
     json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("Q2"));
 }
+/* Terminal escapes in strings the loader quotes or keeps (oscar-inspect prints them). */
+static void m_hash_escape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "model_hash", json_string("\x1b]0;pwned\x07"));
+}
+static void m_key_escape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set(h, "\x1b[2Jlayers", json_object_get(h, "layers.0.rot_k"));
+}
+static void m_dtype_escape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("F\x1b[31m"));
+}
 static void set_shape3(json_t *h, const char *name, int a, int b, int c) {
     json_t *sh = json_array();
     json_array_append_new(sh, json_integer(a));
@@ -725,6 +738,9 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
         {m_nan_rot, OSCAR_ERR_CORRUPT_FILE, "non-finite"},
         {m_inf_eig, OSCAR_ERR_CORRUPT_FILE, "not finite"},
         {m_not_orthogonal, OSCAR_ERR_CORRUPT_FILE, "not orthogonal"},
+        {m_hash_escape, OSCAR_ERR_CORRUPT_FILE, "non-printable"},
+        {m_key_escape, OSCAR_ERR_CORRUPT_FILE, "?[2Jlayers"},
+        {m_dtype_escape, OSCAR_ERR_CORRUPT_FILE, "F?[31m"},
     };
     char msg[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -732,6 +748,8 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
         cr_assert_eq(s, cases[i].want, "case %zu: got %d (%s)", i, s, msg);
         cr_assert(strstr(msg, cases[i].needle) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i, msg,
                   cases[i].needle);
+        for (const char *c = msg; *c; c++) /* no control character from the file reaches a message */
+            cr_assert((unsigned char)*c >= 0x20, "case %zu: control byte 0x%02x in the message", i, (unsigned)*c);
     }
     float bad_clips[] = {0.0f, -0.5f, 1.5f, NAN, INFINITY};
     for (size_t i = 0; i < sizeof bad_clips / sizeof bad_clips[0]; i++) {
@@ -1083,6 +1101,8 @@ Test(params, feedback_corrupt_files_refused, .init = valid_fb_file, .fini = free
         cr_assert_eq(load_mutated(cases[i].fn, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "case %zu: %s", i, msg);
         cr_assert(strstr(msg, cases[i].needle) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i, msg,
                   cases[i].needle);
+        for (const char *c = msg; *c; c++) /* no control character from the file reaches a message */
+            cr_assert((unsigned char)*c >= 0x20, "case %zu: control byte 0x%02x in the message", i, (unsigned)*c);
     }
     /* Values: (row, column) of a 64 x 64 matrix. */
     struct {

@@ -517,3 +517,24 @@ Test(tools_bad_input, eval_temporary_is_unique, .timeout = 300) {
     cr_expect_eq(n, 4, "temporaries left behind (%d entries)", n);
     rmrf(dir);
 }
+
+/* oscar-inspect printed the path and the loader's message as they came: a
+ * hostile name (or file) drove the terminal. Controls are now \xNN. */
+Test(tools_bad_input, inspect_escapes_control_characters, .timeout = 60) {
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    oscar_params *p;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 1, 2, 1, 64, &p), OSCAR_OK);
+    snprintf(path, sizeof path, "%s/a\x1b[2Jb.safetensors", dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+    oscar_params_destroy(p);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-inspect '%s'", path);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    cr_expect(!strchr(out, '\x1b') && strstr(out, "a\\x1b[2Jb"), "escape not escaped: %s", out);
+    snprintf(path, sizeof path, "%s/c\x1b[2Jd.txt", dir);
+    spit(path, "not a parameter file, long enough\n", 34);
+    rc = run(out, sizeof out, 30, BIN "/oscar-inspect '%s'", path);
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, out);
+    cr_expect(!strchr(out, '\x1b'), "escape in the error message: %s", out);
+    rmrf(dir);
+}
