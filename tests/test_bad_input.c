@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -947,3 +948,68 @@ Test(bad_input, validate_refuses_two_sequences_writing_one_slot_or_page, .timeou
     aliasing_case("cpu");
     aliasing_case("opencl");
 }
+
+/* ------------------------------------------------------ hostile batches */
+/* Decode calls whose batch contradicts the cache: an empty or negative batch,
+ * block table entries and window slots out of range, a stride too small for
+ * the lengths, lengths past the batch's or the layout's bound, an empty page
+ * pool. Each is refused (at the call, or through the device flag) with a
+ * message, and the output rows keep what they held (no half-written output
+ * on the CPU backend, which refuses before computing; GPUs skip the bad
+ * sequences only, so there only the status is checked). */
+static void hostile_batch_case(const char *backend) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("%s not available", backend);
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    int cpu = strcmp(backend, "cpu") == 0;
+    for (int c = 0; c < 10; c++) {
+        uint16_t *sent = malloc(r.q_elems * 2), *got = malloc(r.q_elems * 2);
+        memset(sent, 0x5a, r.q_elems * 2);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.out, 0, sent, r.q_elems * 2, NULL), OSCAR_OK);
+        oscar_cache ca = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        int32_t bt[SEQ * 8], lens[SEQ] = {LEN, LEN}, slots[SEQ] = {0, 1};
+        for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+        const char *what = "";
+        switch (c) {
+        case 0: b.num_seqs = 0, what = "num_seqs 0"; break;
+        case 1: b.num_seqs = -3, what = "num_seqs -3"; break;
+        case 2: bt[SEQ * r.pps - 1] = SEQ * r.pps, what = "block table entry = num_pages"; break;
+        case 3: bt[1] = -1, what = "block table entry -1"; break;
+        case 4: slots[1] = SEQ, what = "window slot = num_window_slots"; break;
+        case 5: b.block_table_stride = 1, what = "block_table_stride 1 for 7 pages"; break;
+        case 6: lens[0] = LEN + 1, what = "seq_len past max_seq_len"; break;
+        case 7: b.max_seq_len = 0, what = "batch max_seq_len 0"; break;
+        case 8: ca.num_pages = 0, what = "num_pages 0"; break;
+        case 9: lens[1] = INT32_MAX, b.max_seq_len = INT32_MAX, what = "seq_len INT32_MAX"; break;
+        }
+        cr_assert_eq(oscar_buffer_write(r.rt, r.bt, 0, bt, sizeof(int32_t) * (size_t)(SEQ * r.pps), NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+        oscar_status s = oscar_decode(r.plan, 0, &ca, &b, r.q, 0, r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", oscar_last_error());
+        if (s == OSCAR_OK) s = oscar_plan_check(r.plan, r.ws, NULL), snprintf(msg, sizeof msg, "%s", oscar_last_error());
+        cr_expect_neq(s, OSCAR_OK, "%s: %s accepted", backend, what);
+        cr_expect(msg[0] != '\0', "%s: %s refused (%d) without a message", backend, what, s);
+        cr_assert_eq(oscar_buffer_read(r.rt, got, r.out, 0, r.q_elems * 2, NULL), OSCAR_OK);
+        if (cpu) cr_expect(memcmp(got, sent, r.q_elems * 2) == 0, "%s: %s wrote output before refusing", backend, what);
+        free(sent);
+        free(got);
+    }
+    /* and a good call still works after all that */
+    int32_t bt[SEQ * 8], lens[SEQ] = {LEN, LEN}, slots[SEQ] = {0, 1};
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    cr_assert_eq(oscar_buffer_write(r.rt, r.bt, 0, bt, sizeof(int32_t) * (size_t)(SEQ * r.pps), NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+    cr_expect_eq(rig_decode(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    rig_close(&r);
+}
+Test(bad_input, hostile_batches_cpu) { hostile_batch_case("cpu"); }
+Test(bad_input, hostile_batches_opencl, .timeout = 300) { hostile_batch_case("opencl"); }
+Test(bad_input, hostile_batches_cuda, .timeout = 300) { hostile_batch_case("cuda"); }
+Test(bad_input, hostile_batches_hip, .timeout = 300) { hostile_batch_case("hip"); }
