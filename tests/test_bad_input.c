@@ -188,13 +188,19 @@ static void rig_close(rig *r) {
 
 /* NaN in q: refused on every backend (CPU at the call, GPUs through the
  * device flag oscar_plan_check reports), never OK with NaN or zero output. */
+/* A QUAROT2 rig with every sequence appended and q filled; skips the test
+ * when the backend is absent. */
+static void rig_ready(rig *r, const char *backend) {
+    if (!rig_open(r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("%s not available", backend);
+    rig_fill(r, r->k, r->kv_elems, 1.0f);
+    rig_fill(r, r->v, r->kv_elems, 1.0f);
+    cr_assert_eq(rig_append(r), OSCAR_OK, "%s", oscar_last_error());
+    rig_fill(r, r->q, r->q_elems, 1.0f);
+}
+
 static void nan_q_case(const char *backend) {
     rig r;
-    if (!rig_open(&r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("%s not available", backend);
-    rig_fill(&r, r.k, r.kv_elems, 1.0f);
-    rig_fill(&r, r.v, r.kv_elems, 1.0f);
-    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
-    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    rig_ready(&r, backend);
     cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
     uint16_t nan16 = r.l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x7fc0u : 0x7e00u;
     cr_assert_eq(oscar_buffer_write(r.rt, r.q, 2 * (64 + 3), &nan16, 2, NULL), OSCAR_OK);
@@ -957,13 +963,16 @@ Test(bad_input, validate_refuses_two_sequences_writing_one_slot_or_page, .timeou
  * message, and the output rows keep what they held (no half-written output
  * on the CPU backend, which refuses before computing; GPUs skip the bad
  * sequences only, so there only the status is checked). */
+/* Writes a batch's block table, lengths and window slots to the rig's buffers. */
+static void rig_batch_write(rig *r, const int32_t *bt, const int32_t *lens, const int32_t *slots) {
+    cr_assert_eq(oscar_buffer_write(r->rt, r->bt, 0, bt, sizeof(int32_t) * (size_t)(SEQ * r->pps), NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r->rt, r->lens, 0, lens, sizeof(int32_t) * SEQ, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r->rt, r->slots, 0, slots, sizeof(int32_t) * SEQ, NULL), OSCAR_OK);
+}
+
 static void hostile_batch_case(const char *backend) {
     rig r;
-    if (!rig_open(&r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("%s not available", backend);
-    rig_fill(&r, r.k, r.kv_elems, 1.0f);
-    rig_fill(&r, r.v, r.kv_elems, 1.0f);
-    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
-    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    rig_ready(&r, backend);
     int cpu = strcmp(backend, "cpu") == 0;
     for (int c = 0; c < 10; c++) {
         uint16_t *sent = malloc(r.q_elems * 2), *got = malloc(r.q_elems * 2);
@@ -986,9 +995,7 @@ static void hostile_batch_case(const char *backend) {
         case 8: ca.num_pages = 0, what = "num_pages 0"; break;
         case 9: lens[1] = INT32_MAX, b.max_seq_len = INT32_MAX, what = "seq_len INT32_MAX"; break;
         }
-        cr_assert_eq(oscar_buffer_write(r.rt, r.bt, 0, bt, sizeof(int32_t) * (size_t)(SEQ * r.pps), NULL), OSCAR_OK);
-        cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
-        cr_assert_eq(oscar_buffer_write(r.rt, r.slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+        rig_batch_write(&r, bt, lens, slots);
         oscar_status s = oscar_decode(r.plan, 0, &ca, &b, r.q, 0, r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
         char msg[512];
         snprintf(msg, sizeof msg, "%s", oscar_last_error());
@@ -1003,9 +1010,7 @@ static void hostile_batch_case(const char *backend) {
     /* and a good call still works after all that */
     int32_t bt[SEQ * 8], lens[SEQ] = {LEN, LEN}, slots[SEQ] = {0, 1};
     for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
-    cr_assert_eq(oscar_buffer_write(r.rt, r.bt, 0, bt, sizeof(int32_t) * (size_t)(SEQ * r.pps), NULL), OSCAR_OK);
-    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
-    cr_assert_eq(oscar_buffer_write(r.rt, r.slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+    rig_batch_write(&r, bt, lens, slots);
     cr_expect_eq(rig_decode(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
     rig_close(&r);
 }
