@@ -1021,6 +1021,17 @@ Test(conformance, unseen_gqa_shapes, .timeout = 1200) {
     });
 }
 
+/* A large ragged batch (64 sequences, the most one scenario holds): lengths
+ * 1 to 700 in a fixed shuffle, so sequences of every region mix in one
+ * call's grid and split plan; GQA 5 on 3 KV heads at d 64, page 16. */
+Test(conformance, large_ragged_batch, .timeout = 900) {
+    cfg c = {64, 32, 16, 16, 48, 15, 3, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    int lens[64];
+    for (int i = 0; i < 64; i++) lens[i] = 1 + (int)(((unsigned)i * 2654435761u >> 7) % 700u);
+    lens[5] = 64, lens[17] = 65, lens[40] = 1;
+    FOR_EACH_BACKEND(g, run_scenario_x(&g, &c, 64, lens, PREFILL, 0, 1, 0, 0));
+}
+
 static void flag_case(plug *g, oscar_method m) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
