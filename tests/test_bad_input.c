@@ -1018,3 +1018,26 @@ Test(bad_input, hostile_batches_cpu) { hostile_batch_case("cpu"); }
 Test(bad_input, hostile_batches_opencl, .timeout = 300) { hostile_batch_case("opencl"); }
 Test(bad_input, hostile_batches_cuda, .timeout = 300) { hostile_batch_case("cuda"); }
 Test(bad_input, hostile_batches_hip, .timeout = 300) { hostile_batch_case("hip"); }
+
+/* Head counts an engine may pass by mistake: the message names the field and
+ * the fix (the divisors that would do, or sharding), never only "must be a
+ * positive multiple of num_kv_heads -8". */
+Test(bad_input, layout_head_counts_name_the_field_and_the_fix) {
+    static const struct { int hq, hkv; const char *needle; } cases[] = {
+        {40, 6, "num_kv_heads 6 must be >= 1 and divide num_q_heads 40 (one of 1, 2, 4, 5, 8, 10, 20, 40)"},
+        {40, -8, "num_kv_heads -8 must be >= 1"},
+        {40, 0, "num_kv_heads 0 must be >= 1"},
+        {0, 8, "num_q_heads 0 must be >= 1"},
+        {-40, 8, "num_q_heads -40 must be >= 1"},
+        {4096, 8, "exceeds 1024; give each tensor-parallel shard"},
+        {7, 3, "one of 1, 7)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        oscar_layout_desc l;
+        oscar_layout_default(&l);
+        l.num_q_heads = cases[i].hq, l.num_kv_heads = cases[i].hkv;
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_INVALID_ARGUMENT, "%d/%d", cases[i].hq, cases[i].hkv);
+        cr_expect(strstr(oscar_last_error(), cases[i].needle), "%d/%d: \"%s\" lacks \"%s\"", cases[i].hq,
+                  cases[i].hkv, oscar_last_error(), cases[i].needle);
+    }
+}
