@@ -1047,7 +1047,7 @@ Test(bad_input, layout_head_counts_name_the_field_and_the_fix) {
  * having done nothing (other products read far past the rows). */
 Test(bad_input, fakequant_count_overflow_refused) {
     float rows[64] = {0};
-    static const int cases[][2] = {{1 << 30, 1 << 30}, {INT32_MAX, INT32_MAX}, {1 << 30, 1 << 24}};
+    static const int cases[][2] = {{1 << 30, 1 << 30}, {INT32_MAX, INT32_MAX}, {1 << 30, 1 << 26}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         oscar_status s = oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, cases[i][0], cases[i][1], 64, rows);
         cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%d x %d: %d (%s)", cases[i][0], cases[i][1], s,
