@@ -186,6 +186,10 @@ oscar_status oe_st_open(const char *path, oe_safetensors **out)
         return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %" PRIu64 " bytes, too short for a safetensors "
                             "header; the file is truncated", path, fsize);
     }
+    /* Mapped, as every checkpoint loader does (weights are GBs, read once per
+     * page): a file truncated while mapped raises SIGBUS in the tool that
+     * reads it, so checkpoints must not be rewritten in place under a running
+     * tool. liboscar's parameter loader, which engines embed, reads instead. */
     void *map = mmap(NULL, (size_t)fsize, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (map == MAP_FAILED)

@@ -43,13 +43,22 @@ oscar_status oscar_format_check_layout(const oscar_layout_desc *d, char *msg, si
         return fail(OSCAR_ERR_UNSUPPORTED_GROUP, msg, n,
                     "layout: group %d is not supported for head_dim %d; use 32, 64 or 128 dividing head_dim", d->group,
                     d->head_dim);
-    if (d->num_q_heads <= 0 || d->num_kv_heads <= 0 || d->num_q_heads % d->num_kv_heads != 0)
-        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n,
-                    "layout: num_q_heads %d must be a positive multiple of num_kv_heads %d", d->num_q_heads,
-                    d->num_kv_heads);
+    if (d->num_q_heads <= 0)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: num_q_heads %d must be >= 1", d->num_q_heads);
     if (d->num_q_heads > OSCAR_Q_HEADS_MAX)
-        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: num_q_heads %d exceeds %d", d->num_q_heads,
-                    OSCAR_Q_HEADS_MAX);
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n,
+                    "layout: num_q_heads %d exceeds %d; give each tensor-parallel shard (or group of KV heads) "
+                    "its own plan", d->num_q_heads, OSCAR_Q_HEADS_MAX);
+    if (d->num_kv_heads <= 0 || d->num_q_heads % d->num_kv_heads != 0) {
+        /* The fix is a divisor: name the ones near what was asked. */
+        char div[160] = "";
+        size_t used = 0;
+        for (int k = 1; k <= d->num_q_heads && used + 16 < sizeof div; k++)
+            if (d->num_q_heads % k == 0) used += (size_t)snprintf(div + used, sizeof div - used, "%s%d", used ? ", " : "", k);
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n,
+                    "layout: num_kv_heads %d must be >= 1 and divide num_q_heads %d (one of %s)", d->num_kv_heads,
+                    d->num_q_heads, div);
+    }
     if (!oscar_page_size_supported(d->page_size))
         return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: page_size %d must be 16, 32, 64 or 128",
                     d->page_size);

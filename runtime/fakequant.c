@@ -48,6 +48,12 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
                                    "asks layer %d, %d KV heads, head_dim %d (use parameters calibrated for this model)",
                                    p->num_layers, p->num_kv_heads, p->head_dim, layer, num_kv_heads, head_dim);
     }
+    /* The count must fit a pointer difference: INT_MAX tokens x INT_MAX heads
+     * wrapped size_t and indexed a few floats of a huge, unasked range. */
+    if ((uint64_t)n_tokens * (uint64_t)num_kv_heads > (uint64_t)PTRDIFF_MAX / sizeof(float) / (uint64_t)head_dim)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_fakequant: n_tokens %d x num_kv_heads %d x head_dim %d floats span more than "
+                               "PTRDIFF_MAX bytes; pass fewer tokens per call", n_tokens, num_kv_heads, head_dim);
     size_t n = (size_t)n_tokens * (size_t)num_kv_heads * (size_t)head_dim;
     for (size_t i = 0; i < n; i++)
         if (!isfinite(rows[i]))

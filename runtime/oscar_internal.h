@@ -116,5 +116,9 @@ static inline double *oscar_params_eig_ptr(const oscar_params *p, int layer, int
 /* Parses a parameter file held in memory (the body of oscar_params_load;
  * the fuzz harness calls it directly). Same checks and errors as the file. */
 oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_params **out);
+/* The same from an open regular file of size bytes, read with pread (no mmap:
+ * a truncated file is an error, not a SIGBUS); disk_bytes: what its blocks
+ * hold (st_blocks * 512), to refuse sparse files. The fd stays the caller's. */
+oscar_status oscar_params_load_fd(int fd, size_t size, uint64_t disk_bytes, oscar_params **out);
 
 #endif /* OSCAR_INTERNAL_H */

@@ -8,7 +8,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +23,13 @@
 #define MAX_HEADS 4096
 #define ORTHO_TOL 1e-3
 #define NKIND 6      /* tensors per layer: rot_k rot_v eig_k eig_v fb_k fb_v */
+/* The largest tensor payload a file may declare. The biggest real shape
+ * (128 layers, 16 KV heads per-head, head_dim 256, rotations and feedback
+ * weights) is 2 GiB; a header asking for more is hostile, not a model. */
+#define MAX_TENSOR_BYTES ((uint64_t)8 << 30)
+/* A file whose disk blocks hold less than half its declared tensor bytes is
+ * sparse (holes read as zeros): refused above this size before allocating. */
+#define SPARSE_CHECK_BYTES ((uint64_t)64 << 20)
 
 /* ------------------------------------------------------------------ save */
 
@@ -264,8 +270,24 @@ static oscar_status meta_str(json_t *meta, const char *key, size_t cap, char *ou
         return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
                                "corrupt parameter file: metadata \"%s\" must be a string of at most %zu characters",
                                key, cap - 1);
+    /* Printable ASCII only: tools print these strings, and a hostile file's
+     * terminal escapes must not reach a user's terminal or an engine's log. */
+    for (const char *c = json_string_value(v); *c; c++)
+        if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7e)
+            return oscar_set_error(OSCAR_ERR_CORRUPT_FILE,
+                                   "corrupt parameter file: metadata \"%s\" has a non-printable character (byte "
+                                   "0x%02x): it must be printable ASCII", key, (unsigned)(unsigned char)*c);
     memcpy(out, json_string_value(v), json_string_length(v) + 1);
     return OSCAR_OK;
+}
+
+/* A file's string as a message may quote it: at most 80 bytes, anything not
+ * printable ASCII as '?' (a hostile file's terminal escapes stay out of logs). */
+static const char *shown(char dst[81], const char *src) {
+    size_t k = 0;
+    for (; src[k] && k < 80; k++) dst[k] = src[k] >= 0x20 && src[k] < 0x7f ? src[k] : '?';
+    dst[k] = '\0';
+    return dst;
 }
 
 /* One expected tensor: where the header says its bytes are. */
@@ -325,8 +347,9 @@ static oscar_status check_entry(const char *name, json_t *t, const char *dtype, 
     }
     json_t *dt = json_object_get(t, "dtype"), *sh = json_object_get(t, "shape"), *of = json_object_get(t, "data_offsets");
     if (!json_is_string(dt) || strcmp(json_string_value(dt), dtype) != 0) {
+        char sh_dt[81];
         snprintf(msg, sizeof msg, "tensor \"%s\" has dtype %s, expected %s", name,
-                 json_is_string(dt) ? json_string_value(dt) : "(missing)", dtype);
+                 json_is_string(dt) ? shown(sh_dt, json_string_value(dt)) : "(missing)", dtype);
         return corrupt(msg);
     }
     if (!json_is_array(sh) || json_array_size(sh) != (size_t)rank) {
@@ -365,11 +388,37 @@ static oscar_status check_entry(const char *name, json_t *t, const char *dtype, 
     return OSCAR_OK;
 }
 
-oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_params **out) {
-    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: out is NULL");
-    *out = NULL;
-    if (!data && size) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: data is NULL");
-    const uint8_t *bytes = data;
+/* Where the tensor bytes come from: memory (fuzzer, tests) or a file read
+ * with pread, not mapped, so that a file truncated while it loads is a short
+ * read (an error) and never a SIGBUS in the caller's process. */
+typedef struct {
+    const uint8_t *mem; /* NULL: read from fd */
+    int fd;
+    uint64_t disk_bytes; /* bytes the file's blocks hold; UINT64_MAX for memory */
+} pf_src;
+
+static oscar_status src_read(const pf_src *src, size_t off, void *dst, size_t n) {
+    if (src->mem) {
+        memcpy(dst, src->mem + off, n);
+        return OSCAR_OK;
+    }
+    uint8_t *o = dst;
+    while (n > 0) {
+        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+        ssize_t got = pread(src->fd, o, chunk, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+            return oscar_set_error(OSCAR_ERR_IO, "parameter file: %s at byte %zu (was the file truncated or "
+                                   "replaced while it loaded? write it elsewhere and rename it into place)",
+                                   got < 0 ? strerror(errno) : "unexpected end of file", off);
+        o += got, off += (size_t)got, n -= (size_t)got;
+    }
+    return OSCAR_OK;
+}
+
+/* bytes: the first 8 + header-length bytes (all of them for memory); size:
+ * the whole file's size. */
+static oscar_status load_impl(const uint8_t *bytes, size_t size, const pf_src *src, oscar_params **out) {
     char msg[256];
     if (size < 8) return corrupt("shorter than the 8-byte header length");
     uint64_t n = 0;
@@ -383,7 +432,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
                  size);
         return corrupt(msg);
     }
-    const uint8_t *tensor_data = bytes + 8 + n;
+    const size_t data_base = 8 + (size_t)n; /* file offset of the tensor data */
     size_t data_size = size - 8 - (size_t)n;
 
     json_error_t jerr;
@@ -393,6 +442,7 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
     oscar_params *p = NULL;
     tensor_slot *slots = NULL;
     tensor_slot **order = NULL;
+    uint8_t *tmp = NULL; /* clip / code-width tensor as read */
     oscar_status s = OSCAR_OK;
     if (!hdr) {
         snprintf(msg, sizeof msg, "header is not valid JSON (%s at byte %d)", jerr.text, jerr.position);
@@ -484,8 +534,9 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
         if (strcmp(key, "__metadata__") == 0) continue;
         int idx = tensor_index(key, (int)L);
         if (idx < 0) {
-            snprintf(msg, sizeof msg, "unexpected tensor \"%.80s\" (not rot/eig/fb of a layer < %lld, nor clip, nor "
-                     "code_bits)", key, (long long)L);
+            char sh_key[81];
+            snprintf(msg, sizeof msg, "unexpected tensor \"%s\" (not rot/eig/fb of a layer < %lld, nor clip, nor "
+                     "code_bits)", shown(sh_key, key), (long long)L);
             s = corrupt(msg);
             goto done;
         }
@@ -556,7 +607,26 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
             goto done;
         }
 
-    /* The sizes are now proven to fit in the file: allocate and copy. */
+    /* The sizes are now proven to fit in the file, but a file's size is not
+     * its content: cap the payload, and refuse a sparse file, before
+     * allocating from it. */
+    uint64_t payload = 0;
+    for (size_t i = 0; i < nfound; i++) payload += order[i]->end - order[i]->begin;
+    if (payload > MAX_TENSOR_BYTES) {
+        snprintf(msg, sizeof msg, "tensors declare %llu bytes, above the %llu-byte limit of a parameter file "
+                 "(check num_layers, num_kv_heads and per_head)", (unsigned long long)payload,
+                 (unsigned long long)MAX_TENSOR_BYTES);
+        s = corrupt(msg);
+        goto done;
+    }
+    if (payload > SPARSE_CHECK_BYTES && src->disk_bytes < payload / 2) {
+        snprintf(msg, sizeof msg, "tensors declare %llu bytes but the file's disk blocks hold only %llu: a sparse "
+                 "file (holes), not a parameter file; regenerate it", (unsigned long long)payload,
+                 (unsigned long long)src->disk_bytes);
+        s = corrupt(msg);
+        goto done;
+    }
+    /* Allocate and copy. */
     if ((s = oscar_params_alloc((int)L, (int)hq, (int)hkv, (int)d, per_head, &p))) {
         snprintf(msg, sizeof msg, "%s", oscar_last_error()); /* copy: the message buffer is reused */
         s = s == OSCAR_ERR_OUT_OF_MEMORY ? oscar_set_error(s, "%s", msg) : corrupt(msg);
@@ -587,22 +657,37 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
     for (int64_t l = 0; l < L; l++)
         for (int kv = 0; kv < 2; kv++) {
             tensor_slot *t = &slots[l * NKIND + kv];
-            memcpy(oscar_params_rot_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
+            if ((s = src_read(src, data_base + t->begin, oscar_params_rot_ptr(p, (int)l, kv, 0), t->end - t->begin)))
+                goto done;
             if (have_eig) {
                 t = &slots[l * NKIND + 2 + kv];
-                memcpy(oscar_params_eig_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
+                if ((s = src_read(src, data_base + t->begin, oscar_params_eig_ptr(p, (int)l, kv, 0),
+                                  t->end - t->begin)))
+                    goto done;
             }
             if (have_fb) {
                 t = &slots[l * NKIND + 4 + kv];
-                memcpy(oscar_params_fb_ptr(p, (int)l, kv, 0), tensor_data + t->begin, t->end - t->begin);
+                if ((s = src_read(src, data_base + t->begin, oscar_params_fb_ptr(p, (int)l, kv, 0),
+                                  t->end - t->begin)))
+                    goto done;
             }
         }
     /* A per-layer clip tensor gives every KV head its layer's ratios. */
-    for (int64_t l = 0; l < L; l++)
-        for (int64_t h = 0; h < hkv; h++)
-            memcpy(oscar_params_clip_ptr(p, (int)l, (int)h, 0),
-                   tensor_data + slots[L * NKIND].begin + (size_t)(l * clip_heads + (clip_heads > 1 ? h : 0)) * 2 * sizeof(float),
-                   2 * sizeof(float));
+    {
+        tensor_slot *t = &slots[L * NKIND];
+        if (!(tmp = malloc(t->end - t->begin))) {
+            s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading clip ratios");
+            goto done;
+        }
+        if ((s = src_read(src, data_base + t->begin, tmp, t->end - t->begin))) goto done;
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t h = 0; h < hkv; h++)
+                memcpy(oscar_params_clip_ptr(p, (int)l, (int)h, 0),
+                       tmp + (size_t)(l * clip_heads + (clip_heads > 1 ? h : 0)) * 2 * sizeof(float),
+                       2 * sizeof(float));
+        free(tmp);
+        tmp = NULL;
+    }
 
     /* Values: finite, orthogonal rotations, clips in (0, 1]. */
     p->identity = 1;
@@ -660,9 +745,14 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
             s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading code widths");
             goto done;
         }
+        if (!(tmp = malloc(nb * sizeof(int32_t)))) {
+            s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading code widths");
+            goto done;
+        }
+        if ((s = src_read(src, data_base + slots[L * NKIND + 1].begin, tmp, nb * sizeof(int32_t)))) goto done;
         for (size_t i = 0; i < nb; i++) {
             int32_t b;
-            memcpy(&b, tensor_data + slots[L * NKIND + 1].begin + i * sizeof b, sizeof b);
+            memcpy(&b, tmp + i * sizeof b, sizeof b);
             if (b != 2 && b != 3) {
                 snprintf(msg, sizeof msg, "code_bits of layer %lld KV head %lld %c is %ld: must be 2 or 3",
                          (long long)(i / 2 / (size_t)hkv), (long long)(i / 2 % (size_t)hkv), i % 2 ? 'V' : 'K',
@@ -684,10 +774,41 @@ oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_param
     p = NULL;
 done:
     oscar_params_destroy(p);
+    free(tmp);
     free(slots);
     free(order);
     json_decref(meta);
     json_decref(hdr);
+    return s;
+}
+
+oscar_status oscar_params_load_memory(const void *data, size_t size, oscar_params **out) {
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: out is NULL");
+    *out = NULL;
+    if (!data && size) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: data is NULL");
+    pf_src src = {data, -1, UINT64_MAX};
+    return load_impl(data, size, &src, out);
+}
+
+oscar_status oscar_params_load_fd(int fd, size_t size, uint64_t disk_bytes, oscar_params **out) {
+    if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_load: out is NULL");
+    *out = NULL;
+    if (size < 8) return corrupt("shorter than the 8-byte header length");
+    pf_src src = {NULL, fd, disk_bytes};
+    uint8_t len[8];
+    oscar_status s = src_read(&src, 0, len, 8);
+    if (s) return s;
+    uint64_t n = 0;
+    for (int i = 0; i < 8; i++) n |= (uint64_t)len[i] << (8 * i);
+    if (n > MAX_HEADER_BYTES || n > size - 8) 
+        return load_impl(len, size, &src, out); /* refused there before it reads past len */
+    /* Only the header is read into memory; tensors go straight into the
+     * parameters' own arrays. */
+    uint8_t *head = malloc(8 + (size_t)n);
+    if (!head) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory reading the parameter header");
+    memcpy(head, len, 8);
+    if (!(s = src_read(&src, 8, head + 8, (size_t)n))) s = load_impl(head, size, &src, out);
+    free(head);
     return s;
 }
 
@@ -703,17 +824,7 @@ OSCAR_API oscar_status oscar_params_load(const char *path, oscar_params **out) {
         close(fd);
         return oscar_set_error(OSCAR_ERR_IO, "%s is not a regular file: give the path of a .safetensors file", path);
     }
-    size_t size = (size_t)st.st_size;
-    if (size < 8) {
-        close(fd);
-        return corrupt("shorter than the 8-byte header length");
-    }
-    /* Mapped, not read: a large (or hostile) file costs no allocation before
-     * the header has been checked against it. */
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    oscar_status s = oscar_params_load_fd(fd, (size_t)st.st_size, (uint64_t)st.st_blocks * 512u, out);
     close(fd);
-    if (map == MAP_FAILED) return oscar_set_error(OSCAR_ERR_IO, "cannot map %s: %s", path, strerror(errno));
-    oscar_status s = oscar_params_load_memory(map, size, out);
-    munmap(map, size);
     return s;
 }

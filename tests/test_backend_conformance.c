@@ -994,6 +994,44 @@ Test(conformance, model_zoo_shapes, .timeout = 1200) {
     });
 }
 
+/* Shapes no model zoo entry names (a vendor's next model): GQA ratios 3, 5, 6,
+ * 7, 8, 10, 12, 20, 24, 32, 40 and 64, odd KV head counts 1, 3, 5 and 7, every
+ * head_dim, every page size, 2-bit and BF16; lengths 1, around S0 + W = 64
+ * and the page boundaries after it, and one over several splits; prefill,
+ * chunks and token by token; extend beside decode on every other shape. */
+Test(conformance, unseen_gqa_shapes, .timeout = 1200) {
+    static const int shp[][3] = {{21, 7, 64}, {40, 5, 128}, {30, 5, 256}, {21, 3, 256}, {20, 2, 64}, {36, 3, 128},
+                                 {20, 1, 256}, {24, 1, 64}, {32, 1, 128}, {40, 1, 64}, {64, 1, 128}, {3, 3, 128}};
+    static const int pages[] = {16, 32, 64, 128};
+    static const int modes[] = {PREFILL, CHUNKS, TOKENS};
+    FOR_EACH_BACKEND(g, {
+        for (size_t z = 0; z < sizeof shp / sizeof shp[0]; z++) {
+            int d = shp[z][2], P = pages[z % 4];
+            cfg c = {d, d == 64 ? 32 : 128, P, 16, 48, shp[z][0], shp[z][1],
+                     z % 3 == 2 ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2, z & 2 ? OSCAR_DTYPE_F16 : OSCAR_DTYPE_BF16,
+                     OSCAR_DTYPE_F16, (int)(z & 1)};
+            int lens[] = {1, 63, 64, 65, 64 + P - 1, 64 + P, 64 + 2 * P + 1, z % 4 == 0 ? 900 : 200};
+            int mode = modes[z % 3];
+            run_scenario_x(&g, &c, 8, lens, mode == TOKENS ? CHUNKS : mode, 0, (int)(z & 1), 0, 0);
+            if (mode == TOKENS) { /* token by token is slow on the reference: short sequences only */
+                int short_lens[] = {1, 63, 64, 65, 64 + P + 1};
+                run_scenario_x(&g, &c, 5, short_lens, TOKENS, 0, 0, 0, 0);
+            }
+        }
+    });
+}
+
+/* A large ragged batch (64 sequences, the most one scenario holds): lengths
+ * 1 to 700 in a fixed shuffle, so sequences of every region mix in one
+ * call's grid and split plan; GQA 5 on 3 KV heads at d 64, page 16. */
+Test(conformance, large_ragged_batch, .timeout = 900) {
+    cfg c = {64, 32, 16, 16, 48, 15, 3, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    int lens[64];
+    for (int i = 0; i < 64; i++) lens[i] = 1 + (int)(((unsigned)i * 2654435761u >> 7) % 700u);
+    lens[5] = 64, lens[17] = 65, lens[40] = 1;
+    FOR_EACH_BACKEND(g, run_scenario_x(&g, &c, 64, lens, PREFILL, 0, 1, 0, 0));
+}
+
 static void flag_case(plug *g, oscar_method m) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;

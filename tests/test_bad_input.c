@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -189,14 +190,21 @@ static void rig_close(rig *r) {
  * device flag oscar_plan_check reports), never OK with NaN or zero output.
  * Methods without a rotation (BF16, INT2) too: the BF16 method's CUDA attention
  * kernel reads q itself, without the rotation kernel. */
+/* A rig of method m with every sequence appended and q filled; skips the test
+ * when the backend is absent. */
+static void rig_ready_m(rig *r, const char *backend, oscar_method m) {
+    if (!rig_open_w(r, backend, m, OSCAR_DTYPE_BF16, 0, m != OSCAR_METHOD_BF16))
+        cr_skip_test("%s not available", backend);
+    rig_fill(r, r->k, r->kv_elems, 1.0f);
+    rig_fill(r, r->v, r->kv_elems, 1.0f);
+    cr_assert_eq(rig_append(r), OSCAR_OK, "%s", oscar_last_error());
+    rig_fill(r, r->q, r->q_elems, 1.0f);
+}
+static void rig_ready(rig *r, const char *backend) { rig_ready_m(r, backend, OSCAR_METHOD_QUAROT2); }
+
 static void nan_q_method(const char *backend, oscar_method m) {
     rig r;
-    if (!rig_open_w(&r, backend, m, OSCAR_DTYPE_BF16, 0, m != OSCAR_METHOD_BF16))
-        cr_skip_test("%s not available", backend);
-    rig_fill(&r, r.k, r.kv_elems, 1.0f);
-    rig_fill(&r, r.v, r.kv_elems, 1.0f);
-    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
-    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    rig_ready_m(&r, backend, m);
     cr_assert_eq(rig_decode(&r), OSCAR_OK, "%s", oscar_last_error());
     uint16_t nan16 = r.l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x7fc0u : 0x7e00u;
     cr_assert_eq(oscar_buffer_write(r.rt, r.q, 2 * (64 + 3), &nan16, 2, NULL), OSCAR_OK);
@@ -954,4 +962,105 @@ static void aliasing_case(const char *backend) {
 Test(bad_input, validate_refuses_two_sequences_writing_one_slot_or_page, .timeout = 300) {
     aliasing_case("cpu");
     aliasing_case("opencl");
+}
+
+/* ------------------------------------------------------ hostile batches */
+/* Decode calls whose batch contradicts the cache: an empty or negative batch,
+ * block table entries and window slots out of range, a stride too small for
+ * the lengths, lengths past the batch's or the layout's bound, an empty page
+ * pool. Each is refused (at the call, or through the device flag) with a
+ * message, and the output rows keep what they held (no half-written output
+ * on the CPU backend, which refuses before computing; GPUs skip the bad
+ * sequences only, so there only the status is checked). */
+/* Writes a batch's block table, lengths and window slots to the rig's buffers. */
+static void rig_batch_write(rig *r, const int32_t *bt, const int32_t *lens, const int32_t *slots) {
+    cr_assert_eq(oscar_buffer_write(r->rt, r->bt, 0, bt, sizeof(int32_t) * (size_t)(SEQ * r->pps), NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r->rt, r->lens, 0, lens, sizeof(int32_t) * SEQ, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r->rt, r->slots, 0, slots, sizeof(int32_t) * SEQ, NULL), OSCAR_OK);
+}
+
+static void hostile_batch_case(const char *backend) {
+    rig r;
+    rig_ready(&r, backend);
+    int cpu = strcmp(backend, "cpu") == 0;
+    for (int c = 0; c < 10; c++) {
+        uint16_t *sent = malloc(r.q_elems * 2), *got = malloc(r.q_elems * 2);
+        memset(sent, 0x5a, r.q_elems * 2);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.out, 0, sent, r.q_elems * 2, NULL), OSCAR_OK);
+        oscar_cache ca = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        int32_t bt[SEQ * 8], lens[SEQ] = {LEN, LEN}, slots[SEQ] = {0, 1};
+        for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+        const char *what = "";
+        switch (c) {
+        case 0: b.num_seqs = 0, what = "num_seqs 0"; break;
+        case 1: b.num_seqs = -3, what = "num_seqs -3"; break;
+        case 2: bt[SEQ * r.pps - 1] = SEQ * r.pps, what = "block table entry = num_pages"; break;
+        case 3: bt[1] = -1, what = "block table entry -1"; break;
+        case 4: slots[1] = SEQ, what = "window slot = num_window_slots"; break;
+        case 5: b.block_table_stride = 1, what = "block_table_stride 1 for 7 pages"; break;
+        case 6: lens[0] = LEN + 1, what = "seq_len past max_seq_len"; break;
+        case 7: b.max_seq_len = 0, what = "batch max_seq_len 0"; break;
+        case 8: ca.num_pages = 0, what = "num_pages 0"; break;
+        case 9: lens[1] = INT32_MAX, b.max_seq_len = INT32_MAX, what = "seq_len INT32_MAX"; break;
+        }
+        rig_batch_write(&r, bt, lens, slots);
+        oscar_status s = oscar_decode(r.plan, 0, &ca, &b, r.q, 0, r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", oscar_last_error());
+        if (s == OSCAR_OK) s = oscar_plan_check(r.plan, r.ws, NULL), snprintf(msg, sizeof msg, "%s", oscar_last_error());
+        cr_expect_neq(s, OSCAR_OK, "%s: %s accepted", backend, what);
+        cr_expect(msg[0] != '\0', "%s: %s refused (%d) without a message", backend, what, s);
+        cr_assert_eq(oscar_buffer_read(r.rt, got, r.out, 0, r.q_elems * 2, NULL), OSCAR_OK);
+        if (cpu) cr_expect(memcmp(got, sent, r.q_elems * 2) == 0, "%s: %s wrote output before refusing", backend, what);
+        free(sent);
+        free(got);
+    }
+    /* and a good call still works after all that */
+    int32_t bt[SEQ * 8], lens[SEQ] = {LEN, LEN}, slots[SEQ] = {0, 1};
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    rig_batch_write(&r, bt, lens, slots);
+    cr_expect_eq(rig_decode(&r), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    rig_close(&r);
+}
+Test(bad_input, hostile_batches_cpu) { hostile_batch_case("cpu"); }
+Test(bad_input, hostile_batches_opencl, .timeout = 300) { hostile_batch_case("opencl"); }
+Test(bad_input, hostile_batches_cuda, .timeout = 300) { hostile_batch_case("cuda"); }
+Test(bad_input, hostile_batches_hip, .timeout = 300) { hostile_batch_case("hip"); }
+
+/* Head counts an engine may pass by mistake: the message names the field and
+ * the fix (the divisors that would do, or sharding), never only "must be a
+ * positive multiple of num_kv_heads -8". */
+Test(bad_input, layout_head_counts_name_the_field_and_the_fix) {
+    static const struct { int hq, hkv; const char *needle; } cases[] = {
+        {40, 6, "num_kv_heads 6 must be >= 1 and divide num_q_heads 40 (one of 1, 2, 4, 5, 8, 10, 20, 40)"},
+        {40, -8, "num_kv_heads -8 must be >= 1"},
+        {40, 0, "num_kv_heads 0 must be >= 1"},
+        {0, 8, "num_q_heads 0 must be >= 1"},
+        {-40, 8, "num_q_heads -40 must be >= 1"},
+        {4096, 8, "exceeds 1024; give each tensor-parallel shard"},
+        {7, 3, "one of 1, 7)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        oscar_layout_desc l;
+        oscar_layout_default(&l);
+        l.num_q_heads = cases[i].hq, l.num_kv_heads = cases[i].hkv;
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_INVALID_ARGUMENT, "%d/%d", cases[i].hq, cases[i].hkv);
+        cr_expect(strstr(oscar_last_error(), cases[i].needle), "%d/%d: \"%s\" lacks \"%s\"", cases[i].hq,
+                  cases[i].hkv, oscar_last_error(), cases[i].needle);
+    }
+}
+
+/* oscar_fakequant's element count n_tokens x num_kv_heads x head_dim wrapped
+ * size_t: 2^30 x 2^30 x 64 is 2^66, i.e. 0, and the call returned OSCAR_OK
+ * having done nothing (other products read far past the rows). */
+Test(bad_input, fakequant_count_overflow_refused) {
+    float rows[64] = {0};
+    static const int cases[][2] = {{1 << 30, 1 << 30}, {INT32_MAX, INT32_MAX}, {1 << 30, 1 << 26}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        oscar_status s = oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, cases[i][0], cases[i][1], 64, rows);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%d x %d: %d (%s)", cases[i][0], cases[i][1], s,
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "PTRDIFF_MAX"), "%s", oscar_last_error());
+    }
 }

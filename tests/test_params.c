@@ -2,6 +2,7 @@
  * round trip, and every class of hostile file refused with the right code. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -616,6 +617,19 @@ static void m_dtype_unknown(json_t *h, json_t *m, uint8_t *d, size_t n) {
     (void)m, (void)d, (void)n;
     json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("Q2"));
 }
+/* Terminal escapes in strings the loader quotes or keeps (oscar-inspect prints them). */
+static void m_hash_escape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)h, (void)d, (void)n;
+    json_object_set_new(m, "model_hash", json_string("\x1b]0;pwned\x07"));
+}
+static void m_key_escape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set(h, "\x1b[2Jlayers", json_object_get(h, "layers.0.rot_k"));
+}
+static void m_dtype_escape(json_t *h, json_t *m, uint8_t *d, size_t n) {
+    (void)m, (void)d, (void)n;
+    json_object_set_new(json_object_get(h, "clip"), "dtype", json_string("F\x1b[31m"));
+}
 static void set_shape3(json_t *h, const char *name, int a, int b, int c) {
     json_t *sh = json_array();
     json_array_append_new(sh, json_integer(a));
@@ -724,6 +738,9 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
         {m_nan_rot, OSCAR_ERR_CORRUPT_FILE, "non-finite"},
         {m_inf_eig, OSCAR_ERR_CORRUPT_FILE, "not finite"},
         {m_not_orthogonal, OSCAR_ERR_CORRUPT_FILE, "not orthogonal"},
+        {m_hash_escape, OSCAR_ERR_CORRUPT_FILE, "non-printable"},
+        {m_key_escape, OSCAR_ERR_CORRUPT_FILE, "?[2Jlayers"},
+        {m_dtype_escape, OSCAR_ERR_CORRUPT_FILE, "F?[31m"},
     };
     char msg[512];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -731,6 +748,8 @@ Test(params, corrupt_files_refused, .init = valid_file, .fini = free_file) {
         cr_assert_eq(s, cases[i].want, "case %zu: got %d (%s)", i, s, msg);
         cr_assert(strstr(msg, cases[i].needle) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i, msg,
                   cases[i].needle);
+        for (const char *c = msg; *c; c++) /* no control character from the file reaches a message */
+            cr_assert((unsigned char)*c >= 0x20, "case %zu: control byte 0x%02x in the message", i, (unsigned)*c);
     }
     float bad_clips[] = {0.0f, -0.5f, 1.5f, NAN, INFINITY};
     for (size_t i = 0; i < sizeof bad_clips / sizeof bad_clips[0]; i++) {
@@ -1082,6 +1101,8 @@ Test(params, feedback_corrupt_files_refused, .init = valid_fb_file, .fini = free
         cr_assert_eq(load_mutated(cases[i].fn, msg, sizeof msg), OSCAR_ERR_CORRUPT_FILE, "case %zu: %s", i, msg);
         cr_assert(strstr(msg, cases[i].needle) != NULL, "case %zu: message \"%s\" lacks \"%s\"", i, msg,
                   cases[i].needle);
+        for (const char *c = msg; *c; c++) /* no control character from the file reaches a message */
+            cr_assert((unsigned char)*c >= 0x20, "case %zu: control byte 0x%02x in the message", i, (unsigned)*c);
     }
     /* Values: (row, column) of a 64 x 64 matrix. */
     struct {
@@ -1160,4 +1181,80 @@ Test(params, concurrent_saves_to_one_path_are_each_whole, .init = mk_dir, .fini 
     cr_expect_eq(files, 1, "%d files in the folder (temporary files left behind)", files);
     oscar_params_destroy(p[0]);
     oscar_params_destroy(p[1]);
+}
+
+/* A header for L layers of per-head rotations [nr, d, d] and a clip tensor,
+ * with no tensor bytes behind it: the caller makes the file as long as the
+ * header says (ftruncate: a sparse file) or claims it is. Returns the file's
+ * declared size. */
+static size_t write_big_header(int fd, int L, int nr, int d) {
+    size_t cap = (size_t)L * 2 * 160 + 1024, off = 0, rot = (size_t)nr * d * d * 4;
+    char *h = malloc(cap);
+    int n = snprintf(h, cap, "{\"__metadata__\":{\"oscar\":\"{\\\"format_version\\\":1,\\\"num_layers\\\":%d,"
+                     "\\\"num_q_heads\\\":%d,\\\"num_kv_heads\\\":%d,\\\"head_dim\\\":%d,\\\"per_head\\\":true,"
+                     "\\\"method\\\":\\\"oscar2\\\"}\"}", L, nr, nr, d);
+    for (int l = 0; l < L; l++)
+        for (int kv = 0; kv < 2; kv++, off += rot)
+            n += snprintf(h + n, cap - (size_t)n, ",\"layers.%d.rot_%c\":{\"dtype\":\"F32\",\"shape\":[%d,%d,%d],"
+                          "\"data_offsets\":[%zu,%zu]}", l, kv ? 'v' : 'k', nr, d, d, off, off + rot);
+    n += snprintf(h + n, cap - (size_t)n, ",\"clip\":{\"dtype\":\"F32\",\"shape\":[%d,2],\"data_offsets\":[%zu,%zu]}}",
+                  L, off, off + (size_t)L * 8);
+    uint64_t hl = (uint64_t)n;
+    cr_assert_eq(write(fd, &hl, 8), 8);
+    cr_assert_eq(write(fd, h, (size_t)n), n);
+    free(h);
+    return 8 + (size_t)n + off + (size_t)L * 8;
+}
+
+/* A sparse file (holes read as zeros) declaring 128 MiB of rotations: refused
+ * by name before anything is allocated from it. (Before: mapped, 128 MiB
+ * allocated and copied, then refused as "not orthogonal"; a sparse file of
+ * tens of GiB made the process allocate and touch that much.) */
+Test(params, sparse_file_refused_before_allocating, .init = mk_dir, .fini = rm_dir) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/sparse.safetensors", g_dir);
+    int fd = open(path, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    cr_assert(fd >= 0);
+    size_t size = write_big_header(fd, 32, 8, 256);
+    cr_assert_eq(ftruncate(fd, (off_t)size), 0);
+    close(fd);
+    oscar_params *p = (oscar_params *)1;
+    cr_assert_eq(oscar_params_load(path, &p), OSCAR_ERR_CORRUPT_FILE);
+    cr_assert_null(p);
+    cr_assert(strstr(oscar_last_error(), "sparse"), "%s", oscar_last_error());
+}
+
+/* A header declaring more tensor bytes than any model needs (1024 layers of
+ * 64 per-head 256 x 256 rotations: 32 GiB) is refused by its size, whatever
+ * the file claims to hold; and a file shorter than its size said when opened
+ * (truncated while loading) is a read error, not a SIGBUS: the loader reads,
+ * it does not map. */
+Test(params, huge_and_truncated_files, .init = mk_dir, .fini = rm_dir) {
+    char path[400];
+    snprintf(path, sizeof path, "%s/huge.safetensors", g_dir);
+    int fd = open(path, O_CREAT | O_TRUNC | O_RDWR, 0600);
+    cr_assert(fd >= 0);
+    size_t size = write_big_header(fd, 1024, 64, 256);
+    oscar_params *p = (oscar_params *)1;
+    cr_assert_eq(oscar_params_load_fd(fd, size, size, &p), OSCAR_ERR_CORRUPT_FILE);
+    cr_assert_null(p);
+    cr_assert(strstr(oscar_last_error(), "limit"), "%s", oscar_last_error());
+    close(fd);
+    /* a valid small file whose size is claimed one page beyond its end */
+    oscar_params *v;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 2, 8, 2, 128, &v), OSCAR_OK);
+    snprintf(path, sizeof path, "%s/small.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(v, path), OSCAR_OK);
+    oscar_params_destroy(v);
+    fd = open(path, O_RDWR);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    cr_assert_eq(oscar_params_load_fd(fd, (size_t)st.st_size, UINT64_MAX, &p), OSCAR_OK);
+    oscar_params_destroy(p);
+    /* truncated mid-tensor after the size was taken */
+    cr_assert_eq(ftruncate(fd, st.st_size / 2), 0);
+    cr_assert_eq(oscar_params_load_fd(fd, (size_t)st.st_size, UINT64_MAX, &p), OSCAR_ERR_IO);
+    cr_assert_null(p);
+    cr_assert(strstr(oscar_last_error(), "truncated"), "%s", oscar_last_error());
+    close(fd);
 }

@@ -4,6 +4,7 @@
  * `timeout`, so a tool that blocks fails the case instead of the suite.
  * Cases that need the real model are skipped without OSCAR_SHARED_DIR. */
 #include <criterion/criterion.h>
+#include <dirent.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -483,5 +484,57 @@ Test(tools_bad_input, outputs_never_overwrite_inputs_or_each_other, .timeout = 3
     cr_expect(strstr(out, "--tokens"), "message should name --tokens: %s", out);
     struct stat sb;
     cr_expect(stat(tok, &sb) == 0 && sb.st_size == 4096, "the token file was overwritten");
+    rmrf(dir);
+}
+
+/* oscar-eval wrote its report through a fixed PATH.tmp: two runs to one path
+ * shared it, and a stale PATH.tmp that cannot be opened (here a folder) made
+ * every run fail. Now each run writes a temporary of its own (mkstemp) and
+ * leaves none behind. */
+Test(tools_bad_input, eval_temporary_is_unique, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[160];
+    scratch(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/r.json.tmp", dir);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/r.md.tmp", dir);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    int rc = run(out, sizeof out, 120,
+                 BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                     "--retrieval-trials 0 --out %s/r.json --md %s/r.md",
+                 g_model, g_tokens, dir, dir);
+    cr_expect_eq(rc, 0, "a stale r.json.tmp made oscar-eval fail: exit %d: %s", rc, out);
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    cr_expect(stat(path, &sb) == 0 && S_ISREG(sb.st_mode), "no report written");
+    snprintf(path, sizeof path, "%s/r.md", dir);
+    cr_expect(stat(path, &sb) == 0 && S_ISREG(sb.st_mode), "no table written");
+    /* nothing else left beside them: r.json, r.md and the two folders */
+    int n = 0;
+    DIR *dp = opendir(dir);
+    for (struct dirent *e; dp && (e = readdir(dp));) n += e->d_name[0] != '.';
+    if (dp) closedir(dp);
+    cr_expect_eq(n, 4, "temporaries left behind (%d entries)", n);
+    rmrf(dir);
+}
+
+/* oscar-inspect printed the path and the loader's message as they came: a
+ * hostile name (or file) drove the terminal. Controls are now \xNN. */
+Test(tools_bad_input, inspect_escapes_control_characters, .timeout = 60) {
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    oscar_params *p;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 1, 2, 1, 64, &p), OSCAR_OK);
+    snprintf(path, sizeof path, "%s/a\x1b[2Jb.safetensors", dir);
+    cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+    oscar_params_destroy(p);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-inspect '%s'", path);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    cr_expect(!strchr(out, '\x1b') && strstr(out, "a\\x1b[2Jb"), "escape not escaped: %s", out);
+    snprintf(path, sizeof path, "%s/c\x1b[2Jd.txt", dir);
+    spit(path, "not a parameter file, long enough\n", 34);
+    rc = run(out, sizeof out, 30, BIN "/oscar-inspect '%s'", path);
+    cr_expect_eq(rc, 2, "exit %d: %s", rc, out);
+    cr_expect(!strchr(out, '\x1b'), "escape in the error message: %s", out);
     rmrf(dir);
 }

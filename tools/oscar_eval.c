@@ -168,6 +168,29 @@ static oscar_params *load_copy(const char *path)
     return p;
 }
 
+/* An empty file of this process's own beside target (PATH.XXXXXX), for
+ * writing and renaming over target. 0 on success; on failure a message and
+ * out left empty. */
+static int ev_unique_temp(char *out, size_t n, const char *target) {
+    if (snprintf(out, n, "%s.XXXXXX", target) >= (int)n) {
+        out[0] = '\0';
+        fprintf(stderr, "oscar-eval: output path %s is too long\n", target);
+        return 1;
+    }
+    int fd = mkstemp(out);
+    if (fd < 0) {
+        fprintf(stderr, "oscar-eval: cannot create a temporary file beside %s: %s\n", target, strerror(errno));
+        out[0] = '\0';
+        return 1;
+    }
+    /* mkstemp makes it 0600; a report is not a secret (umask still applies) */
+    mode_t um = umask(0);
+    umask(um);
+    if (fchmod(fd, 0666 & ~um) != 0) { /* not fatal: the report is still written */ }
+    close(fd);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     ev_settings S;
@@ -706,15 +729,16 @@ int main(int argc, char **argv)
     S.wall_s = ev_now() - t_start;
     S.cpu_s = ev_cpu_seconds() - cpu_start;
     {
-        /* All or nothing: the report and the table are written as PATH.tmp
-         * and renamed only when both are complete; a failure leaves neither. */
+        /* All or nothing: the report and the table are written to
+         * temporaries of this run's own next to them (mkstemp: two runs, or a
+         * stale PATH.tmp, never share one) and renamed only when both are
+         * complete; a failure leaves neither. */
         const char *fj = S.out_json, *fm = S.out_md;
-        char jt[4200], mt[4200];
-        snprintf(jt, sizeof jt, "%s.tmp", fj);
-        if (fm) snprintf(mt, sizeof mt, "%s.tmp", fm);
+        char jt[4200] = "", mt[4200] = "";
+        int wrc = ev_unique_temp(jt, sizeof jt, fj) != 0 || (fm && ev_unique_temp(mt, sizeof mt, fm) != 0);
         S.out_json = jt;
         S.out_md = fm ? mt : NULL;
-        int wrc = ev_write_json(&R, &S) != 0 || (fm && ev_write_md(&R, &S) != 0);
+        wrc = wrc || ev_write_json(&R, &S) != 0 || (fm && ev_write_md(&R, &S) != 0);
         S.out_json = fj;
         S.out_md = fm;
         if (!wrc && rename(jt, fj) != 0) {
@@ -726,8 +750,8 @@ int main(int argc, char **argv)
             wrc = 1;
         }
         if (wrc) {
-            unlink(jt);
-            if (fm) unlink(mt);
+            if (jt[0]) unlink(jt);
+            if (fm && mt[0]) unlink(mt);
             fprintf(stderr, "oscar-eval: no report written\n");
             rc = 1;
         }

@@ -10,6 +10,26 @@
 
 #include "oscar/oscar.h"
 
+/* Prints s with control characters (C0, DEL, UTF-8 C1) and bytes that are
+ * not valid UTF-8 as \xNN: a path or a message may come from a hostile file
+ * and must not drive the terminal. */
+static void put_escaped(FILE *f, const char *s) {
+    const unsigned char *u = (const unsigned char *)s;
+    while (*u) {
+        int n = *u >= 0xf0 && *u <= 0xf4 ? 4 : *u >= 0xe0 && *u <= 0xef ? 3 : *u >= 0xc2 && *u <= 0xdf ? 2 : 1;
+        int ok = n > 1 || (*u >= 0x20 && *u < 0x7f);
+        for (int i = 1; i < n && ok; i++) ok = (u[i] & 0xc0) == 0x80;
+        if (ok && n == 2 && u[0] == 0xc2 && u[1] < 0xa0) ok = 0; /* C1 controls U+0080..U+009F */
+        if (ok) {
+            fwrite(u, 1, (size_t)n, f);
+            u += n;
+        } else {
+            fprintf(f, "\\x%02x", *u);
+            u++;
+        }
+    }
+}
+
 static int is_identity(int d, const float *R) {
     for (int i = 0; i < d; i++)
         for (int j = 0; j < d; j++)
@@ -47,7 +67,9 @@ int main(int argc, char **argv) {
     oscar_params *p = NULL;
     oscar_status s = oscar_params_load(argv[1], &p);
     if (s != OSCAR_OK) { /* the file given is the input: anything wrong with it is bad input */
-        fprintf(stderr, "oscar-inspect: %s: %s\n", oscar_status_string(s), oscar_last_error());
+        fprintf(stderr, "oscar-inspect: %s: ", oscar_status_string(s));
+        put_escaped(stderr, oscar_last_error()); /* names the path, maybe bytes of the file */
+        fputc('\n', stderr);
         return s == OSCAR_ERR_OUT_OF_MEMORY || s == OSCAR_ERR_INTERNAL ? 1 : 2;
     }
     oscar_params_info info;
@@ -56,13 +78,17 @@ int main(int argc, char **argv) {
         oscar_params_destroy(p);
         return 1;
     }
-    printf("file          %s\n", argv[1]);
+    fputs("file          ", stdout);
+    put_escaped(stdout, argv[1]);
+    fputc('\n', stdout);
     printf("method        %s\n", oscar_method_name(info.method));
     printf("shape         %d layers, %d query heads, %d KV heads, head_dim %d\n", info.num_layers, info.num_q_heads,
            info.num_kv_heads, info.head_dim);
     printf("rotations     %s\n", info.per_head ? "one per KV head" : "one per layer (K and V)");
     printf("calib tokens  %d\n", info.calib_tokens);
-    printf("model hash    %s\n", info.model_hash[0] ? info.model_hash : "(none)");
+    fputs("model hash    ", stdout);
+    put_escaped(stdout, info.model_hash[0] ? info.model_hash : "(none)"); /* the loader refuses controls; belt and braces */
+    fputc('\n', stdout);
     const int d = info.head_dim, nrot = info.per_head ? info.num_kv_heads : 1;
     const float *F0 = NULL;
     oscar_params_feedback(p, 0, 0, OSCAR_K, &F0);

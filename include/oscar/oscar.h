@@ -531,6 +531,19 @@ OSCAR_API oscar_status oscar_plan_workspace_init(oscar_plan *plan, void *workspa
  * by each call instead. */
 OSCAR_API oscar_status oscar_plan_check(oscar_plan *plan, void *workspace, void *stream);
 
+/* Buffer sizes. A CUDA or HIP device pointer (and a host pointer on the CPU
+ * backend) carries no size: the counts and strides of a call (num_pages,
+ * num_window_slots, num_seqs, block_table_stride, total_new / total_q, the
+ * strides, workspace_bytes, out_bytes / lse_bytes) are the caller's word
+ * that every buffer holds what they imply, and a buffer smaller than that is
+ * undefined behaviour the library cannot see (out-of-range block table
+ * entries and window slots are caught; a short pool is not). Only OpenCL,
+ * whose cl_mem knows its size, checks every buffer before a call runs.
+ * Sizes for the other buffers would come additively, as appended fields of
+ * the versioned oscar_attn_args (zero: "not given", as today) and of the
+ * planned oscar_append_args / oscar_decode_args (docs/API.md "Growing
+ * oscar_cache and oscar_batch"); oscar_cache and oscar_batch themselves stay
+ * as they are, since a new field there would break every caller's binary. */
 /* One layer's cache: both pools are caller-owned device memory. */
 typedef struct oscar_cache {
     void *pages;               /* paged pool: num_pages * page_bytes */
@@ -569,7 +582,10 @@ OSCAR_API oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cac
  * elements (0 = dense). sm_scale 0 means 1/sqrt(head_dim). Exact softmax over
  * sink, 2-bit history and recent window; the output is in the original
  * space unless rotated_output is 1 (then it is o R_V, for folding R_V^T into
- * the output projection). */
+ * the output projection). Scores are fp32: finite rows so large that
+ * |q~ . k~| * sm_scale passes ~3.4e38 (values near the bf16 limit, never a
+ * real model's) make that sequence's output NaN on every backend, unflagged
+ * (docs/API.md); an engine that cannot rule such rows out checks its output. */
 OSCAR_API oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache,
                                     const oscar_batch *batch, const void *q, int64_t q_stride, void *out,
                                     int64_t out_stride, float sm_scale, int rotated_output, void *workspace,

@@ -782,13 +782,18 @@ class PagedCache:
             view.write(a, stream)
         return view
 
+    def _check_layer(self, layer: int) -> None:
+        # Before any list lookup: Python would take -1 as the last layer and
+        # a layer past the end as a bare IndexError naming no field.
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
+            raise ValueError(f"layer {layer!r} out of range [0, {self.num_layers})")
+
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:
         """Appends rows k, v [total_new, num_kv_heads, head_dim] to layer
         ``layer``: ``new_tokens[i]`` rows for sequence i, in order (default:
         one token per sequence, a decode step)."""
-        if not 0 <= layer < self.num_layers:
-            raise ValueError(f"layer {layer} out of range [0, {self.num_layers})")
+        self._check_layer(layer)
         total = int(k.shape[0])
         n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else np.asarray(new_tokens, np.int64)
         if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
@@ -815,6 +820,7 @@ class PagedCache:
         """Decode attention of one query per sequence, q [num_seqs,
         num_q_heads, head_dim], over everything appended to the layer;
         returns ``out`` (allocated like q when not given)."""
+        self._check_layer(layer)
         if (self.lens[layer] < 1).any():
             raise ValueError(f"layer {layer}: every sequence needs an appended token before decode")
         if out is None:
@@ -840,6 +846,7 @@ class PagedCache:
         ``q_tokens[i]`` positions, causal over everything appended (chunked
         prefill, speculative verify, prefix reuse). Returns ``out``, or
         ``(out, lse)`` with ``lse`` [total_q, num_q_heads] float32 when asked."""
+        self._check_layer(layer)
         if self._by_handle:
             raise NotImplementedError("PagedCache.extend on OpenCL: use Plan.extend with device buffers")
         n = np.asarray(q_tokens, np.int64)

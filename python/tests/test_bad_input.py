@@ -127,3 +127,19 @@ def test_plan_snapshot_keeps_every_layout_field(cpu):
     assert plan.layout == lay
     assert plan.sizes == lay.sizes()
     assert plan.sizes.page_bytes > liboscar.Layout(**{**SMALL, "method": "oscar2"}).sizes().page_bytes
+
+
+def test_cache_layer_out_of_range_names_the_layer(cpu):
+    # decode and extend looked the layer up in Python lists first: a layer past
+    # the end was a bare IndexError, and -1 read the last layer's lengths.
+    lay = liboscar.Layout(num_q_heads=4, num_kv_heads=2, max_seq_len=256, sink=16, recent=32, page_size=16,
+                          kv_dtype="f16", method="int2")
+    cache = liboscar.Plan(cpu, lay).cache(num_layers=2, num_seqs=1)
+    k = np.ones((3, 2, 128), np.float16)
+    cache.append(1, k, k, new_tokens=[3])
+    q = np.ones((1, 4, 128), np.float16)
+    for layer in (-1, 2, 1.0, True):
+        for call in (lambda: cache.decode(layer, q), lambda: cache.extend(layer, q, [1]),
+                     lambda: cache.append(layer, k, k, new_tokens=[3])):
+            with pytest.raises(ValueError, match="layer"):
+                call()

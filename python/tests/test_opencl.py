@@ -162,3 +162,30 @@ def test_library_buffers_round_trip():
     with pytest.raises(ValueError, match="needs 80 bytes"):
         b.view((4, 5))
     b.close()
+
+
+# Shapes no model zoo entry names: GQA 8 on 5 KV heads, 3 on 7, 24 on 1, 12 on 3;
+# every head_dim and page size; lengths around S0 + W and the page boundaries.
+@pytest.mark.parametrize("hq,hkv,d,page,method", [(40, 5, 128, 32, "oscar2"), (21, 7, 64, 16, "bf16"),
+                                                  (24, 1, 256, 128, "quarot2"), (36, 3, 128, 64, "oscar2")])
+def test_unseen_shapes_on_opencl_match_cpu(cpu, rng, hq, hkv, d, page, method):
+    lay = liboscar.Layout(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, group=min(d, 128), sink=S0, recent=W,
+                          page_size=page, max_seq_len=1024, method=method)
+    prm = liboscar.Params.builtin(method, 1, hq, hkv, d)
+    lens = [1, S0 + W - 1, S0 + W, S0 + W + page + 1, 3 * page + 5]
+    caches = [liboscar.Plan(rt, lay, prm).cache(1, len(lens), 600) for rt in (_ocl, cpu)]
+
+    def r(n, h):
+        return liboscar.to_bf16(rng.standard_normal((n, h, d)).astype(np.float32))
+
+    k, v = r(sum(lens), hkv), r(sum(lens), hkv)
+    for c in caches:
+        c.append(0, k, v, new_tokens=lens)
+    k1, v1, q = r(len(lens), hkv), r(len(lens), hkv), r(len(lens), hq)
+    outs = []
+    for c in caches:
+        c.append(0, k1, v1)
+        outs.append(c.decode(0, q))
+    caches[0].check()
+    worst = rel(*outs)
+    assert worst < 8e-3, f"{hq}/{hkv}/{d} page {page} {method}: OpenCL differs from the CPU backend by {worst:.2e}"
