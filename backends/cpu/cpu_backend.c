@@ -716,6 +716,7 @@ static const oscar_backend_api k_cpu_api = {
     .append = cpu_append,
     .decode = cpu_decode,
     .extend = cpu_extend,
+    .caps = OSCAR_BACKEND_CAP_WIDE_CODES,
 };
 
 const oscar_backend_api *oscar_cpu_backend(void) { return &k_cpu_api; }

@@ -325,6 +325,7 @@ static const oscar_backend_api k_api = {
     g_shutdown,                g_device_name,     g_alloc,         g_free,
     g_write,                   g_read,            g_sync,          gpu_plan_create,
     gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
-    gpu_append,                gpu_decode,        gpu_extend};
+    gpu_append,                gpu_decode,        gpu_extend,
+    0 /* caps: no 3-bit head-tensors yet (the tensor-core decode does not read the 1-bit planes) */};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }

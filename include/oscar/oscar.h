@@ -48,8 +48,8 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
-                                       clips per KV head */
+#define OSCAR_BACKEND_ABI_VERSION 4 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
+                                       clips per KV head; 4: capability word (3-bit head-tensors) */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
 #define OSCAR_PARAMS_FORMAT_VERSION 4 /* 2: error-feedback weights; 3: clip ratios per KV head; 4: code
                                          widths per head-tensor (files are written with the lowest
