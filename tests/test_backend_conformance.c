@@ -1466,3 +1466,55 @@ Test(wide, d128_d256_mixed_batch_extend, .timeout = 900) {
         run_wide(&g, &c3, 3, l3, PREFILL, 0, 1);
     });
 }
+/* Plugins called past the runtime refuse code widths they cannot place, as the CPU backend does
+ * (format/layout.c oscar_format_planes): a width other than 2/3, more 3s in a layer than
+ * layout.wide_tensors, 3s on another method; and a plugin without the capability that has tensor-core
+ * decode kernels (CUDA) refuses every wide plan with a message. */
+static void wide_refusals(plug *g) {
+    cfg c = {64, 64, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    rc_rng r;
+    rc_rng_seed(&r, rc_fresh_seed());
+    oscar_layout_desc l;
+    int num_rot, identity;
+    float *rk, *rv, ck[LAYERS * RC_MAX_KV_HEADS], cv[LAYERS * RC_MAX_KV_HEADS];
+    rc_plan_setup(&c, LAYERS, &r, &l, &num_rot, &identity, &rk, &rv, ck, cv);
+    uint8_t bits[LAYERS * 4] = {2, 2, 2, 2, 3, 2, 2, 3};
+    const oscar_backend_api *apis[2] = {oscar_cpu_backend(), g->api};
+    void *ctxs[2] = {NULL, g->ctx};
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(apis[0]->init(0, &ctxs[0], &err), OSCAR_OK);
+    for (int w = 0; w < 2; w++) {
+        const int capable = (apis[w]->caps & OSCAR_BACKEND_CAP_WIDE_CODES) != 0;
+        struct { uint8_t b4, room; oscar_method m; oscar_status want; const char *says; } cases[] = {
+            {2, 2, OSCAR_METHOD_OSCAR2, OSCAR_OK, ""},
+            {4, 2, OSCAR_METHOD_OSCAR2, OSCAR_ERR_INVALID_ARGUMENT, "must be 2 or 3"},
+            {2, 1, OSCAR_METHOD_OSCAR2, OSCAR_ERR_SHAPE_MISMATCH, "wide_tensors"},
+            {2, 0, OSCAR_METHOD_QUAROT2, OSCAR_ERR_UNSUPPORTED, "oscar2"},
+        };
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            bits[5] = cases[k].b4;
+            l.wide_tensors = cases[k].room;
+            l.method = cases[k].m;
+            oscar_backend_plan_desc pd = {.layout = l, .num_layers = LAYERS, .num_rot = num_rot, .rot_k = rk,
+                                          .rot_v = rv, .clip_k = ck, .clip_v = cv, .code_bits = bits};
+            void *plan = NULL;
+            char variant[128] = "";
+            err.msg[0] = 0;
+            oscar_status s = apis[w]->plan_create(ctxs[w], &pd, &plan, variant, sizeof variant, &err);
+            if (!capable && !strcmp(apis[w]->name, "cuda")) { /* tensor-core decode: never a wide plan */
+                cr_expect_neq(s, OSCAR_OK, "cuda planned 3-bit head-tensors (%s)", variant);
+                if (s == OSCAR_ERR_UNSUPPORTED && cases[k].want == OSCAR_OK)
+                    cr_expect(strstr(err.msg, "code_bits") != NULL, "cuda: %s", err.msg);
+            } else if (capable) {
+                cr_expect_eq(s, cases[k].want, "%s case %zu: %s", apis[w]->name, k, err.msg);
+                cr_expect(strstr(err.msg, cases[k].says) != NULL, "%s case %zu: %s", apis[w]->name, k, err.msg);
+                if (s == OSCAR_OK) cr_expect(strstr(variant, "_w3") != NULL, "%s: variant %s", apis[w]->name, variant);
+            }
+            if (s == OSCAR_OK) apis[w]->plan_destroy(ctxs[w], plan);
+        }
+    }
+    apis[0]->shutdown(ctxs[0]);
+    free(rk);
+    free(rv);
+}
+Test(wide, plan_refuses_bad_code_bits, .timeout = 300) { FOR_EACH_BACKEND(g, wide_refusals(&g)); }

@@ -294,31 +294,16 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
         }
     }
     p->hi_off = (int64_t)g.hi;
-    if (desc->code_bits) { /* planes in (KV head, K/V) order within each layer, as the CPU backend */
-        if (l->method != OSCAR_METHOD_OSCAR2) {
-            plan_free(ctx, p);
-            return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "%s plan: 3-bit code widths need method oscar2", nm);
-        }
+    if (desc->code_bits) { /* the plane of each head-tensor (format/layout.c) */
         int32_t *pl = malloc(2 * nclip * sizeof(int32_t));
         if (!pl) {
             plan_free(ctx, p);
             return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
         }
-        for (size_t layer = 0; layer < nl; layer++) {
-            int next = 0;
-            for (size_t i = layer * (size_t)l->num_kv_heads * 2; i < (layer + 1) * (size_t)l->num_kv_heads * 2; i++) {
-                const uint8_t b = desc->code_bits[i];
-                if ((b != 2 && b != 3) || (b == 3 && next >= l->wide_tensors)) {
-                    free(pl);
-                    plan_free(ctx, p);
-                    return oscar_errbuf_set(err, b == 3 ? OSCAR_ERR_SHAPE_MISMATCH : OSCAR_ERR_INVALID_ARGUMENT,
-                                            "%s plan: code width %d of layer %zu KV head %zu %c: %s", nm, (int)b, layer,
-                                            i / 2 % (size_t)l->num_kv_heads, i % 2 ? 'V' : 'K',
-                                            b == 3 ? "more 3-bit head-tensors than layout.wide_tensors"
-                                                   : "must be 2 or 3");
-                }
-                pl[i] = b == 3 ? next++ : -1;
-            }
+        if ((st = oscar_format_planes(l, desc->num_layers, desc->code_bits, pl, why, sizeof why)) != OSCAR_OK) {
+            free(pl);
+            plan_free(ctx, p);
+            return oscar_errbuf_set(err, st, "%s plan: %s", nm, why);
         }
         const size_t pb = 2 * nclip * sizeof(int32_t);
         if ((st = V(ctx)->alloc(ctx, pb, &p->planes, err)) || (st = V(ctx)->write(ctx, p->planes, 0, pl, pb, NULL, err)) ||
