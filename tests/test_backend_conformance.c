@@ -482,6 +482,40 @@ static int rc_lse_off(double got, double ref, int tc, double abs_score) {
  * padding: nothing but the rows of the call may change. bt: the block table
  * to attend with (NULL: the batch's own). EXT_NOCU also runs decode and wants
  * the same bytes. */
+/* Device copies of an extend call's host arguments ca (the CPU backend's): cu_q, q, the output and LSE
+ * buffers (uploaded from out0 / lse0, poisoned by the caller), the batch, the device pools and workspace.
+ * dev_ext_free releases them. */
+typedef struct dev_ext {
+    dev_batch db;
+    void *cu, *q, *out, *lse;
+} dev_ext;
+static oscar_backend_extend_args dev_ext_of(env *e, const rc_paged *b, const oscar_backend_extend_args *ca,
+                                            const int32_t *cu, size_t qbytes, const void *out0, size_t obytes,
+                                            const void *lse0, size_t lbytes, dev_ext *d) {
+    plug *g = e->g;
+    d->cu = dev_upload(g, cu, (size_t)(b->num_seqs + 1) * 4);
+    d->q = dev_upload(g, ca->q, qbytes);
+    d->out = dev_upload(g, out0, obytes);
+    d->lse = dev_upload(g, lse0, lbytes);
+    oscar_backend_extend_args ga = *ca;
+    ga.cache = (oscar_cache){e->d_pages, b->num_pages, e->d_windows, b->num_slots};
+    ga.batch = dev_batch_of(e, b, &d->db);
+    ga.cu_q = ca->cu_q ? d->cu : NULL;
+    ga.q = d->q;
+    ga.out = d->out;
+    ga.lse = ca->lse ? d->lse : NULL;
+    ga.workspace = e->g_ws;
+    ga.workspace_bytes = e->g_ws_bytes;
+    return ga;
+}
+static void dev_ext_free(env *e, dev_ext *d) {
+    dev_batch_free(e, &d->db);
+    e->g->api->free(e->g->ctx, d->cu);
+    e->g->api->free(e->g->ctx, d->q);
+    e->g->api->free(e->g->ctx, d->out);
+    e->g->api->free(e->g->ctx, d->lse);
+}
+
 static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_ref *refs, rc_rng *r, const int *qn,
                          int rotated_output, int flags, uint64_t seed) {
     int Hq = e->l.num_q_heads, d = e->l.head_dim, nseq = b->num_seqs;
@@ -526,18 +560,9 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     cr_assert_eq(e->cpu->extend(e->cpu_ctx, e->cpu_plan, &ca, &err), OSCAR_OK, "seed %llu: cpu extend: %s",
                  (unsigned long long)seed, err.msg);
     plug *g = e->g;
-    dev_batch db;
-    void *dcu = dev_upload(g, cu, (size_t)(nseq + 1) * 4), *dq = dev_upload(g, qb, qbytes),
-         *dout = dev_upload(g, gob, obytes), *dlse = dev_upload(g, gob, lbytes);
-    oscar_backend_extend_args ga = ca;
-    ga.cache = (oscar_cache){e->d_pages, b->num_pages, e->d_windows, b->num_slots};
-    ga.batch = dev_batch_of(e, &bb, &db);
-    ga.cu_q = nocu ? NULL : dcu;
-    ga.q = dq;
-    ga.out = dout;
-    ga.lse = want_lse ? dlse : NULL;
-    ga.workspace = e->g_ws;
-    ga.workspace_bytes = e->g_ws_bytes;
+    dev_ext dx;
+    oscar_backend_extend_args ga = dev_ext_of(e, &bb, &ca, cu, qbytes, gob, obytes, gob, lbytes, &dx);
+    void *dout = dx.out, *dlse = dx.lse;
     cr_assert_eq(g->api->extend(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s extend: %s",
                  (unsigned long long)seed, g->api->name, err.msg);
     dev_download(g, gob, dout, obytes);
@@ -595,7 +620,7 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
         char *dec = malloc(obytes);
         rc_poison(dec, obytes);
         void *ddec = dev_upload(g, dec, obytes);
-        oscar_backend_decode_args da = {.layer = LAYER, .cache = ga.cache, .batch = ga.batch, .q = dq, .q_stride = qs,
+        oscar_backend_decode_args da = {.layer = LAYER, .cache = ga.cache, .batch = ga.batch, .q = dx.q, .q_stride = qs,
                                         .out = ddec, .out_stride = os, .sm_scale = sm,
                                         .rotated_output = rotated_output, .workspace = e->g_ws,
                                         .workspace_bytes = e->g_ws_bytes};
@@ -606,11 +631,7 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
         g->api->free(g->ctx, ddec);
         free(dec);
     }
-    dev_batch_free(e, &db);
-    g->api->free(g->ctx, dcu);
-    g->api->free(g->ctx, dq);
-    g->api->free(g->ctx, dout);
-    g->api->free(g->ctx, dlse);
+    dev_ext_free(e, &dx);
     free(cu);
     free(q);
     free(clse);
@@ -719,6 +740,21 @@ static void plant_ties(rc_rng *r, float *x, int n_tokens, int H, int d) {
 /* ext: an extend check after every append (extend_counts); share > 0: the
  * first `share` tokens of K/V are the same in every sequence, and the run ends
  * with check_shared_prefix; ties: plant_ties in the K/V rows. */
+/* New tokens of the next append of a schedule (TOKENS: one each, PREFILL: the rest, CHUNKS: random up to
+ * a page and a window); 0 when every sequence has reached its final length. */
+static int next_counts(rc_rng *r, const cfg *c, const rc_paged *b, const int *final_lens, int mode, int *n) {
+    int any = 0;
+    for (int i = 0; i < b->num_seqs; i++) {
+        int rem = final_lens[i] - b->seq_lens[i];
+        if (mode == TOKENS) n[i] = rem > 0;
+        else if (mode == PREFILL) n[i] = rem;
+        else n[i] = rem > 0 ? rc_randint(r, 0, rem < c->P + c->W + 5 ? rem : c->P + c->W + 5) : 0;
+        if (b->seq_lens[i] == 0 && n[i] == 0) n[i] = 1;
+        any |= n[i] > 0;
+    }
+    return any;
+}
+
 static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
                            int share, int ties) {
     cr_assert(nseq >= 1 && nseq <= 64);
@@ -763,16 +799,7 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
     int *n = malloc((size_t)nseq * sizeof *n), steps = 0;
     const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
     for (;;) {
-        int any = 0;
-        for (int i = 0; i < nseq; i++) {
-            int rem = final_lens[i] - b.seq_lens[i];
-            if (mode == TOKENS) n[i] = rem > 0;
-            else if (mode == PREFILL) n[i] = rem;
-            else n[i] = rem > 0 ? rc_randint(&r, 0, rem < c->P + c->W + 5 ? rem : c->P + c->W + 5) : 0;
-            if (b.seq_lens[i] == 0 && n[i] == 0) n[i] = 1;
-            any |= n[i] > 0;
-        }
-        if (!any) break;
+        if (!next_counts(&r, c, &b, final_lens, mode, n)) break;
         do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
         /* Token by token: check every few steps (PoCL under ASan is slow). */
         if (mode != TOKENS || steps % 7 == 0) check_cache(&e, &b, refs, seed, what);
@@ -1281,18 +1308,9 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
     cr_assert_eq(e->cpu->extend(e->cpu_ctx, e->cpu_plan, &ca, &err), OSCAR_OK, "seed %llu: cpu: %s",
                  (unsigned long long)seed, err.msg);
     plug *g = e->g;
-    dev_batch db;
-    void *dcu = dev_upload(g, cu, (size_t)(nseq + 1) * 4), *dq = dev_upload(g, qb, qbytes),
-         *dout = dev_upload(g, gob, obytes), *dlse = dev_upload(g, glse, lbytes);
-    oscar_backend_extend_args ga = ca;
-    ga.cache = (oscar_cache){e->d_pages, b->num_pages, e->d_windows, b->num_slots};
-    ga.batch = dev_batch_of(e, b, &db);
-    ga.cu_q = qn ? dcu : NULL;
-    ga.q = dq;
-    ga.out = dout;
-    ga.lse = lse ? dlse : NULL;
-    ga.workspace = e->g_ws;
-    ga.workspace_bytes = e->g_ws_bytes;
+    dev_ext dx;
+    oscar_backend_extend_args ga = dev_ext_of(e, b, &ca, cu, qbytes, gob, obytes, glse, lbytes, &dx);
+    void *dq = dx.q, *dout = dx.out, *dlse = dx.lse;
     if (qn || lse) {
         cr_assert_eq(g->api->extend(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s extend: %s",
                      (unsigned long long)seed, g->api->name, err.msg);
@@ -1338,11 +1356,7 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
                      (unsigned long long)seed, what);
     free(gf);
     free(cf);
-    dev_batch_free(e, &db);
-    g->api->free(g->ctx, dcu);
-    g->api->free(g->ctx, dq);
-    g->api->free(g->ctx, dout);
-    g->api->free(g->ctx, dlse);
+    dev_ext_free(e, &dx);
     free(cu);
     free(q);
     free(clse);
@@ -1403,16 +1417,7 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     int *n = malloc((size_t)nseq * sizeof *n), *qn = malloc((size_t)nseq * sizeof *qn), steps = 0;
     const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
     for (;;) {
-        int any = 0;
-        for (int i = 0; i < nseq; i++) {
-            int rem = final_lens[i] - b.seq_lens[i];
-            if (mode == TOKENS) n[i] = rem > 0;
-            else if (mode == PREFILL) n[i] = rem;
-            else n[i] = rem > 0 ? rc_randint(&r, 0, rem < c->P + c->W + 5 ? rem : c->P + c->W + 5) : 0;
-            if (b.seq_lens[i] == 0 && n[i] == 0) n[i] = 1;
-            any |= n[i] > 0;
-        }
-        if (!any) break;
+        if (!next_counts(&r, c, &b, final_lens, mode, n)) break;
         do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
         if (mode != TOKENS || steps % 7 == 0) wide_pools_vs_cpu(&e, &b, seed, what);
         if (mode != TOKENS || steps % 11 == 0) wide_attend_vs_cpu(&e, &b, &r, NULL, steps & 1, 0, seed);
