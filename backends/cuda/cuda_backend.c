@@ -271,9 +271,8 @@ static void g_release(void *ctx, gpu_kernels *k) {
 static oscar_status launch_kernel(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
                                   unsigned smem, const gpu_arg *args, int nargs, void *stream, int dep,
                                   oscar_errbuf *err) {
-    /* the generic store/demote kernels take 41 positional arguments since the 1-bit planes */
-    void *argv[64];
-    if (nargs > 64) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
+    void *argv[GPU_MAX_ARGS]; /* gpu_core.c checks its argument lists against it at compile time */
+    if (nargs > GPU_MAX_ARGS) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
     for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
     dim3 grid = {gx, gy, gz}, blk = {block, 1, 1};
     gpu_err_t e;

@@ -578,6 +578,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                         {&num_pages, 4}, {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                         {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8},
                         {&planes, sizeof planes}, {&plane_off, 4}, {&wide, 4}, {&hi_off, 8}};
+        GPU_ARGS_FIT(da);
         /* Blocks per (row kind, head, sequence); each walks rows x, x + gx, ...
          * A sequence demotes at most min(new tokens, W) rows, so size by the
          * mean new tokens per sequence: a decode step (one token each) gets
@@ -598,6 +599,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                     {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4}, {&max_len, 4},
                     {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8},
                     {&planes, sizeof planes}, {&plane_off, 4}, {&wide, 4}, {&hi_off, 8}};
+    GPU_ARGS_FIT(sa);
     return V(ctx)->launch(ctx, p->k.store, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, sa,
                           (int)(sizeof sa / sizeof sa[0]), a->stream, err);
 }
@@ -628,6 +630,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     void *ws = a->workspace;
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
+    GPU_ARGS_FIT(ra);
     /* Rotation and merge: 4 D threads (four groups sharing a row's dot products or
      * splits) while the grid is smaller than two blocks per compute unit, D threads
      * once Hq x rows blocks fill the device (the groups then cost more than the
@@ -739,6 +742,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
     const void *planes = p->wide ? p->planes : p->clip_k; /* absent: never read behind wide 0 */
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
+    GPU_ARGS_FIT(ra);
     oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, (unsigned)(4 * D), ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
@@ -750,6 +754,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
                        {&hi_off, 8},
                        /* extend only */
                        {&cu, sizeof cu}, {&has_cu, 4}, {&nseq, 4}, {&total_q, 4}, {&max_q, 4}};
+    GPU_ARGS_FIT(dargs);
     int nd = (int)(sizeof dargs / sizeof dargs[0]) - (ext ? 0 : 5);
     st = V(ctx)->launch(ctx, ext ? p->k.extend : p->k.decode, (unsigned)nsplit, (unsigned)(H * hch), (unsigned)rows,
                         (unsigned)threads, dargs, nd, a->stream, err);
@@ -760,6 +765,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
                     /* extend only */
                     {&cu, sizeof cu}, {&has_cu, 4}, {&nseq, 4}, {&total_q, 4}, {&max_q, 4}, {&lse, sizeof lse},
                     {&has_lse, 4}};
+    GPU_ARGS_FIT(ma);
     int nm = (int)(sizeof ma / sizeof ma[0]) - (ext ? 0 : 7);
     return V(ctx)->launch(ctx, ext ? p->k.merge_ext : p->k.merge, (unsigned)Hq, (unsigned)rows, 1, (unsigned)D, ma,
                           nm, a->stream, err);
