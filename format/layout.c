@@ -118,3 +118,28 @@ void oscar_page_geom_init(const oscar_layout_desc *l, oscar_page_geom *g) {
     g->page_bytes = g->hi + (size_t)g->wide * (size_t)g->P * g->hi_row_bytes;
     g->window_slot_bytes = 2 * (size_t)g->H * (size_t)(l->sink + l->recent) * (size_t)g->d * kvs;
 }
+
+oscar_status oscar_format_planes(const oscar_layout_desc *l, int num_layers, const uint8_t *code_bits, int32_t *out,
+                                 char *msg, size_t n) {
+    if (l->method != OSCAR_METHOD_OSCAR2) {
+        if (msg && n) snprintf(msg, n, "3-bit code widths need method oscar2 (the layout has %s)",
+                               oscar_format_method_name(l->method));
+        return OSCAR_ERR_UNSUPPORTED;
+    }
+    const size_t per = 2 * (size_t)l->num_kv_heads;
+    for (size_t layer = 0; layer < (size_t)num_layers; layer++) {
+        int next = 0;
+        for (size_t i = layer * per; i < (layer + 1) * per; i++) {
+            const uint8_t b = code_bits[i];
+            if ((b != 2 && b != 3) || (b == 3 && next >= l->wide_tensors)) {
+                if (msg && n)
+                    snprintf(msg, n, "code width %d of layer %zu KV head %zu %c: %s", (int)b, layer,
+                             i / 2 % (size_t)l->num_kv_heads, i % 2 ? 'V' : 'K',
+                             b == 3 ? "more 3-bit head-tensors than layout.wide_tensors" : "must be 2 or 3");
+                return b == 3 ? OSCAR_ERR_SHAPE_MISMATCH : OSCAR_ERR_INVALID_ARGUMENT;
+            }
+            out[i] = b == 3 ? next++ : -1;
+        }
+    }
+    return OSCAR_OK;
+}

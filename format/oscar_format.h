@@ -128,6 +128,15 @@ typedef struct oscar_page_geom {
 } oscar_page_geom;
 void oscar_page_geom_init(const oscar_layout_desc *l, oscar_page_geom *g);
 
+/* The 1-bit plane of every head-tensor (§2.7), one home for every backend: code_bits is
+ * [num_layers][H][2] (K, V) of 2 or 3; out (caller's, same shape) gets, for each 3, its plane index
+ * within its layer in (KV head, K/V) order, and -1 for each 2. Returns OSCAR_OK, or with a message in msg
+ * (msg_len bytes, may be 0): OSCAR_ERR_UNSUPPORTED for a method other than oscar2,
+ * OSCAR_ERR_INVALID_ARGUMENT for a width other than 2 or 3, OSCAR_ERR_SHAPE_MISMATCH for a layer with more
+ * 3s than l->wide_tensors. */
+oscar_status oscar_format_planes(const oscar_layout_desc *l, int num_layers, const uint8_t *code_bits, int32_t *out,
+                                 char *msg, size_t msg_len);
+
 /* Tokens of a sequence of L that live in the page pool (FORMAT.md §3.1, §3.4). */
 static inline int64_t oscar_paged_tokens(const oscar_layout_desc *l, int64_t L) {
     if (l->method == OSCAR_METHOD_BF16) return L;

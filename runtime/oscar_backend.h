@@ -57,10 +57,11 @@ typedef struct oscar_backend_plan_desc {
      * triangular, FORMAT.md §2.3), or NULL: round to nearest. */
     const float *fb_k, *fb_v;
     /* Code widths (FORMAT.md §2.7): [num_layers][num_kv_heads][2] (K, V), 2 or 3, or NULL: 2
-     * everywhere; layout.wide_tensors is at least each layer's count of 3s. Only the built-in CPU
-     * backend stores 3-bit head-tensors so far: the runtime refuses such parameters, and layouts
-     * with wide_tensors > 0, on every plugin (OSCAR_ERR_UNSUPPORTED) and gives plugins NULL here. A
-     * plugin that learns them will need a capability word in this ABI (not added yet). */
+     * everywhere; layout.wide_tensors is at least each layer's count of 3s. Given only to backends
+     * whose caps hold OSCAR_BACKEND_CAP_WIDE_CODES: the runtime refuses such parameters, and layouts
+     * with wide_tensors > 0, on every other backend (OSCAR_ERR_UNSUPPORTED). A backend with the
+     * capability may still refuse a plan whose kernels cannot read the planes (the CUDA tensor-core
+     * family), with OSCAR_ERR_UNSUPPORTED and a message. */
     const uint8_t *code_bits;
 } oscar_backend_plan_desc;
 
@@ -169,7 +170,13 @@ typedef struct oscar_backend_api {
     oscar_status (*decode)(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err);
     /* ABI 3. Workspace: workspace_bytes(max(num_seqs, total_q), max_seq_len). */
     oscar_status (*extend)(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err);
+    /* ABI 4. What the backend stores beyond the 2-bit format (OSCAR_BACKEND_CAP_*); 0: nothing, and
+     * the runtime refuses layouts and parameters that need more (OSCAR_ERR_UNSUPPORTED). */
+    uint32_t caps;
 } oscar_backend_api;
+
+/* caps: 3-bit head-tensors (layout.wide_tensors > 0, plan descriptor code_bits; FORMAT.md §2.7). */
+#define OSCAR_BACKEND_CAP_WIDE_CODES 0x1u
 
 typedef const oscar_backend_api *(*oscar_backend_entry_fn)(void);
 

@@ -167,6 +167,11 @@ static float *random_feedback(rc_rng *r, int num_rot, int d) {
  * through its environment switch: every CUDA plan must name it. */
 static const char *expect_cuda_variant;
 
+/* Set by the 3-bit head-tensor cases (FORMAT.md §2.7): code widths [LAYERS][H][2] given to both plans,
+ * and the layout's room for them (layout.wide_tensors). */
+static const uint8_t *wide_code_bits;
+static int wide_room;
+
 /* Returns 0 if the backend does not build this variant (skipped with a note).
  * fb: give both backends error-feedback weights. */
 static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int max_seqs, int max_len, int fb) {
@@ -174,6 +179,7 @@ static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int
     e->g = g;
     e->cpu = oscar_cpu_backend();
     rc_plan_setup(c, LAYERS, r, &e->l, &e->num_rot, &e->identity, &e->rot_k, &e->rot_v, e->clip_k, e->clip_v);
+    e->l.wide_tensors = wide_room;
     if (fb) {
         e->fb_k = random_feedback(r, e->num_rot, c->d);
         e->fb_v = random_feedback(r, e->num_rot, c->d);
@@ -181,7 +187,8 @@ static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int
     oscar_errbuf err = {{0}};
     oscar_backend_plan_desc pd = {.layout = e->l, .num_layers = LAYERS, .num_rot = e->num_rot,
                                   .identity_rotation = e->identity, .rot_k = e->rot_k, .rot_v = e->rot_v,
-                                  .clip_k = e->clip_k, .clip_v = e->clip_v, .fb_k = e->fb_k, .fb_v = e->fb_v};
+                                  .clip_k = e->clip_k, .clip_v = e->clip_v, .fb_k = e->fb_k, .fb_v = e->fb_v,
+                                  .code_bits = wide_code_bits};
     oscar_status s = g->api->plan_create(g->ctx, &pd, &e->g_plan, e->variant, sizeof e->variant, &err);
     /* OpenCL compiles every variant at plan time: none can be missing there,
      * a refusal of a valid shape is a bug (it hid GQA above 16). */
@@ -475,6 +482,40 @@ static int rc_lse_off(double got, double ref, int tc, double abs_score) {
  * padding: nothing but the rows of the call may change. bt: the block table
  * to attend with (NULL: the batch's own). EXT_NOCU also runs decode and wants
  * the same bytes. */
+/* Device copies of an extend call's host arguments ca (the CPU backend's): cu_q, q, the output and LSE
+ * buffers (uploaded from out0 / lse0, poisoned by the caller), the batch, the device pools and workspace.
+ * dev_ext_free releases them. */
+typedef struct dev_ext {
+    dev_batch db;
+    void *cu, *q, *out, *lse;
+} dev_ext;
+static oscar_backend_extend_args dev_ext_of(env *e, const rc_paged *b, const oscar_backend_extend_args *ca,
+                                            const int32_t *cu, size_t qbytes, const void *out0, size_t obytes,
+                                            const void *lse0, size_t lbytes, dev_ext *d) {
+    plug *g = e->g;
+    d->cu = dev_upload(g, cu, (size_t)(b->num_seqs + 1) * 4);
+    d->q = dev_upload(g, ca->q, qbytes);
+    d->out = dev_upload(g, out0, obytes);
+    d->lse = dev_upload(g, lse0, lbytes);
+    oscar_backend_extend_args ga = *ca;
+    ga.cache = (oscar_cache){e->d_pages, b->num_pages, e->d_windows, b->num_slots};
+    ga.batch = dev_batch_of(e, b, &d->db);
+    ga.cu_q = ca->cu_q ? d->cu : NULL;
+    ga.q = d->q;
+    ga.out = d->out;
+    ga.lse = ca->lse ? d->lse : NULL;
+    ga.workspace = e->g_ws;
+    ga.workspace_bytes = e->g_ws_bytes;
+    return ga;
+}
+static void dev_ext_free(env *e, dev_ext *d) {
+    dev_batch_free(e, &d->db);
+    e->g->api->free(e->g->ctx, d->cu);
+    e->g->api->free(e->g->ctx, d->q);
+    e->g->api->free(e->g->ctx, d->out);
+    e->g->api->free(e->g->ctx, d->lse);
+}
+
 static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_ref *refs, rc_rng *r, const int *qn,
                          int rotated_output, int flags, uint64_t seed) {
     int Hq = e->l.num_q_heads, d = e->l.head_dim, nseq = b->num_seqs;
@@ -519,18 +560,9 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     cr_assert_eq(e->cpu->extend(e->cpu_ctx, e->cpu_plan, &ca, &err), OSCAR_OK, "seed %llu: cpu extend: %s",
                  (unsigned long long)seed, err.msg);
     plug *g = e->g;
-    dev_batch db;
-    void *dcu = dev_upload(g, cu, (size_t)(nseq + 1) * 4), *dq = dev_upload(g, qb, qbytes),
-         *dout = dev_upload(g, gob, obytes), *dlse = dev_upload(g, gob, lbytes);
-    oscar_backend_extend_args ga = ca;
-    ga.cache = (oscar_cache){e->d_pages, b->num_pages, e->d_windows, b->num_slots};
-    ga.batch = dev_batch_of(e, &bb, &db);
-    ga.cu_q = nocu ? NULL : dcu;
-    ga.q = dq;
-    ga.out = dout;
-    ga.lse = want_lse ? dlse : NULL;
-    ga.workspace = e->g_ws;
-    ga.workspace_bytes = e->g_ws_bytes;
+    dev_ext dx;
+    oscar_backend_extend_args ga = dev_ext_of(e, &bb, &ca, cu, qbytes, gob, obytes, gob, lbytes, &dx);
+    void *dout = dx.out, *dlse = dx.lse;
     cr_assert_eq(g->api->extend(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s extend: %s",
                  (unsigned long long)seed, g->api->name, err.msg);
     dev_download(g, gob, dout, obytes);
@@ -588,7 +620,7 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
         char *dec = malloc(obytes);
         rc_poison(dec, obytes);
         void *ddec = dev_upload(g, dec, obytes);
-        oscar_backend_decode_args da = {.layer = LAYER, .cache = ga.cache, .batch = ga.batch, .q = dq, .q_stride = qs,
+        oscar_backend_decode_args da = {.layer = LAYER, .cache = ga.cache, .batch = ga.batch, .q = dx.q, .q_stride = qs,
                                         .out = ddec, .out_stride = os, .sm_scale = sm,
                                         .rotated_output = rotated_output, .workspace = e->g_ws,
                                         .workspace_bytes = e->g_ws_bytes};
@@ -599,11 +631,7 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
         g->api->free(g->ctx, ddec);
         free(dec);
     }
-    dev_batch_free(e, &db);
-    g->api->free(g->ctx, dcu);
-    g->api->free(g->ctx, dq);
-    g->api->free(g->ctx, dout);
-    g->api->free(g->ctx, dlse);
+    dev_ext_free(e, &dx);
     free(cu);
     free(q);
     free(clse);
@@ -712,6 +740,21 @@ static void plant_ties(rc_rng *r, float *x, int n_tokens, int H, int d) {
 /* ext: an extend check after every append (extend_counts); share > 0: the
  * first `share` tokens of K/V are the same in every sequence, and the run ends
  * with check_shared_prefix; ties: plant_ties in the K/V rows. */
+/* New tokens of the next append of a schedule (TOKENS: one each, PREFILL: the rest, CHUNKS: random up to
+ * a page and a window); 0 when every sequence has reached its final length. */
+static int next_counts(rc_rng *r, const cfg *c, const rc_paged *b, const int *final_lens, int mode, int *n) {
+    int any = 0;
+    for (int i = 0; i < b->num_seqs; i++) {
+        int rem = final_lens[i] - b->seq_lens[i];
+        if (mode == TOKENS) n[i] = rem > 0;
+        else if (mode == PREFILL) n[i] = rem;
+        else n[i] = rem > 0 ? rc_randint(r, 0, rem < c->P + c->W + 5 ? rem : c->P + c->W + 5) : 0;
+        if (b->seq_lens[i] == 0 && n[i] == 0) n[i] = 1;
+        any |= n[i] > 0;
+    }
+    return any;
+}
+
 static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
                            int share, int ties) {
     cr_assert(nseq >= 1 && nseq <= 64);
@@ -756,16 +799,7 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
     int *n = malloc((size_t)nseq * sizeof *n), steps = 0;
     const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
     for (;;) {
-        int any = 0;
-        for (int i = 0; i < nseq; i++) {
-            int rem = final_lens[i] - b.seq_lens[i];
-            if (mode == TOKENS) n[i] = rem > 0;
-            else if (mode == PREFILL) n[i] = rem;
-            else n[i] = rem > 0 ? rc_randint(&r, 0, rem < c->P + c->W + 5 ? rem : c->P + c->W + 5) : 0;
-            if (b.seq_lens[i] == 0 && n[i] == 0) n[i] = 1;
-            any |= n[i] > 0;
-        }
-        if (!any) break;
+        if (!next_counts(&r, c, &b, final_lens, mode, n)) break;
         do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
         /* Token by token: check every few steps (PoCL under ASan is slow). */
         if (mode != TOKENS || steps % 7 == 0) check_cache(&e, &b, refs, seed, what);
@@ -1239,3 +1273,291 @@ Test(extend, shared_prefix_pages, .timeout = 600) {
         run_scenario_x(&g, &c2, 4, lens, CHUNKS, 0, 1, 200, 0);
     });
 }
+
+/* ------------------------------------------------- 3-bit head-tensors */
+/* Plugins whose caps hold OSCAR_BACKEND_CAP_WIDE_CODES (OpenCL here) against the CPU backend with
+ * some head-tensors in 3 bits (FORMAT.md §2.7: 2-bit plane + 1-bit plane per page): random
+ * rotations, clips, error-feedback weights and code widths, fresh seeds, poisoned pools and
+ * outputs, awkward lengths in a mixed batch, every write schedule. After every append the pools
+ * must match the CPU backend's (windows byte for byte, page bytes but for rare boundary codes,
+ * untouched pages and unused planes still poisoned); decode and extend outputs (and LSE) must
+ * match the CPU backend's within output rounding. The CPU backend's 3-bit head-tensors equal the
+ * reference codec's bit for bit (test_eval_equivalence). */
+static void wide_pools_vs_cpu(env *e, const rc_paged *b, uint64_t seed, const char *what) {
+    dev_download(e->g, e->h_pages, e->d_pages, e->pages_bytes);
+    dev_download(e->g, e->h_windows, e->d_windows, e->windows_bytes);
+    const unsigned char *wa = e->h_windows, *wc = b->windows;
+    for (size_t j = 0; j < e->windows_bytes; j++)
+        cr_assert_eq(wa[j], wc[j], "seed %llu %s (%s, %s): window pool byte %zu: 0x%02x vs CPU 0x%02x",
+                     (unsigned long long)seed, e->g->api->name, e->variant, what, j, wa[j], wc[j]);
+    const unsigned char *a = e->h_pages, *c = b->pages;
+    size_t diff = 0, used = 0, pdiff = 0, pused = 0;
+    const size_t hi = b->g.hi, pb = b->page_bytes;
+    for (int pg = 0; pg < b->num_pages; pg++)
+        for (size_t j = 0; j < pb; j++) {
+            const size_t o = (size_t)pg * pb + j;
+            diff += a[o] != c[o];
+            if (j >= hi) pdiff += a[o] != c[o];
+        }
+    for (int i = 0; i < b->num_seqs; i++) used += (size_t)rc_pages_for(&e->l, b->seq_lens[i]) * pb;
+    for (int i = 0; i < b->num_seqs; i++) pused += (size_t)rc_pages_for(&e->l, b->seq_lens[i]) * (pb - hi);
+    /* each differing byte holds 4 codes (2-bit plane) or 8 code bits (1-bit plane): boundary codes only */
+    cr_assert_leq(diff * 200, used + 200, "seed %llu %s (%s, %s): %zu of %zu used page bytes differ from the CPU "
+                  "backend (%zu in the 1-bit planes)", (unsigned long long)seed, e->g->api->name, e->variant, what,
+                  diff, used, pdiff);
+    cr_assert_leq(pdiff * 100, pused + 100, "seed %llu %s (%s, %s): %zu of %zu 1-bit plane bytes differ from the CPU "
+                  "backend", (unsigned long long)seed, e->g->api->name, e->variant, what, pdiff, pused);
+}
+
+/* Decode (or extend with counts qn, cu_q; LSE when asked) on both backends from the same random q; the
+ * device's outputs within output rounding of the CPU backend's, padding untouched. */
+static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *qn, int rotated_output, int lse,
+                               uint64_t seed) {
+    int Hq = e->l.num_q_heads, d = e->l.head_dim, nseq = b->num_seqs;
+    size_t es = oscar_dtype_size(e->l.kv_dtype);
+    int32_t *cu = malloc((size_t)(nseq + 1) * sizeof *cu);
+    cu[0] = 0;
+    int maxq = 1;
+    for (int i = 0; i < nseq; i++) {
+        cu[i + 1] = cu[i] + (qn ? qn[i] : 1);
+        maxq = qn && qn[i] > maxq ? qn[i] : maxq;
+    }
+    int total = cu[nseq];
+    int64_t qs = (int64_t)Hq * d + rc_randint(r, 0, 2) * 8, os = (int64_t)Hq * d + rc_randint(r, 0, 2) * 8;
+    size_t qbytes = (size_t)total * qs * es, obytes = (size_t)(total + 1) * os * es;
+    size_t lbytes = (size_t)(total + 1) * Hq * sizeof(float);
+    float *q = malloc((size_t)total * Hq * d * sizeof *q), *clse = malloc(lbytes), *glse = malloc(lbytes);
+    char *qb = malloc(qbytes), *cob = malloc(obytes), *gob = malloc(obytes);
+    rc_gen_kv(r, total, Hq, d, 2, e->l.kv_dtype, q);
+    rc_poison(qb, qbytes);
+    rc_poison(cob, obytes);
+    rc_poison(gob, obytes);
+    rc_poison(clse, lbytes);
+    rc_poison(glse, lbytes);
+    for (int t = 0; t < total; t++)
+        rc_to_dtype(e->l.kv_dtype, q + (size_t)t * Hq * d, qb + (size_t)t * qs * es, (size_t)Hq * d);
+    float sm = (float)(rc_uniform(r) < 0.5 ? 1.0 / sqrt(d) : 0.3 / sqrt(d));
+    oscar_errbuf err = {{0}};
+    oscar_backend_extend_args ca = {.layer = LAYER, .cache = {b->pages, b->num_pages, b->windows, b->num_slots},
+                                    .batch = batch_of(b), .cu_q = qn ? cu : NULL, .total_q = total,
+                                    .max_q_len = maxq, .q = qb, .q_stride = qs, .out = cob, .out_stride = os,
+                                    .lse = lse ? clse : NULL, .sm_scale = sm, .rotated_output = rotated_output,
+                                    .workspace = e->cpu_ws, .workspace_bytes = sizeof e->cpu_ws};
+    cr_assert_eq(e->cpu->extend(e->cpu_ctx, e->cpu_plan, &ca, &err), OSCAR_OK, "seed %llu: cpu: %s",
+                 (unsigned long long)seed, err.msg);
+    plug *g = e->g;
+    dev_ext dx;
+    oscar_backend_extend_args ga = dev_ext_of(e, b, &ca, cu, qbytes, gob, obytes, glse, lbytes, &dx);
+    void *dq = dx.q, *dout = dx.out, *dlse = dx.lse;
+    if (qn || lse) {
+        cr_assert_eq(g->api->extend(g->ctx, e->g_plan, &ga, &err), OSCAR_OK, "seed %llu: %s extend: %s",
+                     (unsigned long long)seed, g->api->name, err.msg);
+    } else {
+        oscar_backend_decode_args da = {.layer = LAYER, .cache = ga.cache, .batch = ga.batch, .q = dq,
+                                        .q_stride = qs, .out = dout, .out_stride = os, .sm_scale = sm,
+                                        .rotated_output = rotated_output, .workspace = e->g_ws,
+                                        .workspace_bytes = e->g_ws_bytes};
+        cr_assert_eq(g->api->decode(g->ctx, e->g_plan, &da, &err), OSCAR_OK, "seed %llu: %s decode: %s",
+                     (unsigned long long)seed, g->api->name, err.msg);
+    }
+    dev_download(g, gob, dout, obytes);
+    dev_download(g, glse, dlse, lbytes);
+    cr_assert_eq(g->api->check(g->ctx, e->g_plan, e->g_ws, NULL, &err), OSCAR_OK, "seed %llu: check: %s",
+                 (unsigned long long)seed, err.msg);
+    const char *what = qn ? "extend" : lse ? "decode through extend" : "decode";
+    float *gf = malloc((size_t)Hq * d * sizeof *gf), *cf = malloc((size_t)Hq * d * sizeof *cf);
+    for (int t = 0; t < total; t++) {
+        rc_from_dtype(e->l.kv_dtype, gob + (size_t)t * os * es, gf, (size_t)Hq * d);
+        rc_from_dtype(e->l.kv_dtype, cob + (size_t)t * os * es, cf, (size_t)Hq * d);
+        /* each within output rounding (2^-8 / 2^-10 relative) plus 2e-4 of the largest output of its
+         * float64 value (FORMAT.md §5): two ulps and twice that floor between them */
+        double rel = e->l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x1p-7 : 0x1p-9, mx = 0.0;
+        for (int j = 0; j < Hq * d; j++) mx = fabs(cf[j]) > mx ? fabs(cf[j]) : mx;
+        for (int j = 0; j < Hq * d; j++) {
+            double a = fabs(gf[j]) > fabs(cf[j]) ? fabs(gf[j]) : fabs(cf[j]);
+            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + 4e-4 * mx,
+                          "seed %llu %s (%s): %s of query row %d output %d (head %d): %g vs CPU backend %g",
+                          (unsigned long long)seed, g->api->name, e->variant, what, t, j, j / d, gf[j], cf[j]);
+        }
+        for (size_t j = (size_t)Hq * d * es; j < (size_t)os * es; j++)
+            cr_assert_eq((unsigned char)gob[(size_t)t * os * es + j], 0xff, "seed %llu: %s wrote into the output "
+                         "stride padding", (unsigned long long)seed, what);
+        if (lse)
+            for (int h = 0; h < Hq; h++) {
+                double cl = clse[(size_t)t * Hq + h], gl = glse[(size_t)t * Hq + h];
+                cr_assert(fabs(gl - cl) <= 2e-4 * (1.0 + fabs(cl)), "seed %llu %s: LSE of row %d head %d: %g vs CPU %g",
+                          (unsigned long long)seed, what, t, h, gl, cl);
+            }
+    }
+    for (size_t j = 0; j < (size_t)os * es; j++) /* the row past total_q */
+        cr_assert_eq((unsigned char)gob[(size_t)total * os * es + j], 0xff, "seed %llu: %s wrote past total_q",
+                     (unsigned long long)seed, what);
+    free(gf);
+    free(cf);
+    dev_ext_free(e, &dx);
+    free(cu);
+    free(q);
+    free(clse);
+    free(glse);
+    free(qb);
+    free(cob);
+    free(gob);
+}
+
+static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext) {
+    if (!(g->api->caps & OSCAR_BACKEND_CAP_WIDE_CODES)) {
+        fprintf(stderr, "%s: no 3-bit head-tensors (caps 0x%x), skipped\n", g->api->name, (unsigned)g->api->caps);
+        return;
+    }
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    /* Code widths: in the layer under test the first KV head's K and the last one's V are 3 bits, the
+     * others at random; layer 0 one at random. Room for one plane more than any layer uses (unused
+     * planes must stay untouched). */
+    uint8_t bits[LAYERS * RC_MAX_KV_HEADS * 2];
+    int room = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        int n = 0;
+        const int one = rc_randint(&r, 0, 2 * c->H - 1);
+        for (int i = 0; i < 2 * c->H; i++) {
+            uint8_t b = 2;
+            if (l == LAYER) b = (i == 0 || i == 2 * c->H - 1 || rc_randint(&r, 0, 2) == 0) ? 3 : 2;
+            else b = i == one ? 3 : 2;
+            bits[l * 2 * c->H + i] = b;
+            n += b == 3;
+        }
+        room = n > room ? n : room;
+    }
+    wide_code_bits = bits;
+    wide_room = room + 1 <= 2 * c->H ? room + 1 : room;
+    int maxlen = 1;
+    for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
+    env e;
+    int ok = env_init(&e, g, c, &r, seed, ext ? nseq * EXT_MAX_Q : nseq, maxlen, fb);
+    wide_code_bits = NULL;
+    wide_room = 0;
+    cr_assert(ok, "seed %llu: %s has the capability but refused the plan", (unsigned long long)seed, g->api->name);
+    cr_assert(strstr(e.variant, "_w3") != NULL, "variant %s", e.variant);
+    size_t H = (size_t)c->H, d = (size_t)c->d;
+    float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
+    int32_t *maxl = malloc((size_t)nseq * sizeof *maxl);
+    for (int i = 0; i < nseq; i++) {
+        maxl[i] = final_lens[i];
+        K[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
+        V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
+        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
+        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
+    }
+    rc_paged b;
+    cr_assert_eq(rc_paged_init(&r, &e.l, nseq, maxl, 3, &b), 0);
+    env_bind_pools(&e, &b);
+    int *n = malloc((size_t)nseq * sizeof *n), *qn = malloc((size_t)nseq * sizeof *qn), steps = 0;
+    const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
+    for (;;) {
+        if (!next_counts(&r, c, &b, final_lens, mode, n)) break;
+        do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
+        if (mode != TOKENS || steps % 7 == 0) wide_pools_vs_cpu(&e, &b, seed, what);
+        if (mode != TOKENS || steps % 11 == 0) wide_attend_vs_cpu(&e, &b, &r, NULL, steps & 1, 0, seed);
+        if (ext && (mode != TOKENS || steps % 11 == 5)) {
+            extend_counts(&r, &b, n, qn);
+            wide_attend_vs_cpu(&e, &b, &r, qn, steps & 1, steps % 3 != 0, seed);
+        }
+        steps++;
+    }
+    wide_pools_vs_cpu(&e, &b, seed, what);
+    wide_attend_vs_cpu(&e, &b, &r, NULL, 0, 0, seed);
+    wide_attend_vs_cpu(&e, &b, &r, NULL, 1, 1, seed); /* cu_q NULL with an LSE */
+    if (ext) {
+        extend_counts(&r, &b, n, qn);
+        wide_attend_vs_cpu(&e, &b, &r, qn, 0, 1, seed);
+    }
+    for (int i = 0; i < nseq; i++) {
+        free(K[i]);
+        free(V[i]);
+    }
+    free(K);
+    free(V);
+    free(maxl);
+    free(n);
+    free(qn);
+    rc_paged_free(&b);
+    env_free(&e);
+}
+
+/* d 64, group 32, page 16, small windows: every region boundary, every schedule, nearest and feedback. */
+Test(wide, d64_g32_boundaries_all_schedules, .timeout = 900) {
+    cfg c = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    int lens[16];
+    int nl = boundary_lens(&c, lens);
+    FOR_EACH_BACKEND(g, {
+        run_wide(&g, &c, nl, lens, TOKENS, 1, 0);
+        run_wide(&g, &c, nl, lens, CHUNKS, 0, 1);
+        run_wide(&g, &c, nl, lens, PREFILL, 1, 1);
+    });
+}
+/* d 128 (tiny-qwen3's shape: GQA 4, group 128, page 64, per-head rotations), f16 windows, f32 metadata,
+ * and d 256 with GQA 8: awkward lengths in a mixed batch, chunked prefill with extend. */
+Test(wide, d128_d256_mixed_batch_extend, .timeout = 900) {
+    cfg c1 = {128, 128, 64, 8, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c2 = {128, 64, 32, 4, 12, 4, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
+    cfg c3 = {256, 128, 16, 2, 4, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    const int l1[] = {1, 23, 88, 150, 211, 333}, l2[] = {7, 77, 130}, l3[] = {5, 60, 97};
+    FOR_EACH_BACKEND(g, {
+        run_wide(&g, &c1, 6, l1, CHUNKS, 1, 1);
+        run_wide(&g, &c2, 3, l2, CHUNKS, 1, 1);
+        run_wide(&g, &c3, 3, l3, PREFILL, 0, 1);
+    });
+}
+/* Plugins called past the runtime refuse code widths they cannot place, as the CPU backend does
+ * (format/layout.c oscar_format_planes): a width other than 2/3, more 3s in a layer than
+ * layout.wide_tensors, 3s on another method; and a plugin without the capability that has tensor-core
+ * decode kernels (CUDA) refuses every wide plan with a message. */
+static void wide_refusals(plug *g) {
+    cfg c = {64, 64, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    rc_rng r;
+    rc_rng_seed(&r, rc_fresh_seed());
+    oscar_layout_desc l;
+    int num_rot, identity;
+    float *rk, *rv, ck[LAYERS * RC_MAX_KV_HEADS], cv[LAYERS * RC_MAX_KV_HEADS];
+    rc_plan_setup(&c, LAYERS, &r, &l, &num_rot, &identity, &rk, &rv, ck, cv);
+    uint8_t bits[LAYERS * 4] = {2, 2, 2, 2, 3, 2, 2, 3};
+    const oscar_backend_api *apis[2] = {oscar_cpu_backend(), g->api};
+    void *ctxs[2] = {NULL, g->ctx};
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(apis[0]->init(0, &ctxs[0], &err), OSCAR_OK);
+    for (int w = 0; w < 2; w++) {
+        const int capable = (apis[w]->caps & OSCAR_BACKEND_CAP_WIDE_CODES) != 0;
+        struct { uint8_t b4, room; oscar_method m; oscar_status want; const char *says; } cases[] = {
+            {2, 2, OSCAR_METHOD_OSCAR2, OSCAR_OK, ""},
+            {4, 2, OSCAR_METHOD_OSCAR2, OSCAR_ERR_INVALID_ARGUMENT, "must be 2 or 3"},
+            {2, 1, OSCAR_METHOD_OSCAR2, OSCAR_ERR_SHAPE_MISMATCH, "wide_tensors"},
+            {2, 0, OSCAR_METHOD_QUAROT2, OSCAR_ERR_UNSUPPORTED, "oscar2"},
+        };
+        for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+            bits[5] = cases[k].b4;
+            l.wide_tensors = cases[k].room;
+            l.method = cases[k].m;
+            oscar_backend_plan_desc pd = {.layout = l, .num_layers = LAYERS, .num_rot = num_rot, .rot_k = rk,
+                                          .rot_v = rv, .clip_k = ck, .clip_v = cv, .code_bits = bits};
+            void *plan = NULL;
+            char variant[128] = "";
+            err.msg[0] = 0;
+            oscar_status s = apis[w]->plan_create(ctxs[w], &pd, &plan, variant, sizeof variant, &err);
+            if (!capable && !strcmp(apis[w]->name, "cuda")) { /* tensor-core decode: never a wide plan */
+                cr_expect_neq(s, OSCAR_OK, "cuda planned 3-bit head-tensors (%s)", variant);
+                if (s == OSCAR_ERR_UNSUPPORTED && cases[k].want == OSCAR_OK)
+                    cr_expect(strstr(err.msg, "code_bits") != NULL, "cuda: %s", err.msg);
+            } else if (capable) {
+                cr_expect_eq(s, cases[k].want, "%s case %zu: %s", apis[w]->name, k, err.msg);
+                cr_expect(strstr(err.msg, cases[k].says) != NULL, "%s case %zu: %s", apis[w]->name, k, err.msg);
+                if (s == OSCAR_OK) cr_expect(strstr(variant, "_w3") != NULL, "%s: variant %s", apis[w]->name, variant);
+            }
+            if (s == OSCAR_OK) apis[w]->plan_destroy(ctxs[w], plan);
+        }
+    }
+    apis[0]->shutdown(ctxs[0]);
+    free(rk);
+    free(rv);
+}
+Test(wide, plan_refuses_bad_code_bits, .timeout = 300) { FOR_EACH_BACKEND(g, wide_refusals(&g)); }

@@ -55,8 +55,36 @@ static void tf_attention(const float *q, const float *k, const float *v, const f
 
 /* chunk 0: one oscar_append + oscar_decode per token; chunk N: oscar_append
  * of N tokens, then oscar_extend with their N queries. */
-static void run_case_w(oscar_method m, int group, int feedback, int chunk, int wide)
+/* 1 if $OSCAR_REQUIRE_BACKENDS names the backend (CI: opencl). */
+static int required(const char *name) {
+    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
+    return r && strstr(r, name) != NULL;
+}
+
+/* Device copy of host bytes (backend != cpu), or the host pointer itself (cpu). */
+static void *dev_copy(oscar_runtime *rt, int dev, const void *src, size_t bytes) {
+    if (!dev) return (void *)src;
+    void *b = NULL;
+    cr_assert_eq(oscar_buffer_alloc(rt, bytes ? bytes : 16, &b), OSCAR_OK, "%s", oscar_last_error());
+    if (bytes) cr_assert_eq(oscar_buffer_write(rt, b, 0, src, bytes, NULL), OSCAR_OK, "%s", oscar_last_error());
+    return b;
+}
+
+/* backend: "cpu" (host buffers), or a plugin driven through the public API with device buffers (skipped
+ * when it cannot run here, unless $OSCAR_REQUIRE_BACKENDS names it); a plugin's fp32 kernels are held to
+ * output rounding plus 2e-4 of the largest output (FORMAT.md §5). */
+static void run_case_b(oscar_method m, int group, int feedback, int chunk, int wide, const char *backend)
 {
+    /* The paged cache's runtime first: a backend that cannot run here is skipped before any work. */
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = backend;
+    oscar_runtime *rt = NULL;
+    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
+        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
+        cr_skip_test("%s not available: %s", backend, oscar_last_error());
+    }
+    const int dev = strcmp(backend, "cpu") != 0;
     uint64_t seed = rc_fresh_seed();
     rc_rng rng;
     rc_rng_seed(&rng, seed);
@@ -173,12 +201,7 @@ static void run_case_w(oscar_method m, int group, int feedback, int chunk, int w
         }
     }
 
-    /* The paged cache on the CPU backend. */
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "cpu";
-    oscar_runtime *rt = NULL;
-    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    /* The paged cache on the chosen backend. */
     oscar_layout_desc l;
     oscar_layout_default(&l);
     l.head_dim = D;
@@ -200,13 +223,31 @@ static void run_case_w(oscar_method m, int group, int feedback, int chunk, int w
     cr_assert_eq(oscar_plan_workspace_bytes(plan, chunk > 0 ? chunk : 1, T, &wsb), OSCAR_OK, "%s", oscar_last_error());
     void *ws = malloc(wsb ? wsb : 1);
     cr_assert(ws);
+    if (dev) {
+        free(ws);
+        cr_assert_eq(oscar_buffer_alloc(rt, wsb, &ws), OSCAR_OK, "%s", oscar_last_error());
+    }
     cr_assert_eq(oscar_plan_workspace_init(plan, ws, NULL), OSCAR_OK, "%s", oscar_last_error());
-    oscar_cache cache = {pb.pages, pb.num_pages, pb.windows, pb.num_slots};
-    oscar_batch b = {1, pb.seq_lens, pb.window_slots, pb.block_table, pb.stride, T};
+    /* device pools start as the host ones (poisoned) */
+    void *dpages = dev_copy(rt, dev, pb.pages, pb.page_bytes * (size_t)pb.num_pages),
+         *dwin = dev_copy(rt, dev, pb.windows, pb.slot_bytes * (size_t)pb.num_slots + 1),
+         *dslots = dev_copy(rt, dev, pb.window_slots, (size_t)pb.num_slots * 4),
+         *dbt = dev_copy(rt, dev, pb.block_table, (size_t)pb.stride * 4),
+         *dlens = dev_copy(rt, dev, pb.seq_lens, 4);
+    oscar_cache cache = {dpages, pb.num_pages, dwin, pb.num_slots};
+    oscar_batch b = {1, dlens, dslots, dbt, pb.stride, T};
     enum { NMAX = 32 }; /* largest chunk of the cases */
     cr_assert(chunk >= 0 && chunk <= NMAX);
     const int step = chunk > 0 ? chunk : 1;
     uint16_t kb[NMAX * HKV * D], vb[NMAX * HKV * D], qb[NMAX * HQ * D], obuf[NMAX * HQ * D];
+    void *dk = kb, *dv = vb, *dq = qb, *dout = obuf, *dcu = NULL;
+    if (dev) {
+        cr_assert_eq(oscar_buffer_alloc(rt, sizeof kb, &dk), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_buffer_alloc(rt, sizeof vb, &dv), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_buffer_alloc(rt, sizeof qb, &dq), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_buffer_alloc(rt, sizeof obuf, &dout), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_buffer_alloc(rt, 8, &dcu), OSCAR_OK, "%s", oscar_last_error());
+    }
     double ref[HQ * D], shifted[HQ * D], engine_ref[HQ * D];
     int bad_steps = 0, shift_caught[2] = {0, 0};
     double worst = 0.0, worst_engine = 0.0;
@@ -219,23 +260,38 @@ static void run_case_w(oscar_method m, int group, int feedback, int chunk, int w
         rc_to_dtype(OSCAR_DTYPE_BF16, v + (size_t)t0 * HKV * D, vb, (size_t)n * HKV * D);
         rc_to_dtype(OSCAR_DTYPE_BF16, q + (size_t)t0 * HQ * D, qb, (size_t)n * HQ * D);
         rc_poison(obuf, sizeof obuf);
-        cr_assert_eq(oscar_append(plan, 0, &cache, &b, cu, n, kb, vb, 0, ws, wsb, NULL), OSCAR_OK,
+        if (dev) {
+            cr_assert_eq(oscar_buffer_write(rt, dk, 0, kb, sizeof kb, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_buffer_write(rt, dv, 0, vb, sizeof vb, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_buffer_write(rt, dq, 0, qb, sizeof qb, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_buffer_write(rt, dout, 0, obuf, sizeof obuf, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_buffer_write(rt, dcu, 0, cu, sizeof cu, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_buffer_write(rt, dlens, 0, pb.seq_lens, 4, NULL), OSCAR_OK, "%s", oscar_last_error());
+        }
+        const int32_t *ucu = dev ? (const int32_t *)dcu : cu;
+        cr_assert_eq(oscar_append(plan, 0, &cache, &b, ucu, n, dk, dv, 0, ws, wsb, NULL), OSCAR_OK,
                      "%s step %d: %s (seed %llu)", mname, t0, oscar_last_error(), (unsigned long long)seed);
         if (chunk == 0) {
-            cr_assert_eq(oscar_decode(plan, 0, &cache, &b, qb, 0, obuf, 0, 0.0f, 0, ws, wsb, NULL), OSCAR_OK,
+            cr_assert_eq(oscar_decode(plan, 0, &cache, &b, dq, 0, dout, 0, 0.0f, 0, ws, wsb, NULL), OSCAR_OK,
                          "%s step %d: %s (seed %llu)", mname, t0, oscar_last_error(), (unsigned long long)seed);
         } else {
             oscar_attn_args a;
             oscar_attn_args_default(&a);
-            a.cu_q = cu, a.total_q = n, a.max_q_len = n, a.q = qb, a.out = obuf, a.out_bytes = sizeof obuf;
+            a.cu_q = ucu, a.total_q = n, a.max_q_len = n, a.q = dq, a.out = dout, a.out_bytes = sizeof obuf;
             a.workspace = ws, a.workspace_bytes = wsb;
             cr_assert_eq(oscar_extend(plan, 0, &cache, &b, &a), OSCAR_OK, "%s chunk at %d: %s (seed %llu)", mname,
                          t0, oscar_last_error(), (unsigned long long)seed);
         }
+        if (dev) {
+            cr_assert_eq(oscar_buffer_read(rt, obuf, dout, 0, sizeof obuf, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_synchronize(rt, NULL), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(oscar_plan_check(plan, ws, NULL), OSCAR_OK, "%s step %d: %s", mname, t0, oscar_last_error());
+        }
         for (int t = t0; t < t0 + n; t++) {
             const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
             tf_attention(q, kw, vw, kq, vq, t, 0, chunk, ref);
-            int nbad = rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
+            int nbad = dev ? rc_check_output_abs(OSCAR_DTYPE_BF16, ob, ref, HQ * D, 2e-4, msg, sizeof msg)
+                           : rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
             if (nbad && !bad_steps) snprintf(first, sizeof first, "step %d: %d outputs off, %s", t, nbad, msg);
             bad_steps += nbad > 0;
             double mx = 0.0, err = 0.0;
@@ -257,19 +313,24 @@ static void run_case_w(oscar_method m, int group, int feedback, int chunk, int w
             }
         }
     }
-    cr_log_info("%s group %d: worst |decode - teacher-forced| / max|ref| = %.3g with the cache's rotated bf16 "
-                "windows, %.3g with the engine's unrotated bf16 rows (seed %llu)", mname, group, worst, worst_engine,
+    cr_log_info("%s %s group %d: worst |decode - teacher-forced| / max|ref| = %.3g with the cache's rotated bf16 "
+                "windows, %.3g with the engine's unrotated bf16 rows (seed %llu)", backend, mname, group, worst, worst_engine,
                 (unsigned long long)seed);
     /* The unrotated-window approximation costs at most a few bf16 steps of
      * the rotated row, relative to the output's scale. */
     cr_expect_leq(worst_engine, 0x1p-4, "%s group %d: engine-style bf16 windows differ from the cache by %.3g of "
                   "max|out| (seed %llu)", mname, group, worst_engine, (unsigned long long)seed);
-    cr_expect_eq(bad_steps, 0, "%s group %d: paged decode differs from the teacher-forced rule at %d of %d steps; "
-                 "first: %s (seed %llu)", mname, group, bad_steps, T, first, (unsigned long long)seed);
+    cr_expect_eq(bad_steps, 0, "%s %s group %d: paged decode differs from the teacher-forced rule at %d of %d steps; "
+                 "first: %s (seed %llu)", backend, mname, group, bad_steps, T, first, (unsigned long long)seed);
     cr_expect_gt(shift_caught[0] + shift_caught[1], 0,
                  "%s: the region shifted by one key is indistinguishable, the test cannot see the boundary "
                  "(seed %llu)", mname, (unsigned long long)seed);
-    free(ws);
+    if (dev) {
+        void *bufs[] = {ws, dpages, dwin, dslots, dbt, dlens, dk, dv, dq, dout, dcu};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) oscar_buffer_free(rt, bufs[i]);
+    } else {
+        free(ws);
+    }
     rc_paged_free(&pb);
     oscar_plan_destroy(plan);
     oscar_runtime_destroy(rt);
@@ -277,6 +338,9 @@ static void run_case_w(oscar_method m, int group, int feedback, int chunk, int w
     free(k), free(v), free(q), free(kq), free(vq), free(kw), free(vw);
 }
 
+static void run_case_w(oscar_method m, int group, int feedback, int chunk, int wide) {
+    run_case_b(m, group, feedback, chunk, wide, "cpu");
+}
 static void run_case_x(oscar_method m, int group, int feedback, int chunk)
 {
     run_case_w(m, group, feedback, chunk, 0);
@@ -301,3 +365,11 @@ Test(eval_equivalence, int2_chunked_32) { run_case_x(OSCAR_METHOD_INT2, 128, 0, 
  * a chunked extend (demotions inside the chunk). */
 Test(eval_equivalence, oscar2_wide_feedback) { run_case_w(OSCAR_METHOD_OSCAR2, 128, 1, 0, 1); }
 Test(eval_equivalence, oscar2_wide_group32_chunked_7) { run_case_w(OSCAR_METHOD_OSCAR2, 32, 1, 7, 1); }
+/* The same two cases on the OpenCL plugin through the public API (the runtime's capability check,
+ * device buffers): its generic kernels store and read the 1-bit planes as the reference codec does. */
+Test(eval_equivalence, oscar2_wide_feedback_opencl, .timeout = 600) {
+    run_case_b(OSCAR_METHOD_OSCAR2, 128, 1, 0, 1, "opencl");
+}
+Test(eval_equivalence, oscar2_wide_group32_chunked_7_opencl, .timeout = 600) {
+    run_case_b(OSCAR_METHOD_OSCAR2, 32, 1, 7, 1, "opencl");
+}

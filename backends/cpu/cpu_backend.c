@@ -24,7 +24,7 @@ typedef struct cpu_plan {
     float *rot_k, *rot_v; /* [layers][num_rot][d][d], NULL when identity */
     float *fb_k, *fb_v;   /* [layers][num_rot][d][d] error-feedback weights, NULL: nearest rounding */
     float *clip_k, *clip_v; /* [layers][kv heads], 1 for methods that never clip */
-    int8_t *plane;          /* [layers][kv heads][2]: 1-bit plane of a 3-bit head-tensor (FORMAT.md §2.7),
+    int32_t *plane;         /* [layers][kv heads][2]: 1-bit plane of a 3-bit head-tensor (FORMAT.md §2.7),
                                -1 for 2 bits; NULL: 2 bits everywhere */
     float lut[256][4];      /* byte of 4 codes -> 4 levels */
 } cpu_plan;
@@ -167,30 +167,17 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
         p->clip_k[i] = ck;
         p->clip_v[i] = cv;
     }
-    if (desc->code_bits) { /* planes in (KV head, K/V) order within each layer */
-        if (l->method != OSCAR_METHOD_OSCAR2) {
-            cpu_plan_free(p);
-            return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "cpu plan: 3-bit code widths need method oscar2");
-        }
-        p->plane = malloc(nclip * 2);
+    if (desc->code_bits) { /* the plane of each head-tensor (format/layout.c) */
+        p->plane = malloc(nclip * 2 * sizeof *p->plane);
         if (!p->plane) {
             cpu_plan_free(p);
             return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory");
         }
-        for (size_t layer = 0; layer < nl; layer++) {
-            int next = 0;
-            for (size_t i = layer * (size_t)l->num_kv_heads * 2; i < (layer + 1) * (size_t)l->num_kv_heads * 2; i++) {
-                const uint8_t b = desc->code_bits[i];
-                if ((b != 2 && b != 3) || (b == 3 && next >= l->wide_tensors)) {
-                    cpu_plan_free(p);
-                    return oscar_errbuf_set(err, b == 3 ? OSCAR_ERR_SHAPE_MISMATCH : OSCAR_ERR_INVALID_ARGUMENT,
-                                            "cpu plan: code width %d of layer %zu KV head %zu %c: %s", (int)b, layer,
-                                            i / 2 % (size_t)l->num_kv_heads, i % 2 ? 'V' : 'K',
-                                            b == 3 ? "more 3-bit head-tensors than layout.wide_tensors"
-                                                   : "must be 2 or 3");
-                }
-                p->plane[i] = (int8_t)(b == 3 ? next++ : -1);
-            }
+        char why[256];
+        oscar_status ps = oscar_format_planes(l, (int)nl, desc->code_bits, p->plane, why, sizeof why);
+        if (ps != OSCAR_OK) {
+            cpu_plan_free(p);
+            return oscar_errbuf_set(err, ps, "cpu plan: %s", why);
         }
     }
     static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
@@ -716,6 +703,7 @@ static const oscar_backend_api k_cpu_api = {
     .append = cpu_append,
     .decode = cpu_decode,
     .extend = cpu_extend,
+    .caps = OSCAR_BACKEND_CAP_WIDE_CODES,
 };
 
 const oscar_backend_api *oscar_cpu_backend(void) { return &k_cpu_api; }

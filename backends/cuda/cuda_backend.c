@@ -271,8 +271,8 @@ static void g_release(void *ctx, gpu_kernels *k) {
 static oscar_status launch_kernel(void *ctx, const void *kernel, unsigned gx, unsigned gy, unsigned gz, unsigned block,
                                   unsigned smem, const gpu_arg *args, int nargs, void *stream, int dep,
                                   oscar_errbuf *err) {
-    void *argv[40];
-    if (nargs > 40) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
+    void *argv[GPU_MAX_ARGS]; /* gpu_core.c checks its argument lists against it at compile time */
+    if (nargs > GPU_MAX_ARGS) return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, GPU_NAME ": too many kernel arguments");
     for (int i = 0; i < nargs; i++) argv[i] = (void *)args[i].p;
     dim3 grid = {gx, gy, gz}, blk = {block, 1, 1};
     gpu_err_t e;
@@ -325,6 +325,7 @@ static const oscar_backend_api k_api = {
     g_shutdown,                g_device_name,     g_alloc,         g_free,
     g_write,                   g_read,            g_sync,          gpu_plan_create,
     gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
-    gpu_append,                gpu_decode,        gpu_extend};
+    gpu_append,                gpu_decode,        gpu_extend,
+    0 /* caps: no 3-bit head-tensors yet (the tensor-core decode does not read the 1-bit planes) */};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }

@@ -19,6 +19,12 @@ typedef struct oscar_append1_params {
     const float *clip_k, *clip_v; /* device [layers][kv heads] clip ratios */
     int32_t clip_off;             /* the layer's row: layer * kv heads */
     int32_t num_pages, num_slots, bt_stride, H, lp, S0, W, max_len;
+    /* 3-bit head-tensors (FORMAT.md §2.7; block-wide kernels only): planes[plane_off + 2 h + kv] is the
+     * 1-bit plane index of (layer, KV head h, K/V) or -1, read only when wide; hi_off: the first
+     * plane's offset in a page. */
+    const int32_t *planes;
+    int32_t plane_off, wide;
+    int64_t hi_off;
 } oscar_append1_params;
 
 #endif

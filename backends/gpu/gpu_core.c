@@ -30,6 +30,12 @@ typedef struct gpu_plan {
     void *rot_k, *rot_v, *rot_vt; /* device fp32 [layers][num_rot][d][d]; rot_vt transposed; NULL if identity */
     void *fb_k, *fb_v; /* device fp32 error-feedback weights, same layout; NULL: round to nearest */
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
+    /* 3-bit head-tensors (FORMAT.md §2.7): planes is device int32 [layers][kv heads][2] (K, V), the
+     * 1-bit plane index of each head-tensor or -1 (2 bits); NULL and wide 0 when the descriptor has
+     * no code_bits. hi_off: the first plane's offset in a page. */
+    void *planes;
+    int wide;
+    int64_t hi_off;
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
     /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
@@ -162,6 +168,7 @@ static void plan_free(void *ctx, gpu_plan *p) {
     if (p->k.owner || p->k.decode) V(ctx)->release(ctx, &p->k);
     if (p->clip_k) V(ctx)->free(ctx, p->clip_k);
     if (p->clip_v) V(ctx)->free(ctx, p->clip_v);
+    if (p->planes) V(ctx)->free(ctx, p->planes);
     free(p);
 }
 
@@ -286,11 +293,42 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
             return st;
         }
     }
+    p->hi_off = (int64_t)g.hi;
+    if (desc->code_bits) { /* the plane of each head-tensor (format/layout.c) */
+        int32_t *pl = malloc(2 * nclip * sizeof(int32_t));
+        if (!pl) {
+            plan_free(ctx, p);
+            return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
+        }
+        if ((st = oscar_format_planes(l, desc->num_layers, desc->code_bits, pl, why, sizeof why)) != OSCAR_OK) {
+            free(pl);
+            plan_free(ctx, p);
+            return oscar_errbuf_set(err, st, "%s plan: %s", nm, why);
+        }
+        const size_t pb = 2 * nclip * sizeof(int32_t);
+        if ((st = V(ctx)->alloc(ctx, pb, &p->planes, err)) || (st = V(ctx)->write(ctx, p->planes, 0, pl, pb, NULL, err)) ||
+            (st = V(ctx)->sync(ctx, NULL, err))) {
+            free(pl);
+            plan_free(ctx, p);
+            return st;
+        }
+        free(pl);
+        p->wide = 1;
+    }
     if ((st = V(ctx)->select(ctx, &p->l, &p->k, err))) {
         plan_free(ctx, p);
         return st;
     }
-    if (variant && variant_len) snprintf(variant, variant_len, "%s:%s", nm, p->k.name);
+    if (p->wide && p->k.tc) {
+        /* The generic kernels read the 1-bit planes; the tensor-core family does not yet. */
+        plan_free(ctx, p);
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "%s plan: the tensor-core decode kernels do not read 3-bit head-tensors (code_bits, "
+                                "FORMAT.md 2.7) yet; use the cpu or opencl backend, or parameters calibrated without "
+                                "--wide-bits",
+                                nm);
+    }
+    if (variant && variant_len) snprintf(variant, variant_len, "%s:%s%s", nm, p->k.name, p->wide ? "_w3" : "");
     *bplan = p;
     return OSCAR_OK;
 }
@@ -480,13 +518,18 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     void *rk = p->rot_k, *rv = p->rot_v, *fk = p->fb_k, *fv = p->fb_v;
     int fb_on = fk != NULL;
     int64_t ctas = (int64_t)a->total_new * 2 * H;
+    /* 3-bit head-tensors: the plane table's row of this layer (absent: a buffer never read behind wide 0) */
+    int wide = p->wide, plane_off = a->layer * H * 2;
+    int64_t hi_off = p->hi_off;
+    const void *planes = p->wide ? p->planes : p->clip_k;
     oscar_append1_params ap = {
         .k = k, .v = v, .pages = pages, .windows = windows, .bt = bt, .lens = lens, .slots = slots,
         .cu_new = cu, .ws = ws, .rot_k = rk, .rot_v = rv, .fb_k = fk, .fb_v = fv, .kv_stride = kv_stride,
         .rot_off = rot_off, .page_bytes = page_bytes, .slot_bytes = slot_bytes, .kc_off = kc, .vc_off = vc,
         .km_off = km, .vm_off = vm, .total_new = a->total_new, .nseq = nseq, .num_rot = num_rot,
         .identity = identity, .lm = lm, .clip_k = ck, .clip_v = cv, .clip_off = clip_off,
-        .num_pages = num_pages, .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len};
+        .num_pages = num_pages, .num_slots = num_slots, .bt_stride = bt_stride, .H = H, .lp = lp, .S0 = S0, .W = W, .max_len = max_len,
+        .planes = planes, .plane_off = plane_off, .wide = wide, .hi_off = hi_off};
     gpu_arg aa[] = {{&ap, sizeof ap}};
     /* Warp write path (CUDA, quantized): two warps per (token, row kind, head), every
      * row's quantization inside one warp. Same slot rule as the one-launch path (with
@@ -501,7 +544,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * than the warp path's whole grid (measured, perf/RESULTS-attention.md). Same slot
      * rule as below. */
     int tile_wins = (D >= 128 && (fk || D > 128)) || p->tile_ctas == 0; /* 0: forced (tests, A/B) */
-    if (p->quantized && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
+    /* The tile and warp write paths do not store 1-bit planes: wide plans take the block-wide kernels. */
+    if (p->quantized && !p->wide && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
         ctas > (int64_t)p->tile_ctas * cus) {
         unsigned tiles = (unsigned)((a->total_new + p->k.tile_tokens - 1) / p->k.tile_tokens);
         return V(ctx)->launch_smem(ctx, p->k.append_t, tiles, (unsigned)(2 * H), 1, 128, p->k.tile_smem, aa, 1,
@@ -512,7 +556,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
      * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */
     int blockwise = (small && D > 128 && p->k.append1) || (fk && D < 128);
-    if (p->quantized && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
+    if (p->quantized && !p->wide && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
         return V(ctx)->launch(ctx, small ? p->k.append_wr : p->k.append_w, (unsigned)a->total_new,
                               (unsigned)(2 * H), 1, 64, aa, 1, a->stream, err);
     /* One launch (CUDA/HIP): each CTA demotes the row its token's window slot
@@ -532,7 +576,9 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                         {&fv, sizeof fv}, {&rot_off, 8}, {&num_rot, 4}, {&fb_on, 4}, {&ck, sizeof ck}, {&cv, sizeof cv},
                         {&clip_off, 4}, {&lm, 4},
                         {&num_pages, 4}, {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
-                        {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
+                        {&max_len, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8},
+                        {&planes, sizeof planes}, {&plane_off, 4}, {&wide, 4}, {&hi_off, 8}};
+        GPU_ARGS_FIT(da);
         /* Blocks per (row kind, head, sequence); each walks rows x, x + gx, ...
          * A sequence demotes at most min(new tokens, W) rows, so size by the
          * mean new tokens per sequence: a decode step (one token each) gets
@@ -551,7 +597,9 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                     {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&fk, sizeof fk}, {&fv, sizeof fv},
                     {&fb_on, 4}, {&ck, sizeof ck}, {&cv, sizeof cv}, {&clip_off, 4}, {&lm, 4}, {&num_pages, 4},
                     {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&lp, 4}, {&S0, 4}, {&W, 4}, {&max_len, 4},
-                    {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8}};
+                    {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8}, {&vc, 8}, {&km, 8}, {&vm, 8},
+                    {&planes, sizeof planes}, {&plane_off, 4}, {&wide, 4}, {&hi_off, 8}};
+    GPU_ARGS_FIT(sa);
     return V(ctx)->launch(ctx, p->k.store, (unsigned)a->total_new, (unsigned)(2 * H), 1, (unsigned)D, sa,
                           (int)(sizeof sa / sizeof sa[0]), a->stream, err);
 }
@@ -582,6 +630,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     void *ws = a->workspace;
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
+    GPU_ARGS_FIT(ra);
     /* Rotation and merge: 4 D threads (four groups sharing a row's dot products or
      * splits) while the grid is smaller than two blocks per compute unit, D threads
      * once Hq x rows blocks fill the device (the groups then cost more than the
@@ -694,8 +743,12 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
      * behind their flags (OpenCL wants a valid argument). */
     const void *cu = has_cu ? (const void *)a->cu_q : lens;
     void *ws = a->workspace, *out = a->out, *lse = has_lse ? (void *)a->lse : a->workspace;
+    int wide = p->wide, plane_off = a->layer * H * 2;
+    int64_t hi_off = p->hi_off;
+    const void *planes = p->wide ? p->planes : p->clip_k; /* absent: never read behind wide 0 */
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
+    GPU_ARGS_FIT(ra);
     oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, (unsigned)(4 * D), ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
@@ -703,9 +756,11 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
                        {&slots, sizeof slots}, {&ws, sizeof ws}, {&qt_off, 8}, {&part_off, 8}, {&num_pages, 4},
                        {&num_slots, 4}, {&bt_stride, 4}, {&H, 4}, {&Hq, 4}, {&lp, 4}, {&S0, 4}, {&W, 4},
                        {&max_len, 4}, {&chunk, 4}, {&nsplit, 4}, {&page_bytes, 8}, {&slot_bytes, 8}, {&kc, 8},
-                       {&vc, 8}, {&km, 8}, {&vm, 8},
+                       {&vc, 8}, {&km, 8}, {&vm, 8}, {&planes, sizeof planes}, {&plane_off, 4}, {&wide, 4},
+                       {&hi_off, 8},
                        /* extend only */
                        {&cu, sizeof cu}, {&has_cu, 4}, {&nseq, 4}, {&total_q, 4}, {&max_q, 4}};
+    GPU_ARGS_FIT(dargs);
     int nd = (int)(sizeof dargs / sizeof dargs[0]) - (ext ? 0 : 5);
     st = V(ctx)->launch(ctx, ext ? p->k.extend : p->k.decode, (unsigned)nsplit, (unsigned)(H * hch), (unsigned)rows,
                         (unsigned)threads, dargs, nd, a->stream, err);
@@ -716,6 +771,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
                     /* extend only */
                     {&cu, sizeof cu}, {&has_cu, 4}, {&nseq, 4}, {&total_q, 4}, {&max_q, 4}, {&lse, sizeof lse},
                     {&has_lse, 4}};
+    GPU_ARGS_FIT(ma);
     int nm = (int)(sizeof ma / sizeof ma[0]) - (ext ? 0 : 7);
     return V(ctx)->launch(ctx, ext ? p->k.merge_ext : p->k.merge, (unsigned)Hq, (unsigned)rows, 1, (unsigned)D, ma,
                           nm, a->stream, err);

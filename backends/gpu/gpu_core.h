@@ -17,6 +17,10 @@ typedef struct gpu_arg {
     const void *p;
     size_t n;
 } gpu_arg;
+/* Most positional arguments a vendor's launch takes (its argument array); each argument
+ * list in gpu_core.c is checked against it at compile time (GPU_ARGS_FIT). */
+#define GPU_MAX_ARGS 64
+#define GPU_ARGS_FIT(a) _Static_assert(sizeof(a) / sizeof((a)[0]) <= GPU_MAX_ARGS, #a ": too many kernel arguments")
 
 /* The kernels of one plan (handles: CUDA/HIP function addresses, cl_kernel). */
 typedef struct gpu_kernels {

@@ -477,7 +477,8 @@ static const oscar_backend_api k_api = {
     ocl_shutdown,              ocl_device_name,    ocl_alloc,       ocl_free,
     ocl_write,                 ocl_read,           ocl_sync,        ocl_plan_create,
     ocl_plan_destroy,          ocl_workspace_bytes, ocl_workspace_init, ocl_check,
-    ocl_append,                ocl_decode,         ocl_extend};
+    ocl_append,                ocl_decode,         ocl_extend,
+    OSCAR_BACKEND_CAP_WIDE_CODES};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }
 

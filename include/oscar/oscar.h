@@ -48,8 +48,8 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 3 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
-                                       clips per KV head */
+#define OSCAR_BACKEND_ABI_VERSION 4 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
+                                       clips per KV head; 4: capability word (3-bit head-tensors) */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
 #define OSCAR_PARAMS_FORMAT_VERSION 4 /* 2: error-feedback weights; 3: clip ratios per KV head; 4: code
                                          widths per head-tensor (files are written with the lowest
@@ -136,8 +136,8 @@ typedef struct oscar_layout_desc {
                                head_dim/8 bytes each after the metadata; 0 (default): 2 bits everywhere.
                                At least the largest count of 3-bit head-tensors in one layer of the
                                parameters (oscar_params_code_bits); at most 2 num_kv_heads. Backends that
-                               cannot store them (every GPU backend so far) refuse such layouts and
-                               parameters with OSCAR_ERR_UNSUPPORTED */
+                               cannot store them (CUDA and HIP so far; the CPU and OpenCL backends can)
+                               refuse such layouts and parameters with OSCAR_ERR_UNSUPPORTED */
 } oscar_layout_desc;
 
 /* Fills the defaults: head_dim 128, group 128, 32 q heads, 8 kv heads,
