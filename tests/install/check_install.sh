@@ -65,6 +65,13 @@ cmake -S "$src/tests/install/consumer" -B "$work/cmake-consumer" -DCMAKE_PREFIX_
       -DOSCAR_EXAMPLE_SOURCE="$work/readme_example.c" -DCMAKE_C_FLAGS="$cflags" > "$work/consumer.log"
 cmake --build "$work/cmake-consumer" >> "$work/consumer.log"
 run_pair "$work/cmake-consumer/readme_example" "$work/cmake-consumer/calib_consumer"
+# An engine's own pools, block tables and streams: the CPU run keeps the leak
+# check; the OpenCL run (on its own cl_context) checks memory errors only, as above.
+"$work/cmake-consumer/engine_consumer" --cpu-only || fail "engine_consumer (cpu) failed"
+if ((opencl)); then
+  ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "$work/cmake-consumer/engine_consumer" --require-opencl ||
+    fail "engine_consumer (cpu and opencl) failed"
+fi
 echo "CMake consumer: ok"
 
 export PKG_CONFIG_PATH=$L/pkgconfig
