@@ -277,13 +277,17 @@ class DeviceBuffer:
     def __init__(self, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str, owned: bool):
         if kind not in _KIND_SIZE:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
-        self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), tuple(int(n) for n in shape), kind
+        shape = tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError(f"DeviceBuffer shape {shape} has a negative dimension")
+        self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), shape, kind
         self.nbytes = math.prod(self.shape) * _KIND_SIZE[kind]  # Python ints: no int64 wrap-around
         self._owned = owned
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
-        n = math.prod(int(x) for x in shape) * _KIND_SIZE.get(kind, 1)
+        cls(runtime, 0, shape, kind, owned=False)  # the shape and kind checks, before any allocation
+        n = math.prod(int(x) for x in shape) * _KIND_SIZE[kind]
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
         return cls(runtime, h.value, shape, kind, owned=True)
@@ -600,7 +604,7 @@ class Plan:
         bt = _ptr(block_table, "i32", (ns, None), "block_table", dev)
         batch = _capi.Batch(ns, _ptr(seq_lens, "i32", (ns,), "seq_lens", dev),
                             _ptr(window_slots, "i32", (ns,), "window_slots", dev), bt, block_table.shape[1],
-                            int(max_seq_len if max_seq_len is not None else L.max_seq_len))
+                            max_seq_len if max_seq_len is not None else L.max_seq_len)  # checked by Batch
         return cache, batch
 
     def append(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
@@ -652,7 +656,7 @@ class Plan:
         a = _capi.AttnArgs()
         lib.oscar_attn_args_default(ctypes.byref(a))
         a.cu_q = _ptr(cu_q, "i32", (batch.num_seqs + 1,), "cu_q", dev)
-        a.total_q, a.max_q_len = total, int(max_q_len)
+        a.total_q, a.max_q_len = total, max_q_len  # the struct refuses a float or an int32 overflow
         a.q = _ptr(q, L.kv_dtype, shape, "q", dev)
         a.out = _ptr(out, L.kv_dtype, shape, "out", dev)
         a.out_bytes = total * L.num_q_heads * L.head_dim * 2
@@ -678,6 +682,16 @@ class Plan:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _counts(values: Sequence[int], name: str) -> np.ndarray:
+    """Per-sequence token counts as int64, refusing what is not an integer:
+    np.asarray(..., np.int64) truncated 2.7 to 2, so counts that did not
+    describe the rows could still sum to their number."""
+    a = np.asarray(values)
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer token counts, got {np.asarray(values).tolist()!r} ({a.dtype})")
+    return a.astype(np.int64)
 
 
 class PagedCache:
@@ -795,7 +809,7 @@ class PagedCache:
         one token per sequence, a decode step)."""
         self._check_layer(layer)
         total = int(k.shape[0])
-        n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else np.asarray(new_tokens, np.int64)
+        n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else _counts(new_tokens, "new_tokens")
         if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
             raise ValueError(f"new_tokens must give {self.num_seqs} non-negative counts summing to the {total} "
                              f"rows of k (got {n.tolist()})")
@@ -849,7 +863,7 @@ class PagedCache:
         self._check_layer(layer)
         if self._by_handle:
             raise NotImplementedError("PagedCache.extend on OpenCL: use Plan.extend with device buffers")
-        n = np.asarray(q_tokens, np.int64)
+        n = _counts(q_tokens, "q_tokens")
         total = int(q.shape[0])
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
             raise ValueError(f"q_tokens must give {self.num_seqs} counts >= 1 summing to the {total} rows of q "
