@@ -392,6 +392,36 @@ Test(bad_input, no_window_pool_without_windows, .timeout = 300) {
     no_window_pool_case("hip", ref, 1);
 }
 
+/* An extend whose batch has no sequences (0, negative, INT32_MIN) with a cu_q:
+ * the runtime sized its checks by max(num_seqs, total_q) and so let the count
+ * through; with validate = 1 the host check then allocated num_seqs entries
+ * (out of memory for a negative count, an abort under ASan) and for 0 blamed
+ * cu_q. Now every backend and both validate settings say OSCAR_ERR_EMPTY,
+ * naming num_seqs. */
+static void extend_no_sequences_case(const char *backend) {
+    for (int val = 0; val < 2; val++) {
+        rig r;
+        if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, val)) cr_skip_test("%s not available", backend);
+        static const int32_t counts[] = {0, -3, INT32_MIN};
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+            oscar_cache c = rig_cache(&r);
+            oscar_batch b = rig_batch(&r);
+            b.num_seqs = counts[i];
+            oscar_attn_args a;
+            oscar_attn_args_default(&a);
+            a.cu_q = r.cu, a.total_q = 1, a.max_q_len = 1, a.q = r.q, a.out = r.out, a.out_bytes = r.q_elems * 2;
+            a.workspace = r.ws, a.workspace_bytes = r.ws_bytes;
+            oscar_status s = oscar_extend(r.plan, 0, &c, &b, &a);
+            cr_expect_eq(s, OSCAR_ERR_EMPTY, "%s validate %d num_seqs %d: %d (%s)", backend, val, counts[i], s,
+                         oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "num_seqs"), "%s: message: %s", backend, oscar_last_error());
+        }
+        rig_close(&r);
+    }
+}
+Test(bad_input, extend_without_sequences_cpu) { extend_no_sequences_case("cpu"); }
+Test(bad_input, extend_without_sequences_opencl, .timeout = 300) { extend_no_sequences_case("opencl"); }
+
 /* ----------------------------------------------------------------- extend */
 #define TQ 7 /* query tokens of the extend cases: 3 for sequence 0, 4 for sequence 1 */
 
