@@ -30,6 +30,20 @@ for n in $needed; do
     *) fail "liboscar.so needs $n (only libc/libdl/libm allowed): $needed" ;; esac
 done
 echo "liboscar.so needs: $needed"
+# The ABI only grows within a major version: every function of the record is
+# still exported under its symbol version, and every one exported is recorded.
+check_symbols() { # $1: library, $2: symbol version, $3: record
+  local have want
+  have=$(readelf --dyn-syms -W "$1" | awk -v v="@@$2" '$8 ~ v"$" {sub(v"$", "", $8); print $8}' | sort -u)
+  want=$(grep -v '^#' "$3" | sort -u)
+  local gone new
+  gone=$(comm -13 <(echo "$have") <(echo "$want") | tr '\n' ' ')
+  new=$(comm -23 <(echo "$have") <(echo "$want") | tr '\n' ' ')
+  [ -z "${gone// }" ] || fail "$(basename "$1") no longer exports $gone under $2: a program linked against it would not load (docs/API.md \"Versions\": add, never remove or rename)"
+  [ -z "${new// }" ] || fail "$(basename "$1") exports $new under $2 but $3 does not list it: add the name there"
+}
+check_symbols "$L/liboscar.so" OSCAR_0 "$src/tests/install/abi/liboscar.symbols"
+check_symbols "$L/liboscar_calib.so.0" OSCAR_CALIB_0 "$src/tests/install/abi/liboscar_calib.symbols"
 # No installed ELF may point into the build or source tree.
 while IFS= read -r f; do
   rp=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*R\(UN\)\?PATH.*\[\(.*\)\]/\2/p')
