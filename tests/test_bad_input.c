@@ -422,6 +422,44 @@ static void extend_no_sequences_case(const char *backend) {
 Test(bad_input, extend_without_sequences_cpu) { extend_no_sequences_case("cpu"); }
 Test(bad_input, extend_without_sequences_opencl, .timeout = 300) { extend_no_sequences_case("opencl"); }
 
+/* oscar_buffer_write/read past a buffer's end: OpenCL said only
+ * "clEnqueueWriteBuffer failed with error -30" (OSCAR_ERR_BACKEND), naming
+ * neither the buffer's size nor the fix; an offset + bytes that wraps size_t
+ * reached the backends (a wrapped host pointer on the CPU). */
+static void buffer_copy_case(const char *backend) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = backend;
+    oscar_runtime *rt = NULL;
+    if (oscar_runtime_create(&o, &rt) != OSCAR_OK) {
+        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
+        cr_skip_test("%s not available", backend);
+    }
+    void *buf = NULL;
+    cr_assert_eq(oscar_buffer_alloc(rt, 64, &buf), OSCAR_OK, "%s", oscar_last_error());
+    unsigned char h[64] = {0};
+    oscar_status s = oscar_buffer_write(rt, buf, SIZE_MAX - 8, h, 16, NULL);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: wrapping write: %d (%s)", backend, s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "SIZE_MAX"), "%s: %s", backend, oscar_last_error());
+    s = oscar_buffer_read(rt, h, buf, SIZE_MAX, 1, NULL);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: wrapping read: %d (%s)", backend, s, oscar_last_error());
+    if (strcmp(backend, "cpu") != 0) { /* a device buffer knows its size */
+        s = oscar_buffer_write(rt, buf, 60, h, 16, NULL);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: write past the end: %d (%s)", backend, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "16 bytes at offset 60 run past the end of the 64-byte buffer"), "%s: %s",
+                  backend, oscar_last_error());
+        s = oscar_buffer_read(rt, h, buf, 65, 1, NULL);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: read past the end: %d (%s)", backend, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "64-byte buffer"), "%s: %s", backend, oscar_last_error());
+    }
+    cr_expect_eq(oscar_buffer_write(rt, buf, 48, h, 16, NULL), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    cr_expect_eq(oscar_buffer_read(rt, h, buf, 0, 64, NULL), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    oscar_buffer_free(rt, buf);
+    oscar_runtime_destroy(rt);
+}
+Test(bad_input, buffer_copies_past_the_end_cpu) { buffer_copy_case("cpu"); }
+Test(bad_input, buffer_copies_past_the_end_opencl, .timeout = 120) { buffer_copy_case("opencl"); }
+
 /* ----------------------------------------------------------------- extend */
 #define TQ 7 /* query tokens of the extend cases: 3 for sequence 0, 4 for sequence 1 */
 

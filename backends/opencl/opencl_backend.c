@@ -170,10 +170,30 @@ static void ocl_free(void *ctx, void *buf) {
     if (buf) clReleaseMemObject((cl_mem)buf);
 }
 
+/* A copy of bytes at offset stays inside the cl_mem (it knows its size): the
+ * runtime's -30 (CL_INVALID_VALUE) alone names neither the buffer nor the fix. */
+static oscar_status copy_fits(const char *fn, const void *m, size_t offset, size_t bytes, oscar_errbuf *err) {
+    size_t have = 0;
+    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof have, &have, NULL);
+    if (rc != CL_SUCCESS)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: the buffer is not a cl_mem (clGetMemObjectInfo: %d); pass one from "
+                                "oscar_buffer_alloc or the runtime's native context",
+                                fn, (int)rc);
+    if (offset > have || bytes > have - offset)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: %zu bytes at offset %zu run past the end of the %zu-byte buffer; nothing "
+                                "was copied (copy at most %zu bytes there)",
+                                fn, bytes, offset, have, offset < have ? have - offset : 0);
+    return OSCAR_OK;
+}
+
 static oscar_status ocl_write(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
                               oscar_errbuf *err) {
     if (!bytes) return OSCAR_OK;
     if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl write: NULL buffer");
+    oscar_status s = copy_fits("oscar_buffer_write", dst, offset, bytes, err);
+    if (s != OSCAR_OK) return s;
     /* Blocking: the caller may reuse src at once (not a hot-path call). */
     cl_int rc = clEnqueueWriteBuffer(Q(ctx, stream), (cl_mem)dst, CL_TRUE, offset, bytes, src, 0, NULL, NULL);
     return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueWriteBuffer", rc);
@@ -183,6 +203,8 @@ static oscar_status ocl_read(void *ctx, void *dst, const void *src, size_t offse
                              oscar_errbuf *err) {
     if (!bytes) return OSCAR_OK;
     if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl read: NULL buffer");
+    oscar_status s = copy_fits("oscar_buffer_read", src, offset, bytes, err);
+    if (s != OSCAR_OK) return s;
     cl_int rc = clEnqueueReadBuffer(Q(ctx, stream), (cl_mem)src, CL_TRUE, offset, bytes, dst, 0, NULL, NULL);
     return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueReadBuffer", rc);
 }

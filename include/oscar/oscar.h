@@ -505,7 +505,11 @@ OSCAR_API const char *oscar_runtime_device(const oscar_runtime *rt);
 OSCAR_API const char *oscar_runtime_report(const oscar_runtime *rt);
 
 /* Convenience device-memory helpers for tools, tests and simple engines
- * (engines may use their own allocator instead). Not for the hot path. */
+ * (engines may use their own allocator instead). Not for the hot path.
+ * write/read copy `bytes` at byte `offset` of the device buffer; an offset +
+ * bytes past SIZE_MAX is refused everywhere, and past the buffer's end on
+ * OpenCL (a cl_mem knows its size; elsewhere it is the caller's word), with
+ * OSCAR_ERR_INVALID_ARGUMENT and nothing copied. */
 OSCAR_API oscar_status oscar_buffer_alloc(oscar_runtime *rt, size_t bytes, void **buf);
 OSCAR_API void oscar_buffer_free(oscar_runtime *rt, void *buf);
 OSCAR_API oscar_status oscar_buffer_write(oscar_runtime *rt, void *dst, size_t offset, const void *src,
