@@ -1133,3 +1133,14 @@ Test(bad_input, fakequant_count_overflow_refused) {
         cr_expect(strstr(oscar_last_error(), "PTRDIFF_MAX"), "%s", oscar_last_error());
     }
 }
+
+/* oscar_method_bits of a meta_dtype no layout takes (BF16, or no dtype at all)
+ * counted its scale and bias as 16 bits and gave a plausible 2.25; 0 is the
+ * documented answer for what no cache stores. */
+Test(bad_input, method_bits_of_an_unstorable_meta_dtype_is_zero) {
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_OSCAR2, 128, 128, OSCAR_DTYPE_BF16), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, (oscar_dtype)7), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 96, 32, OSCAR_DTYPE_F16), 0.0);
+    cr_expect_eq(oscar_method_bits((oscar_method)-1, 128, 128, OSCAR_DTYPE_F16), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, OSCAR_DTYPE_F32), 2.5);
+}

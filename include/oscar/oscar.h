@@ -448,7 +448,9 @@ OSCAR_API oscar_status oscar_calib_width_report_get(const oscar_calib *c, int la
  * (0 = head_dim). params may be NULL for methods without rotation. */
 OSCAR_API oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, oscar_kv which,
                                        int group, int n_tokens, int num_kv_heads, int head_dim, float *rows);
-/* Bits per stored element of a method's quantized region (metadata counted). */
+/* Bits per stored element of a method's quantized region (metadata counted;
+ * group 0 = head_dim). 0 for what no cache stores: an unknown method, a
+ * head_dim or group that is not supported, a meta_dtype other than F16/F32. */
 OSCAR_API double oscar_method_bits(oscar_method m, int head_dim, int group, oscar_dtype meta_dtype);
 
 /* ----------------------------------------------------------------- runtime */

@@ -100,7 +100,12 @@ def dtype_id(dtype: Union[str, int]) -> int:
 
 def method_bits(method: Union[str, int], head_dim: int = 128, group: int = 128, meta_dtype: str = "f16") -> float:
     """Bits per stored element of a method's quantized region (metadata counted)."""
-    return float(lib.oscar_method_bits(method_id(method), head_dim, group, dtype_id(meta_dtype)))
+    bits = float(lib.oscar_method_bits(method_id(method), head_dim, group, dtype_id(meta_dtype)))
+    if bits == 0.0:  # the library's answer for a shape no cache stores
+        raise ValueError(f"method_bits: {method_name(method)} has no storage at head_dim {head_dim}, group {group}, "
+                         f"meta_dtype {meta_dtype!r} (head_dim 64, 128 or 256; group 32, 64 or 128 dividing it, or 0; "
+                         f"meta_dtype 'f16' or 'f32')")
+    return bits
 
 
 # ------------------------------------------------------------------ bf16 bits
@@ -615,7 +620,7 @@ class Plan:
         append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
         L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
-        total = k.shape[0] if len(k.shape) else 0
+        total = _rows(k, "k")
         shape = (total, L.num_kv_heads, L.head_dim)
         kp, vp = _ptr(k, L.kv_dtype, shape, "k", dev), _ptr(v, L.kv_dtype, shape, "v", dev)
         cu = _ptr(cu_new, "i32", (batch.num_seqs + 1,), "cu_new", dev)
@@ -651,7 +656,7 @@ class Plan:
         ``workspace_bytes(max(num_seqs, total_q), max_seq_len)``."""
         L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
-        total = int(q.shape[0]) if len(q.shape) else 0
+        total = _rows(q, "q")
         shape = (total, L.num_q_heads, L.head_dim)
         a = _capi.AttnArgs()
         lib.oscar_attn_args_default(ctypes.byref(a))
@@ -684,6 +689,16 @@ class Plan:
         self.close()
 
 
+def _rows(x: Any, name: str) -> int:
+    """Token count of a [tokens, heads, head_dim] array, before anything else
+    reads its shape (a scalar was an IndexError, a list an AttributeError)."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 3:
+        got = f"shape {tuple(shape)}" if shape is not None else type(x).__name__
+        raise ValueError(f"{name}: expected an array [tokens, heads, head_dim], got {got}")
+    return int(shape[0])
+
+
 def _counts(values: Sequence[int], name: str) -> np.ndarray:
     """Per-sequence token counts as int64, refusing what is not an integer:
     np.asarray(..., np.int64) truncated 2.7 to 2, so counts that did not
@@ -706,9 +721,10 @@ class PagedCache:
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
         L = plan._L
-        self.max_seq_len = int(max_seq_len or L.max_seq_len)
-        if self.max_seq_len > L.max_seq_len:
-            raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the layout's {L.max_seq_len}")
+        self.max_seq_len = L.max_seq_len if max_seq_len is None else _capi.checked_int(max_seq_len, _capi.c_int32,
+                                                                                        "max_seq_len")
+        if not 1 <= self.max_seq_len <= L.max_seq_len:
+            raise ValueError(f"max_seq_len {self.max_seq_len} outside [1, {L.max_seq_len}] (the layout's max_seq_len)")
         self.pages_per_seq = max(1, L.pages_for(self.max_seq_len))
         sz = plan.sizes
         page_total = num_seqs * self.pages_per_seq * sz.page_bytes
@@ -808,7 +824,8 @@ class PagedCache:
         ``layer``: ``new_tokens[i]`` rows for sequence i, in order (default:
         one token per sequence, a decode step)."""
         self._check_layer(layer)
-        total = int(k.shape[0])
+        total = _rows(k, "k")
+        _rows(v, "v")
         n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else _counts(new_tokens, "new_tokens")
         if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
             raise ValueError(f"new_tokens must give {self.num_seqs} non-negative counts summing to the {total} "
@@ -864,7 +881,7 @@ class PagedCache:
         if self._by_handle:
             raise NotImplementedError("PagedCache.extend on OpenCL: use Plan.extend with device buffers")
         n = _counts(q_tokens, "q_tokens")
-        total = int(q.shape[0])
+        total = _rows(q, "q")
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
             raise ValueError(f"q_tokens must give {self.num_seqs} counts >= 1 summing to the {total} rows of q "
                              f"(got {n.tolist()})")

@@ -183,3 +183,31 @@ def test_device_buffer_shape_must_be_non_negative_integers(cpu):
         liboscar.DeviceBuffer(cpu, 0, (2.5,), "u8", owned=False)
     with pytest.raises(ValueError, match="kind"):
         cpu.alloc((4,), "i64")
+
+
+def test_method_bits_of_a_shape_no_cache_stores(cpu):
+    # head_dim 96 returned 0.0 bits per element, as if it were a figure.
+    with pytest.raises(ValueError, match="head_dim 96"):
+        liboscar.method_bits("int2", head_dim=96)
+    with pytest.raises(ValueError, match="meta_dtype"):
+        liboscar.method_bits("int2", meta_dtype="bf16")
+    assert liboscar.method_bits("int2", 128, 64) == 2.5
+
+
+def test_cache_bounds_and_row_arrays_name_the_argument(cpu):
+    # max_seq_len -5 failed inside oscar_layout_pages_for ("negative length"),
+    # 2.5 was truncated to 2; a scalar k was a bare IndexError.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    with pytest.raises(ValueError, match=r"max_seq_len -5 outside \[1, 100\]"):
+        plan.cache(1, 1, -5)
+    with pytest.raises(TypeError, match="max_seq_len"):
+        plan.cache(1, 1, 2.5)
+    c = plan.cache(1, 1, 64)
+    z = np.zeros((1, 1, 64), np.uint16)
+    with pytest.raises(ValueError, match=r"k: expected an array \[tokens, heads, head_dim\], got shape \(\)"):
+        c.append(0, np.uint16(0), z)
+    with pytest.raises(ValueError, match=r"v: expected an array .* got list"):
+        c.append(0, z, z.tolist())
+    c.append(0, z, z)
+    with pytest.raises(ValueError, match=r"q: expected an array"):
+        c.extend(0, np.zeros((2, 64), np.uint16), [1])
