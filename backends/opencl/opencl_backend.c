@@ -204,23 +204,30 @@ static void ocl_free(void *ctx, void *buf) {
 
 /* A copy of bytes at offset stays inside the cl_mem (it knows its size): the
  * runtime's -30 (CL_INVALID_VALUE) alone names neither the buffer nor the fix. */
-static oscar_status copy_fits(const cl_ctx *c, const char *fn, const void *m, size_t offset, size_t bytes,
-                              void *stream, oscar_errbuf *err) {
-    size_t have = 0;
+/* The size of a caller's cl_mem m, refusing what is no cl_mem or one of another context. */
+static oscar_status mem_size(const cl_ctx *c, const char *fn, const char *name, const void *m, size_t *have,
+                             oscar_errbuf *err) {
     cl_context mc = NULL;
-    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof have, &have, NULL);
+    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof *have, have, NULL);
     if (rc == CL_SUCCESS) rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_CONTEXT, sizeof mc, &mc, NULL);
     if (rc != CL_SUCCESS)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "opencl %s: the buffer is not a cl_mem (clGetMemObjectInfo: %d); pass one from "
-                                "oscar_buffer_alloc or the runtime's native context",
-                                fn, (int)rc);
+                                "opencl %s: %s is not a cl_mem of this runtime (clGetMemObjectInfo: %d); pass "
+                                "buffers from oscar_buffer_alloc or the runtime's native context",
+                                fn, name, (int)rc);
+    return mc == c->context ? OSCAR_OK : foreign(fn, name, "cl_mem", err);
+}
+
+static oscar_status copy_fits(const cl_ctx *c, const char *fn, const void *m, size_t offset, size_t bytes,
+                              void *stream, oscar_errbuf *err) {
+    size_t have = 0;
+    oscar_status s = mem_size(c, fn, "the buffer", m, &have, err);
+    if (s != OSCAR_OK) return s;
     if (offset > have || bytes > have - offset)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "opencl %s: %zu bytes at offset %zu run past the end of the %zu-byte buffer; nothing "
                                 "was copied (copy at most %zu bytes there)",
                                 fn, bytes, offset, have, offset < have ? have - offset : 0);
-    if (mc != c->context) return foreign(fn, "the buffer", "cl_mem", err);
     return queue_ok(c, fn, stream, err);
 }
 
@@ -443,20 +450,14 @@ static oscar_status mem_holds(const cl_ctx *c, const char *fn, const char *name,
                               oscar_status code, oscar_errbuf *err) {
     if (!m || !need) return OSCAR_OK;
     size_t have = 0;
-    cl_context mc = NULL;
-    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof have, &have, NULL);
-    if (rc == CL_SUCCESS) rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_CONTEXT, sizeof mc, &mc, NULL);
-    if (rc != CL_SUCCESS)
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "opencl %s: %s is not a cl_mem of this runtime (clGetMemObjectInfo: %d); pass "
-                                "buffers from oscar_buffer_alloc or the runtime's native context",
-                                fn, name, (int)rc);
+    oscar_status s = mem_size(c, fn, name, m, &have, err);
+    if (s != OSCAR_OK) return s;
     if (have < need)
         return oscar_errbuf_set(err, code,
                                 "opencl %s: %s holds %zu bytes but the call's counts need %zu; nothing was run "
                                 "(pass a larger buffer or the counts that describe it)",
                                 fn, name, have, need);
-    return mc == c->context ? OSCAR_OK : foreign(fn, name, "cl_mem", err);
+    return OSCAR_OK;
 }
 /* Buffers every call reads: the cache pools, the batch's index arrays, the workspace. */
 static oscar_status check_batch_buffers(const cl_ctx *cx, const ocl_plan *op, const char *fn, const oscar_cache *c,
