@@ -82,6 +82,8 @@ run_pair "$work/cmake-consumer/readme_example" "$work/cmake-consumer/calib_consu
 # An engine's own pools, block tables and streams: the CPU run keeps the leak
 # check; the OpenCL run (on its own cl_context) checks memory errors only, as above.
 "$work/cmake-consumer/engine_consumer" --cpu-only || fail "engine_consumer (cpu) failed"
+# and with the host-side validation on: a correct engine's batches pass it (no false alarm)
+OSCAR_VALIDATE=1 "$work/cmake-consumer/engine_consumer" --cpu-only >/dev/null || fail "engine_consumer (cpu, OSCAR_VALIDATE=1) failed"
 if ((opencl)); then
   ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "$work/cmake-consumer/engine_consumer" --require-opencl ||
     fail "engine_consumer (cpu and opencl) failed"
