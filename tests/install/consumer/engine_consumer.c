@@ -203,6 +203,7 @@ static int kind_init(engine *e, int k, oscar_method m, int nlayers) {
         total += n;
     }
     kd->stride = (int)per_seq;
+    if (kd->stride > 16) return fail("kind %d: %d pages per sequence, the tables here hold 16", k, kd->stride), 0;
     kd->num_pages = (int)total - 1; /* fewer than all requests need: pages must be reused */
     if (kd->num_pages > 64) return fail("kind %d: %d pages", k, kd->num_pages), 0;
     for (int i = 0; i < kd->num_pages; i++) kd->free_pages[i] = kd->num_pages - 1 - i;
@@ -284,6 +285,9 @@ static int reserve(engine *e, request *r, int len) {
 static int release(engine *e, request *r) {
     static unsigned char junk[65536];
     memset(junk, 0xa5, sizeof junk);
+    if (e->kinds[0].sz.page_bytes > sizeof junk || e->kinds[1].sz.page_bytes > sizeof junk ||
+        e->kinds[1].sz.window_slot_bytes > sizeof junk)
+        return fail("pages or slots larger than the scribble buffer"), 0;
     for (int k = 0; k < 2; k++) {
         kind *kd = &e->kinds[k];
         for (int i = 0; i < r->npages[k]; i++) {
