@@ -213,7 +213,8 @@ OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer
  * is carried into later values k as x_k -= e * F[j][k], so a row's error is
  * small in the metric attention feels; docs/FORMAT.md §2.3), or NULL when the
  * parameters round to nearest (built-in parameters, or calibrated with
- * rounding = 0). Valid while p lives. */
+ * rounding = 0). Valid while p lives and until oscar_params_clear_feedback(p),
+ * which frees the weights (oscar_params_set_feedback writes through it). */
 OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                              const float **F);
 /* Sets the error-feedback weights of one (layer, KV head, K/V): F is a
