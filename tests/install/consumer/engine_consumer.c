@@ -316,6 +316,11 @@ static void reference(const engine *e, int r, int layer, int64_t L, int t, const
                       double *lse) {
     const double scale = 1.0 / sqrt((double)D);
     double *s = malloc(sizeof(double) * (size_t)(t + 1));
+    if (!s) {
+        fail("host alloc");
+        for (int h = 0; h < HQ; h++) lse[h] = NAN;
+        return;
+    }
     for (int h = 0; h < HQ; h++) {
         int g = h / (HQ / HKV);
         double m = -INFINITY;
