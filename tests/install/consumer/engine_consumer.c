@@ -318,6 +318,7 @@ static void reference(const engine *e, int r, int layer, int64_t L, int t, const
     double *s = malloc(sizeof(double) * (size_t)(t + 1));
     if (!s) {
         fail("host alloc");
+        for (int i = 0; i < ROW_Q; i++) o[i] = NAN;
         for (int h = 0; h < HQ; h++) lse[h] = NAN;
         return;
     }
