@@ -35,12 +35,14 @@
 enum {
     LAYERS = 3, HQ = 4, HKV = 2, D = 128, GROUP = 64, PAGE = 16, SINK = 16, RECENT = 32, MAXLEN = 256,
     SLOTS = 3,   /* window slots = most sequences in flight */
-    CHUNK = 24,  /* prefill chunk */
+    MAXCHUNK = 40,
     NREQ = 4,
     MAXSTEPS = 64,
-    MAXTOK = SLOTS * CHUNK, /* most new tokens in one step */
+    MAXTOK = SLOTS * MAXCHUNK, /* most new tokens in one step */
 };
-static const int k_prompt[NREQ] = {150, 60, 90, 120}, k_gen[NREQ] = {8, 8, 8, 8};
+/* Prefill chunks: request 0's is longer than the recent window (its first queries then see the
+ * chunk's end in 2 bits, FORMAT.md §5.1), the others' shorter. */
+static const int k_prompt[NREQ] = {150, 60, 90, 120}, k_gen[NREQ] = {8, 8, 8, 8}, k_chunk[NREQ] = {40, 24, 16, 24};
 #define ROW_KV (HKV * D)
 #define ROW_Q (HQ * D)
 
@@ -368,7 +370,7 @@ static int schedule(engine *e, step_batch *sb) {
     for (int r = 0; r < NREQ; r++) {
         request *rq = &e->req[r];
         if (!rq->active) continue;
-        int n = rq->len < k_prompt[r] ? (k_prompt[r] - rq->len < CHUNK ? k_prompt[r] - rq->len : CHUNK) : 1;
+        int n = rq->len < k_prompt[r] ? (k_prompt[r] - rq->len < k_chunk[r] ? k_prompt[r] - rq->len : k_chunk[r]) : 1;
         if (!reserve(e, rq, rq->len + n)) return fail("page pool dry for request %d", r), 0;
         sb->who[sb->n] = r, sb->newtok[sb->n] = n;
         sb->lens[sb->n] = rq->len + n, sb->slots[sb->n] = rq->slot;
