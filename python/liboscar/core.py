@@ -878,8 +878,6 @@ class PagedCache:
         prefill, speculative verify, prefix reuse). Returns ``out``, or
         ``(out, lse)`` with ``lse`` [total_q, num_q_heads] float32 when asked."""
         self._check_layer(layer)
-        if self._by_handle:
-            raise NotImplementedError("PagedCache.extend on OpenCL: use Plan.extend with device buffers")
         n = _counts(q_tokens, "q_tokens")
         total = _rows(q, "q")
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
@@ -892,7 +890,9 @@ class PagedCache:
         need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
         ws = getattr(self, "_ext_ws", None)
         if ws is None or ws.shape[0] < need:
-            if _is_torch(self.workspace):
+            if self._by_handle:
+                ws = self.plan.runtime.alloc((need,), "u8")
+            elif _is_torch(self.workspace):
                 ws = torch.zeros(need, dtype=torch.uint8, device=self.workspace.device)
             else:
                 ws = np.zeros(need, dtype=np.uint8)
@@ -906,10 +906,20 @@ class PagedCache:
                        if _is_torch(q) else np.empty((total, self.plan._L.num_q_heads), np.float32))
         stream = self.plan._stream(stream)
         cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
+        qd, od, ld = q, out, lse_buf
+        if self._by_handle:  # OpenCL: host arrays through staging buffers, as decode
+            kind = self.plan._L.kv_dtype
+            qd, od = self._stage("q", q, kind, stream), self._stage("out", out, kind, stream, copy=False)
+            cu_dev = self._stage("cu_q", cu, "i32", stream)
+            ld = self._stage("lse", lse_buf, "f32", stream, copy=False) if lse else None
         self.plan.extend(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
-                         self.block_table, cu_dev, q, out, ws, int(n.max()), lse=lse_buf, sm_scale=sm_scale,
+                         self.block_table, cu_dev, qd, od, ws, int(n.max()), lse=ld, sm_scale=sm_scale,
                          rotated_output=rotated_output, max_seq_len=int(self.lens[layer].max()), stream=stream)
+        if self._by_handle:
+            out[...] = od.read(stream)
+            if lse:
+                lse_buf[...] = ld.read(stream)
         return (out, lse_buf) if lse else out
 
     def check(self, stream: Optional[int] = None) -> None:
