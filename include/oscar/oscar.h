@@ -31,8 +31,9 @@
  *    (functions, struct fields appended under the struct_size rule, enum
  *    values, status codes): a program built against an older header runs on a
  *    newer library of the same major version. A program built against a newer
- *    header fails to load on an older library if it calls a function the older
- *    one lacks, and gets OSCAR_ERR_VERSION if it sets a field the older one does
+ *    header that calls a function an older library lacks is stopped by the
+ *    dynamic loader naming the symbol (at load, or at the first call under lazy
+ *    binding), and gets OSCAR_ERR_VERSION if it sets a field the older one does
  *    not know (docs/API.md "ABI stability"). oscar_version() is the library's
  *    version at run time, OSCAR_VERSION_* the header's.
  *  - Storage format: docs/FORMAT.md. API walk-through: docs/API.md.
