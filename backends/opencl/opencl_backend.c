@@ -202,8 +202,6 @@ static void ocl_free(void *ctx, void *buf) {
     if (buf) clReleaseMemObject((cl_mem)buf);
 }
 
-/* A copy of bytes at offset stays inside the cl_mem (it knows its size): the
- * runtime's -30 (CL_INVALID_VALUE) alone names neither the buffer nor the fix. */
 /* The size of a caller's cl_mem m, refusing what is no cl_mem or one of another context. */
 static oscar_status mem_size(const cl_ctx *c, const char *fn, const char *name, const void *m, size_t *have,
                              oscar_errbuf *err) {
@@ -218,6 +216,8 @@ static oscar_status mem_size(const cl_ctx *c, const char *fn, const char *name, 
     return mc == c->context ? OSCAR_OK : foreign(fn, name, "cl_mem", err);
 }
 
+/* A copy of bytes at offset stays inside the cl_mem (it knows its size): the
+ * runtime's -30 (CL_INVALID_VALUE) alone names neither the buffer nor the fix. */
 static oscar_status copy_fits(const cl_ctx *c, const char *fn, const void *m, size_t offset, size_t bytes,
                               void *stream, oscar_errbuf *err) {
     size_t have = 0;
@@ -466,8 +466,9 @@ static oscar_status check_batch_buffers(const cl_ctx *cx, const ocl_plan *op, co
     const size_t ns = b->num_seqs > 0 ? (size_t)b->num_seqs : 0;
     const size_t stride = b->block_table_stride > 0 ? (size_t)b->block_table_stride : 0;
     oscar_status s;
-    if ((s = queue_ok(cx, fn, stream, err)) || (s = mem_holds(cx, fn, "cache.pages", c->pages, mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0,
-                                                                    op->page_bytes, 1),
+    if ((s = queue_ok(cx, fn, stream, err)) ||
+        (s = mem_holds(cx, fn, "cache.pages", c->pages,
+                       mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0, op->page_bytes, 1),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (op->windowed &&
          (s = mem_holds(cx, fn, "cache.windows", c->windows,
