@@ -121,9 +121,11 @@ configure_package_config_file(${CMAKE_SOURCE_DIR}/cmake/oscarConfig.cmake.in
                               ${CMAKE_BINARY_DIR}/oscarConfig.cmake
                               INSTALL_DESTINATION ${OSCAR_CMAKE_INSTALL_DIR}
                               PATH_VARS OSCAR_PLUGIN_INSTALL_DIR)
-# 0.x: a minor release may break the ABI (the SONAME is the major version).
+# Within a major version the ABI only grows (the SONAME is the major version,
+# include/oscar/oscar.h and docs/API.md "ABI stability"): find_package(oscar 0.1)
+# takes any 0.x from 0.1 on, as the dynamic loader takes any liboscar.so.0.
 write_basic_package_version_file(${CMAKE_BINARY_DIR}/oscarConfigVersion.cmake
-                                 VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+                                 VERSION ${PROJECT_VERSION} COMPATIBILITY SameMajorVersion)
 install(FILES ${CMAKE_BINARY_DIR}/oscarConfig.cmake ${CMAKE_BINARY_DIR}/oscarConfigVersion.cmake
         DESTINATION ${OSCAR_CMAKE_INSTALL_DIR} COMPONENT dev)
 

@@ -14,6 +14,9 @@ double oscar_method_bits(oscar_method m, int head_dim, int group, oscar_dtype me
     if (!method_valid(m) || !oscar_head_dim_supported(head_dim)) return 0.0;
     if (group == 0) group = head_dim;
     if (!oscar_group_supported(group, head_dim)) return 0.0;
+    /* Scale and bias are F16 or F32 (oscar_layout_desc.meta_dtype); any other value
+     * was counted as 16 bits, a plausible figure for a layout no backend accepts. */
+    if (meta_dtype != OSCAR_DTYPE_F16 && meta_dtype != OSCAR_DTYPE_F32) return 0.0;
     double meta_bits = 2.0 * 8.0 * (double)oscar_dtype_size(meta_dtype); /* scale + bias */
     switch (m) {
     case OSCAR_METHOD_BF16: return 16.0;

@@ -516,6 +516,11 @@ oscar_status oscar_extend(oscar_plan *plan, int layer, const oscar_cache *cache,
         oscar_struct_import(&x, sizeof x, args_in, OSCAR_ATTN_ARGS_SIZE_V1, "oscar_extend args", "oscar_attn_args_default");
     if (s != OSCAR_OK) return s;
     if (!plan || !cache || !batch) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: NULL argument", fn);
+    /* Before anything sized by it: the checks below run on max(num_seqs, total_q)
+     * rows, and validate = 1 allocates num_seqs entries (a negative count was a
+     * huge allocation, refused as out of memory, or an abort under ASan). */
+    if (batch->num_seqs < 1)
+        return oscar_set_error(OSCAR_ERR_EMPTY, "%s: num_seqs is %d; pass at least one sequence", fn, batch->num_seqs);
     if (x.total_q < 1)
         return oscar_set_error(OSCAR_ERR_EMPTY, "%s: total_q is %d; pass at least one query token", fn, x.total_q);
     if (!x.cu_q && (x.total_q != batch->num_seqs || x.max_q_len > 1))

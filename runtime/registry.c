@@ -313,11 +313,21 @@ void oscar_buffer_free(oscar_runtime *rt, void *buf) {
     if (rt && buf) rt->api->free(rt->ctx, buf);
 }
 
+/* offset + bytes past SIZE_MAX: no buffer ends there (host memory would be
+ * addressed by a wrapped pointer). */
+static oscar_status copy_wraps(const char *fn, size_t offset, size_t bytes) {
+    return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                           "%s: offset %zu + %zu bytes passes SIZE_MAX; pass the offset into the buffer and the "
+                           "byte count of the copy",
+                           fn, offset, bytes);
+}
+
 oscar_status oscar_buffer_write(oscar_runtime *rt, void *dst, size_t offset, const void *src, size_t bytes,
                                 void *stream) {
     oscar_clear_error();
     if (!rt || !dst || (!src && bytes))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_buffer_write: NULL argument");
+    if (offset > SIZE_MAX - bytes) return copy_wraps("oscar_buffer_write", offset, bytes);
     oscar_errbuf e = {{0}};
     return oscar_set_errbuf(rt->api->write(rt->ctx, dst, offset, src, bytes, stream, &e), &e);
 }
@@ -327,6 +337,7 @@ oscar_status oscar_buffer_read(oscar_runtime *rt, void *dst, const void *src, si
     oscar_clear_error();
     if (!rt || !src || (!dst && bytes))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_buffer_read: NULL argument");
+    if (offset > SIZE_MAX - bytes) return copy_wraps("oscar_buffer_read", offset, bytes);
     oscar_errbuf e = {{0}};
     return oscar_set_errbuf(rt->api->read(rt->ctx, dst, src, offset, bytes, stream, &e), &e);
 }

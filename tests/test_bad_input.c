@@ -392,6 +392,74 @@ Test(bad_input, no_window_pool_without_windows, .timeout = 300) {
     no_window_pool_case("hip", ref, 1);
 }
 
+/* An extend whose batch has no sequences (0, negative, INT32_MIN) with a cu_q:
+ * the runtime sized its checks by max(num_seqs, total_q) and so let the count
+ * through; with validate = 1 the host check then allocated num_seqs entries
+ * (out of memory for a negative count, an abort under ASan) and for 0 blamed
+ * cu_q. Now every backend and both validate settings say OSCAR_ERR_EMPTY,
+ * naming num_seqs. */
+static void extend_no_sequences_case(const char *backend) {
+    for (int val = 0; val < 2; val++) {
+        rig r;
+        if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, val)) cr_skip_test("%s not available", backend);
+        static const int32_t counts[] = {0, -3, INT32_MIN};
+        for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+            oscar_cache c = rig_cache(&r);
+            oscar_batch b = rig_batch(&r);
+            b.num_seqs = counts[i];
+            oscar_attn_args a;
+            oscar_attn_args_default(&a);
+            a.cu_q = r.cu, a.total_q = 1, a.max_q_len = 1, a.q = r.q, a.out = r.out, a.out_bytes = r.q_elems * 2;
+            a.workspace = r.ws, a.workspace_bytes = r.ws_bytes;
+            oscar_status s = oscar_extend(r.plan, 0, &c, &b, &a);
+            cr_expect_eq(s, OSCAR_ERR_EMPTY, "%s validate %d num_seqs %d: %d (%s)", backend, val, counts[i], s,
+                         oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "num_seqs"), "%s: message: %s", backend, oscar_last_error());
+        }
+        rig_close(&r);
+    }
+}
+Test(bad_input, extend_without_sequences_cpu) { extend_no_sequences_case("cpu"); }
+Test(bad_input, extend_without_sequences_opencl, .timeout = 300) { extend_no_sequences_case("opencl"); }
+
+/* oscar_buffer_write/read past a buffer's end: OpenCL said only
+ * "clEnqueueWriteBuffer failed with error -30" (OSCAR_ERR_BACKEND), naming
+ * neither the buffer's size nor the fix; an offset + bytes that wraps size_t
+ * reached the backends (a wrapped host pointer on the CPU). */
+static void buffer_copy_case(const char *backend) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = backend;
+    oscar_runtime *rt = NULL;
+    if (oscar_runtime_create(&o, &rt) != OSCAR_OK) {
+        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
+        cr_skip_test("%s not available", backend);
+    }
+    void *buf = NULL;
+    cr_assert_eq(oscar_buffer_alloc(rt, 64, &buf), OSCAR_OK, "%s", oscar_last_error());
+    unsigned char h[64] = {0};
+    oscar_status s = oscar_buffer_write(rt, buf, SIZE_MAX - 8, h, 16, NULL);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: wrapping write: %d (%s)", backend, s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "SIZE_MAX"), "%s: %s", backend, oscar_last_error());
+    s = oscar_buffer_read(rt, h, buf, SIZE_MAX, 1, NULL);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: wrapping read: %d (%s)", backend, s, oscar_last_error());
+    if (strcmp(backend, "cpu") != 0) { /* a device buffer knows its size */
+        s = oscar_buffer_write(rt, buf, 60, h, 16, NULL);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: write past the end: %d (%s)", backend, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "16 bytes at offset 60 run past the end of the 64-byte buffer"), "%s: %s",
+                  backend, oscar_last_error());
+        s = oscar_buffer_read(rt, h, buf, 65, 1, NULL);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s: read past the end: %d (%s)", backend, s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "64-byte buffer"), "%s: %s", backend, oscar_last_error());
+    }
+    cr_expect_eq(oscar_buffer_write(rt, buf, 48, h, 16, NULL), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    cr_expect_eq(oscar_buffer_read(rt, h, buf, 0, 64, NULL), OSCAR_OK, "%s: %s", backend, oscar_last_error());
+    oscar_buffer_free(rt, buf);
+    oscar_runtime_destroy(rt);
+}
+Test(bad_input, buffer_copies_past_the_end_cpu) { buffer_copy_case("cpu"); }
+Test(bad_input, buffer_copies_past_the_end_opencl, .timeout = 120) { buffer_copy_case("opencl"); }
+
 /* ----------------------------------------------------------------- extend */
 #define TQ 7 /* query tokens of the extend cases: 3 for sequence 0, 4 for sequence 1 */
 
@@ -1064,4 +1132,15 @@ Test(bad_input, fakequant_count_overflow_refused) {
                      oscar_last_error());
         cr_expect(strstr(oscar_last_error(), "PTRDIFF_MAX"), "%s", oscar_last_error());
     }
+}
+
+/* oscar_method_bits of a meta_dtype no layout takes (BF16, or no dtype at all)
+ * counted its scale and bias as 16 bits and gave a plausible 2.25; 0 is the
+ * documented answer for what no cache stores. */
+Test(bad_input, method_bits_of_an_unstorable_meta_dtype_is_zero) {
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_OSCAR2, 128, 128, OSCAR_DTYPE_BF16), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, (oscar_dtype)7), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 96, 32, OSCAR_DTYPE_F16), 0.0);
+    cr_expect_eq(oscar_method_bits((oscar_method)-1, 128, 128, OSCAR_DTYPE_F16), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, OSCAR_DTYPE_F32), 2.5);
 }

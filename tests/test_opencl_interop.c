@@ -192,6 +192,53 @@ Test(opencl_interop, misuse_is_refused) {
         cr_assert(strstr(oscar_last_error(), "out of order"), "%s", oscar_last_error());
         clReleaseCommandQueue(ooo);
     }
+    /* A runtime on c's context given another context's buffers and queue, or an
+     * out-of-order queue of its own context, per call: PoCL ran such an append
+     * (OpenCL leaves it undefined) and the copies failed with a bare -34. */
+    o.native_queue = c.q;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan *plan = NULL;
+    oscar_layout_desc l = layout();
+    cr_assert_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(&l, &sz), OSCAR_OK);
+    size_t ws = 0;
+    cr_assert_eq(oscar_plan_workspace_bytes(plan, 1, N, &ws), OSCAR_OK);
+    int32_t one = 1, cu[2] = {0, 1}, zero = 0, bt[16] = {0};
+    cl_mem pages = upload(&c, NULL, 16 * sz.page_bytes), win = upload(&c, NULL, sz.window_slot_bytes),
+           wsb = upload(&c, NULL, ws), lens = upload(&c, &one, 4), slots = upload(&c, &zero, 4),
+           btb = upload(&c, bt, sizeof bt), cub = upload(&c, cu, sizeof cu), k = upload(&c, NULL, HKV * D * 2),
+           fk = upload(&other, NULL, HKV * D * 2), fws = upload(&other, NULL, ws);
+    cr_assert_eq(oscar_plan_workspace_init(plan, wsb, NULL), OSCAR_OK, "%s", oscar_last_error());
+    oscar_cache ca = {pages, 16, win, 1};
+    oscar_batch b = {1, (void *)lens, (void *)slots, (void *)btb, 16, N};
+    const int32_t *cun = (void *)cub;
+    oscar_status s = oscar_append(plan, 0, &ca, &b, cun, 1, fk, k, 0, wsb, ws, NULL);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "append with another context's k: %d (%s)", s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "k is a cl_mem of another cl_context"), "%s", oscar_last_error());
+    s = oscar_append(plan, 0, &ca, &b, cun, 1, k, k, 0, wsb, ws, other.q);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "append on another context's queue: %d (%s)", s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "stream is a cl_command_queue of another cl_context"), "%s",
+              oscar_last_error());
+    s = oscar_plan_workspace_init(plan, fws, NULL);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "workspace of another context: %d (%s)", s, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "another cl_context"), "%s", oscar_last_error());
+    s = oscar_synchronize(rt, other.q);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "synchronize another context's queue: %d (%s)", s, oscar_last_error());
+    ooo = clCreateCommandQueue(c.ctx, c.dev, CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    if (err == CL_SUCCESS) {
+        s = oscar_append(plan, 0, &ca, &b, cun, 1, k, k, 0, wsb, ws, ooo);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "append on an out-of-order queue: %d (%s)", s, oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "out-of-order"), "%s", oscar_last_error());
+        clReleaseCommandQueue(ooo);
+    }
+    s = oscar_append(plan, 0, &ca, &b, cun, 1, k, k, 0, wsb, ws, c.q2); /* the right context's second queue */
+    cr_expect_eq(s, OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(oscar_plan_check(plan, wsb, c.q2), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+    cl_mem all[] = {pages, win, wsb, lens, slots, btb, cub, k, fk, fws};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) clReleaseMemObject(all[i]);
     caller *cs[2] = {&c, &other};
     for (int i = 0; i < 2; i++) {
         clReleaseCommandQueue(cs[i]->q2);

@@ -49,6 +49,38 @@ typedef struct cl_plan_kernels {
 
 static cl_command_queue Q(cl_ctx *c, void *stream) { return stream ? (cl_command_queue)stream : c->queue; }
 
+/* The caller's cl_mem and queues must belong to the runtime's context: OpenCL
+ * leaves another context's objects undefined (PoCL ran such an append, other
+ * drivers fail with -34, CL_INVALID_CONTEXT, naming nothing). */
+static oscar_status foreign(const char *fn, const char *name, const char *what, oscar_errbuf *err) {
+    return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                            "opencl %s: %s is a %s of another cl_context than the runtime's; allocate buffers with "
+                            "oscar_buffer_alloc and pass queues of the runtime's context, or create the runtime on "
+                            "your context (oscar_runtime_options.native_context / native_queue)",
+                            fn, name, what);
+}
+static oscar_status queue_ok(const cl_ctx *c, const char *fn, void *stream, oscar_errbuf *err) {
+    if (!stream) return OSCAR_OK;
+    cl_context qc = NULL;
+    cl_int rc = clGetCommandQueueInfo((cl_command_queue)stream, CL_QUEUE_CONTEXT, sizeof qc, &qc, NULL);
+    if (rc != CL_SUCCESS)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: stream is not a cl_command_queue (clGetCommandQueueInfo: %d); pass NULL "
+                                "(the runtime's queue) or a queue of the runtime's context",
+                                fn, (int)rc);
+    if (qc != c->context) return foreign(fn, "stream", "cl_command_queue", err);
+    /* A call's kernels follow each other on the queue (rotation, attention, merge): an
+     * out-of-order queue would run them at once, on each other's half-written data. */
+    cl_command_queue_properties props = 0;
+    rc = clGetCommandQueueInfo((cl_command_queue)stream, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    if (rc == CL_SUCCESS && (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: stream is an out-of-order cl_command_queue; a call's kernels depend on "
+                                "each other in queue order: pass an in-order queue",
+                                fn);
+    return OSCAR_OK;
+}
+
 static oscar_status cl_fail(oscar_errbuf *err, const char *what, cl_int rc) {
     return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, "opencl: %s failed with error %d", what, (int)rc);
 }
@@ -170,10 +202,41 @@ static void ocl_free(void *ctx, void *buf) {
     if (buf) clReleaseMemObject((cl_mem)buf);
 }
 
+/* The size of a caller's cl_mem m, refusing what is no cl_mem or one of another context. */
+static oscar_status mem_size(const cl_ctx *c, const char *fn, const char *name, const void *m, size_t *have,
+                             oscar_errbuf *err) {
+    cl_context mc = NULL;
+    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof *have, have, NULL);
+    if (rc == CL_SUCCESS) rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_CONTEXT, sizeof mc, &mc, NULL);
+    if (rc != CL_SUCCESS)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: %s is not a cl_mem of this runtime (clGetMemObjectInfo: %d); pass "
+                                "buffers from oscar_buffer_alloc or the runtime's native context",
+                                fn, name, (int)rc);
+    return mc == c->context ? OSCAR_OK : foreign(fn, name, "cl_mem", err);
+}
+
+/* A copy of bytes at offset stays inside the cl_mem (it knows its size): the
+ * runtime's -30 (CL_INVALID_VALUE) alone names neither the buffer nor the fix. */
+static oscar_status copy_fits(const cl_ctx *c, const char *fn, const void *m, size_t offset, size_t bytes,
+                              void *stream, oscar_errbuf *err) {
+    size_t have = 0;
+    oscar_status s = mem_size(c, fn, "the buffer", m, &have, err);
+    if (s != OSCAR_OK) return s;
+    if (offset > have || bytes > have - offset)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: %zu bytes at offset %zu run past the end of the %zu-byte buffer; nothing "
+                                "was copied (copy at most %zu bytes there)",
+                                fn, bytes, offset, have, offset < have ? have - offset : 0);
+    return queue_ok(c, fn, stream, err);
+}
+
 static oscar_status ocl_write(void *ctx, void *dst, size_t offset, const void *src, size_t bytes, void *stream,
                               oscar_errbuf *err) {
     if (!bytes) return OSCAR_OK;
     if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl write: NULL buffer");
+    oscar_status s = copy_fits(ctx, "write", dst, offset, bytes, stream, err);
+    if (s != OSCAR_OK) return s;
     /* Blocking: the caller may reuse src at once (not a hot-path call). */
     cl_int rc = clEnqueueWriteBuffer(Q(ctx, stream), (cl_mem)dst, CL_TRUE, offset, bytes, src, 0, NULL, NULL);
     return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueWriteBuffer", rc);
@@ -183,11 +246,15 @@ static oscar_status ocl_read(void *ctx, void *dst, const void *src, size_t offse
                              oscar_errbuf *err) {
     if (!bytes) return OSCAR_OK;
     if (!dst || !src) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl read: NULL buffer");
+    oscar_status s = copy_fits(ctx, "read", src, offset, bytes, stream, err);
+    if (s != OSCAR_OK) return s;
     cl_int rc = clEnqueueReadBuffer(Q(ctx, stream), (cl_mem)src, CL_TRUE, offset, bytes, dst, 0, NULL, NULL);
     return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clEnqueueReadBuffer", rc);
 }
 
 static oscar_status ocl_sync(void *ctx, void *stream, oscar_errbuf *err) {
+    oscar_status s = queue_ok(ctx, "synchronize", stream, err);
+    if (s != OSCAR_OK) return s;
     cl_int rc = clFinish(Q(ctx, stream));
     return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, "clFinish", rc);
 }
@@ -379,16 +446,12 @@ static size_t rows_bytes(int64_t rows, int64_t stride, int64_t row, size_t es) {
     return n > SIZE_MAX - (size_t)row ? SIZE_MAX : mul3(n + (size_t)row, es, 1);
 }
 /* OK when buffer m (NULL: not used by this call) holds need bytes. */
-static oscar_status mem_holds(const char *fn, const char *name, const void *m, size_t need, oscar_status code,
-                              oscar_errbuf *err) {
+static oscar_status mem_holds(const cl_ctx *c, const char *fn, const char *name, const void *m, size_t need,
+                              oscar_status code, oscar_errbuf *err) {
     if (!m || !need) return OSCAR_OK;
     size_t have = 0;
-    cl_int rc = clGetMemObjectInfo((cl_mem)m, CL_MEM_SIZE, sizeof have, &have, NULL);
-    if (rc != CL_SUCCESS)
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "opencl %s: %s is not a cl_mem of this runtime (clGetMemObjectInfo: %d); pass "
-                                "buffers from oscar_buffer_alloc or the runtime's native context",
-                                fn, name, (int)rc);
+    oscar_status s = mem_size(c, fn, name, m, &have, err);
+    if (s != OSCAR_OK) return s;
     if (have < need)
         return oscar_errbuf_set(err, code,
                                 "opencl %s: %s holds %zu bytes but the call's counts need %zu; nothing was run "
@@ -397,40 +460,43 @@ static oscar_status mem_holds(const char *fn, const char *name, const void *m, s
     return OSCAR_OK;
 }
 /* Buffers every call reads: the cache pools, the batch's index arrays, the workspace. */
-static oscar_status check_batch_buffers(const ocl_plan *op, const char *fn, const oscar_cache *c,
-                                        const oscar_batch *b, const void *ws, size_t ws_bytes, oscar_errbuf *err) {
+static oscar_status check_batch_buffers(const cl_ctx *cx, const ocl_plan *op, const char *fn, const oscar_cache *c,
+                                        const oscar_batch *b, const void *ws, size_t ws_bytes, void *stream,
+                                        oscar_errbuf *err) {
     const size_t ns = b->num_seqs > 0 ? (size_t)b->num_seqs : 0;
     const size_t stride = b->block_table_stride > 0 ? (size_t)b->block_table_stride : 0;
     oscar_status s;
-    if ((s = mem_holds(fn, "cache.pages", c->pages, mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0,
-                                                                    op->page_bytes, 1),
+    if ((s = queue_ok(cx, fn, stream, err)) ||
+        (s = mem_holds(cx, fn, "cache.pages", c->pages,
+                       mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0, op->page_bytes, 1),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (op->windowed &&
-         (s = mem_holds(fn, "cache.windows", c->windows,
+         (s = mem_holds(cx, fn, "cache.windows", c->windows,
                         mul3(c->num_window_slots > 0 ? (size_t)c->num_window_slots : 0, op->slot_bytes, 1),
                         OSCAR_ERR_INVALID_ARGUMENT, err))) ||
-        (s = mem_holds(fn, "batch.seq_lens", b->seq_lens, mul3(ns, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
-        (op->windowed && (s = mem_holds(fn, "batch.window_slots", b->window_slots, mul3(ns, 4, 1),
+        (s = mem_holds(cx, fn, "batch.seq_lens", b->seq_lens, mul3(ns, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (op->windowed && (s = mem_holds(cx, fn, "batch.window_slots", b->window_slots, mul3(ns, 4, 1),
                                         OSCAR_ERR_INVALID_ARGUMENT, err))) ||
-        (s = mem_holds(fn, "batch.block_table", b->block_table, mul3(ns, stride, 4), OSCAR_ERR_INVALID_ARGUMENT,
+        (s = mem_holds(cx, fn, "batch.block_table", b->block_table, mul3(ns, stride, 4), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||
-        (s = mem_holds(fn, "workspace", ws, ws_bytes, OSCAR_ERR_WORKSPACE, err)))
+        (s = mem_holds(cx, fn, "workspace", ws, ws_bytes, OSCAR_ERR_WORKSPACE, err)))
         return s;
     return OSCAR_OK;
 }
 
 static oscar_status ocl_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
     const ocl_plan *op = bplan;
+    const cl_ctx *cx = ctx;
     const char *fn = "oscar_append";
     if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
     const int64_t row = (int64_t)op->l.num_kv_heads * op->l.head_dim;
     const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
     oscar_status s;
-    if ((s = check_batch_buffers(op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, err)) ||
-        (s = mem_holds(fn, "cu_new", a->cu_new, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
-        (s = mem_holds(fn, "k", a->k, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
+    if ((s = check_batch_buffers(cx, op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+        (s = mem_holds(cx, fn, "cu_new", a->cu_new, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (s = mem_holds(cx, fn, "k", a->k, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||
-        (s = mem_holds(fn, "v", a->v, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
+        (s = mem_holds(cx, fn, "v", a->v, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)))
         return s;
     oscar_backend_append_args g = *a;
@@ -439,14 +505,15 @@ static oscar_status ocl_append(void *ctx, void *bplan, const oscar_backend_appen
 
 static oscar_status ocl_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
     const ocl_plan *op = bplan;
+    const cl_ctx *cx = ctx;
     const char *fn = "oscar_decode";
     if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
     const int64_t row = (int64_t)op->l.num_q_heads * op->l.head_dim;
     oscar_status s;
-    if ((s = check_batch_buffers(op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, err)) ||
-        (s = mem_holds(fn, "q", a->q, rows_bytes(a->batch.num_seqs, a->q_stride, row, op->es),
+    if ((s = check_batch_buffers(cx, op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+        (s = mem_holds(cx, fn, "q", a->q, rows_bytes(a->batch.num_seqs, a->q_stride, row, op->es),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
-        (s = mem_holds(fn, "out", a->out, rows_bytes(a->batch.num_seqs, a->out_stride, row, op->es),
+        (s = mem_holds(cx, fn, "out", a->out, rows_bytes(a->batch.num_seqs, a->out_stride, row, op->es),
                        OSCAR_ERR_INVALID_ARGUMENT, err)))
         return s;
     return gpu_decode(ctx, op->gpu, a, err);
@@ -454,19 +521,20 @@ static oscar_status ocl_decode(void *ctx, void *bplan, const oscar_backend_decod
 
 static oscar_status ocl_extend(void *ctx, void *bplan, const oscar_backend_extend_args *a, oscar_errbuf *err) {
     const ocl_plan *op = bplan;
+    const cl_ctx *cx = ctx;
     const char *fn = "oscar_extend";
     if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
     const int64_t row = (int64_t)op->l.num_q_heads * op->l.head_dim;
     const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
     const size_t tq = a->total_q > 0 ? (size_t)a->total_q : 0;
     oscar_status s;
-    if ((s = check_batch_buffers(op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, err)) ||
-        (s = mem_holds(fn, "cu_q", a->cu_q, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
-        (s = mem_holds(fn, "q", a->q, rows_bytes(a->total_q, a->q_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
+    if ((s = check_batch_buffers(cx, op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+        (s = mem_holds(cx, fn, "cu_q", a->cu_q, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
+        (s = mem_holds(cx, fn, "q", a->q, rows_bytes(a->total_q, a->q_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||
-        (s = mem_holds(fn, "out", a->out, rows_bytes(a->total_q, a->out_stride, row, op->es),
+        (s = mem_holds(cx, fn, "out", a->out, rows_bytes(a->total_q, a->out_stride, row, op->es),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
-        (s = mem_holds(fn, "lse", a->lse, mul3(tq, (size_t)op->l.num_q_heads, sizeof(float)),
+        (s = mem_holds(cx, fn, "lse", a->lse, mul3(tq, (size_t)op->l.num_q_heads, sizeof(float)),
                        OSCAR_ERR_INVALID_ARGUMENT, err)))
         return s;
     return gpu_extend(ctx, op->gpu, a, err);

@@ -26,6 +26,16 @@
  *    pages. An oscar_calib must be fed from one thread at a time.
  *  - Structs passed in carry `struct_size` (set it to sizeof the struct) so
  *    fields can be added without breaking the ABI.
+ *  - ABI: liboscar.so.MAJOR (SONAME) with every function of this header under
+ *    the symbol version OSCAR_MAJOR. Within a major version releases only add
+ *    (functions, struct fields appended under the struct_size rule, enum
+ *    values, status codes): a program built against an older header runs on a
+ *    newer library of the same major version. A program built against a newer
+ *    header that calls a function an older library lacks is stopped by the
+ *    dynamic loader naming the symbol (at load, or at the first call under lazy
+ *    binding), and gets OSCAR_ERR_VERSION if it sets a field the older one does
+ *    not know (docs/API.md "ABI stability"). oscar_version() is the library's
+ *    version at run time, OSCAR_VERSION_* the header's.
  *  - Storage format: docs/FORMAT.md. API walk-through: docs/API.md.
  */
 #ifndef OSCAR_OSCAR_H
@@ -204,7 +214,8 @@ OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer
  * is carried into later values k as x_k -= e * F[j][k], so a row's error is
  * small in the metric attention feels; docs/FORMAT.md §2.3), or NULL when the
  * parameters round to nearest (built-in parameters, or calibrated with
- * rounding = 0). Valid while p lives. */
+ * rounding = 0). Valid while p lives and until oscar_params_clear_feedback(p),
+ * which frees the weights (oscar_params_set_feedback writes through it). */
 OSCAR_API oscar_status oscar_params_feedback(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                              const float **F);
 /* Sets the error-feedback weights of one (layer, KV head, K/V): F is a
@@ -236,7 +247,8 @@ OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_k
 /* Code width of one (layer, KV head, K/V) head-tensor's 2-bit region (docs/FORMAT.md §2.7): 2 (every
  * head-tensor of a file of format versions 1-3, and the default) or 3 (eight uniform levels: the
  * 2-bit plane plus a 1-bit plane of head_dim/8 bytes per row; oscar2 parameters only; format_version
- * 4). Opt-in: a layout's pages then need oscar_layout_sizes_params, and a backend that cannot store
+ * 4). Opt-in: a layout's pages then need room for the planes (oscar_layout_desc.wide_tensors, sizes
+ * from oscar_layout_sizes_get), and a backend that cannot store
  * 3-bit head-tensors refuses such parameters at oscar_plan_create with OSCAR_ERR_UNSUPPORTED. */
 OSCAR_API oscar_status oscar_params_code_bits(const oscar_params *p, int layer, int kv_head, oscar_kv which,
                                               int *bits);
@@ -438,7 +450,9 @@ OSCAR_API oscar_status oscar_calib_width_report_get(const oscar_calib *c, int la
  * (0 = head_dim). params may be NULL for methods without rotation. */
 OSCAR_API oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, oscar_kv which,
                                        int group, int n_tokens, int num_kv_heads, int head_dim, float *rows);
-/* Bits per stored element of a method's quantized region (metadata counted). */
+/* Bits per stored element of a method's quantized region (metadata counted;
+ * group 0 = head_dim). 0 for what no cache stores: an unknown method, a
+ * head_dim or group that is not supported, a meta_dtype other than F16/F32. */
 OSCAR_API double oscar_method_bits(oscar_method m, int head_dim, int group, oscar_dtype meta_dtype);
 
 /* ----------------------------------------------------------------- runtime */
@@ -456,7 +470,8 @@ typedef struct oscar_runtime_options {
     int32_t validate;       /* 1: check block tables and lengths on the host
                                before every device call, and that no page or
                                window slot is written twice by one append
-                               (slow, for debugging) */
+                               (slow, for debugging; OSCAR_VALIDATE=1 in the
+                               environment turns it on as well) */
     oscar_log_fn log;       /* discovery log, or NULL */
     void *log_user;
     /* Added after the first release (struct_size tells them apart). */
@@ -494,7 +509,11 @@ OSCAR_API const char *oscar_runtime_device(const oscar_runtime *rt);
 OSCAR_API const char *oscar_runtime_report(const oscar_runtime *rt);
 
 /* Convenience device-memory helpers for tools, tests and simple engines
- * (engines may use their own allocator instead). Not for the hot path. */
+ * (engines may use their own allocator instead). Not for the hot path.
+ * write/read copy `bytes` at byte `offset` of the device buffer; an offset +
+ * bytes past SIZE_MAX is refused everywhere, and past the buffer's end on
+ * OpenCL (a cl_mem knows its size; elsewhere it is the caller's word), with
+ * OSCAR_ERR_INVALID_ARGUMENT and nothing copied. */
 OSCAR_API oscar_status oscar_buffer_alloc(oscar_runtime *rt, size_t bytes, void **buf);
 OSCAR_API void oscar_buffer_free(oscar_runtime *rt, void *buf);
 OSCAR_API oscar_status oscar_buffer_write(oscar_runtime *rt, void *dst, size_t offset, const void *src,
@@ -510,6 +529,11 @@ OSCAR_API oscar_status oscar_synchronize(oscar_runtime *rt, void *stream);
  * only allocation, made here). Plan once, append/decode many times. */
 typedef struct oscar_plan oscar_plan;
 
+/* The plan copies what it needs from layout and params: both may be changed or
+ * destroyed after this call (a plan keeps the parameters it was made with).
+ * params NULL: the built-in parameters of the layout's method (int2, quarot2,
+ * bf16; the same for every layer, so any layer index >= 0 is accepted);
+ * oscar2/oscar2-lm need calibrated ones. Caller destroys the plan. */
 OSCAR_API oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout,
                                          const oscar_params *params, oscar_plan **out);
 /* Frees the plan and drops its hold on the runtime (see oscar_runtime_destroy). */
@@ -520,7 +544,12 @@ OSCAR_API const char *oscar_plan_variant(const oscar_plan *plan);
  * batch of up to max_seqs sequences of up to max_seq_len tokens. Includes a
  * device error word; see oscar_plan_check. One workspace of this size serves
  * every smaller batch and length (a call checks only its minimum; the decode
- * splits a batch into as many parts as the workspace holds). */
+ * splits a batch into as many parts as the workspace holds). Several plans
+ * of one runtime (e.g. layers of different layouts) may share one workspace,
+ * sized for the largest of them, when their calls are ordered (one stream, or
+ * synchronized): the error word is the same for all, so oscar_plan_check with
+ * any of the plans reports and clears what any of them raised. Calls that may
+ * run at the same time need workspaces of their own. */
 OSCAR_API oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int max_seqs, int max_seq_len,
                                                   size_t *bytes);
 /* Zeroes the workspace's error word; call once after allocating workspace. */

@@ -100,7 +100,12 @@ def dtype_id(dtype: Union[str, int]) -> int:
 
 def method_bits(method: Union[str, int], head_dim: int = 128, group: int = 128, meta_dtype: str = "f16") -> float:
     """Bits per stored element of a method's quantized region (metadata counted)."""
-    return float(lib.oscar_method_bits(method_id(method), head_dim, group, dtype_id(meta_dtype)))
+    bits = float(lib.oscar_method_bits(method_id(method), head_dim, group, dtype_id(meta_dtype)))
+    if bits == 0.0:  # the library's answer for a shape no cache stores
+        raise ValueError(f"method_bits: {method_name(method)} has no storage at head_dim {head_dim}, group {group}, "
+                         f"meta_dtype {meta_dtype!r} (head_dim 64, 128 or 256; group 32, 64 or 128 dividing it, or 0; "
+                         f"meta_dtype 'f16' or 'f32')")
+    return bits
 
 
 # ------------------------------------------------------------------ bf16 bits
@@ -277,13 +282,17 @@ class DeviceBuffer:
     def __init__(self, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str, owned: bool):
         if kind not in _KIND_SIZE:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
-        self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), tuple(int(n) for n in shape), kind
+        shape = tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError(f"DeviceBuffer shape {shape} has a negative dimension")
+        self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), shape, kind
         self.nbytes = math.prod(self.shape) * _KIND_SIZE[kind]  # Python ints: no int64 wrap-around
         self._owned = owned
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
-        n = math.prod(int(x) for x in shape) * _KIND_SIZE.get(kind, 1)
+        cls(runtime, 0, shape, kind, owned=False)  # the shape and kind checks, before any allocation
+        n = math.prod(int(x) for x in shape) * _KIND_SIZE[kind]
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
         return cls(runtime, h.value, shape, kind, owned=True)
@@ -600,7 +609,7 @@ class Plan:
         bt = _ptr(block_table, "i32", (ns, None), "block_table", dev)
         batch = _capi.Batch(ns, _ptr(seq_lens, "i32", (ns,), "seq_lens", dev),
                             _ptr(window_slots, "i32", (ns,), "window_slots", dev), bt, block_table.shape[1],
-                            int(max_seq_len if max_seq_len is not None else L.max_seq_len))
+                            max_seq_len if max_seq_len is not None else L.max_seq_len)  # checked by Batch
         return cache, batch
 
     def append(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
@@ -611,7 +620,7 @@ class Plan:
         append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
         L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
-        total = k.shape[0] if len(k.shape) else 0
+        total = _rows(k, "k")
         shape = (total, L.num_kv_heads, L.head_dim)
         kp, vp = _ptr(k, L.kv_dtype, shape, "k", dev), _ptr(v, L.kv_dtype, shape, "v", dev)
         cu = _ptr(cu_new, "i32", (batch.num_seqs + 1,), "cu_new", dev)
@@ -647,12 +656,12 @@ class Plan:
         ``workspace_bytes(max(num_seqs, total_q), max_seq_len)``."""
         L, dev = self._L, self._dev
         cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
-        total = int(q.shape[0]) if len(q.shape) else 0
+        total = _rows(q, "q")
         shape = (total, L.num_q_heads, L.head_dim)
         a = _capi.AttnArgs()
         lib.oscar_attn_args_default(ctypes.byref(a))
         a.cu_q = _ptr(cu_q, "i32", (batch.num_seqs + 1,), "cu_q", dev)
-        a.total_q, a.max_q_len = total, int(max_q_len)
+        a.total_q, a.max_q_len = total, max_q_len  # the struct refuses a float or an int32 overflow
         a.q = _ptr(q, L.kv_dtype, shape, "q", dev)
         a.out = _ptr(out, L.kv_dtype, shape, "out", dev)
         a.out_bytes = total * L.num_q_heads * L.head_dim * 2
@@ -680,6 +689,26 @@ class Plan:
         self.close()
 
 
+def _rows(x: Any, name: str) -> int:
+    """Token count of a [tokens, heads, head_dim] array, before anything else
+    reads its shape (a scalar was an IndexError, a list an AttributeError)."""
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 3:
+        got = f"shape {tuple(shape)}" if shape is not None else type(x).__name__
+        raise ValueError(f"{name}: expected an array [tokens, heads, head_dim], got {got}")
+    return int(shape[0])
+
+
+def _counts(values: Sequence[int], name: str) -> np.ndarray:
+    """Per-sequence token counts as int64, refusing what is not an integer:
+    np.asarray(..., np.int64) truncated 2.7 to 2, so counts that did not
+    describe the rows could still sum to their number."""
+    a = np.asarray(values)
+    if a.size and a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer token counts, got {np.asarray(values).tolist()!r} ({a.dtype})")
+    return a.astype(np.int64)
+
+
 class PagedCache:
     """A whole model's paged cache for ``num_seqs`` sequences of up to
     ``max_seq_len`` tokens, with pools, block table (sequence i owns a
@@ -692,9 +721,10 @@ class PagedCache:
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
         L = plan._L
-        self.max_seq_len = int(max_seq_len or L.max_seq_len)
-        if self.max_seq_len > L.max_seq_len:
-            raise ValueError(f"max_seq_len {self.max_seq_len} exceeds the layout's {L.max_seq_len}")
+        self.max_seq_len = L.max_seq_len if max_seq_len is None else _capi.checked_int(max_seq_len, _capi.c_int32,
+                                                                                        "max_seq_len")
+        if not 1 <= self.max_seq_len <= L.max_seq_len:
+            raise ValueError(f"max_seq_len {self.max_seq_len} outside [1, {L.max_seq_len}] (the layout's max_seq_len)")
         self.pages_per_seq = max(1, L.pages_for(self.max_seq_len))
         sz = plan.sizes
         page_total = num_seqs * self.pages_per_seq * sz.page_bytes
@@ -794,8 +824,9 @@ class PagedCache:
         ``layer``: ``new_tokens[i]`` rows for sequence i, in order (default:
         one token per sequence, a decode step)."""
         self._check_layer(layer)
-        total = int(k.shape[0])
-        n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else np.asarray(new_tokens, np.int64)
+        total = _rows(k, "k")
+        _rows(v, "v")
+        n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else _counts(new_tokens, "new_tokens")
         if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
             raise ValueError(f"new_tokens must give {self.num_seqs} non-negative counts summing to the {total} "
                              f"rows of k (got {n.tolist()})")
@@ -847,10 +878,8 @@ class PagedCache:
         prefill, speculative verify, prefix reuse). Returns ``out``, or
         ``(out, lse)`` with ``lse`` [total_q, num_q_heads] float32 when asked."""
         self._check_layer(layer)
-        if self._by_handle:
-            raise NotImplementedError("PagedCache.extend on OpenCL: use Plan.extend with device buffers")
-        n = np.asarray(q_tokens, np.int64)
-        total = int(q.shape[0])
+        n = _counts(q_tokens, "q_tokens")
+        total = _rows(q, "q")
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
             raise ValueError(f"q_tokens must give {self.num_seqs} counts >= 1 summing to the {total} rows of q "
                              f"(got {n.tolist()})")
@@ -861,7 +890,9 @@ class PagedCache:
         need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
         ws = getattr(self, "_ext_ws", None)
         if ws is None or ws.shape[0] < need:
-            if _is_torch(self.workspace):
+            if self._by_handle:
+                ws = self.plan.runtime.alloc((need,), "u8")
+            elif _is_torch(self.workspace):
                 ws = torch.zeros(need, dtype=torch.uint8, device=self.workspace.device)
             else:
                 ws = np.zeros(need, dtype=np.uint8)
@@ -875,10 +906,20 @@ class PagedCache:
                        if _is_torch(q) else np.empty((total, self.plan._L.num_q_heads), np.float32))
         stream = self.plan._stream(stream)
         cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
+        qd, od, ld = q, out, lse_buf
+        if self._by_handle:  # OpenCL: host arrays through staging buffers, as decode
+            kind = self.plan._L.kv_dtype
+            qd, od = self._stage("q", q, kind, stream), self._stage("out", out, kind, stream, copy=False)
+            cu_dev = self._stage("cu_q", cu, "i32", stream)
+            ld = self._stage("lse", lse_buf, "f32", stream, copy=False) if lse else None
         self.plan.extend(layer, self.pages[layer], self.windows[layer],
                          self._to_dev(self.lens[layer], getattr(self, "_lens_dev", None), stream), self.window_slots,
-                         self.block_table, cu_dev, q, out, ws, int(n.max()), lse=lse_buf, sm_scale=sm_scale,
+                         self.block_table, cu_dev, qd, od, ws, int(n.max()), lse=ld, sm_scale=sm_scale,
                          rotated_output=rotated_output, max_seq_len=int(self.lens[layer].max()), stream=stream)
+        if self._by_handle:
+            out[...] = od.read(stream)
+            if lse:
+                lse_buf[...] = ld.read(stream)
         return (out, lse_buf) if lse else out
 
     def check(self, stream: Optional[int] = None) -> None:

@@ -143,3 +143,71 @@ def test_cache_layer_out_of_range_names_the_layer(cpu):
                      lambda: cache.append(layer, k, k, new_tokens=[3])):
             with pytest.raises(ValueError, match="layer"):
                 call()
+
+
+def test_token_counts_and_bounds_that_are_not_integers(cpu):
+    # new_tokens / q_tokens went through np.asarray(..., np.int64), which
+    # truncates: [0.5, 1.5] became [0, 1], summed to the 1 row given and was
+    # appended as counts the caller never meant. max_q_len and max_seq_len
+    # went through int() (2.9 -> 2) before the binding's range check.
+    lay = liboscar.Layout(num_q_heads=4, num_kv_heads=2, max_seq_len=256, sink=16, recent=32, page_size=16,
+                          kv_dtype="f16", method="int2")
+    plan = liboscar.Plan(cpu, lay)
+    cache = plan.cache(num_layers=1, num_seqs=2)
+    k = np.ones((1, 2, 128), np.float16)
+    with pytest.raises(TypeError, match="new_tokens: expected integer token counts"):
+        cache.append(0, k, k, new_tokens=[0.5, 1.5])
+    assert cache.lens[0].tolist() == [0, 0]
+    k3 = np.ones((3, 2, 128), np.float16)
+    cache.append(0, k3, k3, new_tokens=np.array([1, 2], np.uint8))  # any integer dtype is fine
+    q = np.ones((2, 4, 128), np.float16)
+    with pytest.raises(TypeError, match="q_tokens: expected integer token counts"):
+        cache.extend(0, q, [1.0, 1.0])
+    assert cache.extend(0, q, [1, 1]).shape == (2, 4, 128)
+    c = cache
+    args = (0, c.pages[0], c.windows[0], c.lens[0].copy(), c.window_slots, c.block_table,
+            np.array([0, 1, 2], np.int32), q, np.empty_like(q), c.workspace)
+    with pytest.raises(TypeError, match="max_q_len"):
+        plan.extend(*args, 1.9)
+    with pytest.raises(TypeError, match="max_seq_len"):
+        plan.decode(0, c.pages[0], c.windows[0], c.lens[0].copy(), c.window_slots, c.block_table, q,
+                    np.empty_like(q), c.workspace, max_seq_len=2.5)
+    plan.extend(*args, 1)
+
+
+def test_device_buffer_shape_must_be_non_negative_integers(cpu):
+    # alloc((-5,)) allocated 1 byte and returned a buffer of shape (-5,).
+    with pytest.raises(ValueError, match="negative"):
+        cpu.alloc((-5,), "u8")
+    with pytest.raises(TypeError, match="shape"):
+        liboscar.DeviceBuffer(cpu, 0, (2.5,), "u8", owned=False)
+    with pytest.raises(ValueError, match="kind"):
+        cpu.alloc((4,), "i64")
+
+
+def test_method_bits_of_a_shape_no_cache_stores(cpu):
+    # head_dim 96 returned 0.0 bits per element, as if it were a figure.
+    with pytest.raises(ValueError, match="head_dim 96"):
+        liboscar.method_bits("int2", head_dim=96)
+    with pytest.raises(ValueError, match="meta_dtype"):
+        liboscar.method_bits("int2", meta_dtype="bf16")
+    assert liboscar.method_bits("int2", 128, 64) == 2.5
+
+
+def test_cache_bounds_and_row_arrays_name_the_argument(cpu):
+    # max_seq_len -5 failed inside oscar_layout_pages_for ("negative length"),
+    # 2.5 was truncated to 2; a scalar k was a bare IndexError.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    with pytest.raises(ValueError, match=r"max_seq_len -5 outside \[1, 100\]"):
+        plan.cache(1, 1, -5)
+    with pytest.raises(TypeError, match="max_seq_len"):
+        plan.cache(1, 1, 2.5)
+    c = plan.cache(1, 1, 64)
+    z = np.zeros((1, 1, 64), np.uint16)
+    with pytest.raises(ValueError, match=r"k: expected an array \[tokens, heads, head_dim\], got shape \(\)"):
+        c.append(0, np.uint16(0), z)
+    with pytest.raises(ValueError, match=r"v: expected an array .* got list"):
+        c.append(0, z, z.tolist())
+    c.append(0, z, z)
+    with pytest.raises(ValueError, match=r"q: expected an array"):
+        c.extend(0, np.zeros((2, 64), np.uint16), [1])

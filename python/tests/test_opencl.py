@@ -63,6 +63,28 @@ def test_paged_cache_on_opencl_matches_cpu(cpu, rng, method):
     assert worst < 8e-3, f"{method}: OpenCL differs from the CPU backend by {worst:.2e}"
 
 
+@pytest.mark.parametrize("method", ["int2", "quarot2"])
+def test_paged_cache_extend_on_opencl_matches_cpu(cpu, rng, method):
+    # PagedCache.extend raised NotImplementedError on OpenCL: a chunk of queries
+    # per sequence after its append, with the LSE, against the CPU backend.
+    caches = [liboscar.Plan(rt, layout(method), params_for(method)).cache(2, len(LENS), 300) for rt in (_ocl, cpu)]
+    k, v = rows(rng, sum(LENS), HKV), rows(rng, sum(LENS), HKV)
+    for c in caches:
+        c.append(0, k, v, new_tokens=LENS)
+    chunks = [5, 3]  # then a chunk each: the last tokens' queries over the cache
+    k2, v2, q = rows(rng, 8, HKV), rows(rng, 8, HKV), rows(rng, 8, HQ)
+    outs, lses = [], []
+    for c in caches:
+        c.append(0, k2, v2, new_tokens=chunks)
+        o, lse = c.extend(0, q, chunks, lse=True)
+        outs.append(o)
+        lses.append(lse)
+    caches[0].check()
+    assert rel(*outs) < 8e-3, f"{method}: OpenCL extend differs from the CPU backend by {rel(*outs):.2e}"
+    assert np.abs(lses[0] - lses[1]).max() < 1e-3
+    assert np.isfinite(lses[0]).all()
+
+
 class Caller:
     """The caller's own OpenCL context, two in-order queues and buffers."""
 

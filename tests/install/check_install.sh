@@ -30,6 +30,20 @@ for n in $needed; do
     *) fail "liboscar.so needs $n (only libc/libdl/libm allowed): $needed" ;; esac
 done
 echo "liboscar.so needs: $needed"
+# The ABI only grows within a major version: every function of the record is
+# still exported under its symbol version, and every one exported is recorded.
+check_symbols() { # $1: library, $2: symbol version, $3: record
+  local have want
+  have=$(readelf --dyn-syms -W "$1" | awk -v v="@@$2" '$8 ~ v"$" {sub(v"$", "", $8); print $8}' | sort -u)
+  want=$(grep -v '^#' "$3" | sort -u)
+  local gone new
+  gone=$(comm -13 <(echo "$have") <(echo "$want") | tr '\n' ' ')
+  new=$(comm -23 <(echo "$have") <(echo "$want") | tr '\n' ' ')
+  [ -z "${gone// }" ] || fail "$(basename "$1") no longer exports $gone under $2: a program linked against it would not load (docs/API.md \"Versions\": add, never remove or rename)"
+  [ -z "${new// }" ] || fail "$(basename "$1") exports $new under $2 but $3 does not list it: add the name there"
+}
+check_symbols "$L/liboscar.so" OSCAR_0 "$src/tests/install/abi/liboscar.symbols"
+check_symbols "$L/liboscar_calib.so.0" OSCAR_CALIB_0 "$src/tests/install/abi/liboscar_calib.symbols"
 # No installed ELF may point into the build or source tree.
 while IFS= read -r f; do
   rp=$(readelf -d "$f" 2>/dev/null | sed -n 's/.*R\(UN\)\?PATH.*\[\(.*\)\]/\2/p')
@@ -65,6 +79,15 @@ cmake -S "$src/tests/install/consumer" -B "$work/cmake-consumer" -DCMAKE_PREFIX_
       -DOSCAR_EXAMPLE_SOURCE="$work/readme_example.c" -DCMAKE_C_FLAGS="$cflags" > "$work/consumer.log"
 cmake --build "$work/cmake-consumer" >> "$work/consumer.log"
 run_pair "$work/cmake-consumer/readme_example" "$work/cmake-consumer/calib_consumer"
+# An engine's own pools, block tables and streams: the CPU run keeps the leak
+# check; the OpenCL run (on its own cl_context) checks memory errors only, as above.
+"$work/cmake-consumer/engine_consumer" --cpu-only || fail "engine_consumer (cpu) failed"
+# and with the host-side validation on: a correct engine's batches pass it (no false alarm)
+OSCAR_VALIDATE=1 "$work/cmake-consumer/engine_consumer" --cpu-only >/dev/null || fail "engine_consumer (cpu, OSCAR_VALIDATE=1) failed"
+if ((opencl)); then
+  ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0 "$work/cmake-consumer/engine_consumer" --require-opencl ||
+    fail "engine_consumer (cpu and opencl) failed"
+fi
 echo "CMake consumer: ok"
 
 export PKG_CONFIG_PATH=$L/pkgconfig
