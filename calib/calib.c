@@ -1245,8 +1245,9 @@ static void tau_rows(void *arg, int part, int parts) {
 }
 
 /* Rotates the probes' keys and queries (which == K) or values (V) by the
- * rotation set R[nrot] (R[r] NULL: identity); the quantized copy starts exact. */
-static void probe_set_rotate(probe_set *ps, int which, const float *const *R, int nrot) {
+ * rotation set R[nrot] (R[r] NULL: identity); the quantized copy starts exact.
+ * taus: also fill the rows' grid thresholds (needed where clips < 1 are tried). */
+static void probe_set_rotate(probe_set *ps, int which, const float *const *R, int nrot, int taus) {
     const oscar_calib *c = ps->c;
     const int d = c->d;
     for (int i = 0; i < ps->np; i++) {
@@ -1261,6 +1262,7 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
             memcpy(ps->vq[i], ps->vr[i], rows * (size_t)d * sizeof(float));
         }
     }
+    if (!taus) return;
     tau_job tj = {.ps = ps, .which = which};
     parallel_parts(c->o.threads, tau_rows, &tj);
 }
@@ -1508,8 +1510,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             omp[r] = omb + (size_t)r * dd;
             ps.om = omp;
         }
-        probe_set_rotate(&ps, OSCAR_K, Rk, nrot);
-        probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
+        probe_set_rotate(&ps, OSCAR_K, Rk, nrot, s == 2); /* s < 2: none and Hadamard, at clip 1 */
+        probe_set_rotate(&ps, OSCAR_V, Rv, nrot, s == 2);
         probe_set_exact(&ps);
         if (s < 2) {
             probe_set_quantize(&ps, OSCAR_K, -1, 1.0f, 0, NULL, 0);

@@ -503,14 +503,16 @@ void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtyp
 
 void oscar_ref_dequantize_row_wide(int d, int group, int bits, int lloyd_max, const uint8_t *codes,
                                    const uint8_t *hi, const float *meta, float *out) {
-    static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+    static const float uni[8] = {0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f};
     const float *lev = lloyd_max ? k_lm_levels : uni;
-    for (int j = 0; j < d; j++) {
-        int g = j / group;
+    for (int g = 0; g < d / group; g++) {
+        const float a = meta[2 * g], b = meta[2 * g + 1];
+        float *o = out + (size_t)g * group;
+        const int j0 = g * group;
         if (bits == 3)
-            out[j] = meta[2 * g + 1] + meta[2 * g] * (float)oscar_ref_code3_at(codes, hi, j);
+            for (int j = 0; j < group; j++) o[j] = b + a * uni[oscar_ref_code3_at(codes, hi, j0 + j)];
         else
-            out[j] = meta[2 * g + 1] + meta[2 * g] * lev[oscar_ref_code_at(codes, j)];
+            for (int j = 0; j < group; j++) o[j] = b + a * lev[oscar_ref_code_at(codes, j0 + j)];
     }
 }
 
