@@ -100,7 +100,7 @@ void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
  * (NULL: 1), bits[h * clip_stride] its code width (2 or 3, NULL: 2; 3 only for
  * OSCAR2). Other methods ignore rot, fb, clip and bits. Arguments must be valid (oscar_fakequant checks them) and the
  * rows finite. Returns 0, or -1 when out of memory (rows then unchanged for
- * QUAROT2). */
+ * the rotating methods). */
 int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *clip, int clip_stride,
                              const uint8_t *bits, const float *rot, const float *fb, int per_head, int n_tokens,
                              int num_kv_heads, int head_dim, float *rows);

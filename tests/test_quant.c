@@ -681,6 +681,57 @@ Test(fakequant, oscar2_with_params_matches_pipeline) {
     oscar_params_destroy(p);
 }
 
+/* oscar_ref_fakequant_rows with per-head rotations, feedback weights, clips and code widths equals the
+ * row-at-a-time pipeline (rotate, bf16, oscar_ref_quantize_row_wide, dequantize, unrotate) bit for bit,
+ * for token counts around its block of rows (it codes a head's rows side by side). */
+Test(fakequant, oscar2_feedback_rows_match_row_pipeline) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    enum { H = 3 };
+    const int counts[4] = {1, 8, 45, 70};
+    for (int it = 0; it < 8; it++) {
+        const int d = it % 2 ? 128 : 64, G = it % 4 < 2 ? d : 32, n = counts[it / 2], lm = it == 5;
+        const size_t dd = (size_t)d * (size_t)d;
+        float *rot = malloc(H * dd * sizeof *rot), *fb = malloc(H * dd * sizeof *fb);
+        double *C = malloc(dd * sizeof *C);
+        float *x = malloc((size_t)n * H * d * sizeof *x), *y = malloc((size_t)n * H * d * sizeof *y);
+        cr_assert(rot && fb && C && x && y);
+        float clip[H];
+        uint8_t bits[H];
+        for (int h = 0; h < H; h++) {
+            rc_random_rotation(&r, d, rot + h * dd);
+            rc_random_metric(&r, d, 100.0, C);
+            rc_feedback_weights(d, C, 1e-3, fb + h * dd);
+            clip[h] = h == 1 ? 1.0f : (float)(0.85 + 0.14 * rc_uniform(&r));
+            bits[h] = (uint8_t)(!lm && h == 2 ? 3 : 2);
+        }
+        rc_gen_kv(&r, n, H, d, 3, OSCAR_DTYPE_F32, x);
+        memcpy(y, x, (size_t)n * H * d * sizeof *y);
+        cr_assert_eq(oscar_ref_fakequant_rows(lm ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2, 1, G, clip, 1, bits,
+                                              rot, fb, 1, n, H, d, y),
+                     0);
+        for (int row = 0; row < n * H; row++) {
+            const int h = row % H;
+            float xr[128], q[128], want[128], meta[8];
+            uint8_t codes[32], hi[16];
+            oscar_ref_rotate(d, x + (size_t)row * d, rot + h * dd, xr);
+            for (int j = 0; j < d; j++) xr[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
+            oscar_ref_quantize_row_wide(d, G, bits[h], lm, clip[h], OSCAR_DTYPE_F16, xr, fb + h * dd, codes, hi, meta);
+            oscar_ref_dequantize_row_wide(d, G, bits[h], lm, codes, hi, meta, q);
+            oscar_ref_unrotate(d, q, rot + h * dd, want);
+            cr_assert(memcmp(y + (size_t)row * d, want, (size_t)d * sizeof *want) == 0,
+                      "seed %llu it %d (n %d d %d G %d lm %d): token %d head %d differs from the row pipeline",
+                      (unsigned long long)seed, it, n, d, G, lm, row / H, h);
+        }
+        free(rot);
+        free(fb);
+        free(C);
+        free(x);
+        free(y);
+    }
+}
+
 Test(fakequant, kivi2_shapes_and_axes) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;

@@ -40,7 +40,7 @@ rows() {
   for i in $(seq 1 "$runs"); do
     f=$out/$1-run$i.txt
     p0=$(grep '^pass 0:' "$f"); p1=$(grep '^pass 1:' "$f"); wt=$(grep '^wall time' "$f")
-    cpu=$(grep '^CPU time per phase' "$f" | sed -E 's/^CPU time per phase: pass 0 ([0-9.]+) s, pass 1 [0-9.]+ s, finalize ([0-9.]+) s.*/\1 \2/')
+    cpu=$( (grep '^CPU time per phase' "$f" || true) | sed -E 's/^CPU time per phase: pass 0 ([0-9.]+) s, pass 1 [0-9.]+ s, finalize ([0-9.]+) s.*/\1 \2/')
     echo "$(echo "$wt" | sed -E 's/^wall time ([0-9.]+) s.*CPU time ([0-9.]+) s, peak memory ([0-9]+) MiB.*/\1 \2 \3/') \
 $(echo "$p0" | sed -E 's/^pass 0: ([0-9.]+) s \(([0-9]+) tokens.*/\1 \2/') \
 $(echo "$p1" | sed -E 's/^pass 1: ([0-9.]+) s \(([0-9]+) tokens.*/\1 \2/') \
