@@ -1119,6 +1119,9 @@ typedef struct probe_set {
     const probe **p; /* [np] */
     int *h;          /* [np] KV head */
     float **kr, **vr, **kq, **vq, **qr; /* [np] each */
+    /* [np] each, [CLIP_GRID_N][rows]: clip threshold of every row of kr / vr at every grid ratio
+     * (oscar_ref_clip_taus), so a grid scan selects each row's order statistics once, not per ratio */
+    float **tk, **tv;
     double **o;      /* [np] exact outputs [nq][g][d] */
     float *S;        /* scratch [g][maxT] */
     float *ob;       /* scratch [g][d] */
@@ -1133,6 +1136,8 @@ static void probe_set_free(probe_set *ps) {
         if (ps->vq) free(ps->vq[i]);
         if (ps->qr) free(ps->qr[i]);
         if (ps->o) free(ps->o[i]);
+        if (ps->tk) free(ps->tk[i]);
+        if (ps->tv) free(ps->tv[i]);
     }
     free(ps->p);
     free(ps->h);
@@ -1142,6 +1147,8 @@ static void probe_set_free(probe_set *ps) {
     free(ps->vq);
     free(ps->qr);
     free(ps->o);
+    free(ps->tk);
+    free(ps->tv);
     free(ps->S);
     free(ps->ob);
     memset(ps, 0, sizeof *ps);
@@ -1171,9 +1178,11 @@ static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
     ps->vq = calloc(np, sizeof(float *));
     ps->qr = calloc(np, sizeof(float *));
     ps->o = calloc(np, sizeof(double *));
+    ps->tk = calloc(np, sizeof(float *));
+    ps->tv = calloc(np, sizeof(float *));
     ps->S = malloc(g * (size_t)ps->maxT * sizeof(float));
     ps->ob = malloc(g * d * sizeof(float));
-    if (!ps->kr || !ps->vr || !ps->kq || !ps->vq || !ps->qr || !ps->o || !ps->S || !ps->ob)
+    if (!ps->kr || !ps->vr || !ps->kq || !ps->vq || !ps->qr || !ps->o || !ps->tk || !ps->tv || !ps->S || !ps->ob)
         return -1;
     for (size_t i = 0; i < np; i++) {
         size_t rows = (size_t)ps->p[i]->t + 1;
@@ -1184,7 +1193,11 @@ static int probe_set_init(const oscar_calib *c, int layer, probe_set *ps) {
         const size_t nq = (size_t)ps->p[i]->nq;
         ps->qr[i] = malloc(nq * g * d * sizeof(float));
         ps->o[i] = malloc(nq * g * d * sizeof(double));
-        if (!ps->kr[i] || !ps->vr[i] || !ps->kq[i] || !ps->vq[i] || !ps->qr[i] || !ps->o[i]) return -1;
+        ps->tk[i] = malloc(rows * CLIP_GRID_N * sizeof(float));
+        ps->tv[i] = malloc(rows * CLIP_GRID_N * sizeof(float));
+        if (!ps->kr[i] || !ps->vr[i] || !ps->kq[i] || !ps->vq[i] || !ps->qr[i] || !ps->o[i] || !ps->tk[i] ||
+            !ps->tv[i])
+            return -1;
     }
     return 0;
 }
@@ -1199,9 +1212,42 @@ static void rotate_rows(int d, size_t rows, const float *x, const float *R, int 
         for (size_t i = 0; i < rows * (size_t)d; i++) y[i] = oscar_round_to(OSCAR_DTYPE_BF16, y[i]);
 }
 
+/* Rows [sink, t - recent] of probe i: the 2-bit region of its last position, the rows quantized. */
+static void probe_region(const probe_set *ps, int i, int *lo, int *n) {
+    *lo = ps->c->o.sink;
+    *n = ps->p[i]->t - ps->c->o.recent - *lo + 1;
+}
+
+typedef struct tau_job {
+    probe_set *ps;
+    int which;
+} tau_job;
+
+/* The grid thresholds of a share of every probe's quantized rows (K or V). */
+static void tau_rows(void *arg, int part, int parts) {
+    const tau_job *j = arg;
+    probe_set *ps = j->ps;
+    const int d = ps->c->d;
+    float t[CLIP_GRID_N];
+    for (int i = 0; i < ps->np; i++) {
+        int lo, n;
+        probe_region(ps, i, &lo, &n);
+        if (n <= 0) continue;
+        const size_t rows = (size_t)ps->p[i]->t + 1;
+        const float *x = j->which == OSCAR_K ? ps->kr[i] : ps->vr[i];
+        float *tau = j->which == OSCAR_K ? ps->tk[i] : ps->tv[i];
+        const int r0 = lo + (int)((int64_t)n * part / parts), r1 = lo + (int)((int64_t)n * (part + 1) / parts);
+        for (int r = r0; r < r1; r++) {
+            oscar_ref_clip_taus(d, x + (size_t)r * (size_t)d, CLIP_GRID_N, k_clip_grid, t);
+            for (int gi = 0; gi < CLIP_GRID_N; gi++) tau[(size_t)gi * rows + (size_t)r] = t[gi];
+        }
+    }
+}
+
 /* Rotates the probes' keys and queries (which == K) or values (V) by the
- * rotation set R[nrot] (R[r] NULL: identity); the quantized copy starts exact. */
-static void probe_set_rotate(probe_set *ps, int which, const float *const *R, int nrot) {
+ * rotation set R[nrot] (R[r] NULL: identity); the quantized copy starts exact.
+ * taus: also fill the rows' grid thresholds (needed where clips < 1 are tried). */
+static void probe_set_rotate(probe_set *ps, int which, const float *const *R, int nrot, int taus) {
     const oscar_calib *c = ps->c;
     const int d = c->d;
     for (int i = 0; i < ps->np; i++) {
@@ -1216,6 +1262,9 @@ static void probe_set_rotate(probe_set *ps, int which, const float *const *R, in
             memcpy(ps->vq[i], ps->vr[i], rows * (size_t)d * sizeof(float));
         }
     }
+    if (!taus) return;
+    tau_job tj = {.ps = ps, .which = which};
+    parallel_parts(c->o.threads, tau_rows, &tj);
 }
 
 /* probe_set_quantize's arguments; part `part` of `parts` quantizes that share of every selected probe's rows. */
@@ -1226,27 +1275,41 @@ typedef struct quant_job {
     const float *const *F;
 } quant_job;
 
+/* Rows coded per oscar_ref_quantize_rows_wide call in quant_rows. */
+#define QUANT_BLOCK 64
+
 static void quant_rows(void *arg, int part, int parts) {
     const quant_job *j = arg;
     probe_set *ps = j->ps;
     const oscar_calib *c = ps->c;
-    const int d = c->d;
-    uint8_t codes[64], hi[32]; /* d / 4 and d / 8, d <= 256 */
-    float meta[2 * 256];       /* two per group */
+    const int d = c->d, ng = d / c->o.group;
+    uint8_t codes[QUANT_BLOCK * 64], hi[QUANT_BLOCK * 32]; /* d / 4 and d / 8 per row, d <= 256 */
+    float meta[QUANT_BLOCK * 2 * 8];                          /* two per group, at most 8 groups */
+    /* The grid ratio's column of the threshold cache, or -1: thresholds from the ratio. */
+    int gi = -1;
+    for (int g = 0; j->clip < 1.0f && g < CLIP_GRID_N && gi < 0; g++)
+        if (k_clip_grid[g] == j->clip) gi = g;
     for (int i = 0; i < ps->np; i++) {
         if ((ps->p[i]->period != 0) != j->copies) continue; /* copies 0: text probes, 1: copy probes */
         if (j->head >= 0 && ps->h[i] != j->head) continue;
         const float *src = j->which == OSCAR_K ? ps->kr[i] : ps->vr[i];
         float *dst = j->which == OSCAR_K ? ps->kq[i] : ps->vq[i];
+        const float *tau = gi < 0 ? NULL
+                                  : (j->which == OSCAR_K ? ps->tk[i] : ps->tv[i]) +
+                                        (size_t)gi * ((size_t)ps->p[i]->t + 1);
         const float *Fi = j->F ? j->F[c->o.per_head ? ps->h[i] : 0] : NULL;
-        const int lo = c->o.sink, n = ps->p[i]->t - c->o.recent - lo + 1;
+        int lo, n;
+        probe_region(ps, i, &lo, &n);
         if (n <= 0) continue;
         const int r0 = lo + (int)((int64_t)n * part / parts), r1 = lo + (int)((int64_t)n * (part + 1) / parts);
-        for (int r = r0; r < r1; r++) {
-            oscar_ref_quantize_row_wide(d, c->o.group, j->bits, j->lloyd_max, j->clip, OSCAR_DTYPE_F16,
-                                        src + (size_t)r * (size_t)d, Fi, codes, hi, meta);
-            oscar_ref_dequantize_row_wide(d, c->o.group, j->bits, j->lloyd_max, codes, hi, meta,
-                                          dst + (size_t)r * (size_t)d);
+        for (int r = r0; r < r1; r += QUANT_BLOCK) {
+            const int m = r1 - r < QUANT_BLOCK ? r1 - r : QUANT_BLOCK;
+            oscar_ref_quantize_rows_wide(m, d, c->o.group, j->bits, j->lloyd_max, j->clip, tau ? tau + r : NULL,
+                                         OSCAR_DTYPE_F16, src + (size_t)r * (size_t)d, Fi, codes, hi, meta);
+            for (int a = 0; a < m; a++)
+                oscar_ref_dequantize_row_wide(d, c->o.group, j->bits, j->lloyd_max, codes + (size_t)a * (size_t)d / 4,
+                                              hi + (size_t)a * (size_t)d / 8, meta + (size_t)a * 2 * (size_t)ng,
+                                              dst + (size_t)(r + a) * (size_t)d);
         }
     }
 }
@@ -1447,8 +1510,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             omp[r] = omb + (size_t)r * dd;
             ps.om = omp;
         }
-        probe_set_rotate(&ps, OSCAR_K, Rk, nrot);
-        probe_set_rotate(&ps, OSCAR_V, Rv, nrot);
+        probe_set_rotate(&ps, OSCAR_K, Rk, nrot, s == 2); /* s < 2: none and Hadamard, at clip 1 */
+        probe_set_rotate(&ps, OSCAR_V, Rv, nrot, s == 2);
         probe_set_exact(&ps);
         if (s < 2) {
             probe_set_quantize(&ps, OSCAR_K, -1, 1.0f, 0, NULL, 0);

@@ -44,6 +44,8 @@ void oscar_ref_unrotate(int d, const float *y, const float *R, float *out);
 /* Clip threshold tau of a row for clip ratio c (FORMAT.md §2.1); c >= 1
  * returns max |x|. */
 float oscar_ref_clip_tau(int d, const float *x, float c);
+/* tau[r] = oscar_ref_clip_tau(d, x, c[r]) for n ratios, bit for bit, with one selection for all. */
+void oscar_ref_clip_taus(int d, const float *x, int n, const float *c, float *tau);
 /* Quantizes one rotated, kv_dtype-rounded row: clip with ratio c (>= 1: none),
  * per-group metadata (a, b) rounded to meta_dtype, codes packed four per byte.
  * codes: d/4 bytes; meta: ng*2 floats (already rounded values).
@@ -76,6 +78,13 @@ void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, floa
                                  const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta);
 void oscar_ref_dequantize_row_wide(int d, int group, int bits, int lloyd_max, const uint8_t *codes,
                                    const uint8_t *hi, const float *meta, float *out);
+/* n rows (row-major, d floats each) coded exactly as n calls of oscar_ref_quantize_row_wide would code
+ * them, bit for bit, several rows at a time (faster with error feedback). tau: each row's clip threshold
+ * (INFINITY: no clip; what oscar_ref_clip_tau gives for its ratio) or NULL: from the ratio c.
+ * codes: n x d/4 bytes, hi: n x d/8 (bits 3; else unused, may be NULL), meta: n x 2 d/group floats. */
+void oscar_ref_quantize_rows_wide(int n, int d, int group, int bits, int lloyd_max, float c, const float *tau,
+                                  oscar_dtype meta_dtype, const float *x, const float *fb, uint8_t *codes,
+                                  uint8_t *hi, float *meta);
 
 /* Per-token asymmetric b-bit quantize-dequantize in place (int2/int4/int8
  * baselines, groups of `group` along the row; fp16 metadata): a = (max-min) /
@@ -91,7 +100,7 @@ void oscar_ref_fakequant_uniform(int d, int group, int bits, float *x);
  * (NULL: 1), bits[h * clip_stride] its code width (2 or 3, NULL: 2; 3 only for
  * OSCAR2). Other methods ignore rot, fb, clip and bits. Arguments must be valid (oscar_fakequant checks them) and the
  * rows finite. Returns 0, or -1 when out of memory (rows then unchanged for
- * QUAROT2). */
+ * the rotating methods). */
 int oscar_ref_fakequant_rows(oscar_method m, int is_k, int group, const float *clip, int clip_stride,
                              const uint8_t *bits, const float *rot, const float *fb, int per_head, int n_tokens,
                              int num_kv_heads, int head_dim, float *rows);

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "oscar_ref.h"
 
@@ -213,6 +214,51 @@ float oscar_ref_clip_tau(int d, const float *x, float c) {
     return si + f * (sn - si);
 }
 
+void oscar_ref_clip_taus(int d, const float *x, int n, const float *c, float *tau) {
+    float s[256] = {0};
+    float mx = 0.0f;
+    for (int j = 0; j < d; j++) {
+        s[j] = fabsf(x[j]);
+        if (s[j] > mx) mx = s[j];
+    }
+    /* One selection at the lowest order statistic any ratio needs, then the
+     * elements right of it (all >= it) sorted: s[i] is then the i-th smallest
+     * for every i from there on, the value oscar_ref_clip_tau selects. */
+    int lo = d;
+    for (int r = 0; r < n; r++) {
+        if (!(c[r] < 1.0f)) continue;
+        int i = (int)floorf(c[r] * (float)(d - 1));
+        if (i < 0) i = 0;
+        if (i > d - 1) i = d - 1;
+        if (i < lo) lo = i;
+    }
+    if (lo < d) {
+        select_kth(s, d, lo);
+        for (int a = lo + 2; a < d; a++) { /* insertion sort of s[lo + 1 ..] */
+            float t = s[a];
+            int b = a - 1;
+            while (b > lo && s[b] > t) {
+                s[b + 1] = s[b];
+                b--;
+            }
+            s[b + 1] = t;
+        }
+    }
+    for (int r = 0; r < n; r++) {
+        if (!(c[r] < 1.0f)) {
+            tau[r] = mx;
+            continue;
+        }
+        float pos = c[r] * (float)(d - 1);
+        int i = (int)floorf(pos);
+        if (i < 0) i = 0;
+        if (i > d - 1) i = d - 1;
+        float f = pos - (float)i;
+        float si = s[i], sn = i + 1 < d ? s[i + 1] : si;
+        tau[r] = si + f * (sn - si);
+    }
+}
+
 /* ----------------------------------------------------------- one row */
 /* Rounds a metadata value to meta_dtype. F16 overflow saturates to +-65504 so
  * metadata stays finite on extreme rows (the reconstruction is then clamped,
@@ -236,17 +282,9 @@ static int level_code(int lloyd_max, int top, float t) {
     return t < -OSCAR_LM_T ? 0 : (t < 0.0f ? 1 : (t < OSCAR_LM_T ? 2 : 3));
 }
 
-void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, float c, oscar_dtype meta_dtype,
-                                 const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
-    const int top = (1 << bits) - 1; /* 3 (2-bit) or 7 (3-bit) */
-    float tau = (c < 1.0f) ? oscar_ref_clip_tau(d, x, c) : INFINITY;
-    float v[256];
-    for (int j = 0; j < d; j++) v[j] = x[j] < -tau ? -tau : (x[j] > tau ? tau : x[j]);
-    memset(codes, 0, (size_t)d / 4);
-    if (bits == 3) memset(hi, 0, (size_t)d / 8);
-    int ng = d / group;
-    /* Metadata from the clipped row, before any feedback. */
-    for (int g = 0; g < ng; g++) {
+/* Per-group metadata (a, b) of the clipped row v, rounded to meta_dtype. */
+static void row_meta(int d, int group, int top, int lloyd_max, oscar_dtype meta_dtype, const float *v, float *meta) {
+    for (int g = 0; g < d / group; g++) {
         const float *gv = v + (size_t)g * group;
         float a, b;
         if (!lloyd_max) {
@@ -272,6 +310,23 @@ void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, floa
         meta[2 * g] = meta_round(meta_dtype, a);
         meta[2 * g + 1] = meta_round(meta_dtype, b);
     }
+}
+
+/* The row clipped to +-tau (tau INFINITY: unclipped). */
+static void clip_row(int d, const float *x, float tau, float *v) {
+    for (int j = 0; j < d; j++) v[j] = x[j] < -tau ? -tau : (x[j] > tau ? tau : x[j]);
+}
+
+/* oscar_ref_quantize_row_wide with the clip threshold given (INFINITY: no clip). */
+static void quantize_row_tau(int d, int group, int bits, int lloyd_max, float tau, oscar_dtype meta_dtype,
+                             const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
+    const int top = (1 << bits) - 1; /* 3 (2-bit) or 7 (3-bit) */
+    float v[256] = {0}; /* d <= 256; zeroed so no compiler sees an uninitialized tail */
+    clip_row(d, x, tau, v);
+    memset(codes, 0, (size_t)d / 4);
+    if (bits == 3) memset(hi, 0, (size_t)d / 8);
+    /* Metadata from the clipped row, before any feedback. */
+    row_meta(d, group, top, lloyd_max, meta_dtype, v, meta);
     /* Values in order; with feedback, value j's rounding error e is carried
      * into the later values (v[k] -= e * fb[j][k]) so the row's error is small
      * in the attention metric, not per value (FORMAT.md §2.3). */
@@ -301,6 +356,141 @@ void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, floa
     }
 }
 
+void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, float c, oscar_dtype meta_dtype,
+                                 const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
+    float tau = (c < 1.0f) ? oscar_ref_clip_tau(d, x, c) : INFINITY;
+    quantize_row_tau(d, group, bits, lloyd_max, tau, meta_dtype, x, fb, codes, hi, meta);
+}
+
+/* ----------------------------------------------------------- many rows */
+/* Error feedback is a chain per row: value j's code needs every earlier
+ * value's error, so one row runs at the latency of that chain (a division,
+ * a rounding and the update of value j + 1, per value). Rows are
+ * independent, so oscar_ref_quantize_rows_wide codes ROWS_LANES rows side by
+ * side, one lane each: every lane performs exactly the operations
+ * quantize_row_tau performs on its row, in the same order (no contraction:
+ * the library is compiled as ISO C, -ffp-contract=off), so the codes and
+ * metadata are those of the row-at-a-time definition bit for bit, while the
+ * lanes' chains overlap and the updates run as vectors over rows. Two
+ * differences change nothing that is output: the code is computed by counting
+ * the levels at or below t + 1/2 (uniform; = level_code's clamped floor, NaN
+ * -> 0) or the thresholds above t (Lloyd-Max, NaN -> 3), and an error of zero
+ * is carried on like any other (it adds a signed zero: no code changes). */
+#define ROWS_LANES 8
+
+#if defined(__GNUC__)
+/* Eight rows side by side as GNU vectors: element-wise IEEE operations, the
+ * same ones the scalar code performs (vector and scalar operands mix, the
+ * scalar taking every lane; comparisons give -1 / 0 per lane). */
+typedef float lanes_f __attribute__((vector_size(4 * ROWS_LANES)));
+typedef int32_t lanes_i __attribute__((vector_size(4 * ROWS_LANES)));
+
+/* The body of quantize_lanes, compiled twice below (baseline and AVX2: the
+ * same operations, AVX2 only runs eight lanes per instruction; neither
+ * target has FMA, so nothing is contracted). */
+#define QUANTIZE_LANES_BODY                                                                                      \
+    const int top = (1 << bits) - 1, ng = d / group;                                                             \
+    const size_t cb = (size_t)d / 4, hb = (size_t)d / 8, mb = 2 * (size_t)ng;                                     \
+    lanes_f V[256]; /* value j of every lane */                                                                  \
+    lanes_f lev[8]; /* b + a * level(c) of the current group, per lane */                                        \
+    for (int l = 0; l < ROWS_LANES; l++) {                                                                       \
+        float v[256] = {0};                                                                                      \
+        const float *xl = x + (size_t)l * (size_t)d;                                                             \
+        clip_row(d, xl, tau[l], v);                                                                              \
+        row_meta(d, group, top, lloyd_max, meta_dtype, v, meta + (size_t)l * mb);                                \
+        for (int j = 0; j < d; j++) V[j][l] = xl[j]; /* feedback starts from the unclipped row */                \
+        memset(codes + (size_t)l * cb, 0, cb);                                                                   \
+        if (bits == 3) memset(hi + (size_t)l * hb, 0, hb);                                                       \
+    }                                                                                                            \
+    for (int g = 0; g < ng; g++) {                                                                               \
+        lanes_f A, B;                                                                                            \
+        for (int l = 0; l < ROWS_LANES; l++) {                                                                   \
+            A[l] = meta[(size_t)l * mb + 2 * (size_t)g];                                                         \
+            B[l] = meta[(size_t)l * mb + 2 * (size_t)g + 1];                                                     \
+        }                                                                                                        \
+        for (int c = 0; c <= top; c++) lev[c] = B + A * (lloyd_max ? k_lm_levels[c] : (float)c);                 \
+        const lanes_i zero = A == 0.0f; /* the code is fixed there; divide by 1 instead of 0 */                 \
+        const lanes_f one = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};                                    \
+        A = (lanes_f)(((lanes_i)A & ~zero) | ((lanes_i)one & zero));                                             \
+        for (int j = g * group; j < (g + 1) * group; j++) {                                                      \
+            const lanes_f t = (V[j] - B) / A;                                                                    \
+            lanes_i code;                                                                                        \
+            if (!lloyd_max) {                                                                                    \
+                const lanes_f u = t + 0.5f;                                                                      \
+                code = (lanes_i){0};                                                                             \
+                for (int c = 1; c <= top; c++) code -= u >= (float)c;                                           \
+                code &= ~zero;                                                                                   \
+            } else {                                                                                             \
+                code = 3 + (t < -OSCAR_LM_T) + (t < 0.0f) + (t < OSCAR_LM_T);                                    \
+                code = (code & ~zero) | (2 & zero);                                                              \
+            }                                                                                                    \
+            lanes_i lv = (lanes_i)lev[0];                                                                        \
+            for (int c = 1; c <= top; c++) {                                                                     \
+                const lanes_i m = code >= c;                                                                     \
+                lv = (lv & ~m) | ((lanes_i)lev[c] & m);                                                          \
+            }                                                                                                    \
+            const lanes_f E = V[j] - (lanes_f)lv;                                                                \
+            for (int l = 0; l < ROWS_LANES; l++) {                                                               \
+                codes[(size_t)l * cb + (size_t)(j >> 2)] |= (uint8_t)((code[l] & 3) << (2 * (j & 3)));           \
+                if (bits == 3) hi[(size_t)l * hb + (size_t)(j >> 3)] |= (uint8_t)((code[l] >> 2) << (j & 7));   \
+            }                                                                                                    \
+            const float *row = fb + (size_t)j * (size_t)d;                                                       \
+            for (int k = j + 1; k < d; k++) V[k] = V[k] - E * row[k];                                            \
+        }                                                                                                        \
+    }
+
+static void quantize_lanes_base(int d, int group, int bits, int lloyd_max, const float *tau, oscar_dtype meta_dtype,
+                                const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
+    QUANTIZE_LANES_BODY
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define HAVE_LANES_AVX2 1
+__attribute__((target("avx2"))) static void quantize_lanes_avx2(int d, int group, int bits, int lloyd_max,
+                                                                const float *tau, oscar_dtype meta_dtype,
+                                                                const float *x, const float *fb, uint8_t *codes,
+                                                                uint8_t *hi, float *meta) {
+    QUANTIZE_LANES_BODY
+}
+#endif
+#undef QUANTIZE_LANES_BODY
+
+static void quantize_lanes(int d, int group, int bits, int lloyd_max, const float *tau, oscar_dtype meta_dtype,
+                           const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
+#ifdef HAVE_LANES_AVX2
+    if (__builtin_cpu_supports("avx2")) {
+        quantize_lanes_avx2(d, group, bits, lloyd_max, tau, meta_dtype, x, fb, codes, hi, meta);
+        return;
+    }
+#endif
+    quantize_lanes_base(d, group, bits, lloyd_max, tau, meta_dtype, x, fb, codes, hi, meta);
+}
+#define HAVE_LANES 1
+#endif /* __GNUC__ */
+
+void oscar_ref_quantize_rows_wide(int n, int d, int group, int bits, int lloyd_max, float c, const float *tau,
+                                  oscar_dtype meta_dtype, const float *x, const float *fb, uint8_t *codes,
+                                  uint8_t *hi, float *meta) {
+    const size_t cb = (size_t)d / 4, hb = (size_t)d / 8, mb = 2 * (size_t)(d / group);
+    float t[ROWS_LANES];
+    int i = 0;
+#ifdef HAVE_LANES
+    for (; fb && i + ROWS_LANES <= n; i += ROWS_LANES) {
+        for (int l = 0; l < ROWS_LANES; l++)
+            t[l] = tau ? tau[i + l] : c < 1.0f ? oscar_ref_clip_tau(d, x + (size_t)(i + l) * (size_t)d, c) : INFINITY;
+        quantize_lanes(d, group, bits, lloyd_max, t, meta_dtype, x + (size_t)i * (size_t)d, fb, codes + (size_t)i * cb,
+                       bits == 3 ? hi + (size_t)i * hb : NULL, meta + (size_t)i * mb);
+    }
+#else
+    (void)t;
+#endif
+    for (; i < n; i++) {
+        const float *xi = x + (size_t)i * (size_t)d;
+        const float ti = tau ? tau[i] : c < 1.0f ? oscar_ref_clip_tau(d, xi, c) : INFINITY;
+        quantize_row_tau(d, group, bits, lloyd_max, ti, meta_dtype, xi, fb, codes + (size_t)i * cb,
+                         bits == 3 ? hi + (size_t)i * hb : NULL, meta + (size_t)i * mb);
+    }
+}
+
 void oscar_ref_quantize_row_fb(int d, int group, int lloyd_max, float c, oscar_dtype meta_dtype, const float *x,
                                const float *fb, uint8_t *codes, float *meta) {
     oscar_ref_quantize_row_wide(d, group, 2, lloyd_max, c, meta_dtype, x, fb, codes, NULL, meta);
@@ -313,14 +503,16 @@ void oscar_ref_quantize_row(int d, int group, int lloyd_max, float c, oscar_dtyp
 
 void oscar_ref_dequantize_row_wide(int d, int group, int bits, int lloyd_max, const uint8_t *codes,
                                    const uint8_t *hi, const float *meta, float *out) {
-    static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
+    static const float uni[8] = {0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f};
     const float *lev = lloyd_max ? k_lm_levels : uni;
-    for (int j = 0; j < d; j++) {
-        int g = j / group;
+    for (int g = 0; g < d / group; g++) {
+        const float a = meta[2 * g], b = meta[2 * g + 1];
+        float *o = out + (size_t)g * group;
+        const int j0 = g * group;
         if (bits == 3)
-            out[j] = meta[2 * g + 1] + meta[2 * g] * (float)oscar_ref_code3_at(codes, hi, j);
+            for (int j = 0; j < group; j++) o[j] = b + a * uni[oscar_ref_code3_at(codes, hi, j0 + j)];
         else
-            out[j] = meta[2 * g + 1] + meta[2 * g] * lev[oscar_ref_code_at(codes, j)];
+            for (int j = 0; j < group; j++) o[j] = b + a * lev[oscar_ref_code_at(codes, j0 + j)];
     }
 }
 

@@ -165,6 +165,37 @@ Test(clip, tau_matches_brute_force_quantile) {
     }
 }
 
+/* oscar_ref_clip_taus gives, for several ratios at once, exactly what oscar_ref_clip_tau gives for
+ * each (the calibration caches a row's grid thresholds with it). */
+Test(clip, taus_equal_tau_bit_for_bit) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    static const float grid[12] = {1.0f, 0.99f, 0.98f, 0.97f, 0.96f, 0.95f, 0.94f, 0.92f, 0.90f, 0.88f, 0.85f, 0.80f};
+    float x[256], c[16], tau[16];
+    for (int it = 0; it < 3000; it++) {
+        int d = k_dims[it % 3], n;
+        if (it % 2) { /* the calibration's grid, in its order */
+            n = 12;
+            memcpy(c, grid, sizeof grid);
+        } else { /* any ratios in any order, some >= 1, some far below the grid */
+            n = rc_randint(&r, 1, 16);
+            for (int i = 0; i < n; i++) c[i] = (float)(1.2 * rc_uniform(&r));
+            if (it % 6 == 0) c[0] = 0.0f;
+        }
+        rc_gen_kv(&r, 1, 1, d, it % 4, OSCAR_DTYPE_BF16, x); /* bf16: many exact ties */
+        if (it % 5 == 0)
+            for (int j = 0; j < d; j += 3) x[j] = 0.0f;
+        oscar_ref_clip_taus(d, x, n, c, tau);
+        for (int i = 0; i < n; i++) {
+            float want = oscar_ref_clip_tau(d, x, c[i]);
+            cr_assert(memcmp(&tau[i], &want, sizeof want) == 0,
+                      "seed %llu it %d d %d ratio %d = %.9g: taus %.9g, clip_tau %.9g", (unsigned long long)seed, it, d,
+                      i, (double)c[i], (double)tau[i], (double)want);
+        }
+    }
+}
+
 /* ------------------------------------------------------------ rows */
 Test(row, bit_order_pack_unpack) {
     uint64_t seed = rc_fresh_seed();
@@ -391,6 +422,98 @@ Test(row_fb, null_and_zero_weights_are_nearest) {
     }
 }
 
+/* oscar_ref_quantize_rows_wide codes n rows as n calls of oscar_ref_quantize_row_wide do: codes, 1-bit
+ * planes and metadata byte for byte, with and without feedback, both level sets, 2 and 3 bits, every
+ * group, given thresholds or ratios, row counts around its lane width, degenerate (constant) groups,
+ * and weights far above the calibration's (errors carried far). */
+Test(row_fb, rows_wide_equals_row_at_a_time) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    enum { NMAX = 37 };
+    double *C = malloc(256 * 256 * sizeof *C);
+    /* Weights per head_dim: [0] a metric's (spread 1e3), [1] a harsher metric's (1e6), [2] wild, [3] zero. */
+    float *Fs[3][4], *x = malloc(NMAX * 256 * sizeof *x), tau[NMAX];
+    for (int di = 0; di < 3; di++) {
+        const int d = k_dims[di];
+        for (int k = 0; k < 4; k++) Fs[di][k] = calloc((size_t)d * (size_t)d, sizeof(float));
+        for (int k = 0; k < 2; k++) {
+            rc_random_metric(&r, d, k ? 1e6 : 1e3, C);
+            rc_feedback_weights(d, C, 1e-3, Fs[di][k]);
+        }
+        for (int j = 0; j < d; j++)
+            for (int k = j + 1; k < d; k++) Fs[di][2][j * d + k] = (float)(4.0 * (rc_uniform(&r) - 0.5));
+    }
+    uint8_t *c0 = malloc(NMAX * 64), *c1 = malloc(NMAX * 64), *h0 = malloc(NMAX * 32), *h1 = malloc(NMAX * 32);
+    float *m0 = malloc(NMAX * 16 * sizeof *m0), *m1 = malloc(NMAX * 16 * sizeof *m1);
+    int rows_changed = 0, rows_total = 0;
+    for (int it = 0; it < 240; it++) {
+        const int d = k_dims[it % 3], lm = (it / 3) % 4 == 3, bits = lm ? 2 : 2 + (it / 3) % 2;
+        int G = k_groups[(it / 12) % 3];
+        if (G > d) G = d;
+        /* feedback 0: none, 1-2: a metric's weights, 3: wild weights, 4: zero weights on rows whose values
+         * lie on the levels and half-way between them (ties of the rounding, with the feedback path) */
+        const int n = rc_randint(&r, 0, NMAX), ng = d / G, fbk = (it / 36) % 5;
+        const oscar_dtype md = it % 7 == 0 ? OSCAR_DTYPE_F32 : OSCAR_DTYPE_F16;
+        const float cl = it % 4 == 0 ? 1.0f : (float)(0.8 + 0.2 * rc_uniform(&r));
+        const float *fb = fbk ? Fs[it % 3][fbk - 1] : NULL;
+        rc_gen_kv(&r, n, 1, d, rc_randint(&r, 0, 4), OSCAR_DTYPE_BF16, x);
+        if (fbk == 4) {
+            const int top = (1 << bits) - 1;
+            for (int i = 0; i < n; i++)
+                for (int g = 0; g < ng; g++) {
+                    float *xg = x + (size_t)i * d + (size_t)g * G;
+                    const float s = ldexpf(1.0f, rc_randint(&r, -3, 3)), b = (float)rc_randint(&r, -8, 8) * s;
+                    for (int j = 0; j < G; j++) xg[j] = b + s * 0.5f * (float)rc_randint(&r, 0, 2 * top);
+                    xg[0] = b; /* min and max: a = s exactly (uniform levels) */
+                    xg[1] = b + s * (float)top;
+                }
+        }
+        for (int i = 0; i < n; i++) {
+            float *xi = x + (size_t)i * d;
+            if (rc_randint(&r, 0, 5) == 0) /* a constant group: a = 0 */
+                for (int j = 0; j < G; j++) xi[j] = xi[0];
+            if (rc_randint(&r, 0, 9) == 0) memset(xi, 0, (size_t)d * sizeof *xi);
+            tau[i] = cl < 1.0f ? oscar_ref_clip_tau(d, xi, cl) : INFINITY;
+        }
+        rc_poison(c0, NMAX * 64);
+        rc_poison(c1, NMAX * 64);
+        rc_poison(h0, NMAX * 32);
+        rc_poison(h1, NMAX * 32);
+        for (int i = 0; i < n; i++)
+            oscar_ref_quantize_row_wide(d, G, bits, lm, cl, md, x + (size_t)i * d, fb, c0 + (size_t)i * d / 4,
+                                        h0 + (size_t)i * d / 8, m0 + (size_t)i * 2 * ng);
+        oscar_ref_quantize_rows_wide(n, d, G, bits, lm, cl, it % 2 ? tau : NULL, md, x, fb, c1, h1, m1);
+        const char *what = memcmp(c0, c1, (size_t)n * d / 4) ? "codes"
+                           : bits == 3 && memcmp(h0, h1, (size_t)n * d / 8) ? "1-bit plane"
+                           : memcmp(m0, m1, (size_t)n * 2 * ng * sizeof *m0) ? "metadata"
+                                                                               : NULL;
+        cr_assert(!what, "seed %llu it %d (n %d d %d G %d bits %d lm %d feedback %d clip %.3f): %s differ",
+                  (unsigned long long)seed, it, n, d, G, bits, lm, fbk, (double)cl, what);
+        if (fb && fbk != 4) { /* the feedback must have been exercised: codes other than nearest rounding's */
+            uint8_t cn[64], hn[32];
+            float mn[16];
+            for (int i = 0; i < n; i++, rows_total++) {
+                oscar_ref_quantize_row_wide(d, G, bits, lm, cl, md, x + (size_t)i * d, NULL, cn, hn, mn);
+                rows_changed += memcmp(cn, c1 + (size_t)i * d / 4, (size_t)d / 4) != 0;
+            }
+        }
+    }
+    fprintf(stderr, "rows_wide: %d of %d rows with feedback coded differently from nearest rounding\n", rows_changed,
+            rows_total);
+    cr_assert_gt(rows_changed, rows_total / 2, "seed %llu: feedback barely changed any code", (unsigned long long)seed);
+    free(C);
+    for (int di = 0; di < 3; di++)
+        for (int k = 0; k < 4; k++) free(Fs[di][k]);
+    free(x);
+    free(c0);
+    free(c1);
+    free(h0);
+    free(h1);
+    free(m0);
+    free(m1);
+}
+
 /* e^T C e of e = x - x^ (fp64). */
 static double metric_err(int d, const double *C, const float *x, const float *q) {
     double e[256], s = 0.0;
@@ -556,6 +679,57 @@ Test(fakequant, oscar2_with_params_matches_pipeline) {
     free(x);
     free(y);
     oscar_params_destroy(p);
+}
+
+/* oscar_ref_fakequant_rows with per-head rotations, feedback weights, clips and code widths equals the
+ * row-at-a-time pipeline (rotate, bf16, oscar_ref_quantize_row_wide, dequantize, unrotate) bit for bit,
+ * for token counts around its block of rows (it codes a head's rows side by side). */
+Test(fakequant, oscar2_feedback_rows_match_row_pipeline) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    enum { H = 3 };
+    const int counts[4] = {1, 8, 45, 70};
+    for (int it = 0; it < 8; it++) {
+        const int d = it % 2 ? 128 : 64, G = it % 4 < 2 ? d : 32, n = counts[it / 2], lm = it == 5;
+        const size_t dd = (size_t)d * (size_t)d;
+        float *rot = malloc(H * dd * sizeof *rot), *fb = malloc(H * dd * sizeof *fb);
+        double *C = malloc(dd * sizeof *C);
+        float *x = malloc((size_t)n * H * d * sizeof *x), *y = malloc((size_t)n * H * d * sizeof *y);
+        cr_assert(rot && fb && C && x && y);
+        float clip[H];
+        uint8_t bits[H];
+        for (int h = 0; h < H; h++) {
+            rc_random_rotation(&r, d, rot + h * dd);
+            rc_random_metric(&r, d, 100.0, C);
+            rc_feedback_weights(d, C, 1e-3, fb + h * dd);
+            clip[h] = h == 1 ? 1.0f : (float)(0.85 + 0.14 * rc_uniform(&r));
+            bits[h] = (uint8_t)(!lm && h == 2 ? 3 : 2);
+        }
+        rc_gen_kv(&r, n, H, d, 3, OSCAR_DTYPE_F32, x);
+        memcpy(y, x, (size_t)n * H * d * sizeof *y);
+        cr_assert_eq(oscar_ref_fakequant_rows(lm ? OSCAR_METHOD_OSCAR2_LM : OSCAR_METHOD_OSCAR2, 1, G, clip, 1, bits,
+                                              rot, fb, 1, n, H, d, y),
+                     0);
+        for (int row = 0; row < n * H; row++) {
+            const int h = row % H;
+            float xr[128], q[128], want[128], meta[8];
+            uint8_t codes[32], hi[16];
+            oscar_ref_rotate(d, x + (size_t)row * d, rot + h * dd, xr);
+            for (int j = 0; j < d; j++) xr[j] = oscar_round_to(OSCAR_DTYPE_BF16, xr[j]);
+            oscar_ref_quantize_row_wide(d, G, bits[h], lm, clip[h], OSCAR_DTYPE_F16, xr, fb + h * dd, codes, hi, meta);
+            oscar_ref_dequantize_row_wide(d, G, bits[h], lm, codes, hi, meta, q);
+            oscar_ref_unrotate(d, q, rot + h * dd, want);
+            cr_assert(memcmp(y + (size_t)row * d, want, (size_t)d * sizeof *want) == 0,
+                      "seed %llu it %d (n %d d %d G %d lm %d): token %d head %d differs from the row pipeline",
+                      (unsigned long long)seed, it, n, d, G, lm, row / H, h);
+        }
+        free(rot);
+        free(fb);
+        free(C);
+        free(x);
+        free(y);
+    }
 }
 
 Test(fakequant, kivi2_shapes_and_axes) {

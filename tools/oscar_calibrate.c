@@ -504,6 +504,8 @@ int main(int argc, char **argv) {
            st.t_feed[1]);
     if (st.cached) printf("K/V cache: %.0f MiB\n", (double)st.cache_bytes / (1024.0 * 1024.0));
     printf("finalize: %.1f s (eigendecompositions, clip fitting)\n", st.t_finalize);
+    printf("CPU time per phase: pass 0 %.1f s, pass 1 %.1f s, finalize %.1f s (process, all threads)\n",
+           st.c_pass[0], st.c_pass[1], st.c_finalize);
     printf("wall time %.1f s (model load %.1f s), CPU time %.1f s, peak memory %.0f MiB (ru_maxrss)\n", wall,
            t_load, (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec * 1e-6 + (double)ru.ru_stime.tv_sec +
                (double)ru.ru_stime.tv_usec * 1e-6,

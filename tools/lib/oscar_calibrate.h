@@ -54,6 +54,7 @@ typedef struct ocal_stats {
     double t_pass[2];         /* seconds of pass 0 / pass 1 (forwards + feeding) */
     double t_feed[2];         /* of which inside oscar_calib_feed */
     double t_finalize;
+    double c_pass[2], c_finalize; /* process CPU seconds of those phases (all threads): comparable on a shared machine */
 } ocal_stats;
 
 void ocal_options_default(ocal_options *o);
