@@ -55,5 +55,5 @@ if [ -n "${PROF_SOURCE:-}" ]; then
     $B/bench_attention $so "$OUT/prof.tsv" "$SHAPE" > "$OUT/ncu-src-$tag.txt" 2>&1
   echo "ncu source counters rc=$?"
   ncu -i "$OUT/src-$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/source-$tag.csv" 2>> "$OUT/ncu-src-$tag.txt" &&
-    python3 "$(dirname "$0")/sass_mix.py" "$OUT/source-$tag.csv" 0 12
+    python3 perf/gpu/sass_mix.py "$OUT/source-$tag.csv" 0 12
 fi
