@@ -99,6 +99,63 @@ void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *w
  * may be NULL) their logits. Advances the scheduler. */
 oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
                      int32_t *next, float *logits);
+/* Profiling of one decode step (opt-in: only ge_profile_step does it; the
+ * normal ge_step path records nothing and pays nothing). The phases of the
+ * forward step, in order; per-layer phases are summed over the layers. */
+typedef enum ge_phase {
+    GE_PHASE_EMBED,       /* embedding rows */
+    GE_PHASE_ATTN_NORM,   /* RMSNorm before attention (per layer) */
+    GE_PHASE_QKV_GEMM,    /* QKV projection (cuBLAS) */
+    GE_PHASE_QKV_POST,    /* bias, q/k-norm, RoPE, bf16 q/k/v */
+    GE_PHASE_APPEND,      /* oscar_append: liboscar's write path */
+    GE_PHASE_ATTENTION,   /* oscar_decode (+ bf16 -> fp32 conversion in the check mode) */
+    GE_PHASE_O_GEMM,      /* output projection (+ its bias, if any) */
+    GE_PHASE_MLP_NORM,    /* RMSNorm before the MLP */
+    GE_PHASE_GATE_UP_GEMM,
+    GE_PHASE_SWIGLU,
+    GE_PHASE_DOWN_GEMM,
+    GE_PHASE_FINAL_NORM,  /* gather of the last rows + final RMSNorm */
+    GE_PHASE_LM_HEAD,     /* LM head GEMM */
+    GE_PHASE_ARGMAX,
+    GE_PHASE_COUNT
+} ge_phase;
+const char *ge_phase_name(ge_phase p);
+/* 1 for the phases that run once per layer. */
+int ge_phase_per_layer(ge_phase p);
+
+typedef enum ge_profile_mode {
+    GE_PROFILE_PHASES, /* host launches, a CUDA event after every phase of forward() */
+    GE_PROFILE_HOST,   /* host launches, events only before and after the step */
+    GE_PROFILE_GRAPH   /* the step's CUDA graph replayed (the normal path), events before and after */
+} ge_profile_mode;
+
+typedef struct ge_profile {
+    double step_us;                    /* first to last event of the step */
+    double phase_us[GE_PHASE_COUNT];   /* GE_PROFILE_PHASES: time per phase, summed over layers (else 0) */
+    double weight_bytes[GE_PHASE_COUNT]; /* weight bytes each GEMM phase reads per step (0 for the others) */
+    int layers;
+    int events;                        /* events recorded in the step */
+    int gate_timed_out;                /* prequeue: the gate opened on its time limit, not on the host's
+                                          signal: the stream's launch queue (about a thousand entries) filled
+                                          before the whole step was queued; the GPU then started with a full
+                                          queue that the host refills (launch latency only if it drains it) */
+} ge_profile;
+
+/* One decode step (n_new = 1 for each of the n sequences, tokens [n]) like
+ * ge_step, timed by CUDA events on the engine's stream; advances the
+ * scheduler as ge_step does. Events themselves add small gaps between the
+ * phases (GE_PROFILE_PHASES). prequeue: hold the stream with a spin kernel
+ * (at most 50 ms) until the host has queued every launch of the step, so
+ * the times hold no host launch latency; 0 times the step as the host feeds
+ * it. The host-launched modes run the step the graph replays (with graphs
+ * on, oscar_decode planned for the graph's length bucket). GE_PROFILE_GRAPH
+ * needs graphs on (not no_graphs / validate) and captures the step's graph
+ * first if it has not been. Refused while ge_set_debug is on. Never inside
+ * a graph capture; creates and destroys its own events (and, with
+ * prequeue, a mapped host flag) per call. next [n]: the greedy tokens. */
+oscar_status ge_profile_step(ge_engine *e, int n, const int32_t *slots, const int32_t *tokens, ge_profile_mode mode,
+                             int prequeue, int32_t *next, ge_profile *out);
+
 /* Fills slot's cache up to len tokens with random K/V through oscar_append
  * (layer by layer, chunks of max_prefill_tokens): a cache at a long context
  * for decode timing without running the prompt through the model. */

@@ -683,10 +683,39 @@ oscar_status ge_debug_weights(ge_engine *e, const oe_model *m, FILE *f, double *
     return OSCAR_OK;
 }
 
+/* Profiling marks (ge_profile_step only): ev[i] is recorded on the stream
+ * right after phase[i] ends; ev[0] (phase -1) before the step. */
+typedef struct ge_marks {
+    cudaEvent_t *ev;
+    int *phase;
+    int n, cap;
+} ge_marks;
+
+static oscar_status mark(ge_engine *e, ge_marks *m, ge_phase p)
+{
+    if (m->n >= m->cap)
+        return ge_set_error(OSCAR_ERR_INTERNAL, "ge_profile_step: more phase marks than the %d counted", m->cap);
+    CU(cudaEventRecord(m->ev[m->n], e->st));
+    m->phase[m->n++] = (int)p;
+    return OSCAR_OK;
+}
+
+/* An event after a phase, only when profiling (pm non-NULL; never while a
+ * graph is captured: replay_decode passes NULL). */
+#define MARK(p)                                                                                           \
+    do {                                                                                                  \
+        if (pm) GE(mark(e, pm, (p)));                                                                     \
+    } while (0)
+
+/* MLP row chunks of a step of Ti rows (forward's loop). */
+static int mlp_chunk_rows(const ge_engine *e) { return e->opt.mlp_chunk < e->max_T ? e->opt.mlp_chunk : e->max_T; }
+
 /* The device work of one step: embedding, every layer (append + attention),
  * final norm, LM head, argmax into d_next. Only launches on e->st: a decode
- * step's call is captured into a graph (replay_decode). */
-static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend, int max_new, const oscar_batch *bp)
+ * step's call is captured into a graph (replay_decode). pm: NULL, or the
+ * profiling marks (an event after every phase; ge_profile_step). */
+static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend, int max_new, const oscar_batch *bp,
+                            ge_marks *pm)
 {
     const oe_config *c = &e->cfg;
     const oscar_batch b = *bp;
@@ -694,16 +723,20 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
     const int H = c->hidden, d = c->head_dim, Hq = c->num_q_heads, Hkv = c->num_kv_heads, qd = Hq * d,
               FF = c->intermediate;
     const float eps = (float)c->rms_eps, scale = (float)(1.0 / sqrt((double)d));
-    const int f32 = e->f32, MC = e->opt.mlp_chunk < e->max_T ? e->opt.mlp_chunk : e->max_T;
+    const int f32 = e->f32, MC = mlp_chunk_rows(e);
     KL(ge_k_embed(e->x, e->embed, f32, e->d_ids, Ti, H, e->st));
+    MARK(GE_PHASE_EMBED);
     const int kvd = Hkv * d;
     if (e->dbg) GE(dbg_emit(e, -1, "embed", e->x, 1, (size_t)Ti, (size_t)H));
     for (int li = 0; li < c->num_layers; li++) {
         const ge_layer *g = &e->L[li];
         KL(ge_k_rmsnorm(e->h, f32, e->x, g->attn_norm, Ti, H, eps, e->st));
+        MARK(GE_PHASE_ATTN_NORM);
         GE(gemm(e, Ti, e->QKV, H, g->wqkv, e->h, e->qkv, 0.0f));
+        MARK(GE_PHASE_QKV_GEMM);
         KL(ge_k_qkv_post(e->qkv, g->bqkv, g->q_norm, g->k_norm, e->rope_cos, e->rope_sin, e->d_pos, Ti, Hq, Hkv, d,
                          eps, e->q32, e->qb, e->kb, e->vb, e->st));
+        MARK(GE_PHASE_QKV_POST);
         if (e->dbg) {
             GE(dbg_emit(e, li, "q", e->q32, 1, (size_t)Ti, (size_t)qd));
             GE(dbg_emit(e, li, "k", e->kb, 0, (size_t)Ti, (size_t)kvd));
@@ -711,6 +744,7 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
         }
         OS(oscar_append(e->plan, li, &e->caches[li], &b, e->d_cu, (int32_t)T, e->kb, e->vb, 0, e->ws, e->ws_bytes,
                         e->st));
+        MARK(GE_PHASE_APPEND);
         if (decode) {
             void *o = f32 ? e->attn16 : e->attn;
             OS(oscar_decode(e->plan, li, &e->caches[li], &b, e->qb, 0, o, 0, scale, 0, e->ws, e->ws_bytes, e->st));
@@ -735,24 +769,34 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
             KL(ge_k_prefill_attention(e->attn, f32, e->q32, e->kb, e->vb, e->d_cu, n, max_new, Hq, Hkv, d, scale,
                                       e->st));
         }
+        MARK(GE_PHASE_ATTENTION);
         if (e->dbg) GE(dbg_emit(e, li, "attn", e->attn, f32, (size_t)(decode ? n : Ti), (size_t)qd));
         GE(gemm(e, Ti, H, qd, g->wo, e->attn, e->x, 1.0f));
         if (g->bo) KL(ge_k_add_bias(e->x, g->bo, Ti, H, e->st));
+        MARK(GE_PHASE_O_GEMM);
         KL(ge_k_rmsnorm(e->h, f32, e->x, g->mlp_norm, Ti, H, eps, e->st));
+        MARK(GE_PHASE_MLP_NORM);
         for (int r0 = 0; r0 < Ti; r0 += MC) {
             int rows = Ti - r0 < MC ? Ti - r0 : MC;
             GE(gemm(e, rows, 2 * FF, H, g->wgu, (const char *)e->h + (size_t)r0 * H * e->wsz, e->gu, 0.0f));
+            MARK(GE_PHASE_GATE_UP_GEMM);
             KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->st));
+            MARK(GE_PHASE_SWIGLU);
             GE(gemm(e, rows, H, FF, g->wdown, e->act, e->x + (size_t)r0 * H, 1.0f));
+            MARK(GE_PHASE_DOWN_GEMM);
         }
         if (e->dbg) GE(dbg_emit(e, li, "x", e->x, 1, (size_t)Ti, (size_t)H));
     }
     KL(ge_k_gather_rows(e->last, e->x, e->d_rows, n, H, e->st));
     KL(ge_k_rmsnorm(e->hl, f32, e->last, e->final_norm, n, H, eps, e->st));
+    MARK(GE_PHASE_FINAL_NORM);
     GE(gemm(e, n, c->vocab, H, e->lm_head, e->hl, e->logits, 0.0f));
+    MARK(GE_PHASE_LM_HEAD);
     KL(ge_k_argmax(e->d_next, e->logits, n, c->vocab, e->st));
+    MARK(GE_PHASE_ARGMAX);
     return OSCAR_OK;
 }
+#undef MARK
 
 /* Decode-step length bucket: the split plan of oscar_decode depends on the
  * batch's max_seq_len, so a graph serves every step whose longest sequence
@@ -764,10 +808,10 @@ static int length_bucket(const ge_engine *e, int max_len)
     return b < e->layout.max_seq_len ? b : e->layout.max_seq_len;
 }
 
-/* A decode step from a CUDA graph: captured the first time a (batch size,
- * bucket) is seen, replayed after; the step's inputs (tokens, positions,
+/* The CUDA graph of a decode step: captured the first time a (batch size,
+ * bucket) is seen, found after; the step's inputs (tokens, positions,
  * lengths, block tables) are already in the device buffers the graph reads. */
-static oscar_status replay_decode(ge_engine *e, int n, int max_len)
+static oscar_status decode_graph(ge_engine *e, int n, int max_len, cudaGraphExec_t *out)
 {
     const int bucket = length_bucket(e, max_len);
     struct ge_graph *g = NULL;
@@ -777,7 +821,7 @@ static oscar_status replay_decode(ge_engine *e, int n, int max_len)
         cudaGraph_t graph;
         oscar_batch b = make_batch(e, n, bucket);
         CU(cudaStreamBeginCapture(e->st, cudaStreamCaptureModeThreadLocal));
-        oscar_status s = forward(e, n, n, 1, 0, 1, &b);
+        oscar_status s = forward(e, n, n, 1, 0, 1, &b, NULL);
         cudaError_t ce = cudaStreamEndCapture(e->st, &graph);
         if (s != OSCAR_OK) {
             if (ce == cudaSuccess) cudaGraphDestroy(graph);
@@ -799,13 +843,144 @@ static oscar_status replay_decode(ge_engine *e, int n, int max_len)
         g->bucket = bucket;
         g->exec = exec;
     }
-    CU(cudaGraphLaunch(g->exec, e->st));
+    *out = g->exec;
+    return OSCAR_OK;
+}
+
+/* A decode step replayed from its CUDA graph. */
+static oscar_status replay_decode(ge_engine *e, int n, int max_len)
+{
+    cudaGraphExec_t exec;
+    GE(decode_graph(e, n, max_len, &exec));
+    CU(cudaGraphLaunch(exec, e->st));
     e->graph_replays++;
     return OSCAR_OK;
 }
 
-oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
-                     int32_t *next, float *logits)
+/* ------------------------------------------------------------ profiling */
+
+static const char *const phase_names[GE_PHASE_COUNT] = {
+    "embed", "rmsnorm (attn)", "QKV GEMM", "qkv_post (norm, RoPE)", "oscar_append (write path)",
+    "attention (oscar_decode)", "O GEMM", "rmsnorm (mlp)", "gate-up GEMM", "swiglu", "down GEMM",
+    "gather + final norm", "LM head GEMM", "argmax"};
+
+const char *ge_phase_name(ge_phase p) { return (int)p >= 0 && p < GE_PHASE_COUNT ? phase_names[p] : "?"; }
+
+int ge_phase_per_layer(ge_phase p) { return p >= GE_PHASE_ATTN_NORM && p <= GE_PHASE_DOWN_GEMM; }
+
+typedef struct ge_prof_req {
+    ge_profile_mode mode;
+    int prequeue;
+    ge_profile *out;
+} ge_prof_req;
+
+static oscar_status cu_ok(cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess) return OSCAR_OK;
+    return ge_set_error(OSCAR_ERR_BACKEND, "ge_profile_step: %s failed: %s", what, cudaGetErrorString(err));
+}
+
+/* The gate's time limit. Queuing a whole step takes the host a few ms; but
+ * a stream holds about a thousand pending launches, and a phased step of
+ * many layers (kernels + events) can need more: the host then blocks in a
+ * launch, the gate opens on this limit, and the GPU starts with a full queue
+ * that the host refills as it drains (ge_profile.gate_timed_out). */
+#define GE_GATE_NS 50000000ull
+
+/* One decode step's device work with events (ge_profile_step): optionally
+ * behind a gate kernel that the host opens once everything is queued. */
+static oscar_status profiled_forward(ge_engine *e, int n, int max_len, const ge_prof_req *rq)
+{
+    const oe_config *c = &e->cfg;
+    ge_profile *out = rq->out;
+    memset(out, 0, sizeof *out);
+    out->layers = c->num_layers;
+    const int MC = mlp_chunk_rows(e), chunks = (n + MC - 1) / MC;
+    const double w = (double)e->wsz, L = (double)c->num_layers, H = (double)c->hidden,
+                 qd = (double)c->num_q_heads * c->head_dim, FF = (double)c->intermediate;
+    out->weight_bytes[GE_PHASE_QKV_GEMM] = L * (double)e->QKV * H * w;
+    out->weight_bytes[GE_PHASE_O_GEMM] = L * H * qd * w;
+    out->weight_bytes[GE_PHASE_GATE_UP_GEMM] = L * chunks * 2.0 * FF * H * w;
+    out->weight_bytes[GE_PHASE_DOWN_GEMM] = L * chunks * H * FF * w;
+    out->weight_bytes[GE_PHASE_LM_HEAD] = (double)c->vocab * H * w;
+
+    cudaGraphExec_t exec = NULL;
+    if (rq->mode == GE_PROFILE_GRAPH) GE(decode_graph(e, n, max_len, &exec)); /* captured before the gate */
+    ge_marks m = {NULL, NULL, 0, rq->mode == GE_PROFILE_PHASES ? 2 + c->num_layers * (7 + 3 * chunks) + 3 : 2};
+    int created = 0;
+    volatile int *flag = NULL; /* [0]: the host opens the gate, [1]: the gate timed out */
+    oscar_status s = OSCAR_OK;
+    m.ev = calloc((size_t)m.cap, sizeof *m.ev);
+    m.phase = calloc((size_t)m.cap, sizeof *m.phase);
+    if (!m.ev || !m.phase) s = ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    while (s == OSCAR_OK && created < m.cap) {
+        s = cu_ok(cudaEventCreate(&m.ev[created]), "cudaEventCreate");
+        if (s == OSCAR_OK) created++;
+    }
+    if (s == OSCAR_OK && rq->prequeue) {
+        void *hp = NULL, *dp = NULL;
+        s = cu_ok(cudaHostAlloc(&hp, 2 * sizeof(int), cudaHostAllocMapped), "cudaHostAlloc (gate flag)");
+        if (s == OSCAR_OK) {
+            flag = hp;
+            flag[0] = 0;
+            flag[1] = 0;
+            s = cu_ok(cudaHostGetDevicePointer(&dp, hp, 0), "cudaHostGetDevicePointer (gate flag)");
+        }
+        if (s == OSCAR_OK)
+            s = cu_ok((cudaError_t)ge_k_gate((const volatile int *)dp, (int *)dp + 1, GE_GATE_NS, e->st), "gate kernel");
+    }
+    if (s == OSCAR_OK) {
+        s = cu_ok(cudaEventRecord(m.ev[0], e->st), "cudaEventRecord");
+        m.phase[0] = -1;
+        m.n = 1;
+    }
+    if (s == OSCAR_OK) {
+        /* The host-launched modes run the step the graph would replay: with
+         * graphs on, oscar_decode plans for the length bucket, not max_len. */
+        const int graphs = !e->opt.no_graphs && !e->opt.validate;
+        oscar_batch b = make_batch(e, n, graphs ? length_bucket(e, max_len) : max_len);
+        if (rq->mode == GE_PROFILE_PHASES) {
+            s = forward(e, n, n, 1, 0, 1, &b, &m);
+        } else {
+            if (rq->mode == GE_PROFILE_GRAPH) {
+                s = cu_ok(cudaGraphLaunch(exec, e->st), "cudaGraphLaunch");
+                if (s == OSCAR_OK) e->graph_replays++;
+            } else {
+                s = forward(e, n, n, 1, 0, 1, &b, NULL);
+            }
+            if (s == OSCAR_OK) {
+                s = cu_ok(cudaEventRecord(m.ev[1], e->st), "cudaEventRecord");
+                m.phase[1] = -1;
+                m.n = 2;
+            }
+        }
+    }
+    /* Open the gate in every case (it also times out on its own), then wait. */
+    if (flag) flag[0] = 1;
+    cudaError_t se = cudaStreamSynchronize(e->st);
+    if (s == OSCAR_OK) s = cu_ok(se, "cudaStreamSynchronize (profiled step)");
+    if (s == OSCAR_OK && m.n < 2) s = ge_set_error(OSCAR_ERR_INTERNAL, "ge_profile_step: %d events recorded", m.n);
+    if (s == OSCAR_OK) {
+        out->events = m.n;
+        out->gate_timed_out = flag ? flag[1] != 0 : 0;
+        float ms = 0;
+        for (int i = 1; i < m.n && s == OSCAR_OK; i++) {
+            s = cu_ok(cudaEventElapsedTime(&ms, m.ev[i - 1], m.ev[i]), "cudaEventElapsedTime");
+            if (s == OSCAR_OK && m.phase[i] >= 0 && m.phase[i] < GE_PHASE_COUNT) out->phase_us[m.phase[i]] += 1e3 * ms;
+        }
+        if (s == OSCAR_OK) s = cu_ok(cudaEventElapsedTime(&ms, m.ev[0], m.ev[m.n - 1]), "cudaEventElapsedTime");
+        if (s == OSCAR_OK) out->step_us = 1e3 * ms;
+    }
+    for (int i = 0; i < created; i++) cudaEventDestroy(m.ev[i]);
+    if (flag) cudaFreeHost((void *)flag);
+    free(m.ev);
+    free(m.phase);
+    return s;
+}
+
+/* ge_step; rq: NULL, or a profiled decode step (ge_profile_step). */
+static oscar_status step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
+                         int32_t *next, float *logits, const ge_prof_req *rq)
 {
     if (!e || n <= 0 || !slots || !n_new || !tokens || !next)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_step: NULL argument or %d sequences", n);
@@ -851,11 +1026,14 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
     CU(cudaMemcpyAsync(e->d_rows, e->h_rows, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
     CU(cudaMemcpyAsync(e->d_ids, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
 
-    if (decode && !e->opt.no_graphs && !e->opt.validate && !e->dbg) {
+    if (rq) {
+        if (!decode) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_profile_step: decode steps only");
+        GE(profiled_forward(e, n, max_len, rq));
+    } else if (decode && !e->opt.no_graphs && !e->opt.validate && !e->dbg) {
         GE(replay_decode(e, n, max_len));
     } else {
         oscar_batch b = make_batch(e, n, max_len);
-        GE(forward(e, n, (int)T, decode, extend, max_new, &b));
+        GE(forward(e, n, (int)T, decode, extend, max_new, &b, NULL));
     }
     CU(cudaMemcpyAsync(next, e->d_next, (size_t)n * 4, cudaMemcpyDeviceToHost, e->st));
     if (logits)
@@ -865,6 +1043,34 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
     if (e->opt.validate || (e->opt.check_every > 0 && e->steps % e->opt.check_every == 0)) GE(ge_sync_check(e));
     for (int i = 0; i < n; i++) GE(ge_sched_advance(&e->sched, slots[i], n_new[i]));
     return OSCAR_OK;
+}
+
+oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
+                     int32_t *next, float *logits)
+{
+    return step(e, n, slots, n_new, tokens, next, logits, NULL);
+}
+
+oscar_status ge_profile_step(ge_engine *e, int n, const int32_t *slots, const int32_t *tokens, ge_profile_mode mode,
+                             int prequeue, int32_t *next, ge_profile *out)
+{
+    if (!e || !out || n <= 0 || !slots || !tokens || !next)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_profile_step: NULL argument or %d sequences", n);
+    if (mode != GE_PROFILE_PHASES && mode != GE_PROFILE_HOST && mode != GE_PROFILE_GRAPH)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_profile_step: unknown mode %d", (int)mode);
+    if (e->dbg)
+        return ge_set_error(OSCAR_ERR_STATE, "ge_profile_step: the layer diagnostics (ge_set_debug) are on; their "
+                            "downloads would be timed");
+    if (mode == GE_PROFILE_GRAPH && (e->opt.no_graphs || e->opt.validate))
+        return ge_set_error(OSCAR_ERR_STATE, "ge_profile_step: a graph replay was asked for, but the engine runs "
+                            "decode steps from the host (%s)", e->opt.no_graphs ? "no_graphs" : "validate");
+    int32_t *ones = malloc((size_t)n * sizeof *ones);
+    if (!ones) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (int i = 0; i < n; i++) ones[i] = 1;
+    ge_prof_req rq = {mode, prequeue != 0, out};
+    oscar_status s = step(e, n, slots, ones, tokens, next, NULL, &rq);
+    free(ones);
+    return s;
 }
 
 oscar_status ge_fill_synthetic(ge_engine *e, int32_t slot, int32_t len, uint64_t seed)

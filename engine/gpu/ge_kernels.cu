@@ -276,6 +276,29 @@ extern "C" int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, g
     return launch_rc();
 }
 
+// ------------------------------------------------------- profiling gate
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__global__ void k_gate(const volatile int *flag, int *timed_out, uint64_t max_ns) {
+    const uint64_t t0 = global_ns();
+    while (*flag == 0) {
+        if (global_ns() - t0 > max_ns) {
+            *(volatile int *)timed_out = 1;
+            break;
+        }
+        __nanosleep(1000);
+    }
+}
+
+extern "C" int ge_k_gate(const volatile int *flag, int *timed_out, uint64_t max_ns, ge_stream st) {
+    k_gate<<<1, 1, 0, st>>>(flag, timed_out, max_ns);
+    return launch_rc();
+}
+
 // ------------------------------------------------- prefill attention
 // Block: BQ = 64 query rows of one (prompt, query head); each query row is
 // held by TPQ = D/64 threads, each owning 16 float4 chunks of the row

@@ -50,6 +50,11 @@ int ge_k_prefill_attention(void *out, int out_f32, const float *q, const void *k
  * head dims; the fp32 check mode and d 256 keep the fp32 kernel. */
 int ge_k_prefill_attention_tc(void *out, const float *q, const void *k, const void *v, const int32_t *cu_seqlens,
                               int S, int max_len, int Hq, int Hkv, int d, float scale, ge_stream st);
+/* Profiling gate (ge_profile_step): one thread spins until *flag (host
+ * memory mapped into the device) is nonzero or max_ns have passed by the
+ * GPU's global timer; on the time limit it sets *timed_out = 1. Work queued
+ * behind it on the stream starts when the host has queued all of it. */
+int ge_k_gate(const volatile int *flag, int *timed_out, uint64_t max_ns, ge_stream st);
 
 #ifdef __cplusplus
 }

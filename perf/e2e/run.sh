@@ -8,11 +8,17 @@
 #
 #   perf/e2e/run.sh [--carry DIR] [--model DIR|TAR] [--tokens FILE] [--deps TAR] [--set all|new]
 #                   [--budget-gb G] [--prompt P] [--gen N] [--no-check] [--no-bench] [--debug-layers]
+#                   [--breakdown]
 # --set new: only the checks and benchmark rows added for chunked prefill,
 # shared prefixes and feedback weights (issues 13, 14), with the BF16 and
 # nearest-rounding rows they are compared with: fits one device call.
 # --debug-layers: before the checks, oscar-gpu-generate --debug-layers (device
 # weights vs host, then each prefill stage vs the CPU engine; fp32 and bf16).
+# --breakdown: after the benchmark (or alone, with --no-check --no-bench), the per-phase
+# breakdown of one decode step (oscar-e2e-bench --breakdown: CUDA events between the phases of
+# the forward step, medians of 10 rounds; engine/gpu/README.md) for Qwen3-8B at the largest
+# P+N batch and at batch 1 x 32K (bf16, oscar2 with feedback weights), and Qwen3-32B at batch
+# 1 x 32K (oscar2 with feedback weights, then bf16); tables into e2e.md.
 # --carry DIR: the folder perf/e2e/pack.sh made (deps.tar.xz, tiny-qwen3.tar.xz,
 # eval-head.tokens); explicit --model/--tokens/--deps override it.
 # Tolerances of the checks (oscar-gpu-generate --check, teacher forcing over
@@ -52,7 +58,7 @@ out=${OUT:-/tmp/e2e-out}
 mkdir -p "$out"
 log=$out/e2e.log
 exec > >(tee "$log") 2>&1
-carry= model= tokens= deps= budget=40 prompt=8192 gen=1024 do_check=1 do_bench=1 do_debug=0 set=all
+carry= model= tokens= deps= budget=40 prompt=8192 gen=1024 do_check=1 do_bench=1 do_debug=0 set=all do_breakdown=0
 bench_limit=${E2E_BENCH_LIMIT:-530}  # seconds from the start after which no new benchmark run starts (+30 s at most: one 600 s device call)
 while (($#)); do
   case $1 in
@@ -66,6 +72,7 @@ while (($#)); do
     --no-check) do_check=0; shift ;;
     --no-bench) do_bench=0; shift ;;
     --debug-layers) do_debug=1; shift ;;
+    --breakdown) do_breakdown=1; shift ;;
     --set) set=$2; shift 2
       [[ $set == all || $set == new ]] || { echo "run.sh: --set takes all or new, not $set"; exit 2; } ;;
     *) echo "run.sh: unknown option $1"; exit 2 ;;
@@ -284,6 +291,37 @@ if ((do_bench)); then
   echo "Rounding of the 2-bit rows: \"feedback weights\" = built-in oscar2 parameters plus synthetic error-feedback weights (|F| <= 0.2, the cost of the calibrated default's write path; the random-weight model has no calibration), \"nearest rounding\" = the built-in parameters as they are." >>"$md"
   echo "\"prefill in chunks of C\": the real 8K prompt goes through the model C tokens at a time, each chunk appended and attending over the whole cache with oscar_extend (batch 1, 16 decode steps: read the prefill tok/s column; 2-bit chunks are clamped to the recent window 256)." >>"$md"
   echo "Shared-prefix rows: 16 requests of 4096 common + 512 own random tokens, 64 generated each, 17 slots, chunked prefill; prefill tok/s = all 16 x 4608 prompt tokens served / prefill time (the prefix computed once when stored once); KV GiB = the pages and windows the requests hold (the prefix's full pages once when shared); decode columns from the same run." >>"$md"
+fi
+
+# ---------------------------------------------------------- step breakdown
+if ((do_breakdown)); then
+  echo "== decode step breakdown (oscar-e2e-bench --breakdown)"
+  {
+    echo "### Decode step breakdown, random bf16 weights, KV budget ${budget} GB"
+    echo
+    echo "One decode step cut into the phases of the engine's forward step (CUDA events between phases, host launches),"
+    echo "summed over layers; medians of 10 rounds after 3 warm-up steps. Beside it the same step replayed from its CUDA"
+    echo "graph (the normal path) and the roofline step. GB/s: the weight bytes a GEMM reads (the KV bytes for attention)"
+    echo "over its time; of copy BW: that over the device-to-device copy bandwidth (read + written) measured in the same run."
+  } >>"$md"
+  # method | extra options: the largest $prompt+$gen batch unless --no-throughput, then batch 1 at each --long.
+  bd_runs=(
+    "oscar2|--long 32768 --feedback"
+    "bf16|--long 32768"
+    "oscar2|--long 32768 --shape qwen3-32b --no-throughput --feedback"
+    "bf16|--long 32768 --shape qwen3-32b --no-throughput"
+  )
+  for r in "${bd_runs[@]}"; do
+    IFS='|' read -r m x <<<"$r"
+    left=$(( bench_limit - ($(date +%s) - t_start) ))
+    if ((left < 60)); then echo "breakdown $m $x skipped: time"; echo >>"$md"; echo "Breakdown $m $x: skipped (time)." >>"$md"; continue; fi
+    wall=$(( left + 30 < 240 ? left + 30 : 240 ))
+    # shellcheck disable=SC2086
+    timeout "$wall" "$bin/oscar-e2e-bench" --method "$m" --budget-gb "$budget" --prompt "$prompt" --gen "$gen" \
+      --breakdown --breakdown-steps 10 --breakdown-warmup 3 --md "$md" $x ||
+      { echo >>"$md"; echo "Breakdown $m $x: FAILED (see e2e.log)." >>"$md"; }
+  done
+  echo >>"$md"
 fi
 
 echo

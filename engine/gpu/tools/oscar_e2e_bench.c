@@ -5,7 +5,8 @@
  *   oscar-e2e-bench [--method bf16|oscar2|int2|...] [--shape qwen3-8b|qwen3-32b] [--budget-gb G]
  *       [--prompt P] [--gen N] [--batch B] [--max-batch-cap C] [--real-prefill R] [--time-limit S]
  *       [--long 32768,131072] [--long-steps K] [--layers L] [--no-graphs] [--md FILE]
- *       [--chunk C] [--feedback] [--shared-prefix P --requests N --suffix S]
+ *       [--chunk C] [--feedback] [--shared-prefix P --requests N --suffix S] [--no-throughput]
+ *       [--breakdown [--breakdown-steps K] [--breakdown-warmup W]]
  *
  * --chunk C: the real prefill goes in chunks of C tokens (oscar_append,
  * then oscar_extend over the whole cache; clamped to the recent window for
@@ -20,6 +21,17 @@
  * and referenced by every request, once with each request prefilling its
  * whole prompt. Rows: effective prefill tok/s (all prompt tokens served /
  * prefill time) and the requests' KV bytes.
+ *
+ * --breakdown: instead of timing whole runs, a per-phase breakdown of one
+ * decode step (ge_profile_step) for the throughput case (--batch B or the
+ * largest batch, context --prompt) and each --long context at batch 1:
+ * synthetic caches (no real prefill), W warm-up steps (default 3), then K
+ * rounds (default 10) of five steps each: the normal step (ge_step, host
+ * wall clock), its CUDA graph replay timed by events, the step with host
+ * launches and an event after every phase (pre-queued behind a gate kernel,
+ * and fed by the host as it launches), and the host-launched step with
+ * events only around it. Medians over the K rounds, one Markdown table per
+ * case. --no-throughput: skip the throughput case (also in normal runs).
  *
  * Decode steps are replayed from CUDA graphs unless --no-graphs. Each row
  * also gives the roofline step: the bytes a step must read (weights but the
@@ -289,6 +301,199 @@ out:
     return rc;
 }
 
+/* Median of n values (sorted in place); 0 for none. */
+static double median(double *v, int n)
+{
+    if (n <= 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Breakdown sample kinds: smp[kind][round]; phase times ph[fed by the host][phase][round]. */
+enum { BD_WALL, BD_GRAPH, BD_PHASED_Q, BD_HOST, BD_PHASED_H, BD_N };
+
+/* Per-phase breakdown of a decode step of `batch` sequences at `context`
+ * tokens (synthetic caches); one Markdown table. */
+static int breakdown(const oe_config *c, ge_options o, int batch, int context, int warmup, int rounds, uint64_t seed,
+                     const char *label)
+{
+    const int graphs = !o.no_graphs;
+    const int steps_needed = warmup + 2 + BD_N * rounds;
+    o.max_batch = batch;
+    o.max_seq_len = context + steps_needed + 8;
+    ge_engine *e = NULL;
+    double t0 = now_s();
+    if (ge_create_random(c, seed, &o, &e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        return 1;
+    }
+    size_t mw, mk;
+    ge_engine_memory(e, &mw, &mk, NULL, NULL);
+    fprintf(stderr, "breakdown %s: engine up in %.1f s, variant %s\n", label, now_s() - t0, ge_engine_variant(e));
+    oscar_layout_desc l;
+    ge_layout_make(c, &o, &l);
+    /* KV bytes the attention reads per step (every sequence at context + 1),
+     * and the roofline step as run() computes it. */
+    size_t seq_bytes = 0;
+    ge_kv_seq_bytes(&l, c->num_layers, context + 1, &seq_bytes);
+    const double kv_bytes = (double)batch * (double)seq_bytes;
+    const double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab * c->hidden * (o.act_f32 ? 4 : 2);
+    const double roof_us = g_copy_bw > 0 ? 1e6 * ((double)mw - embed + kv_bytes) / g_copy_bw : 0.0;
+
+    ge_sched *s = ge_engine_sched(e);
+    int32_t *slots = malloc((size_t)batch * 4), *nn = malloc((size_t)batch * 4), *nx = malloc((size_t)batch * 4),
+            *tok = malloc((size_t)batch * 4);
+    double *smp = malloc((size_t)rounds * BD_N * sizeof *smp);
+    double *ph = malloc((size_t)rounds * 2 * GE_PHASE_COUNT * sizeof *ph); /* [2][phase][round] */
+    double *tmp = malloc((size_t)rounds * sizeof *tmp);
+    ge_profile pr;
+    memset(&pr, 0, sizeof pr);
+    int rc = 1, timeouts = 0, events = 0;
+    if (!slots || !nn || !nx || !tok || !smp || !ph || !tmp) {
+        fprintf(stderr, "oscar-e2e-bench: out of host memory\n");
+        goto out;
+    }
+    for (int i = 0; i < batch; i++)
+        if (ge_sched_submit(s, context, steps_needed, NULL) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+            goto out;
+        }
+    int32_t n = 0;
+    if (ge_sched_admit(s, 1 << 30, slots, &n) != OSCAR_OK || n != batch) {
+        fprintf(stderr, "oscar-e2e-bench: admitted %d of %d sequences (%s)\n", n, batch, ge_last_error());
+        goto out;
+    }
+    t0 = now_s();
+    for (int i = 0; i < batch; i++)
+        if (ge_fill_synthetic(e, slots[i], context, seed + (uint64_t)i) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: synthetic fill: %s\n", ge_last_error());
+            goto out;
+        }
+    fprintf(stderr, "synthetic cache fill: %d x %d tokens in %.1f s\n", batch, context, now_s() - t0);
+    for (int i = 0; i < batch; i++) {
+        nn[i] = 1;
+        tok[i] = (int32_t)(i % c->vocab);
+    }
+#define BD_STEP(call)                                                                                      \
+    do {                                                                                                   \
+        if ((call) != OSCAR_OK) {                                                                          \
+            fprintf(stderr, "oscar-e2e-bench: breakdown step: %s\n", ge_last_error());                      \
+            goto out;                                                                                      \
+        }                                                                                                  \
+        memcpy(tok, nx, (size_t)batch * 4);                                                                \
+    } while (0)
+    /* Warm-up: the graph captured, cuBLAS heuristics and the host path run once. */
+    for (int w = 0; w < warmup; w++) BD_STEP(ge_step(e, batch, slots, nn, tok, nx, NULL));
+    BD_STEP(ge_profile_step(e, batch, slots, tok, GE_PROFILE_PHASES, 1, nx, &pr));
+    BD_STEP(ge_profile_step(e, batch, slots, tok, GE_PROFILE_HOST, 0, nx, &pr));
+    for (int r = 0; r < rounds; r++) {
+        double a = now_s();
+        BD_STEP(ge_step(e, batch, slots, nn, tok, nx, NULL));
+        smp[BD_WALL * rounds + r] = 1e6 * (now_s() - a);
+        smp[BD_GRAPH * rounds + r] = 0.0;
+        if (graphs) {
+            BD_STEP(ge_profile_step(e, batch, slots, tok, GE_PROFILE_GRAPH, 1, nx, &pr));
+            smp[BD_GRAPH * rounds + r] = pr.step_us;
+            timeouts += pr.gate_timed_out;
+        }
+        BD_STEP(ge_profile_step(e, batch, slots, tok, GE_PROFILE_PHASES, 1, nx, &pr));
+        smp[BD_PHASED_Q * rounds + r] = pr.step_us;
+        timeouts += pr.gate_timed_out;
+        events = pr.events;
+        for (int p = 0; p < GE_PHASE_COUNT; p++) ph[((size_t)0 * GE_PHASE_COUNT + p) * rounds + r] = pr.phase_us[p];
+        BD_STEP(ge_profile_step(e, batch, slots, tok, GE_PROFILE_HOST, 0, nx, &pr));
+        smp[BD_HOST * rounds + r] = pr.step_us;
+        BD_STEP(ge_profile_step(e, batch, slots, tok, GE_PROFILE_PHASES, 0, nx, &pr));
+        smp[BD_PHASED_H * rounds + r] = pr.step_us;
+        for (int p = 0; p < GE_PHASE_COUNT; p++) ph[((size_t)1 * GE_PHASE_COUNT + p) * rounds + r] = pr.phase_us[p];
+    }
+#undef BD_STEP
+    if (ge_sync_check(e) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        goto out;
+    }
+    double med[BD_N], pq[GE_PHASE_COUNT], phs[GE_PHASE_COUNT], sum_q = 0, sum_h = 0;
+    for (int k = 0; k < BD_N; k++) med[k] = median(smp + (size_t)k * rounds, rounds);
+    for (int p = 0; p < GE_PHASE_COUNT; p++) {
+        memcpy(tmp, ph + ((size_t)0 * GE_PHASE_COUNT + p) * rounds, (size_t)rounds * sizeof *tmp);
+        pq[p] = median(tmp, rounds);
+        memcpy(tmp, ph + ((size_t)1 * GE_PHASE_COUNT + p) * rounds, (size_t)rounds * sizeof *tmp);
+        phs[p] = median(tmp, rounds);
+        sum_q += pq[p];
+        sum_h += phs[p];
+    }
+    char line[1536];
+    snprintf(line, sizeof line, "\n#### Decode step breakdown: %s, %s\n\n", oscar_method_name(o.method), label);
+    md_line(line);
+    md_line("| phase | us per step | us per layer | share of step | bytes read per step (MB) | GB/s | of copy BW | "
+            "us per step, fed by the host |\n|---|---|---|---|---|---|---|---|\n");
+    for (int p = 0; p < GE_PHASE_COUNT; p++) {
+        char per_layer[32] = "-", mb[32] = "-", gbs[32] = "-", frac[32] = "-";
+        if (ge_phase_per_layer((ge_phase)p)) snprintf(per_layer, sizeof per_layer, "%.1f", pq[p] / c->num_layers);
+        double bytes = pr.weight_bytes[p];
+        const char *what = "";
+        if (p == GE_PHASE_ATTENTION) {
+            bytes = kv_bytes;
+            what = " (KV)";
+        } else if (bytes > 0) {
+            what = " (weights)";
+        }
+        if (bytes > 0) {
+            snprintf(mb, sizeof mb, "%.1f%s", bytes / 1e6, what);
+            if (pq[p] > 0) {
+                snprintf(gbs, sizeof gbs, "%.0f", bytes / (pq[p] * 1e-6) / 1e9);
+                if (g_copy_bw > 0) snprintf(frac, sizeof frac, "%.0f %%", 100.0 * bytes / (pq[p] * 1e-6) / g_copy_bw);
+            }
+        }
+        snprintf(line, sizeof line, "| %s | %.1f | %s | %.1f %% | %s | %s | %s | %.1f |\n", ge_phase_name((ge_phase)p),
+                 pq[p], per_layer, sum_q > 0 ? 100.0 * pq[p] / sum_q : 0.0, mb, gbs, frac, phs[p]);
+        md_line(line);
+    }
+    double layer_q = 0;
+    for (int p = 0; p < GE_PHASE_COUNT; p++)
+        if (ge_phase_per_layer((ge_phase)p)) layer_q += pq[p];
+    snprintf(line, sizeof line, "| **sum of phases** (host launches, an event after each phase) | %.1f | %.1f (layer "
+             "phases) | 100 %% | - | - | - | %.1f |\n", sum_q, layer_q / c->num_layers, sum_h);
+    md_line(line);
+    md_line("\n");
+    if (graphs) {
+        snprintf(line, sizeof line, "- CUDA graph replay of the same step (the normal path), events around it: "
+                 "**%.1f us**; the phases' sum is %.1f us more (%+.1f %%).\n", med[BD_GRAPH], sum_q - med[BD_GRAPH],
+                 med[BD_GRAPH] > 0 ? 100.0 * (sum_q - med[BD_GRAPH]) / med[BD_GRAPH] : 0.0);
+        md_line(line);
+    }
+    snprintf(line, sizeof line, "- Host launches, events only around the step, fed by the host as it launches: %.1f us; "
+             "with an event after each phase, pre-queued: %.1f us (first to last event), fed by the host: %.1f us.\n",
+             med[BD_HOST], med[BD_PHASED_Q], med[BD_PHASED_H]);
+    md_line(line);
+    snprintf(line, sizeof line, "- Normal step (ge_step: %s, input upload, token download, host sync), host wall clock: "
+             "%.1f us; roofline step (weights but the embedding + KV at context, over the %.0f GB/s copy bandwidth): "
+             "%.1f us.\n", graphs ? "graph replay" : "host launches", med[BD_WALL], g_copy_bw / 1e9, roof_us);
+    md_line(line);
+    char tmo[256] = "";
+    if (timeouts)
+        snprintf(tmo, sizeof tmo, " In %d of %d pre-queued steps the stream's launch queue (about a thousand entries) "
+                 "filled first and the gate opened on its time limit: the GPU then started with a full queue that the "
+                 "host refilled.", timeouts, rounds * (graphs ? 2 : 1));
+    snprintf(line, sizeof line, "- Medians of %d rounds after %d warm-up steps; %d events per phased step. Every event "
+             "recorded between phases adds a small gap of its own on the GPU, so the phase times and their sum "
+             "over-state the graph step a little; \"pre-queued\": a gate kernel holds the stream until the host has "
+             "queued the whole step (no launch latency in the times); \"fed by the host\": launches as they come "
+             "(launch gaps land in the phase that waits for them).%s\n", rounds, warmup, events, tmo);
+    md_line(line);
+    rc = 0;
+out:
+    free(slots);
+    free(nn);
+    free(nx);
+    free(tok);
+    free(smp);
+    free(ph);
+    free(tmp);
+    ge_destroy(e);
+    return rc;
+}
+
 /* N requests of prefix + suffix random tokens, gen tokens each, through
  * N + 1 slots with chunked prefill; share: the prefix prefilled once and
  * its pages referenced (ge_generate's prefix_len), else every request
@@ -378,7 +583,7 @@ int main(int argc, char **argv)
     double budget_gb = 40.0, time_limit = 60.0;
     int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;
     int max_prefill = 8192, no_graphs = 0, layers_set = 0, chunk = 0, feedback = 0, prefix = 0, n_req = 16,
-        suffix = 512;
+        suffix = 512, do_breakdown = 0, bd_rounds = 10, bd_warmup = 3, no_throughput = 0;
     const char *shape = "qwen3-8b";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -407,6 +612,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--requests") && more) n_req = int_arg(argv[++i]);
         else if (!strcmp(a, "--suffix") && more) suffix = int_arg(argv[++i]);
         else if (!strcmp(a, "--shape") && more) shape = argv[++i];
+        else if (!strcmp(a, "--breakdown")) do_breakdown = 1;
+        else if (!strcmp(a, "--breakdown-steps") && more) bd_rounds = int_arg(argv[++i]);
+        else if (!strcmp(a, "--breakdown-warmup") && more) bd_warmup = int_arg(argv[++i]);
+        else if (!strcmp(a, "--no-throughput")) no_throughput = 1;
         else {
             fprintf(stderr, "oscar-e2e-bench: unknown or incomplete option '%s'\n", a);
             return 2;
@@ -429,6 +638,14 @@ int main(int argc, char **argv)
     if (chunk > (prompt < max_prefill ? prompt : max_prefill) && !prefix) {
         fprintf(stderr, "oscar-e2e-bench: --chunk %d is longer than the prompt (%d) or --max-prefill (%d)\n", chunk,
                 prompt, max_prefill);
+        return 2;
+    }
+    if (bd_rounds < 1 || bd_rounds > 1000 || bd_warmup < 0 || bd_warmup > 1000) {
+        fprintf(stderr, "oscar-e2e-bench: --breakdown-steps takes 1..1000, --breakdown-warmup 0..1000\n");
+        return 2;
+    }
+    if (do_breakdown && prefix) {
+        fprintf(stderr, "oscar-e2e-bench: --breakdown times decode steps; it does not go with --shared-prefix\n");
         return 2;
     }
     if (feedback && method != OSCAR_METHOD_OSCAR2 && method != OSCAR_METHOD_OSCAR2_LM) {
@@ -499,16 +716,50 @@ int main(int argc, char **argv)
     }
     char cfg[192];
     const char *gl = no_graphs ? "host launches" : "CUDA graphs";
-    run_result r;
-    int rc = run(&c, o, b, prompt, gen, real_prefill, time_limit, 1, &r);
-    char pfl[48] = "";
-    if (r.chunk > 0) snprintf(pfl, sizeof pfl, ", prefill in chunks of %d", r.chunk);
-    if (batch > 0)
-        snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, batch %d, %s%s%s", shape, budget_gb, prompt, gen, b, gl, rnd, pfl);
-    else
-        snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, largest batch %d, %s%s%s", shape, budget_gb, prompt, gen, best,
-                 gl, rnd, pfl);
-    if (rc == 0) md(oscar_method_name(method), cfg, &r, prompt);
+    int rc = 0;
+    if (do_breakdown) {
+        /* The throughput case's batch (largest for prompt + gen in the budget, or --batch) at the
+         * prompt's context, then batch 1 at each --long context. */
+        if (!no_throughput) {
+            if (batch > 0)
+                snprintf(cfg, sizeof cfg, "%s, %.0f GB, batch %d, context %d, %s%s", shape, budget_gb, b, prompt, gl, rnd);
+            else
+                snprintf(cfg, sizeof cfg, "%s, %.0f GB, largest batch %d (for %d+%d), context %d, %s%s", shape,
+                         budget_gb, b, prompt, gen, prompt, gl, rnd);
+            rc = breakdown(&c, o, b, prompt, bd_warmup, bd_rounds, 1, cfg);
+        }
+        for (const char *p = longs; rc == 0 && p && *p;) {
+            int ctx = atoi(p);
+            if (ctx > 0) {
+                ge_options lo = o;
+                lo.max_seq_len = ctx + bd_warmup + 2 + BD_N * bd_rounds + 8;
+                oscar_layout_desc ll;
+                ge_layout_make(&c, &lo, &ll);
+                size_t need;
+                ge_kv_seq_bytes(&ll, c.num_layers, lo.max_seq_len, &need);
+                lo.kv_budget = need + (size_t)c.num_layers * (1u << 20); /* > one page */
+                snprintf(cfg, sizeof cfg, "%s, batch 1, context %d, %s%s", shape, ctx, gl, rnd);
+                rc = breakdown(&c, lo, 1, ctx, bd_warmup, bd_rounds, 2, cfg);
+            }
+            p = strchr(p, ',');
+            if (p) p++;
+        }
+        if (g_md) fclose(g_md);
+        return rc;
+    }
+    if (!no_throughput) {
+        run_result r;
+        rc = run(&c, o, b, prompt, gen, real_prefill, time_limit, 1, &r);
+        char pfl[48] = "";
+        if (r.chunk > 0) snprintf(pfl, sizeof pfl, ", prefill in chunks of %d", r.chunk);
+        if (batch > 0)
+            snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, batch %d, %s%s%s", shape, budget_gb, prompt, gen, b, gl, rnd,
+                     pfl);
+        else
+            snprintf(cfg, sizeof cfg, "%s, %.0f GB, %d+%d, largest batch %d, %s%s%s", shape, budget_gb, prompt, gen,
+                     best, gl, rnd, pfl);
+        if (rc == 0) md(oscar_method_name(method), cfg, &r, prompt);
+    }
     /* Batch 1 at long context. */
     for (const char *p = longs; rc == 0 && p && *p;) {
         int ctx = atoi(p);
