@@ -58,6 +58,22 @@
 
 #include "ge.h"
 
+/* Submits batch requests of len + gen tokens and admits them all into slots; 0 (said on
+ * stderr) if one is refused. */
+static int admit_batch(ge_sched *s, int batch, int len, int gen, int32_t *slots) {
+    for (int i = 0; i < batch; i++)
+        if (ge_sched_submit(s, len, gen, NULL) != OSCAR_OK) {
+            fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+            return 0;
+        }
+    int32_t n = 0;
+    if (ge_sched_admit(s, 1 << 30, slots, &n) != OSCAR_OK || n != batch) {
+        fprintf(stderr, "oscar-e2e-bench: admitted %d of %d sequences (%s)\n", n, batch, ge_last_error());
+        return 0;
+    }
+    return 1;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -207,16 +223,7 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
     double *dt = malloc(((size_t)gen + 1) * sizeof *dt);
     int rc = 1;
     if (!slots || !nn || !nx || !tok || !dt) goto out;
-    for (int i = 0; i < batch; i++)
-        if (ge_sched_submit(s, prompt, gen, NULL) != OSCAR_OK) {
-            fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
-            goto out;
-        }
-    int32_t n = 0;
-    if (ge_sched_admit(s, 1 << 30, slots, &n) != OSCAR_OK || n != batch) {
-        fprintf(stderr, "oscar-e2e-bench: admitted %d of %d sequences (%s)\n", n, batch, ge_last_error());
-        goto out;
-    }
+    if (!admit_batch(s, batch, prompt, gen, slots)) goto out;
     uint64_t st = seed * 7919u + 1;
     if (real_prefill > batch) real_prefill = batch;
     double tp = now_s();
@@ -353,16 +360,7 @@ static int breakdown(const oe_config *c, ge_options o, int batch, int context, i
         fprintf(stderr, "oscar-e2e-bench: out of host memory\n");
         goto out;
     }
-    for (int i = 0; i < batch; i++)
-        if (ge_sched_submit(s, context, steps_needed, NULL) != OSCAR_OK) {
-            fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
-            goto out;
-        }
-    int32_t n = 0;
-    if (ge_sched_admit(s, 1 << 30, slots, &n) != OSCAR_OK || n != batch) {
-        fprintf(stderr, "oscar-e2e-bench: admitted %d of %d sequences (%s)\n", n, batch, ge_last_error());
-        goto out;
-    }
+    if (!admit_batch(s, batch, context, steps_needed, slots)) goto out;
     t0 = now_s();
     for (int i = 0; i < batch; i++)
         if (ge_fill_synthetic(e, slots[i], context, seed + (uint64_t)i) != OSCAR_OK) {
