@@ -102,11 +102,25 @@ __device__ __forceinline__ double warp_sum_d(double v) {
     return v;
 }
 
-__global__ void k_rmsnorm(void *out, int f32, const float *x, const float *w, int H, float eps) {
+// One block per row. A row's loads are issued together (float4, unrolled): with one block
+// per row at batch 1 a plain strided loop waited out one L2 round trip per element group
+// (H200, Qwen3-8B: 13.5 us a call, perf/e2e/RESULTS.md step breakdown).
+__global__ void __launch_bounds__(1024) k_rmsnorm(void *out, int f32, const float *x, const float *w, int H, float eps) {
     __shared__ double part[32];
     const float *xr = x + (size_t)blockIdx.x * H;
+    const bool v4 = (H & 3) == 0;
     double ss = 0.0;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    if (v4) {
+        const float4 *x4 = (const float4 *)xr;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
+            const float4 a = x4[i];
+            ss += (double)a.x * a.x + (double)a.y * a.y + (double)a.z * a.z + (double)a.w * a.w;
+        }
+    } else {
+#pragma unroll 4
+        for (int i = threadIdx.x; i < H; i += blockDim.x) ss += (double)xr[i] * xr[i];
+    }
     ss = warp_sum_d(ss);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
@@ -117,14 +131,30 @@ __global__ void k_rmsnorm(void *out, int f32, const float *x, const float *w, in
     }
     __syncthreads();
     float inv = (float)(1.0 / sqrt(part[0] / H + (double)eps));
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-        store_act(out, f32, (size_t)blockIdx.x * H + i, __fmul_rn(w[i], __fmul_rn(xr[i], inv)));
+    const size_t o = (size_t)blockIdx.x * H;
+    if (v4) {
+        const float4 *x4 = (const float4 *)xr, *w4 = (const float4 *)w;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < H / 4; i += blockDim.x) {
+            const float4 a = x4[i], b = w4[i];
+            store_act(out, f32, o + 4 * (size_t)i, __fmul_rn(b.x, __fmul_rn(a.x, inv)));
+            store_act(out, f32, o + 4 * (size_t)i + 1, __fmul_rn(b.y, __fmul_rn(a.y, inv)));
+            store_act(out, f32, o + 4 * (size_t)i + 2, __fmul_rn(b.z, __fmul_rn(a.z, inv)));
+            store_act(out, f32, o + 4 * (size_t)i + 3, __fmul_rn(b.w, __fmul_rn(a.w, inv)));
+        }
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x)
+            store_act(out, f32, o + i, __fmul_rn(w[i], __fmul_rn(xr[i], inv)));
+    }
 }
 
 extern "C" int ge_k_rmsnorm(void *out, int out_f32, const float *x, const float *w, int rows, int H, float eps,
                             ge_stream st) {
     if (rows <= 0) return 0;
-    k_rmsnorm<<<rows, 256, 0, st>>>(out, out_f32, x, w, H, eps);
+    /* a float4 per thread where the row allows (up to 1024 threads), in whole warps */
+    int threads = ((H + 3) / 4 + 31) / 32 * 32;
+    threads = threads < 128 ? 128 : threads > 1024 ? 1024 : threads;
+    k_rmsnorm<<<rows, threads, 0, st>>>(out, out_f32, x, w, H, eps);
     return launch_rc();
 }
 
@@ -245,13 +275,25 @@ extern "C" int ge_k_gather_rows(float *dst, const float *src, const int32_t *row
 }
 
 // ---------------------------------------------------------------- argmax
+// One block per row; each thread scans its elements in index order with 4 loads in flight
+// (a strided loop of single loads waited out an L2 round trip per element: 56 us a call for a
+// 151936-entry vocabulary on the H200). Ties go to the lowest index.
 __global__ void k_argmax(int32_t *out, const float *logits, int V) {
     const float *l = logits + (size_t)blockIdx.x * V;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
-        float x = l[i];
-        if (x > best || (x == best && i < bi)) { best = x; bi = i; }
+    const int step = blockDim.x;
+    int i = threadIdx.x;
+    for (; i + 3 * step < V; i += 4 * step) {
+        const float x0 = l[i], x1 = l[i + step], x2 = l[i + 2 * step], x3 = l[i + 3 * step];
+        if (x0 > best) { best = x0; bi = i; }
+        if (x1 > best) { best = x1; bi = i + step; }
+        if (x2 > best) { best = x2; bi = i + 2 * step; }
+        if (x3 > best) { best = x3; bi = i + 3 * step; }
+    }
+    for (; i < V; i += step) {
+        const float x = l[i];
+        if (x > best) { best = x; bi = i; }
     }
     __shared__ float sb[32];
     __shared__ int si[32];
