@@ -60,8 +60,9 @@ typedef struct oscar_backend_plan_desc {
      * everywhere; layout.wide_tensors is at least each layer's count of 3s. Given only to backends
      * whose caps hold OSCAR_BACKEND_CAP_WIDE_CODES: the runtime refuses such parameters, and layouts
      * with wide_tensors > 0, on every other backend (OSCAR_ERR_UNSUPPORTED). A backend with the
-     * capability may still refuse a plan whose kernels cannot read the planes (the CUDA tensor-core
-     * family), with OSCAR_ERR_UNSUPPORTED and a message. */
+     * capability may still refuse a plan whose kernels cannot read the planes, with
+     * OSCAR_ERR_UNSUPPORTED and a message (CUDA: a tensor-core shape built without its generic
+     * extend kernels, which its layers with a 3-bit head-tensor run on). */
     const uint8_t *code_bits;
 } oscar_backend_plan_desc;
 

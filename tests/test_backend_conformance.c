@@ -22,7 +22,10 @@
 #include "refcheck.h"
 
 #define LAYERS 2
-#define LAYER 1
+/* The layer the cases append to and attend: 1, except where a 3-bit head-tensor case runs a layer of
+ * 2-bit head-tensors of the same plan (run_wide). */
+static int g_layer = 1;
+#define LAYER g_layer
 
 static const char *const k_backends[] = {"opencl", "cuda", "hip"};
 #define NB 3
@@ -373,10 +376,11 @@ static const void *dev_qt(const env *e) {
     return (const char *)e->g_ws + OSCAR_WORKSPACE_HEADER;
 }
 
-/* The plugin's variant is of the CUDA tensor-core family. */
+/* The plugin's variant is of the CUDA tensor-core family ("_w3" after it: a plan with 3-bit head-tensors,
+ * whose layers of 2-bit head-tensors take the tensor-core kernels; only those are checked with this). */
 static int is_tc(const env *e) {
     const size_t vn = strlen(e->variant);
-    return vn >= 3 && !strcmp(e->variant + vn - 3, "_tc");
+    return (vn >= 3 && !strcmp(e->variant + vn - 3, "_tc")) || (vn >= 6 && !strcmp(e->variant + vn - 6, "_tc_w3"));
 }
 
 static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int rotated_output, uint64_t seed) {
@@ -755,17 +759,9 @@ static int next_counts(rc_rng *r, const cfg *c, const rc_paged *b, const int *fi
     return any;
 }
 
-static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
-                           int share, int ties) {
-    cr_assert(nseq >= 1 && nseq <= 64);
-    uint64_t seed = rc_fresh_seed();
-    rc_rng r;
-    rc_rng_seed(&r, seed);
-    int maxlen = 1;
-    for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
-    env e;
-    /* extend checks need workspace for every query token of a step */
-    if (!env_init(&e, g, c, &r, seed, ext ? nseq * EXT_MAX_Q : nseq, maxlen, fb)) return;
+/* The schedule of run_scenario_x in the plan of e, layer LAYER, with pools of its own (unbound at the end). */
+static void scenario_body(env *e, rc_rng *r, uint64_t seed, const cfg *c, int nseq, const int *final_lens, int mode,
+                          int fb, int ext, int share, int ties) {
     size_t H = (size_t)c->H, d = (size_t)c->d;
     float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
     rc_seq_ref *refs = calloc((size_t)nseq, sizeof *refs);
@@ -775,11 +771,11 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
         maxl[i] = final_lens[i];
         K[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
-        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
-        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
+        rc_gen_kv(r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
+        rc_gen_kv(r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
         if (ties) {
-            plant_ties(&r, K[i], final_lens[i], (int)H, (int)d);
-            plant_ties(&r, V[i], final_lens[i], (int)H, (int)d);
+            plant_ties(r, K[i], final_lens[i], (int)H, (int)d);
+            plant_ties(r, V[i], final_lens[i], (int)H, (int)d);
         }
         if (i > 0 && share > 0) {
             size_t nsh = (size_t)(share < final_lens[i] ? share : final_lens[i]) * H * d;
@@ -787,42 +783,42 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
             memcpy(K[i], K[0], nsh * sizeof(float));
             memcpy(V[i], V[0], nsh * sizeof(float));
         }
-        cr_assert_eq(rc_seq_ref_build_fb(&e.l, layer_rot(&e, 0), layer_rot(&e, 1), layer_fb(&e, 0), layer_fb(&e, 1),
-                                         e.num_rot, e.clip_k + LAYER * e.l.num_kv_heads, e.clip_v + LAYER * e.l.num_kv_heads, final_lens[i], K[i], V[i],
+        cr_assert_eq(rc_seq_ref_build_fb(&e->l, layer_rot(e, 0), layer_rot(e, 1), layer_fb(e, 0), layer_fb(e, 1),
+                                         e->num_rot, e->clip_k + LAYER * e->l.num_kv_heads, e->clip_v + LAYER * e->l.num_kv_heads, final_lens[i], K[i], V[i],
                                          &refs[i]),
                      0);
     }
-    if (fb) check_feedback_matters(&e, refs, nseq, seed);
+    if (fb) check_feedback_matters(e, refs, nseq, seed);
     rc_paged b;
-    cr_assert_eq(rc_paged_init(&r, &e.l, nseq, maxl, 3, &b), 0);
-    env_bind_pools(&e, &b);
+    cr_assert_eq(rc_paged_init(r, &e->l, nseq, maxl, 3, &b), 0);
+    env_bind_pools(e, &b);
     int *n = malloc((size_t)nseq * sizeof *n), steps = 0;
     const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
     for (;;) {
-        if (!next_counts(&r, c, &b, final_lens, mode, n)) break;
-        do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
+        if (!next_counts(r, c, &b, final_lens, mode, n)) break;
+        do_append(e, &b, K, V, n, rc_randint(r, 0, 1) * 16, seed);
         /* Token by token: check every few steps (PoCL under ASan is slow). */
-        if (mode != TOKENS || steps % 7 == 0) check_cache(&e, &b, refs, seed, what);
-        if (mode != TOKENS || steps % 23 == 0) check_decode(&e, &b, refs, &r, 0, seed);
+        if (mode != TOKENS || steps % 7 == 0) check_cache(e, &b, refs, seed, what);
+        if (mode != TOKENS || steps % 23 == 0) check_decode(e, &b, refs, r, 0, seed);
         if (ext) {
             int *qn = malloc((size_t)nseq * sizeof *qn);
-            extend_counts(&r, &b, n, qn);
-            check_extend(&e, &b, NULL, refs, &r, qn, steps & 1, steps % 3 ? EXT_LSE : 0, seed);
+            extend_counts(r, &b, n, qn);
+            check_extend(e, &b, NULL, refs, r, qn, steps & 1, steps % 3 ? EXT_LSE : 0, seed);
             free(qn);
         }
         steps++;
     }
-    check_cache(&e, &b, refs, seed, what);
-    check_decode(&e, &b, refs, &r, 0, seed);
-    check_decode(&e, &b, refs, &r, 1, seed);
+    check_cache(e, &b, refs, seed, what);
+    check_decode(e, &b, refs, r, 0, seed);
+    check_decode(e, &b, refs, r, 1, seed);
     if (ext) {
         int *ones = malloc((size_t)nseq * sizeof *ones);
         for (int i = 0; i < nseq; i++) ones[i] = 1;
-        check_extend(&e, &b, NULL, refs, &r, ones, 0, EXT_LSE | EXT_NOCU, seed);
-        check_extend(&e, &b, NULL, refs, &r, ones, 1, EXT_LSE, seed);
+        check_extend(e, &b, NULL, refs, r, ones, 0, EXT_LSE | EXT_NOCU, seed);
+        check_extend(e, &b, NULL, refs, r, ones, 1, EXT_LSE, seed);
         free(ones);
     }
-    if (share > 0) check_shared_prefix(&e, &b, refs, &r, share, seed);
+    if (share > 0) check_shared_prefix(e, &b, refs, r, share, seed);
     for (int i = 0; i < nseq; i++) {
         free(K[i]);
         free(V[i]);
@@ -834,6 +830,25 @@ static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_len
     free(maxl);
     free(n);
     rc_paged_free(&b);
+    e->g->api->free(e->g->ctx, e->d_pages);
+    e->g->api->free(e->g->ctx, e->d_windows);
+    free(e->h_pages);
+    free(e->h_windows);
+    e->d_pages = e->d_windows = e->h_pages = e->h_windows = NULL;
+}
+
+static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
+                           int share, int ties) {
+    cr_assert(nseq >= 1 && nseq <= 64);
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    int maxlen = 1;
+    for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
+    env e;
+    /* extend checks need workspace for every query token of a step */
+    if (!env_init(&e, g, c, &r, seed, ext ? nseq * EXT_MAX_Q : nseq, maxlen, fb)) return;
+    scenario_body(&e, &r, seed, c, nseq, final_lens, mode, fb, ext, share, ties);
     env_free(&e);
 }
 
@@ -1275,7 +1290,7 @@ Test(extend, shared_prefix_pages, .timeout = 600) {
 }
 
 /* ------------------------------------------------- 3-bit head-tensors */
-/* Plugins whose caps hold OSCAR_BACKEND_CAP_WIDE_CODES (OpenCL here) against the CPU backend with
+/* Plugins whose caps hold OSCAR_BACKEND_CAP_WIDE_CODES (OpenCL, CUDA) against the CPU backend with
  * some head-tensors in 3 bits (FORMAT.md §2.7: 2-bit plane + 1-bit plane per page): random
  * rotations, clips, error-feedback weights and code widths, fresh seeds, poisoned pools and
  * outputs, awkward lengths in a mixed batch, every write schedule. After every append the pools
@@ -1404,7 +1419,67 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
     free(gob);
 }
 
-static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext) {
+/* One layer's schedule (layer LAYER of e's plan): fresh K/V, its own poisoned pools, appends by mode; after
+ * appends the pools and decode (and extend, with ext) outputs against the CPU backend's. */
+static void wide_schedule(env *e, rc_rng *r, uint64_t seed, const cfg *c, int nseq, const int *final_lens, int mode,
+                          int ext) {
+    size_t H = (size_t)c->H, d = (size_t)c->d;
+    float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
+    int32_t *maxl = malloc((size_t)nseq * sizeof *maxl);
+    for (int i = 0; i < nseq; i++) {
+        maxl[i] = final_lens[i];
+        K[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
+        V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
+        rc_gen_kv(r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
+        rc_gen_kv(r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
+    }
+    rc_paged b;
+    cr_assert_eq(rc_paged_init(r, &e->l, nseq, maxl, 3, &b), 0);
+    env_bind_pools(e, &b);
+    int *n = malloc((size_t)nseq * sizeof *n), *qn = malloc((size_t)nseq * sizeof *qn), steps = 0;
+    const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
+    for (;;) {
+        if (!next_counts(r, c, &b, final_lens, mode, n)) break;
+        do_append(e, &b, K, V, n, rc_randint(r, 0, 1) * 16, seed);
+        if (mode != TOKENS || steps % 7 == 0) wide_pools_vs_cpu(e, &b, seed, what);
+        if (mode != TOKENS || steps % 11 == 0) wide_attend_vs_cpu(e, &b, r, NULL, steps & 1, 0, seed);
+        if (ext && (mode != TOKENS || steps % 11 == 5)) {
+            extend_counts(r, &b, n, qn);
+            wide_attend_vs_cpu(e, &b, r, qn, steps & 1, steps % 3 != 0, seed);
+        }
+        steps++;
+    }
+    wide_pools_vs_cpu(e, &b, seed, what);
+    wide_attend_vs_cpu(e, &b, r, NULL, 0, 0, seed);
+    wide_attend_vs_cpu(e, &b, r, NULL, 1, 1, seed); /* cu_q NULL with an LSE */
+    if (ext) {
+        extend_counts(r, &b, n, qn);
+        wide_attend_vs_cpu(e, &b, r, qn, 0, 1, seed);
+    }
+    for (int i = 0; i < nseq; i++) {
+        free(K[i]);
+        free(V[i]);
+    }
+    free(K);
+    free(V);
+    free(maxl);
+    free(n);
+    free(qn);
+    rc_paged_free(&b);
+    /* the pools go with the layer (env_free frees what is bound at the end) */
+    e->g->api->free(e->g->ctx, e->d_pages);
+    e->g->api->free(e->g->ctx, e->d_windows);
+    free(e->h_pages);
+    free(e->h_windows);
+    e->d_pages = e->d_windows = e->h_pages = e->h_windows = NULL;
+}
+
+/* two: layer 0 of the plan holds only 2-bit head-tensors and, after layer 1 (3-bit head-tensors), runs
+ * the conformance scenario (scenario_body: reference codec, float64 attention, CPU backend) with the same
+ * schedule: on CUDA the tensor-core decode/extend and the warp/tile write paths on pages with plane room,
+ * next to the generic kernels of the 3-bit layer, in one plan. Otherwise layer 0 has one 3-bit
+ * head-tensor at random (planes numbered per layer). */
+static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext, int two) {
     if (!(g->api->caps & OSCAR_BACKEND_CAP_WIDE_CODES)) {
         fprintf(stderr, "%s: no 3-bit head-tensors (caps 0x%x), skipped\n", g->api->name, (unsigned)g->api->caps);
         return;
@@ -1413,8 +1488,8 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     rc_rng r;
     rc_rng_seed(&r, seed);
     /* Code widths: in the layer under test the first KV head's K and the last one's V are 3 bits, the
-     * others at random; layer 0 one at random. Room for one plane more than any layer uses (unused
-     * planes must stay untouched). */
+     * others at random; layer 0 one at random (none with two). Room for one plane more than any layer
+     * uses (unused planes must stay untouched). */
     uint8_t bits[LAYERS * RC_MAX_KV_HEADS * 2];
     int room = 0;
     for (int l = 0; l < LAYERS; l++) {
@@ -1422,8 +1497,8 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
         const int one = rc_randint(&r, 0, 2 * c->H - 1);
         for (int i = 0; i < 2 * c->H; i++) {
             uint8_t b = 2;
-            if (l == LAYER) b = (i == 0 || i == 2 * c->H - 1 || rc_randint(&r, 0, 2) == 0) ? 3 : 2;
-            else b = i == one ? 3 : 2;
+            if (l == 1) b = (i == 0 || i == 2 * c->H - 1 || rc_randint(&r, 0, 2) == 0) ? 3 : 2;
+            else b = i == one && !two ? 3 : 2;
             bits[l * 2 * c->H + i] = b;
             n += b == 3;
         }
@@ -1437,51 +1512,27 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     int ok = env_init(&e, g, c, &r, seed, ext ? nseq * EXT_MAX_Q : nseq, maxlen, fb);
     wide_code_bits = NULL;
     wide_room = 0;
+    if (!ok && strcmp(g->api->name, "opencl") != 0) {
+        /* A plugin of generated variants may lack the shape (CUDA's default set: no f32 metadata); then it
+         * must refuse the shape without 3-bit head-tensors too, else the refusal is theirs. */
+        env e2;
+        rc_rng r2;
+        rc_rng_seed(&r2, seed);
+        const int ok2 = env_init(&e2, g, c, &r2, seed, 1, maxlen, 0);
+        if (ok2) env_free(&e2);
+        cr_assert(!ok2, "seed %llu: %s plans the shape but refused it with 3-bit head-tensors",
+                  (unsigned long long)seed, g->api->name);
+        return;
+    }
     cr_assert(ok, "seed %llu: %s has the capability but refused the plan", (unsigned long long)seed, g->api->name);
     cr_assert(strstr(e.variant, "_w3") != NULL, "variant %s", e.variant);
-    size_t H = (size_t)c->H, d = (size_t)c->d;
-    float **K = malloc((size_t)nseq * sizeof *K), **V = malloc((size_t)nseq * sizeof *V);
-    int32_t *maxl = malloc((size_t)nseq * sizeof *maxl);
-    for (int i = 0; i < nseq; i++) {
-        maxl[i] = final_lens[i];
-        K[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
-        V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
-        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
-        rc_gen_kv(&r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
+    g_layer = 1;
+    wide_schedule(&e, &r, seed, c, nseq, final_lens, mode, ext);
+    if (two) { /* the whole conformance scenario (reference codec, float64 attention) on the 2-bit layer */
+        g_layer = 0;
+        scenario_body(&e, &r, seed, c, nseq, final_lens, mode, fb, ext, 0, 0);
+        g_layer = 1;
     }
-    rc_paged b;
-    cr_assert_eq(rc_paged_init(&r, &e.l, nseq, maxl, 3, &b), 0);
-    env_bind_pools(&e, &b);
-    int *n = malloc((size_t)nseq * sizeof *n), *qn = malloc((size_t)nseq * sizeof *qn), steps = 0;
-    const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
-    for (;;) {
-        if (!next_counts(&r, c, &b, final_lens, mode, n)) break;
-        do_append(&e, &b, K, V, n, rc_randint(&r, 0, 1) * 16, seed);
-        if (mode != TOKENS || steps % 7 == 0) wide_pools_vs_cpu(&e, &b, seed, what);
-        if (mode != TOKENS || steps % 11 == 0) wide_attend_vs_cpu(&e, &b, &r, NULL, steps & 1, 0, seed);
-        if (ext && (mode != TOKENS || steps % 11 == 5)) {
-            extend_counts(&r, &b, n, qn);
-            wide_attend_vs_cpu(&e, &b, &r, qn, steps & 1, steps % 3 != 0, seed);
-        }
-        steps++;
-    }
-    wide_pools_vs_cpu(&e, &b, seed, what);
-    wide_attend_vs_cpu(&e, &b, &r, NULL, 0, 0, seed);
-    wide_attend_vs_cpu(&e, &b, &r, NULL, 1, 1, seed); /* cu_q NULL with an LSE */
-    if (ext) {
-        extend_counts(&r, &b, n, qn);
-        wide_attend_vs_cpu(&e, &b, &r, qn, 0, 1, seed);
-    }
-    for (int i = 0; i < nseq; i++) {
-        free(K[i]);
-        free(V[i]);
-    }
-    free(K);
-    free(V);
-    free(maxl);
-    free(n);
-    free(qn);
-    rc_paged_free(&b);
     env_free(&e);
 }
 
@@ -1491,9 +1542,9 @@ Test(wide, d64_g32_boundaries_all_schedules, .timeout = 900) {
     int lens[16];
     int nl = boundary_lens(&c, lens);
     FOR_EACH_BACKEND(g, {
-        run_wide(&g, &c, nl, lens, TOKENS, 1, 0);
-        run_wide(&g, &c, nl, lens, CHUNKS, 0, 1);
-        run_wide(&g, &c, nl, lens, PREFILL, 1, 1);
+        run_wide(&g, &c, nl, lens, TOKENS, 1, 0, 1);
+        run_wide(&g, &c, nl, lens, CHUNKS, 0, 1, 0);
+        run_wide(&g, &c, nl, lens, PREFILL, 1, 1, 1);
     });
 }
 /* d 128 (tiny-qwen3's shape: GQA 4, group 128, page 64, per-head rotations), f16 windows, f32 metadata,
@@ -1504,15 +1555,33 @@ Test(wide, d128_d256_mixed_batch_extend, .timeout = 900) {
     cfg c3 = {256, 128, 16, 2, 4, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
     const int l1[] = {1, 23, 88, 150, 211, 333}, l2[] = {7, 77, 130}, l3[] = {5, 60, 97};
     FOR_EACH_BACKEND(g, {
-        run_wide(&g, &c1, 6, l1, CHUNKS, 1, 1);
-        run_wide(&g, &c2, 3, l2, CHUNKS, 1, 1);
-        run_wide(&g, &c3, 3, l3, PREFILL, 0, 1);
+        run_wide(&g, &c1, 6, l1, CHUNKS, 1, 1, 1);
+        run_wide(&g, &c2, 3, l2, CHUNKS, 1, 1, 0);
+        run_wide(&g, &c3, 3, l3, PREFILL, 0, 1, 1);
     });
 }
-/* Plugins called past the runtime refuse code widths they cannot place, as the CPU backend does
- * (format/layout.c oscar_format_planes): a width other than 2/3, more 3s in a layer than
- * layout.wide_tensors, 3s on another method; and a plugin without the capability that has tensor-core
- * decode kernels (CUDA) refuses every wide plan with a message. */
+/* A plan with 3-bit head-tensors in one layer and only 2-bit ones in the other: token by token the
+ * 2-bit layer's appends take CUDA's warp kernels (small grids), then its write path is forced onto the
+ * tile kernels (OSCAR_APPEND_TILE_CTAS=0: every append of at most W tokens; docs/API.md); GQA 4
+ * (limb-packed tensor-core decode), 16 and 8, no sink, chunks with extend. */
+Test(wide, two_bit_layer_beside_wide_layer, .timeout = 900) {
+    cfg c1 = {128, 128, 64, 8, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c2 = {128, 32, 16, 4, 24, 32, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    cfg c3 = {64, 64, 32, 0, 8, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    const int l1[] = {3, 40, 95, 170}, l2[] = {1, 29, 64, 123, 77}, l3[] = {2, 50, 111};
+    FOR_EACH_BACKEND(g, {
+        unsetenv("OSCAR_APPEND_TILE_CTAS");
+        run_wide(&g, &c1, 4, l1, TOKENS, 1, 0, 1);
+        setenv("OSCAR_APPEND_TILE_CTAS", "0", 1);
+        run_wide(&g, &c1, 4, l1, CHUNKS, 1, 1, 1);
+        run_wide(&g, &c2, 5, l2, CHUNKS, 0, 1, 1);
+        run_wide(&g, &c3, 3, l3, CHUNKS, 0, 1, 1);
+    });
+}
+/* Plugins with the capability (OpenCL, CUDA), called past the runtime, refuse code widths they cannot
+ * place, as the CPU backend does (format/layout.c oscar_format_planes): a width other than 2/3, more 3s
+ * in a layer than layout.wide_tensors, 3s on another method. (A plugin without it is never given code
+ * widths: the runtime refuses them first, test_bad_input.) */
 static void wide_refusals(plug *g) {
     cfg c = {64, 64, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
     rc_rng r;
@@ -1544,11 +1613,7 @@ static void wide_refusals(plug *g) {
             char variant[128] = "";
             err.msg[0] = 0;
             oscar_status s = apis[w]->plan_create(ctxs[w], &pd, &plan, variant, sizeof variant, &err);
-            if (!capable && !strcmp(apis[w]->name, "cuda")) { /* tensor-core decode: never a wide plan */
-                cr_expect_neq(s, OSCAR_OK, "cuda planned 3-bit head-tensors (%s)", variant);
-                if (s == OSCAR_ERR_UNSUPPORTED && cases[k].want == OSCAR_OK)
-                    cr_expect(strstr(err.msg, "code_bits") != NULL, "cuda: %s", err.msg);
-            } else if (capable) {
+            if (capable) {
                 cr_expect_eq(s, cases[k].want, "%s case %zu: %s", apis[w]->name, k, err.msg);
                 cr_expect(strstr(err.msg, cases[k].says) != NULL, "%s case %zu: %s", apis[w]->name, k, err.msg);
                 if (s == OSCAR_OK) cr_expect(strstr(variant, "_w3") != NULL, "%s: variant %s", apis[w]->name, variant);

@@ -760,9 +760,9 @@ Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) 
 }
 
 /* ------------------------------------------------------- code widths */
-/* 3-bit head-tensors (FORMAT.md §2.7) are opt-in: the CPU and OpenCL backends (caps
+/* 3-bit head-tensors (FORMAT.md §2.7) are opt-in: the CPU, OpenCL and CUDA backends (caps
  * OSCAR_BACKEND_CAP_WIDE_CODES) plan them when the layout has room (layout.wide_tensors); every other
- * backend (CUDA, HIP so far) refuses such parameters and layouts with OSCAR_ERR_UNSUPPORTED and a
+ * backend (HIP so far) refuses such parameters and layouts with OSCAR_ERR_UNSUPPORTED and a
  * message naming the field, never a plan that would read 2-bit codes. */
 static void wide_codes_case(const char *backend) {
     oscar_runtime *rt = NULL;
@@ -773,7 +773,8 @@ static void wide_codes_case(const char *backend) {
         cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
         cr_skip_test("%s not available", backend);
     }
-    const int cpu = strcmp(backend, "cpu") == 0 || strcmp(backend, "opencl") == 0; /* the ones that store them */
+    const int cpu = strcmp(backend, "cpu") == 0 || strcmp(backend, "opencl") == 0 ||
+                    strcmp(backend, "cuda") == 0; /* the ones that store them */
     oscar_params *p = NULL;
     cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 4, 2, 64, &p), OSCAR_OK);
     cr_assert_eq(oscar_params_set_code_bits(p, 1, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
@@ -839,7 +840,7 @@ static void wide_codes_case(const char *backend) {
 }
 Test(bad_input, wide_codes_cpu) { wide_codes_case("cpu"); }
 Test(bad_input, wide_codes_opencl, .timeout = 300) { wide_codes_case("opencl"); }
-Test(bad_input, wide_codes_refused_cuda, .timeout = 300) { wide_codes_case("cuda"); }
+Test(bad_input, wide_codes_cuda, .timeout = 300) { wide_codes_case("cuda"); }
 Test(bad_input, wide_codes_refused_hip, .timeout = 300) { wide_codes_case("hip"); }
 
 /* ----------------------------------------------------------------- layout */

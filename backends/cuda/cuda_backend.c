@@ -326,6 +326,13 @@ static const oscar_backend_api k_api = {
     g_write,                   g_read,            g_sync,          gpu_plan_create,
     gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
     gpu_append,                gpu_decode,        gpu_extend,
-    0 /* caps: no 3-bit head-tensors yet (the tensor-core decode does not read the 1-bit planes) */};
+#ifdef OSCAR_HIP
+    0 /* caps: 3-bit head-tensors not claimed (the generic kernels read them, but HIP runs nowhere here) */
+#else
+    /* caps: 3-bit head-tensors; layers that hold one decode with the generic extend kernels and write
+     * with the block-wide ones, 2-bit layers keep the tensor-core and warp/tile kernels (gpu_core.c) */
+    OSCAR_BACKEND_CAP_WIDE_CODES
+#endif
+};
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }

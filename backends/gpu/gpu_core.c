@@ -32,9 +32,14 @@ typedef struct gpu_plan {
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
     /* 3-bit head-tensors (FORMAT.md §2.7): planes is device int32 [layers][kv heads][2] (K, V), the
      * 1-bit plane index of each head-tensor or -1 (2 bits); NULL and wide 0 when the descriptor has
-     * no code_bits. hi_off: the first plane's offset in a page. */
+     * no code_bits. hi_off: the first plane's offset in a page. layer_wide (host, [layers], NULL when
+     * wide is 0): 1 where the layer holds a 3-bit head-tensor. Such a layer takes the generic (fp32)
+     * decode/extend kernels and the block-wide write kernels, which read and store the planes; a layer
+     * of 2-bit head-tensors keeps every other kernel (its codes and metadata sit at the same offsets,
+     * only page_bytes counts the plane room). */
     void *planes;
     int wide;
+    unsigned char *layer_wide;
     int64_t hi_off;
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
@@ -169,14 +174,22 @@ static void plan_free(void *ctx, gpu_plan *p) {
     if (p->clip_k) V(ctx)->free(ctx, p->clip_k);
     if (p->clip_v) V(ctx)->free(ctx, p->clip_v);
     if (p->planes) V(ctx)->free(ctx, p->planes);
+    free(p->layer_wide);
     free(p);
 }
 
 /* The tensor-core decode addresses inside a page with 32-bit offsets: the largest
  * page the layout rules allow (num_q_heads <= OSCAR_Q_HEADS_MAX KV heads, 128
- * tokens, d 256, 8 groups of f32 metadata) is ~34 MB. */
-_Static_assert(2LL * OSCAR_Q_HEADS_MAX * 128 * (256 / 4) + 2LL * OSCAR_Q_HEADS_MAX * 128 * 8 * 2 * 4 < 0x7fffffffLL,
+ * tokens, d 256, 8 groups of f32 metadata, 2 H 1-bit planes) is ~42 MB. */
+_Static_assert(2LL * OSCAR_Q_HEADS_MAX * 128 * (256 / 4) + 2LL * OSCAR_Q_HEADS_MAX * 128 * 8 * 2 * 4 +
+                       2LL * OSCAR_Q_HEADS_MAX * 128 * (256 / 8) <
+                   0x7fffffffLL,
                "a page must stay below 2 GiB");
+
+/* The layer holds a 3-bit head-tensor (its row of the plane table has a plane). */
+static int wide_layer(const gpu_plan *p, int layer) {
+    return p->layer_wide && layer >= 0 && layer < p->num_layers && p->layer_wide[layer];
+}
 
 oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
                              size_t variant_len, oscar_errbuf *err) {
@@ -306,6 +319,13 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
             return oscar_errbuf_set(err, st, "%s plan: %s", nm, why);
         }
         const size_t pb = 2 * nclip * sizeof(int32_t);
+        if (!(p->layer_wide = calloc(nl, 1))) {
+            free(pl);
+            plan_free(ctx, p);
+            return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
+        }
+        for (size_t i = 0; i < 2 * nclip; i++)
+            if (pl[i] >= 0) p->layer_wide[i / (2 * (size_t)l->num_kv_heads)] = 1;
         if ((st = V(ctx)->alloc(ctx, pb, &p->planes, err)) || (st = V(ctx)->write(ctx, p->planes, 0, pl, pb, NULL, err)) ||
             (st = V(ctx)->sync(ctx, NULL, err))) {
             free(pl);
@@ -319,14 +339,15 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
         plan_free(ctx, p);
         return st;
     }
-    if (p->wide && p->k.tc) {
-        /* The generic kernels read the 1-bit planes; the tensor-core family does not yet. */
+    if (p->wide && p->k.tc && (!p->k.extend || !p->k.merge_ext)) {
+        /* The tensor-core family does not read the 1-bit planes: a layer with a 3-bit head-tensor
+         * attends with the generic extend kernels, which every tensor-core shape is built with. */
         plan_free(ctx, p);
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "%s plan: the tensor-core decode kernels do not read 3-bit head-tensors (code_bits, "
-                                "FORMAT.md 2.7) yet; use the cpu or opencl backend, or parameters calibrated without "
-                                "--wide-bits",
-                                nm);
+                                "%s plan: %s has no generic extend kernel, which layers with 3-bit head-tensors "
+                                "(code_bits, FORMAT.md 2.7) need; rebuild the plugin, or use parameters calibrated "
+                                "without --wide-bits",
+                                nm, p->k.name);
     }
     if (variant && variant_len) snprintf(variant, variant_len, "%s:%s%s", nm, p->k.name, p->wide ? "_w3" : "");
     *bplan = p;
@@ -417,6 +438,12 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
                           target_blocks(ctx, p), resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
+    }
+    if (p->k.tc && p->wide) { /* the generic extend kernels that decode the layers with 3-bit head-tensors */
+        int cap = p->k.ext_cap > 0 ? p->k.ext_cap : p->gqa, ns = 0;
+        gpu_choose_splits(max_seqs, p->l.num_kv_heads * ((p->gqa + cap - 1) / cap), max_seq_len, p->k.ext_threads,
+                          p->k.min_chunk, target_blocks(ctx, p), 0, 1 << 20, &ns, &chunk);
+        if (ns > nsplit) nsplit = ns;
     }
     /* At least two splits: a batch with both 2-bit and 16-bit rows runs them in
      * splits of their own (the minimum the runtime checks is the size for
@@ -518,8 +545,9 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     void *rk = p->rot_k, *rv = p->rot_v, *fk = p->fb_k, *fv = p->fb_v;
     int fb_on = fk != NULL;
     int64_t ctas = (int64_t)a->total_new * 2 * H;
-    /* 3-bit head-tensors: the plane table's row of this layer (absent: a buffer never read behind wide 0) */
-    int wide = p->wide, plane_off = a->layer * H * 2;
+    /* 3-bit head-tensors: the plane table's row of this layer (absent: a buffer never read behind
+     * wide 0); a layer of 2-bit head-tensors only passes wide 0 */
+    int wide = wide_layer(p, a->layer), plane_off = a->layer * H * 2;
     int64_t hi_off = p->hi_off;
     const void *planes = p->wide ? p->planes : p->clip_k;
     oscar_append1_params ap = {
@@ -544,8 +572,9 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * than the warp path's whole grid (measured, perf/RESULTS-attention.md). Same slot
      * rule as below. */
     int tile_wins = (D >= 128 && (fk || D > 128)) || p->tile_ctas == 0; /* 0: forced (tests, A/B) */
-    /* The tile and warp write paths do not store 1-bit planes: wide plans take the block-wide kernels. */
-    if (p->quantized && !p->wide && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
+    /* The tile and warp write paths do not store 1-bit planes: a layer with a 3-bit head-tensor takes
+     * the block-wide kernels. */
+    if (p->quantized && !wide && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
         ctas > (int64_t)p->tile_ctas * cus) {
         unsigned tiles = (unsigned)((a->total_new + p->k.tile_tokens - 1) / p->k.tile_tokens);
         return V(ctx)->launch_smem(ctx, p->k.append_t, tiles, (unsigned)(2 * H), 1, 128, p->k.tile_smem, aa, 1,
@@ -556,7 +585,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
      * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */
     int blockwise = (small && D > 128 && p->k.append1) || (fk && D < 128);
-    if (p->quantized && !p->wide && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
+    if (p->quantized && !wide && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
         return V(ctx)->launch(ctx, small ? p->k.append_wr : p->k.append_w, (unsigned)a->total_new,
                               (unsigned)(2 * H), 1, 64, aa, 1, a->stream, err);
     /* One launch (CUDA/HIP): each CTA demotes the row its token's window slot
@@ -743,7 +772,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
      * behind their flags (OpenCL wants a valid argument). */
     const void *cu = has_cu ? (const void *)a->cu_q : lens;
     void *ws = a->workspace, *out = a->out, *lse = has_lse ? (void *)a->lse : a->workspace;
-    int wide = p->wide, plane_off = a->layer * H * 2;
+    int wide = wide_layer(p, a->layer), plane_off = a->layer * H * 2;
     int64_t hi_off = p->hi_off;
     const void *planes = p->wide ? p->planes : p->clip_k; /* absent: never read behind wide 0 */
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
@@ -791,9 +820,12 @@ static oscar_status decode_impl(void *ctx, const gpu_plan *p, const oscar_backen
                                    .max_q_len = 1, .q = a->q, .q_stride = a->q_stride, .out = a->out,
                                    .out_stride = a->out_stride, .sm_scale = a->sm_scale,
                                    .rotated_output = a->rotated_output, .workspace = a->workspace,
-                                   .workspace_bytes = a->workspace_bytes, .stream = a->stream};
-    if (p->k.tc) return tc_launch(ctx, p, &x, 0, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
-    return generic_launch(ctx, p, &x, 0, qtb, max_splits, err);
+                                   .workspace_bytes = a->workspace_bytes, .stream = a->stream, .lse = lse};
+    if (p->k.tc && !wide_layer(p, a->layer))
+        return tc_launch(ctx, p, &x, 0, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
+    /* a tensor-core plan's layer with a 3-bit head-tensor: the generic extend kernels, one query row
+     * per sequence (cu_q NULL), LSE when asked */
+    return generic_launch(ctx, p, &x, p->k.tc, qtb, max_splits, err);
 }
 
 oscar_status gpu_decode(void *ctx, void *bplan, const oscar_backend_decode_args *a, oscar_errbuf *err) {
@@ -835,7 +867,7 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
      * (while the grid's y dimension fits). */
     tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa, a->batch.num_seqs, batch_max_len(p, &a->batch));
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
-    if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535)
+    if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535 && !wide_layer(p, a->layer))
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
     return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
 }

@@ -146,7 +146,7 @@ typedef struct oscar_layout_desc {
                                head_dim/8 bytes each after the metadata; 0 (default): 2 bits everywhere.
                                At least the largest count of 3-bit head-tensors in one layer of the
                                parameters (oscar_params_code_bits); at most 2 num_kv_heads. Backends that
-                               cannot store them (CUDA and HIP so far; the CPU and OpenCL backends can)
+                               cannot store them (HIP so far; the CPU, OpenCL and CUDA backends can)
                                refuse such layouts and parameters with OSCAR_ERR_UNSUPPORTED */
 } oscar_layout_desc;
 

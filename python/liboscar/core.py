@@ -507,7 +507,7 @@ class Layout:
     kv_dtype: str = _DTYPE_NAMES[_LD.kv_dtype]
     meta_dtype: str = _DTYPE_NAMES[_LD.meta_dtype]
     method: str = field(default_factory=lambda: method_name(_LD.method))
-    wide_tensors: int = _LD.wide_tensors  # room for 3-bit head-tensors per layer (FORMAT.md 2.7; CPU and OpenCL backends)
+    wide_tensors: int = _LD.wide_tensors  # room for 3-bit head-tensors per layer (FORMAT.md 2.7; CPU, OpenCL and CUDA backends)
 
     def _c(self) -> _capi.LayoutDesc:
         d = _layout_defaults()
