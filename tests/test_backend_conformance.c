@@ -231,16 +231,22 @@ static void env_bind_pools(env *e, const rc_paged *b) {
     e->h_windows = malloc(e->windows_bytes);
 }
 
+/* Releases the pools env_bind_pools bound (the env can bind others). */
+static void env_unbind_pools(env *e) {
+    e->g->api->free(e->g->ctx, e->d_pages);
+    e->g->api->free(e->g->ctx, e->d_windows);
+    free(e->h_pages);
+    free(e->h_windows);
+    e->d_pages = e->d_windows = e->h_pages = e->h_windows = NULL;
+}
+
 static void env_free(env *e) {
     plug *g = e->g;
     g->api->free(g->ctx, e->g_ws);
-    g->api->free(g->ctx, e->d_pages);
-    g->api->free(g->ctx, e->d_windows);
+    env_unbind_pools(e);
     g->api->plan_destroy(g->ctx, e->g_plan);
     e->cpu->plan_destroy(e->cpu_ctx, e->cpu_plan);
     e->cpu->shutdown(e->cpu_ctx);
-    free(e->h_pages);
-    free(e->h_windows);
     free(e->rot_k);
     free(e->rot_v);
     free(e->fb_k);
@@ -830,11 +836,7 @@ static void scenario_body(env *e, rc_rng *r, uint64_t seed, const cfg *c, int ns
     free(maxl);
     free(n);
     rc_paged_free(&b);
-    e->g->api->free(e->g->ctx, e->d_pages);
-    e->g->api->free(e->g->ctx, e->d_windows);
-    free(e->h_pages);
-    free(e->h_windows);
-    e->d_pages = e->d_windows = e->h_pages = e->h_windows = NULL;
+    env_unbind_pools(e);
 }
 
 static void run_scenario_x(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
@@ -1467,11 +1469,7 @@ static void wide_schedule(env *e, rc_rng *r, uint64_t seed, const cfg *c, int ns
     free(qn);
     rc_paged_free(&b);
     /* the pools go with the layer (env_free frees what is bound at the end) */
-    e->g->api->free(e->g->ctx, e->d_pages);
-    e->g->api->free(e->g->ctx, e->d_windows);
-    free(e->h_pages);
-    free(e->h_windows);
-    e->d_pages = e->d_windows = e->h_pages = e->h_windows = NULL;
+    env_unbind_pools(e);
 }
 
 /* two: layer 0 of the plan holds only 2-bit head-tensors and, after layer 1 (3-bit head-tensors), runs
