@@ -539,6 +539,11 @@ oscar_status ge_create_random(const oe_config *cfg, uint64_t seed, const ge_opti
 static oscar_status gemm(ge_engine *e, int M, int N, int K, const void *W, const void *X, float *Y, float beta)
 {
     if (M <= 0) return OSCAR_OK;
+    /* Decode steps of up to 4 sequences (bf16 weights): the engine's GEMV (ge_kernels.h). */
+    if (!e->f32 && M <= 4 && K % 8 == 0 && ((uintptr_t)W | (uintptr_t)X) % 16 == 0 && (beta == 0.0f || beta == 1.0f)) {
+        KL(ge_k_gemv_bf16(Y, W, X, M, N, K, beta == 1.0f, e->st));
+        return OSCAR_OK;
+    }
     const float alpha = 1.0f;
     cudaDataType_t t = e->f32 ? CUDA_R_32F : CUDA_R_16BF;
     BL(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W, t, K, X, t, K, &beta, Y, CUDA_R_32F, N,

@@ -318,6 +318,74 @@ extern "C" int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, g
     return launch_rc();
 }
 
+// ------------------------------------------------- GEMV (decode steps)
+// y[m][n] = beta y[m][n] + sum_k W[n][k] x[m][k] for M <= 4 rows: W and x bf16 with K
+// contiguous (K % 8 == 0, 16-byte aligned rows), y fp32, fp32 sums. One warp per output
+// column n, four 16-byte weight loads in flight per lane, read past L1 (each weight is read
+// once). cuBLAS ran the M = 1 products of a decode step at 45-70 % of the copy bandwidth
+// (H200, Qwen3-8B, perf/e2e/RESULTS.md).
+__device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b, float acc) {
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        acc = fmaf(__uint_as_float(av[j] << 16), __uint_as_float(bv[j] << 16), acc);
+        acc = fmaf(__uint_as_float(av[j] & 0xffff0000u), __uint_as_float(bv[j] & 0xffff0000u), acc);
+    }
+    return acc;
+}
+template <int M>
+__global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, const uint4 *x, int N, int K8, int acc_y) {
+    const int n = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (n >= N) return;
+    const uint4 *w = W + (size_t)n * K8;
+    float acc[M];
+#pragma unroll
+    for (int m = 0; m < M; m++) acc[m] = 0.0f;
+    int i = lane;
+    for (; i + 96 < K8; i += 128) {
+        const uint4 a0 = ld_stream(w + i), a1 = ld_stream(w + i + 32), a2 = ld_stream(w + i + 64),
+                    a3 = ld_stream(w + i + 96);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const uint4 *xm = x + (size_t)m * K8;
+            acc[m] = dot8_bf16(a0, __ldg(xm + i), acc[m]);
+            acc[m] = dot8_bf16(a1, __ldg(xm + i + 32), acc[m]);
+            acc[m] = dot8_bf16(a2, __ldg(xm + i + 64), acc[m]);
+            acc[m] = dot8_bf16(a3, __ldg(xm + i + 96), acc[m]);
+        }
+    }
+    for (; i < K8; i += 32) {
+        const uint4 a = ld_stream(w + i);
+#pragma unroll
+        for (int m = 0; m < M; m++) acc[m] = dot8_bf16(a, __ldg(x + (size_t)m * K8 + i), acc[m]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
+        if (lane == 0) y[(size_t)m * N + n] = acc_y ? y[(size_t)m * N + n] + acc[m] : acc[m];
+    }
+}
+
+extern "C" int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, ge_stream st) {
+    if (M < 1 || M > 4 || K % 8 || N < 1 || ((uintptr_t)W | (uintptr_t)x) % 16) return (int)cudaErrorInvalidValue;
+    const unsigned blocks = (unsigned)((N + 7) / 8);
+    const uint4 *w4 = (const uint4 *)W, *x4 = (const uint4 *)x;
+    switch (M) {
+    case 1: k_gemv_bf16<1><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
+    case 2: k_gemv_bf16<2><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
+    case 3: k_gemv_bf16<3><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
+    default: k_gemv_bf16<4><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
+    }
+    return launch_rc();
+}
+
 // ------------------------------------------------------- profiling gate
 __device__ __forceinline__ uint64_t global_ns() {
     uint64_t t;

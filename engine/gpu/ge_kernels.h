@@ -37,6 +37,10 @@ int ge_k_swiglu(void *act, int act_f32, const float *gu, int rows, int FF, ge_st
 int ge_k_add_bias(float *y, const float *b, int rows, int N, ge_stream st);
 /* dst[i][:] = src[rows[i]][:]. */
 int ge_k_gather_rows(float *dst, const float *src, const int32_t *rows, int n, int H, ge_stream st);
+/* y[m][n] = (acc_y ? y[m][n] : 0) + sum_k W[n][k] x[m][k], m < M <= 4: W [N][K] and x [M][K]
+ * bf16, K % 8 == 0 and both 16-byte aligned (else cudaErrorInvalidValue), y [M][N] fp32. The
+ * decode steps' weight products (few rows: a GEMV reads the weights near the copy bandwidth). */
+int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, ge_stream st);
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). */
 int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, ge_stream st);
 /* Exact causal attention of prompts concatenated by cu_seqlens [S+1]: each

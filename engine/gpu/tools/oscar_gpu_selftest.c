@@ -1,7 +1,7 @@
 /* oscar-gpu-selftest: the GPU engine's own kernels against host references
  * on fresh random inputs (seed printed): prefill attention (fp64 reference,
  * several prompts of awkward lengths, GQA, each head_dim), q/k norm + RoPE,
- * RMSNorm, SwiGLU, argmax. Exit status 0 only if all pass. Localizes a
+ * RMSNorm, SwiGLU, argmax, the decode steps' GEMV. Exit status 0 only if all pass. Localizes a
  * failure of the end-to-end check (perf/e2e/run.sh runs it first). */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -254,6 +254,45 @@ static void test_small(void)
     cudaFree(dx); cudaFree(dw); cudaFree(dgu); cudaFree(dlg); cudaFree(dn); cudaFree(da); cudaFree(dam);
 }
 
+/* The decode steps' GEMV (M = 1..4 rows, bf16 weights and activations, fp32 sums; with and
+ * without accumulating into y) against a float64 product; error relative to sum |w x|. */
+static void test_gemv(void)
+{
+    const int N = 777, K = 4104; /* K / 8 = 513: the unrolled loop and its tail */
+    uint16_t *w = malloc((size_t)N * K * 2), *x = malloc((size_t)4 * K * 2);
+    float *y0 = malloc((size_t)4 * N * 4), *y = malloc((size_t)4 * N * 4);
+    for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits(frand());
+    for (int i = 0; i < 4 * K; i++) x[i] = bf16_bits(3.0f * frand());
+    for (int i = 0; i < 4 * N; i++) y0[i] = frand();
+    void *dw = dup_dev(w, (size_t)N * K * 2), *dx = dup_dev(x, (size_t)4 * K * 2);
+    float *dy;
+    CK(cudaMalloc((void **)&dy, (size_t)4 * N * 4));
+    double worst = 0;
+    for (int M = 1; M <= 4; M++)
+        for (int acc = 0; acc < 2; acc++) {
+            CK(cudaMemcpy(dy, y0, (size_t)4 * N * 4, cudaMemcpyHostToDevice));
+            CK(ge_k_gemv_bf16(dy, dw, dx, M, N, K, acc, NULL));
+            CK(cudaMemcpy(y, dy, (size_t)4 * N * 4, cudaMemcpyDeviceToHost));
+            for (int m = 0; m < M; m++)
+                for (int n = 0; n < N; n++) {
+                    double r = acc ? y0[m * N + n] : 0.0, a = fabs(r);
+                    for (int k = 0; k < K; k++) {
+                        double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
+                        r += p;
+                        a += fabs(p);
+                    }
+                    double e = fabs(y[m * N + n] - r) / (a + 1e-30);
+                    if (!(e <= worst)) worst = e;
+                }
+            /* rows past M untouched */
+            for (int i = M * N; i < 4 * N; i++)
+                if (y[i] != y0[i]) worst = 1.0;
+        }
+    report("GEMV bf16, M 1..4, K 4104 (vs sum |w x|)", worst, 1e-5);
+    free(w); free(x); free(y0); free(y);
+    cudaFree(dw); cudaFree(dx); cudaFree(dy);
+}
+
 int main(void)
 {
     unsigned seed = (unsigned)time(NULL);
@@ -272,6 +311,7 @@ int main(void)
     test_attention(256, 8, 4, 0); /* bf16 out at d 256: the fp32 kernel */
     test_qkv_post();
     test_small();
+    test_gemv();
     printf("oscar-gpu-selftest: %s\n", g_fail ? "FAIL" : "all passed");
     return g_fail ? 3 : 0;
 }
