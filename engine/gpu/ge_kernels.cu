@@ -320,9 +320,9 @@ extern "C" int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, g
 
 // ------------------------------------------------- GEMV (decode steps)
 // y[m][n] = beta y[m][n] + sum_k W[n][k] x[m][k] for M <= 4 rows: W and x bf16 with K
-// contiguous (K % 8 == 0, 16-byte aligned rows), y fp32, fp32 sums. One warp per output
-// column n, four 16-byte weight loads in flight per lane, read past L1 (each weight is read
-// once). cuBLAS ran the M = 1 products of a decode step at 45-70 % of the copy bandwidth
+// contiguous (K % 8 == 0, 16-byte aligned rows), y fp32, fp32 sums. Warps of a block share
+// an output column's K (below), four 16-byte weight loads in flight per lane, read past L1
+// (each weight is read once). cuBLAS ran the M = 1 products of a decode step at 45-70 % of the copy bandwidth
 // (H200, Qwen3-8B, perf/e2e/RESULTS.md).
 __device__ __forceinline__ uint4 ld_stream(const uint4 *p) {
     uint4 r;
@@ -339,49 +339,60 @@ __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b, float acc) {
     }
     return acc;
 }
+// A column's K is cut into S slices (S = 1, 2, 4 or 8 warps of one block, chosen so a
+// lane holds about 4-6 loads of its slice): one warp per column left each warp ~16
+// dependent rounds of loads at K = 4096 when the columns fill only half a wave (QKV, O
+// and down ran at 53-77 % of the copy bandwidth, gate-up 88 %, H200, 15th session).
 template <int M>
-__global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, const uint4 *x, int N, int K8, int acc_y) {
-    const int n = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (n >= N) return;
-    const uint4 *w = W + (size_t)n * K8;
+__global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, const uint4 *x, int N, int K8, int S,
+                                                   int acc_y) {
+    __shared__ float red[8][M];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cpb = 8 / S;
+    const int n = blockIdx.x * cpb + warp / S, s = warp % S;
+    const int len = (K8 + S - 1) / S, lo = s * len, hi = lo + len < K8 ? lo + len : K8;
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
-    int i = lane;
-    for (; i + 96 < K8; i += 128) {
-        const uint4 a0 = ld_stream(w + i), a1 = ld_stream(w + i + 32), a2 = ld_stream(w + i + 64),
-                    a3 = ld_stream(w + i + 96);
+    if (n < N) {
+        const uint4 *w = W + (size_t)n * K8;
+        for (int i = lo + lane; i < hi; i += 128) {
+            uint4 a[4];
 #pragma unroll
-        for (int m = 0; m < M; m++) {
-            const uint4 *xm = x + (size_t)m * K8;
-            acc[m] = dot8_bf16(a0, __ldg(xm + i), acc[m]);
-            acc[m] = dot8_bf16(a1, __ldg(xm + i + 32), acc[m]);
-            acc[m] = dot8_bf16(a2, __ldg(xm + i + 64), acc[m]);
-            acc[m] = dot8_bf16(a3, __ldg(xm + i + 96), acc[m]);
+            for (int u = 0; u < 4; u++) a[u] = i + 32 * u < hi ? ld_stream(w + i + 32 * u) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (i + 32 * u < hi)
+#pragma unroll
+                    for (int m = 0; m < M; m++) acc[m] = dot8_bf16(a[u], __ldg(x + (size_t)m * K8 + i + 32 * u), acc[m]);
         }
-    }
-    for (; i < K8; i += 32) {
-        const uint4 a = ld_stream(w + i);
-#pragma unroll
-        for (int m = 0; m < M; m++) acc[m] = dot8_bf16(a, __ldg(x + (size_t)m * K8 + i), acc[m]);
     }
 #pragma unroll
     for (int m = 0; m < M; m++) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], o);
-        if (lane == 0) y[(size_t)m * N + n] = acc_y ? y[(size_t)m * N + n] + acc[m] : acc[m];
+        if (lane == 0) red[warp][m] = acc[m];
+    }
+    __syncthreads();
+    if (n < N && s == 0 && lane < M) {
+        float t = 0.0f;
+        for (int j = 0; j < S; j++) t += red[warp + j][lane];
+        float *yp = y + (size_t)lane * N + n;
+        *yp = acc_y ? *yp + t : t;
     }
 }
 
 extern "C" int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, ge_stream st) {
     if (M < 1 || M > 4 || K % 8 || N < 1 || ((uintptr_t)W | (uintptr_t)x) % 16) return (int)cudaErrorInvalidValue;
-    const unsigned blocks = (unsigned)((N + 7) / 8);
+    const int K8 = K / 8;
+    int S = 1; /* slices per column: up to 8, until a lane's share is <= 6 loads (192 uint4 a warp) */
+    while (S < 8 && (K8 + S - 1) / S > 192) S *= 2;
+    const unsigned blocks = (unsigned)((N + 8 / S - 1) / (8 / S));
     const uint4 *w4 = (const uint4 *)W, *x4 = (const uint4 *)x;
     switch (M) {
-    case 1: k_gemv_bf16<1><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
-    case 2: k_gemv_bf16<2><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
-    case 3: k_gemv_bf16<3><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
-    default: k_gemv_bf16<4><<<blocks, 256, 0, st>>>(y, w4, x4, N, K / 8, acc_y); break;
+    case 1: k_gemv_bf16<1><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
+    case 2: k_gemv_bf16<2><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
+    case 3: k_gemv_bf16<3><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
+    default: k_gemv_bf16<4><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
     }
     return launch_rc();
 }

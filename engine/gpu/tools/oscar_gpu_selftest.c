@@ -256,9 +256,9 @@ static void test_small(void)
 
 /* The decode steps' GEMV (M = 1..4 rows, bf16 weights and activations, fp32 sums; with and
  * without accumulating into y) against a float64 product; error relative to sum |w x|. */
-static void test_gemv(void)
+static void test_gemv_k(int K)
 {
-    const int N = 777, K = 4104; /* K / 8 = 513: the unrolled loop and its tail */
+    const int N = 777;
     uint16_t *w = malloc((size_t)N * K * 2), *x = malloc((size_t)4 * K * 2);
     float *y0 = malloc((size_t)4 * N * 4), *y = malloc((size_t)4 * N * 4);
     for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits(frand());
@@ -288,9 +288,19 @@ static void test_gemv(void)
             for (int i = M * N; i < 4 * N; i++)
                 if (y[i] != y0[i]) worst = 1.0;
         }
-    report("GEMV bf16, M 1..4, K 4104 (vs sum |w x|)", worst, 1e-5);
+    char what[96];
+    snprintf(what, sizeof what, "GEMV bf16, M 1..4, K %d (vs sum |w x|)", K);
+    report(what, worst, 1e-5);
     free(w); free(x); free(y0); free(y);
     cudaFree(dw); cudaFree(dx); cudaFree(dy);
+}
+
+/* K slices per column 1, 2, 4, 8 (K / 8 = 9, 257, 513, 1537: slices of unequal length, loops
+ * that end inside a group of four loads). */
+static void test_gemv(void)
+{
+    const int ks[] = {72, 2056, 4104, 12296};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) test_gemv_k(ks[i]);
 }
 
 int main(void)
