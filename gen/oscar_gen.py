@@ -72,7 +72,15 @@ def tc_smem(v, tc):
         region = max(nst * stb2, stb16)
         nst16 = region // stb16
     region = max(region, 4 * 8 * v["NT"] * d)  # [4 warps][heads][d] fp32 partials / 4 warps
-    return dict(NST=nst, NST16=nst16, REGION=(region + 15) // 16 * 16)
+    out = dict(NST=nst, NST16=nst16, REGION=(region + 15) // 16 * 16)
+    if not v["BF16M"]:
+        # W3 (layers with 3-bit head-tensors): each stage also holds the tile's two plane rows
+        # (2 x 4 d bytes), and the warp their spread words (4 x 4 d); 3 stages, or 2 at d 256
+        plb = 4 * d
+        nst3 = next((n for n in (3, 2) if n * (stb2 + 2 * plb) + 4 * plb <= tc["region_max"]), 2)
+        region3 = max(region, nst3 * (stb2 + 2 * plb) + 4 * plb)
+        out.update(NST3=nst3, REGION3=(region3 + 15) // 16 * 16)
+    return out
 
 
 def ext_variant(base, tt, tc, sfx):
@@ -208,6 +216,10 @@ typedef struct oscar_gpu_decode_variant {{
     const void *extend_tc; /* tc: the extend instantiation of decode (same smem), else NULL */
     const void *decode_o3; /* tc: decode at 3 CTAs per SM where decode runs at 2, else NULL */
     const void *decode_lp; /* tc: decode for at most 4 query heads per KV head (limb-packed), else NULL */
+    /* tc, 2-bit methods: decode and extend of layers with 3-bit head-tensors (W3), their dynamic
+     * shared bytes; else NULL, 0 */
+    const void *decode_w3, *extend_w3;
+    int smem_w3;
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
@@ -373,15 +385,18 @@ def gen_gpu(target, spec, sel, arch, out):
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)%s, "%s", (const void *)oscar_extend%s, '
-                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s},'
+                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s, %s, %s, %d},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
                            128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
                            v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"],
                            "(const void *)oscar_extend_tc" + v["sfx"] if v["TC"] else "0",
                            "(const void *)oscar_decode_o3" + v["sfx"] if v.get("O3") else "0",
-                           "(const void *)oscar_decode_lp" + v["sfx"] if v.get("LP") else "0"))
+                           "(const void *)oscar_decode_lp" + v["sfx"] if v.get("LP") else "0",
+                           "(const void *)oscar_decode_w3" + v["sfx"] if v.get("REGION3") else "0",
+                           "(const void *)oscar_extend_w3" + v["sfx"] if v.get("REGION3") else "0",
+                           4 * v["REGION3"] if v.get("REGION3") else 0))
         if not dv:
-            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0, 0},")
+            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},")
         body.append("};")
         body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
         write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")

@@ -238,6 +238,20 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
                 (!xv || v->cap > xv->cap))
                 xv = v;
         }
+    /* Layers with 3-bit head-tensors: the W3 instantiations, unless OSCAR_DECODE_W3=0 asks for the
+     * generic extend kernels there (an A/B switch, docs/API.md). */
+    const char *w3e = getenv("OSCAR_DECODE_W3");
+    k->decode_w3 = k->extend_w3 = NULL;
+    k->resident_w3 = k->ext_resident_w3 = 0;
+    k->smem_w3 = 0;
+    if (dv->tc && dv->decode_w3 && dv->extend_w3 && !(w3e && strcmp(w3e, "0") == 0)) {
+        if ((st = tc_prepare(dv->decode_w3, dv->threads, dv->smem_w3, "decode", &k->resident_w3, err)) ||
+            (st = tc_prepare(dv->extend_w3, dv->threads, dv->smem_w3, "extend", &k->ext_resident_w3, err)))
+            return st;
+        k->decode_w3 = dv->decode_w3;
+        k->extend_w3 = dv->extend_w3;
+        k->smem_w3 = (unsigned)dv->smem_w3;
+    }
     if (xv) {
         if ((st = tc_prepare(xv->extend_tc, xv->threads, xv->smem, "extend", &k->xresident, err))) return st;
         k->xextend = xv->extend_tc;

@@ -34,6 +34,12 @@ typedef struct oscar_tc_decode_params {
     const uint16_t *q;
     int64_t q_stride;
     float qscale;
+    /* The W3 kernels (layers with 3-bit head-tensors, FORMAT.md §2.7): planes [layers][H][2]
+     * (K, V) gives each head-tensor's 1-bit plane or -1, this layer's row at plane_off; the
+     * first plane at hi_off in a page. Unused (may be NULL) by the other kernels. */
+    const int32_t *planes;
+    int32_t plane_off;
+    int64_t hi_off;
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,

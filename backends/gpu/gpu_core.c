@@ -33,8 +33,9 @@ typedef struct gpu_plan {
     /* 3-bit head-tensors (FORMAT.md §2.7): planes is device int32 [layers][kv heads][2] (K, V), the
      * 1-bit plane index of each head-tensor or -1 (2 bits); NULL and wide 0 when the descriptor has
      * no code_bits. hi_off: the first plane's offset in a page. layer_wide (host, [layers], NULL when
-     * wide is 0): 1 where the layer holds a 3-bit head-tensor. Such a layer takes the generic (fp32)
-     * decode/extend kernels and the block-wide write kernels, which read and store the planes; a layer
+     * wide is 0): 1 where the layer holds a 3-bit head-tensor. Such a layer takes the tensor-core W3
+     * decode/extend kernels where the plugin has them (else the generic fp32 extend kernels) and the
+     * block-wide write kernels, which read and store the planes; a layer
      * of 2-bit head-tensors keeps every other kernel (its codes and metadata sit at the same offsets,
      * only page_bytes counts the plane room). */
     void *planes;
@@ -390,7 +391,14 @@ static tc_kernel tc_decode_kernel(const gpu_plan *p, int o3) {
     return o3 && p->k.decode_o3 ? (tc_kernel){p->k.decode_o3, p->k.cap, p->k.resident_o3, p->k.smem}
                                 : (tc_kernel){p->k.decode, p->k.cap, p->k.resident, p->k.smem};
 }
-static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq, int max_len) {
+/* A layer with 3-bit head-tensors on the tensor-core family: its W3 kernels (decode_tc.jinja). */
+static int w3_layer(const gpu_plan *p, int layer) { return p->k.decode_w3 && wide_layer(p, layer); }
+static tc_kernel tc_w3_kernel(const gpu_plan *p, int ext) {
+    return (tc_kernel){ext ? p->k.extend_w3 : p->k.decode_w3, p->k.cap, ext ? p->k.ext_resident_w3 : p->k.resident_w3,
+                       p->k.smem_w3};
+}
+static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq, int max_len, int w3) {
+    if (w3) return tc_w3_kernel(p, ext);
     int64_t units = (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p);
     tc_kernel k = tc_decode_kernel(p, units >= p->o3_ctas && (max_len >= p->o3_len || units >= p->o3_big));
     if (!ext) return k;
@@ -432,6 +440,11 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
         nsplit = 0;
         for (int o3 = 0; o3 < (p->k.decode_o3 ? 2 : 1); o3++) {
             tc_kernel k = tc_decode_kernel(p, o3);
+            tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
+            if (t.nsplit > nsplit) nsplit = t.nsplit;
+        }
+        if (p->wide && p->k.decode_w3) {
+            tc_kernel k = tc_w3_kernel(p, 0);
             tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
             if (t.nsplit > nsplit) nsplit = t.nsplit;
         }
@@ -644,7 +657,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     int rows = ext ? a->total_q : nseq, max_q = ext ? a->max_q_len : 1, cols = max_q * p->gqa;
     const char *fn = ext ? "oscar_extend" : "oscar_decode";
     gpu_tc_splits t;
-    tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len);
+    const int w3 = w3_layer(p, a->layer);
+    tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len, w3);
     tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
     if (t.nsplit > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
@@ -681,7 +695,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
         .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .max_q = max_q, .total_q = rows,
-        .nseq = nseq, .q = qdirect ? (const uint16_t *)a->q : NULL, .q_stride = q_stride, .qscale = scale};
+        .nseq = nseq, .q = qdirect ? (const uint16_t *)a->q : NULL, .q_stride = q_stride, .qscale = scale,
+        .planes = w3 ? (const int32_t *)p->planes : NULL, .plane_off = a->layer * H * 2, .hi_off = p->hi_off};
     gpu_arg da[] = {{&dp, sizeof dp}};
     /* attention and merge start under the previous kernel's tail (they wait for its results);
      * without the rotation kernel the attention launches plainly: its prologue reads the
@@ -821,10 +836,10 @@ static oscar_status decode_impl(void *ctx, const gpu_plan *p, const oscar_backen
                                    .out_stride = a->out_stride, .sm_scale = a->sm_scale,
                                    .rotated_output = a->rotated_output, .workspace = a->workspace,
                                    .workspace_bytes = a->workspace_bytes, .stream = a->stream, .lse = lse};
-    if (p->k.tc && !wide_layer(p, a->layer))
+    if (p->k.tc && (!wide_layer(p, a->layer) || p->k.decode_w3))
         return tc_launch(ctx, p, &x, 0, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
-    /* a tensor-core plan's layer with a 3-bit head-tensor: the generic extend kernels, one query row
-     * per sequence (cu_q NULL), LSE when asked */
+    /* a tensor-core plan's layer with a 3-bit head-tensor and no W3 kernels (OSCAR_DECODE_W3=0): the
+     * generic extend kernels, one query row per sequence (cu_q NULL), LSE when asked */
     return generic_launch(ctx, p, &x, p->k.tc, qtb, max_splits, err);
 }
 
@@ -865,9 +880,11 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
     /* The tensor-core family takes the chunk's (query row, head) pairs as MMA columns
      * (while the grid's y dimension fits). */
-    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa, a->batch.num_seqs, batch_max_len(p, &a->batch));
+    const int wl = wide_layer(p, a->layer);
+    tc_kernel k = tc_kernel_for(p, 1, a->max_q_len * p->gqa, a->batch.num_seqs, batch_max_len(p, &a->batch),
+                                w3_layer(p, a->layer));
     int64_t hch = ((int64_t)a->max_q_len * p->gqa + k.cap - 1) / (k.cap > 0 ? k.cap : 1);
-    if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535 && !wide_layer(p, a->layer))
+    if (p->k.tc && k.fn && hch * p->l.num_kv_heads <= 65535 && (!wl || p->k.extend_w3))
         return tc_launch(ctx, p, a, 1, batch_max_len(p, &a->batch), max_splits, qtb, a->lse, err);
     return generic_launch(ctx, p, a, 1, qtb, max_splits, err);
 }

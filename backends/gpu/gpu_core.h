@@ -54,6 +54,12 @@ typedef struct gpu_kernels {
     const void *tc_extend, *xextend;
     int tc_ext_resident, xcap, xresident;
     unsigned xsmem;
+    /* Tensor-core decode and extend of the layers that hold 3-bit head-tensors (NULL: none; such
+     * layers then take the generic extend kernels), their CTAs per compute unit and dynamic
+     * shared bytes. */
+    const void *decode_w3, *extend_w3;
+    int resident_w3, ext_resident_w3;
+    unsigned smem_w3;
     char name[128];
     void *owner; /* vendor data released by release() */
 } gpu_kernels;

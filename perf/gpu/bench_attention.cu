@@ -212,14 +212,22 @@ int main(int argc, char **argv) {
     // OSCAR_BENCH_FB=1 runs the feedback plan alone.
     const char *only = getenv("OSCAR_BENCH_METHODS");
     const int prefill_n = getenv("OSCAR_BENCH_PREFILL") ? atoi(getenv("OSCAR_BENCH_PREFILL")) : 0;
-    for (int mi = 0; mi < 3; mi++) {
-        int bf16m = mi == 1, fbm = mi == 2;
+    // OSCAR_BENCH_WIDE=n (1 <= n <= 2 H): a fourth plan, oscar2-w3, whose layer holds n 3-bit
+    // head-tensors (the first n in (KV head, K before V) order; FORMAT.md 2.7): the cost of a layer
+    // with 3-bit head-tensors (OSCAR_DECODE_W3=0: the generic kernels there, for an A/B).
+    const int wide_n = getenv("OSCAR_BENCH_WIDE") ? atoi(getenv("OSCAR_BENCH_WIDE")) : 0;
+    for (int mi = 0; mi < 4; mi++) {
+        int bf16m = mi == 1, fbm = mi == 2, w3m = mi == 3;
         if (fbm && !getenv("OSCAR_BENCH_FB")) continue;
+        if (w3m && (wide_n < 1 || wide_n > 2 * H)) continue;
         if (only && *only && !strstr(only, bf16m ? "bf16" : "oscar2")) continue;
         if (only && !strcmp(only, "oscar2-fb") && !fbm) continue; /* the feedback plan alone (profiles) */
-        const char *mname = bf16m ? "bf16-paged" : fbm ? "oscar2-fb" : "oscar2";
+        if (only && !strcmp(only, "oscar2-w3") && !w3m) continue;
+        const char *mname = bf16m ? "bf16-paged" : fbm ? "oscar2-fb" : w3m ? "oscar2-w3" : "oscar2";
         oscar_layout_desc l = {sizeof l, D, G, Hq, H, P, S0, W, 131072 + 64, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
-                               bf16m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2};
+                               bf16m ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2, w3m ? wide_n : 0};
+        std::vector<uint8_t> bits((size_t)2 * H, 2);
+        for (int i = 0; i < wide_n && i < 2 * H; i++) bits[i] = 3;
         // Hadamard rotation for both K and V (a real OSCAR rotation costs the same).
         std::vector<float> R((size_t)D * D);
         for (int i = 0; i < D; i++)
@@ -231,14 +239,15 @@ int main(int argc, char **argv) {
             for (int k = j + 1; k < D; k++)
                 F[(size_t)j * D + k] = 0.2f * sinf(0.37f * j + 1.3f * k) / (float)(1 + (k - j) / 8);
         oscar_backend_plan_desc pd = {l, 1, 1, bf16m, bf16m ? nullptr : R.data(), bf16m ? nullptr : R.data(), ck.data(), cv.data(),
-                                      fbm ? F.data() : nullptr, fbm ? F.data() : nullptr};
+                                      fbm ? F.data() : nullptr, fbm ? F.data() : nullptr, w3m ? bits.data() : nullptr};
         void *plan;
         char variant[128];
         OK(api->plan_create(ctx, &pd, &plan, variant, sizeof variant, &err));
         printf("%s variant %s\n", mname, variant);
         int S = bf16m ? 0 : S0 + W;
         size_t page_bytes = bf16m ? (size_t)2 * H * P * D * 2
-                                  : (size_t)2 * H * P * D / 4 + (size_t)2 * H * P * (D / G) * 2 * 2;
+                                  : (size_t)2 * H * P * D / 4 + (size_t)2 * H * P * (D / G) * 2 * 2 +
+                                        (w3m ? (size_t)wide_n * P * D / 8 : 0); /* the 1-bit planes */
         size_t slot_bytes = bf16m ? 0 : (size_t)2 * H * S * D * 2;
         for (const Case &c : cases) {
             int B = c.B, L = c.L;
@@ -405,7 +414,7 @@ int main(int argc, char **argv) {
             // Bytes the decode must read: pages (codes + meta or 16-bit rows) + windows + q/out.
             double tok2 = bf16m ? 0 : std::max(0, L - S), tok16 = bf16m ? L : std::min(L, S);
             double bytes = B * (tok2 * H * (2.0 * D / 4 + 2.0 * (D / G) * 4) + tok16 * H * 2.0 * D * 2) +
-                           2.0 * B * Hq * D * 2;
+                           2.0 * B * Hq * D * 2 + (w3m ? B * tok2 * wide_n * D / 8.0 : 0.0);
             double gbs = bytes / (t * 1e-6) / 1e9;
             printf("%-14s %-10s B=%-3d L=%-6d %9.1f us  %8.1f MB  %7.0f GB/s  %5.1f%% of copy  append %7.1f us (%4.1f%%)"
                    ", in stream %.1f us\n",
