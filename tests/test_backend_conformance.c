@@ -382,8 +382,8 @@ static const void *dev_qt(const env *e) {
     return (const char *)e->g_ws + OSCAR_WORKSPACE_HEADER;
 }
 
-/* The plugin's variant is of the CUDA tensor-core family ("_w3" after it: a plan with 3-bit head-tensors,
- * whose layers of 2-bit head-tensors take the tensor-core kernels; only those are checked with this). */
+/* The plugin's variant is of the CUDA tensor-core family ("_w3" after it: a plan with 3-bit head-tensors;
+ * its layers of 3-bit head-tensors take the family's W3 kernels, unless OSCAR_DECODE_W3=0). */
 static int is_tc(const env *e) {
     const size_t vn = strlen(e->variant);
     return (vn >= 3 && !strcmp(e->variant + vn - 3, "_tc")) || (vn >= 6 && !strcmp(e->variant + vn - 6, "_tc_w3"));
@@ -1387,12 +1387,16 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
         rc_from_dtype(e->l.kv_dtype, gob + (size_t)t * os * es, gf, (size_t)Hq * d);
         rc_from_dtype(e->l.kv_dtype, cob + (size_t)t * os * es, cf, (size_t)Hq * d);
         /* each within output rounding (2^-8 / 2^-10 relative) plus 2e-4 of the largest output of its
-         * float64 value (FORMAT.md §5): two ulps and twice that floor between them */
+         * float64 value (FORMAT.md §5): two ulps and twice that floor between them. The tensor-core
+         * W3 kernels score 2-bit rows with q~ in two int8 limbs and round P' to fp16 (FORMAT.md §5):
+         * against the CPU backend they get check_decode's allowance for that family, 1 % of the
+         * largest output (H200: up to 0.21 %; the generic kernels: 0.01 %). */
         double rel = e->l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x1p-7 : 0x1p-9, mx = 0.0;
+        const double floor_ = is_tc(e) ? 0.01 : 4e-4;
         for (int j = 0; j < Hq * d; j++) mx = fabs(cf[j]) > mx ? fabs(cf[j]) : mx;
         for (int j = 0; j < Hq * d; j++) {
             double a = fabs(gf[j]) > fabs(cf[j]) ? fabs(gf[j]) : fabs(cf[j]);
-            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + 4e-4 * mx,
+            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + floor_ * mx,
                           "seed %llu %s (%s): %s of query row %d output %d (head %d): %g vs CPU backend %g",
                           (unsigned long long)seed, g->api->name, e->variant, what, t, j, j / d, gf[j], cf[j]);
         }

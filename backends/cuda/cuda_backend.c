@@ -199,6 +199,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     const char *lpe = getenv("OSCAR_DECODE_LP");
     const int lp = dv->tc && dv->decode_lp && gq <= 4 && !(lpe && strcmp(lpe, "0") == 0);
     k->decode = lp ? dv->decode_lp : dv->decode;
+    k->decode_lp = lp;
     k->merge = dv->merge;
     k->extend = dv->extend;
     k->merge_ext = dv->merge_ext;

@@ -40,6 +40,7 @@ typedef struct oscar_tc_decode_params {
     const int32_t *planes;
     int32_t plane_off;
     int64_t hi_off;
+    int32_t lp_decode;            /* W3 decode: the plan's 2-bit decode is the limb-packed one */
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,

@@ -696,7 +696,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .S0 = p->S0, .W = p->W, .max_len = max_len, .ns2 = t.ns2, .chunk2 = t.chunk2, .chunk16 = t.chunk16,
         .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .max_q = max_q, .total_q = rows,
         .nseq = nseq, .q = qdirect ? (const uint16_t *)a->q : NULL, .q_stride = q_stride, .qscale = scale,
-        .planes = w3 ? (const int32_t *)p->planes : NULL, .plane_off = a->layer * H * 2, .hi_off = p->hi_off};
+        .planes = w3 ? (const int32_t *)p->planes : NULL, .plane_off = a->layer * H * 2, .hi_off = p->hi_off,
+        .lp_decode = p->k.decode_lp};
     gpu_arg da[] = {{&dp, sizeof dp}};
     /* attention and merge start under the previous kernel's tail (they wait for its results);
      * without the rotation kernel the attention launches plainly: its prologue reads the

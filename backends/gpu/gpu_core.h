@@ -59,6 +59,7 @@ typedef struct gpu_kernels {
      * shared bytes. */
     const void *decode_w3, *extend_w3;
     int resident_w3, ext_resident_w3;
+    int decode_lp; /* decode is the limb-packed kernel (the W3 kernels' 2-bit heads follow it) */
     unsigned smem_w3;
     char name[128];
     void *owner; /* vendor data released by release() */
