@@ -382,11 +382,16 @@ static const void *dev_qt(const env *e) {
     return (const char *)e->g_ws + OSCAR_WORKSPACE_HEADER;
 }
 
-/* The plugin's variant is of the CUDA tensor-core family ("_w3" after it: a plan with 3-bit head-tensors;
- * its layers of 3-bit head-tensors take the family's W3 kernels, unless OSCAR_DECODE_W3=0). */
+/* The plugin's variant is of the CUDA tensor-core family ("_w3" after it: a plan with 3-bit head-tensors,
+ * whose layers of 3-bit head-tensors take the generic kernels; "_w3t": the family's W3 kernels). */
 static int is_tc(const env *e) {
     const size_t vn = strlen(e->variant);
-    return (vn >= 3 && !strcmp(e->variant + vn - 3, "_tc")) || (vn >= 6 && !strcmp(e->variant + vn - 6, "_tc_w3"));
+    return (vn >= 3 && !strcmp(e->variant + vn - 3, "_tc")) || (vn >= 6 && !strcmp(e->variant + vn - 6, "_tc_w3")) ||
+           (vn >= 7 && !strcmp(e->variant + vn - 7, "_tc_w3t"));
+}
+static int is_w3t(const env *e) {
+    const size_t vn = strlen(e->variant);
+    return vn >= 4 && !strcmp(e->variant + vn - 4, "_w3t");
 }
 
 static void check_decode(env *e, rc_paged *b, rc_seq_ref *refs, rc_rng *r, int rotated_output, uint64_t seed) {
@@ -1328,6 +1333,101 @@ static void wide_pools_vs_cpu(env *e, const rc_paged *b, uint64_t seed, const ch
 
 /* Decode (or extend with counts qn, cu_q; LSE when asked) on both backends from the same random q; the
  * device's outputs within output rounding of the CPU backend's, padding untouched. */
+/* The plane of each head-tensor of the layers under test ([LAYERS][H][2], oscar_format_planes), set by
+ * run_wide for wide_ref. */
+static int32_t wide_planes[LAYERS * RC_MAX_KV_HEADS * 2];
+
+/* Float64 attention of the query at position t of sequence seq (length L; FORMAT.md §5.1) over the CPU
+ * backend's pools of layer LAYER as stored, 3-bit rows included (codes, 1-bit planes, metadata, window
+ * rows). q: [Hq][d] original space. qt: the device's q~ [Hq][d] (fp32, scaled by sm_scale log2 e) or
+ * NULL: with it the paged rows are scored as the tensor-core kernels do (q~ in two int8 limbs against
+ * the codes, the bias with q~; rc_attention_f64_q). out [Hq][d]; lse [Hq] and abs_score [Hq] as
+ * rc_attention_f64_at's. */
+static void wide_ref(const env *e, const rc_paged *b, int seq, int t, const float *q, const float *qt, double sm,
+                     int rotated_output, double *out, double *lse, double *abs_score) {
+    const oscar_layout_desc *l = &e->l;
+    const oscar_page_geom *g = &b->g;
+    const int Hq = l->num_q_heads, H = l->num_kv_heads, d = l->head_dim, G = l->group, gq = Hq / H, P = l->page_size;
+    const int L = b->seq_lens[seq], S0 = l->sink, W = l->recent;
+    const float *RK = layer_rot(e, 0), *RV = layer_rot(e, 1);
+    double *sc = malloc((size_t)(t + 1) * sizeof *sc), *kr = malloc((size_t)(t + 1) * d * sizeof *kr);
+    double *vr = malloc((size_t)(t + 1) * d * sizeof *vr), *isb = malloc((size_t)(t + 1) * d * sizeof *isb);
+    double qr[256], q2[256], o[256];
+    for (int hq = 0; hq < Hq; hq++) {
+        const int h = hq / gq;
+        const float *rk = RK ? RK + (size_t)(e->num_rot == 1 ? 0 : h) * d * d : NULL;
+        const float *rv = RV ? RV + (size_t)(e->num_rot == 1 ? 0 : h) * d * d : NULL;
+        for (int j = 0; j < d; j++) {
+            double a = 0;
+            if (rk)
+                for (int i = 0; i < d; i++) a += (double)q[hq * d + i] * rk[i * d + j];
+            else
+                a = q[hq * d + j];
+            qr[j] = a;
+        }
+        if (qt) rc_q_limbs2(qt + (size_t)hq * d, d, sm, q2);
+        double mx = -INFINITY, amx = 0;
+        for (int p = 0; p <= t; p++) {
+            double *k = kr + (size_t)p * d, *v = vr + (size_t)p * d, *kb = isb + (size_t)p * d;
+            const int reg = rc_region(l, p, L);
+            if (reg == RC_2BIT) { /* codes (+ bit 2 from the plane) and the group's (a, b) */
+                const int jj = p - S0, r = jj % P;
+                const int32_t pid = b->block_table[(size_t)seq * b->stride + jj / P];
+                const unsigned char *pg = (const unsigned char *)b->pages + (size_t)pid * b->page_bytes;
+                for (int kv = 0; kv < 2; kv++) {
+                    const unsigned char *cd = pg + (kv ? g->v_codes : g->k_codes) + ((size_t)h * P + r) * g->codes_row_bytes;
+                    const unsigned char *mt = pg + (kv ? g->v_meta : g->k_meta) + ((size_t)h * P + r) * g->meta_row_bytes;
+                    const int pl = wide_planes[(LAYER * H + h) * 2 + kv];
+                    const unsigned char *hi = pl >= 0 ? pg + g->hi + ((size_t)pl * P + r) * g->hi_row_bytes : NULL;
+                    for (int j = 0; j < d; j++) {
+                        int code = (cd[j / 4] >> (2 * (j % 4))) & 3;
+                        if (hi) code |= ((hi[j / 8] >> (j % 8)) & 1) << 2;
+                        const double a = oscar_load(l->meta_dtype, mt, (size_t)(j / G) * 2);
+                        const double bb = oscar_load(l->meta_dtype, mt, (size_t)(j / G) * 2 + 1);
+                        (kv ? v : k)[j] = a * code + bb;
+                        if (!kv) kb[j] = bb;
+                    }
+                }
+            } else { /* 16-bit rows of the window slot: [2][H][S0 + W][d] */
+                const int row = p < S0 ? p : S0 + (p - S0) % W;
+                const unsigned char *sl = (const unsigned char *)b->windows + (size_t)b->window_slots[seq] * b->slot_bytes;
+                for (int kv = 0; kv < 2; kv++)
+                    for (int j = 0; j < d; j++)
+                        (kv ? v : k)[j] = oscar_load(l->kv_dtype, sl, (((size_t)kv * H + h) * (S0 + W) + row) * d + j);
+            }
+            double a = 0, aa = 0;
+            for (int j = 0; j < d; j++) {
+                a += qt && reg == RC_2BIT ? q2[j] * (k[j] - kb[j]) + qr[j] * kb[j] : qr[j] * k[j];
+                aa += fabs(qr[j] * k[j]);
+            }
+            sc[p] = a * sm;
+            mx = sc[p] > mx ? sc[p] : mx;
+            amx = aa > amx ? aa : amx;
+        }
+        double sum = 0;
+        for (int j = 0; j < d; j++) o[j] = 0;
+        for (int p = 0; p <= t; p++) {
+            const double w = exp(sc[p] - mx);
+            sum += w;
+            for (int j = 0; j < d; j++) o[j] += w * vr[(size_t)p * d + j];
+        }
+        for (int i = 0; i < d; i++) {
+            double a = 0;
+            if (rv && !rotated_output)
+                for (int j = 0; j < d; j++) a += o[j] / sum * rv[i * d + j];
+            else
+                a = o[i] / sum;
+            out[hq * d + i] = a;
+        }
+        if (lse) lse[hq] = mx + log(sum);
+        if (abs_score) abs_score[hq] = amx * fabs(sm);
+    }
+    free(sc);
+    free(kr);
+    free(vr);
+    free(isb);
+}
+
 static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *qn, int rotated_output, int lse,
                                uint64_t seed) {
     int Hq = e->l.num_q_heads, d = e->l.head_dim, nseq = b->num_seqs;
@@ -1383,20 +1483,48 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
                  (unsigned long long)seed, err.msg);
     const char *what = qn ? "extend" : lse ? "decode through extend" : "decode";
     float *gf = malloc((size_t)Hq * d * sizeof *gf), *cf = malloc((size_t)Hq * d * sizeof *cf);
+    /* the device's q~ of every query row (the W3 kernels' limbs come from it) */
+    float *qt = malloc((size_t)total * Hq * d * sizeof *qt);
+    if (is_w3t(e)) dev_download(g, qt, dev_qt(e), (size_t)total * Hq * d * sizeof *qt);
+    double *rex = malloc((size_t)Hq * d * sizeof *rex), *rtc = malloc((size_t)Hq * d * sizeof *rtc);
+    double *lex = malloc((size_t)Hq * sizeof *lex), *ltc = malloc((size_t)Hq * sizeof *ltc),
+           *asc = malloc((size_t)Hq * sizeof *asc);
     for (int t = 0; t < total; t++) {
         rc_from_dtype(e->l.kv_dtype, gob + (size_t)t * os * es, gf, (size_t)Hq * d);
         rc_from_dtype(e->l.kv_dtype, cob + (size_t)t * os * es, cf, (size_t)Hq * d);
+        /* The float64 reference over the pools as stored (wide_ref), exact: the CPU backend's output is
+         * within output rounding of it (this checks the reference itself). The tensor-core W3 kernels
+         * score the paged rows with q~ in two int8 limbs and round P' to fp16 (FORMAT.md §5): they are
+         * checked as check_decode checks the family, against the reference with their own limbs at the
+         * 2^-10 floor, and against the CPU backend within 1 % of the largest output plus the two
+         * references' difference. */
+        int seq = t, pos = b->seq_lens[t] - 1;
+        if (qn) {
+            for (seq = 0; cu[seq + 1] <= t; seq++) {
+            }
+            pos = b->seq_lens[seq] - qn[seq] + (t - cu[seq]);
+        }
+        char msg[256];
+        wide_ref(e, b, seq, pos, q + (size_t)t * Hq * d, NULL, sm, rotated_output, rex, lex, NULL);
+        int bad = rc_check_output(e->l.kv_dtype, cob + (size_t)t * os * es, rex, (size_t)Hq * d, msg, sizeof msg);
+        cr_assert_eq(bad, 0, "seed %llu: CPU backend against wide_ref, %s of query row %d: %d off; %s",
+                     (unsigned long long)seed, what, t, bad, msg);
+        const int w3t = is_w3t(e);
+        if (w3t) {
+            wide_ref(e, b, seq, pos, q + (size_t)t * Hq * d, qt + (size_t)t * Hq * d, sm, rotated_output, rtc, ltc, asc);
+            bad = rc_check_output_abs(e->l.kv_dtype, gob + (size_t)t * os * es, rtc, (size_t)Hq * d, 0x1p-10, msg,
+                                      sizeof msg);
+            cr_assert_eq(bad, 0, "seed %llu %s (%s): %s of query row %d against its float64 reference: %d off; %s",
+                         (unsigned long long)seed, g->api->name, e->variant, what, t, bad, msg);
+        }
         /* each within output rounding (2^-8 / 2^-10 relative) plus 2e-4 of the largest output of its
-         * float64 value (FORMAT.md §5): two ulps and twice that floor between them. The tensor-core
-         * W3 kernels score 2-bit rows with q~ in two int8 limbs and round P' to fp16 (FORMAT.md §5):
-         * against the CPU backend they get check_decode's allowance for that family, 1 % of the
-         * largest output (H200: up to 0.21 %; the generic kernels: 0.01 %). */
+         * float64 value (FORMAT.md §5): two ulps and twice that floor between them */
         double rel = e->l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x1p-7 : 0x1p-9, mx = 0.0;
-        const double floor_ = is_tc(e) ? 0.01 : 4e-4;
         for (int j = 0; j < Hq * d; j++) mx = fabs(cf[j]) > mx ? fabs(cf[j]) : mx;
         for (int j = 0; j < Hq * d; j++) {
             double a = fabs(gf[j]) > fabs(cf[j]) ? fabs(gf[j]) : fabs(cf[j]);
-            cr_assert_leq(fabs((double)gf[j] - cf[j]), rel * a + floor_ * mx,
+            cr_assert_leq(fabs((double)gf[j] - cf[j]),
+                          rel * a + (w3t ? 0.01 * mx + fabs(rtc[j] - rex[j]) : 4e-4 * mx),
                           "seed %llu %s (%s): %s of query row %d output %d (head %d): %g vs CPU backend %g",
                           (unsigned long long)seed, g->api->name, e->variant, what, t, j, j / d, gf[j], cf[j]);
         }
@@ -1406,6 +1534,13 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
         if (lse)
             for (int h = 0; h < Hq; h++) {
                 double cl = clse[(size_t)t * Hq + h], gl = glse[(size_t)t * Hq + h];
+                cr_assert(!rc_lse_off(cl, lex[h], 0, 0.0), "seed %llu %s: CPU backend LSE of row %d head %d: %g vs "
+                          "wide_ref %g", (unsigned long long)seed, what, t, h, cl, lex[h]);
+                if (w3t) {
+                    cr_assert(!rc_lse_off(gl, ltc[h], 1, asc[h]), "seed %llu %s: LSE of row %d head %d: %g vs its "
+                              "float64 reference %g", (unsigned long long)seed, what, t, h, gl, ltc[h]);
+                    continue;
+                }
                 cr_assert(fabs(gl - cl) <= 2e-4 * (1.0 + fabs(cl)), "seed %llu %s: LSE of row %d head %d: %g vs CPU %g",
                           (unsigned long long)seed, what, t, h, gl, cl);
             }
@@ -1415,6 +1550,12 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
                      (unsigned long long)seed, what);
     free(gf);
     free(cf);
+    free(qt);
+    free(rex);
+    free(rtc);
+    free(lex);
+    free(ltc);
+    free(asc);
     dev_ext_free(e, &dx);
     free(cu);
     free(q);
@@ -1508,6 +1649,14 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     }
     wide_code_bits = bits;
     wide_room = room + 1 <= 2 * c->H ? room + 1 : room;
+    {
+        oscar_layout_desc l = {0};
+        l.head_dim = c->d;
+        l.num_kv_heads = c->H;
+        l.method = OSCAR_METHOD_OSCAR2;
+        l.wide_tensors = wide_room;
+        cr_assert_eq(oscar_format_planes(&l, LAYERS, bits, wide_planes, NULL, 0), OSCAR_OK, "planes of the code widths");
+    }
     int maxlen = 1;
     for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
     env e;

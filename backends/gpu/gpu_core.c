@@ -350,7 +350,9 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
                                 "without --wide-bits",
                                 nm, p->k.name);
     }
-    if (variant && variant_len) snprintf(variant, variant_len, "%s:%s%s", nm, p->k.name, p->wide ? "_w3" : "");
+    /* "_w3": a plan with 3-bit head-tensors; "_w3t": their layers on the tensor-core W3 kernels */
+    if (variant && variant_len)
+        snprintf(variant, variant_len, "%s:%s%s", nm, p->k.name, p->wide ? (p->k.decode_w3 ? "_w3t" : "_w3") : "");
     *bplan = p;
     return OSCAR_OK;
 }

@@ -279,7 +279,7 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
  * from the device's own q~ (fp32, scaled by sm_scale log2(e)): qmx the power of two
  * >= max|q~|, element j scaled by 127 / qmx / 4^(j mod 4) and split into two int8
  * limbs l0 + l1 / 254, bit for bit as the kernel does; returned in q's units. */
-static void q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
+void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
     float mx = 0.0f;
     for (int j = 0; j < d; j++) mx = fmaxf(mx, fabsf(qt[j]));
     const float qmx = mx > 0.0f && mx < 1e30f ? exp2f(ceilf(log2f(mx))) : 1.0f;
@@ -314,7 +314,7 @@ void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *
                 a = q[hq * d + j];
             qr[j] = a;
         }
-        if (qt_dev) q_limbs2(qt_dev + (size_t)hq * d, d, sm_scale, q2);
+        if (qt_dev) rc_q_limbs2(qt_dev + (size_t)hq * d, d, sm_scale, q2);
         double mx = -INFINITY, amx = 0;
         for (int p = 0; p < vis; p++) {
             const float *k = rc_stored_row(s, 0, p, h, L);

@@ -112,6 +112,9 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
  * kernel held (fp32, scaled by sm_scale log2(e), read back from its workspace): the
  * 2-bit rows are then scored as those kernels do, with q~ in two int8 limbs
  * (FORMAT.md §5) derived bit for bit from it; NULL: exact. */
+/* q~ (fp32, scaled by sm_scale log2(e)) of one head as the tensor-core kernels hold it for the 2-bit rows:
+ * two int8 limbs (FORMAT.md §5), returned in q's units (q2 [d]). */
+void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2);
 void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                         const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
                         double *lse, double *abs_score, const float *qt_dev);
