@@ -344,8 +344,9 @@ static const oscar_backend_api k_api = {
 #ifdef OSCAR_HIP
     0 /* caps: 3-bit head-tensors not claimed (the generic kernels read them, but HIP runs nowhere here) */
 #else
-    /* caps: 3-bit head-tensors; layers that hold one decode with the generic extend kernels and write
-     * with the block-wide ones, 2-bit layers keep the tensor-core and warp/tile kernels (gpu_core.c) */
+    /* caps: 3-bit head-tensors; layers that hold one decode with the tensor-core W3 kernels (or, with
+     * OSCAR_DECODE_W3=0, the generic extend kernels) and write with the block-wide ones, 2-bit layers keep
+     * the tensor-core and warp/tile kernels (gpu_core.c) */
     OSCAR_BACKEND_CAP_WIDE_CODES
 #endif
 };

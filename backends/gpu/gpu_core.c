@@ -340,9 +340,9 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
         plan_free(ctx, p);
         return st;
     }
-    if (p->wide && p->k.tc && (!p->k.extend || !p->k.merge_ext)) {
-        /* The tensor-core family does not read the 1-bit planes: a layer with a 3-bit head-tensor
-         * attends with the generic extend kernels, which every tensor-core shape is built with. */
+    if (p->wide && p->k.tc && !p->k.decode_w3 && (!p->k.extend || !p->k.merge_ext)) {
+        /* Without W3 kernels (OSCAR_DECODE_W3=0) a layer with a 3-bit head-tensor attends with the
+         * generic extend kernels, which every tensor-core shape is built with. */
         plan_free(ctx, p);
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
                                 "%s plan: %s has no generic extend kernel, which layers with 3-bit head-tensors "
