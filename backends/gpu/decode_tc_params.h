@@ -41,6 +41,7 @@ typedef struct oscar_tc_decode_params {
     int32_t plane_off;
     int64_t hi_off;
     int32_t lp_decode;            /* W3 decode: the plan's 2-bit decode is the limb-packed one */
+    int32_t chunk2w;              /* W3: 2-bit tokens per split of a KV head with a plane (0: chunk2) */
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,

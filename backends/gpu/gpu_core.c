@@ -47,6 +47,7 @@ typedef struct gpu_plan {
     /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
      * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
     int o3_ctas, o3_len, o3_big;
+    int w3_split; /* W3 layers: the heads with a plane take twice the 2-bit splits ($OSCAR_DECODE_W3_SPLIT=0: not) */
     gpu_kernels k;
 } gpu_plan;
 
@@ -233,6 +234,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3);
     p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
     p->o3_big = 3 * (cus > 0 ? cus : 1);
+    p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", 1) != 0;
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -445,10 +447,10 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
             tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
             if (t.nsplit > nsplit) nsplit = t.nsplit;
         }
-        if (p->wide && p->k.decode_w3) {
+        if (p->wide && p->k.decode_w3) { /* up to twice the 2-bit splits (tc_launch) */
             tc_kernel k = tc_w3_kernel(p, 0);
             tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
-            if (t.nsplit > nsplit) nsplit = t.nsplit;
+            if (t.nsplit + t.ns2 > nsplit) nsplit = t.nsplit + t.ns2;
         }
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
@@ -667,6 +669,21 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 "%s %s: workspace holds %d splits, this batch needs %d; size it with "
                                 "oscar_plan_workspace_bytes for at least this batch and length",
                                 V(ctx)->name, fn, max_splits, t.nsplit);
+    /* W3: a CTA of a KV head with a 1-bit plane takes about twice a 2-bit one (H200), and at batch >= 8
+     * the grid is about one wave, so the layer waited on them (1.4-1.8x a 2-bit layer): those heads
+     * split their history in twice as many chunks; the 2-bit heads' extra splits are empty. */
+    int chunk2w = 0;
+    if (w3 && p->w3_split && t.ns2 > 0) {
+        int64_t lh = (int64_t)max_len - p->S0 - p->W;
+        int64_t c = (lh + 2 * t.ns2 - 1) / (2 * t.ns2);
+        c = (c + 31) / 32 * 32;
+        int ns2w = c > 0 ? (int)((lh + c - 1) / c) : t.ns2;
+        if (ns2w > t.ns2 && t.nsplit - t.ns2 + ns2w <= max_splits) {
+            t.nsplit += ns2w - t.ns2;
+            t.ns2 = ns2w;
+            chunk2w = (int)c;
+        }
+    }
     int64_t qt_off = OSCAR_WORKSPACE_HEADER, part_off = OSCAR_WORKSPACE_HEADER + (int64_t)qtb;
     int64_t q_stride = a->q_stride, rot_off = (int64_t)a->layer * p->num_rot * D * D;
     int num_rot = p->num_rot, identity = p->identity;
@@ -699,7 +716,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .max_q = max_q, .total_q = rows,
         .nseq = nseq, .q = qdirect ? (const uint16_t *)a->q : NULL, .q_stride = q_stride, .qscale = scale,
         .planes = w3 ? (const int32_t *)p->planes : NULL, .plane_off = a->layer * H * 2, .hi_off = p->hi_off,
-        .lp_decode = p->k.decode_lp};
+        .lp_decode = p->k.decode_lp, .chunk2w = chunk2w};
     gpu_arg da[] = {{&dp, sizeof dp}};
     /* attention and merge start under the previous kernel's tail (they wait for its results);
      * without the rotation kernel the attention launches plainly: its prologue reads the
