@@ -22,6 +22,11 @@
  * at 4K the 3-CTA twin measured 0.81-0.96x, at 32K 1.06x (H200, tenth session); the
  * threshold lies between, not measured more finely. */
 #define OSCAR_DECODE_O3_MIN_LEN 16384
+/* W3 layers split the 2-bit history of their heads with a plane twice as fine from 2-bit splits of this
+ * many tokens up ($OSCAR_DECODE_W3_SPLIT; H200, fifteenth session: 1.53 -> 1.22x a 2-bit layer at
+ * 32/8/128 B32 x 32K (16K-token splits), 1.59 -> 1.20x at B8 x 32K (4K); at batch 1 (splits of 64-512
+ * tokens at 4K-32K) the empty splits of the other heads cost more: 1.16 -> 1.31x; 2K neutral) */
+#define OSCAR_DECODE_W3_SPLIT_MIN 2048
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -47,7 +52,7 @@ typedef struct gpu_plan {
     /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
      * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
     int o3_ctas, o3_len, o3_big;
-    int w3_split; /* W3 layers: the heads with a plane take twice the 2-bit splits ($OSCAR_DECODE_W3_SPLIT=0: not) */
+    int w3_split; /* W3 layers: the heads with a plane take twice the 2-bit splits from this chunk up */
     gpu_kernels k;
 } gpu_plan;
 
@@ -234,7 +239,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3);
     p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
     p->o3_big = 3 * (cus > 0 ? cus : 1);
-    p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", 1) != 0;
+    p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN);
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -670,10 +675,11 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 "oscar_plan_workspace_bytes for at least this batch and length",
                                 V(ctx)->name, fn, max_splits, t.nsplit);
     /* W3: a CTA of a KV head with a 1-bit plane takes about twice a 2-bit one (H200), and at batch >= 8
-     * the grid is about one wave, so the layer waited on them (1.4-1.8x a 2-bit layer): those heads
-     * split their history in twice as many chunks; the 2-bit heads' extra splits are empty. */
+     * the grid is about one wave, so the layer waited on them (1.4-1.8x a 2-bit layer): where splits are
+     * long, those heads split their history in twice as many chunks; the 2-bit heads' extra splits are
+     * empty. */
     int chunk2w = 0;
-    if (w3 && p->w3_split && t.ns2 > 0) {
+    if (w3 && t.ns2 > 0 && t.chunk2 >= p->w3_split) {
         int64_t lh = (int64_t)max_len - p->S0 - p->W;
         int64_t c = (lh + 2 * t.ns2 - 1) / (2 * t.ns2);
         c = (c + 31) / 32 * 32;
