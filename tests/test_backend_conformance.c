@@ -1498,11 +1498,13 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
          * checked as check_decode checks the family, against the reference with their own limbs at the
          * 2^-10 floor, and against the CPU backend within 1 % of the largest output plus the two
          * references' difference. */
-        int seq = t, pos = b->seq_lens[t] - 1;
-        if (qn) {
+        int seq = t, pos;
+        if (qn) { /* extend: row t is query (t - cu[seq]) of the sequence whose rows hold it */
             for (seq = 0; cu[seq + 1] <= t; seq++) {
             }
             pos = b->seq_lens[seq] - qn[seq] + (t - cu[seq]);
+        } else {
+            pos = b->seq_lens[t] - 1;
         }
         char msg[256];
         wide_ref(e, b, seq, pos, q + (size_t)t * Hq * d, NULL, sm, rotated_output, rex, lex, NULL);
