@@ -1357,14 +1357,7 @@ static void wide_ref(const env *e, const rc_paged *b, int seq, int t, const floa
         const int h = hq / gq;
         const float *rk = RK ? RK + (size_t)(e->num_rot == 1 ? 0 : h) * d * d : NULL;
         const float *rv = RV ? RV + (size_t)(e->num_rot == 1 ? 0 : h) * d * d : NULL;
-        for (int j = 0; j < d; j++) {
-            double a = 0;
-            if (rk)
-                for (int i = 0; i < d; i++) a += (double)q[hq * d + i] * rk[i * d + j];
-            else
-                a = q[hq * d + j];
-            qr[j] = a;
-        }
+        rc_rotate_q(q + (size_t)hq * d, rk, d, qr);
         if (qt) rc_q_limbs2(qt + (size_t)hq * d, d, sm, q2);
         double mx = -INFINITY, amx = 0;
         for (int p = 0; p <= t; p++) {

@@ -291,6 +291,17 @@ void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
     }
 }
 
+void rc_rotate_q(const float *q, const float *R, int d, double *qr) {
+    for (int j = 0; j < d; j++) {
+        double a = 0;
+        if (R)
+            for (int i = 0; i < d; i++) a += (double)q[i] * R[i * d + j];
+        else
+            a = q[j];
+        qr[j] = a;
+    }
+}
+
 void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
                          double *lse, double *abs_score) {
@@ -306,14 +317,7 @@ void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *
         int h = hq / gq;
         const float *RK = rot_k ? rot_k + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
         const float *RV = rot_v ? rot_v + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
-        for (int j = 0; j < d; j++) {
-            double a = 0;
-            if (RK)
-                for (int i = 0; i < d; i++) a += (double)q[hq * d + i] * RK[i * d + j];
-            else
-                a = q[hq * d + j];
-            qr[j] = a;
-        }
+        rc_rotate_q(q + (size_t)hq * d, RK, d, qr);
         if (qt_dev) rc_q_limbs2(qt_dev + (size_t)hq * d, d, sm_scale, q2);
         double mx = -INFINITY, amx = 0;
         for (int p = 0; p < vis; p++) {

@@ -112,6 +112,9 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
  * kernel held (fp32, scaled by sm_scale log2(e), read back from its workspace): the
  * 2-bit rows are then scored as those kernels do, with q~ in two int8 limbs
  * (FORMAT.md §5) derived bit for bit from it; NULL: exact. */
+/* qr = q R (q: [d] one head's query, original space; R: [d][d] row-major or NULL for the identity), in
+ * float64: the query as the rotated rows meet it. */
+void rc_rotate_q(const float *q, const float *R, int d, double *qr);
 /* q~ (fp32, scaled by sm_scale log2(e)) of one head as the tensor-core kernels hold it for the 2-bit rows:
  * two int8 limbs (FORMAT.md §5), returned in q's units (q2 [d]). */
 void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2);
