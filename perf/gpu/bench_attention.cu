@@ -11,6 +11,8 @@
 // OSCAR_BENCH_FB=1 adds "oscar2-fb": the oscar2 plan with error-feedback
 // weights (write path only differs); OSCAR_BENCH_PREFILL=n also times an
 // append of n tokens per sequence (a prefill chunk) for the 2-bit methods.
+// OSCAR_BENCH_WIDE=n adds "oscar2-w3": the layer holds n 3-bit head-tensors
+// (FORMAT.md 2.7; the CUDA W3 kernels, or the generic ones with OSCAR_DECODE_W3=0).
 //   bench_attention PLUGIN.so OUT.tsv [quick] [HQ/HKV/D[/G] ...]
 #include <cuda_runtime.h>
 #include <dlfcn.h>
