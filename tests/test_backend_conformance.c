@@ -1373,8 +1373,7 @@ static void wide_ref(const env *e, const rc_paged *b, int seq, int t, const floa
                     const int pl = wide_planes[(LAYER * H + h) * 2 + kv];
                     const unsigned char *hi = pl >= 0 ? pg + g->hi + ((size_t)pl * P + r) * g->hi_row_bytes : NULL;
                     for (int j = 0; j < d; j++) {
-                        int code = (cd[j / 4] >> (2 * (j % 4))) & 3;
-                        if (hi) code |= ((hi[j / 8] >> (j % 8)) & 1) << 2;
+                        const int code = hi ? oscar_ref_code3_at(cd, hi, j) : oscar_ref_code_at(cd, j);
                         const double a = oscar_load(l->meta_dtype, mt, (size_t)(j / G) * 2);
                         const double bb = oscar_load(l->meta_dtype, mt, (size_t)(j / G) * 2 + 1);
                         (kv ? v : k)[j] = a * code + bb;
@@ -1644,14 +1643,6 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     }
     wide_code_bits = bits;
     wide_room = room + 1 <= 2 * c->H ? room + 1 : room;
-    {
-        oscar_layout_desc l = {0};
-        l.head_dim = c->d;
-        l.num_kv_heads = c->H;
-        l.method = OSCAR_METHOD_OSCAR2;
-        l.wide_tensors = wide_room;
-        cr_assert_eq(oscar_format_planes(&l, LAYERS, bits, wide_planes, NULL, 0), OSCAR_OK, "planes of the code widths");
-    }
     int maxlen = 1;
     for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
     env e;
@@ -1671,6 +1662,7 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
         return;
     }
     cr_assert(ok, "seed %llu: %s has the capability but refused the plan", (unsigned long long)seed, g->api->name);
+    cr_assert_eq(oscar_format_planes(&e.l, LAYERS, bits, wide_planes, NULL, 0), OSCAR_OK, "planes of the code widths");
     cr_assert(strstr(e.variant, "_w3") != NULL, "variant %s", e.variant);
     g_layer = 1;
     wide_schedule(&e, &r, seed, c, nseq, final_lens, mode, ext);
