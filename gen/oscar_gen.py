@@ -162,13 +162,21 @@ def enumerate_variants(spec, sel, arch, target):
 
 def tile_geom(d, ng):
     """Geometry of the tile write path (templates/append.jinja appendt_family), the
-    one home of these numbers for the kernel and the host table: L = d / 32 lanes
-    per row in the feedback chain, 32 / L rows per warp, 4 warps, so T = 4 * 32 / L
-    tokens per CTA; rotation chunks of RK rows (8 KB), feedback chunks of KC rows;
-    SMEM: dynamic shared bytes (xs, xn, the R/F ring, group values, LM scratch, codes)."""
-    L = d // 32
-    g = dict(L=L, RPW=32 // L, T=4 * (32 // L), NT=128, RK=2048 // d, KC=32 if d <= 128 else 16, FSW=36, XSS=d + 4)
-    g["RING"] = max(2 * g["RK"] * d, g["KC"] * L * g["FSW"])
+    one home of these numbers for the kernel and the host table: L = d / NPL lanes
+    per row in the feedback chain, each holding NPL = 16 places (values L m + l; 32 at d 256),
+    32 / L rows per warp, 4 warps, so T = 4 * 32 / L tokens per CTA; rotation chunks
+    of RK rows (8 KB, NR of them in the ring), feedback chunks of KC rows (8 KB, staged in xn); SMEM: dynamic
+    shared bytes (xs, xn, the R/F ring, group values, LM scratch, codes).
+    NPL 16 rather than 32 (L = d / 32, twice the tokens per CTA): a chain step's
+    updates are the lane's live places, so 16 halve a warp's instructions per step
+    and the grid has twice the CTAs (H200, sixteenth session: perf/RESULTS-attention.md)."""
+    NPL = 16 if d <= 128 else 32  # d 256: a block's L steps must fit a feedback chunk staged in xn
+    L = d // NPL
+    g = dict(L=L, NPL=NPL, RPW=32 // L, T=4 * (32 // L), NT=128, RK=2048 // d, KC=2048 // d, FSW=NPL + 4, XSS=d + 4)
+    g["KC"] = max(g["KC"], L)  # a block's L steps read one chunk
+    assert g["KC"] % L == 0 and g["KC"] * d <= g["T"] * g["XSS"], "a feedback chunk is staged in xn"
+    g["NR"] = 4  # rotation chunks in the ring (NR - 1 in flight)
+    g["RING"] = max(g["NR"] * g["RK"] * d, g["KC"] * L * g["FSW"])
     g["SMEM"] = 4 * (2 * g["T"] * g["XSS"] + g["RING"] + g["T"] * ng * 10 + 4 * d + g["T"] * L * 2)
     return g
 

@@ -15,9 +15,10 @@
 #define OSCAR_APPENDW_RING_CTAS 4
 /* Grids of more than this many warp-path CTAs per compute unit take the tile write path
  * (rotation and feedback weights shared by a CTA's tokens) at head_dim 128 with feedback
- * weights and at head_dim 256: measured on the H200 (perf/RESULTS-attention.md), the
- * tile path wins there at batch 256 x 8 KV heads (31 per SM) and loses at 128 (15.5). */
-#define OSCAR_APPEND_TILE_CTAS 24
+ * weights and at head_dim 256: measured on the H200 (perf/RESULTS-attention.md, sixteenth
+ * session), at head_dim 128 with feedback the tile path wins at batch 256 x 8 KV heads (31
+ * per SM: 42 vs 64 us) and loses by 2 us at 128 (15.5: 36 vs 34 us); the lines cross near 17. */
+#define OSCAR_APPEND_TILE_CTAS 16
 /* Shorter decodes keep the 16-head variants' 2-CTA kernel unless the grid is large:
  * at 4K the 3-CTA twin measured 0.81-0.96x, at 32K 1.06x (H200, tenth session); the
  * threshold lies between, not measured more finely. */

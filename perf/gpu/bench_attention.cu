@@ -199,9 +199,9 @@ int main(int argc, char **argv) {
     char shape[64];
     snprintf(shape, sizeof shape, "%d/%d/%d/%d", Hq, H, D, G);
     std::vector<Case> cases;
-    // The A/B and write-path runs (OSCAR_BENCH_CASES) may also name batch 2, 4, 16, 128 and 256.
+    // The A/B and write-path runs (OSCAR_BENCH_CASES) may also name batch 2, 4, 16, 128, 192 and 256.
     std::vector<int> Bs = {1, 8, 32, 64};
-    if (getenv("OSCAR_BENCH_CASES")) Bs.insert(Bs.end(), {2, 4, 16, 128, 256});
+    if (getenv("OSCAR_BENCH_CASES")) Bs.insert(Bs.end(), {2, 4, 16, 128, 192, 256});
     int Ls[] = {4096, 32768, 131072};
     for (int L : Ls)
         for (int B : Bs) cases.push_back({B, L});
