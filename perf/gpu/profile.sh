@@ -6,8 +6,8 @@
 #   bash perf/gpu/profile.sh [BxL] [HQ/HKV/D[/G]] [oscar2|bf16]   (default 32x32768 32/8/128 oscar2)
 # PROF_KERNEL=oscar_extend_tc with OSCAR_BENCH_EXTEND=n profiles the tensor-core
 # extend of n query tokens per sequence instead (bench_attention runs it after the decode).
-# PROF_SOURCE=1 also samples stalls per SASS instruction (SourceCounters; PROF_SAMPLING=0..31 sets
-# ncu's sampling interval, 2^(5+N) cycles, for short kernels) and prints
+# PROF_SOURCE=1 also samples stalls per SASS instruction (SourceCounters; PROF_SAMPLING=N passes
+# ncu --sampling-interval N, 2^(5+N) cycles; N=0 left no report in the one try so far) and prints
 # perf/gpu/sass_mix.py's summary of them ($OUT/source-TAG.csv keeps the whole page).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
