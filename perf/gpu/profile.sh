@@ -7,7 +7,7 @@
 # PROF_KERNEL=oscar_extend_tc with OSCAR_BENCH_EXTEND=n profiles the tensor-core
 # extend of n query tokens per sequence instead (bench_attention runs it after the decode).
 # PROF_SOURCE=1 also samples stalls per SASS instruction (SourceCounters; PROF_SAMPLING=N passes
-# ncu --sampling-interval N, 2^(5+N) cycles; N=0 left no report in the one try so far) and prints
+# ncu --warp-sampling-interval N, 2^(5+N) cycles, for short kernels; not yet run) and prints
 # perf/gpu/sass_mix.py's summary of them ($OUT/source-TAG.csv keeps the whole page).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -52,7 +52,7 @@ fi
 if [ -n "${PROF_SOURCE:-}" ]; then
   OSCAR_BENCH_CASES=$CASE OSCAR_BENCH_METHODS=$METHOD timeout 300 ncu --clock-control none \
     --kernel-name regex:${PROF_KERNEL:-oscar_decode} --launch-skip 3 --launch-count 1 \
-    --section SourceCounters --section WarpStateStats --import-source no ${PROF_SAMPLING:+--sampling-interval $PROF_SAMPLING} -f -o "$OUT/src-$tag" \
+    --section SourceCounters --section WarpStateStats --import-source no ${PROF_SAMPLING:+--warp-sampling-interval $PROF_SAMPLING} -f -o "$OUT/src-$tag" \
     $B/bench_attention $so "$OUT/prof.tsv" "$SHAPE" > "$OUT/ncu-src-$tag.txt" 2>&1
   echo "ncu source counters rc=$?"
   ncu -i "$OUT/src-$tag.ncu-rep" --page source --csv --print-source sass > "$OUT/source-$tag.csv" 2>> "$OUT/ncu-src-$tag.txt" &&
