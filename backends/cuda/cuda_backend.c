@@ -156,12 +156,16 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     const oscar_gpu_decode_variant *dv = NULL;
     const oscar_gpu_append_variant *av = NULL;
     /* Preference: the tensor-core family, then the smallest head capacity that
-     * holds the GQA ratio (else the largest: the ratio runs in several CTAs). */
+     * holds the GQA ratio (else the largest: the ratio runs in several CTAs).
+     * $OSCAR_DECODE_CAP=N (A/B knob, docs/API.md): no tensor-core variant of more than N
+     * query heads per CTA (a larger ratio then runs in several CTAs per KV head). */
+    const char *cape = getenv("OSCAR_DECODE_CAP");
+    const int maxcap = cape && atoi(cape) > 0 ? atoi(cape) : 0;
     for (int t = 0; t < GPU_TABLE(num_decode_tables); t++)
         for (int i = 0; i < *GPU_TABLE(decode_table_sizes)[t]; i++) {
             const oscar_gpu_decode_variant *v = &GPU_TABLE(decode_tables)[t][i];
             if (v->d != l->head_dim || v->group != G || v->kvb != kvb || v->mf32 != mf32 || v->lm != lm ||
-                v->bf16m != bf16m || v->cap < 1)
+                v->bf16m != bf16m || v->cap < 1 || (maxcap && v->tc && v->cap > maxcap))
                 continue;
             if (!dv || v->tc > dv->tc) {
                 dv = v;
