@@ -17,15 +17,17 @@
  * (rotation and feedback weights shared by a CTA's tokens) at head_dim 128 with feedback
  * weights and at head_dim 256: measured on the H200 (perf/RESULTS-attention.md, sixteenth
  * session), at head_dim 128 with feedback the tile path wins at batch 256 x 8 KV heads (31
- * per SM: 42 vs 64 us) and loses by 2 us at 128 (15.5: 36 vs 34 us); the lines cross near 17. */
+ * per SM: 42 vs 64 us) and loses by 2 us at 128 (15.5: 36 vs 34 us); the lines cross near 17. At
+ * head_dim 256 the tile path already won at batch 128 (eighth session: 94 vs 99 us with feedback, 44
+ * vs 52 nearest), so the lower threshold moves it the same way there. */
 #define OSCAR_APPEND_TILE_CTAS 16
 /* Shorter decodes keep the 16-head variants' 2-CTA kernel unless the grid is large:
  * at 4K the 3-CTA twin measured 0.81-0.96x, at 32K 1.06x (H200, tenth session); the
  * threshold lies between, not measured more finely. */
 #define OSCAR_DECODE_O3_MIN_LEN 16384
 /* W3 layers split the 2-bit history of their heads with a plane twice as fine from 2-bit splits of this
- * many tokens up ($OSCAR_DECODE_W3_SPLIT; H200, fifteenth session: 1.53 -> 1.22x a 2-bit layer at
- * 32/8/128 B32 x 32K (16K-token splits), 1.59 -> 1.20x at B8 x 32K (4K); at batch 1 (splits of 64-512
+ * many tokens up ($OSCAR_DECODE_W3_SPLIT; H200, fifteenth session: 1.51 -> 1.20x a 2-bit layer at
+ * 32/8/128 B32 x 32K (16K-token splits), 1.56 -> 1.19x at B8 x 32K (4K); at batch 1 (splits of 64-512
  * tokens at 4K-32K) the empty splits of the other heads cost more: 1.16 -> 1.31x; 2K neutral) */
 #define OSCAR_DECODE_W3_SPLIT_MIN 2048
 
