@@ -241,6 +241,8 @@ typedef struct oscar_gpu_append_variant {{
      * its tokens per CTA and dynamic shared bytes, or NULL */
     const void *append_t;
     int tile_tokens, tile_smem;
+    const void *append_wf; /* warp write path with all of F in wf_smem dynamic shared bytes, or NULL */
+    int wf_smem;
 }} oscar_gpu_append_variant;
 typedef struct oscar_gpu_tuning {{
     int d, threads, elems, min_chunk, blocks_per_sm;
@@ -318,10 +320,11 @@ def appendw_ptrs(target, v):
     appendw_family, appendt_family) with its geometry: CUDA and the quantized methods
     only; OSCAR_NO_APPENDW (A/B timing) leaves them out."""
     if target != "cuda" or v["BF16M"]:
-        return "0, 0, 0, 0, 0"
+        return "0, 0, 0, 0, 0, 0, 0"
+    wf = ("OSCAR_APPENDW_PTR(oscar_append_wf%s), %d" % (v["sfx"], 4 * v["D"] * v["D"])) if v["D"] <= 128 else "0, 0"
     return ("OSCAR_APPENDW_PTR(oscar_append_w%s), OSCAR_APPENDW_PTR(oscar_append_wr%s), "
-            "OSCAR_APPENDW_PTR(oscar_append_t%s), %d, %d"
-            % (v["sfx"], v["sfx"], v["sfx"], v["TILE"]["T"], v["TILE"]["SMEM"]))
+            "OSCAR_APPENDW_PTR(oscar_append_t%s), %d, %d, %s"
+            % (v["sfx"], v["sfx"], v["sfx"], v["TILE"]["T"], v["TILE"]["SMEM"], wf))
 
 
 def gen_gpu(target, spec, sel, arch, out):

@@ -963,6 +963,9 @@ Test(conformance, error_feedback_rounding, .timeout = 900) {
     cfg c4 = {256, 128, 16, 4, 32, 16, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
     cfg c5 = {128, 32, 32, 3, 29, 8, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
     cfg c6 = {128, 64, 16, 3, 5, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    /* no windows: every new row goes straight to 2 bits with feedback (CUDA: the store warp of the
+     * warp write path runs the chain, as the demote warp does with windows) */
+    cfg c7 = {128, 128, 32, 0, 0, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
     FOR_EACH_BACKEND(g, {
         int lens[16];
         int n = boundary_lens(&c, lens);
@@ -980,6 +983,8 @@ Test(conformance, error_feedback_rounding, .timeout = 900) {
         int l5[] = {1, 32, 33, 100, 170};
         run_scenario_fb(&g, &c5, 5, l5, TOKENS, 1);
         run_scenario_fb(&g, &c6, 6, l2, CHUNKS, 1);
+        int l7[] = {1, 31, 33, 70};
+        run_scenario_fb(&g, &c7, 4, l7, TOKENS, 1);
     });
 }
 

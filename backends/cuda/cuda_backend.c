@@ -195,6 +195,9 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->append1 = av->append1;
     k->append_w = av->append_w;
     k->append_wr = av->append_wr;
+    k->append_wf = NULL;
+    k->wf_smem = 0;
+    k->wf_resident = 0;
     k->append_t = NULL;
     k->rotate_q = dv->rotate_q;
     /* At most 4 query heads per KV head: the limb-packed decode (decode_tc.jinja LP; H200
@@ -262,6 +265,11 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         k->xextend = xv->extend_tc;
         k->xcap = xv->cap;
         k->xsmem = (unsigned)xv->smem;
+    }
+    if (av->append_wf) {
+        if ((st = tc_prepare(av->append_wf, 64, av->wf_smem, "warp append", &k->wf_resident, err))) return st;
+        k->append_wf = av->append_wf;
+        k->wf_smem = (unsigned)av->wf_smem;
     }
     if (av->append_t) {
         int unused = 0;

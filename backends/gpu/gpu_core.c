@@ -51,6 +51,7 @@ typedef struct gpu_plan {
     unsigned char *layer_wide;
     int64_t hi_off;
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
+    int wf_ctas;   /* ... and up to wf_ctas (-1: as many as fit at once) the one with all of F in shared memory */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
     /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
      * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
@@ -235,6 +236,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     /* $OSCAR_APPEND_RING_CTAS, $OSCAR_APPEND_TILE_CTAS (tuning and A/B timing; docs/API.md):
      * read once, kept by the plan */
     p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
+    p->wf_ctas = env_count("OSCAR_APPEND_WF_CTAS", -1);
     p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
     int cus = V(ctx)->compute_units(ctx);
     /* default: a third of the CUs, and a call of >= 16K tokens or 3 CTAs per CU; an explicit
@@ -606,13 +608,19 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                                    a->stream, err);
     }
     int small = ctas <= (int64_t)p->ring_ctas * cus;
+    /* All of F in shared memory while the grid is one wave of that instance (at d 128 its 81 KB
+     * hold 2 CTAs per SM; in a second wave the 17 KB ring instance at 4 per SM was faster:
+     * perf/RESULTS-attention.md, seventeenth session) */
+    int wf_cap = p->wf_ctas >= 0 ? p->wf_ctas : p->k.wf_resident;
+    int full = p->k.append_wf && ctas <= (int64_t)wf_cap * cus;
     /* Measured exceptions (perf/RESULTS-attention.md), where the block-wide kernels win:
      * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
      * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */
     int blockwise = (small && D > 128 && p->k.append1) || (fk && D < 128);
     if (p->quantized && !wide && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
-        return V(ctx)->launch(ctx, small ? p->k.append_wr : p->k.append_w, (unsigned)a->total_new,
-                              (unsigned)(2 * H), 1, 64, aa, 1, a->stream, err);
+        return V(ctx)->launch_smem(ctx, full ? p->k.append_wf : small ? p->k.append_wr : p->k.append_w,
+                                   (unsigned)a->total_new, (unsigned)(2 * H), 1, 64, full ? p->k.wf_smem : 0, aa, 1,
+                                   a->stream, err);
     /* One launch (CUDA/HIP): each CTA demotes the row its token's window slot
      * held, then stores the token. Only when no sequence can gain more than
      * W tokens (else two tokens of the launch could share a slot). With

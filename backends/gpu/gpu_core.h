@@ -27,8 +27,11 @@ typedef struct gpu_kernels {
     const void *store, *demote, *rotate_q, *decode, *merge;
     const void *append1; /* one-launch write path (oscar_append1_params), NULL: store + demote */
     /* warp write path (CUDA, quantized methods; oscar_append1_params): plain loads, cp.async
-     * rings; NULL: none */
-    const void *append_w, *append_wr;
+     * rings; NULL: none. append_wf: all of F in wf_smem dynamic shared bytes, at most
+     * wf_resident CTAs per compute unit; NULL: none */
+    const void *append_w, *append_wr, *append_wf;
+    unsigned wf_smem;
+    int wf_resident;
     /* tile write path (CUDA, quantized methods; oscar_append1_params, launch_smem): tile_tokens
      * new tokens per CTA, tile_smem dynamic shared bytes; NULL: none */
     const void *append_t;
