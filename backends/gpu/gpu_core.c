@@ -608,11 +608,11 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                                    a->stream, err);
     }
     int small = ctas <= (int64_t)p->ring_ctas * cus;
-    /* All of F in shared memory while the grid is one wave of that instance (at d 128 its 81 KB
-     * hold 2 CTAs per SM; in a second wave the 17 KB ring instance at 4 per SM was faster:
-     * perf/RESULTS-attention.md, seventeenth session) */
+    /* With feedback weights, all of F in shared memory while the grid is one wave of that
+     * instance (at d 128 its 81 KB hold 2 CTAs per SM; in a second wave the 17 KB ring instance
+     * at 4 per SM was faster: perf/RESULTS-attention.md, seventeenth session) */
     int wf_cap = p->wf_ctas >= 0 ? p->wf_ctas : p->k.wf_resident;
-    int full = p->k.append_wf && ctas <= (int64_t)wf_cap * cus;
+    int full = fk && p->k.append_wf && ctas <= (int64_t)wf_cap * cus;
     /* Measured exceptions (perf/RESULTS-attention.md), where the block-wide kernels win:
      * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
      * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */
