@@ -1705,6 +1705,15 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     const float **Rpr = malloc(2 * (size_t)nrot * sizeof(float *)); /* probe rotation sets (K, V) */
     const float **Fp = calloc(2 * (size_t)nrot, sizeof(float *));   /* feedback weights (K, V), NULL: nearest */
     double *Mv = malloc(dd * sizeof(double));
+    /* Experiment (OSCAR_EXP_DAMP_GRID, off by default): the feedback metric of each (K/V, rotation
+     * index) of the layer, kept so the weights can be recomputed at other ridges. */
+    const char *dg_env = getenv("OSCAR_EXP_DAMP_GRID");
+    const int damp_grid = dg_env && dg_env[0] == '1';
+    double *Mfs = damp_grid ? malloc(2 * (size_t)nrot * dd * sizeof(double)) : NULL;
+    if (damp_grid && !Mfs) {
+        free(Mv);
+        Mv = NULL;
+    }
     if (c->o.rounding) p->fb = calloc((size_t)L * 2 * (size_t)nrot * dd, sizeof(float));
     if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp ||
         !head_clips || !Cp || !Rpr || !Fp || !Mv || (c->o.rounding && !p->fb)) {
@@ -1774,6 +1783,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                     goto done;
                 }
                 Fp[(size_t)which * (size_t)nrot + (size_t)r] = Mf ? F : NULL;
+                if (Mfs && Mf) memcpy(Mfs + ((size_t)which * (size_t)nrot + (size_t)r) * dd, Mf, dd * sizeof(double));
             }
         }
         /* Held-back rows: errors of none / Hadamard, and the row objective's
@@ -1817,6 +1827,42 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         const int by_probes = c->o.clip_objective == 0;
         float *hc = head_clips; /* [2][hkv]: K then V ratios of each KV head */
         int fitted = 0;
+        if (Mfs && p->fb && by_probes) {
+            /* Experiment: per (layer, K/V) the ridge whose weights give the smallest probe error at
+             * the fitted clip (K: V exact; V: K exact), then the final fit with those weights. */
+            static const double grid[] = {1e-3, 1e-2, 1e-1};
+            double best_err[2] = {INFINITY, INFINITY}, best_damp[2] = {fb_damp, fb_damp};
+            for (int gi = 0; gi < 3; gi++) {
+                for (int which = 0; which < 2; which++)
+                    for (int r = 0; r < nrot; r++)
+                        if (Fp[(size_t)which * (size_t)nrot + (size_t)r] &&
+                            feedback_weights(d, Mfs + ((size_t)which * (size_t)nrot + (size_t)r) * dd, grid[gi], A,
+                                             oscar_params_fb_ptr(p, l, which, r))) {
+                            s = oscar_set_error(OSCAR_ERR_INTERNAL, "Cholesky factor failed (damp grid)");
+                            goto done;
+                        }
+                if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, Fp, Fp + nrot, c->o.clip_k, c->o.clip_v, hc,
+                                    hc + c->hkv, &fitted)) {
+                    s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory (damp grid)");
+                    goto done;
+                }
+                if (!fitted) break;
+                const double ek = c->attn[l].err_k[2], ev = c->attn[l].err_v[2];
+                if (ek < best_err[0]) best_err[0] = ek, best_damp[0] = grid[gi];
+                if (ev < best_err[1]) best_err[1] = ev, best_damp[1] = grid[gi];
+            }
+            for (int which = 0; which < 2; which++)
+                for (int r = 0; r < nrot; r++)
+                    if (Fp[(size_t)which * (size_t)nrot + (size_t)r] &&
+                        feedback_weights(d, Mfs + ((size_t)which * (size_t)nrot + (size_t)r) * dd, best_damp[which],
+                                         A, oscar_params_fb_ptr(p, l, which, r))) {
+                        s = oscar_set_error(OSCAR_ERR_INTERNAL, "Cholesky factor failed (damp grid)");
+                        goto done;
+                    }
+            fprintf(stderr, "damp grid: layer %d K %g (%.5f) V %g (%.5f)\n", l, best_damp[0], best_err[0],
+                    best_damp[1], best_err[1]);
+            fitted = 0;
+        }
         if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, p->fb ? Fp : NULL, p->fb ? Fp + nrot : NULL,
                             by_probes ? c->o.clip_k : row_c[0], by_probes ? c->o.clip_v : row_c[1], hc, hc + c->hkv,
                             &fitted)) {
@@ -1871,6 +1917,7 @@ done:
     free(Rpr);
     free(Fp);
     free(Mv);
+    free(Mfs);
     return s;
 }
 
