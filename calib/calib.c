@@ -1001,6 +1001,24 @@ static int feedback_weights(int d, const double *Ct, double damp0, double *A, fl
 }
 
 
+/* Ridges the layout without windows chooses from per (layer, K/V), on the probes. */
+static const double k_damp_grid[] = {1e-3, 1e-2, 1e-1};
+#define DAMP_GRID_N ((int)(sizeof k_damp_grid / sizeof k_damp_grid[0]))
+
+/* Layer l's feedback weights (every rotation index with weights, Fp[which * nrot + r] != NULL) from
+ * the kept metrics Mfs[which][r] at ridge damp_k (keys) and damp_v (values). 0, or -1 (LAPACK). */
+static int layer_feedback(int d, int nrot, int l, oscar_params *p, const double *Mfs, const float *const *Fp,
+                          double damp_k, double damp_v, double *A) {
+    const size_t dd = (size_t)d * (size_t)d;
+    for (int which = 0; which < 2; which++)
+        for (int r = 0; r < nrot; r++)
+            if (Fp[(size_t)which * (size_t)nrot + (size_t)r] &&
+                feedback_weights(d, Mfs + ((size_t)which * (size_t)nrot + (size_t)r) * dd,
+                                 which == OSCAR_K ? damp_k : damp_v, A, oscar_params_fb_ptr(p, l, which, r)))
+                return -1;
+    return 0;
+}
+
 /* Context of one error evaluation on the held-back rows of a layer. */
 typedef struct eval_ctx {
     const oscar_calib *c;
@@ -1467,7 +1485,7 @@ static void rotation_set(const oscar_params *p, int layer, int which, int s, int
  * Returns 0, or -1 out of memory; *fitted is 1 when the layer has probes. */
 static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, const float *H, const float **Rk,
                            const float **Rv, const float *const *Fk, const float *const *Fv, float fix_k, float fix_v,
-                           float *clip_k, float *clip_v, int *fitted) {
+                           float *clip_k, float *clip_v, int quick, int *fitted) {
     probe_set ps;
     *fitted = 0;
     oscar_calib_attn_report *rep = c->attn + layer;
@@ -1499,7 +1517,8 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
             return -1;
         }
     }
-    for (int s = 0; s < 3; s++) {
+    /* quick: only the OSCAR set's clip fit (no none / Hadamard errors, no code-width scores) */
+    for (int s = quick ? 2 : 0; s < 3; s++) {
         rotation_set(p, layer, OSCAR_K, s, nrot, H, Rk);
         rotation_set(p, layer, OSCAR_V, s, nrot, H, Rv);
         ps.om = NULL;
@@ -1595,7 +1614,7 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
          * error, alone (the other tensor exact), at 2 bits and its chosen ratio, then at 3 bits
          * unclipped. Absolute errors in the output metric, per query evaluation, so that layers
          * compare. Last: the copies' quantized rows are not read after this. */
-        if (!lm)
+        if (!lm && !quick)
             for (int h = 0; h < c->hkv; h++) {
                 const int nqh = probe_set_queries(&ps, h);
                 for (int which = 0; which < 2; which++) {
@@ -1705,9 +1724,15 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     const float **Rpr = malloc(2 * (size_t)nrot * sizeof(float *)); /* probe rotation sets (K, V) */
     const float **Fp = calloc(2 * (size_t)nrot, sizeof(float *));   /* feedback weights (K, V), NULL: nearest */
     double *Mv = malloc(dd * sizeof(double));
+    /* Without windows (sink 0, recent 0) and feedback_damp 0 (default) the ridge of each (layer, K/V)
+     * is chosen on the probes from damp_grid (docs/EVAL.md, "s0w0, issue 16, seventeenth session");
+     * the metrics are kept so the weights can be recomputed at each ridge. */
+    const int damp_auto = c->o.feedback_damp == 0.0f && c->o.sink == 0 && c->o.recent == 0 && c->o.rounding &&
+                          c->o.clip_objective == 0;
+    double *Mfs = damp_auto ? malloc(2 * (size_t)nrot * dd * sizeof(double)) : NULL;
     if (c->o.rounding) p->fb = calloc((size_t)L * 2 * (size_t)nrot * dd, sizeof(float));
     if (!p->eig || !C || !A || !U || !lam || !Ct || !Rd || !tmp || !e || !f || !H || !fs || !rot_rows || !codes || !Rp ||
-        !head_clips || !Cp || !Rpr || !Fp || !Mv || (c->o.rounding && !p->fb)) {
+        !head_clips || !Cp || !Rpr || !Fp || !Mv || (c->o.rounding && !p->fb) || (damp_auto && !Mfs)) {
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory finalizing the calibration");
         goto done;
     }
@@ -1774,6 +1799,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                     goto done;
                 }
                 Fp[(size_t)which * (size_t)nrot + (size_t)r] = Mf ? F : NULL;
+                if (Mfs && Mf) memcpy(Mfs + ((size_t)which * (size_t)nrot + (size_t)r) * dd, Mf, dd * sizeof(double));
             }
         }
         /* Held-back rows: errors of none / Hadamard, and the row objective's
@@ -1817,9 +1843,40 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
         const int by_probes = c->o.clip_objective == 0;
         float *hc = head_clips; /* [2][hkv]: K then V ratios of each KV head */
         int fitted = 0;
+        if (Mfs && p->fb && by_probes) {
+            /* The ridge per (layer, K/V): the grid value whose weights give the smallest probe error at
+             * the clip fitted with them (K with V exact, V with K exact); then the full fit with those. */
+            double best_err[2] = {INFINITY, INFINITY}, best_damp[2] = {FB_DAMP, FB_DAMP};
+            for (int gi = 0; gi < DAMP_GRID_N; gi++) {
+                if (layer_feedback(d, nrot, l, p, Mfs, Fp, k_damp_grid[gi], k_damp_grid[gi], A)) {
+                    s = oscar_set_error(OSCAR_ERR_INTERNAL,
+                                        "Cholesky factor of a layer %d feedback metric failed: report this with the "
+                                        "calibration data", l);
+                    goto done;
+                }
+                if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, Fp, Fp + nrot, c->o.clip_k, c->o.clip_v, hc,
+                                    hc + c->hkv, 1, &fitted)) {
+                    s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
+                                        "out of memory evaluating the attention probes of layer %d: feed shorter "
+                                        "windows", l);
+                    goto done;
+                }
+                if (!fitted) break; /* no probes: the default ridge */
+                const double ek = c->attn[l].err_k[2], ev = c->attn[l].err_v[2];
+                if (ek < best_err[0]) best_err[0] = ek, best_damp[0] = k_damp_grid[gi];
+                if (ev < best_err[1]) best_err[1] = ev, best_damp[1] = k_damp_grid[gi];
+            }
+            if (layer_feedback(d, nrot, l, p, Mfs, Fp, best_damp[0], best_damp[1], A)) {
+                s = oscar_set_error(OSCAR_ERR_INTERNAL,
+                                    "Cholesky factor of a layer %d feedback metric failed: report this with the "
+                                    "calibration data", l);
+                goto done;
+            }
+            fitted = 0;
+        }
         if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, p->fb ? Fp : NULL, p->fb ? Fp + nrot : NULL,
                             by_probes ? c->o.clip_k : row_c[0], by_probes ? c->o.clip_v : row_c[1], hc, hc + c->hkv,
-                            &fitted)) {
+                            0, &fitted)) {
             s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
                                 "out of memory evaluating the attention probes of layer %d: feed shorter windows",
                                 l);
@@ -1871,6 +1928,7 @@ done:
     free(Rpr);
     free(Fp);
     free(Mv);
+    free(Mfs);
     return s;
 }
 
