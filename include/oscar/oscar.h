@@ -328,7 +328,9 @@ typedef struct oscar_calib_options {
     float feedback_damp;        /* error-feedback weights: ridge added to the metric before its Cholesky
                                    factor, as a share of the metric's mean eigenvalue (trace / head_dim),
                                    grown tenfold while a weight would exceed 16; in (0, 1], or 0 (default):
-                                   0.001 (docs/eval/retrieval.md, seventh step) */
+                                   0.001 with windows (docs/eval/retrieval.md, seventh step); without
+                                   windows (sink 0, recent 0) chosen per (layer, K/V) from 0.001 / 0.01 /
+                                   0.1 on the probes (docs/EVAL.md, "s0w0, seventeenth session") */
     float wide_bits;            /* code widths (opt-in; OSCAR2, probe objective): bits per element of the
                                    2-bit region the rule may add by storing head-tensors in 3 bits, in [0, 1];
                                    0 (default): every head-tensor at 2 bits. Each widened (layer, KV head,
