@@ -1006,17 +1006,21 @@ static const double k_damp_grid[] = {1e-3, 1e-2, 1e-1};
 #define DAMP_GRID_N ((int)(sizeof k_damp_grid / sizeof k_damp_grid[0]))
 
 /* Layer l's feedback weights (every rotation index with weights, Fp[which * nrot + r] != NULL) from
- * the kept metrics Mfs[which][r] at ridge damp_k (keys) and damp_v (values). 0, or -1 (LAPACK). */
-static int layer_feedback(int d, int nrot, int l, oscar_params *p, const double *Mfs, const float *const *Fp,
-                          double damp_k, double damp_v, double *A) {
+ * the kept metrics Mfs[which][r] at ridge damp_k (keys) and damp_v (values); the error set when a
+ * Cholesky factor fails. */
+static oscar_status layer_feedback(int d, int nrot, int l, oscar_params *p, const double *Mfs, const float *const *Fp,
+                                   double damp_k, double damp_v, double *A) {
     const size_t dd = (size_t)d * (size_t)d;
     for (int which = 0; which < 2; which++)
         for (int r = 0; r < nrot; r++)
             if (Fp[(size_t)which * (size_t)nrot + (size_t)r] &&
                 feedback_weights(d, Mfs + ((size_t)which * (size_t)nrot + (size_t)r) * dd,
                                  which == OSCAR_K ? damp_k : damp_v, A, oscar_params_fb_ptr(p, l, which, r)))
-                return -1;
-    return 0;
+                return oscar_set_error(OSCAR_ERR_INTERNAL,
+                                       "Cholesky factor of layer %d %c feedback metric failed: report this with the "
+                                       "calibration data",
+                                       l, which ? 'V' : 'K');
+    return OSCAR_OK;
 }
 
 /* Context of one error evaluation on the held-back rows of a layer. */
@@ -1848,12 +1852,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
              * the clip fitted with them (K with V exact, V with K exact); then the full fit with those. */
             double best_err[2] = {INFINITY, INFINITY}, best_damp[2] = {FB_DAMP, FB_DAMP};
             for (int gi = 0; gi < DAMP_GRID_N; gi++) {
-                if (layer_feedback(d, nrot, l, p, Mfs, Fp, k_damp_grid[gi], k_damp_grid[gi], A)) {
-                    s = oscar_set_error(OSCAR_ERR_INTERNAL,
-                                        "Cholesky factor of a layer %d feedback metric failed: report this with the "
-                                        "calibration data", l);
-                    goto done;
-                }
+                if ((s = layer_feedback(d, nrot, l, p, Mfs, Fp, k_damp_grid[gi], k_damp_grid[gi], A))) goto done;
                 if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, Fp, Fp + nrot, c->o.clip_k, c->o.clip_v, hc,
                                     hc + c->hkv, 1, &fitted)) {
                     s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
@@ -1866,12 +1865,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
                 if (ek < best_err[0]) best_err[0] = ek, best_damp[0] = k_damp_grid[gi];
                 if (ev < best_err[1]) best_err[1] = ev, best_damp[1] = k_damp_grid[gi];
             }
-            if (layer_feedback(d, nrot, l, p, Mfs, Fp, best_damp[0], best_damp[1], A)) {
-                s = oscar_set_error(OSCAR_ERR_INTERNAL,
-                                    "Cholesky factor of a layer %d feedback metric failed: report this with the "
-                                    "calibration data", l);
-                goto done;
-            }
+            if ((s = layer_feedback(d, nrot, l, p, Mfs, Fp, best_damp[0], best_damp[1], A))) goto done;
             fitted = 0;
         }
         if (probe_fit_layer(c, p, l, H, Rpr, Rpr + nrot, p->fb ? Fp : NULL, p->fb ? Fp + nrot : NULL,

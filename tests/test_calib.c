@@ -1276,7 +1276,7 @@ Test(calib, feedback_damp_is_the_ridge) {
     synth_make(&s[0], n, hq, hkv, d, 0);
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
-    cr_assert_eq(o.feedback_damp, 0.0f, "default: 0, the library's 0.001 in every layout");
+    cr_assert_eq(o.feedback_damp, 0.0f, "default: 0 (0.001 with windows, chosen on the probes without)");
     /* option, sink, recent -> the ridge expected */
     const float opt[4] = {0.0f, 0.0f, 0.01f, 0.1f};
     const int sink[4] = {64, 0, 0, 64}, recent[4] = {256, 0, 0, 256};
