@@ -1020,7 +1020,9 @@ Test(conformance, limb_packed_decode, .timeout = 900) {
     static const int shp[][4] = {{128, 128, 8, 2}, {128, 32, 6, 2}, {64, 64, 4, 4}, {256, 128, 4, 2}, {128, 64, 3, 1}};
     FOR_EACH_BACKEND(g, {
         for (size_t z = 0; z < sizeof shp / sizeof shp[0]; z++) {
-            cfg c = {shp[z][0], shp[z][1], 32, 16, 48, shp[z][2], shp[z][3], OSCAR_METHOD_OSCAR2,
+            /* pages of 16 tokens (vLLM's default block) on every other shape: a 32-token tile then
+             * spans two pages (the tile copies' own path) */
+            cfg c = {shp[z][0], shp[z][1], z % 2 ? 32 : 16, 16, 48, shp[z][2], shp[z][3], OSCAR_METHOD_OSCAR2,
                      z == 4 ? OSCAR_DTYPE_F16 : OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16,
                      (int)(z & 1)};
             int lens[] = {1, 40, 64, 65, 97, 211, 1300};
@@ -1037,14 +1039,15 @@ Test(conformance, limb_packed_decode, .timeout = 900) {
  * fewer than the real models' (the ratio and head_dim are what select and
  * shape the kernels) to keep the CPU reference quick; 96/8 runs at full size.
  * 2-bit (uniform) and the BF16 method, mixed lengths below and above S0 + W,
- * not multiples of the page, one sequence long enough for several splits. */
+ * not multiples of the page, one sequence long enough for several splits; pages of
+ * 32 tokens, of 16 on every third shape (two pages per 32-token tile). */
 Test(conformance, model_zoo_shapes, .timeout = 1200) {
     static const int zoo[][3] = {{8, 2, 128}, {16, 2, 128}, {96, 8, 128}, {32, 2, 128}, {14, 2, 128},
                                  {6, 2, 128}, {2, 2, 128}, {4, 2, 256}, {8, 2, 64}, {20, 1, 128}, {24, 2, 64}};
     FOR_EACH_BACKEND(g, {
         for (size_t z = 0; z < sizeof zoo / sizeof zoo[0]; z++) {
             int d = zoo[z][2], G = d == 64 ? 64 : 128;
-            cfg c = {d, G, 32, 16, 48, zoo[z][0], zoo[z][1], OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16,
+            cfg c = {d, G, z % 3 == 1 ? 16 : 32, 16, 48, zoo[z][0], zoo[z][1], OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16,
                      OSCAR_DTYPE_F16, (int)(z & 1)};
             int lens[] = {1, 40, 63, 64, 65, 211, 1300};
             run_scenario(&g, &c, 7, lens, PREFILL);

@@ -1,7 +1,7 @@
 // Decode-attention benchmark of the CUDA plugin (liboscar_backend_cuda.so,
 // loaded like the runtime does: dlopen + oscar_backend_entry_v1).
 // Shapes from the command line as HQ/HKV/D[/G] (default 32/8/128/128, the
-// Qwen3-8B layer); page 64, sink 64, recent 256, BF16 windows, F16 metadata.
+// Qwen3-8B layer); page 64 (OSCAR_BENCH_PAGE), sink 64, recent 256, BF16 windows, F16 metadata.
 // Batch x context grid per shape; per point:
 // 2-bit OSCAR decode, the library's BF16 paged decode (same kernel family,
 // 16-bit pages), the write path (append of one token per sequence), each the
@@ -195,7 +195,9 @@ int main(int argc, char **argv) {
     FILE *ext_out = getenv("OSCAR_BENCH_EXTEND_TSV") ? fopen(getenv("OSCAR_BENCH_EXTEND_TSV"), "w") : nullptr;
     if (ext_out) fprintf(ext_out, "shape\tmethod\tbatch\tcontext\tn\textend_us\tdecode_us\n");
     for (const std::vector<int> &sh : shapes) {
-    const int Hq = sh[0], H = sh[1], D = sh[2], G = sh[3], P = 64, S0 = 64, W = 256;
+    // OSCAR_BENCH_PAGE=16|32|64|128: tokens per page (default 64; vLLM's default block is 16).
+    const int P = getenv("OSCAR_BENCH_PAGE") ? atoi(getenv("OSCAR_BENCH_PAGE")) : 64;
+    const int Hq = sh[0], H = sh[1], D = sh[2], G = sh[3], S0 = 64, W = 256;
     char shape[64];
     snprintf(shape, sizeof shape, "%d/%d/%d/%d", Hq, H, D, G);
     std::vector<Case> cases;
