@@ -81,6 +81,18 @@ static int write_all(int fd, const void *buf, size_t n) {
 OSCAR_API oscar_status oscar_params_save(const oscar_params *p, const char *path) {
     oscar_clear_error();
     if (!p || !path) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_params_save: NULL argument");
+    /* The file is renamed over path: a device (/dev/null, /dev/stdout), a
+     * FIFO or a socket there would be replaced by a regular file, not written to. */
+    struct stat pst;
+    if (stat(path, &pst) == 0 && !S_ISREG(pst.st_mode))
+        return oscar_set_error(OSCAR_ERR_IO,
+                               "cannot save parameters to %s: it is %s, not a regular file, and the save renames a "
+                               "new file over it; give the path of a file",
+                               path,
+                               S_ISDIR(pst.st_mode)                              ? "a directory"
+                               : S_ISFIFO(pst.st_mode)                           ? "a FIFO"
+                               : S_ISCHR(pst.st_mode) || S_ISBLK(pst.st_mode) ? "a device"
+                                                                                 : "a socket or special file");
     const size_t d = (size_t)p->head_dim, nr = (size_t)p->num_rot;
     const size_t rot_bytes = nr * d * d * sizeof(float), eig_bytes = nr * d * sizeof(double);
 

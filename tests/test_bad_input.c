@@ -967,6 +967,66 @@ Test(bad_input, cu_new_ending_past_total_new_is_not_silent, .timeout = 300) {
         for (int val = 0; val < 2; val++) cu_new_past_total_case(b[i], val);
 }
 
+/* cu_new that GPU kernels without validation took silently (status OK,
+ * check OK), each refused by the CPU backend and by validate = 1: a start
+ * below 0 ({-1, 1, 2}: sequence 0 claims two new tokens for one row; the
+ * two-launch demote then re-read a ring row that already held a newer token
+ * into sequence 0's pages), a decreasing entry ({0, INT32_MIN, 2}: sequence
+ * 0 gets a negative count, sequence 1 every row, and its demotions were
+ * skipped), and a sequence with no new token and seq_len 0 (no kernel looked
+ * at it). A block sees only its own token's sequence; the first token's block
+ * now checks all of cu_new and the lengths of sequences without new tokens,
+ * and oscar_plan_check returns OSCAR_ERR_TOO_LONG. (Found by
+ * tests/test_api_fuzz.c.) */
+static void cu_new_hostile_case(const char *backend, int validate) {
+    static const struct {
+        int32_t cu[SEQ + 1], lens[SEQ];
+        oscar_status cpu;
+        const char *cpu_msg, *what;
+    } cases[] = {
+        {{-1, 1, 2}, {LEN, LEN}, OSCAR_ERR_INVALID_ARGUMENT, "start at 0", "cu_new[0] = -1"},
+        {{0, INT32_MIN, 2}, {LEN, LEN}, OSCAR_ERR_INVALID_ARGUMENT, "non-decreasing", "cu_new[1] = INT32_MIN"},
+        {{0, 0, 1}, {0, LEN}, OSCAR_ERR_EMPTY, "needs >= 1 token", "seq_len 0 without new tokens"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        rig r;
+        if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate)) return;
+        rig_fill(&r, r.k, r.kv_elems, 1.0f);
+        rig_fill(&r, r.v, r.kv_elems, 1.0f);
+        oscar_cache ca = rig_cache(&r);
+        oscar_batch b = rig_batch(&r);
+        int32_t lens[SEQ] = {LEN - 1, LEN - 1}, cu[SEQ + 1] = {0, LEN - 1, 2 * (LEN - 1)};
+        cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu, sizeof cu, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_append(r.plan, 0, &ca, &b, r.cu, 2 * (LEN - 1), r.k, r.v, 0, r.ws, r.ws_bytes, NULL),
+                     OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, cases[c].lens, sizeof cases[c].lens, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cases[c].cu, sizeof cases[c].cu, NULL), OSCAR_OK);
+        const int32_t total = cases[c].cu[SEQ];
+        oscar_status s = oscar_append(r.plan, 0, &ca, &b, r.cu, total, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+        if (strcmp(backend, "cpu") && !validate) {
+            cr_expect_eq(s, OSCAR_OK, "%s %s: %s", backend, cases[c].what, oscar_last_error());
+            s = oscar_plan_check(r.plan, r.ws, NULL);
+            cr_expect_eq(s, OSCAR_ERR_TOO_LONG, "%s validate 0, %s: check gave %d (%s)", backend, cases[c].what, s,
+                         oscar_last_error());
+            cr_expect(oscar_last_error()[0] != '\0', "%s %s: no message", backend, cases[c].what);
+        } else {
+            cr_expect_eq(s, cases[c].cpu, "%s validate %d, %s: %d (%s)", backend, validate, cases[c].what, s,
+                         oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), cases[c].cpu_msg), "%s validate %d, %s: %s", backend, validate,
+                      cases[c].what, oscar_last_error());
+            cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK);
+        }
+        rig_close(&r);
+    }
+}
+Test(bad_input, hostile_cu_new_is_never_silent, .timeout = 300) {
+    const char *b[] = {"cpu", "opencl", "cuda", "hip"};
+    for (int i = 0; i < 4; i++)
+        for (int val = 0; val < 2; val++) cu_new_hostile_case(b[i], val);
+}
+
 /* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
  * bytes) failed (-61)"; the message now names the limit and what to change. */
 Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {

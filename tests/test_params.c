@@ -286,6 +286,39 @@ Test(params, save_errors, .init = mk_dir, .fini = rm_dir) {
     cr_assert_eq(oscar_params_load(g_dir, &q), OSCAR_ERR_IO); /* a folder */
 }
 
+/* A save renames its temporary over the path: over a FIFO, a device (here a
+ * link to /dev/null, as `--out /dev/null` or /dev/stdout would be) or a folder
+ * that replaced the node with a regular file and returned OK (as root, in
+ * /dev itself). Refused with OSCAR_ERR_IO naming it, the node left as it was. */
+Test(params, save_refuses_paths_that_are_not_regular_files, .init = mk_dir, .fini = rm_dir) {
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 1, 1, 1, 64, &p), OSCAR_OK);
+    char fifo[400], dev[400], dir[400];
+    snprintf(fifo, sizeof fifo, "%s/fifo", g_dir);
+    snprintf(dev, sizeof dev, "%s/null", g_dir);
+    snprintf(dir, sizeof dir, "%s/sub", g_dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    cr_assert_eq(symlink("/dev/null", dev), 0);
+    cr_assert_eq(mkdir(dir, 0700), 0);
+    const char *paths[3] = {fifo, dev, dir}, *kinds[3] = {"a FIFO", "a device", "a directory"};
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(oscar_params_save(p, paths[i]), OSCAR_ERR_IO, "%s: %s", paths[i], oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), kinds[i]) && strstr(oscar_last_error(), "regular file"), "%s",
+                  oscar_last_error());
+    }
+    struct stat sb;
+    cr_expect(stat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced");
+    cr_expect(lstat(dev, &sb) == 0 && S_ISLNK(sb.st_mode), "the link to /dev/null was replaced");
+    DIR *dp = opendir(g_dir);
+    cr_assert(dp);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(dp));) n += e->d_name[0] != '.';
+    closedir(dp);
+    cr_expect_eq(n, 3, "a refused save left a temporary file behind");
+    rmdir(dir);
+    oscar_params_destroy(p);
+}
+
 /* The saved file's format_version, clip tensor shape and (clip not NULL) its
  * first `cap` values. */
 static void file_clip_header(const char *path, int *version, int *rank, int64_t shape[3], float *clip, size_t cap) {

@@ -290,6 +290,40 @@ Test(tools_bad_input, calibrate_checks_the_output_folder_first, .timeout = 300) 
     cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
 }
 
+/* Outputs are written to a temporary beside the path and renamed over it: a
+ * FIFO or a device there (a link to /dev/null here; /dev/null or /dev/stdout
+ * themselves as root) was replaced by a regular file after the whole run.
+ * Refused before any work, naming it, the node left as it was. */
+Test(tools_bad_input, outputs_that_are_not_regular_files_are_refused_first, .timeout = 120) {
+    char out[16384], dir[64], fifo[128], dev[128];
+    scratch(dir, sizeof dir);
+    snprintf(fifo, sizeof fifo, "%s/fifo", dir);
+    snprintf(dev, sizeof dev, "%s/null", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    cr_assert_eq(symlink("/dev/null", dev), 0);
+    const char *paths[2] = {fifo, dev}, *kinds[2] = {"a FIFO", "a device"};
+    for (int i = 0; i < 2; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate %s/no-model --tokens %s/no-tokens --out %s", dir, dir,
+                     paths[i]);
+        cr_expect_eq(rc, 2, "oscar-calibrate --out %s: exit %d: %s", kinds[i], rc, out);
+        cr_expect(strstr(out, kinds[i]) && strstr(out, "regular file"), "oscar-calibrate --out %s: %s", kinds[i], out);
+        const char *flags[3] = {"--out", "--md", "--plot"};
+        for (int f = 0; f < 3; f++) {
+            char extra[300] = "";
+            if (f) snprintf(extra, sizeof extra, "--out %s/r.json %s %s", dir, flags[f], paths[i]);
+            else snprintf(extra, sizeof extra, "--out %s", paths[i]);
+            rc = run(out, sizeof out, 30, BIN "/oscar-eval %s/no-model --tokens %s/no-tokens %s", dir, dir, extra);
+            cr_expect_eq(rc, 2, "oscar-eval %s %s: exit %d: %s", flags[f], kinds[i], rc, out);
+            cr_expect(strstr(out, kinds[i]) && strstr(out, "regular file"), "oscar-eval %s %s: %s", flags[f],
+                      kinds[i], out);
+        }
+    }
+    struct stat sb;
+    cr_expect(stat(fifo, &sb) == 0 && S_ISFIFO(sb.st_mode), "the FIFO was replaced");
+    cr_expect(lstat(dev, &sb) == 0 && S_ISLNK(sb.st_mode), "the link to /dev/null was replaced");
+    rmrf(dir);
+}
+
 /* Shares and losses in [0, 1]: anything else exits 2 before the model is read. */
 Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     char out[16384];

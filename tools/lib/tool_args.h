@@ -31,8 +31,9 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
 }
 
 /* 1 when path can be created (written as PATH.tmp, then renamed): its folder
- * exists and is writable, and it is not itself a folder; else 0 with the
- * reason in why. Checked before a tool does its work. */
+ * exists and is writable, and it is not itself a folder, nor a device, FIFO
+ * or socket (the rename would replace /dev/null or a pipe with a regular
+ * file); else 0 with the reason in why. Checked before a tool does its work. */
 static inline int tool_output_ok(const char *path, char *why, size_t n) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
@@ -43,6 +44,11 @@ static inline int tool_output_ok(const char *path, char *why, size_t n) {
     struct stat sb;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         snprintf(why, n, "%s is a directory; give a file name", path);
+        return 0;
+    }
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+        snprintf(why, n, "%s is %s, not a regular file: the output is renamed over it; give a file name", path,
+                 S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : "a socket");
         return 0;
     }
     if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
