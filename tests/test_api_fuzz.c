@@ -293,6 +293,28 @@ static void dev_get(fz *f, void *dst, const void *b, size_t bytes) {
 static void dev_free(fz *f, void *b) {
     if (b) oscar_buffer_free(f->rtcl, b);
 }
+/* The OpenCL twin of a call's batch: its lengths, slots and block table uploaded, the cache on the
+ * OpenCL pools (the three buffers are the caller's to dev_free). */
+typedef struct {
+    void *lens, *slots, *bt;
+    oscar_cache cache;
+    oscar_batch batch;
+} cl_twin;
+static cl_twin cl_twin_of(fz *f, oscar_cache hc, oscar_batch hb, const int32_t *lens, const int32_t *slots,
+                          const int32_t *bt, int n, int bt_stride) {
+    cl_twin t;
+    t.lens = dev_put(f, lens, sizeof(int32_t) * (size_t)n);
+    t.slots = dev_put(f, slots, sizeof(int32_t) * (size_t)n);
+    t.bt = dev_put(f, bt, sizeof(int32_t) * (size_t)n * (size_t)bt_stride);
+    t.cache = hc;
+    t.cache.pages = f->cl_pages;
+    t.cache.windows = hc.windows ? f->cl_windows : NULL;
+    t.batch = hb;
+    t.batch.seq_lens = t.lens;
+    t.batch.window_slots = hb.window_slots ? t.slots : NULL;
+    t.batch.block_table = t.bt;
+    return t;
+}
 /* The OpenCL pools become the CPU's (lane 0). */
 static void cl_reset_pools(fz *f) {
     cr_assert_eq(oscar_buffer_write(f->rtcl, f->cl_pages, 0, f->pages[0], f->pages_bytes, NULL), OSCAR_OK);
@@ -670,17 +692,11 @@ static void do_append(fz *f) {
     }
     if ((s[0] == OSCAR_OK) != (s[1] == OSCAR_OK) || dup) caches_sync(f);
     if (f->rtcl) {
-        void *dl = dev_put(f, lens, sizeof(int32_t) * (size_t)n), *ds = dev_put(f, slots, sizeof(int32_t) * (size_t)n),
-             *db = dev_put(f, bt, sizeof(int32_t) * (size_t)n * (size_t)bt_stride),
-             *dc = dev_put(f, cu, sizeof(int32_t) * (size_t)(n + 1)), *dk = dev_put(f, k, 2 * (size_t)(rows * ks)),
+        cl_twin tw = cl_twin_of(f, c[0], b, lens, slots, bt, n, bt_stride);
+        void *dc = dev_put(f, cu, sizeof(int32_t) * (size_t)(n + 1)), *dk = dev_put(f, k, 2 * (size_t)(rows * ks)),
              *dv = dev_put(f, v, 2 * (size_t)(rows * ks));
-        oscar_cache cc = c[0];
-        cc.pages = f->cl_pages;
-        cc.windows = cc.windows ? f->cl_windows : NULL;
-        oscar_batch cb = b;
-        cb.seq_lens = dl;
-        cb.window_slots = b.window_slots ? ds : NULL;
-        cb.block_table = db;
+        oscar_cache cc = tw.cache;
+        oscar_batch cb = tw.batch;
         char msg[1024];
         oscar_status cs = cl_status(f,
                                     oscar_append(f->pcl, layer, &cc, &cb, dc, total_arg, dk, dv, kv_stride,
@@ -710,7 +726,7 @@ static void do_append(fz *f) {
             free(hw);
         }
         cl_reset_pools(f);
-        void *bufs[] = {dl, ds, db, dc, dk, dv};
+        void *bufs[] = {tw.lens, tw.slots, tw.bt, dc, dk, dv};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(f, bufs[i]);
     }
     free(k);
@@ -886,16 +902,11 @@ static void do_decode(fz *f) {
         free(lse);
     }
     if (f->rtcl) {
-        void *dl = dev_put(f, lens, sizeof(int32_t) * (size_t)n), *ds = dev_put(f, slots, sizeof(int32_t) * (size_t)n),
-             *db = dev_put(f, bt, sizeof(int32_t) * (size_t)n * (size_t)bt_stride), *dq = dev_put(f, q, 2 * (size_t)(n * qse)),
+        cl_twin tw = cl_twin_of(f, c[0], b, lens, slots, bt, n, bt_stride);
+        void *dq = dev_put(f, q, 2 * (size_t)(n * qse)),
              *dout = dev_put(f, ref, 2 * (size_t)(n * ose));
-        oscar_cache cc = c[0];
-        cc.pages = f->cl_pages;
-        cc.windows = cc.windows ? f->cl_windows : NULL;
-        oscar_batch cb = b;
-        cb.seq_lens = dl;
-        cb.window_slots = b.window_slots ? ds : NULL;
-        cb.block_table = db;
+        oscar_cache cc = tw.cache;
+        oscar_batch cb = tw.batch;
         char msg[1024];
         oscar_status cs = cl_status(f,
                                     oscar_decode(f->pcl, layer, &cc, &cb, dq, qs, dout, os, scale, rot,
@@ -911,7 +922,7 @@ static void do_decode(fz *f) {
             CHECK(f, dist < 2e-2, "opencl decode differs from the CPU's by %g (relative)", dist);
             free(h);
         }
-        void *bufs[] = {dl, ds, db, dq, dout};
+        void *bufs[] = {tw.lens, tw.slots, tw.bt, dq, dout};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(f, bufs[i]);
     }
     free(q);
@@ -1080,17 +1091,11 @@ static void do_extend(fz *f) {
         }
     }
     if (f->rtcl) {
-        void *dl = dev_put(f, lens, sizeof(int32_t) * (size_t)n), *ds = dev_put(f, slots, sizeof(int32_t) * (size_t)n),
-             *db = dev_put(f, bt, sizeof(int32_t) * (size_t)n * (size_t)bt_stride),
-             *dc = dev_put(f, cu, sizeof(int32_t) * (size_t)(n + 1)), *dq = dev_put(f, q, 2 * (size_t)(total * qse)),
+        cl_twin tw = cl_twin_of(f, cache_of(f, 0), b, lens, slots, bt, n, bt_stride);
+        void *dc = dev_put(f, cu, sizeof(int32_t) * (size_t)(n + 1)), *dq = dev_put(f, q, 2 * (size_t)(total * qse)),
              *dout = dev_put(f, ref, out_bytes), *dlse = dev_put(f, lref, sizeof(float) * lse_n);
-        oscar_cache cc = cache_of(f, 0);
-        cc.pages = f->cl_pages;
-        cc.windows = cc.windows ? f->cl_windows : NULL;
-        oscar_batch cb = b;
-        cb.seq_lens = dl;
-        cb.window_slots = b.window_slots ? ds : NULL;
-        cb.block_table = db;
+        oscar_cache cc = tw.cache;
+        oscar_batch cb = tw.batch;
         oscar_attn_args ca = a;
         ca.cu_q = a.cu_q ? dc : NULL;
         ca.q = dq;
@@ -1120,7 +1125,7 @@ static void do_extend(fz *f) {
             free(h);
             free(hl);
         }
-        void *bufs[] = {dl, ds, db, dc, dq, dout, dlse};
+        void *bufs[] = {tw.lens, tw.slots, tw.bt, dc, dq, dout, dlse};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) dev_free(f, bufs[i]);
     }
     free(q);
