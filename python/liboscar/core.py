@@ -961,16 +961,18 @@ class Calibrator:
 
     def feed(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """q [n, num_q_heads, head_dim], k and v [n, num_kv_heads, head_dim]:
-        float32 or float16 host arrays (or bf16 bits as uint16)."""
+        float32 or float16 host arrays (or bf16 bits as uint16). q may be
+        None in pass 1, which reads only k and v."""
         _, hq, hkv, d = self.shape
         kinds = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.uint16): "bf16"}
-        qa = np.asarray(q)
-        if qa.dtype not in kinds:
-            raise TypeError(f"q: dtype {qa.dtype}, expected float32, float16 or uint16 (bfloat16 bits)")
-        kind = kinds[qa.dtype]
-        n = qa.shape[0] if qa.ndim else 0
-        arrs = [np.ascontiguousarray(x) for x in (qa, k, v)]  # alive until the call returns
-        ptrs = [_ptr(a, kind, shp, nm, False)
+        first = np.asarray(k if q is None else q)
+        if first.dtype not in kinds:
+            raise TypeError(f"{'k' if q is None else 'q'}: dtype {first.dtype}, expected float32, float16 or uint16 "
+                            f"(bfloat16 bits)")
+        kind = kinds[first.dtype]
+        n = first.shape[0] if first.ndim else 0
+        arrs = [None if x is None else np.ascontiguousarray(x) for x in (q, k, v)]  # alive until the call returns
+        ptrs = [None if a is None else _ptr(a, kind, shp, nm, False)
                 for a, shp, nm in zip(arrs, ((n, hq, d), (n, hkv, d), (n, hkv, d)), ("q", "k", "v"))]
         _check(self._C.oscar_calib_feed(self._h, layer, n, ptrs[0], ptrs[1], ptrs[2], DTYPES[kind]))
 

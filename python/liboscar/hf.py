@@ -45,9 +45,16 @@ CUDA graphs of the decode step).
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
+import math
 import os
-from typing import Any, Optional, Union
+import sys
+import time
+import warnings
+from typing import Any, Iterator, Optional, Union
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -393,4 +400,297 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
     return forward
 
 
+# ------------------------------------------------------------ calibration
+CALIB_ATTENTION_PREFIX = "oscar-calib:"
+
+
+def model_fingerprint(model: Any) -> str:
+    """The fingerprint ``oscar-calibrate`` stores as a parameter file's
+    ``model_hash`` (tools/lib/oscar_calibrate_run.c, ``ocal_model_hash``):
+    FNV-1a 64 over the config fields the parameters depend on, so a file
+    calibrated here and one from ``oscar-calibrate`` name a Llama, Qwen2 or
+    Qwen3 checkpoint alike. Other architectures get their ``model_type``."""
+    cfg = _text_config(model)
+    hq = int(cfg.num_attention_heads)
+    rp = getattr(cfg, "rope_parameters", None)
+    theta = getattr(cfg, "rope_theta", None)
+    if theta is None and isinstance(rp, dict):
+        theta = rp.get("rope_theta")
+    text = "arch=%s;layers=%d;hidden=%d;heads=%d;kv_heads=%d;head_dim=%d;rope_theta=%.17g;qk_norm=%d;vocab=%d" % (
+        cfg.model_type, int(cfg.num_hidden_layers), int(cfg.hidden_size), hq,
+        int(getattr(cfg, "num_key_value_heads", None) or hq),
+        int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // hq),
+        float(theta if theta is not None else 10000.0), int(cfg.model_type == "qwen3"), int(cfg.vocab_size))
+    h = 0xCBF29CE484222325
+    for b in text.encode():
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def _o_proj_metric(module: Any, hq: int, hkv: int, d: int) -> Optional[list]:
+    """Per KV head the value-error metric sum_q W_O,q^T W_O,q over the query
+    heads reading it (oscar_calib_set_value_metric; what oscar-calibrate
+    takes from the model), from the attention module's output projection
+    ([hidden, hq * d]: ``o_proj``, ``dense`` or ``out_proj``); None when it
+    has none of that shape."""
+    for name in ("o_proj", "dense", "out_proj"):
+        w = getattr(getattr(module, name, None), "weight", None)
+        if isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] == hq * d:
+            break
+    else:
+        return None
+    wo = w.detach().to(device="cpu", dtype=torch.float64).reshape(w.shape[0], hq, d)
+    g = hq // hkv
+    return [torch.einsum("rqi,rqj->ij", wo[:, h * g:(h + 1) * g], wo[:, h * g:(h + 1) * g]).numpy()
+            for h in range(hkv)]
+
+
+@contextlib.contextmanager
+def capture_attention(model: Any, fn: Any) -> Iterator[None]:
+    """Within the block, each attention call of ``model`` first hands
+    ``(module, query, key, value, scaling)`` to ``fn`` (query [B, Hq, T, d],
+    key and value [B, Hkv, T, d]: after RoPE and any q/k-norm, what the KV
+    cache stores) and then runs the model's own attention implementation
+    (its mask builder too), so the forward's outputs are unchanged. Works for
+    models whose attention goes through transformers' ``AttentionInterface``;
+    the model's implementation is restored on exit."""
+    cfg = _text_config(model)
+    prev = getattr(cfg, "_attn_implementation", None) or "eager"
+    if prev.startswith(CALIB_ATTENTION_PREFIX):
+        raise RuntimeError("capture_attention: already capturing this model's attention")
+    if prev != "eager" and prev not in AttentionInterface._global_mapping:
+        raise ValueError(f"capture_attention: the model's attention implementation {prev!r} is not registered "
+                         f"with transformers' AttentionInterface")
+
+    def attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
+                  **kwargs: Any) -> Any:
+        fn(module, query, key, value, scaling)
+        if prev == "eager":  # each modeling file has its own eager function
+            inner = getattr(sys.modules[type(module).__module__], "eager_attention_forward")
+        else:
+            inner = AttentionInterface._global_mapping[prev]
+        return inner(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+    name = CALIB_ATTENTION_PREFIX + "%x" % id(attention)  # one name per block: nested models stay apart
+    AttentionInterface.register(name, attention)
+    if ALL_MASK_ATTENTION_FUNCTIONS is not None and prev in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS._global_mapping[prev])
+
+    def switch(impl: str) -> None:
+        if hasattr(model, "set_attn_implementation"):
+            model.set_attn_implementation(impl)
+        else:  # pragma: no cover - older transformers
+            model.config._attn_implementation = impl
+
+    switch(name)
+    try:
+        yield
+    finally:
+        switch(prev)
+        AttentionInterface._global_mapping.pop(name, None)
+        if ALL_MASK_ATTENTION_FUNCTIONS is not None:
+            ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+
+
+def calibrate(model: Any, tokens: Any, window: int = 2048, max_tokens: int = 65536, batch_size: int = 1,
+              pass1: str = "auto", progress: Any = "stderr", **options: Any) -> Params:
+    """Calibrates OSCAR parameters for any transformers causal LM whose
+    attention goes through transformers' ``AttentionInterface`` (Llama,
+    Mistral, Qwen2/3, Gemma, Phi-3, GLM, OLMo, ...), on whatever device and
+    dtype the model is loaded with: what ``oscar-calibrate`` does with its
+    CPU engine, with the model's own forward.
+
+    ``tokens``: 1-D token ids (a NumPy array, list or tensor; e.g. a
+    ``uint32`` file as ``oscar-calibrate`` reads it) cut into
+    ``floor(min(len, max_tokens) / window)`` independent windows. Pass 0
+    feeds each layer's post-RoPE q, k, v (after q/k-norm where the model has
+    it) to :class:`~liboscar.Calibrator`, pass 1 the k, v again (kept from
+    pass 0 when they fit in half the physical memory, ``pass1="auto"``;
+    ``"cache"`` / ``"recompute"`` force one way); then ``finalize``. The
+    value metric of error-feedback rounding comes from each layer's output
+    projection, as ``oscar-calibrate`` takes it (rounding falls back to the
+    unweighted error, with a warning, for a module without one of shape
+    [hidden, heads * head_dim]). Queries are scaled by ``scaling * sqrt(d)``
+    where the model's softmax scale is not ``1/sqrt(d)`` (Gemma's
+    ``query_pre_attn_scalar``), so the core's probes see the model's
+    attention; logit soft-capping is not modelled. ``options``: the
+    Calibrator's (``sink``, ``recent``, ``wide_bits``, ...); ``model_hash``
+    defaults to :func:`model_fingerprint`. ``batch_size`` windows go through
+    the model at once (1 feeds in ``oscar-calibrate``'s order, window by
+    window). ``progress``: "stderr", None or a callable taking a line.
+
+    Returns the :class:`~liboscar.Params`; ``.save(path)`` writes the
+    parameter file every backend loads."""
+    from .core import Calibrator
+
+    cfg = _text_config(model)
+    L, hq = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+    hkv = int(getattr(cfg, "num_key_value_heads", None) or hq)
+    d = int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // hq)
+    if pass1 not in ("auto", "cache", "recompute"):
+        raise ValueError(f"pass1 must be 'auto', 'cache' or 'recompute', got {pass1!r}")
+    if window < 2 or max_tokens < window or batch_size < 1:
+        raise ValueError(f"window {window} (>= 2), max_tokens {max_tokens} (>= window) and batch_size "
+                         f"{batch_size} (>= 1) do not make a window")
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach().cpu().numpy()
+    ids = np.asarray(tokens)
+    if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer)):
+        raise ValueError(f"tokens: a 1-D array of integer ids, got shape {ids.shape} dtype {ids.dtype}")
+    nw = min(len(ids), max_tokens) // window
+    if nw < 1:
+        raise ValueError(f"{len(ids)} tokens do not fill one window of {window}: give more tokens or a smaller "
+                         f"window")
+    vocab = int(cfg.vocab_size)
+    if ids[:nw * window].size and (int(ids[:nw * window].min()) < 0 or int(ids[:nw * window].max()) >= vocab):
+        raise ValueError(f"tokens: ids outside [0, {vocab}) (vocab_size of the model): wrong tokenizer or file")
+    windows = torch.from_numpy(ids[:nw * window].astype(np.int64)).view(nw, window)
+    if progress == "stderr":
+        progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    options.setdefault("model_hash", model_fingerprint(model))
+    calib = Calibrator(L, hq, hkv, d, **options)
+
+    metric_set: set = set()
+    seen: list = []
+    kv_cache: Optional[list] = None
+    if pass1 != "recompute":
+        need = nw * L * 2 * window * hkv * d * 4
+        try:
+            limit = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+        except (ValueError, OSError):  # pragma: no cover - platforms without sysconf
+            limit = 1 << 30
+        if pass1 == "cache" or need <= limit:
+            kv_cache = [[None] * L for _ in range(nw)]
+
+    dev = next(model.parameters()).device
+    skip_head = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+    def rows(x: torch.Tensor, b: int) -> np.ndarray:
+        """[B, H, T, d] -> window b's [T, H, d] float32 rows on the host."""
+        return x[b].transpose(0, 1).to(device="cpu", dtype=torch.float32).contiguous().numpy()
+
+    def run(pass_: int) -> None:
+        t0 = time.monotonic()
+        for w0 in range(0, nw, batch_size):
+            w1 = min(nw, w0 + batch_size)
+            if pass_ == 1 and kv_cache is not None:
+                for w in range(w0, w1):
+                    for layer in range(L):
+                        calib.feed(layer, None, *kv_cache[w][layer])
+            else:
+                seen.clear()
+
+                def sink(module: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: Any) -> None:
+                    layer = getattr(module, "layer_idx", len(seen))
+                    if q.shape[1:] != (hq, window, d) or k.shape[1:] != (hkv, window, d) or v.shape != k.shape:
+                        raise ValueError(f"calibrate: layer {layer} gives q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                                         f"v {tuple(v.shape)}; expected [B, {hq}, {window}, {d}] and "
+                                         f"[B, {hkv}, {window}, {d}] from the config")
+                    seen.append(layer)
+                    if layer not in metric_set:
+                        metric_set.add(layer)
+                        ms = _o_proj_metric(module, hq, hkv, d) if options.get("rounding", 1) else []
+                        if ms is None:
+                            warnings.warn(f"calibrate: layer {layer}'s attention has no output projection of "
+                                          f"shape [hidden, {hq * d}]; error feedback weighs value errors "
+                                          f"unweighted", stacklevel=2)
+                        for h, m in enumerate(ms or []):
+                            calib.set_value_metric(layer, h, m)
+                    if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
+                        q = q * (scaling * math.sqrt(d))  # the core scores with 1/sqrt(d)
+                    for b in range(q.shape[0]):
+                        kr, vr = rows(k, b), rows(v, b)
+                        calib.feed(layer, rows(q, b) if pass_ == 0 else None, kr, vr)
+                        if pass_ == 0 and kv_cache is not None:
+                            kv_cache[w0 + b][layer] = (kr, vr)
+
+                with torch.no_grad(), capture_attention(model, sink):
+                    model(input_ids=windows[w0:w1].to(dev), use_cache=False, **skip_head)
+                if sorted(seen) != list(range(L)):
+                    raise RuntimeError(f"calibrate: the forward called the attention function for layers "
+                                       f"{sorted(seen)}, expected 0..{L - 1}: this model's attention does not go "
+                                       f"through transformers' AttentionInterface")
+            if progress:
+                el = time.monotonic() - t0
+                progress(f"pass {pass_}  window {w1}/{nw}  {w1 * window / max(el, 1e-9):.0f} tokens/s  "
+                         f"ETA {el / w1 * (nw - w1):.1f} s")
+
+    for p in (0, 1):
+        calib.begin_pass(p)
+        run(p)
+    kv_cache = None
+    t0 = time.monotonic()
+    params = calib.finalize()
+    if progress:
+        progress(f"finalize  {time.monotonic() - t0:.1f} s  ({nw} windows of {window} tokens, {L} layers)")
+    return params
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m liboscar.hf MODEL --tokens F | --text F --out P``: calibrate a
+    transformers checkpoint (a directory or hub id already in the local cache)
+    with :func:`calibrate` and write the parameter file."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m liboscar.hf",
+                                 description="OSCAR calibration with a transformers model's own forward; writes "
+                                             "the parameter file every liboscar backend loads.")
+    ap.add_argument("model", help="checkpoint directory (or a hub id in the local cache)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokens", help="uint32 little-endian token ids (what oscar-calibrate reads)")
+    src.add_argument("--text", help="UTF-8 text, tokenized with the model's tokenizer")
+    ap.add_argument("--out", required=True, help="parameter file to write (.safetensors)")
+    ap.add_argument("--window", type=int, default=2048, help="tokens per independent window (2048)")
+    ap.add_argument("--max-tokens", type=int, default=65536, help="calibration tokens (65536)")
+    ap.add_argument("--batch-size", type=int, default=1, help="windows per forward (1)")
+    ap.add_argument("--device", default="cpu", help="torch device of the model (cpu)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="model weights' dtype (float32)")
+    ap.add_argument("--sink", type=int, help="cache sink the clips are fitted for (default 64; 0: none)")
+    ap.add_argument("--recent", type=int, help="recent window the clips are fitted for (default 256; 0: none)")
+    ap.add_argument("--wide-bits", type=float, default=0.0, help="budget of 3-bit head-tensors (0: none)")
+    ap.add_argument("--per-layer", action="store_true", help="one rotation per layer instead of per KV head")
+    ap.add_argument("--lloyd-max", action="store_true", help="fit for Lloyd-Max levels (oscar2-lm)")
+    a = ap.parse_args(argv)
+
+    out = os.path.abspath(a.out)
+    if os.path.exists(out) and not os.path.isfile(out):
+        ap.error(f"--out {a.out}: exists and is not a regular file")
+    if not os.access(os.path.dirname(out), os.W_OK):
+        ap.error(f"--out {a.out}: its folder does not exist or is not writable")
+    src_path = a.tokens or a.text
+    if not os.path.isfile(src_path):
+        ap.error(f"{src_path}: not a regular file")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if a.tokens:
+        if os.path.getsize(src_path) % 4:
+            ap.error(f"--tokens {src_path}: size is not a multiple of 4 (uint32 ids)")
+        tokens = np.fromfile(src_path, dtype="<u4")
+    else:
+        with open(src_path, encoding="utf-8") as f:
+            tokens = np.asarray(AutoTokenizer.from_pretrained(a.model)(f.read())["input_ids"], dtype=np.int64)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)).to(a.device).eval()
+    options: dict = {"wide_bits": a.wide_bits}
+    for key in ("sink", "recent"):
+        if getattr(a, key) is not None:
+            options[key] = getattr(a, key)
+    if a.per_layer:
+        options["per_head"] = 0
+    if a.lloyd_max:
+        options["method"] = "oscar2-lm"
+    t0 = time.monotonic()
+    params = calibrate(model, tokens, window=a.window, max_tokens=a.max_tokens, batch_size=a.batch_size, **options)
+    params.save(out)
+    i = params.info
+    print(f"wrote {a.out} ({i.num_layers} layers, {i.num_q_heads}/{i.num_kv_heads} heads, head_dim {i.head_dim}, "
+          f"{i.method}, {i.calib_tokens} calibration tokens, fingerprint {i.model_hash}) in "
+          f"{time.monotonic() - t0:.1f} s")
+    return 0
+
+
 register()
+
+if __name__ == "__main__":
+    sys.exit(main())
