@@ -95,3 +95,29 @@ def test_probe_options_mirrored(rng):
     for bad in (dict(probe_queries=65), dict(clip_margin=2.0), dict(probe_span=3)):
         with pytest.raises(Exception, match=next(iter(bad))):
             liboscar.Calibrator(L, HQ, HKV, D, **bad)
+
+
+def test_pass1_reads_only_k_and_v(rng):
+    """feed(layer, None, k, v) in pass 1 (what liboscar.hf.calibrate does) gives the
+    file that feeding q again gives; in pass 0 q is required."""
+    data = [synthetic(rng) for _ in range(L)]
+    files = []
+    for keep_q in (True, False):
+        c = liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.96, clip_v=0.92)
+        c.begin_pass(0)
+        for layer, (q, k, v) in enumerate(data):
+            c.feed(layer, q, k, v)
+        c.begin_pass(1)
+        for layer, (q, k, v) in enumerate(data):
+            c.feed(layer, q if keep_q else None, k, v)
+        files.append(c.finalize())
+    for layer in range(L):
+        for which in "kv":
+            np.testing.assert_array_equal(files[0].rotation(layer, which, 1), files[1].rotation(layer, which, 1))
+            np.testing.assert_array_equal(files[0].feedback(layer, which, 1), files[1].feedback(layer, which, 1))
+    c = liboscar.Calibrator(L, HQ, HKV, D)
+    c.begin_pass(0)
+    with pytest.raises(liboscar.OscarError):
+        c.feed(0, None, data[0][1], data[0][2])
+    with pytest.raises(TypeError, match="k: dtype float64"):
+        c.feed(0, None, data[0][1].astype(np.float64), data[0][2])
