@@ -24,12 +24,16 @@ What runs where, per attention layer and forward call:
   SDPA (transformers' ``sdpa_attention_forward``), then one ``oscar_append`` of
   all rows (most go straight into 2 bits). The prompt's own attention is
   therefore exact, as in the project's GPU engine; later tokens read the
-  quantized cache. liboscar has no multi-query attention over its cache yet;
-  when ``oscar_extend`` exists it slots into :meth:`OscarCache._attend_chunk`;
-- several tokens into a non-empty cache, or any chunk with
-  ``prefill="stepwise"``: token by token, append then decode, so every query
-  reads the cache exactly as a decode step would (teacher-forced evaluation
-  of the quantized cache, comparable to ``oscar-eval``).
+  quantized cache;
+- several tokens into a non-empty cache (a second turn, chunked prefill) with
+  ``prefill="exact"``: chunks of ``extend_chunk`` tokens (default 64, at most
+  the recent window), each appended and then attended with ``oscar_extend``
+  (the chunk's queries over sink, 2-bit history, recent window and the chunk
+  itself, causal; one launch per chunk and layer);
+- any multi-token step with ``prefill="stepwise"``: token by token, append
+  then decode, so every query reads the cache exactly as a decode step would
+  (teacher-forced evaluation of the quantized cache, comparable to
+  ``oscar-eval``).
 
 Batches with left padding (``attention_mask`` from a tokenizer) are
 supported in exact prefill: only each sequence's real tokens enter the
@@ -186,10 +190,14 @@ class OscarCache(Cache):
     def __init__(self, model: Any, params: Union[Params, str, os.PathLike, None] = None, method: str = "oscar2",
                  sink: int = 64, recent: int = 256, page_size: int = 64, group: int = 0,
                  max_seq_len: Optional[int] = None, prefill: str = "exact", backend: Optional[str] = None,
-                 switch_attention: bool = True):
+                 switch_attention: bool = True, extend_chunk: int = 64):
         cfg = _text_config(model)
         if prefill not in ("exact", "stepwise"):
             raise ValueError(f"prefill must be 'exact' or 'stepwise', got {prefill!r}")
+        if not (isinstance(extend_chunk, int) and 1 <= extend_chunk <= max(1, recent)):
+            raise ValueError(f"extend_chunk must be an int in [1, recent = {recent}] (a longer chunk leaves its first "
+                             f"queries without 16-bit recent rows), got {extend_chunk!r}")
+        self.extend_chunk = extend_chunk
         if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
             raise NotImplementedError("OscarCache: sliding-window attention layers are not supported")
         if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
@@ -296,15 +304,21 @@ class OscarCache(Cache):
         if self._valid_rows(attention_mask, B, T) is not None:
             raise NotImplementedError("OscarCache: a padded multi-token step into a non-empty cache (or "
                                       "prefill='stepwise' with padding) is not supported")
-        # Stepwise: the decode path one token at a time. oscar_extend (multi-query attention over the
-        # cache, append then attend) would replace this loop for chunked prefill when liboscar has it.
         k, v = self._rows(key).view(B, T, *key.shape[1::2]), self._rows(value).view(B, T, *value.shape[1::2])
         q = query.transpose(1, 2).to(self.kv_dtype)
         outs = []
-        for t in range(T):
-            self._append(layer, k[:, t].contiguous(), v[:, t].contiguous())
-            outs.append(self._decode(layer, q[:, t].contiguous(), scaling))
-        return torch.stack(outs, 1).to(query.dtype)
+        if self.prefill == "stepwise":  # the decode path one token at a time
+            for t in range(T):
+                self._append(layer, k[:, t].contiguous(), v[:, t].contiguous())
+                outs.append(self._decode(layer, q[:, t].contiguous(), scaling)[:, None])
+        else:  # chunked prefill: append a chunk, then oscar_extend of its queries over the whole cache
+            for t0 in range(0, T, self.extend_chunk):
+                c = min(self.extend_chunk, T - t0)
+                rows = lambda x: x[:, t0:t0 + c].reshape(B * c, *x.shape[2:]).contiguous()  # noqa: E731
+                self._append(layer, rows(k), rows(v), new_tokens=[c] * B)
+                out = self.paged.extend(layer, rows(q), [c] * B, sm_scale=float(scaling or 0.0))
+                outs.append(out.view(B, c, *out.shape[1:]))
+        return torch.cat(outs, 1).to(query.dtype)
 
     @staticmethod
     def _valid_rows(mask: Optional[torch.Tensor], B: int, T: int) -> Optional[torch.Tensor]:

@@ -170,6 +170,41 @@ def test_left_padding_matches_each_sequence_alone(model, tokens):
     model.set_attn_implementation("sdpa")
 
 
+def test_second_turn_runs_oscar_extend(model, tokens):
+    """Several tokens into a filled cache (a second turn): chunks appended and
+    attended with oscar_extend. Chunks of 1 are decode steps (extend with one
+    query per sequence is oscar_decode bit for bit on the CPU backend), so they
+    must give the stepwise logits exactly; chunks of 64 read a few rows of the
+    chunk's end in 2 bits that a decode step would read in BF16, so they move
+    the logits a little: KL against BF16 within 1.5x of the stepwise one
+    (docs/API.md: chunks well below W are as accurate as decode steps)."""
+    first, second = ids_of(tokens, 330, offset=9000), ids_of(tokens, 150, offset=9330)
+    prm = liboscar.Params.load(PARAMS)
+
+    def second_logits(prefill="exact", **kw):
+        cache = hf.OscarCache(model, prm, max_seq_len=512, **kw)
+        with torch.no_grad():
+            model(first, past_key_values=cache)  # the same exact prefill (SDPA) for all
+            cache.prefill = prefill
+            out = model(second, past_key_values=cache).logits
+        assert cache.paged.lens[:, 0].tolist() == [480] * 8
+        return out
+
+    step = second_logits("stepwise")
+    one = second_logits(extend_chunk=1)
+    chunk = second_logits()
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        bf16 = model(torch.cat([first, second], 1)).logits[:, 330:]
+    assert torch.equal(one, step), float((one - step).abs().max())
+    kl = lambda x: float(torch.nn.functional.kl_div(x.log_softmax(-1), bf16.log_softmax(-1), log_target=True,  # noqa
+                                                    reduction="batchmean")) / x.shape[1]
+    print(f"KL against BF16 per token: stepwise {kl(step):.5f}, chunks of 64 {kl(chunk):.5f}")
+    assert not torch.equal(chunk, step) and kl(chunk) < 1.5 * kl(step)
+    with pytest.raises(ValueError, match="extend_chunk"):
+        hf.OscarCache(model, prm, extend_chunk=257)
+
+
 def test_errors(model, tokens):
     with pytest.raises(liboscar.OscarError, match="SHAPE_MISMATCH|shape|layers"):
         hf.OscarCache(model, liboscar.Params.builtin("oscar2", 4, 8, 2, 128))
