@@ -89,6 +89,10 @@ oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out)
         return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_ctx_create: max_tokens %d must be in 1..%d",
                             max_tokens, 1 << 20);
     const oe_config *cf = &m->cfg;
+    if (cf->sliding_window > 0 && max_tokens > cf->sliding_window)
+        return oe_set_error(OSCAR_ERR_UNSUPPORTED, "oe_ctx_create: windows of %d tokens exceed the model's "
+                            "sliding_window %d; the engine runs full causal attention: use windows of at most %d",
+                            max_tokens, cf->sliding_window, cf->sliding_window);
     oe_ctx *c = calloc(1, sizeof *c);
     if (!c) return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_ctx_create: out of memory");
     c->m = m;

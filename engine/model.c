@@ -60,12 +60,14 @@ oscar_status oe_config_load(const char *path, oe_config *c)
     }
     json_t *mt = json_object_get(root, "model_type");
     const char *type = json_is_string(mt) ? json_string_value(mt) : "(missing)";
-    if (!strcmp(type, "llama")) c->arch = OE_ARCH_LLAMA;
+    /* Mistral is the Llama layout with an optional attention span. */
+    if (!strcmp(type, "llama") || !strcmp(type, "mistral")) c->arch = OE_ARCH_LLAMA;
     else if (!strcmp(type, "qwen2")) c->arch = OE_ARCH_QWEN2;
     else if (!strcmp(type, "qwen3")) c->arch = OE_ARCH_QWEN3;
     else {
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: model_type '%s' is not supported; the reference engine "
-                         "runs 'llama', 'qwen2' and 'qwen3' checkpoints", path, type);
+                         "runs 'llama', 'mistral', 'qwen2' and 'qwen3' checkpoints (other architectures calibrate with "
+                         "python -m liboscar.hf)", path, type);
         goto done;
     }
     snprintf(c->model_type, sizeof c->model_type, "%s", type);
@@ -116,6 +118,12 @@ oscar_status oe_config_load(const char *path, oe_config *c)
         c->rope_theta = 10000.0; /* the transformers default */
     if (!(c->rope_theta > 0.0)) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta must be positive", path);
+        goto done;
+    }
+    json_t *span = json_object_get(root, "sliding_window");
+    if (!strcmp(type, "mistral") && span && !json_is_null(span) &&
+        !json_get_int(root, "sliding_window", &c->sliding_window)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: sliding_window must be null or a positive integer", path);
         goto done;
     }
     json_t *sw = json_object_get(root, "use_sliding_window");

@@ -63,7 +63,7 @@ static void print_widths(const oscar_calib *calib, const oscar_params *params, c
 static void usage(FILE *fp) {
     fprintf(fp,
             "usage: oscar-calibrate MODEL_DIR --tokens FILE --out PARAMS.safetensors [options]\n"
-            "  MODEL_DIR        Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
+            "  MODEL_DIR        Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
             "  --tokens FILE    uint32 little-endian token ids\n"
             "  --out FILE       parameter file to write (docs/FORMAT.md)\n"
             "  --max-tokens N   use the first N tokens (default 65536), as floor(N / window) windows\n"

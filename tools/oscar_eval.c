@@ -20,7 +20,7 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: oscar-eval MODEL_DIR --tokens eval.tokens --out report.json [options]\n"
-            "  MODEL_DIR           Hugging Face Llama/Qwen2/Qwen3 checkpoint\n"
+            "  MODEL_DIR           Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint\n"
             "  --tokens FILE       uint32 little-endian token ids\n"
             "  --params P          OSCAR parameters (oscar-calibrate); needed by oscar2, oscar2-lm\n"
             "  --allow-other-model use --params calibrated on another model of the same shape\n"

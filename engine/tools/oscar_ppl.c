@@ -34,7 +34,7 @@ static void progress(void *user, int64_t w, int64_t windows, double nll, int64_t
 static void usage(void)
 {
     fprintf(stderr, "usage: oscar-ppl MODEL_DIR --tokens FILE [--max-tokens N] [--context 2048]\n"
-                    "  MODEL_DIR  Hugging Face Llama/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
+                    "  MODEL_DIR  Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
                     "  --tokens   uint32 little-endian token ids\n"
                     "  --max-tokens  feed only the first N tokens (floor(N/context) windows; window s\n"
                     "                feeds [s, s+context) and scores tokens [s+1, s+context+1))\n");

@@ -26,8 +26,8 @@ What runs where, per attention layer and forward call:
   therefore exact, as in the project's GPU engine; later tokens read the
   quantized cache;
 - several tokens into a non-empty cache (a second turn, chunked prefill) with
-  ``prefill="exact"``: chunks of ``extend_chunk`` tokens (default 64, at most
-  the recent window), each appended and then attended with ``oscar_extend``
+  ``prefill="exact"``: chunks of ``extend_chunk`` tokens (default a quarter of
+  the recent window, at most 64; at most the recent window), each appended and then attended with ``oscar_extend``
   (the chunk's queries over sink, 2-bit history, recent window and the chunk
   itself, causal; one launch per chunk and layer);
 - any multi-token step with ``prefill="stepwise"``: token by token, append
@@ -190,10 +190,12 @@ class OscarCache(Cache):
     def __init__(self, model: Any, params: Union[Params, str, os.PathLike, None] = None, method: str = "oscar2",
                  sink: int = 64, recent: int = 256, page_size: int = 64, group: int = 0,
                  max_seq_len: Optional[int] = None, prefill: str = "exact", backend: Optional[str] = None,
-                 switch_attention: bool = True, extend_chunk: int = 64):
+                 switch_attention: bool = True, extend_chunk: Optional[int] = None):
         cfg = _text_config(model)
         if prefill not in ("exact", "stepwise"):
             raise ValueError(f"prefill must be 'exact' or 'stepwise', got {prefill!r}")
+        if extend_chunk is None:  # a quarter of W: as accurate as decode steps (docs/API.md, extend)
+            extend_chunk = max(1, min(64, recent // 4))
         if not (isinstance(extend_chunk, int) and 1 <= extend_chunk <= max(1, recent)):
             raise ValueError(f"extend_chunk must be an int in [1, recent = {recent}] (a longer chunk leaves its first "
                              f"queries without 16-bit recent rows), got {extend_chunk!r}")

@@ -135,6 +135,28 @@ def test_same_parameters_as_oscar_calibrate(qwen, tmp_path):
                 assert dr < 1e-3, (layer, which, h, dr)
 
 
+def test_mistral_same_parameters_as_oscar_calibrate(tmp_path):
+    """Mistral runs in both tools (the C engine reads it as the Llama layout):
+    the same file up to float rounding, and the same fingerprint."""
+    tool = _find_oscar_calibrate()
+    if tool is None:
+        pytest.skip("oscar-calibrate not found (set OSCAR_CALIBRATE)")
+    m = tiny("mistral")
+    m.save_pretrained(tmp_path / "model")
+    tok = tmp_path / "t.tokens"
+    ids = np.random.default_rng(5).integers(0, 512, 1024).astype("<u4")
+    ids.tofile(tok)
+    subprocess.run([tool, str(tmp_path / "model"), "--tokens", str(tok), "--out", str(tmp_path / "c.safetensors"),
+                    "--window", "512", "--sink", "8", "--recent", "32"], check=True, capture_output=True)
+    c = liboscar.Params.load(str(tmp_path / "c.safetensors"))
+    p = hf.calibrate(m, ids, window=512, progress=None, sink=8, recent=32)
+    assert p.info == c.info
+    for layer in range(2):
+        for which in "kv":
+            assert p.clip(layer, which) == c.clip(layer, which)
+            assert np.abs(p.rotation(layer, which, 0) - c.rotation(layer, which, 0)).max() < 1e-3
+
+
 @need_qwen
 def test_fingerprint_is_oscar_calibrates(qwen):
     committed = liboscar.Params.load(str(REPO / "docs/eval/tiny-qwen3.oscar.safetensors"))

@@ -60,12 +60,11 @@ void ocal_options_default(ocal_options *o) {
 #define OCAL_COPY_PROBES_PER_WINDOW 4
 
 void ocal_model_hash(const oe_config *cf, char *out) {
-    static const char *arch[] = {"llama", "qwen2", "qwen3"};
     char buf[512];
-    int ai = (int)cf->arch;
+    /* model_type, not the engine's layout: liboscar.hf.model_fingerprint writes the same for any model. */
     snprintf(buf, sizeof buf,
              "arch=%s;layers=%d;hidden=%d;heads=%d;kv_heads=%d;head_dim=%d;rope_theta=%.17g;qk_norm=%d;vocab=%d",
-             ai >= 0 && ai < 3 ? arch[ai] : "unknown", cf->num_layers, cf->hidden, cf->num_q_heads,
+             cf->model_type, cf->num_layers, cf->hidden, cf->num_q_heads,
              cf->num_kv_heads, cf->head_dim, cf->rope_theta, cf->qk_norm, cf->vocab);
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
     for (const unsigned char *p = (const unsigned char *)buf; *p; p++) {
