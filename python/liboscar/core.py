@@ -674,8 +674,9 @@ class Plan:
         a.stream = self._stream(stream)
         _check(lib.oscar_extend(self._h, layer, ctypes.byref(cache), ctypes.byref(batch), ctypes.byref(a)))
 
-    def cache(self, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None) -> "PagedCache":
-        return PagedCache(self, num_layers, num_seqs, max_seq_len)
+    def cache(self, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None,
+              layers: Optional[Sequence[int]] = None) -> "PagedCache":
+        return PagedCache(self, num_layers, num_seqs, max_seq_len, layers)
 
     def close(self) -> None:
         if getattr(self, "_h", None):
@@ -718,8 +719,16 @@ class PagedCache:
     host NumPy arrays, copied through device staging buffers). Each layer
     tracks its own lengths; append then decode, layer by layer."""
 
-    def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None):
+    def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None,
+                 layers: Optional[Sequence[int]] = None):
+        """``layers``: the layer indices that get pools (default all); the
+        others (a hybrid model's sliding-window layers, kept elsewhere) are
+        refused by every call."""
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
+        held = set(range(num_layers)) if layers is None else {int(i) for i in layers}
+        if not held or not held <= set(range(num_layers)):
+            raise ValueError(f"layers {sorted(held)}: a non-empty subset of 0..{num_layers - 1}")
+        self.held_layers = held
         L = plan._L
         self.max_seq_len = L.max_seq_len if max_seq_len is None else _capi.checked_int(max_seq_len, _capi.c_int32,
                                                                                         "max_seq_len")
@@ -737,8 +746,8 @@ class PagedCache:
         self._staging: dict = {}  # OpenCL: name -> DeviceBuffer, grown as needed
         rt = plan.runtime
         if rt.on_device and rt.backend not in ("cuda", "hip"):  # OpenCL: buffers by handle
-            self.pages = [rt.alloc((page_total,), "u8") for _ in range(num_layers)]
-            self.windows = [rt.alloc((max(win_total, 1),), "u8") for _ in range(num_layers)]
+            self.pages = [rt.alloc((page_total if i in held else 1,), "u8") for i in range(num_layers)]
+            self.windows = [rt.alloc((max(win_total, 1) if i in held else 1,), "u8") for i in range(num_layers)]
             self.workspace = rt.alloc((max(ws, 1),), "u8")
             self.block_table, self.window_slots = rt.alloc(bt.shape, "i32"), rt.alloc(slots.shape, "i32")
             self.block_table.write(bt)
@@ -749,16 +758,18 @@ class PagedCache:
                 raise ImportError("PagedCache on a GPU backend needs torch")
             dev = torch.device("cuda", torch.cuda.current_device())
             self._zeros = lambda n, dt: torch.zeros(n, dtype=dt, device=dev)
-            self.pages = [torch.zeros(page_total, dtype=torch.uint8, device=dev) for _ in range(num_layers)]
-            self.windows = [torch.zeros(max(win_total, 1), dtype=torch.uint8, device=dev) for _ in range(num_layers)]
+            self.pages = [torch.zeros(page_total if i in held else 0, dtype=torch.uint8, device=dev)
+                          for i in range(num_layers)]
+            self.windows = [torch.zeros(max(win_total, 1) if i in held else 0, dtype=torch.uint8, device=dev)
+                            for i in range(num_layers)]
             self.workspace = torch.zeros(max(ws, 1), dtype=torch.uint8, device=dev)
             self.block_table = torch.from_numpy(bt).to(dev)
             self.window_slots = torch.from_numpy(slots).to(dev)
             self._lens_dev = torch.zeros(num_seqs, dtype=torch.int32, device=dev)
             self._cu_dev = torch.zeros(num_seqs + 1, dtype=torch.int32, device=dev)
         else:
-            self.pages = [np.zeros(page_total, dtype=np.uint8) for _ in range(num_layers)]
-            self.windows = [np.zeros(max(win_total, 1), dtype=np.uint8) for _ in range(num_layers)]
+            self.pages = [np.zeros(page_total if i in held else 0, dtype=np.uint8) for i in range(num_layers)]
+            self.windows = [np.zeros(max(win_total, 1) if i in held else 0, dtype=np.uint8) for i in range(num_layers)]
             self.workspace = np.zeros(max(ws, 1), dtype=np.uint8)
             self.block_table, self.window_slots = bt, slots
         plan.workspace_init(self.workspace)
@@ -817,6 +828,8 @@ class PagedCache:
         # a layer past the end as a bare IndexError naming no field.
         if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.num_layers:
             raise ValueError(f"layer {layer!r} out of range [0, {self.num_layers})")
+        if layer not in self.held_layers:
+            raise ValueError(f"layer {layer} has no pools in this cache (layers={sorted(self.held_layers)})")
 
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:

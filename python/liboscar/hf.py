@@ -42,9 +42,12 @@ plugin on ``torch.cuda.current_stream()``. Models with float32 weights keep
 the cache in bfloat16 (liboscar stores BF16 or FP16 rows): queries, keys and
 values are rounded to it and the attention output is cast back.
 
-Not supported (each raises ``NotImplementedError`` naming it): beam search and
-other batch reordering, cropping (assisted decoding), offloading,
-sliding-window layers. The cache is not compileable (no ``torch.compile`` or
+Hybrid models (sliding-window or chunked layers beside full-attention ones,
+e.g. Gemma 3): the full-attention layers live in liboscar, the others stay
+transformers' own cache layers. Not supported (each raises
+``NotImplementedError`` naming it): beam search and other batch reordering,
+cropping (assisted decoding), offloading, models without a full-attention
+layer, logit soft-capping and learned sink logits. The cache is not compileable (no ``torch.compile`` or
 CUDA graphs of the decode step).
 """
 from __future__ import annotations
@@ -61,7 +64,7 @@ from typing import Any, Iterator, Optional, Union
 import numpy as np
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .core import Layout, PagedCache, Params, Plan, Runtime, method_id
@@ -200,12 +203,19 @@ class OscarCache(Cache):
             raise ValueError(f"extend_chunk must be an int in [1, recent = {recent}] (a longer chunk leaves its first "
                              f"queries without 16-bit recent rows), got {extend_chunk!r}")
         self.extend_chunk = extend_chunk
-        if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
-            raise NotImplementedError("OscarCache: sliding-window attention layers are not supported")
-        if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
-            raise NotImplementedError(f"OscarCache: only full-attention layers are supported "
-                                      f"(layer_types {sorted(set(cfg.layer_types))})")
+        if getattr(cfg, "attn_logit_softcapping", None):
+            raise NotImplementedError(f"OscarCache: attention logit soft-capping (attn_logit_softcapping "
+                                      f"{cfg.attn_logit_softcapping}) is not computed by liboscar's decode")
+        # transformers' own layer list for this config: its full-attention layers (plain DynamicLayer)
+        # live in liboscar, the others (sliding-window, chunked, ...) stay transformers' layers.
+        theirs = DynamicCache(config=model.config if hasattr(model, "config") else model).layers
         self.num_layers = int(cfg.num_hidden_layers)
+        if len(theirs) != self.num_layers:  # pragma: no cover - a transformers without config layers
+            theirs = [DynamicLayer() for _ in range(self.num_layers)]
+        self.oscar_layers = [i for i, layer in enumerate(theirs) if type(layer) is DynamicLayer]
+        if not self.oscar_layers:
+            raise NotImplementedError(f"OscarCache: no full-attention layer to store in 2 bits (transformers' cache "
+                                      f"layers: {sorted({type(x).__name__ for x in theirs})})")
         hq = int(cfg.num_attention_heads)
         hkv = int(getattr(cfg, "num_key_value_heads", None) or hq)
         d = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // hq)
@@ -226,7 +236,8 @@ class OscarCache(Cache):
         self.paged: Optional[PagedCache] = None
         self.runtime: Optional[Runtime] = None
         self.kv_dtype: Optional[torch.dtype] = None
-        super().__init__(layers=[OscarLayer(self, i) for i in range(self.num_layers)])
+        super().__init__(layers=[OscarLayer(self, i) if i in self.oscar_layers else theirs[i]
+                                 for i in range(self.num_layers)])
         if switch_attention:
             register()
             if hasattr(model, "set_attn_implementation"):
@@ -250,7 +261,7 @@ class OscarCache(Cache):
         self.layout.kv_dtype = _KV_DTYPES[self.kv_dtype]
         self.runtime = Runtime(backend)
         plan = Plan(self.runtime, self.layout, self.params)
-        self.paged = plan.cache(self.num_layers, int(key_states.shape[0]), self.max_seq_len)
+        self.paged = plan.cache(self.num_layers, int(key_states.shape[0]), self.max_seq_len, layers=self.oscar_layers)
 
     @property
     def variant(self) -> str:
@@ -351,8 +362,9 @@ def oscar_attention_forward(module: Any, query: torch.Tensor, key: torch.Tensor,
     if entry is None or entry[0] is not key:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    if kwargs.get("sliding_window"):
-        raise NotImplementedError("OscarCache: sliding-window attention layers are not supported")
+    if kwargs.get("sliding_window") or kwargs.get("softcap") or kwargs.get("s_aux") is not None:
+        raise NotImplementedError("OscarCache: this layer's attention has a sliding window, logit soft-capping or "
+                                  "learned sink logits, which liboscar's decode does not compute")
     _, cache, layer = entry
     return cache._attend_chunk(module, layer, query, key, value, attention_mask, scaling, **kwargs), None
 

@@ -1,6 +1,8 @@
-"""liboscar.hf.calibrate / capture_attention: OSCAR calibration with a
-transformers model's own forward. Skipped without torch, transformers or
-liboscar_calib; the tiny-qwen3 checks also need the model.
+"""liboscar.hf beyond tiny-qwen3: calibrate / capture_attention (OSCAR
+calibration with a transformers model's own forward) and OscarCache on
+architectures the C engine does not run, hybrid ones included. Skipped
+without torch, transformers or liboscar_calib; the tiny-qwen3 checks also
+need the model.
 
 - the captured q, k, v are the post-RoPE (post q/k-norm) rows transformers
   computes: against reference.safetensors (transformers in fp32, the same
@@ -9,8 +11,12 @@ liboscar_calib; the tiny-qwen3 checks also need the model.
   found): same clips, eigenvalues and rotations up to float rounding (the
   two forwards differ in the last bits: measured 2.5e-5 relative on the
   eigenvalues, 7e-5 on rotation entries, over 2 windows);
-- architectures the C engine does not run (Mistral, Gemma 2, Phi-3, GLM-4)
-  calibrate, and the file serves the model through OscarCache;
+- architectures the C engine does not run (Gemma 2, Phi-3, GLM-4) calibrate,
+  and the file serves the model through OscarCache (Gemma 2's soft-capping,
+  which the decode does not compute, is refused);
+- a hybrid model (Gemma 3: sliding-window and full-attention layers) keeps
+  its sliding layers in transformers' cache and the full ones in liboscar:
+  with the BF16 method it generates what the default cache does;
 - Gemma's softmax scale (query_pre_attn_scalar) reaches the key target;
 - bad tokens and unknown attention implementations raise, naming the fix.
 """
@@ -182,12 +188,43 @@ def test_architectures_the_c_engine_does_not_run(arch):
         for which in "kv":
             assert p.orthogonality_error(layer, which, 0) < 1e-5
             assert 0.5 <= p.clip(layer, which) <= 1.0
-    if getattr(cfg, "layer_types", None) and any(t != "full_attention" for t in cfg.layer_types):
-        return  # OscarCache serves full-attention layers only
+    if getattr(cfg, "attn_logit_softcapping", None):
+        with pytest.raises(NotImplementedError, match="soft-capping"):
+            hf.OscarCache(m, p, sink=8, recent=32, max_seq_len=256)
+        return
     cache = hf.OscarCache(m, p, sink=8, recent=32, max_seq_len=256)
     with torch.no_grad():
         out = m.generate(ids[None, :96], past_key_values=cache, max_new_tokens=4, do_sample=False)
     assert out.shape == (1, 100)
+
+
+def test_hybrid_model_keeps_its_sliding_layers_in_transformers():
+    cls = getattr(transformers, "Gemma3TextConfig", None)
+    if cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no Gemma3TextConfig")
+    torch.manual_seed(0)
+    cfg = cls(**{**SMALL, "num_hidden_layers": 4}, num_key_value_heads=2, head_dim=128, sliding_window=32,
+              query_pre_attn_scalar=128,
+              layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    m = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ids = torch.from_numpy(np.random.default_rng(6).integers(0, 512, (1, 120)))
+    kw = dict(max_new_tokens=10, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        ref = m.generate(ids, **kw)
+        cache = hf.OscarCache(m, method="bf16", sink=8, recent=32, max_seq_len=256)
+        out = m.generate(ids, past_key_values=cache, **kw)
+    assert cache.oscar_layers == [1, 3]
+    assert [type(x).__name__ for x in cache.layers] == ["DynamicSlidingWindowLayer", "OscarLayer"] * 2
+    assert cache.paged.lens[:, 0].tolist() == [0, 129, 0, 129] and cache.get_seq_length() == 129
+    assert cache.paged.pages[0].size == 0 and cache.paged.pages[1].size > 0
+    with pytest.raises(ValueError, match="no pools"):
+        cache.paged.decode(0, np.zeros((1, 4, 128), np.uint16))
+    diff = float((torch.stack(out.logits) - torch.stack(ref.logits)).abs().max())
+    assert torch.equal(out.sequences, ref.sequences) and diff < 0.05, diff
+    all_sliding = cls(**SMALL, num_key_value_heads=2, head_dim=64, sliding_window=32,
+                      layer_types=["sliding_attention"] * 2)
+    with pytest.raises(NotImplementedError, match="no full-attention layer"):
+        hf.OscarCache(transformers.AutoModelForCausalLM.from_config(all_sliding), method="bf16")
 
 
 def test_softmax_scale_reaches_the_key_target():
