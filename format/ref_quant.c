@@ -198,7 +198,7 @@ int oscar_ref_rotation_positions(int d, int permutation, int *pos) {
     switch (permutation) {
     case OSCAR_REF_PERM_BITREV:
     case OSCAR_REF_PERM_SPREAD: {
-        int p[256];
+        int p[256] = {0};
         place_pow2(k, permutation, p);
         for (int r = 0; r < d; r++) pos[r] = (r % m) * (1 << k) + p[r / m];
         return 0;

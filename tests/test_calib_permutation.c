@@ -71,7 +71,7 @@ Test(permutation, positions_are_permutations_and_deterministic) {
         cr_assert_eq(oscar_ref_rotation_positions(d, -1, p), -1);
     }
     int p[512];
-    cr_assert_eq(oscar_ref_rotation_positions(96, 0, p), -1);
+    cr_assert_eq(oscar_ref_rotation_positions(100, 0, p), -1); /* no spreading matrix: not a supported head_dim */
     cr_assert_eq(oscar_ref_rotation_positions(512, 0, p), -1);
 }
 
@@ -226,4 +226,62 @@ Test(permutation, calibration_uses_the_placement) {
     free(v);
     free(H);
     free(C);
+}
+
+/* Head dims that are not powers of two, d = m 2^k with a Paley core of order m (H = A (x) S): every
+ * placement is a permutation with rank 0 on the constant row; BITREV and SPREAD put rank t m + a on
+ * row a 2^k + p(t), p their placement over k bits; R = U . H . P is orthogonal and equals the
+ * brute-force product. */
+Test(permutation, head_dims_not_powers_of_two) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    const int dims[] = {48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const int d = dims[di];
+        int syl = 0;
+        const int m = oscar_ref_hadamard_order(d, &syl);
+        cr_assert(m > 2 && m * syl == d, "d %d: %d x %d", d, m, syl);
+        int k = 0;
+        while ((1 << k) < syl) k++;
+        for (int pm = 0; pm <= 2; pm++) {
+            int a[256], seen[256] = {0};
+            cr_assert_eq(oscar_ref_rotation_positions(d, pm, a), 0, "d %d permutation %d", d, pm);
+            for (int rr = 0; rr < d; rr++) {
+                cr_assert(a[rr] >= 0 && a[rr] < d && !seen[a[rr]], "d %d permutation %d: not a permutation", d, pm);
+                seen[a[rr]] = 1;
+            }
+            cr_assert_eq(a[0], 0, "rank 0 keeps the constant row");
+            if (pm == OSCAR_REF_PERM_BITREV)
+                for (int rr = 0; rr < d; rr++)
+                    cr_assert_eq(a[rr], (rr % m) * syl + oscar_ref_bitrev(rr / m, k), "d %d rank %d", d, rr);
+        }
+        size_t dd = (size_t)d * d;
+        double *U = malloc(dd * sizeof *U);
+        float *R = malloc(dd * sizeof *R), *R0 = malloc(dd * sizeof *R0), *H = malloc(dd * sizeof *H);
+        random_orthogonal(&r, d, U);
+        cr_assert_eq(oscar_ref_hadamard(d, H), 0);
+        oscar_ref_compose_rotation(d, U, R0);
+        cr_assert_eq(oscar_ref_compose_rotation_perm(d, U, OSCAR_REF_PERM_BITREV, R), 0);
+        cr_assert_eq(memcmp(R, R0, dd * sizeof *R), 0, "d %d: BITREV differs from oscar_ref_compose_rotation", d);
+        for (int pm = 0; pm <= 2; pm++) {
+            cr_assert_eq(oscar_ref_compose_rotation_perm(d, U, pm, R), 0);
+            double oe = oscar_ref_orthogonality_error(d, R, INFINITY);
+            cr_assert_lt(oe, 1e-5, "seed %llu d %d perm %d: max |R R^T - I| = %g", (unsigned long long)seed, d, pm, oe);
+            int pos[256];
+            oscar_ref_rotation_positions(d, pm, pos);
+            double worst = 0;
+            for (int i = 0; i < d; i += d / 8)
+                for (int j = 0; j < d; j++) {
+                    double s = 0;
+                    for (int rr = 0; rr < d; rr++) s += U[i * d + rr] * H[(size_t)pos[rr] * d + j];
+                    worst = fmax(worst, fabs(s - R[(size_t)i * d + j]));
+                }
+            cr_assert_lt(worst, 1e-5, "seed %llu d %d perm %d: R != U.H.P (%g)", (unsigned long long)seed, d, pm, worst);
+        }
+        free(U);
+        free(R);
+        free(R0);
+        free(H);
+    }
 }
