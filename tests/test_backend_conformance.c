@@ -1092,32 +1092,20 @@ Test(conformance, unseen_gqa_shapes, .timeout = 1200) {
 /* A large ragged batch (64 sequences, the most one scenario holds): lengths
  * 1 to 700 in a fixed shuffle, so sequences of every region mix in one
  * call's grid and split plan; GQA 5 on 3 KV heads at d 64, page 16. */
-/* Head dims that are not powers of two (FORMAT.md 3.5): Phi-3 / GPT-NeoX-20B (96), Phi-2 / Pythia
- * (80), 112, 160, 192 and the ends 32 and 240, every method, against the reference codec and the CPU
- * backend: lengths around sink + recent and pages not full, mixed in one batch, every schedule at 96
- * and 80, extend at 96. CUDA and HIP (head_dim 64, 128, 256 built) skip them. */
+/* Head dims that are not powers of two (FORMAT.md 3.5, refcheck.h rc_other_dim_shapes), every method,
+ * against the reference codec and the CPU backend: lengths around sink + recent and pages not full,
+ * mixed in one batch, every schedule at 96 and 80, extend with error feedback at 96. CUDA and HIP
+ * (head_dim 64, 128, 256 built) skip them. */
 Test(conformance, head_dims_not_powers_of_two, .timeout = 1200) {
-    cfg c = {96, 96, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
-    cfg c2 = {80, 80, 32, 3, 5, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
-    const cfg more[] = {
-        {96, 32, 16, 2, 9, 8, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {96, 48, 16, 0, 0, 4, 4, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0},
-        {80, 80, 16, 0, 0, 4, 1, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {112, 112, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
-        {160, 80, 32, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {192, 96, 16, 4, 8, 8, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
-        {32, 32, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {240, 80, 16, 4, 8, 4, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-    };
     FOR_EACH_BACKEND(g, {
-        run_boundaries(&g, &c);
-        run_boundaries(&g, &c2);
+        run_boundaries(&g, &rc_other_dim_shapes[0]);
+        run_boundaries(&g, &rc_other_dim_shapes[1]);
         int lens[16];
-        int n = boundary_lens(&c, lens);
-        run_scenario_x(&g, &c, n, lens, CHUNKS, 1, 1, 0, 0);
-        for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
-            n = boundary_lens(&more[i], lens);
-            run_scenario(&g, &more[i], n, lens, CHUNKS);
+        int n = boundary_lens(&rc_other_dim_shapes[0], lens);
+        run_scenario_x(&g, &rc_other_dim_shapes[0], n, lens, CHUNKS, 1, 1, 0, 0);
+        for (int i = 2; i < RC_OTHER_DIM_SHAPES; i++) {
+            n = boundary_lens(&rc_other_dim_shapes[i], lens);
+            run_scenario(&g, &rc_other_dim_shapes[i], n, lens, CHUNKS);
         }
     });
 }

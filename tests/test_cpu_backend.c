@@ -277,30 +277,15 @@ Test(cpu_backend, large_shapes_chunks_and_prefill) {
     run_scenario(&c3, 5, lens3, CHUNKS);
 }
 
-/* Head dims that are not powers of two (FORMAT.md 3.5: every multiple of 16 from 32 to 256): Phi-3
- * and GPT-NeoX (96), Phi-2 and Pythia (80), 112, 160, 192 and the ends, against the reference codec
- * (random rotations through the A (x) S spreading matrix; QUAROT2 with it as R). */
+/* Head dims that are not powers of two (FORMAT.md 3.5, refcheck.h rc_other_dim_shapes) against the
+ * reference codec (random rotations through the A (x) S spreading matrix; QUAROT2 with it as R). */
 Test(cpu_backend, head_dims_not_powers_of_two) {
-    cfg c = {96, 96, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
-    run_boundaries(&c); /* mixed lengths below, at and past sink + recent, pages not full */
-    cfg c2 = {80, 80, 32, 3, 5, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0};
-    run_boundaries(&c2);
-    const cfg more[] = {
-        {96, 32, 16, 2, 9, 8, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {96, 48, 16, 0, 0, 4, 4, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0},
-        {80, 80, 16, 0, 0, 4, 1, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {112, 112, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
-        {160, 80, 32, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {192, 96, 16, 4, 8, 8, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
-        {48, 48, 16, 4, 8, 4, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0},
-        {32, 32, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {240, 80, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-        {208, 208, 16, 4, 8, 4, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
-    };
-    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+    run_boundaries(&rc_other_dim_shapes[0]); /* mixed lengths below, at and past sink + recent, pages not full */
+    run_boundaries(&rc_other_dim_shapes[1]);
+    for (int i = 2; i < RC_OTHER_DIM_SHAPES; i++) {
         int lens[16];
-        int n = boundary_lens(&more[i], lens);
-        run_scenario(&more[i], n, lens, CHUNKS);
+        int n = boundary_lens(&rc_other_dim_shapes[i], lens);
+        run_scenario(&rc_other_dim_shapes[i], n, lens, CHUNKS);
     }
 }
 
