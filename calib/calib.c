@@ -132,7 +132,7 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->num_q_heads = num_q_heads;
     o->num_kv_heads = num_kv_heads;
     o->head_dim = head_dim;
-    o->group = head_dim > 0 && head_dim < 128 ? head_dim : 128; /* whole head; 256 needs two groups of 128 */
+    o->group = oscar_group_default(head_dim) ? oscar_group_default(head_dim) : 128; /* format/oscar_format.h */
     o->per_head = 1; /* one rotation per KV head (docs/EVAL.md, how the defaults were chosen) */
     o->method = OSCAR_METHOD_OSCAR2;
     o->clip_k = 0.0f;
@@ -202,7 +202,7 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                "oscar_calib_options_default",
                                o->struct_size, sizeof *o);
     if (!oscar_head_dim_supported(o->head_dim))
-        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "head_dim %d is not supported: use 64, 128 or 256",
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "head_dim %d is not supported: use " OSCAR_HEAD_DIM_RULE,
                                o->head_dim);
     if (o->num_layers <= 0 || o->num_layers > MAX_LAYERS)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "num_layers %d must be in [1, %d]", o->num_layers,
@@ -215,8 +215,8 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                o->num_q_heads, o->num_kv_heads);
     if (!oscar_group_supported(o->group, o->head_dim))
         return oscar_set_error(OSCAR_ERR_UNSUPPORTED_GROUP,
-                               "group %d is not supported for head_dim %d: use 32, 64 or 128 dividing head_dim",
-                               o->group, o->head_dim);
+                               "group %d is not supported for head_dim %d: use " OSCAR_GROUP_RULE " (default %d)",
+                               o->group, o->head_dim, oscar_group_default(o->head_dim));
     if (o->per_head != 0 && o->per_head != 1)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "per_head must be 0 or 1 (got %d)", o->per_head);
     if (o->method != OSCAR_METHOD_OSCAR2 && o->method != OSCAR_METHOD_OSCAR2_LM)

@@ -36,13 +36,12 @@ oscar_status oscar_format_check_layout(const oscar_layout_desc *d, char *msg, si
     if (!d) return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: NULL descriptor");
     if (!oscar_head_dim_supported(d->head_dim))
         return fail(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, msg, n,
-                    "layout: head_dim %d is not supported; use 64, 128 or 256 (a new head_dim needs a generated "
-                    "kernel variant, see docs/CODEGEN.md)",
+                    "layout: head_dim %d is not supported; use " OSCAR_HEAD_DIM_RULE " (docs/FORMAT.md 3.5)",
                     d->head_dim);
     if (!oscar_group_supported(d->group, d->head_dim))
         return fail(OSCAR_ERR_UNSUPPORTED_GROUP, msg, n,
-                    "layout: group %d is not supported for head_dim %d; use 32, 64 or 128 dividing head_dim", d->group,
-                    d->head_dim);
+                    "layout: group %d is not supported for head_dim %d; use " OSCAR_GROUP_RULE " (default %d)",
+                    d->group, d->head_dim, oscar_group_default(d->head_dim));
     if (d->num_q_heads <= 0)
         return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n, "layout: num_q_heads %d must be >= 1", d->num_q_heads);
     if (d->num_q_heads > OSCAR_Q_HEADS_MAX)

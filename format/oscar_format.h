@@ -29,10 +29,25 @@ extern "C" {
 #define OSCAR_LM_L1 0.4528f
 #define OSCAR_LM_T 0.9816f
 
-/* Supported shapes (FORMAT.md symbols d, G, P). */
-static inline int oscar_head_dim_supported(int d) { return d == 64 || d == 128 || d == 256; }
+/* Supported shapes (FORMAT.md symbols d, G, P; §3.5). head_dim: every multiple of 16 from 32 to 256
+ * (rows of d/4 code bytes stay 4-byte aligned, d/8 plane bytes 2-byte aligned; the spreading matrix of
+ * §1 exists for each). Group: a multiple of 16, at least 32, dividing d (16-value code words). The
+ * CPU backend and the OpenCL plugin run every such shape; the CUDA and HIP plugins run the shapes
+ * their generated variant set holds (gen/variants.json: head_dim 64, 128, 256, groups 32, 64, 128)
+ * and refuse the others at plan creation. The two rules below are also spelled as text (messages). */
+#define OSCAR_HEAD_DIM_RULE "a multiple of 16 from 32 to 256"
+#define OSCAR_GROUP_RULE "a multiple of 16, at least 32, dividing head_dim"
+static inline int oscar_head_dim_supported(int d) { return d >= 32 && d <= 256 && d % 16 == 0; }
 static inline int oscar_group_supported(int g, int d) {
-    return (g == 32 || g == 64 || g == 128) && g <= d && d % g == 0;
+    return oscar_head_dim_supported(d) && g >= 32 && g % 16 == 0 && d % g == 0;
+}
+/* Default group of a head_dim (calibration, parameter files without one, tools): the whole head up to
+ * 128 (one scale and bias per row), else half the head when that is a group (256 -> 128, 160 -> 80,
+ * 192 -> 96, 224 -> 112), else the whole head (144, 176, 208, 240). 0 for an unsupported d. */
+static inline int oscar_group_default(int d) {
+    if (!oscar_head_dim_supported(d)) return 0;
+    if (d <= 128) return d;
+    return oscar_group_supported(d / 2, d) ? d / 2 : d;
 }
 static inline int oscar_page_size_supported(int p) { return p == 16 || p == 32 || p == 64 || p == 128; }
 /* Methods with a paged cache (the others are evaluation-only, oscar_fakequant). */

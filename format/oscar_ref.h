@@ -13,21 +13,31 @@
 #include "oscar_format.h"
 
 /* ----------------------------------------------------------- rotations */
-/* Normalised Walsh-Hadamard matrix, d x d row-major, d a power of two:
- * H[i][j] = (-1)^popcount(i&j) / sqrt(d). */
-void oscar_ref_hadamard(int d, float *H);
+/* The spreading matrix H of R = U . H . P (FORMAT.md §1), one home for calibration, the built-in
+ * QUAROT2 rotation and the tests: d x d row-major, every entry +-1/sqrt(d), orthogonal. A power of
+ * two gets the normalised Walsh-Hadamard matrix H[i][j] = (-1)^popcount(i&j) / sqrt(d); another d
+ * = m 2^k gets A (x) S / sqrt(d), A a Paley Hadamard matrix of order m (the smallest that exists:
+ * 12 for 48, 96, 192; 20 for 80, 160; 28 for 112, 224; 36 for 144; 44 for 176; 104 for 208; 60
+ * for 240) with a first row of +1, S the Walsh-Hadamard matrix of order 2^k. Every supported
+ * head_dim has one. Returns 0, or -1 (H untouched) for a d without a construction. */
+int oscar_ref_hadamard(int d, float *H);
+/* The factorisation behind it: returns m (1 for a power of two), *sylvester = 2^k (may be NULL);
+ * 0 when d has no construction. */
+int oscar_ref_hadamard_order(int d, int *sylvester);
 /* Bit-reversal of x over `bits` bits. */
 int oscar_ref_bitrev(int x, int bits);
-/* R = U . H . P (FORMAT.md §1). U: d x d row-major, column r = eigenvector of
- * rank r (largest eigenvalue first). R: d x d row-major fp32 out. */
+/* R = U . H . P (FORMAT.md §1) with the published placement (BITREV below). U: d x d row-major,
+ * column r = eigenvector of rank r (largest eigenvalue first). R: d x d row-major fp32 out. */
 void oscar_ref_compose_rotation(int d, const double *U, float *R);
 /* Placement P of the eigen-directions in R = U . H . P (docs/eval/permutation.md):
  * BITREV is the published one (oscar_ref_compose_rotation); RANDOM a fixed
  * pseudo-random permutation; SPREAD the m-sequence order x^(r-1) in GF(2^bits),
- * whose top positions are not XOR-closed. Rank 0 keeps row 0 in all three. */
+ * whose top positions are not XOR-closed. Rank 0 keeps row 0 in all three. For d = m 2^k
+ * with m > 1 (H = A (x) S above), BITREV and SPREAD put rank r = t m + a at row a 2^k + p(t),
+ * p their placement over the k bits of S; RANDOM is the same Fisher-Yates rule for every d. */
 enum { OSCAR_REF_PERM_BITREV = 0, OSCAR_REF_PERM_RANDOM = 1, OSCAR_REF_PERM_SPREAD = 2 };
-/* pos[r] = Hadamard row of eigen-direction r (d entries, d a power of two
- * <= 256). Returns 0, or -1 for an unknown permutation or bad d. */
+/* pos[r] = row of H of eigen-direction r (d entries, d <= 256 with a spreading
+ * matrix). Returns 0, or -1 for an unknown permutation or bad d. */
 int oscar_ref_rotation_positions(int d, int permutation, int *pos);
 /* R = U . H . P with the given placement; BITREV gives exactly
  * oscar_ref_compose_rotation. Returns 0, or -1 as above. */

@@ -10,23 +10,108 @@
 #include "oscar_ref.h"
 
 /* ----------------------------------------------------------- rotations */
-void oscar_ref_hadamard(int d, float *H) {
+/* The spreading matrix H of R = U . H . P (FORMAT.md §1): H = A (x) S / sqrt(d), S the Sylvester
+ * (Walsh) matrix of order 2^k, S[s][u] = (-1)^popcount(s & u), A a Hadamard core of order m = d / 2^k
+ * with its first row all +1; m is the smallest order with a construction below (1 for a power of two,
+ * where H is the plain Walsh-Hadamard matrix). Row a 2^k + s, column b 2^k + u:
+ * H = A[a][b] S[s][u] / sqrt(d). Every entry is +-1/sqrt(d): each row spreads its energy evenly over
+ * all d columns, so over every quant group. */
+#define CORE_MAX 128 /* largest core order used: 104 (d 208); 12, 20, 28, 36, 44, 60 for the others */
+
+static int is_prime(int q) {
+    if (q < 2) return 0;
+    for (int f = 2; f * f <= q; f++)
+        if (q % f == 0) return 0;
+    return 1;
+}
+
+/* Quadratic character of x modulo the odd prime q: 0, +1 (a non-zero square) or -1. */
+static int qchar(int x, int q) {
+    x %= q;
+    if (x < 0) x += q;
+    if (x == 0) return 0;
+    for (int y = 1; y <= q / 2; y++)
+        if (y * y % q == x) return 1;
+    return -1;
+}
+
+/* A (m x m, +-1, row-major) Hadamard matrix of order m whose first row is all +1: m 1 or 2
+ * (Sylvester), Paley I (m = q + 1, q prime = 3 mod 4: A = I + [[0, 1^T], [-1, Q]]) or Paley II
+ * (m = 2 (q + 1), q prime = 1 mod 4: A = C (x) [[1, 1], [1, -1]] + I (x) [[1, -1], [-1, -1]],
+ * C = [[0, 1^T], [1, Q]]), Q[i][j] = chi(j - i) the Jacobsthal matrix; columns then negated where
+ * the first row is -1 (still Hadamard). Returns 0, or -1 when m has none of these. */
+static int hadamard_core(int m, signed char *A) {
+    if (m < 1 || m > CORE_MAX) return -1;
+    if (m <= 2) {
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < m; j++) A[i * m + j] = (signed char)(i & j ? -1 : 1);
+        return 0;
+    }
+    int q = m - 1;
+    if (q % 4 == 3 && is_prime(q)) {
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < m; j++) {
+                int c = i == 0 ? (j != 0) : (j == 0 ? -1 : qchar(j - i, q));
+                A[i * m + j] = (signed char)(c + (i == j));
+            }
+    } else if (m % 2 == 0 && (q = m / 2 - 1) % 4 == 1 && is_prime(q)) {
+        const int n = q + 1;
+        for (int a = 0; a < n; a++)
+            for (int b = 0; b < n; b++) {
+                int c = a == 0 ? (b != 0) : (b == 0 ? 1 : qchar(b - a, q));
+                for (int x = 0; x < 2; x++)
+                    for (int y = 0; y < 2; y++)
+                        A[(2 * a + x) * m + 2 * b + y] =
+                            (signed char)(c != 0 ? (x & y ? -c : c) : (x | y ? -1 : 1));
+            }
+    } else {
+        return -1;
+    }
+    for (int j = 0; j < m; j++)
+        if (A[j] < 0)
+            for (int i = 0; i < m; i++) A[i * m + j] = (signed char)-A[i * m + j];
+    return 0;
+}
+
+/* d = m 2^k as above: fills A (m x m) and returns k, or -1 (no construction, d outside 1..256). */
+static int spread_factor(int d, signed char *A, int *m) {
+    if (d < 1 || d > 256) return -1;
+    int k = 0;
+    while (d % (2 << k) == 0) k++;
+    for (; k >= 0; k--)
+        if (hadamard_core(d >> k, A) == 0) {
+            *m = d >> k;
+            return k;
+        }
+    return -1;
+}
+
+int oscar_ref_hadamard_order(int d, int *sylvester) {
+    signed char A[CORE_MAX * CORE_MAX];
+    int m = 0, k = spread_factor(d, A, &m);
+    if (k < 0) return 0;
+    if (sylvester) *sylvester = 1 << k;
+    return m;
+}
+
+int oscar_ref_hadamard(int d, float *H) {
+    signed char A[CORE_MAX * CORE_MAX];
+    int m = 0, k = spread_factor(d, A, &m);
+    if (k < 0) return -1;
     float s = 1.0f / sqrtf((float)d);
+    const int mask = (1 << k) - 1;
     for (int i = 0; i < d; i++)
-        for (int j = 0; j < d; j++)
-            H[(size_t)i * d + j] = (__builtin_popcount((unsigned)(i & j)) & 1) ? -s : s;
+        for (int j = 0; j < d; j++) {
+            int neg = (__builtin_popcount((unsigned)(i & j & mask)) & 1) ^ (A[(i >> k) * m + (j >> k)] < 0);
+            H[(size_t)i * d + j] = neg ? -s : s;
+        }
+    return 0;
 }
 
 int oscar_ref_bitrev(int x, int bits) {
     int r = 0;
     for (int b = 0; b < bits; b++) r |= ((x >> b) & 1) << (bits - 1 - b);
     return r;
-}
-
-static int log2_exact(int d) {
-    int b = 0;
-    while ((1 << b) < d) b++;
-    return b;
 }
 
 /* In-place unnormalised fast Walsh-Hadamard transform of a length-d vector:
@@ -41,41 +126,83 @@ static void fwht_f64(int d, double *v) {
             }
 }
 
+/* Row i of R: out = v H (unnormalised, then times 1/sqrt(d)) in fp64, rounded once to fp32. With
+ * m = 1 this is the fast transform alone (the published rotation, bit for bit as before); otherwise
+ * v, read as m rows of 2^k, is transformed row by row, then mixed by A: out[b 2^k + u] =
+ * sum_a A[a][b] (v_a S)[u]. */
+static void spread_row(int d, int m, int k, const signed char *A, double *v, float *out) {
+    const double s = 1.0 / sqrt((double)d);
+    const int n = 1 << k;
+    for (int a = 0; a < m; a++) fwht_f64(n, v + a * n);
+    if (m == 1) {
+        for (int j = 0; j < d; j++) out[j] = (float)(v[j] * s);
+        return;
+    }
+    for (int b = 0; b < m; b++)
+        for (int u = 0; u < n; u++) {
+            double acc = 0.0;
+            for (int a = 0; a < m; a++) acc += A[a * m + b] * v[a * n + u];
+            out[b * n + u] = (float)(acc * s);
+        }
+}
+
 /* R = U . Pm . H where Pm is the d x d permutation matrix with
- * Pm[r][bitrev(r)] = 1: the coordinate of eigen-direction r (x U)[r] is moved
- * to position bitrev(r) before the Hadamard mixes positions. Hence
- *     (U Pm)[i][k] = U[i][bitrev(k)]      (bitrev is an involution)
- *     R[i][j]      = sum_k U[i][bitrev(k)] * H[k][j]
- *                  = sum_r U[i][r] * H[bitrev(r)][j].
- * Row i of R is the Hadamard transform of row i of U Pm, computed in fp64 and
+ * Pm[r][pos(r)] = 1: the coordinate of eigen-direction r (x U)[r] is moved
+ * to position pos(r) before H mixes positions (pos = bitrev for a power of two,
+ * an involution). Hence
+ *     (U Pm)[i][k] = U[i][inv(k)]
+ *     R[i][j]      = sum_k U[i][inv(k)] * H[k][j]
+ *                  = sum_r U[i][r] * H[pos(r)][j].
+ * Row i of R is the H transform of row i of U Pm, computed in fp64 and
  * rounded once to fp32. R is orthogonal because U, Pm and H are. */
 void oscar_ref_compose_rotation(int d, const double *U, float *R) {
-    int bits = log2_exact(d);
-    double v[256];
-    double s = 1.0 / sqrt((double)d);
-    for (int i = 0; i < d; i++) {
-        for (int k = 0; k < d; k++) v[k] = U[(size_t)i * d + oscar_ref_bitrev(k, bits)];
-        fwht_f64(d, v);
-        for (int j = 0; j < d; j++) R[(size_t)i * d + j] = (float)(v[j] * s);
-    }
+    (void)oscar_ref_compose_rotation_perm(d, U, OSCAR_REF_PERM_BITREV, R);
 }
 
 /* Alternative placements of the eigen-directions (docs/eval/permutation.md).
- * pos[r] is the Hadamard row (Walsh function) that eigen-direction r goes to;
- * rank 0 (the largest) always keeps row 0, the constant Walsh function, as under
- * bit-reversal, so the variants differ only in where ranks 1..d-1 go. */
+ * pos[r] is the row of H (a Walsh function for a power of two) that eigen-direction r goes to;
+ * rank 0 (the largest) always keeps row 0, the constant row, as under
+ * bit-reversal, so the variants differ only in where ranks 1..d-1 go. With d = m 2^k, m > 1
+ * (H = A (x) S), BITREV and SPREAD place rank r = t m + a at row a 2^k + p(t), p the placement
+ * over the k bits of the Sylvester factor: consecutive ranks go to the m core rows first. */
 
 /* Primitive polynomials over GF(2) of degree 1..8 (bit b = coefficient of x^b):
  * the powers of x then run through every non-zero element. */
 static const unsigned prim_poly[9] = {0, 0x3, 0x7, 0xB, 0x13, 0x25, 0x43, 0x83, 0x11D};
 
+/* Placement over k bits (n = 2^k rows): bit-reversal, or the m-sequence order x^(t-1) in GF(2^k). */
+static void place_pow2(int k, int permutation, int *p) {
+    const int n = 1 << k;
+    if (permutation == OSCAR_REF_PERM_BITREV) {
+        for (int t = 0; t < n; t++) p[t] = oscar_ref_bitrev(t, k);
+        return;
+    }
+    /* SPREAD: pos[r] = x^(r-1) in GF(2^bits) for r >= 1 (an m-sequence order). The
+     * first `bits` of them are the unit vectors (Rademacher functions), so
+     * any top-k set with 2 < k <= d/2 spans more than log2(k) dimensions and
+     * is not XOR-closed, unlike bit-reversal, whose top 2^m positions are the
+     * multiples of d/2^m (Walsh functions constant over blocks of d/2^m). */
+    p[0] = 0;
+    unsigned a = 1;
+    for (int t = 1; t < n; t++) {
+        p[t] = (int)a;
+        a <<= 1;
+        if (a & (unsigned)n) a ^= prim_poly[k];
+    }
+}
+
 int oscar_ref_rotation_positions(int d, int permutation, int *pos) {
-    int bits = log2_exact(d);
-    if (d < 1 || d > 256 || (1 << bits) != d) return -1;
+    signed char A[CORE_MAX * CORE_MAX];
+    int m = 0, k = spread_factor(d, A, &m);
+    if (k < 0) return -1;
     switch (permutation) {
     case OSCAR_REF_PERM_BITREV:
-        for (int r = 0; r < d; r++) pos[r] = oscar_ref_bitrev(r, bits);
+    case OSCAR_REF_PERM_SPREAD: {
+        int p[256] = {0};
+        place_pow2(k, permutation, p);
+        for (int r = 0; r < d; r++) pos[r] = (r % m) * (1 << k) + p[r / m];
         return 0;
+    }
     case OSCAR_REF_PERM_RANDOM: {
         /* Fisher-Yates over ranks 1..d-1 with a fixed-seed 64-bit LCG (Knuth's
          * MMIX constants), high bits used: the same permutation on every run. */
@@ -90,39 +217,21 @@ int oscar_ref_rotation_positions(int d, int permutation, int *pos) {
         }
         return 0;
     }
-    case OSCAR_REF_PERM_SPREAD: {
-        /* pos[r] = x^(r-1) in GF(2^bits) for r >= 1 (an m-sequence order). The
-         * first `bits` of them are the unit vectors (Rademacher functions), so
-         * any top-k set with 2 < k <= d/2 spans more than log2(k) dimensions and
-         * is not XOR-closed, unlike bit-reversal, whose top 2^m positions are the
-         * multiples of d/2^m (Walsh functions constant over blocks of d/2^m). */
-        pos[0] = 0;
-        if (d == 1) return 0;
-        unsigned a = 1;
-        for (int r = 1; r < d; r++) {
-            pos[r] = (int)a;
-            a <<= 1;
-            if (a & (unsigned)d) a ^= prim_poly[bits];
-        }
-        return 0;
-    }
     default:
         return -1;
     }
 }
 
-/* R[i][j] = sum_r U[i][r] * H[pos[r]][j], as oscar_ref_compose_rotation (which
- * is this with the bit-reversal positions, computed the same way). */
+/* R[i][j] = sum_r U[i][r] * H[pos[r]][j] (see oscar_ref_compose_rotation). */
 int oscar_ref_compose_rotation_perm(int d, const double *U, int permutation, float *R) {
-    int pos[256], inv[256];
-    if (oscar_ref_rotation_positions(d, permutation, pos) != 0) return -1;
+    signed char A[CORE_MAX * CORE_MAX];
+    int pos[256], inv[256], m = 0, k = spread_factor(d, A, &m);
+    if (k < 0 || oscar_ref_rotation_positions(d, permutation, pos) != 0) return -1;
     for (int r = 0; r < d; r++) inv[pos[r]] = r;
     double v[256];
-    double s = 1.0 / sqrt((double)d);
     for (int i = 0; i < d; i++) {
-        for (int k = 0; k < d; k++) v[k] = U[(size_t)i * d + inv[k]];
-        fwht_f64(d, v);
-        for (int j = 0; j < d; j++) R[(size_t)i * d + j] = (float)(v[j] * s);
+        for (int c = 0; c < d; c++) v[c] = U[(size_t)i * d + inv[c]];
+        spread_row(d, m, k, A, v, R + (size_t)i * d);
     }
     return 0;
 }

@@ -95,6 +95,13 @@ def sfx_of(*parts):
     return "_" + "_".join(str(p) for p in parts)
 
 
+# Shapes the CUDA/HIP templates are written for: 16-byte code loads (head_dim a multiple of 64), warp
+# chunks of 32 values and the warp/tile write paths (head_dim / 32 values per lane, groups of 32, 64,
+# 128). The format allows more (gen/variants.json axes); OpenCL compiles those at plan time.
+CUDA_HIP_HEAD_DIMS = (64, 128, 256)
+CUDA_HIP_GROUPS = (32, 64, 128)
+
+
 def enumerate_variants(spec, sel, arch, target):
     """Returns (append, decode, rotq) lists of dicts for the GPU targets.
     Decode: on CUDA the tensor-core family (decode_tc.jinja) serves uniform
@@ -103,6 +110,12 @@ def enumerate_variants(spec, sel, arch, target):
     more run in several CTAs); Lloyd-Max and the HIP target use the generic
     family (decode.jinja), instantiated per head capacity of sel["gqa"]."""
     append, decode, rotq = [], [], []
+    bad = [d for d in sel["head_dim"] if d not in CUDA_HIP_HEAD_DIMS] + \
+        [g for g in sel["group"] if g not in CUDA_HIP_GROUPS]
+    if bad:
+        sys.exit("oscar_gen: %s kernels are written for head_dim %s and group %s; %s would need template "
+                 "work and a GPU to test it (the CPU and OpenCL backends run every shape of the format)"
+                 % (target, list(CUDA_HIP_HEAD_DIMS), list(CUDA_HIP_GROUPS), bad))
     methods = sel["method"]
     tc = tc_target(spec, target, arch)
     for d in sel["head_dim"]:

@@ -16,7 +16,7 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: which must be OSCAR_K or OSCAR_V");
     if (!rows) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_fakequant: rows is NULL; pass the rows to quantize");
     if (!oscar_head_dim_supported(head_dim))
-        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "oscar_fakequant: head_dim %d unsupported; use 64, 128 or 256",
+        return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "oscar_fakequant: head_dim %d unsupported; use " OSCAR_HEAD_DIM_RULE,
                                head_dim);
     if (group == 0) group = head_dim;
     if (!oscar_group_supported(group, head_dim))

@@ -20,7 +20,7 @@ oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_head
     *out = NULL;
     if (!oscar_head_dim_supported(head_dim))
         return oscar_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM,
-                               "head_dim %d is not supported: use 64, 128 or 256", head_dim);
+                               "head_dim %d is not supported: use " OSCAR_HEAD_DIM_RULE, head_dim);
     if (num_layers <= 0 || num_layers > OSCAR_MAX_LAYERS)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "num_layers %d must be in [1, %d]", num_layers,
                                OSCAR_MAX_LAYERS);
@@ -45,7 +45,7 @@ oscar_status oscar_params_alloc(int num_layers, int num_q_heads, int num_kv_head
     p->num_rot = per_head ? num_kv_heads : 1;
     p->identity = 1;
     p->method = OSCAR_METHOD_INT2;
-    p->group = head_dim < 128 ? head_dim : 128; /* whole head, capped at the largest supported group */
+    p->group = oscar_group_default(head_dim);
     p->sink = 64;
     p->recent = 256;
     p->calib_tokens = 0;

@@ -489,17 +489,17 @@ static oscar_status load_impl(const uint8_t *bytes, size_t size, const pf_src *s
     if ((s = meta_int(meta, "num_q_heads", 1, 1, MAX_HEADS, 0, &hq))) goto done;
     if ((s = meta_int(meta, "num_kv_heads", 1, 1, MAX_HEADS, 0, &hkv))) goto done;
     if ((s = meta_int(meta, "head_dim", 1, 0, 1 << 20, 0, &d))) goto done;
-    if ((s = meta_int(meta, "group", 0, 0, 1 << 20, d < 128 ? d : 128, &group))) goto done;
+    if ((s = meta_int(meta, "group", 0, 0, 1 << 20, oscar_group_default((int)d), &group))) goto done;
     if ((s = meta_int(meta, "sink", 0, 0, INT32_MAX, 64, &sink))) goto done;
     if ((s = meta_int(meta, "recent", 0, 0, INT32_MAX, 256, &recent))) goto done;
     if ((s = meta_int(meta, "calib_tokens", 0, 0, INT32_MAX, 0, &ctok))) goto done;
     if (!oscar_head_dim_supported((int)d)) {
-        snprintf(msg, sizeof msg, "head_dim %lld is not one of 64, 128, 256", (long long)d);
+        snprintf(msg, sizeof msg, "head_dim %lld is not " OSCAR_HEAD_DIM_RULE, (long long)d);
         s = corrupt(msg);
         goto done;
     }
     if (!oscar_group_supported((int)group, (int)d)) {
-        snprintf(msg, sizeof msg, "group %lld is not one of 32, 64, 128 dividing head_dim %lld", (long long)group,
+        snprintf(msg, sizeof msg, "group %lld is not " OSCAR_GROUP_RULE " %lld", (long long)group,
                  (long long)d);
         s = corrupt(msg);
         goto done;

@@ -43,8 +43,8 @@ const char *oscar_status_string(oscar_status s) {
     switch (s) {
     case OSCAR_OK: return "ok";
     case OSCAR_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case OSCAR_ERR_UNSUPPORTED_HEAD_DIM: return "unsupported head_dim (supported: 64, 128, 256)";
-    case OSCAR_ERR_UNSUPPORTED_GROUP: return "unsupported quant group (supported: 32, 64, 128, dividing head_dim)";
+    case OSCAR_ERR_UNSUPPORTED_HEAD_DIM: return "unsupported head_dim (supported: " OSCAR_HEAD_DIM_RULE ")";
+    case OSCAR_ERR_UNSUPPORTED_GROUP: return "unsupported quant group (supported: " OSCAR_GROUP_RULE ")";
     case OSCAR_ERR_UNSUPPORTED: return "unsupported by this backend or method";
     case OSCAR_ERR_SHAPE_MISMATCH: return "shape mismatch between parameters and model/layout";
     case OSCAR_ERR_NONFINITE: return "NaN or Inf in activations";

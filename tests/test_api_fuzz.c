@@ -178,8 +178,8 @@ static void random_layout(fz *f, layout_expect *x) {
     if (chance(r, 12)) { /* one implausible field */
         valid = 0;
         switch (ri(r, 0, 13)) {
-        case 0: l->head_dim = PICK(r, ((const int[]){0, -64, 32, 96, 512, INT32_MAX})); break;
-        case 1: l->group = PICK(r, ((const int[]){0, 16, 48, 256, -32})); break;
+        case 0: l->head_dim = PICK(r, ((const int[]){0, -64, 24, 100, 512, INT32_MAX})); break; /* 32, 96: valid */
+        case 1: l->group = PICK(r, ((const int[]){0, 16, 48, 272, -32})); break; /* 256: valid at d 256 */
         case 2: l->num_kv_heads = PICK(r, ((const int[]){0, -1, INT32_MIN})); break;
         case 3: l->num_kv_heads = l->num_q_heads + 1; break;
         case 4: l->num_q_heads = PICK(r, ((const int[]){0, -8, 1025, INT32_MAX})); break;

@@ -1201,7 +1201,7 @@ Test(bad_input, fakequant_count_overflow_refused) {
 Test(bad_input, method_bits_of_an_unstorable_meta_dtype_is_zero) {
     cr_expect_eq(oscar_method_bits(OSCAR_METHOD_OSCAR2, 128, 128, OSCAR_DTYPE_BF16), 0.0);
     cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, (oscar_dtype)7), 0.0);
-    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 96, 32, OSCAR_DTYPE_F16), 0.0);
+    cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 100, 20, OSCAR_DTYPE_F16), 0.0); /* 96 is a head_dim now */
     cr_expect_eq(oscar_method_bits((oscar_method)-1, 128, 128, OSCAR_DTYPE_F16), 0.0);
     cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, OSCAR_DTYPE_F32), 2.5);
 }

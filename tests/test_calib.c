@@ -259,19 +259,17 @@ static oscar_params *calibrate(oscar_calib_options *o, synth *s, oscar_calib **c
     return p;
 }
 
-static int bitrev(int x, int bits) {
-    int r = 0;
-    for (int i = 0; i < bits; i++) r |= ((x >> i) & 1) << (bits - 1 - i);
-    return r;
-}
-
-Test(calib, finalize_rotations_and_report) {
-    const int d = 128, hq = 4, hkv = 2, n = 3000, L = 2;
+/* Calibrates a synthetic two-layer model of head_dim d with the given placement, then checks what
+ * finalize made: orthogonal rotations, eigenvalues, R = U . H . P undone to eigenvectors of the target
+ * (H the format's spreading matrix, P the placement's positions), the report's ordering, a file round
+ * trip. */
+static void check_finalize(int d, int permutation) {
+    const int hq = 4, hkv = 2, n = 3000, L = 2;
     synth s[2];
     for (int l = 0; l < L; l++) synth_make(&s[l], n, hq, hkv, d, 1);
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, hq, hkv, d);
-    o.permutation = 0; /* the published bit-reversal, which the check below undoes */
+    o.permutation = permutation; /* the check below undoes it */
     o.holdout_rows = 4096;
     o.model_hash = "synthetic-model";
     int calls = 0;
@@ -308,7 +306,7 @@ Test(calib, finalize_rotations_and_report) {
                     for (int k = 0; k < d; k++) acc += (double)R[i * d + k] * R[j * d + k];
                     worst = fmax(worst, fabs(acc - (i == j)));
                 }
-            cr_assert_lt(worst, 1e-5, "layer %d: max |R R^T - I| = %g", l, worst);
+            cr_assert_lt(worst, 1e-5, "d %d layer %d: max |R R^T - I| = %g", d, l, worst);
             /* Eigenvalues: descending, summing to the trace. */
             for (int i = 0; i < d; i++) {
                 tr += C[i * d + i];
@@ -316,13 +314,14 @@ Test(calib, finalize_rotations_and_report) {
                 if (i) cr_assert_geq(lam[i - 1], lam[i], "eigenvalues not descending at %d", i);
             }
             cr_assert_lt(fabs(tr - sum), 1e-9 * fabs(tr));
-            /* Undo H.P: U[:, r] = (R P^T H)[:, r]; each must be an eigenvector of C. */
-            int bits = 0;
-            while ((1 << bits) < d) bits++;
+            /* Undo H.P: R = U Pm H with row pos[r] of H for direction r, so U[i][r] = sum_j R[i][j]
+             * H[pos[r]][j]; each column must be an eigenvector of C. */
+            int pos[256];
+            cr_assert_eq(oscar_ref_rotation_positions(d, permutation, pos), 0);
             for (int i = 0; i < d; i++)
                 for (int r = 0; r < d; r++) {
                     double acc = 0;
-                    for (int k = 0; k < d; k++) acc += (double)R[i * d + bitrev(k, bits)] * H[k * d + r];
+                    for (int k = 0; k < d; k++) acc += (double)R[i * d + k] * H[(size_t)pos[r] * d + k];
                     U[i * d + r] = acc;
                 }
             for (int r = 0; r < d; r++) {
@@ -377,6 +376,16 @@ Test(calib, finalize_rotations_and_report) {
     oscar_calib_destroy(c);
     for (int l = 0; l < L; l++) synth_free(&s[l]);
 }
+
+Test(calib, finalize_rotations_and_report) { check_finalize(128, OSCAR_REF_PERM_BITREV); /* the published placement */ }
+/* Phi-3 / GPT-NeoX-20B's head_dim: the spreading matrix is the Kronecker product of a Paley matrix of
+ * order 12 and the Walsh-Hadamard matrix of order 8; the default placement (spread) and bit-reversal. */
+Test(calib, finalize_head_dim_96) {
+    check_finalize(96, OSCAR_REF_PERM_SPREAD);
+    check_finalize(96, OSCAR_REF_PERM_BITREV);
+}
+/* Phi-2 / Pythia's head_dim 80 (Paley 20 x Walsh 4), random placement. */
+Test(calib, finalize_head_dim_80) { check_finalize(80, OSCAR_REF_PERM_RANDOM); }
 
 Test(calib, fixed_clips_lloyd_max_and_per_head) {
     const int d = 64, hq = 4, hkv = 2, n = 800;
@@ -484,7 +493,7 @@ Test(calib, state_machine_and_bad_input) {
 Test(calib, bad_options) {
     oscar_calib_options o;
     oscar_calib *c = (oscar_calib *)1;
-    oscar_calib_options_default(&o, 2, 8, 2, 96);
+    oscar_calib_options_default(&o, 2, 8, 2, 100);
     cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
     cr_assert_null(c);
     oscar_calib_options_default(&o, 2, 8, 3, 128);

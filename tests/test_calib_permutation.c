@@ -71,7 +71,7 @@ Test(permutation, positions_are_permutations_and_deterministic) {
         cr_assert_eq(oscar_ref_rotation_positions(d, -1, p), -1);
     }
     int p[512];
-    cr_assert_eq(oscar_ref_rotation_positions(96, 0, p), -1);
+    cr_assert_eq(oscar_ref_rotation_positions(100, 0, p), -1); /* no spreading matrix: not a supported head_dim */
     cr_assert_eq(oscar_ref_rotation_positions(512, 0, p), -1);
 }
 
@@ -89,14 +89,17 @@ Test(permutation, spread_top_positions_not_xor_closed) {
     }
 }
 
+/* Head dims that are not powers of two, d = m 2^k with a Paley core of order m (H = A (x) S). */
+static const int k_other_dims[11] = {48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240};
+
 /* R orthogonal, = U.H.P for the placement, and BITREV bit-identical to the
- * published oscar_ref_compose_rotation. */
+ * published oscar_ref_compose_rotation; powers of two and the other head dims. */
 Test(permutation, composed_rotation_orthogonal_and_exact) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
     rc_rng_seed(&r, seed);
-    for (int di = 0; di < 3; di++) {
-        int d = k_dims[di];
+    for (int di = 0; di < 3 + 11; di++) {
+        int d = di < 3 ? k_dims[di] : k_other_dims[di - 3];
         size_t dd = (size_t)d * d;
         double *U = malloc(dd * sizeof *U);
         float *R = malloc(dd * sizeof *R), *R0 = malloc(dd * sizeof *R0), *R2 = malloc(dd * sizeof *R2);
@@ -128,7 +131,12 @@ Test(permutation, composed_rotation_orthogonal_and_exact) {
                          worst);
             double diff = 0;
             for (size_t i = 0; i < dd; i++) diff = fmax(diff, fabs((double)R[i] - R0[i]));
-            cr_assert_gt(diff, 1e-3, "perm %d gives the bit-reversal rotation", pm);
+            int br[256], same = 1;
+            oscar_ref_rotation_positions(d, OSCAR_REF_PERM_BITREV, br);
+            for (int rr = 0; rr < d; rr++) same &= br[rr] == pos[rr];
+            /* d 208 = 104 x 2: over one Walsh bit the m-sequence order is the bit-reversal */
+            if (!same) cr_assert_gt(diff, 1e-3, "d %d perm %d gives the bit-reversal rotation", d, pm);
+            else cr_assert(d == 208 && pm == OSCAR_REF_PERM_SPREAD, "d %d perm %d: bit-reversal positions", d, pm);
         }
         free(U);
         free(R);
@@ -226,4 +234,34 @@ Test(permutation, calibration_uses_the_placement) {
     free(v);
     free(H);
     free(C);
+}
+
+/* The other head dims: every placement is a permutation with rank 0 on the constant row; BITREV and
+ * SPREAD put rank t m + a on row a 2^k + p(t), p their placement over the k bits of S (the rotations
+ * themselves: composed_rotation_orthogonal_and_exact). */
+Test(permutation, head_dims_not_powers_of_two) {
+    for (size_t di = 0; di < sizeof k_other_dims / sizeof k_other_dims[0]; di++) {
+        const int d = k_other_dims[di];
+        int syl = 0;
+        const int m = oscar_ref_hadamard_order(d, &syl);
+        cr_assert(m > 2 && m * syl == d, "d %d: %d x %d", d, m, syl);
+        int k = 0;
+        while ((1 << k) < syl) k++;
+        for (int pm = 0; pm <= 2; pm++) {
+            int a[256], seen[256] = {0};
+            cr_assert_eq(oscar_ref_rotation_positions(d, pm, a), 0, "d %d permutation %d", d, pm);
+            for (int rr = 0; rr < d; rr++) {
+                cr_assert(a[rr] >= 0 && a[rr] < d && !seen[a[rr]], "d %d permutation %d: not a permutation", d, pm);
+                seen[a[rr]] = 1;
+            }
+            cr_assert_eq(a[0], 0, "rank 0 keeps the constant row");
+            if (pm == OSCAR_REF_PERM_RANDOM) continue;
+            int p[256];
+            for (int t = 0; t < syl; t++) p[t] = a[t * m] % syl; /* rank t m: row p(t) of S, core row 0 */
+            for (int rr = 0; rr < d; rr++)
+                cr_assert_eq(a[rr], (rr % m) * syl + p[rr / m], "d %d permutation %d rank %d", d, pm, rr);
+            if (pm == OSCAR_REF_PERM_BITREV)
+                for (int t = 0; t < syl; t++) cr_assert_eq(p[t], oscar_ref_bitrev(t, k), "d %d: bit-reversal", d);
+        }
+    }
 }

@@ -277,6 +277,18 @@ Test(cpu_backend, large_shapes_chunks_and_prefill) {
     run_scenario(&c3, 5, lens3, CHUNKS);
 }
 
+/* Head dims that are not powers of two (FORMAT.md 3.5, refcheck.h rc_other_dim_shapes) against the
+ * reference codec (random rotations through the A (x) S spreading matrix; QUAROT2 with it as R). */
+Test(cpu_backend, head_dims_not_powers_of_two) {
+    run_boundaries(&rc_other_dim_shapes[0]); /* mixed lengths below, at and past sink + recent, pages not full */
+    run_boundaries(&rc_other_dim_shapes[1]);
+    for (int i = 2; i < RC_OTHER_DIM_SHAPES; i++) {
+        int lens[16];
+        int n = boundary_lens(&rc_other_dim_shapes[i], lens);
+        run_scenario(&rc_other_dim_shapes[i], n, lens, CHUNKS);
+    }
+}
+
 /* ---------------------------------------------------------- bad inputs */
 typedef struct bad_env {
     env e;
@@ -496,8 +508,13 @@ Test(cpu_backend, plan_refuses_bad_descriptors) {
     pd.identity_rotation = 1;
     void *plan = NULL;
     oscar_errbuf err = {{0}};
-    pd.layout.head_dim = 96;
+    pd.layout.head_dim = 100; /* not a multiple of 16 */
     cr_assert_eq(api->plan_create(NULL, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    pd.layout.head_dim = 272; /* past 256 */
+    cr_assert_eq(api->plan_create(NULL, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    pd.layout.head_dim = 96;
+    pd.layout.group = 64; /* does not divide 96 */
+    cr_assert_eq(api->plan_create(NULL, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED_GROUP);
     pd.layout.head_dim = 128;
     pd.layout.group = 48;
     cr_assert_eq(api->plan_create(NULL, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED_GROUP);

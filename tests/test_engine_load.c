@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "oscar_calibrate.h" /* ocal_run: the calibration oscar-calibrate runs */
 
 static char g_dir[256];
 
@@ -262,6 +263,84 @@ Test(engine_load, synthetic_qwen3_qwen2_llama_run)
         make_dir();
         write_model(cs[i], NULL);
         run_model(cs[i]);
+        remove_dir();
+    }
+}
+
+/* Head dims that are not powers of two (docs/FORMAT.md 3.5): a Phi-3-shaped Llama (head_dim 96) and a
+ * Qwen3 with Phi-2's head_dim 80 load, run, and calibrate end to end as oscar-calibrate does (both
+ * passes, finalize with the A (x) S spreading matrix): orthogonal per-head rotations, the format's
+ * default group, a file round trip, and a plan on the CPU backend. */
+Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
+{
+    seed();
+    const tiny_cfg cs[2] = {{"llama", 2, 192, 4, 2, 96, 128, 40, 0, 0, 0}, {"qwen3", 2, 160, 4, 2, 80, 96, 50, 1, 0, 1}};
+    for (int i = 0; i < 2; i++) {
+        const int d = cs[i].head_dim;
+        make_dir();
+        write_model(&cs[i], NULL);
+        run_model(&cs[i]);
+        oe_model *m = NULL;
+        cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
+        int group = 0;
+        char err[1024];
+        cr_assert_eq(ocal_check_shape(d, &group, err, sizeof err), OSCAR_OK, "%s", err);
+        cr_assert_eq(group, d, "default group of head_dim %d", d);
+        const int64_t ntok = 3 * 128;
+        uint32_t *tok = malloc((size_t)ntok * sizeof *tok);
+        for (int64_t t = 0; t < ntok; t++) tok[t] = (uint32_t)(rand_r(&g_seed) % (unsigned)cs[i].vocab);
+        ocal_options o;
+        ocal_options_default(&o);
+        o.window = 128;
+        o.max_tokens = ntok;
+        o.sink = 8;
+        o.recent = 16;
+        o.group = group;
+        oscar_calib *c = NULL;
+        oscar_params *p = NULL;
+        ocal_stats st;
+        cr_assert_eq(ocal_run(m, tok, ntok, &o, &c, &p, &st, err, sizeof err), OSCAR_OK, "d %d: %s", d, err);
+        cr_assert_eq(st.windows, 3);
+        oscar_params_info info;
+        cr_assert_eq(oscar_params_get_info(p, &info), OSCAR_OK);
+        cr_assert_eq(info.head_dim, d);
+        for (int l = 0; l < cs[i].layers; l++)
+            for (int h = 0; h < cs[i].kv_heads; h++)
+                for (int w = 0; w < 2; w++) {
+                    const float *R;
+                    cr_assert_eq(oscar_params_rotation(p, l, h, (oscar_kv)w, &R), OSCAR_OK);
+                    double worst = 0;
+                    for (int a = 0; a < d; a++)
+                        for (int b = 0; b < d; b++) {
+                            double s = 0;
+                            for (int k = 0; k < d; k++) s += (double)R[a * d + k] * R[b * d + k];
+                            worst = fmax(worst, fabs(s - (a == b)));
+                        }
+                    cr_assert_lt(worst, 1e-5, "d %d layer %d head %d: max |R R^T - I| = %g", d, l, h, worst);
+                }
+        char path[512];
+        snprintf(path, sizeof path, "%s/p.oscar.safetensors", g_dir);
+        cr_assert_eq(oscar_params_save(p, path), OSCAR_OK, "%s", oscar_last_error());
+        oscar_params *q = NULL;
+        cr_assert_eq(oscar_params_load(path, &q), OSCAR_OK, "%s", oscar_last_error());
+        oscar_runtime *rt = NULL;
+        oscar_runtime_options ro;
+        oscar_runtime_options_default(&ro);
+        ro.backend = "cpu";
+        cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+        oscar_layout_desc l;
+        oscar_layout_default(&l);
+        l.head_dim = d, l.group = group, l.num_q_heads = cs[i].heads, l.num_kv_heads = cs[i].kv_heads;
+        l.max_seq_len = 1024;
+        oscar_plan *plan = NULL;
+        cr_assert_eq(oscar_plan_create(rt, &l, q, &plan), OSCAR_OK, "%s", oscar_last_error());
+        oscar_plan_destroy(plan);
+        oscar_runtime_destroy(rt);
+        oscar_params_destroy(q);
+        oscar_params_destroy(p);
+        oscar_calib_destroy(c);
+        free(tok);
+        oe_model_free(m);
         remove_dir();
     }
 }

@@ -1,6 +1,7 @@
 /* Split sizing of the GPU decode (backends/gpu/gpu_core.c, host code shared by
  * the CUDA, HIP and OpenCL plugins). Runs without a GPU. */
 #include <criterion/criterion.h>
+#include <string.h>
 
 #include "gpu_core.h"
 
@@ -86,4 +87,21 @@ Test(gpu_splits, tensor_core_splits_cover_history_and_windows) {
                     check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 0, 64, resident, 1 << 20);
                     check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 1, 256, resident, 5);
                 }
+}
+
+/* CUDA/HIP plans for a shape the format allows but the plugin's variant set lacks: refused with the
+ * missing field's code, naming what is compiled and the backends that run it. */
+Test(gpu_shapes, uncompiled_head_dim_and_group_are_refused_by_name) {
+    const int pairs[][2] = {{64, 32}, {64, 64}, {128, 128}, {128, 32}, {256, 128}, {128, 128}};
+    const int n = (int)(sizeof pairs / sizeof pairs[0]);
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(gpu_check_compiled_shape("cuda", 128, 32, pairs, n, &err), OSCAR_OK);
+    cr_assert_eq(gpu_check_compiled_shape("cuda", 96, 96, pairs, n, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert(strstr(err.msg, "cuda plan: head_dim 96 is not compiled") && strstr(err.msg, "64, 128, 256") &&
+                  strstr(err.msg, "cpu and opencl"),
+              "%s", err.msg);
+    cr_assert_eq(gpu_check_compiled_shape("hip", 128, 64, pairs, n, &err), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_assert(strstr(err.msg, "hip plan: group 64") && strstr(err.msg, "group 128, 32"), "%s", err.msg);
+    cr_assert_eq(gpu_check_compiled_shape("hip", 80, 80, pairs, 0, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert(strstr(err.msg, "head_dim none"), "%s", err.msg);
 }

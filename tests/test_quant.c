@@ -75,8 +75,9 @@ Test(rotation, hadamard_and_composed_are_orthogonal) {
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
     rc_rng_seed(&r, seed);
-    for (int di = 0; di < 3; di++) {
-        int d = k_dims[di];
+    const int dims[] = {64, 128, 256, 80, 96, 112, 160, 192, 208};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        int d = dims[di];
         float *H = malloc((size_t)d * d * sizeof *H), *R = malloc((size_t)d * d * sizeof *R);
         oscar_ref_hadamard(d, H);
         cr_assert_lt(rc_orthogonality_error(d, H), 1e-5, "Hadamard d=%d", d);
@@ -87,6 +88,49 @@ Test(rotation, hadamard_and_composed_are_orthogonal) {
         free(H);
         free(R);
     }
+}
+
+/* The spreading matrix of every supported head_dim (FORMAT.md §1): orthogonal, every entry exactly
+ * +-1/sqrt(d) (a row's energy is spread evenly over the d columns, so over every quant group: an
+ * outlier channel's share of each group of G columns is exactly G/d), first row constant; the
+ * Walsh-Hadamard matrix for powers of two, A (x) S with a Paley core otherwise; QUAROT2's built-in
+ * rotation is that matrix; none outside the supported set. */
+Test(rotation, spreading_matrix_every_head_dim) {
+    int n = 0;
+    for (int d = 1; d <= 272; d++) {
+        float *H = malloc((size_t)d * d * sizeof *H);
+        const int ok = oscar_ref_hadamard(d, H) == 0;
+        if (!oscar_head_dim_supported(d)) {
+            if (d > 256) cr_assert(!ok, "d %d: past the largest head_dim", d);
+            free(H);
+            continue;
+        }
+        n++;
+        cr_assert(ok, "supported head_dim %d has no spreading matrix", d);
+        int syl = 0, m = oscar_ref_hadamard_order(d, &syl);
+        cr_assert_eq(m * syl, d, "d %d = %d x %d", d, m, syl);
+        cr_assert((d & (d - 1)) ? m > 2 : m == 1, "d %d: core order %d", d, m);
+        const float s = 1.0f / sqrtf((float)d);
+        for (int i = 0; i < d; i++)
+            for (int j = 0; j < d; j++) {
+                const float h = H[(size_t)i * d + j];
+                cr_assert(h == s || h == -s, "d %d: H[%d][%d] = %g, not +-1/sqrt(d)", d, i, j, (double)h);
+                if (i == 0) cr_assert(h == s, "d %d: first row not constant at %d", d, j);
+                if (m == 1) cr_assert_eq(h < 0, __builtin_popcount((unsigned)(i & j)) & 1, "d %d: not Walsh", d);
+            }
+        const double oe = rc_orthogonality_error(d, H);
+        cr_assert_lt(oe, 1e-6, "d %d: max |H H^T - I| = %g", d, oe);
+        if (d == 96 || d == 80 || d == 160) cr_log_info("d %d = %d x %d: max |H H^T - I| %.2e", d, m, syl, oe);
+        oscar_params *p = NULL;
+        cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 1, 2, 1, d, &p), OSCAR_OK, "%s",
+                     oscar_last_error());
+        const float *R;
+        cr_assert_eq(oscar_params_rotation(p, 0, 0, OSCAR_K, &R), OSCAR_OK);
+        cr_assert_eq(memcmp(R, H, (size_t)d * d * sizeof *H), 0, "d %d: QUAROT2's rotation is not H", d);
+        oscar_params_destroy(p);
+        free(H);
+    }
+    cr_assert_eq(n, 15, "multiples of 16 from 32 to 256");
 }
 
 /* R = U . Pm . H with Pm[r][bitrev(r)] = 1, checked by brute-force products. */
@@ -784,7 +828,7 @@ Test(fakequant, bad_inputs_return_their_codes) {
     float x[2 * 128];
     for (int i = 0; i < 256; i++) x[i] = (float)i * 0.01f;
     cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 1, 1, 128, NULL), OSCAR_ERR_INVALID_ARGUMENT);
-    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 1, 1, 96, x), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 1, 1, 100, x), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
     cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 48, 1, 1, 128, x), OSCAR_ERR_UNSUPPORTED_GROUP);
     cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 128, 1, 1, 64, x), OSCAR_ERR_UNSUPPORTED_GROUP);
     cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 0, 0, 1, 128, x), OSCAR_ERR_EMPTY);

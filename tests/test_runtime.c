@@ -82,9 +82,15 @@ Test(layout, default_is_valid_and_sized_per_format) {
 
 Test(layout, bad_fields_are_named) {
     oscar_layout_desc d = small_layout();
-    d.head_dim = 96;
+    d.head_dim = 100;
     cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
-    cr_assert(strstr(oscar_last_error(), "head_dim 96"), "%s", oscar_last_error());
+    cr_assert(strstr(oscar_last_error(), "head_dim 100"), "%s", oscar_last_error());
+    d.head_dim = 96; /* a multiple of 16: supported, with a group dividing it */
+    d.group = 96;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_OK, "%s", oscar_last_error());
+    d.group = 64;
+    cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_assert(strstr(oscar_last_error(), "default 96"), "%s", oscar_last_error());
     d = small_layout();
     d.group = 48;
     cr_assert_eq(oscar_layout_validate(&d), OSCAR_ERR_UNSUPPORTED_GROUP);

@@ -150,7 +150,7 @@ Test(tools_bad_input, bench_impossible_shapes_are_bad_input, .timeout = 120) {
     char out[16384];
     const struct {
         const char *args, *needle;
-    } cases[] = {{"--q-heads 3 --kv-heads 2", "num_q_heads"}, {"--head-dim 96", "head_dim"},
+    } cases[] = {{"--q-heads 3 --kv-heads 2", "num_q_heads"}, {"--head-dim 100", "head_dim"},
                  {"--group 256", "group"},                   {"--page 24", "page_size"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(out, sizeof out, 60, BIN "/oscar-bench --quick --backend cpu %s", cases[i].args);

@@ -300,7 +300,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
-    opts o = {.batch = 4, .context = 1000, .head_dim = 128, .group = 128, .q_heads = 8, .kv_heads = 2,
+    opts o = {.batch = 4, .context = 1000, .head_dim = 128, .group = 0, .q_heads = 8, .kv_heads = 2,
               .page = 64, .sink = 64, .recent = 256, .calib_tokens = 4096, .backend = NULL, .seed = 1234};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -326,6 +326,11 @@ int main(int argc, char **argv) {
     if (o.batch < 1 || o.context < 1 || o.head_dim > 512 || o.q_heads < 1 || o.kv_heads < 1) {
         fprintf(stderr, "oscar-bench: batch, context, heads must be >= 1 and head_dim <= 512\n");
         return 2;
+    }
+    if (o.group == 0) { /* the default group of the head_dim (format/oscar_format.h, through calib) */
+        oscar_calib_options co;
+        oscar_calib_options_default(&co, 1, 1, 1, o.head_dim);
+        o.group = co.group;
     }
     {
         /* A shape the library cannot store is bad input: refused before the

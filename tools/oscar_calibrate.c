@@ -68,7 +68,7 @@ static void usage(FILE *fp) {
             "  --out FILE       parameter file to write (docs/FORMAT.md)\n"
             "  --max-tokens N   use the first N tokens (default 65536), as floor(N / window) windows\n"
             "  --window N       tokens per independent window (default 2048)\n"
-            "  --group N        quant group used when fitting clips (default head_dim)\n"
+            "  --group N        quant group used when fitting clips (default: head_dim up to 128, else half of it)\n"
             "  --per-head       one rotation per KV head (the default)\n"
             "  --per-layer      one rotation per layer, shared by its KV heads (a file num_kv_heads\n"
             "                   times smaller)\n"
@@ -303,16 +303,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
         return 2;
     }
-    if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256) {
-        fprintf(stderr, "oscar-calibrate: %s has head_dim %d; liboscar supports head_dim 64, 128 or 256\n", model_dir,
-                cfg.head_dim);
-        return 2;
-    }
-    int group = o.group > 0 ? o.group : cfg.head_dim;
-    if (!(group == 32 || group == 64 || group == 128) || cfg.head_dim % group != 0) {
-        fprintf(stderr, "oscar-calibrate: --group %d is not supported for head_dim %d: use 32, 64 or 128 dividing it\n",
-                group, cfg.head_dim);
-        return 2;
+    int group = o.group > 0 ? o.group : 0; /* 0: the default of the head_dim */
+    {
+        char why[400];
+        if (ocal_check_shape(cfg.head_dim, &group, why, sizeof why) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s (head_dim from %s, group %s)\n", why, cfg_path,
+                    o.group > 0 ? "from --group" : "the default");
+            return 2;
+        }
+        o.group = group; /* the calibration and the clip search use the same group */
     }
 
     double t_start = now_s();

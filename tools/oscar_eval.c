@@ -37,7 +37,7 @@ static void usage(FILE *f)
             "                      time (append, then attend with those queries: oscar_extend), so a\n"
             "                      query sees the 2-bit region of its chunk's end (default 0: token\n"
             "                      by token, as decoding sees it)\n"
-            "  --group G           quant group along head_dim (default head_dim)\n"
+            "  --group G           quant group along head_dim (default: head_dim up to 128, else half of it)\n"
             "  --ablations         also run the ablations (fixed clips, Hadamard+clip, no clip,\n"
             "                      Lloyd-Max), with windows and without\n"
             "  --per-layer LIST    also run each listed method with one layer quantized at a time\n"
@@ -372,13 +372,13 @@ int main(int argc, char **argv)
         return bad("--context %s exceeds the model's max_position_embeddings %s; use a shorter context", a, b);
     }
     int d = cfg.head_dim;
-    if (group != 0 && (group > d || d % group != 0 || (group != 32 && group != 64 && group != 128))) {
-        char a[32], b[32];
-        snprintf(a, sizeof a, "%ld", group);
-        snprintf(b, sizeof b, "%d", d);
-        return bad("--group %s unsupported for head_dim %s: use 32, 64 or 128 dividing head_dim", a, b);
+    {
+        /* the format's rule through the public API; group 0: the default of the head_dim */
+        int g = (int)group; /* --group is in [0, 256] */
+        char why[400];
+        if (ocal_check_shape(d, &g, why, sizeof why) != OSCAR_OK) return bad("%s (--group %s)", why, group ? "given" : "default");
+        group = g;
     }
-    if (group == 0) group = d;
     /* --storage specs parsed now, before any work (the variants are made from them below). */
     for (int i = 0; i < nstorage; i++) {
         char serr[400];

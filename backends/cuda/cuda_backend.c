@@ -155,6 +155,18 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         mf32 = !bf16m && l->meta_dtype == OSCAR_DTYPE_F32, lm = l->method == OSCAR_METHOD_OSCAR2_LM;
     const oscar_gpu_decode_variant *dv = NULL;
     const oscar_gpu_append_variant *av = NULL;
+    /* A head_dim or group the format allows but this build did not generate (gen/variants.json) is
+     * refused with its own code, naming the backends that run it. */
+    int pairs[64][2], np = 0;
+    for (int t = 0; t < GPU_TABLE(num_decode_tables); t++)
+        for (int i = 0; i < *GPU_TABLE(decode_table_sizes)[t]; i++) {
+            const oscar_gpu_decode_variant *v = &GPU_TABLE(decode_tables)[t][i];
+            int j = 0;
+            while (j < np && (pairs[j][0] != v->d || pairs[j][1] != v->group)) j++;
+            if (j == np && np < 64) pairs[np][0] = v->d, pairs[np++][1] = v->group;
+        }
+    oscar_status cs = gpu_check_compiled_shape(GPU_NAME, l->head_dim, G, (const int (*)[2])pairs, np, err);
+    if (cs != OSCAR_OK) return cs;
     /* Preference: the tensor-core family, then the smallest head capacity that
      * holds the GQA ratio (else the largest: the ratio runs in several CTAs).
      * $OSCAR_DECODE_CAP=N (A/B knob, docs/API.md): no tensor-core variant of more than N

@@ -371,6 +371,39 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
 
 void gpu_plan_destroy(void *ctx, void *bplan) { plan_free(ctx, bplan); }
 
+/* Appends v to the ", "-separated list in buf (len bytes) unless it is there already. */
+static void list_add(char *buf, size_t len, int *seen, int nseen_max, int *nseen, int v) {
+    for (int i = 0; i < *nseen; i++)
+        if (seen[i] == v) return;
+    if (*nseen < nseen_max) seen[(*nseen)++] = v;
+    size_t used = strlen(buf);
+    if (used + 16 < len) snprintf(buf + used, len - used, "%s%d", used ? ", " : "", v);
+}
+
+oscar_status gpu_check_compiled_shape(const char *nm, int d, int group, const int (*pairs)[2], int n,
+                                      oscar_errbuf *err) {
+    char dims[128] = "", groups[128] = "";
+    int seen_d[32], seen_g[32], nd = 0, ng = 0, have_d = 0;
+    for (int i = 0; i < n; i++) {
+        if (pairs[i][0] == d && pairs[i][1] == group) return OSCAR_OK;
+        list_add(dims, sizeof dims, seen_d, 32, &nd, pairs[i][0]);
+        if (pairs[i][0] == d) {
+            have_d = 1;
+            list_add(groups, sizeof groups, seen_g, 32, &ng, pairs[i][1]);
+        }
+    }
+    if (!have_d)
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_HEAD_DIM,
+                                "%s plan: head_dim %d is not compiled into this plugin (it has head_dim %s); the cpu "
+                                "and opencl backends run every head_dim the format allows (" OSCAR_HEAD_DIM_RULE
+                                "); %s kernels for it need a variant in gen/variants.json (docs/CODEGEN.md)",
+                                nm, d, nd ? dims : "none", nm);
+    return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
+                            "%s plan: group %d is not compiled for head_dim %d into this plugin (it has group %s); "
+                            "the cpu and opencl backends run every group the format allows (" OSCAR_GROUP_RULE ")",
+                            nm, group, d, groups);
+}
+
 static int target_blocks(void *ctx, const gpu_plan *p) {
     int cu = V(ctx)->compute_units(ctx);
     if (cu < 1) cu = 1;

@@ -261,10 +261,15 @@ static oscar_status ocl_sync(void *ctx, void *stream, oscar_errbuf *err) {
 
 static int ocl_compute_units(void *ctx) { return (int)((cl_ctx *)ctx)->compute_units; }
 
+/* The tuning of head_dim d: gen/variants.json's entry for d, else that of the smallest tuned head_dim
+ * above it (96 and 80 run with 128's, 160 and 192 with 256's): its threads and V elements per thread
+ * serve any multiple of 16 (the decode kernel idles the threads past floor(threads / (d / elems))
+ * parts in the V pass, templates/decode.jinja). */
 static const int *tuning_of(int d) {
+    const int *best = oscar_opencl_tuning[2];
     for (int i = 0; i < 3; i++)
-        if (oscar_opencl_tuning[i][0] == d) return oscar_opencl_tuning[i];
-    return oscar_opencl_tuning[1];
+        if (oscar_opencl_tuning[i][0] >= d && oscar_opencl_tuning[i][0] < best[0]) best = oscar_opencl_tuning[i];
+    return best;
 }
 
 static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {

@@ -72,8 +72,10 @@ OSCAR_API const char *oscar_version(int *major, int *minor, int *patch);
 typedef enum oscar_status {
     OSCAR_OK = 0,
     OSCAR_ERR_INVALID_ARGUMENT = 1,   /* NULL pointer, negative count, bad enum */
-    OSCAR_ERR_UNSUPPORTED_HEAD_DIM = 2, /* head_dim not in {64, 128, 256} */
-    OSCAR_ERR_UNSUPPORTED_GROUP = 3,  /* group not in {32, 64, 128} or not dividing head_dim */
+    OSCAR_ERR_UNSUPPORTED_HEAD_DIM = 2, /* head_dim not a multiple of 16 in 32..256, or (CUDA/HIP plan)
+                                         not compiled into the plugin */
+    OSCAR_ERR_UNSUPPORTED_GROUP = 3,  /* group not a multiple of 16 >= 32 dividing head_dim, or (CUDA/HIP
+                                         plan) not compiled into the plugin */
     OSCAR_ERR_UNSUPPORTED = 4,        /* valid request this backend/method cannot do */
     OSCAR_ERR_SHAPE_MISMATCH = 5,     /* parameters vs layout/model shape disagree */
     OSCAR_ERR_NONFINITE = 6,          /* NaN or Inf in activations */
@@ -129,8 +131,12 @@ typedef enum oscar_kv { OSCAR_K = 0, OSCAR_V = 1 } oscar_kv;
 /* Shape of one layer's paged cache. See docs/FORMAT.md. */
 typedef struct oscar_layout_desc {
     uint32_t struct_size;   /* sizeof(oscar_layout_desc) */
-    int32_t head_dim;       /* 64, 128 or 256 */
-    int32_t group;          /* quant group along head_dim: 32, 64 or 128, divides head_dim */
+    int32_t head_dim;       /* any multiple of 16 from 32 to 256 (e.g. 64, 80, 96, 112, 128, 160, 192,
+                               256): CPU and OpenCL backends; the CUDA/HIP plugins run 64, 128 and 256
+                               (their generated variant set) and refuse others at plan creation */
+    int32_t group;          /* quant group along head_dim: a multiple of 16, >= 32, dividing head_dim
+                               (96 -> 32, 48 or 96); CUDA/HIP: 32, 64 or 128. Bits per element
+                               2 + 32 / group with F16 metadata (group 96: 2.33) */
     int32_t num_q_heads;
     int32_t num_kv_heads;   /* divides num_q_heads */
     int32_t page_size;      /* tokens per page: 16, 32, 64 or 128 */
@@ -267,7 +273,8 @@ typedef void (*oscar_progress_fn)(void *user, const char *stage, int64_t done, i
 typedef struct oscar_calib_options {
     uint32_t struct_size;       /* sizeof(oscar_calib_options) */
     int32_t num_layers, num_q_heads, num_kv_heads, head_dim;
-    int32_t group;              /* quant group used when fitting clips (default head_dim) */
+    int32_t group;              /* quant group used when fitting clips (default: head_dim up to 128, else
+                                   head_dim / 2 when that is a group, else head_dim) */
     int32_t per_head;           /* 1 (default): one rotation (and feedback weights) per KV head;
                                    0: one per layer (a parameter file num_kv_heads times smaller) */
     oscar_method method;        /* OSCAR2 (default) or OSCAR2_LM */

@@ -103,7 +103,8 @@ def method_bits(method: Union[str, int], head_dim: int = 128, group: int = 128, 
     bits = float(lib.oscar_method_bits(method_id(method), head_dim, group, dtype_id(meta_dtype)))
     if bits == 0.0:  # the library's answer for a shape no cache stores
         raise ValueError(f"method_bits: {method_name(method)} has no storage at head_dim {head_dim}, group {group}, "
-                         f"meta_dtype {meta_dtype!r} (head_dim 64, 128 or 256; group 32, 64 or 128 dividing it, or 0; "
+                         f"meta_dtype {meta_dtype!r} (head_dim a multiple of 16 from 32 to 256; group a multiple of 16, "
+                         f"at least 32, dividing it, or 0; "
                          f"meta_dtype 'f16' or 'f32')")
     return bits
 

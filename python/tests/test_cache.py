@@ -11,17 +11,17 @@ from conftest import bf16_exact, ref_attention, ref_int2
 HQ, HKV, D, S0, W, PAGE = 8, 2, 128, 4, 16, 16
 
 
-def run(cpu, rng, method, group, lens, steps):
-    layout = liboscar.Layout(head_dim=D, group=group, num_q_heads=HQ, num_kv_heads=HKV, page_size=PAGE, sink=S0,
+def run(cpu, rng, method, group, lens, steps, d=D):
+    layout = liboscar.Layout(head_dim=d, group=group, num_q_heads=HQ, num_kv_heads=HKV, page_size=PAGE, sink=S0,
                              recent=W, max_seq_len=512, kv_dtype="bf16", method=method)
     plan = liboscar.Plan(cpu, layout)
     cache = plan.cache(num_layers=2, num_seqs=len(lens), max_seq_len=max(lens) + steps)
     total = max(lens) + steps
     # bf16-exact rows with channel outliers: what the cache stores is then
     # exactly these rows (identity rotation) or their 2-bit codes.
-    scale = 1 + 6 * (rng.random((1, 1, D)) < 0.05)
-    ks = [bf16_exact(rng.standard_normal((total, HKV, D)) * scale) for _ in lens]
-    vs = [bf16_exact(rng.standard_normal((total, HKV, D))) for _ in lens]
+    scale = 1 + 6 * (rng.random((1, 1, d)) < 0.05)
+    ks = [bf16_exact(rng.standard_normal((total, HKV, d)) * scale) for _ in lens]
+    vs = [bf16_exact(rng.standard_normal((total, HKV, d))) for _ in lens]
     layer = 1
     cat = lambda rows: liboscar.to_bf16(np.concatenate(rows))  # noqa: E731
     cache.append(layer, cat([k[:n] for k, n in zip(ks, lens)]), cat([v[:n] for v, n in zip(vs, lens)]),
@@ -34,7 +34,7 @@ def run(cpu, rng, method, group, lens, steps):
                          cat([v[n:n + 1] for v, n in zip(vs, cur)]))
             cur = [n + 1 for n in cur]
         assert cache.lens[layer].tolist() == cur
-        qf = bf16_exact(rng.standard_normal((len(lens), HQ, D)))
+        qf = bf16_exact(rng.standard_normal((len(lens), HQ, d)))
         out = liboscar.from_bf16(cache.decode(layer, liboscar.to_bf16(qf)))
         for i, n in enumerate(cur):
             k, v = ks[i][:n], vs[i][:n]
@@ -53,9 +53,11 @@ def run(cpu, rng, method, group, lens, steps):
     return worst, fp_gap, shift_gap
 
 
-@pytest.mark.parametrize("method,group", [("bf16", 128), ("int2", 128), ("int2", 32)])
-def test_append_decode_matches_numpy(cpu, rng, method, group):
-    worst, fp_gap, shift_gap = run(cpu, rng, method, group, lens=[1, 37, 200], steps=30)
+# head_dim 96 (Phi-3, GPT-NeoX-20B) and 80 (Phi-2, Pythia): every multiple of 16 from 32 to 256 (FORMAT.md 3.5)
+@pytest.mark.parametrize("method,group,d", [("bf16", 128, 128), ("int2", 128, 128), ("int2", 32, 128),
+                                            ("int2", 96, 96), ("int2", 48, 96), ("bf16", 80, 80), ("int2", 80, 80)])
+def test_append_decode_matches_numpy(cpu, rng, method, group, d):
+    worst, fp_gap, shift_gap = run(cpu, rng, method, group, lens=[1, 37, 200], steps=30, d=d)
     # bf16 output rounding (2^-8 relative) is the only difference allowed.
     assert worst < 8e-3, f"decode differs from the NumPy reference by {worst:.2e} (relative to max |o|)"
     if method == "int2":

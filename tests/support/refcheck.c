@@ -440,6 +440,21 @@ void rc_paged_free(rc_paged *b) {
     memset(b, 0, sizeof *b);
 }
 
+const rc_cfg rc_other_dim_shapes[RC_OTHER_DIM_SHAPES] = {
+    {96, 96, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
+    {80, 80, 32, 3, 5, 4, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_F16, OSCAR_DTYPE_F32, 0},
+    {96, 32, 16, 2, 9, 8, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
+    {96, 48, 16, 0, 0, 4, 4, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0},
+    {80, 80, 16, 0, 0, 4, 1, OSCAR_METHOD_BF16, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
+    {112, 112, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
+    {160, 80, 32, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
+    {192, 96, 16, 4, 8, 8, 1, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1},
+    {48, 48, 16, 4, 8, 4, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0},
+    {32, 32, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
+    {240, 80, 16, 4, 8, 4, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
+    {208, 208, 16, 4, 8, 4, 2, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0},
+};
+
 void rc_plan_setup(const rc_cfg *c, int layers, rc_rng *r, oscar_layout_desc *l, int *num_rot, int *identity,
                    float **rot_k, float **rot_v, float *clip_k, float *clip_v) {
     memset(l, 0, sizeof *l);

@@ -158,6 +158,12 @@ typedef struct rc_cfg {
     oscar_dtype kv, meta;
     int per_head;
 } rc_cfg;
+/* Shapes at head dims that are not powers of two (FORMAT.md §3.5; Phi-3 / GPT-NeoX-20B 96, Phi-2 /
+ * Pythia 80, 112, 160, 192 and the ends), run by the CPU backend and conformance tests: [0] (d 96,
+ * per-head rotations) and [1] (d 80, Lloyd-Max, F16 windows, F32 metadata) at every schedule, the
+ * others (every method, groups below the head) in chunks. */
+#define RC_OTHER_DIM_SHAPES 12
+extern const rc_cfg rc_other_dim_shapes[RC_OTHER_DIM_SHAPES];
 /* Fills the layout of c (max_seq_len 100000) and what a plan needs for
  * `layers` layers: rotations (Hadamard for QUAROT2, random orthogonal for the
  * OSCAR methods, none = NULL for INT2/BF16; malloc'ed [layers][num_rot][d][d],

@@ -64,6 +64,11 @@ void ocal_options_default(ocal_options *o);
  * rope_theta=..;qk_norm=..;vocab=..", as 16 lowercase hex digits (out >= 17 bytes). */
 void ocal_model_hash(const oe_config *cf, char *out);
 
+/* head_dim and quant group of a model checked against the storage format through the public API
+ * (the rule lives in format/oscar_format.h): *group 0 becomes the calibration default of head_dim.
+ * Returns OSCAR_OK, or OSCAR_ERR_UNSUPPORTED_HEAD_DIM / _GROUP with the library's message in err. */
+oscar_status ocal_check_shape(int head_dim, int *group, char *err, size_t err_len);
+
 /* Number of windows the options give over n_tokens tokens (0: not even one). */
 int ocal_window_count(const ocal_options *o, int64_t n_tokens);
 

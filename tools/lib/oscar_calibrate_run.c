@@ -74,6 +74,21 @@ void ocal_model_hash(const oe_config *cf, char *out) {
     snprintf(out, 17, "%016" PRIx64, h);
 }
 
+oscar_status ocal_check_shape(int head_dim, int *group, char *err, size_t err_len) {
+    if (*group == 0) {
+        oscar_calib_options co;
+        oscar_calib_options_default(&co, 1, 1, 1, head_dim);
+        *group = co.group;
+    }
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = head_dim;
+    l.group = *group;
+    oscar_status s = oscar_layout_validate(&l);
+    if (s != OSCAR_OK) snprintf(err, err_len, "%s", oscar_last_error());
+    return s;
+}
+
 int ocal_window_count(const ocal_options *o, int64_t n_tokens) {
     if (o->window <= 0) return 0;
     int64_t n = o->max_tokens > 0 && o->max_tokens < n_tokens ? o->max_tokens : n_tokens;

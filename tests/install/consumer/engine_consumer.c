@@ -585,8 +585,8 @@ static int error_paths(engine *e) {
     a.struct_size = 3; /* never filled by oscar_attn_args_default */
     ok &= expect("unversioned args", oscar_extend(kd->plan, 0, &c, &b, &a), OSCAR_ERR_VERSION, "struct_size");
     oscar_layout_desc l = kd->l;
-    l.head_dim = 96;
-    ok &= expect("head_dim 96", oscar_layout_validate(&l), OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "head_dim 96");
+    l.head_dim = 100;
+    ok &= expect("head_dim 100", oscar_layout_validate(&l), OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "head_dim 100");
     oscar_params *p4;
     CHECK_OK(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 2, 8, 4, D, &p4));
     oscar_plan *bad = NULL;
