@@ -225,6 +225,11 @@ def test_hybrid_model_keeps_its_sliding_layers_in_transformers():
                       layer_types=["sliding_attention"] * 2)
     with pytest.raises(NotImplementedError, match="no full-attention layer"):
         hf.OscarCache(transformers.AutoModelForCausalLM.from_config(all_sliding), method="bf16")
+    # The cache's quant group is the one calibration fits clips for (the format's default, which the
+    # calibration options carry: 128 at head_dim 256).
+    d256 = cls(**SMALL, num_key_value_heads=2, head_dim=256, layer_types=["full_attention"] * 2)
+    assert hf.OscarCache(transformers.AutoModelForCausalLM.from_config(d256), method="bf16").layout.group == 128
+    assert _capi.defaults(_capi.CalibOptions, _capi.calib().oscar_calib_options_default, 2, 4, 2, 256).group == 128
 
 
 def test_softmax_scale_reaches_the_key_target():
