@@ -11,7 +11,8 @@ need the model.
   found): same clips, eigenvalues and rotations up to float rounding (the
   two forwards differ in the last bits: measured 2.5e-5 relative on the
   eigenvalues, 7e-5 on rotation entries, over 2 windows);
-- architectures the C engine does not run (Gemma 2, Phi-3, GLM-4) calibrate,
+- architectures the C engine does not run (Gemma 2, Phi-3 with its head_dim
+  96, GLM-4) calibrate,
   and the file serves the model through OscarCache (Gemma 2's soft-capping,
   which the decode does not compute, is refused);
 - a hybrid model (Gemma 3: sliding-window and full-attention layers) keeps
@@ -50,7 +51,7 @@ ARCHS = {
     "mistral": ("MistralConfig", dict(num_key_value_heads=1, head_dim=64, sliding_window=None)),
     "qwen2": ("Qwen2Config", dict(num_key_value_heads=2)),
     "gemma2": ("Gemma2Config", dict(num_key_value_heads=2, head_dim=128, query_pre_attn_scalar=64)),
-    "phi3": ("Phi3Config", dict(num_attention_heads=2, num_key_value_heads=2, pad_token_id=0)),
+    "phi3": ("Phi3Config", dict(hidden_size=384, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0)),
     "glm4": ("Glm4Config", dict(num_key_value_heads=2, head_dim=64, pad_token_id=0)),
 }
 
