@@ -60,6 +60,7 @@ typedef struct rig {
 } rig;
 
 static oscar_dtype g_meta = OSCAR_DTYPE_F16; /* the rig's metadata dtype */
+static int g_recent = 16;                     /* the rig's recent window (with windows) */
 
 static int required(const char *name) {
     const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
@@ -113,7 +114,7 @@ static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype k
     r->l.num_kv_heads = 1;
     r->l.page_size = 16;
     r->l.sink = windows ? 8 : 0;
-    r->l.recent = windows ? 16 : 0;
+    r->l.recent = windows ? g_recent : 0;
     r->l.max_seq_len = LEN;
     r->l.kv_dtype = kvt;
     r->l.method = m;
@@ -1025,6 +1026,62 @@ Test(bad_input, hostile_cu_new_is_never_silent, .timeout = 300) {
     const char *b[] = {"cpu", "opencl", "cuda", "hip"};
     for (int i = 0; i < 4; i++)
         for (int val = 0; val < 2; val++) cu_new_hostile_case(b[i], val);
+}
+
+/* A window slot out of range that no new row of the append uses: sequence 1
+ * appends nothing (recent 16), or its one new token lies past the sink with
+ * recent 0 (stored straight into a page). The CPU backend and validate = 1
+ * refuse both with OSCAR_ERR_BLOCK_TABLE; the GPU write kernels read a slot
+ * only where a new row is stored or demoted, so they flagged neither (status
+ * OK, check OK). The blocks that check cu_new now check every sequence's slot,
+ * and oscar_plan_check returns OSCAR_ERR_BLOCK_TABLE. */
+static void unused_slot_case(const char *backend, int validate, int recent) {
+    g_recent = recent;
+    rig r;
+    int open = rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate);
+    g_recent = 16;
+    if (!open) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    oscar_cache ca = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    int32_t lens[SEQ] = {LEN - 1, LEN - 1}, cu[SEQ + 1] = {0, LEN - 1, 2 * (LEN - 1)}, slots[SEQ] = {0, 1};
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu, sizeof cu, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_append(r.plan, 0, &ca, &b, r.cu, 2 * (LEN - 1), r.k, r.v, 0, r.ws, r.ws_bytes, NULL), OSCAR_OK,
+                 "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    /* recent 16: sequence 1 appends nothing; recent 0: one token each, past the sink */
+    int32_t lens2[SEQ] = {LEN, recent ? LEN - 1 : LEN}, cu2[SEQ + 1] = {0, 1, recent ? 1 : 2};
+    const int32_t bad_slots[] = {SEQ, -1};
+    for (int c = 0; c < 2; c++) {
+        slots[1] = bad_slots[c];
+        cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens2, sizeof lens2, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu2, sizeof cu2, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+        oscar_status s = oscar_append(r.plan, 0, &ca, &b, r.cu, cu2[SEQ], r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+        if (strcmp(backend, "cpu") && !validate) {
+            cr_expect_eq(s, OSCAR_OK, "%s: %s", backend, oscar_last_error());
+            s = oscar_plan_check(r.plan, r.ws, NULL);
+            cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s validate 0, recent %d, slot %d: check gave %d (%s)", backend,
+                         recent, slots[1], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "window slot"), "%s: %s", backend, oscar_last_error());
+        } else {
+            cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s validate %d, recent %d, slot %d: %d (%s)", backend, validate,
+                         recent, slots[1], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "window_slots[1]"), "%s: %s", backend, oscar_last_error());
+            cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK);
+        }
+    }
+    rig_close(&r);
+}
+Test(bad_input, window_slot_no_new_row_uses_is_flagged, .timeout = 300) {
+    const char *b[] = {"cpu", "opencl", "cuda", "hip"};
+    for (int i = 0; i < 4; i++)
+        for (int val = 0; val < 2; val++) {
+            unused_slot_case(b[i], val, 16);
+            unused_slot_case(b[i], val, 0);
+        }
 }
 
 /* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
