@@ -1215,6 +1215,52 @@ Test(bad_input, hostile_batches_opencl, .timeout = 300) { hostile_batch_case("op
 Test(bad_input, hostile_batches_cuda, .timeout = 300) { hostile_batch_case("cuda"); }
 Test(bad_input, hostile_batches_hip, .timeout = 300) { hostile_batch_case("hip"); }
 
+/* Calls with two faults: validate = 1 checked cu_new's ends before the lengths,
+ * each sequence's cu_new count before the next sequence's length, block table
+ * and slot, and a sequence's slot before its block table; the CPU backend the
+ * other way round. So the same call got OSCAR_ERR_INVALID_ARGUMENT with
+ * validate = 1 and OSCAR_ERR_EMPTY or OSCAR_ERR_BLOCK_TABLE from the CPU
+ * backend, or the same code naming another fault. Both now run one check
+ * (oscar_check_batch_arrays) and name the first fault of docs/API.md's order. */
+static oscar_status two_fault_call(const char *backend, int validate, int c, char *msg, size_t msg_len) {
+    static const struct {
+        int32_t cu[SEQ + 1], lens[SEQ], slots[SEQ], bt0;
+    } cases[] = {
+        {{1, 2, 3}, {LEN, 0}, {0, 1}, 0},       /* cu_new[0] = 1 and seq_lens[1] = 0 */
+        {{0, 2, 3}, {1, LEN}, {0, SEQ}, 0},     /* sequence 0 gets 2 tokens of 1, slot of sequence 1 out of range */
+        {{0, 1, 2}, {LEN, LEN}, {-1, 1}, -1},   /* sequence 0: block table entry and slot out of range */
+    };
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate)) return (oscar_status)-1;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    int32_t bt[SEQ * 8];
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    bt[0] = cases[c].bt0;
+    rig_batch_write(&r, bt, cases[c].lens, cases[c].slots);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cases[c].cu, sizeof cases[c].cu, NULL), OSCAR_OK);
+    oscar_cache ca = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    oscar_status s = oscar_append(r.plan, 0, &ca, &b, r.cu, cases[c].cu[SEQ], r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    snprintf(msg, msg_len, "%s", oscar_last_error());
+    rig_close(&r);
+    return s;
+}
+Test(bad_input, two_faults_get_one_code_with_validate_0_and_1, .timeout = 300) {
+    static const oscar_status want[] = {OSCAR_ERR_EMPTY, OSCAR_ERR_BLOCK_TABLE, OSCAR_ERR_BLOCK_TABLE};
+    static const char *names[] = {"seq_lens[1] = 0", "window_slots[1] = 2", "block_table[0][0] = -1"};
+    for (int c = 0; c < 3; c++) {
+        char m0[512], m1[512], mcl[512];
+        oscar_status s0 = two_fault_call("cpu", 0, c, m0, sizeof m0), s1 = two_fault_call("cpu", 1, c, m1, sizeof m1);
+        cr_expect_eq(s0, want[c], "case %d, cpu validate 0: %d (%s)", c, s0, m0);
+        cr_expect_eq(s1, want[c], "case %d, cpu validate 1: %d (%s)", c, s1, m1);
+        cr_expect(strstr(m0, names[c]) && !strcmp(m0, m1), "case %d: messages differ:\n  %s\n  %s", c, m0, m1);
+        oscar_status scl = two_fault_call("opencl", 1, c, mcl, sizeof mcl);
+        if (scl != (oscar_status)-1)
+            cr_expect(scl == want[c] && !strcmp(mcl, m0), "case %d, opencl validate 1: %d (%s)", c, scl, mcl);
+    }
+}
+
 /* Head counts an engine may pass by mistake: the message names the field and
  * the fix (the divisors that would do, or sharding), never only "must be a
  * positive multiple of num_kv_heads -8". */
