@@ -223,6 +223,19 @@ Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
         cr_expect_eq(rc, 2, "oscar-eval --tokens FIFO: exit %d (124: blocked): %s", rc, out);
         rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", g_model, fifo);
         cr_expect_eq(rc, 2, "oscar-ppl --tokens FIFO: exit %d (124: blocked): %s", rc, out);
+        /* --tasks reads the model's tokenizer.json: it blocked on a FIFO there (after the model load) */
+        char mdir[96], tfifo[160];
+        snprintf(mdir, sizeof mdir, "%s/model", dir);
+        cr_assert_eq(mkdir(mdir, 0700), 0);
+        model_copy(mdir, NULL, NULL, "tokenizer.json");
+        snprintf(tfifo, sizeof tfifo, "%s/tokenizer.json", mdir);
+        cr_assert_eq(mkfifo(tfifo, 0600), 0);
+        rc = run(out, sizeof out, 60,
+                 BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                     "--retrieval-trials 0 --tasks --out %s/r.json",
+                 mdir, g_tokens, dir);
+        cr_expect_eq(rc, 2, "oscar-eval --tasks, tokenizer.json a FIFO: exit %d (124: blocked): %s", rc, out);
+        cr_expect(strstr(out, "tokenizer.json") && strstr(out, "FIFO"), "message: %s", out);
     }
     rmrf(dir);
 }
