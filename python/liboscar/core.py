@@ -173,7 +173,7 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if not x.flags.aligned:  # the library reads whole elements: a misaligned one is undefined behaviour
             raise ValueError(f"{name}: array data is not aligned to its {x.dtype.itemsize}-byte elements; pass "
                              f"numpy.require({name}, requirements='CA')")
-        if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
+        if not x.flags.writeable and name in ("pages", "windows", "workspace", "out", "lse"):  # written
             raise ValueError(f"{name}: array is read-only")
         got_shape = x.shape
         addr = x.__array_interface__["data"][0]

@@ -211,3 +211,21 @@ def test_cache_bounds_and_row_arrays_name_the_argument(cpu):
     c.append(0, z, z)
     with pytest.raises(ValueError, match=r"q: expected an array"):
         c.extend(0, np.zeros((2, 64), np.uint16), [1])
+
+
+def test_read_only_lse_is_refused(cpu):
+    # Plan.extend refused read-only pages, windows, workspace and out but not
+    # lse: the library wrote into a read-only array (and a read-only memmap
+    # was a segmentation fault).
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 1, 64)
+    c.append(0, np.zeros((4, 1, 64), np.uint16), np.zeros((4, 1, 64), np.uint16), [4])
+    ws = np.zeros(plan.workspace_bytes(2, 64), np.uint8)
+    plan.workspace_init(ws)
+    lse = np.full((2, 2), 7.0, np.float32)
+    lse.setflags(write=False)
+    with pytest.raises(ValueError, match="lse: array is read-only"):
+        plan.extend(0, c.pages[0], c.windows[0], np.array([4], np.int32), c.window_slots, c.block_table,
+                    np.array([0, 2], np.int32), np.zeros((2, 2, 64), np.uint16), np.zeros((2, 2, 64), np.uint16), ws,
+                    2, lse=lse, max_seq_len=64)
+    assert (lse == 7.0).all()
