@@ -308,6 +308,11 @@ int main(int argc, char **argv) {
                 cfg.head_dim);
         return 2;
     }
+    if (cfg.max_position > 0 && o.window > cfg.max_position) { /* as oscar-eval and oscar-ppl's --context */
+        fprintf(stderr, "oscar-calibrate: --window %d exceeds the model's max_position_embeddings %d; use at most %d\n",
+                o.window, cfg.max_position, cfg.max_position);
+        return 2;
+    }
     int group = o.group > 0 ? o.group : cfg.head_dim;
     if (!(group == 32 || group == 64 || group == 128) || cfg.head_dim % group != 0) {
         fprintf(stderr, "oscar-calibrate: --group %d is not supported for head_dim %d: use 32, 64 or 128 dividing it\n",
@@ -329,10 +334,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     oe_model *m = NULL;
-    if (oe_model_load(model_dir, &m) != OSCAR_OK) {
+    oscar_status ls = oe_model_load(model_dir, &m);
+    if (ls != OSCAR_OK) { /* the model is the input: a bad one is bad input */
         fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
         free(tok);
-        return 1;
+        return ls == OSCAR_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     double t_load = now_s() - t_start;
     char hash[17];
