@@ -229,3 +229,17 @@ def test_read_only_lse_is_refused(cpu):
                     np.array([0, 2], np.int32), np.zeros((2, 2, 64), np.uint16), np.zeros((2, 2, 64), np.uint16), ws,
                     2, lse=lse, max_seq_len=64)
     assert (lse == 7.0).all()
+
+
+def test_device_buffer_write_of_another_dtype_is_refused(cpu):
+    # DeviceBuffer.write copied the host array's bytes whatever its dtype: a block
+    # table written from np.array([0, 5, 10]) (int64) became [0, 0, 5] in the i32
+    # buffer, two sequences sharing page 0, status OK.
+    b = liboscar.DeviceBuffer.alloc(cpu, (3,), "i32")
+    with pytest.raises(TypeError, match=r"int64.*i32"):
+        b.write(np.array([0, 5, 10], dtype=np.int64))
+    with pytest.raises(TypeError, match="to_bf16"):
+        liboscar.DeviceBuffer.alloc(cpu, (2,), "bf16").write(np.zeros(2, np.float32))
+    b.write(np.array([0, 5, 10], dtype=np.int32))
+    np.testing.assert_array_equal(b.read(), [0, 5, 10])
+    b.close()
