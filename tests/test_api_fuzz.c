@@ -11,8 +11,9 @@
  * Every call runs twice, on a runtime with validate = 0 and one with
  * validate = 1, over two copies of the cache. What is checked:
  *  - the status is OK or a documented refusal (never INTERNAL or BACKEND),
- *    the same with and without validation (except a page or slot shared by
- *    two sequences, which only validation sees), with a message;
+ *    the same with and without validation, also where the call's length
+ *    faults add to the change (except a page or slot shared by two
+ *    sequences, which only validation sees), with a message;
  *  - a call that must be refused is, and a clean call is not;
  *  - a refused call leaves the cache, out and lse byte for byte as they were;
  *    decode and extend never write the cache, nor the gaps between strided
@@ -24,8 +25,7 @@
  * A second test runs the same calls on OpenCL beside the CPU: clean calls
  * pass and store the CPU's bytes, calls the CPU must refuse are refused (at
  * the call or through oscar_plan_check), accepted decodes and extends agree
- * with the CPU's. (One divergence is allowed: a window slot out of range
- * that no new row of the append uses is not flagged by GPU kernels.)
+ * with the CPU's.
  * Seeds are fixed: a failure names its seed and call, and reproduces
  * (FUZZ_TRACE=1 prints each call; OSCAR_API_FUZZ_SEEDS=FIRST:COUNT explores). */
 #include <criterion/criterion.h>
