@@ -1308,3 +1308,31 @@ Test(bad_input, method_bits_of_an_unstorable_meta_dtype_is_zero) {
     cr_expect_eq(oscar_method_bits((oscar_method)-1, 128, 128, OSCAR_DTYPE_F16), 0.0);
     cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, OSCAR_DTYPE_F32), 2.5);
 }
+
+/* OSCAR_VALIDATE read only its first character: "true", "yes" or "on" left
+ * validation off without a word (and "1abc" turned it on). The runtime now
+ * takes 1 or 0 (unset or empty: 0) and refuses anything else by name, as it
+ * refuses an unknown OSCAR_BACKEND. */
+Test(bad_input, oscar_validate_other_than_0_or_1_is_refused) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "cpu";
+    const char *bad[] = {"true", "yes", "1abc", " 1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("OSCAR_VALIDATE", bad[i], 1);
+        oscar_runtime *rt = NULL;
+        oscar_status s = oscar_runtime_create(&o, &rt);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "OSCAR_VALIDATE='%s': %d", bad[i], s);
+        cr_expect(strstr(oscar_last_error(), "OSCAR_VALIDATE"), "OSCAR_VALIDATE='%s': %s", bad[i], oscar_last_error());
+        cr_expect_null(rt);
+        oscar_runtime_destroy(rt);
+    }
+    const char *good[] = {"1", "0", ""};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("OSCAR_VALIDATE", good[i], 1);
+        oscar_runtime *rt = NULL;
+        cr_expect_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "OSCAR_VALIDATE='%s': %s", good[i], oscar_last_error());
+        oscar_runtime_destroy(rt);
+    }
+    unsetenv("OSCAR_VALIDATE");
+}
