@@ -22,6 +22,13 @@ extern "C" {
 /* Message of the last failing engine call in this thread ("" if none). */
 const char *oe_last_error(void);
 
+/* OSCAR_OK when path is a regular file; else OSCAR_ERR_IO naming what it is
+ * (missing, a FIFO, a directory, ...). Opens without blocking, so a FIFO
+ * given as a model or token file is refused instead of waiting forever for
+ * a writer. `what` names the file in the message ("token file"). The engine's
+ * loaders check their files with it; tools check the other files they read. */
+oscar_status oe_check_regular(const char *path, const char *what);
+
 /* ------------------------------------------------------------ safetensors */
 typedef enum oe_dtype {
     OE_F64, OE_F32, OE_F16, OE_BF16, OE_I64, OE_I32, OE_I16, OE_I8, OE_U8, OE_BOOL

@@ -13,11 +13,6 @@
 /* Records the message for oe_last_error() and returns s. */
 oscar_status oe_set_error(oscar_status s, const char *fmt, ...) OE_PRINTF(2, 3);
 
-/* OSCAR_OK when path is a regular file; else OSCAR_ERR_IO naming what it is
- * (missing, a FIFO, a directory, ...). Opens without blocking, so a FIFO
- * given as a model or token file is refused instead of waiting forever for
- * a writer. `what` names the file in the message ("token file"). */
-oscar_status oe_check_regular(const char *path, const char *what);
 
 typedef struct oe_layer {
     float *attn_norm;           /* [hidden] */

@@ -342,6 +342,15 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
     if (s != OSCAR_OK) goto fail;
     if ((s = open_shards(dir, ss)) != OSCAR_OK) goto fail;
     const oe_config *c = &m->cfg;
+    /* The last layer config.json names must be in the checkpoint before anything is sized by the
+     * count: num_hidden_layers 2^30 was a 144 GB allocation (out of memory; an abort under ASan). */
+    {
+        char nm[256];
+        float *probe = NULL;
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", c->num_layers - 1);
+        if ((s = load_tensor(ss, nm, c->hidden, 0, 0, &probe)) != OSCAR_OK) goto fail;
+        free(probe);
+    }
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
     if (!m->layers) {
         s = oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_model_load: out of memory");

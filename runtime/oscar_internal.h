@@ -42,6 +42,21 @@ oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, s
 /* oscar_struct_import of a layout, then the format's check of its fields. */
 oscar_status oscar_layout_import(const oscar_layout_desc *in, oscar_layout_desc *out);
 
+/* ------------------------------------------------------- batch checks */
+/* The index arrays of an append, decode or extend on the host (the CPU
+ * backend's own, or validate = 1's copies of a device batch) checked against
+ * layout l, cache c and batch b's counts: one home for the CPU backend and
+ * validate = 1, so both refuse a call with the same status and message, and a
+ * call with several faults with the first of this order (docs/API.md): per
+ * sequence in order, seq_lens (EMPTY below 1, TOO_LONG past a bound or the
+ * block table's width), its block table entries, then its window slot
+ * (BLOCK_TABLE; slots are read only where the layout has windows); then, for an
+ * append (cu_new not NULL), cu_new's ends and each sequence's new-token count
+ * (INVALID_ARGUMENT). bt NULL: refused for a sequence that needs pages. */
+oscar_status oscar_check_batch_arrays(const oscar_layout_desc *l, const oscar_cache *c, const oscar_batch *b,
+                                      const int32_t *lens, const int32_t *slots, const int32_t *bt,
+                                      const int32_t *cu_new, int32_t total_new, const char *fn, oscar_errbuf *err);
+
 /* ------------------------------------------------------------- params */
 /* Layout of the arrays: index (layer, kv, rot) with kv 0 = K, 1 = V. */
 struct oscar_params {

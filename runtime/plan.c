@@ -322,7 +322,61 @@ done:
     return s;
 }
 
-/* validate = 1: copy the index arrays to the host and check them all. */
+oscar_status oscar_check_batch_arrays(const oscar_layout_desc *l, const oscar_cache *c, const oscar_batch *b,
+                                      const int32_t *lens, const int32_t *slots, const int32_t *bt,
+                                      const int32_t *cu_new, int32_t total_new, const char *fn, oscar_errbuf *err) {
+    const int windowed = uses_windows(l);
+    for (int i = 0; i < b->num_seqs; i++) {
+        const int32_t L = lens[i];
+        if (L < 1)
+            return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s: seq_lens[%d] = %d; every sequence needs >= 1 token",
+                                    fn, i, L);
+        if (L > l->max_seq_len || (b->max_seq_len > 0 && L > b->max_seq_len))
+            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
+                                    "%s: seq_lens[%d] = %d exceeds max_seq_len (layout %d, batch %d); raise it", fn,
+                                    i, L, l->max_seq_len, b->max_seq_len);
+        const int64_t np = oscar_pages_for(l, L);
+        if (np > b->block_table_stride)
+            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
+                                    "%s: sequence %d of %d tokens needs %lld pages but block_table_stride is %d; "
+                                    "widen the block table",
+                                    fn, i, L, (long long)np, b->block_table_stride);
+        /* A batch that fits in the windows needs no page pool or block table. */
+        if (np > 0 && !bt)
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "%s: sequence %d needs %lld pages but cache.pages or block_table is NULL", fn, i,
+                                    (long long)np);
+        const int32_t *row = bt ? bt + (size_t)i * (size_t)b->block_table_stride : NULL;
+        for (int64_t k = 0; k < np; k++)
+            if (row[k] < 0 || row[k] >= c->num_pages)
+                return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
+                                        "%s: block_table[%d][%lld] = %d outside [0, num_pages = %d)", fn, i,
+                                        (long long)k, row[k], c->num_pages);
+        if (windowed && (slots[i] < 0 || slots[i] >= c->num_window_slots))
+            return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
+                                    "%s: window_slots[%d] = %d outside [0, num_window_slots = %d)", fn, i, slots[i],
+                                    c->num_window_slots);
+    }
+    if (!cu_new) return OSCAR_OK;
+    /* cu_new from 0 to total_new (a last entry past total_new claims rows that
+     * were not given), then each sequence's count */
+    if (total_new < 0 || cu_new[0] != 0 || cu_new[b->num_seqs] != total_new)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s: cu_new must start at 0 and end at total_new = %d (got %d .. %d)", fn, total_new,
+                                cu_new[0], cu_new[b->num_seqs]);
+    for (int i = 0; i < b->num_seqs; i++) {
+        const int64_t n = (int64_t)cu_new[i + 1] - cu_new[i]; /* hostile entries must not overflow */
+        if (n < 0 || n > lens[i])
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "%s: sequence %d gets %lld new tokens but seq_lens is %d; cu_new must be "
+                                    "non-decreasing and n_i <= seq_len",
+                                    fn, i, (long long)n, lens[i]);
+    }
+    return OSCAR_OK;
+}
+
+/* validate = 1: copy the index arrays to the host and check them all, as the
+ * CPU backend does (oscar_check_batch_arrays), then the aliasing of an append. */
 static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, const oscar_cache *cache,
                                      const oscar_batch *b, const int32_t *cu_new, int32_t total_new, void *stream) {
     oscar_runtime *rt = plan->rt;
@@ -340,56 +394,11 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         (windowed && (s = rt->api->read(rt->ctx, slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
         (stride && (s = rt->api->read(rt->ctx, bt, b->block_table, 0, sizeof(int32_t) * n * stride, stream, &e))) ||
         (cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
-        (s = rt->api->sync(rt->ctx, stream, &e))) {
+        (s = rt->api->sync(rt->ctx, stream, &e)) ||
+        (s = oscar_check_batch_arrays(&plan->layout, cache, b, lens, slots, bt, cu_new ? cu : NULL, total_new, fn,
+                                      &e))) {
         oscar_set_errbuf(s, &e);
         goto done;
-    }
-    /* cu_new from 0 to total_new, as the CPU backend checks first (a last
-     * entry past total_new claims rows that were not given). */
-    if (cu_new && (cu[0] != 0 || cu[n] != total_new)) {
-        s = oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                            "%s: cu_new must start at 0 and end at total_new = %d (got %d .. %d)", fn, total_new,
-                            cu[0], cu[n]);
-        goto done;
-    }
-    for (size_t i = 0; i < n; i++) {
-        /* The same codes as the backends give without validation (CPU: EMPTY
-         * for < 1, TOO_LONG above the bound). */
-        if (lens[i] < 1) {
-            s = oscar_set_error(OSCAR_ERR_EMPTY, "%s: seq_lens[%zu] = %d; every sequence needs >= 1 token", fn, i,
-                                lens[i]);
-            goto done;
-        }
-        if (lens[i] > b->max_seq_len) {
-            s = oscar_set_error(OSCAR_ERR_TOO_LONG, "%s: seq_lens[%zu] = %d exceeds the batch's max_seq_len %d", fn, i,
-                                lens[i], b->max_seq_len);
-            goto done;
-        }
-        if (windowed && (slots[i] < 0 || slots[i] >= cache->num_window_slots)) {
-            s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: window_slots[%zu] = %d outside [0, %d)", fn, i, slots[i],
-                                cache->num_window_slots);
-            goto done;
-        }
-        int64_t pages;
-        oscar_layout_pages_for(&plan->layout, lens[i], &pages);
-        for (int64_t p = 0; p < pages; p++) {
-            int32_t id = bt[i * stride + (size_t)p];
-            if (id < 0 || id >= cache->num_pages) {
-                s = oscar_set_error(OSCAR_ERR_BLOCK_TABLE, "%s: block_table[%zu][%lld] = %d outside [0, %d)", fn, i,
-                                    (long long)p, id, cache->num_pages);
-                goto done;
-            }
-        }
-        if (cu_new) {
-            int64_t k = (int64_t)cu[i + 1] - cu[i]; /* hostile entries must not overflow */
-            if (cu[0] != 0 || k < 0 || k > lens[i] || cu[i + 1] > total_new) {
-                s = oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
-                                    "%s: cu_new must start at 0, be non-decreasing, stay within total_new %d and give "
-                                    "at most seq_lens[i] new tokens (sequence %zu)",
-                                    fn, total_new, i);
-                goto done;
-            }
-        }
     }
     if (cu_new) s = check_append_aliasing(plan, fn, lens, slots, bt, stride, cu, n);
 done:

@@ -174,12 +174,18 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
                                           "oscar_runtime_options_default");
     if (vs != OSCAR_OK) return vs;
     o = &opt;
+    /* A safety switch: a value it does not take must not leave validation off without a word. */
+    const char *venv = getenv("OSCAR_VALIDATE");
+    if (venv && venv[0] && strcmp(venv, "0") != 0 && strcmp(venv, "1") != 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "OSCAR_VALIDATE='%.40s' is not 0 or 1; set OSCAR_VALIDATE=1 to check index arrays on "
+                               "the host before every call, 0 or unset not to",
+                               venv);
     oscar_runtime *rt = calloc(1, sizeof *rt);
     if (!rt) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
     rt->log = o->log;
     rt->log_user = o->log_user;
-    const char *venv = getenv("OSCAR_VALIDATE");
-    rt->validate = o->validate || (venv && venv[0] == '1');
+    rt->validate = o->validate || (venv && !strcmp(venv, "1"));
 
     const char *want = o->backend;
     const char *want_src = "options";

@@ -60,6 +60,7 @@ typedef struct rig {
 } rig;
 
 static oscar_dtype g_meta = OSCAR_DTYPE_F16; /* the rig's metadata dtype */
+static int g_recent = 16;                     /* the rig's recent window (with windows) */
 
 static int required(const char *name) {
     const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
@@ -113,7 +114,7 @@ static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype k
     r->l.num_kv_heads = 1;
     r->l.page_size = 16;
     r->l.sink = windows ? 8 : 0;
-    r->l.recent = windows ? 16 : 0;
+    r->l.recent = windows ? g_recent : 0;
     r->l.max_seq_len = LEN;
     r->l.kv_dtype = kvt;
     r->l.method = m;
@@ -1027,6 +1028,62 @@ Test(bad_input, hostile_cu_new_is_never_silent, .timeout = 300) {
         for (int val = 0; val < 2; val++) cu_new_hostile_case(b[i], val);
 }
 
+/* A window slot out of range that no new row of the append uses: sequence 1
+ * appends nothing (recent 16), or its one new token lies past the sink with
+ * recent 0 (stored straight into a page). The CPU backend and validate = 1
+ * refuse both with OSCAR_ERR_BLOCK_TABLE; the GPU write kernels read a slot
+ * only where a new row is stored or demoted, so they flagged neither (status
+ * OK, check OK). The blocks that check cu_new now check every sequence's slot,
+ * and oscar_plan_check returns OSCAR_ERR_BLOCK_TABLE. */
+static void unused_slot_case(const char *backend, int validate, int recent) {
+    g_recent = recent;
+    rig r;
+    int open = rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate);
+    g_recent = 16;
+    if (!open) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    oscar_cache ca = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    int32_t lens[SEQ] = {LEN - 1, LEN - 1}, cu[SEQ + 1] = {0, LEN - 1, 2 * (LEN - 1)}, slots[SEQ] = {0, 1};
+    cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens, sizeof lens, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu, sizeof cu, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_append(r.plan, 0, &ca, &b, r.cu, 2 * (LEN - 1), r.k, r.v, 0, r.ws, r.ws_bytes, NULL), OSCAR_OK,
+                 "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    /* recent 16: sequence 1 appends nothing; recent 0: one token each, past the sink */
+    int32_t lens2[SEQ] = {LEN, recent ? LEN - 1 : LEN}, cu2[SEQ + 1] = {0, 1, recent ? 1 : 2};
+    const int32_t bad_slots[] = {SEQ, -1};
+    for (int c = 0; c < 2; c++) {
+        slots[1] = bad_slots[c];
+        cr_assert_eq(oscar_buffer_write(r.rt, r.lens, 0, lens2, sizeof lens2, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu2, sizeof cu2, NULL), OSCAR_OK);
+        cr_assert_eq(oscar_buffer_write(r.rt, r.slots, 0, slots, sizeof slots, NULL), OSCAR_OK);
+        oscar_status s = oscar_append(r.plan, 0, &ca, &b, r.cu, cu2[SEQ], r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+        if (strcmp(backend, "cpu") && !validate) {
+            cr_expect_eq(s, OSCAR_OK, "%s: %s", backend, oscar_last_error());
+            s = oscar_plan_check(r.plan, r.ws, NULL);
+            cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s validate 0, recent %d, slot %d: check gave %d (%s)", backend,
+                         recent, slots[1], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "window slot"), "%s: %s", backend, oscar_last_error());
+        } else {
+            cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s validate %d, recent %d, slot %d: %d (%s)", backend, validate,
+                         recent, slots[1], s, oscar_last_error());
+            cr_expect(strstr(oscar_last_error(), "window_slots[1]"), "%s: %s", backend, oscar_last_error());
+            cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK);
+        }
+    }
+    rig_close(&r);
+}
+Test(bad_input, window_slot_no_new_row_uses_is_flagged, .timeout = 300) {
+    const char *b[] = {"cpu", "opencl", "cuda", "hip"};
+    for (int i = 0; i < 4; i++)
+        for (int val = 0; val < 2; val++) {
+            unused_slot_case(b[i], val, 16);
+            unused_slot_case(b[i], val, 0);
+        }
+}
+
 /* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
  * bytes) failed (-61)"; the message now names the limit and what to change. */
 Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
@@ -1158,6 +1215,52 @@ Test(bad_input, hostile_batches_opencl, .timeout = 300) { hostile_batch_case("op
 Test(bad_input, hostile_batches_cuda, .timeout = 300) { hostile_batch_case("cuda"); }
 Test(bad_input, hostile_batches_hip, .timeout = 300) { hostile_batch_case("hip"); }
 
+/* Calls with two faults: validate = 1 checked cu_new's ends before the lengths,
+ * each sequence's cu_new count before the next sequence's length, block table
+ * and slot, and a sequence's slot before its block table; the CPU backend the
+ * other way round. So the same call got OSCAR_ERR_INVALID_ARGUMENT with
+ * validate = 1 and OSCAR_ERR_EMPTY or OSCAR_ERR_BLOCK_TABLE from the CPU
+ * backend, or the same code naming another fault. Both now run one check
+ * (oscar_check_batch_arrays) and name the first fault of docs/API.md's order. */
+static oscar_status two_fault_call(const char *backend, int validate, int c, char *msg, size_t msg_len) {
+    static const struct {
+        int32_t cu[SEQ + 1], lens[SEQ], slots[SEQ], bt0;
+    } cases[] = {
+        {{1, 2, 3}, {LEN, 0}, {0, 1}, 0},       /* cu_new[0] = 1 and seq_lens[1] = 0 */
+        {{0, 2, 3}, {1, LEN}, {0, SEQ}, 0},     /* sequence 0 gets 2 tokens of 1, slot of sequence 1 out of range */
+        {{0, 1, 2}, {LEN, LEN}, {-1, 1}, -1},   /* sequence 0: block table entry and slot out of range */
+    };
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, validate)) return (oscar_status)-1;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    int32_t bt[SEQ * 8];
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    bt[0] = cases[c].bt0;
+    rig_batch_write(&r, bt, cases[c].lens, cases[c].slots);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cases[c].cu, sizeof cases[c].cu, NULL), OSCAR_OK);
+    oscar_cache ca = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    oscar_status s = oscar_append(r.plan, 0, &ca, &b, r.cu, cases[c].cu[SEQ], r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    snprintf(msg, msg_len, "%s", oscar_last_error());
+    rig_close(&r);
+    return s;
+}
+Test(bad_input, two_faults_get_one_code_with_validate_0_and_1, .timeout = 300) {
+    static const oscar_status want[] = {OSCAR_ERR_EMPTY, OSCAR_ERR_BLOCK_TABLE, OSCAR_ERR_BLOCK_TABLE};
+    static const char *names[] = {"seq_lens[1] = 0", "window_slots[1] = 2", "block_table[0][0] = -1"};
+    for (int c = 0; c < 3; c++) {
+        char m0[512], m1[512], mcl[512];
+        oscar_status s0 = two_fault_call("cpu", 0, c, m0, sizeof m0), s1 = two_fault_call("cpu", 1, c, m1, sizeof m1);
+        cr_expect_eq(s0, want[c], "case %d, cpu validate 0: %d (%s)", c, s0, m0);
+        cr_expect_eq(s1, want[c], "case %d, cpu validate 1: %d (%s)", c, s1, m1);
+        cr_expect(strstr(m0, names[c]) && !strcmp(m0, m1), "case %d: messages differ:\n  %s\n  %s", c, m0, m1);
+        oscar_status scl = two_fault_call("opencl", 1, c, mcl, sizeof mcl);
+        if (scl != (oscar_status)-1)
+            cr_expect(scl == want[c] && !strcmp(mcl, m0), "case %d, opencl validate 1: %d (%s)", c, scl, mcl);
+    }
+}
+
 /* Head counts an engine may pass by mistake: the message names the field and
  * the fix (the divisors that would do, or sharding), never only "must be a
  * positive multiple of num_kv_heads -8". */
@@ -1204,4 +1307,32 @@ Test(bad_input, method_bits_of_an_unstorable_meta_dtype_is_zero) {
     cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 100, 20, OSCAR_DTYPE_F16), 0.0); /* 96 is a head_dim now */
     cr_expect_eq(oscar_method_bits((oscar_method)-1, 128, 128, OSCAR_DTYPE_F16), 0.0);
     cr_expect_eq(oscar_method_bits(OSCAR_METHOD_INT2, 128, 128, OSCAR_DTYPE_F32), 2.5);
+}
+
+/* OSCAR_VALIDATE read only its first character: "true", "yes" or "on" left
+ * validation off without a word (and "1abc" turned it on). The runtime now
+ * takes 1 or 0 (unset or empty: 0) and refuses anything else by name, as it
+ * refuses an unknown OSCAR_BACKEND. */
+Test(bad_input, oscar_validate_other_than_0_or_1_is_refused) {
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "cpu";
+    const char *bad[] = {"true", "yes", "1abc", " 1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("OSCAR_VALIDATE", bad[i], 1);
+        oscar_runtime *rt = NULL;
+        oscar_status s = oscar_runtime_create(&o, &rt);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "OSCAR_VALIDATE='%s': %d", bad[i], s);
+        cr_expect(strstr(oscar_last_error(), "OSCAR_VALIDATE"), "OSCAR_VALIDATE='%s': %s", bad[i], oscar_last_error());
+        cr_expect_null(rt);
+        oscar_runtime_destroy(rt);
+    }
+    const char *good[] = {"1", "0", ""};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("OSCAR_VALIDATE", good[i], 1);
+        oscar_runtime *rt = NULL;
+        cr_expect_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "OSCAR_VALIDATE='%s': %s", good[i], oscar_last_error());
+        oscar_runtime_destroy(rt);
+    }
+    unsetenv("OSCAR_VALIDATE");
 }

@@ -223,6 +223,19 @@ Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
         cr_expect_eq(rc, 2, "oscar-eval --tokens FIFO: exit %d (124: blocked): %s", rc, out);
         rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", g_model, fifo);
         cr_expect_eq(rc, 2, "oscar-ppl --tokens FIFO: exit %d (124: blocked): %s", rc, out);
+        /* --tasks reads the model's tokenizer.json: it blocked on a FIFO there (after the model load) */
+        char mdir[96], tfifo[160];
+        snprintf(mdir, sizeof mdir, "%s/model", dir);
+        cr_assert_eq(mkdir(mdir, 0700), 0);
+        model_copy(mdir, NULL, NULL, "tokenizer.json");
+        snprintf(tfifo, sizeof tfifo, "%s/tokenizer.json", mdir);
+        cr_assert_eq(mkfifo(tfifo, 0600), 0);
+        rc = run(out, sizeof out, 60,
+                 BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 "
+                     "--retrieval-trials 0 --tasks --out %s/r.json",
+                 mdir, g_tokens, dir);
+        cr_expect_eq(rc, 2, "oscar-eval --tasks, tokenizer.json a FIFO: exit %d (124: blocked): %s", rc, out);
+        cr_expect(strstr(out, "tokenizer.json") && strstr(out, "FIFO"), "message: %s", out);
     }
     rmrf(dir);
 }
@@ -264,6 +277,41 @@ Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) 
     snprintf(path, sizeof path, "%s/r.json", dir);
     struct stat sb;
     cr_expect(stat(path, &sb) != 0, "oscar-eval wrote a report for a NaN model");
+    rmrf(dir);
+}
+
+/* config.json that contradicts the weights or the run: num_hidden_layers 2^30 was
+ * sized before any layer was looked at (a 144 GB allocation: "out of memory",
+ * exit 1, an abort under ASan); oscar-calibrate exited 1 (runtime failure) for
+ * a model that does not match its config; and it calibrated windows of 2048
+ * tokens on a model of max_position_embeddings 1024, which oscar-eval and
+ * oscar-ppl refuse. */
+Test(tools_bad_input, model_config_contradictions_are_bad_input, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    const char *layers[] = {"\"num_hidden_layers\": 1073741824", "\"num_hidden_layers\": 9"};
+    for (int i = 0; i < 2; i++) {
+        scratch(dir, sizeof dir);
+        model_copy(dir, "\"num_hidden_layers\": 8", layers[i], NULL);
+        int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+        cr_expect_eq(rc, 2, "oscar-ppl, %s: exit %d: %s", layers[i], rc, out);
+        cr_expect(strstr(out, "do not match config.json"), "oscar-ppl, %s: %s", layers[i], out);
+        rc = run(out, sizeof out, 60, BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out %s/p.safetensors",
+                 dir, g_tokens, dir);
+        cr_expect_eq(rc, 2, "oscar-calibrate, %s: exit %d: %s", layers[i], rc, out);
+        cr_expect(strstr(out, "do not match config.json"), "oscar-calibrate, %s: %s", layers[i], out);
+        rmrf(dir);
+    }
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"max_position_embeddings\": 4096", "\"max_position_embeddings\": 1024", NULL);
+    int rc = run(out, sizeof out, 120, BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out %s/p.safetensors",
+                 dir, g_tokens, dir);
+    cr_expect_eq(rc, 2, "oscar-calibrate --window 2048 > max_position_embeddings 1024: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "max_position_embeddings"), "message: %s", out);
+    char path[128];
+    snprintf(path, sizeof path, "%s/p.safetensors", dir);
+    struct stat sb;
+    cr_expect(stat(path, &sb) != 0, "oscar-calibrate wrote parameters for windows past the model's positions");
     rmrf(dir);
 }
 

@@ -313,6 +313,11 @@ int main(int argc, char **argv) {
         }
         o.group = group; /* the calibration and the clip search use the same group */
     }
+    if (cfg.max_position > 0 && o.window > cfg.max_position) { /* as oscar-eval and oscar-ppl's --context */
+        fprintf(stderr, "oscar-calibrate: --window %d exceeds the model's max_position_embeddings %d; use at most %d\n",
+                o.window, cfg.max_position, cfg.max_position);
+        return 2;
+    }
 
     double t_start = now_s();
     uint32_t *tok = NULL;
@@ -328,10 +333,11 @@ int main(int argc, char **argv) {
         return 2;
     }
     oe_model *m = NULL;
-    if (oe_model_load(model_dir, &m) != OSCAR_OK) {
+    oscar_status ls = oe_model_load(model_dir, &m);
+    if (ls != OSCAR_OK) { /* the model is the input: a bad one is bad input */
         fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
         free(tok);
-        return 1;
+        return ls == OSCAR_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     double t_load = now_s() - t_start;
     char hash[17];

@@ -399,6 +399,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "oscar-eval: warning: kivi2 with --recent %ld < 31: a key group of 32 tokens then "
                             "includes keys after the query (see docs/EVAL.md)\n", recent);
 
+    /* --tasks: the tokenizer's words before the (slow) model load */
+    ev_task_vocab tv;
+    if (tasks) {
+        char terr[600];
+        if (ev_task_vocab_load(S.model_dir, cfg.vocab, &tv, terr, sizeof terr) != 0) return bad("%s%s", terr, "");
+    }
+
     /* Parameters before the (slow) model load: wrong shape is bad input. */
     oscar_params *P = NULL, *P_lm = NULL, *P_fixed = NULL, *P_noclip = NULL, *P_hclip = NULL, *P_near = NULL,
                  *P_pub = NULL;
@@ -631,18 +638,8 @@ int main(int argc, char **argv)
         do_ret = 0;
     }
     /* Lookup documents of half the context and the context (1024 and 2048 by default). */
-    ev_task_vocab tv;
     const int task_ctx[EV_TASK_CTX] = {(int)ctx / 2, (int)ctx};
-    int ntask = 0;
-    if (tasks) {
-        char terr[600];
-        if (ev_task_vocab_load(S.model_dir, cfg.vocab, &tv, terr, sizeof terr) != 0) {
-            fprintf(stderr, "oscar-eval: %s\n", terr);
-            rc = EXIT_BAD_INPUT;
-            goto done;
-        }
-        ntask = EV_TASK_CTX * (int)task_docs;
-    }
+    const int ntask = tasks ? EV_TASK_CTX * (int)task_docs : 0;
     int njobs = (int)windows + (do_ret ? (int)trials : 0) + ntask;
     R.jobs = calloc((size_t)njobs, sizeof *R.jobs);
     R.stats = calloc((size_t)njobs * (size_t)R.nvar, sizeof *R.stats);

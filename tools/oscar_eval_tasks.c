@@ -44,6 +44,10 @@ int ev_task_vocab_load(const char *model_dir, int vocab, ev_task_vocab *tv, char
     memset(tv, 0, sizeof *tv);
     char path[4200];
     snprintf(path, sizeof path, "%s/tokenizer.json", model_dir);
+    if (oe_check_regular(path, "tokenizer") != OSCAR_OK) { /* a FIFO would block the fopen */
+        snprintf(err, errlen, "--tasks needs the model's tokenizer.json: %s", oe_last_error());
+        return -1;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         snprintf(err, errlen, "--tasks needs the model's tokenizer.json (%s): cannot open it", path);
@@ -61,7 +65,8 @@ int ev_task_vocab_load(const char *model_dir, int vocab, ev_task_vocab *tv, char
     }
     fclose(f);
     if (!buf) {
-        snprintf(err, errlen, "cannot read %s", path);
+        snprintf(err, errlen, "--tasks: cannot read %s (empty, over 256 MiB or unreadable); give the model's own "
+                 "tokenizer.json", path);
         return -1;
     }
     /* Word-start marker: byte-level BPE (GPT-2 / Qwen / Llama-3) or SentencePiece. */

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "oscar_backend.h"
+#include "oscar_internal.h" /* oscar_check_batch_arrays */
 #include "oscar_ref.h"
 
 #define CPU_ALIGN 64u
@@ -225,10 +225,6 @@ static oscar_status cpu_check(void *ctx, void *bplan, void *workspace, void *str
 }
 
 /* ----------------------------------------------------------- addressing */
-static int64_t pages_needed(const cpu_plan *p, int64_t L) {
-    int64_t n = p->quantized ? L - p->S0 - p->W : L;
-    return n <= 0 ? 0 : (n + p->l.page_size - 1) / p->l.page_size;
-}
 /* The d x d matrix of (layer, head) in a [layers][num_rot][d][d] array
  * (rotations, feedback weights); NULL base gives NULL. */
 static const float *head_matrix(const cpu_plan *p, const float *base, int layer, int h) {
@@ -253,8 +249,10 @@ static char *page_base(const cpu_plan *p, void *pages, const int32_t *bt_row, in
 }
 
 /* ----------------------------------------------------------- validation */
+/* The call's counts and pointers, then its index arrays (oscar_check_batch_arrays: the rules and
+ * their order shared with validate = 1); cu_new: an append's, else NULL. */
 static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b,
-                                const char *fn, oscar_errbuf *err) {
+                                const int32_t *cu_new, int32_t total_new, const char *fn, oscar_errbuf *err) {
     if (layer < 0 || layer >= p->num_layers)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: layer %d outside [0, %d)", fn, layer,
                                 p->num_layers);
@@ -271,38 +269,8 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
     if (need_windows && !c->windows)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "%s: cache.windows is NULL; allocate num_window_slots * window_slot_bytes", fn);
-    for (int i = 0; i < b->num_seqs; i++) {
-        int32_t L = b->seq_lens[i];
-        if (L < 1)
-            return oscar_errbuf_set(err, OSCAR_ERR_EMPTY, "%s: seq_lens[%d] = %d; every sequence needs >= 1 token",
-                                    fn, i, L);
-        if (L > p->l.max_seq_len || (b->max_seq_len > 0 && L > b->max_seq_len))
-            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
-                                    "%s: seq_lens[%d] = %d exceeds max_seq_len (layout %d, batch %d); raise it", fn,
-                                    i, L, p->l.max_seq_len, b->max_seq_len);
-        int64_t np = pages_needed(p, L);
-        if (np > b->block_table_stride)
-            return oscar_errbuf_set(err, OSCAR_ERR_TOO_LONG,
-                                    "%s: sequence %d of %d tokens needs %lld pages but block_table_stride is %d; "
-                                    "widen the block table",
-                                    fn, i, L, (long long)np, b->block_table_stride);
-        /* A batch that fits in the windows needs no page pool or block table. */
-        if (np > 0 && (!c->pages || !b->block_table))
-            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                    "%s: sequence %d needs %lld pages but cache.pages or block_table is NULL", fn, i,
-                                    (long long)np);
-        const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
-        for (int64_t k = 0; k < np; k++)
-            if (bt[k] < 0 || bt[k] >= c->num_pages)
-                return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
-                                        "%s: block_table[%d][%lld] = %d outside [0, num_pages = %d)", fn, i,
-                                        (long long)k, bt[k], c->num_pages);
-        if (need_windows && (b->window_slots[i] < 0 || b->window_slots[i] >= c->num_window_slots))
-            return oscar_errbuf_set(err, OSCAR_ERR_BLOCK_TABLE,
-                                    "%s: window_slots[%d] = %d outside [0, num_window_slots = %d)", fn, i,
-                                    b->window_slots[i], c->num_window_slots);
-    }
-    return OSCAR_OK;
+    return oscar_check_batch_arrays(&p->l, c, b, b->seq_lens, b->window_slots, c->pages ? b->block_table : NULL,
+                                    cu_new, total_new, fn, err);
 }
 
 static int row_finite(oscar_dtype t, const void *src, size_t n) {
@@ -369,22 +337,10 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
     (void)ctx;
     const cpu_plan *p = bplan;
     const oscar_batch *b = &a->batch;
-    oscar_status st = check_batch(p, a->layer, &a->cache, b, "oscar_append", err);
+    if (!a->cu_new) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: cu_new is NULL");
+    oscar_status st = check_batch(p, a->layer, &a->cache, b, a->cu_new, a->total_new, "oscar_append", err);
     if (st) return st;
     int H = p->g.H, d = p->g.d;
-    if (!a->cu_new) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: cu_new is NULL");
-    if (a->total_new < 0 || a->cu_new[0] != 0 || a->cu_new[b->num_seqs] != a->total_new)
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "oscar_append: cu_new must start at 0 and end at total_new = %d (got %d .. %d)",
-                                a->total_new, a->cu_new[0], a->cu_new[b->num_seqs]);
-    for (int i = 0; i < b->num_seqs; i++) {
-        int64_t n = (int64_t)a->cu_new[i + 1] - a->cu_new[i]; /* hostile entries must not overflow */
-        if (n < 0 || n > b->seq_lens[i])
-            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                    "oscar_append: sequence %d gets %lld new tokens but seq_lens is %d; cu_new must be "
-                                    "non-decreasing and n_i <= seq_len",
-                                    i, (long long)n, b->seq_lens[i]);
-    }
     if (a->total_new == 0) return OSCAR_OK;
     if (!a->k || !a->v) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "oscar_append: k or v is NULL");
     if (a->kv_stride < (int64_t)H * d)
@@ -645,7 +601,7 @@ static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decod
     (void)ctx;
     const cpu_plan *p = bplan;
     const oscar_batch *b = &a->batch;
-    oscar_status st = check_batch(p, a->layer, &a->cache, b, "oscar_decode", err);
+    oscar_status st = check_batch(p, a->layer, &a->cache, b, NULL, 0, "oscar_decode", err);
     if (!st) st = check_q_out(p, a->q, a->q_stride, a->out, a->out_stride, b->num_seqs, "oscar_decode", err);
     if (st) return st;
     for (int i = 0; i < b->num_seqs; i++)
@@ -660,7 +616,7 @@ static oscar_status cpu_extend(void *ctx, void *bplan, const oscar_backend_exten
     const cpu_plan *p = bplan;
     const oscar_batch *b = &a->batch;
     const char *fn = "oscar_extend";
-    oscar_status st = check_batch(p, a->layer, &a->cache, b, fn, err);
+    oscar_status st = check_batch(p, a->layer, &a->cache, b, NULL, 0, fn, err);
     if (st) return st;
     if (!a->cu_q && a->total_q != b->num_seqs)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,

@@ -174,7 +174,7 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if not x.flags.aligned:  # the library reads whole elements: a misaligned one is undefined behaviour
             raise ValueError(f"{name}: array data is not aligned to its {x.dtype.itemsize}-byte elements; pass "
                              f"numpy.require({name}, requirements='CA')")
-        if not x.flags.writeable and name in ("pages", "windows", "workspace", "out"):
+        if not x.flags.writeable and name in ("pages", "windows", "workspace", "out", "lse"):  # written
             raise ValueError(f"{name}: array is read-only")
         got_shape = x.shape
         addr = x.__array_interface__["data"][0]
@@ -313,8 +313,12 @@ class DeviceBuffer:
         return v
 
     def write(self, host: np.ndarray, stream: Optional[int] = None) -> None:
-        """Copies a host array (its bytes, from offset 0) into the buffer."""
+        """Copies a host array of the buffer's element kind (from offset 0) into the buffer."""
         a = np.ascontiguousarray(host)
+        if a.dtype != _NP_KINDS[self.kind]:  # its bytes would be read as another type (int64 ids as pairs of i32)
+            hint = " (bfloat16 bits: use liboscar.to_bf16)" if self.kind == "bf16" else ""
+            raise TypeError(f"write: host dtype {a.dtype} into a buffer of {self.kind} "
+                            f"({_NP_KINDS[self.kind]}); convert it first{hint}")
         if a.nbytes > self.nbytes:
             raise ValueError(f"write of {a.nbytes} bytes into a buffer of {self.nbytes}")
         _check(lib.oscar_buffer_write(self.runtime._h, self.handle, 0, a.ctypes.data, a.nbytes, stream))

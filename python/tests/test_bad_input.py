@@ -211,3 +211,35 @@ def test_cache_bounds_and_row_arrays_name_the_argument(cpu):
     c.append(0, z, z)
     with pytest.raises(ValueError, match=r"q: expected an array"):
         c.extend(0, np.zeros((2, 64), np.uint16), [1])
+
+
+def test_read_only_lse_is_refused(cpu):
+    # Plan.extend refused read-only pages, windows, workspace and out but not
+    # lse: the library wrote into a read-only array (and a read-only memmap
+    # was a segmentation fault).
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 1, 64)
+    c.append(0, np.zeros((4, 1, 64), np.uint16), np.zeros((4, 1, 64), np.uint16), [4])
+    ws = np.zeros(plan.workspace_bytes(2, 64), np.uint8)
+    plan.workspace_init(ws)
+    lse = np.full((2, 2), 7.0, np.float32)
+    lse.setflags(write=False)
+    with pytest.raises(ValueError, match="lse: array is read-only"):
+        plan.extend(0, c.pages[0], c.windows[0], np.array([4], np.int32), c.window_slots, c.block_table,
+                    np.array([0, 2], np.int32), np.zeros((2, 2, 64), np.uint16), np.zeros((2, 2, 64), np.uint16), ws,
+                    2, lse=lse, max_seq_len=64)
+    assert (lse == 7.0).all()
+
+
+def test_device_buffer_write_of_another_dtype_is_refused(cpu):
+    # DeviceBuffer.write copied the host array's bytes whatever its dtype: a block
+    # table written from np.array([0, 5, 10]) (int64) became [0, 0, 5] in the i32
+    # buffer, two sequences sharing page 0, status OK.
+    b = liboscar.DeviceBuffer.alloc(cpu, (3,), "i32")
+    with pytest.raises(TypeError, match=r"int64.*i32"):
+        b.write(np.array([0, 5, 10], dtype=np.int64))
+    with pytest.raises(TypeError, match="to_bf16"):
+        liboscar.DeviceBuffer.alloc(cpu, (2,), "bf16").write(np.zeros(2, np.float32))
+    b.write(np.array([0, 5, 10], dtype=np.int32))
+    np.testing.assert_array_equal(b.read(), [0, 5, 10])
+    b.close()
