@@ -27,9 +27,9 @@ What runs where, per attention layer and forward call:
   quantized cache;
 - several tokens into a non-empty cache (a second turn, chunked prefill) with
   ``prefill="exact"``: chunks of ``extend_chunk`` tokens (default a quarter of
-  the recent window, at most 64; at most the recent window), each appended and then attended with ``oscar_extend``
-  (the chunk's queries over sink, 2-bit history, recent window and the chunk
-  itself, causal; one launch per chunk and layer);
+  the recent window, at most 64), each appended and then attended with
+  ``oscar_extend`` (the chunk's queries over sink, 2-bit history, recent window
+  and the chunk itself, causal; one launch per chunk and layer);
 - any multi-token step with ``prefill="stepwise"``: token by token, append
   then decode, so every query reads the cache exactly as a decode step would
   (teacher-forced evaluation of the quantized cache, comparable to
@@ -47,7 +47,8 @@ e.g. Gemma 3): the full-attention layers live in liboscar, the others stay
 transformers' own cache layers. Not supported (each raises
 ``NotImplementedError`` naming it): beam search and other batch reordering,
 cropping (assisted decoding), offloading, models without a full-attention
-layer, logit soft-capping and learned sink logits. The cache is not compileable (no ``torch.compile`` or
+layer, logit soft-capping and learned sink logits. The cache is not
+compileable (no ``torch.compile`` or
 CUDA graphs of the decode step).
 """
 from __future__ import annotations
