@@ -311,3 +311,15 @@ def test_command_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             hf.main([str(model_dir), *args])
         assert e.value.code == 2 and why in capsys.readouterr().err, args
+
+
+@need_qwen
+def test_command_line_tokenizes_text(tmp_path, capsys):
+    text = tmp_path / "calib.txt"
+    with open(REPO.parent / "shared/data/calib.txt", encoding="utf-8", errors="replace") as f:
+        text.write_text(f.read(20000), encoding="utf-8")
+    out = tmp_path / "p.safetensors"
+    assert hf.main([MODEL, "--text", str(text), "--out", str(out), "--window", "512", "--max-tokens", "1024",
+                    "--sink", "8", "--recent", "32"]) == 0
+    p = liboscar.Params.load(str(out))
+    assert p.info.calib_tokens == 1024 and p.info.head_dim == 128 and "wrote" in capsys.readouterr().out
