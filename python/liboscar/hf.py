@@ -68,7 +68,7 @@ from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .core import Layout, PagedCache, Params, Plan, Runtime, method_id
+from .core import Layout, OscarError, PagedCache, Params, Plan, Runtime, method_id
 
 try:  # the mask builder that goes with SDPA, so padded prompts get their 4-D mask
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
@@ -636,8 +636,12 @@ def calibrate(model: Any, tokens: Any, window: int = 2048, max_tokens: int = 655
                         if pass_ == 0 and kv_cache is not None:
                             kv_cache[w0 + b][layer] = (kr, vr)
 
-                with torch.no_grad(), capture_attention(model, sink):
-                    model(input_ids=windows[w0:w1].to(dev), use_cache=False, **skip_head)
+                try:
+                    with torch.no_grad(), capture_attention(model, sink):
+                        model(input_ids=windows[w0:w1].to(dev), use_cache=False, **skip_head)
+                except OscarError as e:  # which window: a NaN in the model's activations is found there
+                    raise OscarError(e.status, f"calibrate: pass {pass_}, windows {w0}..{w1 - 1} (tokens "
+                                     f"{w0 * window}..{w1 * window - 1}): {str(e).rsplit(' [', 1)[0]}") from e
                 if sorted(seen) != list(range(L)):
                     raise RuntimeError(f"calibrate: the forward called the attention function for layers "
                                        f"{sorted(seen)}, expected 0..{L - 1}: this model's attention does not go "

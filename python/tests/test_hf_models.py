@@ -282,6 +282,12 @@ def test_bad_input_is_named():
         hf.calibrate(m, np.zeros(512, np.int64), window=256, progress=None, pass1="sometimes")
     with pytest.raises(TypeError, match="unknown option"):
         hf.calibrate(m, np.zeros(512, np.int64), window=256, progress=None, clipk=0.9)
+    # A model whose activations overflow: the core refuses the non-finite row, naming the window.
+    with torch.no_grad():
+        m.model.layers[1].self_attn.k_proj.weight[0, 0] = float("inf")
+    with pytest.raises(liboscar.OscarError, match="pass 0, windows 0..0 .*key of token .* is not finite"):
+        hf.calibrate(m, np.ones(512, np.int64), window=256, progress=None)
+    assert m.config._attn_implementation == "sdpa"
     m.config._attn_implementation = "no-such-attention"
     with pytest.raises(ValueError, match="not registered"):
         hf.calibrate(m, np.zeros(512, np.int64), window=256, progress=None)
