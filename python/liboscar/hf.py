@@ -564,6 +564,10 @@ def calibrate(model: Any, tokens: Any, window: int = 2048, max_tokens: int = 655
     if window < 2 or max_tokens < window or batch_size < 1:
         raise ValueError(f"window {window} (>= 2), max_tokens {max_tokens} (>= window) and batch_size "
                          f"{batch_size} (>= 1) do not make a window")
+    max_pos = int(getattr(cfg, "max_position_embeddings", 0) or 0)
+    if max_pos and window > max_pos:  # as oscar-calibrate's --window
+        raise ValueError(f"window {window} exceeds the model's max_position_embeddings {max_pos}; use at most "
+                         f"{max_pos}")
     if isinstance(tokens, torch.Tensor):
         tokens = tokens.detach().cpu().numpy()
     ids = np.asarray(tokens)

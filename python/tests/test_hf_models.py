@@ -278,6 +278,8 @@ def test_bad_input_is_named():
         hf.calibrate(m, np.zeros(100, np.int64), window=256, progress=None)
     with pytest.raises(ValueError, match="1-D array of integer ids"):
         hf.calibrate(m, np.zeros((2, 256)), window=256, progress=None)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        hf.calibrate(m, np.zeros(1 << 16, np.int64), window=m.config.max_position_embeddings + 1, progress=None)
     with pytest.raises(ValueError, match="pass1"):
         hf.calibrate(m, np.zeros(512, np.int64), window=256, progress=None, pass1="sometimes")
     with pytest.raises(TypeError, match="unknown option"):
