@@ -20,6 +20,8 @@ void oscar_layout_default(oscar_layout_desc *d) {
     d->method = OSCAR_METHOD_OSCAR2;
 }
 
+int32_t oscar_layout_default_group(int32_t head_dim) { return oscar_group_default(head_dim); }
+
 oscar_status oscar_layout_validate(const oscar_layout_desc *d) {
     oscar_clear_error();
     oscar_layout_desc l;

@@ -80,6 +80,24 @@ Test(layout, default_is_valid_and_sized_per_format) {
     cr_assert(bits < 16.0 / 7.0, "128K-token sequence must be under 1/7 of BF16: %f", bits);
 }
 
+Test(layout, default_group_is_the_formats) {
+    /* the whole head up to 128, else half of it when that is a group, else the whole head */
+    const int32_t want[][2] = {{32, 32},   {64, 64},   {96, 96},   {128, 128}, {144, 144}, {160, 80},
+                               {192, 96},  {208, 208}, {224, 112}, {256, 128}, {0, 0},     {100, 0},
+                               {272, 0},   {-64, 0},   {16, 0}};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const int32_t g = oscar_layout_default_group(want[i][0]);
+        cr_expect_eq(g, want[i][1], "head_dim %d: default group %d, want %d", want[i][0], g, want[i][1]);
+        if (!g) continue;
+        oscar_layout_desc d;
+        oscar_layout_default(&d);
+        d.head_dim = want[i][0];
+        d.group = g;
+        cr_expect_eq(oscar_layout_validate(&d), OSCAR_OK, "head_dim %d group %d: %s", d.head_dim, g,
+                     oscar_last_error());
+    }
+}
+
 Test(layout, bad_fields_are_named) {
     oscar_layout_desc d = small_layout();
     d.head_dim = 100;

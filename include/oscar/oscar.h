@@ -160,6 +160,12 @@ typedef struct oscar_layout_desc {
  * page 64, sink 64, recent 256, max_seq_len 131072, BF16 windows, F16
  * metadata, OSCAR2. */
 OSCAR_API void oscar_layout_default(oscar_layout_desc *d);
+/* The quant group a head_dim gets by default, the one calibration fits its
+ * clips for (docs/FORMAT.md §3.5): the whole head up to 128, else half the
+ * head when that is a valid group (256 -> 128, 192 -> 96), else the whole
+ * head. 0 when head_dim is not supported. Set d.group to it after changing
+ * d.head_dim. */
+OSCAR_API int32_t oscar_layout_default_group(int32_t head_dim);
 /* Checks a layout; the error says which field is wrong and what is allowed. */
 OSCAR_API oscar_status oscar_layout_validate(const oscar_layout_desc *d);
 

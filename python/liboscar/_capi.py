@@ -175,6 +175,7 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_layout_validate", S, POINTER(LayoutDesc))
     _sig(L, "oscar_layout_sizes_get", S, POINTER(LayoutDesc), POINTER(LayoutSizes))
     _sig(L, "oscar_layout_pages_for", S, POINTER(LayoutDesc), c_int64, POINTER(c_int64))
+    _sig(L, "oscar_layout_default_group", c_int32, c_int32)
     _sig(L, "oscar_layout_bits_per_element", S, POINTER(LayoutDesc), c_int64, POINTER(c_double))
     _sig(L, "oscar_params_create_builtin", S, c_int, c_int, c_int, c_int, c_int, POINTER(c_void_p))
     _sig(L, "oscar_params_load", S, c_char_p, POINTER(c_void_p))

@@ -502,7 +502,7 @@ class Layout:
     """Shape of one layer's paged cache (``oscar_layout_desc``); defaults are
     the library's. Dtypes by name ("bf16", "f16", "f32"), method by name."""
     head_dim: int = _LD.head_dim
-    group: int = _LD.group
+    group: int = 0  # 0: the format's default for head_dim (oscar_layout_default_group: 96 at 96, 128 at 256)
     num_q_heads: int = _LD.num_q_heads
     num_kv_heads: int = _LD.num_kv_heads
     page_size: int = _LD.page_size
@@ -513,6 +513,12 @@ class Layout:
     meta_dtype: str = _DTYPE_NAMES[_LD.meta_dtype]
     method: str = field(default_factory=lambda: method_name(_LD.method))
     wide_tensors: int = _LD.wide_tensors  # room for 3-bit head-tensors per layer (FORMAT.md 2.7; CPU, OpenCL and CUDA backends)
+
+    def __post_init__(self) -> None:
+        if not self.group:  # a head_dim the C int cannot hold is reported by validate(), as any field
+            with contextlib.suppress(TypeError, ValueError):
+                self.group = int(lib.oscar_layout_default_group(_capi.checked_int(self.head_dim, _capi.c_int32,
+                                                                                  "head_dim")))
 
     def _c(self) -> _capi.LayoutDesc:
         d = _layout_defaults()

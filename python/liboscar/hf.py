@@ -231,8 +231,6 @@ class OscarCache(Cache):
             method = params.info.method
         self.params, self.method, self.prefill, self.backend = params, method, prefill, backend
         self.max_seq_len = int(max_seq_len or getattr(cfg, "max_position_embeddings", 0) or 4096)
-        if not group:  # the format's default (oscar_group_default): the head up to 128, else half when valid
-            group = d // 2 if d > 128 and d % 32 == 0 and (d // 2) % 16 == 0 else d
         self.layout = Layout(head_dim=d, group=group, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size,
                              sink=sink, recent=recent, max_seq_len=self.max_seq_len, method=method)
         self.layout.validate()

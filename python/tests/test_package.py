@@ -63,11 +63,12 @@ def test_library_errors_carry_its_message():
     assert e.value.status == 14  # OSCAR_ERR_NO_BACKEND
     with pytest.raises(liboscar.OscarError, match="head_dim 100 is not supported; use a multiple of 16 from 32 to 256"):
         liboscar.Layout(head_dim=100).validate()
-    # head_dim 96 (Phi-3) is a shape of the format; the default group 128 does not divide it, and the
-    # message names the group to use
+    # head_dim 96 (Phi-3) is a shape of the format: without a group the layout takes the format's default
+    # (oscar_layout_default_group), 96; a group that does not divide it is named with that default
+    assert liboscar.Layout(head_dim=96).group == 96 and liboscar.Layout(head_dim=256).group == 128
     with pytest.raises(liboscar.OscarError, match="group 128 is not supported for head_dim 96.*default 96"):
-        liboscar.Layout(head_dim=96).validate()
-    liboscar.Layout(head_dim=96, group=96).validate()
+        liboscar.Layout(head_dim=96, group=128).validate()
+    liboscar.Layout(head_dim=96).validate()
     assert liboscar.Layout(head_dim=96, group=96).sizes().bits_per_element == pytest.approx(2 + 32 / 96)
     with pytest.raises(liboscar.OscarError, match="int3"):
         liboscar.method_id("int3")
