@@ -2,7 +2,8 @@
  * Strict RFC 8259 parsing as jansson does it: UTF-8 validated, no raw
  * control characters, no \u0000, integers must fit 64 bits; nesting is
  * bounded so hostile headers cannot exhaust the stack, and objects are
- * hashed so hostile headers with many keys stay linear. */
+ * hashed (with a seed a file cannot know) so hostile headers with many keys
+ * stay linear. */
 #define OSCAR_JSON_NO_JANSSON_NAMES 1
 #include "json_lite.h"
 
@@ -32,13 +33,26 @@ struct oscar_json {
     size_t n, cap;
     size_t *slot;   /* J_OBJ: open-addressing index (entry + 1, 0 empty), nslot a power of 2 */
     size_t nslot;
+    uint64_t seed;  /* J_OBJ: the index's hash seed (hash_key) */
 };
+
+/* murmur3's 64-bit finalizer: every input bit moves every output bit. */
+static uint64_t mix64(uint64_t h) {
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    h *= 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 33);
+}
 
 static oscar_json *new_value(int type) {
     oscar_json *j = calloc(1, sizeof *j);
     if (j) {
         j->type = type;
         j->refs = 1;
+        /* From the object's heap address and this frame's stack address (both placed
+         * by ASLR): a file cannot know it, so it cannot pick keys that share a slot. */
+        if (type == J_OBJ) j->seed = mix64((uint64_t)(uintptr_t)j ^ ((uint64_t)(uintptr_t)&j << 20));
     }
     return j;
 }
@@ -118,16 +132,18 @@ oscar_json *oscar_json_string(const char *s) {
 }
 
 /* ---------------------------------------------------------------- objects */
-static size_t hash_key(const char *k) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+/* FNV-1a from the object's seed, mixed: FNV's low bits depend only on the low bits
+ * before each byte, so keys crafted to share them shared a slot (quadratic lookups). */
+static size_t hash_key(const oscar_json *o, const char *k) {
+    uint64_t h = 1469598103934665603ull ^ o->seed;
     for (; *k; k++) h = (h ^ (unsigned char)*k) * 1099511628211ull;
-    return (size_t)h;
+    return (size_t)mix64(h);
 }
 
 /* Index of key in obj, or (size_t)-1. */
 static size_t find_key(const oscar_json *o, const char *key) {
     if (!o->nslot) return (size_t)-1;
-    for (size_t h = hash_key(key) & (o->nslot - 1);; h = (h + 1) & (o->nslot - 1)) {
+    for (size_t h = hash_key(o, key) & (o->nslot - 1);; h = (h + 1) & (o->nslot - 1)) {
         size_t e = o->slot[h];
         if (!e) return (size_t)-1;
         if (!strcmp(o->k[e - 1], key)) return e - 1;
@@ -135,7 +151,7 @@ static size_t find_key(const oscar_json *o, const char *key) {
 }
 
 static void index_insert(oscar_json *o, size_t entry) {
-    size_t h = hash_key(o->k[entry]) & (o->nslot - 1);
+    size_t h = hash_key(o, o->k[entry]) & (o->nslot - 1);
     while (o->slot[h]) h = (h + 1) & (o->nslot - 1);
     o->slot[h] = entry + 1;
 }

@@ -109,10 +109,19 @@ def method_bits(method: Union[str, int], head_dim: int = 128, group: int = 128, 
     return bits
 
 
+def _real(x: Any, dtype, name: str, copy: bool = False) -> np.ndarray:
+    """x as a C-contiguous array of dtype; complex values are refused (NumPy's
+    cast keeps the real parts with only a warning)."""
+    a = np.asarray(x)
+    if np.iscomplexobj(a):
+        raise TypeError(f"{name}: complex values ({a.dtype}); pass real numbers")
+    return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.ascontiguousarray(a, dtype=dtype)
+
+
 # ------------------------------------------------------------------ bf16 bits
 def to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), round to nearest even, as the library."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    u = _real(x, np.float32, "x").view(np.uint32)
     nan = (u & 0x7FFFFFFF) > 0x7F800000
     r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     return np.where(nan, ((u >> 16) | 0x40).astype(np.uint16), r)
@@ -421,7 +430,7 @@ class Params:
         |F| <= 16; oscar2 / oscar2-lm parameters): weights of your own, or
         synthetic ones to time the write path."""
         d = self.info.head_dim
-        f = np.ascontiguousarray(F, dtype=np.float32)
+        f = _real(F, np.float32, "F")
         if f.shape != (d, d):
             raise ValueError(f"F: shape {f.shape}, expected ({d}, {d})")
         _check(lib.oscar_params_set_feedback(self._h, layer, kv_head, _kv(which),
@@ -470,7 +479,7 @@ def fakequant(rows: np.ndarray, method: Union[str, int], params: Optional[Params
     """Quantize-dequantize host rows [n_tokens, num_kv_heads, head_dim]
     exactly as the cache stores them; returns a new float32 array in the
     original space."""
-    x = np.array(rows, dtype=np.float32, order="C", copy=True)
+    x = _real(rows, np.float32, "rows", copy=True)
     if x.ndim != 3:
         raise ValueError(f"rows: shape {x.shape}, expected (n_tokens, num_kv_heads, head_dim)")
     _check(lib.oscar_fakequant(params._h if params else None, method_id(method), layer, _kv(which), group,
@@ -1002,7 +1011,7 @@ class Calibrator:
 
     def set_value_metric(self, layer: int, kv_head: int, M: np.ndarray) -> None:
         d = self.shape[3]
-        m = np.ascontiguousarray(M, dtype=np.float64)
+        m = _real(M, np.float64, "M")
         if m.shape != (d, d):
             raise ValueError(f"M: shape {m.shape}, expected ({d}, {d})")
         _check(self._C.oscar_calib_set_value_metric(self._h, layer, kv_head, m.ctypes.data))

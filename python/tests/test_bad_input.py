@@ -243,3 +243,19 @@ def test_device_buffer_write_of_another_dtype_is_refused(cpu):
     b.write(np.array([0, 5, 10], dtype=np.int32))
     np.testing.assert_array_equal(b.read(), [0, 5, 10])
     b.close()
+
+
+def test_complex_values_are_refused(cpu):
+    # NumPy's cast to float drops the imaginary part with only a ComplexWarning:
+    # fakequant, to_bf16, set_feedback and set_value_metric used the real parts.
+    z = np.zeros((2, 1, 64), np.complex64) + 1j
+    with pytest.raises(TypeError, match="rows: complex"):
+        liboscar.fakequant(z, "int2")
+    with pytest.raises(TypeError, match="x: complex"):
+        liboscar.to_bf16(z)
+    p = liboscar.Params.builtin("oscar2", 1, 2, 1, 64)
+    with pytest.raises(TypeError, match="F: complex"):
+        p.set_feedback(0, np.zeros((64, 64), np.complex128))
+    c = liboscar.Calibrator(1, 2, 1, 64)
+    with pytest.raises(TypeError, match="M: complex"):
+        c.set_value_metric(0, 0, np.eye(64) + 0j)
