@@ -12,6 +12,22 @@ import liboscar
 REPO = Path(__file__).resolve().parents[2]
 
 
+def torch_devices() -> list:
+    """"cpu", and "cuda" where torch sees a GPU and the CUDA plugin loads:
+    the devices the transformers tests run OscarCache on."""
+    try:
+        import torch
+    except ImportError:
+        return ["cpu"]
+    if not torch.cuda.is_available():
+        return ["cpu"]
+    try:
+        liboscar.Runtime("cuda")
+    except liboscar.OscarError:
+        return ["cpu"]
+    return ["cpu", "cuda"]
+
+
 def pytest_report_header(config):
     return f"liboscar {liboscar.version()} from {Path(liboscar.__file__).parent}"
 
