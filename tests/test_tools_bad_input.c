@@ -300,6 +300,13 @@ Test(tools_bad_input, model_config_contradictions_are_bad_input, .timeout = 300)
                  dir, g_tokens, dir);
         cr_expect_eq(rc, 2, "oscar-calibrate, %s: exit %d: %s", layers[i], rc, out);
         cr_expect(strstr(out, "do not match config.json"), "oscar-calibrate, %s: %s", layers[i], out);
+        /* the engine's other tools: bad input (2) with the message, not a failure (1) or a silent exit */
+        rc = run(out, sizeof out, 60, BIN "/oscar-engine-bench %s --tokens %s", dir, g_tokens);
+        cr_expect_eq(rc, 2, "oscar-engine-bench, %s: exit %d: %s", layers[i], rc, out);
+        cr_expect(strstr(out, "do not match config.json"), "oscar-engine-bench, %s: %s", layers[i], out);
+        rc = run(out, sizeof out, 60, BIN "/oscar-copy-probe %s --tokens %s --params /dev/null", dir, g_tokens);
+        cr_expect_eq(rc, 2, "oscar-copy-probe, %s: exit %d: %s", layers[i], rc, out);
+        cr_expect(strstr(out, "do not match config.json"), "oscar-copy-probe, %s: %s", layers[i], out);
         rmrf(dir);
     }
     scratch(dir, sizeof dir);

@@ -23,7 +23,6 @@
 #include "engine.h"
 #include "oscar/oscar.h"
 
-#define MAX_LAYERS 128
 
 typedef struct cap {
     int L, hq, hkv, d, n;
@@ -111,7 +110,6 @@ int main(int argc, char **argv) {
     }
     const oe_config *cf = oe_model_config(m);
     const int L = cf->num_layers, hq = cf->num_q_heads, hkv = cf->num_kv_heads, d = cf->head_dim, g = hq / hkv;
-    if (L > MAX_LAYERS) return 2;
     oscar_params *P[2] = {NULL, NULL};
     for (int r = 0; r < 2; r++)
         if (oscar_params_load(params_path, &P[r]) || oscar_params_check_shape(P[r], L, hq, hkv, d, NULL)) {
@@ -256,7 +254,7 @@ int main(int argc, char **argv) {
     printf("copy probe: %s, %ld windows of %ld (copies of %ld tokens at [%ld, %ld) and [%ld, %ld)), %ld queries per "
            "head and window, S0 %ld, W %ld, params %s (oscar2, %.3f bits/elt in the 2-bit region)\n",
            tok_path, trials, n, R, sink, sink + R, sink + R, n, nqr, sink, recent, params_path,
-           oscar_method_bits(OSCAR_METHOD_OSCAR2, d, d < 128 ? d : 128, OSCAR_DTYPE_F16));
+           oscar_method_bits(OSCAR_METHOD_OSCAR2, d, oscar_layout_default_group(d), OSCAR_DTYPE_F16));
     printf("mass: mean softmax weight on the copied token's source key; top1: it is the argmax key;\n"
            "K err / V err: relative output error of the head at those queries with only K / only V in 2 bits\n");
     printf("layer  head | clipK clipV | mass bf16  K fit  K clip1 | top1 bf16  K fit  K clip1 | K err fit  clip1 | "

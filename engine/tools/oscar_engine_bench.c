@@ -42,10 +42,12 @@ int main(int argc, char **argv)
     oe_model *m = NULL;
     uint32_t *tok = NULL;
     int64_t n = 0;
-    if (oe_model_load(dir, &m) != OSCAR_OK || oe_tokens_load(tok_path, oe_model_config(m)->vocab, &tok, &n) != OSCAR_OK) {
+    oscar_status s = oe_model_load(dir, &m);
+    if (s == OSCAR_OK) s = oe_tokens_load(tok_path, oe_model_config(m)->vocab, &tok, &n);
+    if (s != OSCAR_OK) { /* bad input (2), as the other tools; out of memory stays a failure (1) */
         fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
         oe_model_free(m);
-        return 1;
+        return s == OSCAR_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
     if ((int64_t)windows * ctx > n) windows = (int)(n / ctx);
     oe_ctx *c = NULL;
