@@ -725,6 +725,19 @@ static void do_append(fz *f) {
 
 /* ------------------------------------------------------------------ decode / extend */
 /* out rows: every value finite, the gaps between rows untouched. */
+/* The statuses of one attention call under validate 0 and 1 (s[0], s[1]; msg0: validate 0's
+ * message): the same code both ways, the expected one for a clean call, a refusal (the
+ * expected code where known) for a call that must be refused. */
+static void check_verdict(fz *f, const char *fn, const char *what, const oscar_status s[2], const char *msg0, int mut,
+                          oscar_status base_expect, int expect) {
+    CHECK(f, s[0] == s[1], "%s (%s): validate 0 gives %d (%s), validate 1 gives %d (%s)", fn, what, s[0], msg0, s[1],
+          oscar_last_error());
+    if (mut == M_NONE) CHECK(f, s[0] == base_expect, "%s (clean) expected %d, got %d (%s)", fn, base_expect, s[0], msg0);
+    if (mut == M_HARD && base_expect == OSCAR_OK) CHECK(f, s[0] != OSCAR_OK, "%s with %s accepted", fn, what);
+    if (mut == M_HARD && base_expect == OSCAR_OK && expect >= 0)
+        CHECK(f, s[0] == (oscar_status)expect, "%s with %s: expected %d, got %d (%s)", fn, what, expect, s[0], msg0);
+}
+
 static void check_out(fz *f, const char *fn, const uint16_t *out, int64_t rows, int64_t stride) {
     const uint8_t *b = (const uint8_t *)out;
     for (int64_t t = 0; t < rows; t++) {
@@ -847,12 +860,7 @@ static void do_decode(fz *f) {
             CHECK(f, !memcmp(out[vv], ref, 2 * (size_t)(n * ose)), "refused decode (%s, %d) wrote to out", what,
                   s[vv]);
     }
-    CHECK(f, s[0] == s[1], "decode (%s): validate 0 gives %d (%s), validate 1 gives %d (%s)", what, s[0], msg0, s[1],
-          oscar_last_error());
-    if (mut == M_NONE) CHECK(f, s[0] == base_expect, "decode (clean) expected %d, got %d (%s)", base_expect, s[0], msg0);
-    if (mut == M_HARD && base_expect == OSCAR_OK) CHECK(f, s[0] != OSCAR_OK, "decode with %s accepted", what);
-    if (mut == M_HARD && base_expect == OSCAR_OK && expect >= 0)
-        CHECK(f, s[0] == (oscar_status)expect, "decode with %s: expected %d, got %d (%s)", what, expect, s[0], msg0);
+    check_verdict(f, "decode", what, s, msg0, mut, base_expect, expect);
     if (s[0] == OSCAR_OK && s[1] == OSCAR_OK) {
         CHECK(f, !memcmp(out[0], out[1], 2 * (size_t)(n * ose)), "decode outputs differ between validate 0 and 1");
         check_out(f, "oscar_decode", out[0], n, ose);
@@ -1043,12 +1051,7 @@ static void do_extend(fz *f) {
                   s[vv]);
         }
     }
-    CHECK(f, s[0] == s[1], "extend (%s): validate 0 gives %d (%s), validate 1 gives %d (%s)", what, s[0], msg0, s[1],
-          oscar_last_error());
-    if (mut == M_NONE) CHECK(f, s[0] == base_expect, "extend (clean) expected %d, got %d (%s)", base_expect, s[0], msg0);
-    if (mut == M_HARD && base_expect == OSCAR_OK) CHECK(f, s[0] != OSCAR_OK, "extend with %s accepted", what);
-    if (mut == M_HARD && base_expect == OSCAR_OK && expect >= 0)
-        CHECK(f, s[0] == (oscar_status)expect, "extend with %s: expected %d, got %d (%s)", what, expect, s[0], msg0);
+    check_verdict(f, "extend", what, s, msg0, mut, base_expect, expect);
     if (s[0] == OSCAR_OK && s[1] == OSCAR_OK) {
         CHECK(f, !memcmp(out[0], out[1], out_bytes), "extend outputs differ between validate 0 and 1");
         check_out(f, "oscar_extend", out[0], a.total_q, ose);
