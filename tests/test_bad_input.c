@@ -254,6 +254,47 @@ Test(bad_input, rotation_overflow_refused_hip, .timeout = 300) {
     overflow_case("hip", OSCAR_DTYPE_F16, 60000.0f);
 }
 
+/* Finite bf16 rows past f16's range with F16 metadata: a group's scale and
+ * min saturated at 65504 and the cache held a clamped row without a word.
+ * Refused like a rotation overflow (with and without a rotation: INT2 stores
+ * the row as is); with F32 metadata the same rows are stored. */
+static void meta_overflow_case(const char *backend, oscar_method m, oscar_dtype meta, float big, int refused) {
+    rig r;
+    g_meta = meta;
+    int open = rig_open(&r, backend, m, OSCAR_DTYPE_BF16, 0);
+    g_meta = OSCAR_DTYPE_F16;
+    if (!open) cr_skip_test("%s not available", backend);
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    uint16_t *h = malloc(r.kv_elems * 2);
+    cr_assert(h);
+    for (size_t i = 0; i < r.kv_elems; i++) h[i] = to16(OSCAR_DTYPE_BF16, (i % 64) < 32 ? big : -big);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.v, 0, h, r.kv_elems * 2, NULL), OSCAR_OK);
+    free(h);
+    oscar_status s = rig_append(&r);
+    if (refused) {
+        cr_expect_eq(s, OSCAR_ERR_NONFINITE, "%s method %d meta %d: |v| %g: status %d", backend, (int)m,
+                     (int)meta, (double)big, (int)s);
+        if (!strcmp(backend, "cpu"))
+            cr_expect(strstr(oscar_last_error(), "F16 metadata") && strstr(oscar_last_error(), "F32"), "message: %s",
+                      oscar_last_error());
+    } else {
+        cr_expect_eq(s, OSCAR_OK, "%s method %d meta %d: |v| %g: %s", backend, (int)m, (int)meta, (double)big,
+                     oscar_last_error());
+    }
+    rig_close(&r);
+}
+static void meta_overflow_all(const char *backend) {
+    meta_overflow_case(backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_F16, 3e4f, 1); /* rotated: ~2.4e5 */
+    meta_overflow_case(backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, 1e5f, 1);
+    meta_overflow_case(backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_F32, 3e4f, 0);
+    meta_overflow_case(backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_F32, 1e5f, 0);
+    meta_overflow_case(backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_F16, 6e4f, 0); /* within f16: stored */
+}
+Test(bad_input, f16_metadata_overflow_refused_cpu) { meta_overflow_all("cpu"); }
+Test(bad_input, f16_metadata_overflow_refused_opencl, .timeout = 300) { meta_overflow_all("opencl"); }
+Test(bad_input, f16_metadata_overflow_refused_cuda, .timeout = 300) { meta_overflow_all("cuda"); }
+Test(bad_input, f16_metadata_overflow_refused_hip, .timeout = 300) { meta_overflow_all("hip"); }
+
 /* seq_lens 0: the same refusal with and without host-side validation. */
 Test(bad_input, zero_length_sequence_same_code_with_validate_0_and_1) {
     oscar_status got[2][2];

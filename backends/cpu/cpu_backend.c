@@ -318,18 +318,30 @@ static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, 
     for (int i = 0; i < 2 * p->g.ng; i++) oscar_store(p->l.meta_dtype, m, (size_t)i, meta[i]);
 }
 
-/* 1 when x R rounded to kv_dtype is finite (y receives x R when computed).
- * |(x R)_j| <= |x|_2 for orthogonal R (the loader allows |R R^T - I| <= 1e-3),
- * so rows well below the dtype's maximum skip the product. */
-static int rotated_row_finite(const cpu_plan *p, const float *x, const float *R, float *y) {
+/* 1 when the rows of this plan are stored with F16 metadata: a group's scale
+ * and min, bounded by the row's largest |value|, then fit f16 whenever the
+ * row does; a larger row would saturate them (FORMAT.md §2.2), silently. */
+static int meta_caps_row(const cpu_plan *p) { return p->quantized && p->l.meta_dtype == OSCAR_DTYPE_F16; }
+
+/* 1 when x R (x itself for identity plans: R NULL) rounded to kv_dtype is
+ * finite and, with F16 metadata, within f16's range (y receives the row when
+ * computed). |(x R)_j| <= |x|_2 for orthogonal R (the loader allows
+ * |R R^T - I| <= 1e-3), so rows well below the limit skip the product. */
+static int rotated_row_fits(const cpu_plan *p, const float *x, const float *R, float *y) {
     int d = p->g.d;
+    const int f16 = p->l.kv_dtype == OSCAR_DTYPE_F16 || meta_caps_row(p);
     double n2 = 0.0;
     for (int j = 0; j < d; j++) n2 += (double)x[j] * (double)x[j];
-    double top = p->l.kv_dtype == OSCAR_DTYPE_BF16 ? 3.3895313892515355e38 : 65504.0;
+    double top = f16 ? 65504.0 : 3.3895313892515355e38;
     if (sqrt(n2) * 1.01 < top) return 1;
-    oscar_ref_rotate(d, x, R, y);
-    for (int j = 0; j < d; j++)
-        if (!isfinite(oscar_round_to(p->l.kv_dtype, y[j]))) return 0;
+    if (R)
+        oscar_ref_rotate(d, x, R, y);
+    else
+        memcpy(y, x, (size_t)d * sizeof *y);
+    for (int j = 0; j < d; j++) {
+        float r = oscar_round_to(p->l.kv_dtype, y[j]);
+        if (!isfinite(r) || (f16 && !isfinite(oscar_round_to(OSCAR_DTYPE_F16, r)))) return 0;
+    }
     return 1;
 }
 
@@ -357,8 +369,9 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                         kv ? "V" : "K", t);
         }
     /* ... and so must its rotated row once rounded to kv_dtype (finite values
-     * near the dtype's maximum can overflow in x R): refused like a NaN row. */
-    if (!p->identity)
+     * near the dtype's maximum can overflow in x R), and within f16 when the
+     * metadata is F16: refused like a NaN row. */
+    if (!p->identity || meta_caps_row(p))
         for (int32_t t = 0; t < a->total_new; t++)
             for (int kv = 0; kv < 2; kv++)
                 for (int h = 0; h < H; h++) {
@@ -366,13 +379,19 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                     load_row(p, (const char *)(kv ? a->v : a->k) + ((size_t)t * (size_t)a->kv_stride + (size_t)h * d) *
                                                                        p->esize,
                              xv);
-                    if (!rotated_row_finite(p, xv, rot_of(p, kv ? p->rot_v : p->rot_k, a->layer, h), yv))
+                    if (rotated_row_fits(p, xv, rot_of(p, kv ? p->rot_v : p->rot_k, a->layer, h), yv)) continue;
+                    if (meta_caps_row(p) && p->l.kv_dtype == OSCAR_DTYPE_BF16)
                         return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
                                                 "oscar_append: new %s row %d, KV head %d is finite but its rotated "
-                                                "row overflows %s; the cache was not modified (scale the "
-                                                "activations down)",
-                                                kv ? "V" : "K", t, h,
-                                                p->l.kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16");
+                                                "row exceeds 65504, the range of its F16 metadata (a group's scale "
+                                                "and min would saturate); the cache was not modified (create the "
+                                                "layout with meta_dtype F32, or scale the activations down)",
+                                                kv ? "V" : "K", t, h);
+                    return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
+                                            "oscar_append: new %s row %d, KV head %d is finite but its rotated "
+                                            "row overflows %s; the cache was not modified (scale the "
+                                            "activations down)",
+                                            kv ? "V" : "K", t, h, p->l.kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16");
                 }
 
     float x[256], xr[256];
