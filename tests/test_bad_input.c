@@ -1302,6 +1302,53 @@ Test(bad_input, two_faults_get_one_code_with_validate_0_and_1, .timeout = 300) {
     }
 }
 
+/* A bad block-table entry of a page the append does not write (page 0 of a
+ * sequence growing from 60 to 61 tokens: the append demotes position 44, page
+ * 2). The CPU backend and validate = 1 refuse the append; a GPU append without
+ * validation checks only the pages it writes, and the decode that follows,
+ * which reads every page, raises the flag: the entry never goes unreported
+ * (docs/API.md). */
+static void old_page_case(const char *backend, int validate) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, validate)) return;
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    int32_t bt[SEQ * 8], lens[SEQ] = {60, 60}, slots[SEQ] = {0, 1}, cu[SEQ + 1] = {0, 60, 120};
+    for (int i = 0; i < SEQ * r.pps; i++) bt[i] = i;
+    rig_batch_write(&r, bt, lens, slots);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu, sizeof cu, NULL), OSCAR_OK);
+    oscar_cache ca = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    cr_assert_eq(oscar_append(r.plan, 0, &ca, &b, r.cu, 120, r.k, r.v, 0, r.ws, r.ws_bytes, NULL), OSCAR_OK, "%s",
+                 oscar_last_error());
+    cr_assert_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    bt[0] = SEQ * r.pps + 5; /* sequence 0, page 0 */
+    lens[0] = lens[1] = 61;
+    int32_t cu1[SEQ + 1] = {0, 1, 2};
+    rig_batch_write(&r, bt, lens, slots);
+    cr_assert_eq(oscar_buffer_write(r.rt, r.cu, 0, cu1, sizeof cu1, NULL), OSCAR_OK);
+    oscar_status s = oscar_append(r.plan, 0, &ca, &b, r.cu, 2, r.k, r.v, 0, r.ws, r.ws_bytes, NULL);
+    if (s == OSCAR_OK) s = oscar_plan_check(r.plan, r.ws, NULL);
+    const int gpu_flag = strcmp(backend, "cpu") && !validate;
+    if (!gpu_flag) {
+        cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s validate %d: append: %d (%s)", backend, validate, s,
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "block_table[0][0]"), "message: %s", oscar_last_error());
+    } else {
+        cr_expect_eq(s, OSCAR_OK, "%s: append without validation: %d (%s)", backend, s, oscar_last_error());
+        s = oscar_decode(r.plan, 0, &ca, &b, r.q, 0, r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+        if (s == OSCAR_OK) s = oscar_plan_check(r.plan, r.ws, NULL);
+        cr_expect_eq(s, OSCAR_ERR_BLOCK_TABLE, "%s: decode after it: %d (%s)", backend, s, oscar_last_error());
+    }
+    rig_close(&r);
+}
+Test(bad_input, old_page_entry_reported_by_every_backend, .timeout = 300) {
+    const char *backends[] = {"cpu", "opencl", "cuda", "hip"};
+    for (int i = 0; i < 4; i++)
+        for (int val = 0; val < 2; val++) old_page_case(backends[i], val);
+}
+
 /* Head counts an engine may pass by mistake: the message names the field and
  * the fix (the divisors that would do, or sharding), never only "must be a
  * positive multiple of num_kv_heads -8". */
