@@ -167,13 +167,19 @@ typedef struct shard_set {
     int n;
 } shard_set;
 
-static const oe_tensor *find_any(const shard_set *ss, const char *name)
+/* The tensor `name` of the one shard holding it; *dup = 1 when another shard
+ * holds it too (which copy the index meant is unknowable: refused, not the
+ * first shard's taken). */
+static const oe_tensor *find_any(const shard_set *ss, const char *name, int *dup)
 {
+    const oe_tensor *found = NULL;
+    *dup = 0;
     for (int i = 0; i < ss->n; i++) {
         const oe_tensor *t = oe_st_find(ss->st[i], name);
-        if (t) return t;
+        if (t && found) *dup = 1;
+        if (t && !found) found = t;
     }
-    return NULL;
+    return found;
 }
 
 /* Loads tensor `name` of shape [d0] or [d0][d1] (d1 = 0 for 1-D) into a
@@ -182,7 +188,11 @@ static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d
                                 float **out)
 {
     *out = NULL;
-    const oe_tensor *t = find_any(ss, name);
+    int dup;
+    const oe_tensor *t = find_any(ss, name, &dup);
+    if (dup)
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' in two shards; the checkpoint is "
+                            "inconsistent (keep the copy its index names, remove the other)", name);
     if (!t) {
         if (optional) return OSCAR_OK;
         return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint lacks tensor '%s'; the weights do not match "

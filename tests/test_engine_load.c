@@ -480,6 +480,37 @@ Test(engine_load, corrupt_safetensors_refused)
     remove_dir();
 }
 
+/* A tensor in two shards: the loader took the first shard's copy, even where
+ * the index names the other (a silently different weight). Refused. */
+Test(engine_load, tensor_in_two_shards_refused)
+{
+    seed();
+    make_dir();
+    write_model(&k_qwen2, NULL);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/model.safetensors", g_dir);
+    snprintf(b, sizeof b, "%s/a.safetensors", g_dir);
+    cr_assert_eq(rename(a, b), 0);
+    const char *one = "{\"weight_map\":{\"model.embed_tokens.weight\":\"a.safetensors\"}}";
+    write_file("model.safetensors.index.json", one, strlen(one));
+    oe_model *m = NULL;
+    cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
+    oe_model_free(m);
+    m = NULL;
+    wt dup = {"model.norm.weight", 1, {64, 0}, "F32"};
+    snprintf(b, sizeof b, "%s/b.safetensors", g_dir);
+    write_st(b, &dup, 1, 0.2f);
+    const char *two = "{\"weight_map\":{\"model.embed_tokens.weight\":\"a.safetensors\","
+                      "\"model.norm.weight\":\"b.safetensors\"}}";
+    write_file("model.safetensors.index.json", two, strlen(two));
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE, "%s", oe_last_error());
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "model.norm.weight") && strstr(oe_last_error(), "two shards"), "message: %s",
+              oe_last_error());
+    oe_model_free(m);
+    remove_dir();
+}
+
 Test(engine_load, token_files_checked)
 {
     seed();
