@@ -206,6 +206,26 @@ Test(tools_bad_input, inspect_help_and_non_parameter_file, .timeout = 60) {
     rmrf(dir);
 }
 
+/* Standard output on a full disk (/dev/full): every tool exited 0 with its
+ * report lost. Now status 1 and a message on stderr. */
+Test(tools_bad_input, stdout_write_errors_are_reported, .timeout = 300) {
+    char out[16384];
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    int rc = run(out, sizeof out, 60, "sh -c '" BIN "/oscar-inspect %s >/dev/full'", P);
+    cr_expect_eq(rc, 1, "oscar-inspect >/dev/full: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "standard output"), "message: %s", out);
+    rc = run(out, sizeof out, 200,
+             "sh -c '" BIN "/oscar-bench --quick --backend cpu --batch 1 --context 64 >/dev/full'");
+    cr_expect_eq(rc, 1, "oscar-bench >/dev/full: exit %d: %s", rc, out);
+    const char *tools[] = {"oscar-calibrate", "oscar-eval", "oscar-copy-probe", "oscar-bench"}; /* usage on stdout */
+    for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
+        rc = run(out, sizeof out, 30, "sh -c '" BIN "/%s --help >/dev/full'", tools[i]);
+        cr_expect_eq(rc, 1, "%s --help >/dev/full: exit %d: %s", tools[i], rc, out);
+    }
+    rc = run(out, sizeof out, 60, BIN "/oscar-inspect %s >/dev/null", P); /* unchanged where writes succeed */
+    cr_expect_eq(rc, 0, "oscar-inspect >/dev/null: exit %d: %s", rc, out);
+}
+
 Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
     char out[16384], dir[64], fifo[128];
     scratch(dir, sizeof dir);

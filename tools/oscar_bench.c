@@ -300,6 +300,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    tool_watch_stdout("oscar-bench");
     opts o = {.batch = 4, .context = 1000, .head_dim = 128, .group = 0, .q_heads = 8, .kv_heads = 2,
               .page = 64, .sink = 64, .recent = 256, .calib_tokens = 4096, .backend = NULL, .seed = 1234};
     for (int i = 1; i < argc; i++) {

@@ -172,6 +172,7 @@ static int parse_choice(const char *flag, const char *s, const char *const *name
 }
 
 int main(int argc, char **argv) {
+    tool_watch_stdout("oscar-calibrate");
     const char *model_dir = NULL, *tok_path = NULL, *out_path = NULL;
     ocal_options o;
     ocal_options_default(&o);

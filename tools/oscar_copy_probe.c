@@ -22,6 +22,7 @@
 
 #include "engine.h"
 #include "oscar/oscar.h"
+#include "tool_args.h"
 
 
 typedef struct cap {
@@ -60,6 +61,7 @@ typedef struct acc {
 } acc;
 
 int main(int argc, char **argv) {
+    tool_watch_stdout("oscar-copy-probe");
     const char *model_dir = NULL, *tok_path = NULL, *params_path = NULL;
     long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256;
     int heads_out = 0;

@@ -193,6 +193,7 @@ static int ev_unique_temp(char *out, size_t n, const char *target) {
 
 int main(int argc, char **argv)
 {
+    tool_watch_stdout("oscar-eval");
     ev_settings S;
     memset(&S, 0, sizeof S);
     S.ret_source = "text";

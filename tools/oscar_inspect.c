@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "oscar/oscar.h"
+#include "tool_args.h"
 
 /* Prints s with control characters (C0, DEL, UTF-8 C1) and bytes that are
  * not valid UTF-8 as \xNN: a path or a message may come from a hostile file
@@ -53,6 +54,7 @@ static void print_spectrum(int d, const double *lam) {
 }
 
 int main(int argc, char **argv) {
+    tool_watch_stdout("oscar-inspect");
     if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: %s PARAMS.safetensors\n"
                "Prints the metadata, clips, spectra and orthogonality of a liboscar parameter file.\n"

@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "tool_args.h"
 
 static double wall_s(void)
 {
@@ -23,6 +24,7 @@ static double cpu_s(void)
 
 int main(int argc, char **argv)
 {
+    tool_watch_stdout("oscar-engine-bench");
     const char *dir = NULL, *tok_path = NULL;
     int windows = 4, ctx = 2048;
     for (int i = 1; i < argc; i++) {

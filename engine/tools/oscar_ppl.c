@@ -42,6 +42,7 @@ static void usage(void)
 
 int main(int argc, char **argv)
 {
+    tool_watch_stdout("oscar-ppl");
     const char *model_dir = NULL, *tok_path = NULL;
     int64_t max_tokens = -1, v;
     int ctx = 2048;

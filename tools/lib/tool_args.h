@@ -72,4 +72,27 @@ static inline int tool_same_file(const char *a, const char *b) {
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+/* Standard output is a tool's result: a write error (a full disk, /dev/full,
+ * a closed pipe's EIO) must not end in status 0 with a truncated report.
+ * tool_watch_stdout(tool) at the start of main checks stdout at exit and
+ * turns a failed write into status 1 with a message. */
+static inline const char **tool_stdout_owner(void) {
+    static const char *name = "tool";
+    return &name;
+}
+static inline void tool_stdout_check(void) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        int e = errno;
+        fprintf(stderr, "%s: writing standard output failed (%s); the output is incomplete\n", *tool_stdout_owner(),
+                e ? strerror(e) : "write error");
+        fflush(stderr);
+        _exit(1);
+    }
+}
+static inline void tool_watch_stdout(const char *tool) {
+    *tool_stdout_owner() = tool;
+    atexit(tool_stdout_check);
+}
+
 #endif
