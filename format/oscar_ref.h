@@ -50,6 +50,14 @@ void oscar_ref_rotate(int d, const float *x, const float *R, float *out);
 /* out = y R^T (inverse rotation). out may not alias y. */
 void oscar_ref_unrotate(int d, const float *y, const float *R, float *out);
 
+/* 1 when a row can be stored (FORMAT.md §4): x R (x itself when R is NULL)
+ * rounded to kv_dtype is finite and, with F16 metadata (meta16), within f16's
+ * range, where a group's scale and min cannot saturate; else 0. y receives
+ * the rotated row when it was computed (rows with |x|_2 below the limit skip
+ * the product: |(x R)_j| <= |x|_2 for orthogonal R). The one check of the CPU
+ * backend's append and of fake-quant. */
+int oscar_ref_row_storable(int d, const float *x, const float *R, oscar_dtype kv_dtype, int meta16, float *y);
+
 /* ----------------------------------------------------------- one row */
 /* Clip threshold tau of a row for clip ratio c (FORMAT.md §2.1); c >= 1
  * returns max |x|. */

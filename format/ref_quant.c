@@ -368,6 +368,22 @@ void oscar_ref_clip_taus(int d, const float *x, int n, const float *c, float *ta
     }
 }
 
+int oscar_ref_row_storable(int d, const float *x, const float *R, oscar_dtype kv_dtype, int meta16, float *y) {
+    const int f16 = kv_dtype == OSCAR_DTYPE_F16 || meta16;
+    double n2 = 0.0;
+    for (int j = 0; j < d; j++) n2 += (double)x[j] * (double)x[j];
+    if (sqrt(n2) * 1.01 < (f16 ? 65504.0 : 3.3895313892515355e38)) return 1; /* R is orthogonal to 1e-3 */
+    if (R)
+        oscar_ref_rotate(d, x, R, y);
+    else
+        memcpy(y, x, (size_t)d * sizeof *y);
+    for (int j = 0; j < d; j++) {
+        float r = oscar_round_to(kv_dtype, y[j]);
+        if (!isfinite(r) || (f16 && !isfinite(oscar_round_to(OSCAR_DTYPE_F16, r)))) return 0;
+    }
+    return 1;
+}
+
 /* ----------------------------------------------------------- one row */
 /* Rounds a metadata value to meta_dtype. F16 overflow saturates to +-65504 so
  * metadata stays finite on extreme rows (the reconstruction is then clamped,

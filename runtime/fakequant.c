@@ -1,10 +1,43 @@
 /* oscar_fakequant: the public entry of fake-quant. Validates the call and the
  * parameters (runtime objects), then runs the format's reference codec
  * (format/fakequant.c). */
+#include <stdlib.h>
+
 #include "oscar_internal.h"
 #include "oscar_ref.h"
 
 static int method_valid(oscar_method m) { return (int)m >= 0 && m < OSCAR_METHOD_COUNT_; }
+
+/* Fake-quant claims to store rows as the cache does: it refuses, before any
+ * row is changed, the rows the cache's append refuses (bf16 overflow; with
+ * its F16 metadata, values past 65504: oscar_ref_row_storable) instead of
+ * returning clamped ones. R: the calibrated rotation (per head or shared). */
+static oscar_status rows_fit(oscar_method m, const float *R, int per_head, int n_tokens, int H, int d,
+                             const float *rows) {
+    float *had = NULL, y[256];
+    if (m == OSCAR_METHOD_QUAROT2 &&
+        (!(had = malloc((size_t)d * (size_t)d * sizeof *had)) || oscar_ref_hadamard(d, had))) {
+        free(had);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_fakequant: cannot allocate the Hadamard matrix");
+    }
+    const int calibrated = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
+    oscar_status s = OSCAR_OK;
+    for (size_t r = 0; r < (size_t)n_tokens * (size_t)H; r++) {
+        const size_t head = per_head ? r % (size_t)H : 0;
+        const float *Rh = had ? had : (calibrated && R ? R + head * (size_t)d * (size_t)d : NULL);
+        if (oscar_ref_row_storable(d, rows + r * (size_t)d, Rh, OSCAR_DTYPE_BF16, m != OSCAR_METHOD_BF16, y))
+            continue;
+        s = oscar_set_error(OSCAR_ERR_NONFINITE,
+                            "oscar_fakequant: token %zu, kv head %zu: %s %s; the cache refuses such a row "
+                            "(oscar_append), so no row was quantized: scale the rows down",
+                            r / (size_t)H, r % (size_t)H, Rh ? "the rotated row" : "the row",
+                            m != OSCAR_METHOD_BF16 ? "exceeds 65504, the range of the F16 scale and min"
+                                                   : "overflows bf16");
+        break;
+    }
+    free(had);
+    return s;
+}
 
 oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, oscar_kv which, int group,
                              int n_tokens, int num_kv_heads, int head_dim, float *rows) {
@@ -72,6 +105,8 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
         clip = oscar_params_clip_ptr(p, layer, 0, (int)which);
         bits = oscar_params_bits_ptr(p, layer, 0, (int)which);
     }
+    oscar_status fit = rows_fit(m, rot, calibrated && p->per_head, n_tokens, num_kv_heads, head_dim, rows);
+    if (fit != OSCAR_OK) return fit;
     if (oscar_ref_fakequant_rows(m, which == OSCAR_K, group, clip, 2, bits, rot, fb, calibrated && p->per_head, n_tokens,
                                  num_kv_heads, head_dim, rows) != 0)
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_fakequant: cannot allocate the Hadamard matrix");

@@ -295,6 +295,37 @@ Test(bad_input, f16_metadata_overflow_refused_opencl, .timeout = 300) { meta_ove
 Test(bad_input, f16_metadata_overflow_refused_cuda, .timeout = 300) { meta_overflow_all("cuda"); }
 Test(bad_input, f16_metadata_overflow_refused_hip, .timeout = 300) { meta_overflow_all("hip"); }
 
+/* oscar_fakequant stores rows "as the cache would": it returned rows past
+ * f16's range clamped (the F16 scale and min saturated) and a finite row past
+ * bf16's range as Inf/NaN. Refused as the cache's append refuses them, rows
+ * untouched. */
+static void fq_case(oscar_method m, float big, oscar_status want) {
+    enum { T = 32, D = 64 };
+    float rows[T * D], copy[T * D];
+    for (int i = 0; i < T * D; i++) rows[i] = (i % D) < 32 ? big : -big * 0.5f;
+    memcpy(copy, rows, sizeof rows);
+    oscar_status s = oscar_fakequant(NULL, m, 0, OSCAR_K, 0, T, 1, D, rows);
+    cr_expect_eq(s, want, "method %s, |x| %g: status %d (%s)", oscar_method_name(m), (double)big, (int)s,
+                 oscar_last_error());
+    if (want != OSCAR_OK) {
+        cr_expect(!memcmp(rows, copy, sizeof rows), "method %s: rows changed by a refused call", oscar_method_name(m));
+        cr_expect(strstr(oscar_last_error(), "token 0"), "message: %s", oscar_last_error());
+    } else {
+        for (int i = 0; i < T * D; i++) cr_assert(isfinite(rows[i]), "method %s: row value %d not finite",
+                                                  oscar_method_name(m), i);
+    }
+}
+Test(bad_input, fakequant_refuses_rows_the_cache_refuses) {
+    fq_case(OSCAR_METHOD_INT2, 1e5f, OSCAR_ERR_NONFINITE);
+    fq_case(OSCAR_METHOD_INT4, 1e5f, OSCAR_ERR_NONFINITE);
+    fq_case(OSCAR_METHOD_KIVI2, 1e5f, OSCAR_ERR_NONFINITE);
+    fq_case(OSCAR_METHOD_QUAROT2, 3e4f, OSCAR_ERR_NONFINITE); /* rotated: past 65504 */
+    fq_case(OSCAR_METHOD_BF16, 3.4e38f, OSCAR_ERR_NONFINITE);  /* rounds to bf16 Inf */
+    fq_case(OSCAR_METHOD_INT2, 6e4f, OSCAR_OK);
+    fq_case(OSCAR_METHOD_QUAROT2, 1e3f, OSCAR_OK);
+    fq_case(OSCAR_METHOD_BF16, 1e5f, OSCAR_OK);
+}
+
 /* seq_lens 0: the same refusal with and without host-side validation. */
 Test(bad_input, zero_length_sequence_same_code_with_validate_0_and_1) {
     oscar_status got[2][2];

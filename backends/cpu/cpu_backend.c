@@ -323,28 +323,6 @@ static void store_2bit(const cpu_plan *p, char *page, int layer, int kv, int h, 
  * row does; a larger row would saturate them (FORMAT.md §2.2), silently. */
 static int meta_caps_row(const cpu_plan *p) { return p->quantized && p->l.meta_dtype == OSCAR_DTYPE_F16; }
 
-/* 1 when x R (x itself for identity plans: R NULL) rounded to kv_dtype is
- * finite and, with F16 metadata, within f16's range (y receives the row when
- * computed). |(x R)_j| <= |x|_2 for orthogonal R (the loader allows
- * |R R^T - I| <= 1e-3), so rows well below the limit skip the product. */
-static int rotated_row_fits(const cpu_plan *p, const float *x, const float *R, float *y) {
-    int d = p->g.d;
-    const int f16 = p->l.kv_dtype == OSCAR_DTYPE_F16 || meta_caps_row(p);
-    double n2 = 0.0;
-    for (int j = 0; j < d; j++) n2 += (double)x[j] * (double)x[j];
-    double top = f16 ? 65504.0 : 3.3895313892515355e38;
-    if (sqrt(n2) * 1.01 < top) return 1;
-    if (R)
-        oscar_ref_rotate(d, x, R, y);
-    else
-        memcpy(y, x, (size_t)d * sizeof *y);
-    for (int j = 0; j < d; j++) {
-        float r = oscar_round_to(p->l.kv_dtype, y[j]);
-        if (!isfinite(r) || (f16 && !isfinite(oscar_round_to(OSCAR_DTYPE_F16, r)))) return 0;
-    }
-    return 1;
-}
-
 static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
     (void)ctx;
     const cpu_plan *p = bplan;
@@ -379,7 +357,9 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                     load_row(p, (const char *)(kv ? a->v : a->k) + ((size_t)t * (size_t)a->kv_stride + (size_t)h * d) *
                                                                        p->esize,
                              xv);
-                    if (rotated_row_fits(p, xv, rot_of(p, kv ? p->rot_v : p->rot_k, a->layer, h), yv)) continue;
+                    if (oscar_ref_row_storable(d, xv, rot_of(p, kv ? p->rot_v : p->rot_k, a->layer, h), p->l.kv_dtype,
+                                               meta_caps_row(p), yv))
+                        continue;
                     if (meta_caps_row(p) && p->l.kv_dtype == OSCAR_DTYPE_BF16)
                         return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
                                                 "oscar_append: new %s row %d, KV head %d is finite but its rotated "

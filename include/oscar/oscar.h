@@ -462,7 +462,9 @@ OSCAR_API oscar_status oscar_calib_width_report_get(const oscar_calib *c, int la
  * INT4/INT8/KIVI2. rows: [n_tokens][num_kv_heads][head_dim] float, in/out.
  * KIVI2 keys are quantized per channel over consecutive groups of 32 tokens:
  * n_tokens must then be a multiple of 32. group: quant group along head_dim
- * (0 = head_dim). params may be NULL for methods without rotation. */
+ * (0 = head_dim). params may be NULL for methods without rotation. Rows the
+ * cache refuses (NaN/Inf; a stored value past bf16, or past 65504 where the
+ * fp16 metadata would saturate) give OSCAR_ERR_NONFINITE, rows untouched. */
 OSCAR_API oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, oscar_kv which,
                                        int group, int n_tokens, int num_kv_heads, int head_dim, float *rows);
 /* Bits per stored element of a method's quantized region (metadata counted;
