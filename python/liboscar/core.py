@@ -155,7 +155,7 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         if x.kind != kind:
             raise TypeError(f"{name}: DeviceBuffer of {x.kind}, expected {kind}")
         got_shape = x.shape
-        addr = x.handle
+        addr = x._live(name)
     elif _is_torch(x):
         if x.is_cuda != device:
             where = "a GPU tensor" if device else "host memory (a NumPy array or a CPU tensor)"
@@ -298,6 +298,20 @@ class DeviceBuffer:
         self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), shape, kind
         self.nbytes = math.prod(self.shape) * _KIND_SIZE[kind]  # Python ints: no int64 wrap-around
         self._owned = owned
+        self._closed = False
+        self._base: Optional["DeviceBuffer"] = None
+
+    def _live(self, name: str) -> int:
+        """The handle, or ValueError once this buffer, the buffer it views or
+        its runtime is closed (the handle then names freed memory)."""
+        b: Optional[DeviceBuffer] = self
+        while b is not None:
+            if b._closed:
+                raise ValueError(f"{name}: the DeviceBuffer was closed (or the buffer it views); allocate a new one")
+            b = b._base
+        if not self.runtime._h:
+            raise ValueError(f"{name}: the DeviceBuffer's runtime is closed")
+        return self.handle
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
@@ -315,6 +329,7 @@ class DeviceBuffer:
 
     def view(self, shape: Sequence[int]) -> "DeviceBuffer":
         """The same memory seen with a smaller (or equal) shape."""
+        self._live("view")
         v = DeviceBuffer(self.runtime, self.handle, shape, self.kind, owned=False)
         if v.nbytes > self.nbytes:
             raise ValueError(f"view {tuple(shape)} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
@@ -330,18 +345,20 @@ class DeviceBuffer:
                             f"({_NP_KINDS[self.kind]}); convert it first{hint}")
         if a.nbytes > self.nbytes:
             raise ValueError(f"write of {a.nbytes} bytes into a buffer of {self.nbytes}")
-        _check(lib.oscar_buffer_write(self.runtime._h, self.handle, 0, a.ctypes.data, a.nbytes, stream))
+        _check(lib.oscar_buffer_write(self.runtime._h, self._live("write"), 0, a.ctypes.data, a.nbytes, stream))
 
     def read(self, stream: Optional[int] = None) -> np.ndarray:
         """The buffer's contents as a new host array of its shape (bf16 as uint16 bits)."""
+        h = self._live("read")
         out = np.empty(self.shape, dtype=_NP_KINDS[self.kind])
-        _check(lib.oscar_buffer_read(self.runtime._h, out.ctypes.data, self.handle, 0, out.nbytes, stream))
+        _check(lib.oscar_buffer_read(self.runtime._h, out.ctypes.data, h, 0, out.nbytes, stream))
         return out
 
     def close(self) -> None:
         if getattr(self, "_owned", False) and self.runtime._h:
             lib.oscar_buffer_free(self.runtime._h, self.handle)
         self._owned = False
+        self._closed = True
 
     def __del__(self) -> None:
         self.close()

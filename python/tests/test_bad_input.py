@@ -259,3 +259,25 @@ def test_complex_values_are_refused(cpu):
     c = liboscar.Calibrator(1, 2, 1, 64)
     with pytest.raises(TypeError, match="M: complex"):
         c.set_value_metric(0, 0, np.eye(64) + 0j)
+
+
+def test_closed_device_buffer_is_refused(cpu):
+    # A DeviceBuffer kept its handle after close(): read() and write() copied
+    # from and into freed memory, and a Plan call took the freed pointer as its
+    # pages or workspace. Now every use of a closed buffer, or of a view of
+    # one, is refused by name.
+    b = liboscar.DeviceBuffer.alloc(cpu, (4,), "i32")
+    b.write(np.arange(4, dtype=np.int32))
+    v = b.view((2,))
+    b.close()
+    with pytest.raises(ValueError, match="closed"):
+        b.read()
+    with pytest.raises(ValueError, match="closed"):
+        b.write(np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match="closed"):
+        v.read()
+    with pytest.raises(ValueError, match="closed"):
+        b.view((1,))
+    with pytest.raises(ValueError, match="seq_lens: .*closed"):
+        liboscar.core._ptr(b, "i32", (4,), "seq_lens", True)
+    b.close()  # twice: a no-op
