@@ -217,6 +217,25 @@ static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d
     return OSCAR_OK;
 }
 
+/* A checkpoint with layers past config.json's num_hidden_layers is another
+ * model: running the first layers only gave finite, wrong logits without a word. */
+static oscar_status check_no_extra_layers(const shard_set *ss, int num_layers)
+{
+    static const char prefix[] = "model.layers.";
+    for (int i = 0; i < ss->n; i++)
+        for (int j = 0; j < oe_st_count(ss->st[i]); j++) {
+            const char *name = oe_st_at(ss->st[i], j)->name;
+            if (strncmp(name, prefix, sizeof prefix - 1)) continue;
+            char *end;
+            long L = strtol(name + sizeof prefix - 1, &end, 10);
+            if (end != name + sizeof prefix - 1 && *end == '.' && L >= num_layers)
+                return oe_set_error(OSCAR_ERR_SHAPE_MISMATCH, "checkpoint holds tensor '%s' but config.json has "
+                                    "num_hidden_layers %d: the weights and the config disagree (running %d layers "
+                                    "would be another model); fix num_hidden_layers", name, num_layers, num_layers);
+        }
+    return OSCAR_OK;
+}
+
 static oscar_status open_shards(const char *dir, shard_set *ss)
 {
     char path[4096];
@@ -361,6 +380,7 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
         if ((s = load_tensor(ss, nm, c->hidden, 0, 0, &probe)) != OSCAR_OK) goto fail;
         free(probe);
     }
+    if ((s = check_no_extra_layers(ss, c->num_layers)) != OSCAR_OK) goto fail;
     m->layers = calloc((size_t)c->num_layers, sizeof *m->layers);
     if (!m->layers) {
         s = oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_model_load: out of memory");

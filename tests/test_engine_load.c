@@ -511,6 +511,32 @@ Test(engine_load, tensor_in_two_shards_refused)
     remove_dir();
 }
 
+/* config.json with fewer layers than the checkpoint: the loader ran the first
+ * layers only, a different model with finite logits and status OK. */
+Test(engine_load, layers_past_the_config_refused)
+{
+    seed();
+    make_dir();
+    write_model(&k_qwen3, NULL); /* 2 layers */
+    size_t len = 0;
+    unsigned char *w = read_file("model.safetensors", &len);
+    tiny_cfg one = k_qwen3;
+    one.layers = 1;
+    write_model(&one, NULL);
+    oe_model *m = NULL;
+    cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error()); /* matching config and weights */
+    oe_model_free(m);
+    m = NULL;
+    write_file("model.safetensors", w, len); /* 2 layers of weights under the 1-layer config */
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_SHAPE_MISMATCH, "%s", oe_last_error());
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "model.layers.1.") && strstr(oe_last_error(), "num_hidden_layers 1"),
+              "message: %s", oe_last_error());
+    oe_model_free(m);
+    free(w);
+    remove_dir();
+}
+
 Test(engine_load, token_files_checked)
 {
     seed();
