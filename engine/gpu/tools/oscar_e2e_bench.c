@@ -57,6 +57,7 @@
 #include <time.h>
 
 #include "ge.h"
+#include "tool_args.h"
 
 /* Submits batch requests of len + gen tokens and admits them all into slots; 0 (said on
  * stderr) if one is refused. */
@@ -577,6 +578,7 @@ static int int_arg(const char *s)
 
 int main(int argc, char **argv)
 {
+    tool_watch_stdout("oscar-e2e-bench");
     const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
     double budget_gb = 40.0, time_limit = 60.0;
     int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;

@@ -53,6 +53,7 @@
 
 #include "engine_internal.h"
 #include "ge.h"
+#include "tool_args.h"
 
 static void usage(void)
 {
@@ -455,6 +456,7 @@ static int parse_int(const char *s, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
+    tool_watch_stdout("oscar-gpu-generate");
     if (argc < 2 || argv[1][0] == '-') {
         usage();
         return 2;
