@@ -362,9 +362,9 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                         continue;
                     if (meta_caps_row(p) && p->l.kv_dtype == OSCAR_DTYPE_BF16)
                         return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
-                                                "oscar_append: new %s row %d, KV head %d is finite but its rotated "
-                                                "row exceeds 65504, the range of its F16 metadata (a group's scale "
-                                                "and min would saturate); the cache was not modified (create the "
+                                                "oscar_append: new %s row %d, KV head %d is finite but exceeds "
+                                                "65504 (rotated, where the method rotates), the range of its F16 "
+                                                "metadata (a group's scale and min would saturate); the cache was not modified (create the "
                                                 "layout with meta_dtype F32, or scale the activations down)",
                                                 kv ? "V" : "K", t, h);
                     return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
