@@ -133,9 +133,13 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.1)
     ap.add_argument("--copy-frac", type=float, default=0.25)
     ap.add_argument("--val-every", type=int, default=200)
+    ap.add_argument("--device", default="cuda", help="cuda (bf16 autocast) or cpu (fp32; set --threads)")
+    ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     a = ap.parse_args()
     c = dict(CFG)
-    dev = "cuda"
+    dev = a.device
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     torch.backends.cuda.matmul.allow_tf32 = True
     toks = np.fromfile(a.calib_tokens, "<u4").astype(np.int64)
     train, val = toks[131072:], toks[65536:131072]
@@ -186,7 +190,7 @@ def main():
         lr = a.lr * min(1.0, s / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * prog)))
         for gr in opt.param_groups:
             gr["lr"] = lr
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.startswith("cuda")):
             loss = loss_fn(p, ids, c, cos, sin, a.dropout)
         opt.zero_grad(set_to_none=True)
         loss.backward()
