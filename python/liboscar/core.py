@@ -196,8 +196,25 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
     return addr
 
 
+# ---------------------------------------------------------------- handles
+class _Handle:
+    """A C handle that close() frees: using the object afterwards raises ValueError naming it (the C side
+    would only see a NULL argument)."""
+    _raw: Any = None
+
+    @property
+    def _h(self) -> Any:
+        if self._raw is None:
+            raise ValueError(f"this {type(self).__name__} is closed; create a new one")
+        return self._raw
+
+    @_h.setter
+    def _h(self, h: Any) -> None:
+        self._raw = h
+
+
 # ---------------------------------------------------------------- runtime
-class Runtime:
+class Runtime(_Handle):
     """The backend chosen at load time (``oscar_runtime``).
 
     ``backend``: "cpu", "cuda", "hip", "opencl" or None (``$OSCAR_BACKEND``,
@@ -253,9 +270,9 @@ class Runtime:
     def close(self) -> None:
         """Destroys the runtime now, or when its last Plan is closed."""
         self._closing = True
-        if getattr(self, "_h", None) and not getattr(self, "_plans", 0):
-            self._lib.oscar_runtime_destroy(self._h)
-            self._h = None
+        if self._raw is not None and not getattr(self, "_plans", 0):
+            self._lib.oscar_runtime_destroy(self._raw)
+            self._raw = None
 
     def _plan_closed(self) -> None:
         self._plans -= 1
@@ -309,7 +326,7 @@ class DeviceBuffer:
             if b._closed:
                 raise ValueError(f"{name}: the DeviceBuffer was closed (or the buffer it views); allocate a new one")
             b = b._base
-        if not self.runtime._h:
+        if self.runtime._raw is None:
             raise ValueError(f"{name}: the DeviceBuffer's runtime is closed")
         return self.handle
 
@@ -355,8 +372,8 @@ class DeviceBuffer:
         return out
 
     def close(self) -> None:
-        if getattr(self, "_owned", False) and self.runtime._h:
-            lib.oscar_buffer_free(self.runtime._h, self.handle)
+        if getattr(self, "_owned", False) and self.runtime._raw is not None:
+            lib.oscar_buffer_free(self.runtime._raw, self.handle)
         self._owned = False
         self._closed = True
 
@@ -380,7 +397,7 @@ class ParamsInfo:
     model_hash: str
 
 
-class Params:
+class Params(_Handle):
     """Per-layer rotations, clip ratios and error-feedback weights
     (``oscar_params``): from a parameter file, calibration or built in."""
 
@@ -481,9 +498,9 @@ class Params:
                                             _cstr(model_hash, "model_hash") if model_hash else None))
 
     def close(self) -> None:
-        if getattr(self, "_h", None):
-            self._lib.oscar_params_destroy(self._h)
-            self._h = None
+        if self._raw is not None:
+            self._lib.oscar_params_destroy(self._raw)
+            self._raw = None
 
     _lib = lib
 
@@ -579,7 +596,7 @@ class Layout:
 
 
 # ------------------------------------------------------------------- plan
-class Plan:
+class Plan(_Handle):
     """Layout + parameters bound to a runtime (``oscar_plan``). ``params``
     may be None for int2, quarot2 and bf16 (built in).
 
@@ -591,7 +608,7 @@ class Plan:
     def __init__(self, runtime: Runtime, layout: Layout, params: Optional[Params] = None):
         self.runtime, self.params = runtime, params
         self._desc = layout._c()
-        if not runtime._h:
+        if runtime._raw is None:
             raise ValueError("Plan: the runtime is closed")
         h = ctypes.c_void_p()
         _check(lib.oscar_plan_create(runtime._h, ctypes.byref(self._desc), params._h if params else None,
@@ -716,9 +733,9 @@ class Plan:
         return PagedCache(self, num_layers, num_seqs, max_seq_len, layers)
 
     def close(self) -> None:
-        if getattr(self, "_h", None):
-            self._lib.oscar_plan_destroy(self._h)
-            self._h = None
+        if self._raw is not None:
+            self._lib.oscar_plan_destroy(self._raw)
+            self._raw = None
             self.runtime._plan_closed()
 
     _lib = lib
@@ -978,7 +995,7 @@ class PagedCache:
 
 
 # ------------------------------------------------------------ calibration
-class Calibrator:
+class Calibrator(_Handle):
     """Two-pass calibration (``oscar_calib``, in liboscar_calib): feed every
     window's post-RoPE q, k, v of each layer in pass 0, again in pass 1,
     then :meth:`finalize`. Options are the C struct's fields
@@ -1051,9 +1068,9 @@ class Calibrator:
         return {"err_k": list(r.err_k), "err_v": list(r.err_v), "clip_k": r.clip_k, "clip_v": r.clip_v}
 
     def close(self) -> None:
-        if getattr(self, "_h", None):
-            self._C.oscar_calib_destroy(self._h)
-            self._h = None
+        if self._raw is not None:
+            self._C.oscar_calib_destroy(self._raw)
+            self._raw = None
 
     def __del__(self) -> None:
         self.close()

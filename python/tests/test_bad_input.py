@@ -281,3 +281,38 @@ def test_closed_device_buffer_is_refused(cpu):
     with pytest.raises(ValueError, match="seq_lens: .*closed"):
         liboscar.core._ptr(b, "i32", (4,), "seq_lens", True)
     b.close()  # twice: a no-op
+
+
+def test_closed_objects_are_refused_by_name(cpu):
+    # A closed Params, Plan or Calibrator reached the C side as a NULL handle,
+    # refused as "NULL argument" without saying which object; a Plan made with
+    # closed Params was told that oscar2 "needs calibrated parameters". Now
+    # each names itself.
+    p = liboscar.Params.builtin("oscar2", 1, 2, 1, 64)
+    p.close()
+    with pytest.raises(ValueError, match="Params is closed"):
+        p.info()
+    with pytest.raises(ValueError, match="Params is closed"):
+        liboscar.Plan(cpu, liboscar.Layout(**{**SMALL, "method": "oscar2"}), p)
+    with pytest.raises(ValueError, match="Params is closed"):
+        liboscar.fakequant(np.zeros((2, 1, 64), np.float32), "oscar2", p)
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 1, 64)
+    plan.close()
+    z = np.zeros((1, 1, 64), np.uint16)
+    with pytest.raises(ValueError, match="Plan is closed"):
+        c.append(0, z, z)
+    with pytest.raises(ValueError, match="Plan is closed"):
+        plan.workspace_bytes(1, 64)
+    cal = liboscar.Calibrator(1, 2, 1, 64)
+    cal.close()
+    with pytest.raises(ValueError, match="Calibrator is closed"):
+        cal.begin_pass(1)
+    rt = liboscar.Runtime("cpu")
+    rt.close()
+    with pytest.raises(ValueError, match="Runtime is closed"):
+        rt.synchronize()
+    with pytest.raises(ValueError, match="runtime is closed"):
+        liboscar.Plan(rt, liboscar.Layout(**SMALL))
+    for o in (p, plan, cal, rt):
+        o.close()  # twice: a no-op
