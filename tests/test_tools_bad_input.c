@@ -217,7 +217,8 @@ Test(tools_bad_input, stdout_write_errors_are_reported, .timeout = 300) {
     rc = run(out, sizeof out, 200,
              "sh -c '" BIN "/oscar-bench --quick --backend cpu --batch 1 --context 64 >/dev/full'");
     cr_expect_eq(rc, 1, "oscar-bench >/dev/full: exit %d: %s", rc, out);
-    const char *tools[] = {"oscar-calibrate", "oscar-eval", "oscar-copy-probe", "oscar-bench"}; /* usage on stdout */
+    const char *tools[] = {"oscar-calibrate", "oscar-eval", "oscar-copy-probe", "oscar-bench",
+                           "oscar-ppl"}; /* usage on stdout */
     for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
         rc = run(out, sizeof out, 30, "sh -c '" BIN "/%s --help >/dev/full'", tools[i]);
         cr_expect_eq(rc, 1, "%s --help >/dev/full: exit %d: %s", tools[i], rc, out);

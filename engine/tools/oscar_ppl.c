@@ -31,9 +31,10 @@ static void progress(void *user, int64_t w, int64_t windows, double nll, int64_t
             exp(nll / (double)scored), (double)(w * ps->ctx) / el);
 }
 
-static void usage(void)
+/* --help prints on stdout (a write error there is the exit status), a misuse on stderr, as the other tools. */
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: oscar-ppl MODEL_DIR --tokens FILE [--max-tokens N] [--context 2048]\n"
+    fprintf(f, "usage: oscar-ppl MODEL_DIR --tokens FILE [--max-tokens N] [--context 2048]\n"
                     "  MODEL_DIR  Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
                     "  --tokens   uint32 little-endian token ids\n"
                     "  --max-tokens  feed only the first N tokens (floor(N/context) windows; window s\n"
@@ -54,16 +55,16 @@ int main(int argc, char **argv)
             if (!tool_parse_int("oscar-ppl", "--context", argv[++i], 1, 1 << 20, &v)) return 2;
             ctx = (int)v;
         } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage();
+            usage(stdout);
             return 0;
         } else if (argv[i][0] != '-' && !model_dir) model_dir = argv[i];
         else {
-            usage();
+            usage(stderr);
             return 2;
         }
     }
     if (!model_dir || !tok_path || ctx <= 0) {
-        usage();
+        usage(stderr);
         return 2;
     }
     double t0 = now_s();
