@@ -180,6 +180,7 @@ def enumerate_sub(spec, sel, full, arch, target, append, decode, rotq):
     write paths too (CUDA), else the generic family and the block-wide write kernels only."""
     methods = sel["method"]
     tc = tc_target(spec, target, arch) if full else None
+    n0 = len(decode)
     for d in sel["head_dim"]:
         tt = tuning_for(spec, arch, d)
         for kv in sel["kv_dtype"]:
@@ -222,6 +223,8 @@ def enumerate_sub(spec, sel, full, arch, target, append, decode, rotq):
                 for q in sel["gqa"]:
                     decode.append(dict(base, GQ=q, LM=0, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
                                        TC=False, sfx=sfx_of("d%d" % d, "paged16", "q%d" % q, kv)))
+    for v in decode[n0:]:
+        v["WT"] = full
 
 
 def tile_geom(d, ng):
@@ -336,15 +339,25 @@ def gpu_files(target, sel):
 
 def append_parts(sel):
     """Append kernels: one file per head_dim x kv dtype (the error-feedback
-    chain unrolls into long kernels; a parallel build compiles them side by side)."""
-    return ["d%d_%s" % (d, kv) for sub, _ in subsets(sel) for d in sub["head_dim"] for kv in sub["kv_dtype"]]
+    chain unrolls into long kernels; a parallel build compiles them side by side);
+    the other dims' small kernels one file per kv dtype (fewer compiler runs)."""
+    out = []
+    for sub, full in subsets(sel):
+        out += ["d%d_%s" % (d, kv) for d in sub["head_dim"] for kv in sub["kv_dtype"]] if full else \
+            ["other_%s" % kv for kv in sub["kv_dtype"]]
+    return out
+
+
+def append_part_of(v):
+    kv = "bf16" if v["KVB"] else "f16"
+    return "d%d_%s" % (v["D"], kv) if v["WT"] else "other_%s" % kv
 
 
 def decode_parts(sel):
     """Decode kernels are split over several files (head_dim x kv dtype x
     method class) so a parallel build compiles them side by side."""
     out = []
-    for sub, _ in subsets(sel):
+    for sub, full in subsets(sel):
         classes = []
         if "uniform" in sub["method"]:
             classes.append("u")
@@ -352,13 +365,20 @@ def decode_parts(sel):
             classes.append("lm")
         if "bf16" in sub["method"]:
             classes.append("paged16")
-        out += ["d%d_%s_%s" % (d, kv, c) for d in sub["head_dim"] for kv in sub["kv_dtype"] for c in classes]
+        out += ["d%d_%s_%s" % (d, kv, c) for d in sub["head_dim"] for kv in sub["kv_dtype"] for c in classes] \
+            if full else ["other_%s_%s" % (kv, c) for kv in sub["kv_dtype"] for c in classes]
     return out
 
 
-def part_of(v):
+def unit_of(v):
+    """A decode variant's head_dim x kv dtype x method class: its rotate_q / merge suffix."""
     c = "paged16" if v["BF16M"] else ("lm" if v["LM"] else "u")
     return "d%d_%s_%s" % (v["D"], "bf16" if v["KVB"] else "f16", c)
+
+
+def part_of(v):
+    """Its file: one per unit in the set proper, one per kv dtype x class for the other dims."""
+    return unit_of(v) if v["WT"] else "other_" + unit_of(v).split("_", 1)[1]
 
 
 def write(path, text):
@@ -415,7 +435,7 @@ def gen_gpu(target, spec, sel, arch, out):
     # function of another translation unit without -fgpu-rdc); the dispatch
     # file only collects the per-file tables.
     for part in append_parts(sel):
-        av = [v for v in append if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part]
+        av = [v for v in append if append_part_of(v) == part]
         lines = ['extern "C" const oscar_gpu_append_variant oscar_%s_append_table_%s[] = {' % (target, part)]
         for v in av:
             lines.append('    {%d, %d, %d, %d, %d, (const void *)oscar_store%s, (const void *)oscar_demote%s, '
@@ -447,10 +467,14 @@ def gen_gpu(target, spec, sel, arch, out):
     for part in parts:
         body = [prelude, "#define GRID_X gridDim.x\n", '#include "oscar_%s_variants.h"' % target]
         dv = [v for v in decode if part_of(v) == part]
-        # Each file carries its own (small) rotate_q / merge: HIP cannot take the
+        # Each file carries its own (small) rotate_q / merge per unit: HIP cannot take the
         # address of a kernel defined in another translation unit.
-        rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part.rsplit("_", 1)[0]][0]
-        body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + part)))
+        units = sorted({unit_of(v) for v in dv}, key=lambda u: int(u.split("_")[0][1:]))
+        if not dv and not part.startswith("other"):
+            units = [part]
+        for u in units:
+            rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == u.rsplit("_", 1)[0]][0]
+            body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + u)))
         if any(v["TC"] for v in dv):
             body.append(tc_t.tc_helpers())
             body.append(tc_t.merge_tc_family(dict(rv, sfx="_" + part)))
@@ -467,7 +491,7 @@ def gen_gpu(target, spec, sel, arch, out):
                 body.append(dec_t.decode_family(v, True, False))
         body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
         for v in dv:
-            r = "_" + part
+            r = "_" + unit_of(v)
             merge = ("oscar_merge_tc" if v["TC"] else "oscar_merge") + r
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
