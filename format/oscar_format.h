@@ -33,8 +33,8 @@ extern "C" {
  * (rows of d/4 code bytes stay 4-byte aligned, d/8 plane bytes 2-byte aligned; the spreading matrix of
  * §1 exists for each). Group: a multiple of 16, at least 32, dividing d (16-value code words). The
  * CPU backend and the OpenCL plugin run every such shape; the CUDA and HIP plugins run the shapes
- * their generated variant set holds (gen/variants.json: head_dim 64, 128, 256, groups 32, 64, 128)
- * and refuse the others at plan creation. The two rules below are also spelled as text (messages). */
+ * their generated variant set holds (gen/variants.json; the default: every head_dim, groups 32, 64,
+ * 128 at 64, 128, 256 and the default group below elsewhere) and refuse the others at plan creation. The two rules below are also spelled as text (messages). */
 #define OSCAR_HEAD_DIM_RULE "a multiple of 16 from 32 to 256"
 #define OSCAR_GROUP_RULE "a multiple of 16, at least 32, dividing head_dim"
 static inline int oscar_head_dim_supported(int d) { return d >= 32 && d <= 256 && d % 16 == 0; }

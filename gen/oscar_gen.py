@@ -33,23 +33,44 @@ def choose_set(spec, name):
     else:
         sys.exit("oscar_gen: unknown variant set %r; use one of %s or a JSON file" % (name, sorted(spec["sets"])))
     ax = spec["axes"]
-    for k, vals in s.items():
-        if k in ax:
-            bad = [x for x in vals if x not in ax[k]]
-            if bad:
-                sys.exit("oscar_gen: %s values %s not allowed by the format (allowed: %s)" % (k, bad, ax[k]))
+    for sub in [s] + ([s["other_dims"]] if "other_dims" in s else []):
+        for k, vals in sub.items():
+            if k in ax:
+                bad = [x for x in vals if x not in ax[k] and not (k == "group" and x == "default")]
+                if bad:
+                    sys.exit("oscar_gen: %s values %s not allowed by the format (allowed: %s)" % (k, bad, ax[k]))
     return s
 
 
 def tuning_for(spec, arch, d):
+    """Tuning of head_dim d on arch: d's own entry, else that of the smallest tuned head_dim above d
+    (80 and 96 run with 128's, 160 and 192 with 256's; the OpenCL plugin applies the same rule at plan
+    time, backends/opencl/opencl_backend.c tuning_of). Threads need not split into whole V-pass parts
+    there: decode.jinja idles the threads past floor(threads / (d / elems)) parts."""
     t = spec["tuning"].get(arch)
     if t is None:
         sys.exit("oscar_gen: no tuning table for arch %r; add one to gen/variants.json" % arch)
-    tt = t[str(d)]
+    tuned = sorted(int(k) for k in t if k.isdigit())
+    above = [x for x in tuned if x >= d]
+    if not above:
+        sys.exit("oscar_gen: no tuning entry of %s at or above head_dim %d in gen/variants.json" % (arch, d))
+    tt = t[str(above[0])]
     nt, e = tt["threads"], tt["elems"]
-    if d % e or (d // e) > nt or nt % (d // e) or nt & (nt - 1) or (tt["tpt"] * d // e) % tt["vb"]:
+    if str(d) in t and (d % e or (d // e) > nt or nt % (d // e) or nt & (nt - 1) or (tt["tpt"] * d // e) % tt["vb"]):
         sys.exit("oscar_gen: tuning %s d=%d: threads %d / elems %d do not tile head_dim" % (arch, d, nt, e))
+    if d % e or (d // e) > nt or nt & (nt - 1):
+        sys.exit("oscar_gen: tuning %s d=%d (from %d): elems %d must divide head_dim and d / elems fit in %d threads"
+                 % (arch, d, above[0], e, nt))
     return tt
+
+
+def group_default(d):
+    """The format's default group of head_dim d: format/oscar_format.h oscar_group_default (the one home
+    of the rule; mirrored here for the sets' "default" group, checked against it on the GPU by the
+    conformance tests, which plan every head_dim with its default group)."""
+    if d <= 128:
+        return d
+    return d // 2 if (d // 2) % 16 == 0 and d // 2 >= 32 else d
 
 
 def tc_target(spec, target, arch):
@@ -95,42 +116,82 @@ def sfx_of(*parts):
     return "_" + "_".join(str(p) for p in parts)
 
 
-# Shapes the CUDA/HIP templates are written for: 16-byte code loads (head_dim a multiple of 64), warp
-# chunks of 32 values and the warp/tile write paths (head_dim / 32 values per lane, groups of 32, 64,
-# 128). The format allows more (gen/variants.json axes); OpenCL compiles those at plan time.
+# Shapes every CUDA/HIP family is written for: the tensor-core decode (decode_tc.jinja: its fragment
+# mappings) and the CUDA warp/tile write paths (appendw/appendt: head_dim / 32 values per lane, groups
+# of 32, 64, 128). A set's "other_dims" (gen/variants.json) takes any other shape the format allows into
+# the generic (fp32) decode/extend family and the block-wide write kernels, the code OpenCL runs: word
+# loads of the codes where head_dim is not a multiple of 64, 16-bit plane loads where d or G is not a
+# multiple of 32, floor(threads / (d / elems)) V-pass parts (decode.jinja).
 CUDA_HIP_HEAD_DIMS = (64, 128, 256)
 CUDA_HIP_GROUPS = (32, 64, 128)
+
+
+def subsets(sel):
+    """(selection, full) per part of a set: the set itself (full: every family) and its "other_dims"
+    (keys it lacks inherit the set's; group "default" is the format's default group of each head_dim)."""
+    out = [(sel, True)]
+    if "other_dims" in sel:
+        o = dict(sel, **sel["other_dims"])
+        del o["other_dims"]
+        out.append((o, False))
+    return out
+
+
+def groups_of(sub, d):
+    gs = [group_default(d) if g == "default" else g for g in sub["group"]]
+    return [g for i, g in enumerate(gs) if g not in gs[:i] and g <= d and d % g == 0]
 
 
 def enumerate_variants(spec, sel, arch, target):
     """Returns (append, decode, rotq) lists of dicts for the GPU targets.
     Decode: on CUDA the tensor-core family (decode_tc.jinja) serves uniform
-    levels and the BF16 method for every head_dim, group and metadata width,
-    with NT n-tiles of 8 query heads (NT 1 and 2 cover 1..16 heads per KV head;
-    more run in several CTAs); Lloyd-Max and the HIP target use the generic
-    family (decode.jinja), instantiated per head capacity of sel["gqa"]."""
+    levels and the BF16 method for every head_dim, group and metadata width
+    of the set proper, with NT n-tiles of 8 query heads (NT 1 and 2 cover 1..16
+    heads per KV head; more run in several CTAs); Lloyd-Max, the HIP target and
+    the set's other_dims use the generic family (decode.jinja), instantiated per
+    head capacity of sel["gqa"]."""
     append, decode, rotq = [], [], []
     bad = [d for d in sel["head_dim"] if d not in CUDA_HIP_HEAD_DIMS] + \
         [g for g in sel["group"] if g not in CUDA_HIP_GROUPS]
     if bad:
-        sys.exit("oscar_gen: %s kernels are written for head_dim %s and group %s; %s would need template "
-                 "work and a GPU to test it (the CPU and OpenCL backends run every shape of the format)"
-                 % (target, list(CUDA_HIP_HEAD_DIMS), list(CUDA_HIP_GROUPS), bad))
-    methods = sel["method"]
+        sys.exit("oscar_gen: %s kernels of every family are written for head_dim %s and group %s; put %s under "
+                 "the set's other_dims (generic family only)" % (target, list(CUDA_HIP_HEAD_DIMS),
+                                                                  list(CUDA_HIP_GROUPS), bad))
+    if "other_dims" in sel:
+        both = [d for d in sel["other_dims"].get("head_dim", []) if d in sel["head_dim"]]
+        if both:
+            sys.exit("oscar_gen: head_dim %s both in the set and in its other_dims" % both)
+    for sub, full in subsets(sel):
+        enumerate_sub(spec, sub, full, arch, target, append, decode, rotq)
     tc = tc_target(spec, target, arch)
+    for v in decode:
+        if v["TC"]:
+            v.update(tc_smem(v, tc))
+    for v in append:
+        v["TILE"] = tile_geom(v["D"], v["NG"]) if v["WT"] else None
+        v["with_helpers"] = True
+        v["qsfx"] = v["sfx"]
+        v["BF16M_CONST"] = bool(v["BF16M"])
+    return append, decode, rotq
+
+
+def enumerate_sub(spec, sel, full, arch, target, append, decode, rotq):
+    """The variants of one part of a set (subsets); full: the tensor-core decode and the warp/tile
+    write paths too (CUDA), else the generic family and the block-wide write kernels only."""
+    methods = sel["method"]
+    tc = tc_target(spec, target, arch) if full else None
+    n0 = len(decode)
     for d in sel["head_dim"]:
         tt = tuning_for(spec, arch, d)
         for kv in sel["kv_dtype"]:
             kvb = 1 if kv == "bf16" else 0
             rotq.append(dict(D=d, KVB=kvb, sfx=sfx_of("d%d" % d, kv)))
             quant = [m for m in methods if m in ("uniform", "lloyd_max")]
-            for g in sel["group"] if quant else []:
-                if g > d or d % g:
-                    continue
+            for g in groups_of(sel, d) if quant else []:
                 for meta in sel["meta_dtype"]:
                     mf32 = 1 if meta == "f32" else 0
                     base = dict(D=d, G=g, NG=d // g, KVB=kvb, MF32=mf32, BF16M=0)
-                    append.append(dict(base, sfx=sfx_of("d%d" % d, "g%d" % g, kv, "m" + meta)))
+                    append.append(dict(base, WT=full, sfx=sfx_of("d%d" % d, "g%d" % g, kv, "m" + meta)))
                     for m in quant:
                         lm = 1 if m == "lloyd_max" else 0
                         if tc and not lm:
@@ -152,7 +213,7 @@ def enumerate_variants(spec, sel, arch, target):
                                                           "lm" if lm else "u")))
             if "bf16" in methods:
                 base = dict(D=d, G=d, NG=1, KVB=kvb, MF32=0, BF16M=1)
-                append.append(dict(base, sfx=sfx_of("d%d" % d, "paged16", kv)))
+                append.append(dict(base, WT=full, sfx=sfx_of("d%d" % d, "paged16", kv)))
                 if tc:
                     ext = ext_variant(base, tt, tc, sfx_of("d%d" % d, "paged16", "x%d" % tc["extend_gqa"], kv))
                     for nt in tc["n_tiles"]:
@@ -162,15 +223,8 @@ def enumerate_variants(spec, sel, arch, target):
                 for q in sel["gqa"]:
                     decode.append(dict(base, GQ=q, LM=0, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
                                        TC=False, sfx=sfx_of("d%d" % d, "paged16", "q%d" % q, kv)))
-    for v in decode:
-        if v["TC"]:
-            v.update(tc_smem(v, tc))
-    for v in append:
-        v["TILE"] = tile_geom(v["D"], v["NG"])
-        v["with_helpers"] = True
-        v["qsfx"] = v["sfx"]
-        v["BF16M_CONST"] = bool(v["BF16M"])
-    return append, decode, rotq
+    for v in decode[n0:]:
+        v["WT"] = full
 
 
 def tile_geom(d, ng):
@@ -285,26 +339,46 @@ def gpu_files(target, sel):
 
 def append_parts(sel):
     """Append kernels: one file per head_dim x kv dtype (the error-feedback
-    chain unrolls into long kernels; a parallel build compiles them side by side)."""
-    return ["d%d_%s" % (d, kv) for d in sel["head_dim"] for kv in sel["kv_dtype"]]
+    chain unrolls into long kernels; a parallel build compiles them side by side);
+    the other dims' small kernels one file per kv dtype (fewer compiler runs)."""
+    out = []
+    for sub, full in subsets(sel):
+        out += ["d%d_%s" % (d, kv) for d in sub["head_dim"] for kv in sub["kv_dtype"]] if full else \
+            ["other_%s" % kv for kv in sub["kv_dtype"]]
+    return out
+
+
+def append_part_of(v):
+    kv = "bf16" if v["KVB"] else "f16"
+    return "d%d_%s" % (v["D"], kv) if v["WT"] else "other_%s" % kv
 
 
 def decode_parts(sel):
     """Decode kernels are split over several files (head_dim x kv dtype x
     method class) so a parallel build compiles them side by side."""
-    classes = []
-    if "uniform" in sel["method"]:
-        classes.append("u")
-    if "lloyd_max" in sel["method"]:
-        classes.append("lm")
-    if "bf16" in sel["method"]:
-        classes.append("paged16")
-    return ["d%d_%s_%s" % (d, kv, c) for d in sel["head_dim"] for kv in sel["kv_dtype"] for c in classes]
+    out = []
+    for sub, full in subsets(sel):
+        classes = []
+        if "uniform" in sub["method"]:
+            classes.append("u")
+        if "lloyd_max" in sub["method"]:
+            classes.append("lm")
+        if "bf16" in sub["method"]:
+            classes.append("paged16")
+        out += ["d%d_%s_%s" % (d, kv, c) for d in sub["head_dim"] for kv in sub["kv_dtype"] for c in classes] \
+            if full else ["other_%s_%s" % (kv, c) for kv in sub["kv_dtype"] for c in classes]
+    return out
+
+
+def unit_of(v):
+    """A decode variant's head_dim x kv dtype x method class: its rotate_q / merge suffix."""
+    c = "paged16" if v["BF16M"] else ("lm" if v["LM"] else "u")
+    return "d%d_%s_%s" % (v["D"], "bf16" if v["KVB"] else "f16", c)
 
 
 def part_of(v):
-    c = "paged16" if v["BF16M"] else ("lm" if v["LM"] else "u")
-    return "d%d_%s_%s" % (v["D"], "bf16" if v["KVB"] else "f16", c)
+    """Its file: one per unit in the set proper, one per kv dtype x class for the other dims."""
+    return unit_of(v) if v["WT"] else "other_" + unit_of(v).split("_", 1)[1]
 
 
 def write(path, text):
@@ -326,13 +400,20 @@ SHFL32 = {
     "hip": "#define OSCAR_SHFL32 1\n#define SHFL32(v, s) __shfl(v, s, 32)\n",
     "opencl": "#define OSCAR_SHFL32 0\n",
 }
+# SHFL32M(m, v, s): the same among the lanes of mask m (CUDA; the last, partial warp of a block of d
+# threads where d is not a multiple of 32); defined in the files whose variants use it (groups not
+# a multiple of 32: append.jinja warp_fast).
+SHFL32M = {
+    "cuda": "#define SHFL32M(m, v, s) __shfl_sync(m, v, s, 32)\n",
+    "hip": "#define SHFL32M(m, v, s) __shfl(((void)(m), (v)), s, 32)\n",
+}
 
 
 def appendw_ptrs(target, v):
     """The warp write path's two kernels and the tile write path (templates/append.jinja
     appendw_family, appendt_family) with its geometry: CUDA and the quantized methods
     only; OSCAR_NO_APPENDW (A/B timing) leaves them out."""
-    if target != "cuda" or v["BF16M"]:
+    if target != "cuda" or v["BF16M"] or not v["WT"]:
         return "0, 0, 0, 0, 0, 0, 0"
     wf = ("OSCAR_APPENDW_PTR(oscar_append_wf%s), %d" % (v["sfx"], 4 * v["D"] * v["D"])) if v["D"] <= 128 else "0, 0"
     return ("OSCAR_APPENDW_PTR(oscar_append_w%s), OSCAR_APPENDW_PTR(oscar_append_wr%s), "
@@ -354,7 +435,7 @@ def gen_gpu(target, spec, sel, arch, out):
     # function of another translation unit without -fgpu-rdc); the dispatch
     # file only collects the per-file tables.
     for part in append_parts(sel):
-        av = [v for v in append if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part]
+        av = [v for v in append if append_part_of(v) == part]
         lines = ['extern "C" const oscar_gpu_append_variant oscar_%s_append_table_%s[] = {' % (target, part)]
         for v in av:
             lines.append('    {%d, %d, %d, %d, %d, (const void *)oscar_store%s, (const void *)oscar_demote%s, '
@@ -366,6 +447,8 @@ def gen_gpu(target, spec, sel, arch, out):
         lines.append("};")
         lines.append('extern "C" const int oscar_%s_append_table_%s_n = %d;' % (target, part, len(av)))
         body = [prelude, "#define GRID_X gridDim.x\n", SHFL32[target], '#include "oscar_%s_variants.h"' % target]
+        if any(v["G"] % 32 for v in av):
+            body.insert(3, SHFL32M[target])
         body += [app_t.append_family(v) for v in av]
         body.append('#include "append_params.h"\n'
                     '/* OSCAR_NO_APPEND1: A/B timing only, the two-launch write path on CUDA/HIP too. */\n'
@@ -374,20 +457,24 @@ def gen_gpu(target, spec, sel, arch, out):
                     '#ifdef OSCAR_NO_APPENDW\n#define OSCAR_APPENDW_PTR(f) NULL\n#else\n'
                     '#define OSCAR_APPENDW_PTR(f) (const void *)f\n#endif')
         body += [app_t.append1_family(v) for v in av]
-        if target == "cuda" and any(not v["BF16M"] for v in av):
+        if target == "cuda" and any(not v["BF16M"] and v["WT"] for v in av):
             body.append(app_t.appendw_helpers())
-            body += [app_t.appendw_family(v) for v in av if not v["BF16M"]]
-            body += [app_t.appendt_family(v) for v in av if not v["BF16M"]]
+            body += [app_t.appendw_family(v) for v in av if not v["BF16M"] and v["WT"]]
+            body += [app_t.appendt_family(v) for v in av if not v["BF16M"] and v["WT"]]
         write(os.path.join(out, "oscar_%s_append_%s.%s" % (target, part, ext)), "\n".join(body + lines) + "\n")
 
     parts = decode_parts(sel)
     for part in parts:
         body = [prelude, "#define GRID_X gridDim.x\n", '#include "oscar_%s_variants.h"' % target]
         dv = [v for v in decode if part_of(v) == part]
-        # Each file carries its own (small) rotate_q / merge: HIP cannot take the
+        # Each file carries its own (small) rotate_q / merge per unit: HIP cannot take the
         # address of a kernel defined in another translation unit.
-        rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == part.rsplit("_", 1)[0]][0]
-        body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + part)))
+        units = sorted({unit_of(v) for v in dv}, key=lambda u: int(u.split("_")[0][1:]))
+        if not dv and not part.startswith("other"):
+            units = [part]
+        for u in units:
+            rv = [v for v in rotq if "d%d_%s" % (v["D"], "bf16" if v["KVB"] else "f16") == u.rsplit("_", 1)[0]][0]
+            body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + u)))
         if any(v["TC"] for v in dv):
             body.append(tc_t.tc_helpers())
             body.append(tc_t.merge_tc_family(dict(rv, sfx="_" + part)))
@@ -404,7 +491,7 @@ def gen_gpu(target, spec, sel, arch, out):
                 body.append(dec_t.decode_family(v, True, False))
         body.append('extern "C" const oscar_gpu_decode_variant oscar_%s_decode_table_%s[] = {' % (target, part))
         for v in dv:
-            r = "_" + part
+            r = "_" + unit_of(v)
             merge = ("oscar_merge_tc" if v["TC"] else "oscar_merge") + r
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
@@ -446,11 +533,12 @@ def gen_gpu(target, spec, sel, arch, out):
                  % (target, ", ".join("&oscar_%s_append_table_%s_n" % (target, d) for d in aps)))
     lines.append("const int oscar_%s_num_append_tables = %d;" % (target, len(aps)))
     lines.append("const oscar_gpu_tuning oscar_%s_tuning[] = {" % target)
-    for d in (64, 128, 256):
+    dims = sorted(d for sub, _ in subsets(sel) for d in sub["head_dim"])
+    for d in dims:
         tt = tuning_for(spec, arch, d)
         lines.append("    {%d, %d, %d, %d, %d}," % (d, tt["threads"], tt["elems"], tt["min_chunk"], tt["blocks_per_sm"]))
     lines.append("};")
-    lines.append("const int oscar_%s_num_tuning = 3;" % target)
+    lines.append("const int oscar_%s_num_tuning = %d;" % (target, len(dims)))
     lines.append("}")
     write(os.path.join(out, "oscar_%s_dispatch.%s" % (target, ext)), "\n".join(lines) + "\n")
 

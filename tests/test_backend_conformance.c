@@ -169,6 +169,9 @@ static float *random_feedback(rc_rng *r, int num_rot, int d) {
 /* Set by a test (each runs in a process of its own) that forces a CUDA kernel
  * through its environment switch: every CUDA plan must name it. */
 static const char *expect_cuda_variant;
+/* Set by a test whose shapes every backend's default build holds: a refused plan fails it instead of
+ * being skipped. */
+static int require_variant;
 
 /* Set by the 3-bit head-tensor cases (FORMAT.md §2.7): code widths [LAYERS][H][2] given to both plans,
  * and the layout's room for them (layout.wide_tensors). */
@@ -195,13 +198,14 @@ static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int
     oscar_status s = g->api->plan_create(g->ctx, &pd, &e->g_plan, e->variant, sizeof e->variant, &err);
     /* OpenCL compiles every variant at plan time: none can be missing there,
      * a refusal of a valid shape is a bug (it hid GQA above 16). CUDA and HIP
-     * refuse a head_dim or group the format allows but their set lacks (head_dim
-     * 96: OSCAR_ERR_UNSUPPORTED_HEAD_DIM): skipped there. */
+     * refuse a head_dim, group or storage option the format allows but their set
+     * lacks (head_dim 96 with group 32 in the default set: OSCAR_ERR_UNSUPPORTED_GROUP):
+     * skipped there, unless the test holds shapes every default build has. */
     const int missing = s == OSCAR_ERR_UNSUPPORTED || s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM ||
                         s == OSCAR_ERR_UNSUPPORTED_GROUP;
-    cr_assert(!missing || strcmp(g->api->name, "opencl") != 0,
-              "seed %llu: opencl refused a valid shape (d %d, group %d, %d q heads, %d KV heads): %s",
-              (unsigned long long)seed, c->d, c->G, c->Hq, c->H, err.msg);
+    cr_assert(!missing || (strcmp(g->api->name, "opencl") != 0 && !require_variant),
+              "seed %llu: %s refused a valid shape (d %d, group %d, %d q heads, %d KV heads): %s",
+              (unsigned long long)seed, g->api->name, c->d, c->G, c->Hq, c->H, err.msg);
     if (missing) {
         fprintf(stderr, "%s: variant not built, skipped: %s\n", g->api->name, err.msg);
         free(e->rot_k);
@@ -1095,7 +1099,8 @@ Test(conformance, unseen_gqa_shapes, .timeout = 1200) {
 /* Head dims that are not powers of two (FORMAT.md 3.5, refcheck.h rc_other_dim_shapes), every method,
  * against the reference codec and the CPU backend: lengths around sink + recent and pages not full,
  * mixed in one batch, every schedule at 96 and 80, extend with error feedback at 96. CUDA and HIP
- * (head_dim 64, 128, 256 built) skip them. */
+ * skip the shapes their default set lacks (groups other than the default, F32 metadata:
+ * gen/variants.json other_dims); every_head_dim_default_group below covers what they hold. */
 Test(conformance, head_dims_not_powers_of_two, .timeout = 1200) {
     FOR_EACH_BACKEND(g, {
         run_boundaries(&g, &rc_other_dim_shapes[0]);
@@ -1106,6 +1111,32 @@ Test(conformance, head_dims_not_powers_of_two, .timeout = 1200) {
         for (int i = 2; i < RC_OTHER_DIM_SHAPES; i++) {
             n = boundary_lens(&rc_other_dim_shapes[i], lens);
             run_scenario(&g, &rc_other_dim_shapes[i], n, lens, CHUNKS);
+        }
+    });
+}
+
+/* Every head_dim of the format that is not a power of two at its default group (oscar_group_default) with
+ * F16 metadata: what the default CUDA and HIP builds hold for them (gen/variants.json other_dims: the
+ * generic decode/extend family and the block-wide write kernels), so no backend may refuse one. The
+ * methods and window dtypes rotate over the dims; feedback on the OSCAR2 shapes; appends in chunks to
+ * mixed lengths around sink + recent, pages checked bit for bit, decode and extend after each. CUDA must take a generic variant ("_q<cap>_":
+ * not the tensor-core family, written for 64, 128, 256 only). */
+Test(conformance, every_head_dim_default_group, .timeout = 900) {
+    static const int dims[] = {32, 48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240};
+    static const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_OSCAR2_LM, OSCAR_METHOD_BF16,
+                                      OSCAR_METHOD_QUAROT2};
+    require_variant = 1;
+    expect_cuda_variant = "_q";
+    FOR_EACH_BACKEND(g, {
+        for (size_t z = 0; z < sizeof dims / sizeof dims[0]; z++) {
+            const oscar_method m = ms[z % 4];
+            /* GQA 1, 3 (a capacity not compiled) and 8 (several CTAs per KV head at capacity 4) */
+            const int gq = z % 3 == 0 ? 1 : z % 3 == 1 ? 3 : 8;
+            cfg c = {dims[z], oscar_group_default(dims[z]), z % 2 ? 32 : 16, 4, 8, 2 * gq, 2, m,
+                     z % 2 ? OSCAR_DTYPE_F16 : OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, (int)(z % 5 == 0)};
+            int lens[16];
+            const int n = boundary_lens(&c, lens);
+            run_scenario_x(&g, &c, n, lens, CHUNKS, m == OSCAR_METHOD_OSCAR2, 1, 0, 0);
         }
     });
 }

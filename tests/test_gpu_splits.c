@@ -90,18 +90,25 @@ Test(gpu_splits, tensor_core_splits_cover_history_and_windows) {
 }
 
 /* CUDA/HIP plans for a shape the format allows but the plugin's variant set lacks: refused with the
- * missing field's code, naming what is compiled and the backends that run it. */
+ * missing field's code, naming what is compiled, the backends that run it and where to add it. The
+ * table is the default set's kind: every family at 64, 128, 256, the default group elsewhere. */
 Test(gpu_shapes, uncompiled_head_dim_and_group_are_refused_by_name) {
-    const int pairs[][2] = {{64, 32}, {64, 64}, {128, 128}, {128, 32}, {256, 128}, {128, 128}};
+    const int pairs[][2] = {{64, 32}, {64, 64}, {128, 128}, {128, 32}, {256, 128}, {96, 96}, {160, 80}, {160, 160}};
     const int n = (int)(sizeof pairs / sizeof pairs[0]);
     oscar_errbuf err = {{0}};
     cr_assert_eq(gpu_check_compiled_shape("cuda", 128, 32, pairs, n, &err), OSCAR_OK);
-    cr_assert_eq(gpu_check_compiled_shape("cuda", 96, 96, pairs, n, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
-    cr_assert(strstr(err.msg, "cuda plan: head_dim 96 is not compiled") && strstr(err.msg, "64, 128, 256") &&
-                  strstr(err.msg, "cpu and opencl"),
+    cr_assert_eq(gpu_check_compiled_shape("cuda", 96, 96, pairs, n, &err), OSCAR_OK);
+    cr_assert_eq(gpu_check_compiled_shape("cuda", 144, 144, pairs, n, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
+    cr_assert(strstr(err.msg, "cuda plan: head_dim 144 is not compiled") &&
+                  strstr(err.msg, "64, 128, 256, 96, 160") && strstr(err.msg, "cpu and opencl") &&
+                  strstr(err.msg, "gen/variants.json"),
               "%s", err.msg);
     cr_assert_eq(gpu_check_compiled_shape("hip", 128, 64, pairs, n, &err), OSCAR_ERR_UNSUPPORTED_GROUP);
     cr_assert(strstr(err.msg, "hip plan: group 64") && strstr(err.msg, "group 128, 32"), "%s", err.msg);
+    cr_assert_eq(gpu_check_compiled_shape("cuda", 96, 32, pairs, n, &err), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_assert(strstr(err.msg, "group 32 is not compiled for head_dim 96") && strstr(err.msg, "(it has group 96)") &&
+                  strstr(err.msg, "cuda kernels for it need the group in gen/variants.json"),
+              "%s", err.msg);
     cr_assert_eq(gpu_check_compiled_shape("hip", 80, 80, pairs, 0, &err), OSCAR_ERR_UNSUPPORTED_HEAD_DIM);
     cr_assert(strstr(err.msg, "head_dim none"), "%s", err.msg);
 }

@@ -400,8 +400,9 @@ oscar_status gpu_check_compiled_shape(const char *nm, int d, int group, const in
                                 nm, d, nd ? dims : "none", nm);
     return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED_GROUP,
                             "%s plan: group %d is not compiled for head_dim %d into this plugin (it has group %s); "
-                            "the cpu and opencl backends run every group the format allows (" OSCAR_GROUP_RULE ")",
-                            nm, group, d, groups);
+                            "the cpu and opencl backends run every group the format allows (" OSCAR_GROUP_RULE
+                            "); %s kernels for it need the group in gen/variants.json (docs/CODEGEN.md)",
+                            nm, group, d, groups, nm);
 }
 
 static int target_blocks(void *ctx, const gpu_plan *p) {

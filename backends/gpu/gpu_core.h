@@ -128,11 +128,12 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
                    int head_dim, int row2_bytes, int resident, int max_splits, gpu_tc_splits *t);
 
 /* The CUDA and HIP plugins run the (head_dim, group) pairs of their generated variant set
- * (gen/variants.json: head_dim 64, 128, 256 today); the format allows more (oscar_format.h). pairs:
+ * (gen/variants.json; the default: every head_dim, at 64, 128, 256 with groups 32, 64, 128, elsewhere
+ * the default group); the format allows more (oscar_format.h). pairs:
  * the n (head_dim, group) pairs the plugin holds, in any order, repeats allowed. Returns OSCAR_OK when
  * (d, group) is one of them, else OSCAR_ERR_UNSUPPORTED_HEAD_DIM (no pair of head_dim d) or
- * OSCAR_ERR_UNSUPPORTED_GROUP, with a message naming what is compiled and the backends that run the
- * shape (cpu, opencl). nm: the plugin's name for the message. */
+ * OSCAR_ERR_UNSUPPORTED_GROUP, with a message naming what is compiled, the backends that run the
+ * shape (cpu, opencl) and gen/variants.json. nm: the plugin's name for the message. */
 oscar_status gpu_check_compiled_shape(const char *nm, int d, int group, const int (*pairs)[2], int n,
                                       oscar_errbuf *err);
 
