@@ -1,7 +1,7 @@
 // Decode-attention benchmark of the CUDA plugin (liboscar_backend_cuda.so,
 // loaded like the runtime does: dlopen + oscar_backend_entry_v1).
 // Shapes from the command line as HQ/HKV/D[/G] (default 32/8/128/128, the
-// Qwen3-8B layer); page 64 (OSCAR_BENCH_PAGE), sink 64, recent 256, BF16 windows, F16 metadata.
+// Qwen3-8B layer; G defaults to the format's group of D); page 64 (OSCAR_BENCH_PAGE), sink 64, recent 256, BF16 windows, F16 metadata.
 // Batch x context grid per shape; per point:
 // 2-bit OSCAR decode, the library's BF16 paged decode (same kernel family,
 // 16-bit pages), the write path (append of one token per sequence), each the
@@ -133,11 +133,12 @@ int main(int argc, char **argv) {
         }
         int hq = 0, hkv = 0, d = 0, g = 0;
         int n = sscanf(argv[i], "%d/%d/%d/%d", &hq, &hkv, &d, &g);
-        if (n < 3 || hq < 1 || hkv < 1 || hq % hkv || (d != 64 && d != 128 && d != 256)) {
-            fprintf(stderr, "bad shape '%s': want HQ/HKV/D[/G], HQ a multiple of HKV, D 64, 128 or 256\n", argv[i]);
+        if (n < 3 || hq < 1 || hkv < 1 || hq % hkv || d < 32 || d > 256 || d % 16) {
+            fprintf(stderr, "bad shape '%s': want HQ/HKV/D[/G], HQ a multiple of HKV, D a multiple of 16 in 32..256\n", argv[i]);
             return 2;
         }
-        shapes.push_back({hq, hkv, d, n == 4 ? g : (d < 128 ? d : 128)});
+        // No G: the format's default group (oscar_layout_default_group's rule, FORMAT.md).
+        shapes.push_back({hq, hkv, d, n == 4 ? g : d <= 128 ? d : (d / 2) % 16 == 0 ? d / 2 : d});
     }
     if (shapes.empty()) shapes.push_back({32, 8, 128, 128});
     void *so = dlopen(argv[1], RTLD_NOW);
