@@ -73,7 +73,12 @@ static cl_mem upload(caller *c, const void *src, size_t bytes) {
     cl_int rc;
     cl_mem m = clCreateBuffer(c->ctx, CL_MEM_READ_WRITE, bytes, NULL, &rc);
     cr_assert_eq(rc, CL_SUCCESS);
-    if (src) cr_assert_eq(clEnqueueWriteBuffer(c->q2, m, CL_TRUE, 0, bytes, src, 0, NULL, NULL), CL_SUCCESS);
+    /* no source: zeros (an uninitialised K row may hold NaN or values past f16's range, which
+     * the append rightly flags: the misuse test then failed on PoCL now and then) */
+    void *zeros = src ? NULL : calloc(1, bytes);
+    cr_assert(src || zeros);
+    cr_assert_eq(clEnqueueWriteBuffer(c->q2, m, CL_TRUE, 0, bytes, src ? src : zeros, 0, NULL, NULL), CL_SUCCESS);
+    free(zeros);
     return m;
 }
 
