@@ -182,10 +182,10 @@ static const oe_tensor *find_any(const shard_set *ss, const char *name, int *dup
     return found;
 }
 
-/* Loads tensor `name` of shape [d0] or [d0][d1] (d1 = 0 for 1-D) into a
- * fresh fp32 array. optional: absent -> *out = NULL, OK. */
-static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d0, int64_t d1, int optional,
-                                float **out)
+/* The tensor `name`, checked to have shape [d0] or [d0][d1] (d1 = 0 for
+ * 1-D) and a float dtype. optional: absent -> *out = NULL, OK. */
+static oscar_status find_tensor(const shard_set *ss, const char *name, int64_t d0, int64_t d1, int optional,
+                                const oe_tensor **out)
 {
     *out = NULL;
     int dup;
@@ -206,6 +206,19 @@ static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d
     if (t->dtype != OE_F32 && t->dtype != OE_F16 && t->dtype != OE_BF16)
         return oe_set_error(OSCAR_ERR_UNSUPPORTED, "tensor '%s' has dtype %s; weights must be F32, F16 or BF16",
                             name, oe_dtype_name(t->dtype));
+    *out = t;
+    return OSCAR_OK;
+}
+
+/* Loads tensor `name` (find_tensor's checks) into a fresh fp32 array.
+ * optional: absent -> *out = NULL, OK. */
+static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d0, int64_t d1, int optional,
+                                float **out)
+{
+    *out = NULL;
+    const oe_tensor *t;
+    oscar_status fs = find_tensor(ss, name, d0, d1, optional, &t);
+    if (fs != OSCAR_OK || !t) return fs;
     float *p = malloc((size_t)t->numel * sizeof *p);
     if (!p) return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory loading '%s'", name);
     oscar_status s = oe_tensor_to_f32(t, p, t->numel);
@@ -214,6 +227,40 @@ static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d
         return s;
     }
     *out = p;
+    return OSCAR_OK;
+}
+
+/* tie_word_embeddings true: the output layer IS the input embedding. A checkpoint holding an
+ * lm_head.weight as well is accepted when it has the embedding's values (torch exports keep both
+ * names for one storage); one with other values contradicts config.json (transformers then warns
+ * and does not tie them, running lm_head.weight): refused rather than silently ignored. Compared
+ * in chunks through the conversion the embedding went through: no second vocab x hidden copy. */
+static oscar_status check_tied_head(const shard_set *ss, const char *dir, const oe_config *c, const float *embed)
+{
+    const oe_tensor *t;
+    oscar_status s = find_tensor(ss, "lm_head.weight", c->vocab, c->hidden, 1, &t);
+    if (s != OSCAR_OK || !t) return s;
+    enum { CHUNK = 4096 };
+    float buf[CHUNK];
+    const size_t es = oe_dtype_size(t->dtype);
+    for (int64_t i = 0; i < t->numel; i += CHUNK) {
+        const int64_t n = t->numel - i < CHUNK ? t->numel - i : CHUNK;
+        oe_tensor part = *t;
+        part.data = (const unsigned char *)t->data + (size_t)i * es;
+        part.numel = n;
+        part.nbytes = (size_t)n * es;
+        if ((s = oe_tensor_to_f32(&part, buf, n)) != OSCAR_OK) return s;
+        for (int64_t j = 0; j < n; j++) {
+            const float a = buf[j], b = embed[i + j];
+            if (a == b || !memcmp(&a, &b, sizeof a)) continue; /* equal values, or the same bits (a NaN) */
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s/config.json has tie_word_embeddings true (the output "
+                                "layer is model.embed_tokens.weight) but the checkpoint also holds an lm_head.weight "
+                                "with other values (row %" PRId64 ", column %" PRId64 ": %g, the embedding %g); "
+                                "set tie_word_embeddings to false if lm_head.weight is the output layer, or remove "
+                                "lm_head.weight from the checkpoint", dir, (i + j) / c->hidden, (i + j) % c->hidden,
+                                (double)a, (double)b);
+        }
+    }
     return OSCAR_OK;
 }
 
@@ -391,9 +438,16 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
     if ((s = load_tensor(ss, "model.embed_tokens.weight", c->vocab, H, 0, &m->embed)) != OSCAR_OK) goto fail;
     if ((s = load_tensor(ss, "model.norm.weight", H, 0, 0, &m->final_norm)) != OSCAR_OK) goto fail;
     if (c->tie_word_embeddings) {
+        if ((s = check_tied_head(ss, dir, c, m->embed)) != OSCAR_OK) goto fail;
         m->lm_head = m->embed;
-    } else if ((s = load_tensor(ss, "lm_head.weight", c->vocab, H, 0, &m->lm_head)) != OSCAR_OK) {
-        goto fail;
+    } else {
+        if ((s = load_tensor(ss, "lm_head.weight", c->vocab, H, 1, &m->lm_head)) != OSCAR_OK) goto fail;
+        if (!m->lm_head) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint lacks tensor 'lm_head.weight' but %s/config.json "
+                             "has tie_word_embeddings false (a separate output layer); set tie_word_embeddings to "
+                             "true if the model's output layer is its input embedding, or add lm_head.weight", dir);
+            goto fail;
+        }
     }
     for (int L = 0; L < c->num_layers; L++) {
         oe_layer *l = &m->layers[L];

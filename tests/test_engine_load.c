@@ -537,6 +537,96 @@ Test(engine_load, layers_past_the_config_refused)
     remove_dir();
 }
 
+/* A safetensors file holding one tensor `name` ([d0][d1]) of the given bytes. */
+static void write_raw_st(const char *path, const char *name, const char *dtype, int64_t d0, int64_t d1,
+                         const void *data, size_t nbytes)
+{
+    char hdr[512];
+    int hl = snprintf(hdr, sizeof hdr, "{\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[0,%zu]}}",
+                      name, dtype, (long long)d0, (long long)d1, nbytes);
+    cr_assert(hl > 0 && (size_t)hl < sizeof hdr);
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    unsigned char len[8];
+    for (int i = 0; i < 8; i++) len[i] = (unsigned char)((uint64_t)hl >> (8 * i));
+    cr_assert_eq(fwrite(len, 1, 8, f), 8);
+    cr_assert_eq(fwrite(hdr, 1, (size_t)hl, f), (size_t)hl);
+    cr_assert_eq(fwrite(data, 1, nbytes, f), nbytes);
+    cr_assert_eq(fclose(f), 0);
+}
+
+/* tie_word_embeddings true with an lm_head.weight in the checkpoint as well:
+ * the loader ignored lm_head.weight and ran the input embedding as the output
+ * layer whatever lm_head held (transformers warns that both are present with
+ * different values and does not tie them: another model). A copy equal to the
+ * embedding (torch exports keep both names for one storage) loads; a different
+ * one (one element here) or one of another shape is refused, naming
+ * tie_word_embeddings. tie_word_embeddings false without lm_head.weight is
+ * refused too (transformers would start the output layer from random values). */
+Test(engine_load, tied_lm_head_must_match_the_embedding)
+{
+    seed();
+    make_dir();
+    oe_model *m = NULL;
+    /* Untied config, checkpoint without lm_head.weight. */
+    write_model(&k_qwen3, NULL); /* tied: no lm_head.weight */
+    size_t tied_len = 0;
+    unsigned char *tied = read_file("model.safetensors", &tied_len);
+    tiny_cfg untied = k_qwen3;
+    untied.tie = 0;
+    write_model(&untied, NULL);
+    cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(oe_model_config(m)->tie_word_embeddings, 0);
+    oe_model_free(m);
+    m = NULL;
+    write_file("model.safetensors", tied, tied_len);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE, "%s", oe_last_error());
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "lm_head.weight") && strstr(oe_last_error(), "tie_word_embeddings"),
+              "message: %s", oe_last_error());
+    free(tied);
+
+    /* Tied config; lm_head.weight in a second shard, a byte copy of the embedding. */
+    write_model(&k_qwen3, NULL);
+    char a[512], b[512];
+    snprintf(a, sizeof a, "%s/model.safetensors", g_dir);
+    snprintf(b, sizeof b, "%s/a.safetensors", g_dir);
+    cr_assert_eq(rename(a, b), 0);
+    oe_safetensors *st = NULL;
+    cr_assert_eq(oe_st_open(b, &st), OSCAR_OK, "%s", oe_last_error());
+    const oe_tensor *emb = oe_st_find(st, "model.embed_tokens.weight");
+    cr_assert(emb && emb->ndim == 2);
+    const int64_t V = emb->shape[0], H = emb->shape[1];
+    const size_t nbytes = emb->nbytes, esize = oe_dtype_size(emb->dtype);
+    char dtype[16];
+    snprintf(dtype, sizeof dtype, "%s", oe_dtype_name(emb->dtype));
+    unsigned char *copy = malloc(nbytes);
+    cr_assert(copy);
+    memcpy(copy, emb->data, nbytes);
+    oe_st_close(st);
+    snprintf(b, sizeof b, "%s/b.safetensors", g_dir);
+    const char *index = "{\"weight_map\":{\"model.embed_tokens.weight\":\"a.safetensors\","
+                        "\"lm_head.weight\":\"b.safetensors\"}}";
+    write_file("model.safetensors.index.json", index, strlen(index));
+    write_raw_st(b, "lm_head.weight", dtype, V, H, copy, nbytes);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_OK, "an lm_head.weight equal to the embedding: %s", oe_last_error());
+    oe_model_free(m);
+    m = NULL;
+    copy[nbytes / 2 + 1] ^= 0x20; /* one element differs (a byte inside it; F32 or BF16 alike) */
+    write_raw_st(b, "lm_head.weight", dtype, V, H, copy, nbytes);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE, "a different lm_head.weight was accepted");
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "lm_head.weight") && strstr(oe_last_error(), "tie_word_embeddings"),
+              "message: %s", oe_last_error());
+    write_raw_st(b, "lm_head.weight", dtype, V - 1, H, copy, nbytes - (size_t)H * esize);
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_SHAPE_MISMATCH, "an lm_head.weight of another shape: %s",
+                 oe_last_error());
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "lm_head.weight"), "message: %s", oe_last_error());
+    free(copy);
+    remove_dir();
+}
+
 Test(engine_load, token_files_checked)
 {
     seed();

@@ -248,8 +248,9 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
     }
     fprintf(f, "\nRun: %.0f s wall, %.0f s CPU (%d worker(s) x %d engine thread(s)).\n", S->wall_s, S->cpu_s,
             S->workers, S->engine_threads);
-    if (fclose(f) != 0) {
-        fprintf(stderr, "oscar-eval: error writing %s\n", S->out_md);
+    int werr = ferror(f);
+    if (fclose(f) != 0 || werr) {
+        fprintf(stderr, "oscar-eval: error writing %s (%s)\n", S->out_md, strerror(errno));
         return 1;
     }
     return 0;
@@ -299,7 +300,10 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
     snprintf(gp, len, "%s.gp", S->out_plot);
     FILE *f = fopen(dat, "w");
     int rc = 1;
-    if (!f) goto out;
+    if (!f) {
+        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", dat, strerror(errno));
+        goto out;
+    }
     /* Methods share bits (every 2-bit method is at 2.25), so points are
      * told apart by colour and shape in the key rather than by labels. */
     fprintf(f, "# method bits_per_element kl\n");
@@ -313,11 +317,19 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
         int w = snprintf(names + nl, sizeof names - nl, "%s%s", nl ? " " : "", R->vars[v].name);
         if (w > 0 && (size_t)w < sizeof names - nl) nl += (size_t)w;
     }
-    fclose(f);
+    /* A full disk shows in ferror or at fclose's flush: gnuplot would draw the truncated file. */
+    int werr = ferror(f);
+    if (fclose(f) != 0 || werr) {
+        fprintf(stderr, "oscar-eval: error writing %s (%s); the plot was not written\n", dat, strerror(errno));
+        goto out;
+    }
     /* pngcairo where built in, else the libgd png terminal. */
     const char *term = system("gnuplot -e 'set terminal pngcairo' > /dev/null 2>&1") == 0 ? "pngcairo" : "png";
     f = fopen(gp, "w");
-    if (!f) goto out;
+    if (!f) {
+        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", gp, strerror(errno));
+        goto out;
+    }
     fprintf(f, "set terminal %s size 900,600\nset output ", term);
     gp_string(f, S->out_plot);
     fprintf(f,
@@ -338,8 +350,9 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
     gp_string(f, dat);
     fprintf(f, " every ::(i-1)::(i-1) using 2:3 with points pt int(word(pts, (i - 1) %% 12 + 1)) ps 2 lc rgb "
                "word(cols, (i - 1) %% 12 + 1) title word(names, i)\n");
-    if (fclose(f) != 0) {
-        fprintf(stderr, "oscar-eval: error writing %s; the plot was not written\n", gp);
+    werr = ferror(f);
+    if (fclose(f) != 0 || werr) {
+        fprintf(stderr, "oscar-eval: error writing %s (%s); the plot was not written\n", gp, strerror(errno));
         goto out;
     }
     if (run_gnuplot(gp) != 0) {

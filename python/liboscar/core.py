@@ -199,13 +199,20 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
 # ---------------------------------------------------------------- handles
 class _Handle:
     """A C handle that close() frees: using the object afterwards raises ValueError naming it (the C side
-    would only see a NULL argument)."""
+    would only see a NULL argument). close() sets ``_raw`` to None. A handle that lives inside other
+    handles (a DeviceBuffer in its Runtime and in the buffer it views) names them in :meth:`_closed_part`:
+    closing any of them frees its memory too."""
     _raw: Any = None
+
+    def _closed_part(self) -> Optional[str]:
+        """None while the handle can be used, else what is closed ("this X")."""
+        return f"this {type(self).__name__}" if self._raw is None else None
 
     @property
     def _h(self) -> Any:
-        if self._raw is None:
-            raise ValueError(f"this {type(self).__name__} is closed; create a new one")
+        what = self._closed_part()
+        if what is not None:
+            raise ValueError(f"{what} is closed; create a new one")
         return self._raw
 
     @_h.setter
@@ -298,13 +305,15 @@ class Runtime(_Handle):
 _KIND_SIZE = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u8": 1}
 
 
-class DeviceBuffer:
+class DeviceBuffer(_Handle):
     """Device memory by handle, for backends whose buffers torch cannot make
     (OpenCL: a ``cl_mem``; any backend's ``oscar_buffer_alloc`` pointer):
     a logical ``shape`` of elements of ``kind`` ("bf16", "f16", "f32", "i32",
     "u8") for the binding's checks, starting at the handle (OpenCL buffers
     cannot be offset). :meth:`alloc` owns its memory (freed by :meth:`close`);
-    :meth:`wrap` borrows the caller's. Copies are blocking."""
+    :meth:`wrap` borrows the caller's. Copies are blocking. Once the buffer,
+    the buffer it views or its Runtime is closed, ``handle`` and every use
+    raise ValueError (the handle would name freed memory)."""
 
     def __init__(self, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str, owned: bool):
         if kind not in _KIND_SIZE:
@@ -312,23 +321,32 @@ class DeviceBuffer:
         shape = tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in shape)
         if any(n < 0 for n in shape):
             raise ValueError(f"DeviceBuffer shape {shape} has a negative dimension")
-        self.runtime, self.handle, self.shape, self.kind = runtime, int(handle), shape, kind
+        self.runtime, self.shape, self.kind = runtime, shape, kind
         self.nbytes = math.prod(self.shape) * _KIND_SIZE[kind]  # Python ints: no int64 wrap-around
         self._owned = owned
-        self._closed = False
         self._base: Optional["DeviceBuffer"] = None
+        self._raw = int(handle)
+
+    def _closed_part(self) -> Optional[str]:
+        if self._raw is None:
+            return "this DeviceBuffer"
+        if self.runtime._closed_part() is not None:  # a view has its base's runtime: checked before the base
+            return "this DeviceBuffer's Runtime"
+        if self._base is not None and self._base._closed_part() is not None:
+            return "the DeviceBuffer this one views"
+        return None
+
+    @property
+    def handle(self) -> int:
+        """The ``cl_mem`` or device pointer; ValueError once it names freed memory."""
+        return self._h
 
     def _live(self, name: str) -> int:
-        """The handle, or ValueError once this buffer, the buffer it views or
-        its runtime is closed (the handle then names freed memory)."""
-        b: Optional[DeviceBuffer] = self
-        while b is not None:
-            if b._closed:
-                raise ValueError(f"{name}: the DeviceBuffer was closed (or the buffer it views); allocate a new one")
-            b = b._base
-        if self.runtime._raw is None:
-            raise ValueError(f"{name}: the DeviceBuffer's runtime is closed")
-        return self.handle
+        """The handle, or ValueError naming the argument once the handle names freed memory."""
+        try:
+            return self._h
+        except ValueError as e:
+            raise ValueError(f"{name}: {e}") from None
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
@@ -347,7 +365,7 @@ class DeviceBuffer:
     def view(self, shape: Sequence[int]) -> "DeviceBuffer":
         """The same memory seen with a smaller (or equal) shape."""
         self._live("view")
-        v = DeviceBuffer(self.runtime, self.handle, shape, self.kind, owned=False)
+        v = DeviceBuffer(self.runtime, self._raw, shape, self.kind, owned=False)
         if v.nbytes > self.nbytes:
             raise ValueError(f"view {tuple(shape)} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
         v._base = self  # keeps an owned buffer alive
@@ -362,7 +380,8 @@ class DeviceBuffer:
                             f"({_NP_KINDS[self.kind]}); convert it first{hint}")
         if a.nbytes > self.nbytes:
             raise ValueError(f"write of {a.nbytes} bytes into a buffer of {self.nbytes}")
-        _check(lib.oscar_buffer_write(self.runtime._h, self._live("write"), 0, a.ctypes.data, a.nbytes, stream))
+        h = self._live("write")
+        _check(lib.oscar_buffer_write(self.runtime._h, h, 0, a.ctypes.data, a.nbytes, stream))
 
     def read(self, stream: Optional[int] = None) -> np.ndarray:
         """The buffer's contents as a new host array of its shape (bf16 as uint16 bits)."""
@@ -372,16 +391,20 @@ class DeviceBuffer:
         return out
 
     def close(self) -> None:
-        if getattr(self, "_owned", False) and self.runtime._raw is not None:
-            lib.oscar_buffer_free(self.runtime._raw, self.handle)
+        """Frees an :meth:`alloc` buffer (not once its Runtime is closed: nothing can free it then); a
+        no-op when closed."""
+        if self._raw is not None and getattr(self, "_owned", False) and self.runtime._raw is not None:
+            lib.oscar_buffer_free(self.runtime._raw, self._raw)
         self._owned = False
-        self._closed = True
+        self._raw = None
 
     def __del__(self) -> None:
         self.close()
 
     def __repr__(self) -> str:
-        return f"DeviceBuffer(handle={self.handle:#x}, shape={self.shape}, kind={self.kind!r})"
+        what = self._closed_part()
+        h = f"handle={self._raw:#x}" if what is None else f"closed ({what})"
+        return f"DeviceBuffer({h}, shape={self.shape}, kind={self.kind!r})"
 
 
 # ----------------------------------------------------------------- params

@@ -283,6 +283,42 @@ def test_closed_device_buffer_is_refused(cpu):
     b.close()  # twice: a no-op
 
 
+def test_device_buffer_closes_like_the_other_handles(cpu):
+    # DeviceBuffer kept a closed flag of its own beside the _Handle mixin the
+    # other objects share: its handle stayed readable after close() (the freed
+    # pointer, e.g. for a clEnqueueReadBuffer) and its messages differed from
+    # theirs. Now it is a _Handle: a closed buffer, a view of one (however
+    # deep), or a buffer of a closed Runtime is refused by name.
+    b = liboscar.DeviceBuffer.alloc(cpu, (4,), "i32")
+    assert isinstance(b, liboscar.core._Handle)
+    v = b.view((2,))
+    vv = v.view((1,))
+    assert v.handle == vv.handle == b.handle
+    b.close()
+    assert "closed" in repr(b)
+    with pytest.raises(ValueError, match="this DeviceBuffer is closed; create a new one"):
+        b.handle
+    with pytest.raises(ValueError, match="read: the DeviceBuffer this one views is closed"):
+        vv.read()
+    with pytest.raises(ValueError, match="view: the DeviceBuffer this one views is closed"):
+        v.view((1,))
+    with pytest.raises(ValueError, match="DeviceBuffer this one views is closed"):
+        vv.handle
+    rt = liboscar.Runtime("cpu")
+    c = liboscar.DeviceBuffer.alloc(rt, (4,), "f32")
+    w = c.view((2,))
+    rt.close()
+    for call, name in ((c.read, "read"), (w.read, "read"), (lambda: c.view((1,)), "view"),
+                       (lambda: c.write(np.zeros(4, np.float32)), "write"),
+                       (lambda: liboscar.core._ptr(w, "f32", (2,), "out", True), "out")):
+        with pytest.raises(ValueError, match=f"{name}: .*Runtime is closed"):
+            call()
+    c.close()  # the runtime is gone: nothing to free, no error
+    w.close()
+    for o in (b, v, vv, c, w):
+        o.close()  # twice: a no-op
+
+
 def test_closed_objects_are_refused_by_name(cpu):
     # A closed Params, Plan or Calibrator reached the C side as a NULL handle,
     # refused as "NULL argument" without saying which object; a Plan made with
