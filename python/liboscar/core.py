@@ -18,6 +18,7 @@ import ctypes
 import dataclasses
 import math
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -252,6 +253,8 @@ class Runtime(_Handle):
         # finalizes cycles in any order, so the runtime waits for its plans.
         self._plans = 0
         self._closing = False
+        # Buffers from alloc: freed with the runtime (the library cannot free them after it).
+        self._buffers: "weakref.WeakSet[DeviceBuffer]" = weakref.WeakSet()
         self.backend: str = lib.oscar_runtime_backend(h).decode()
         self.device: str = lib.oscar_runtime_device(h).decode()
         self.report: str = lib.oscar_runtime_report(h).decode()
@@ -278,6 +281,8 @@ class Runtime(_Handle):
         """Destroys the runtime now, or when its last Plan is closed."""
         self._closing = True
         if self._raw is not None and not getattr(self, "_plans", 0):
+            for b in list(getattr(self, "_buffers", ())):
+                b.close()
             self._lib.oscar_runtime_destroy(self._raw)
             self._raw = None
 
@@ -328,10 +333,10 @@ class DeviceBuffer(_Handle):
         self._raw = int(handle)
 
     def _closed_part(self) -> Optional[str]:
+        if self.runtime._closed_part() is not None:  # before the buffer: closing a runtime frees its buffers
+            return "this DeviceBuffer's Runtime"
         if self._raw is None:
             return "this DeviceBuffer"
-        if self.runtime._closed_part() is not None:  # a view has its base's runtime: checked before the base
-            return "this DeviceBuffer's Runtime"
         if self._base is not None and self._base._closed_part() is not None:
             return "the DeviceBuffer this one views"
         return None
@@ -354,7 +359,9 @@ class DeviceBuffer(_Handle):
         n = math.prod(int(x) for x in shape) * _KIND_SIZE[kind]
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
-        return cls(runtime, h.value, shape, kind, owned=True)
+        b = cls(runtime, h.value, shape, kind, owned=True)
+        runtime._buffers.add(b)
+        return b
 
     @classmethod
     def wrap(cls, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str) -> "DeviceBuffer":
@@ -391,8 +398,7 @@ class DeviceBuffer(_Handle):
         return out
 
     def close(self) -> None:
-        """Frees an :meth:`alloc` buffer (not once its Runtime is closed: nothing can free it then); a
-        no-op when closed."""
+        """Frees an :meth:`alloc` buffer (closing its Runtime frees it too); a no-op when closed."""
         if self._raw is not None and getattr(self, "_owned", False) and self.runtime._raw is not None:
             lib.oscar_buffer_free(self.runtime._raw, self._raw)
         self._owned = False

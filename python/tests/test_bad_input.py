@@ -313,10 +313,30 @@ def test_device_buffer_closes_like_the_other_handles(cpu):
                        (lambda: liboscar.core._ptr(w, "f32", (2,), "out", True), "out")):
         with pytest.raises(ValueError, match=f"{name}: .*Runtime is closed"):
             call()
-    c.close()  # the runtime is gone: nothing to free, no error
+    c.close()  # freed by rt.close(): a no-op
     w.close()
     for o in (b, v, vv, c, w):
         o.close()  # twice: a no-op
+
+
+def test_closing_a_runtime_frees_its_buffers():
+    # Runtime.close() left the buffers of alloc() behind: the library cannot free
+    # them once its runtime is gone, so they leaked. The runtime frees them first
+    # (after its Plans, which may still use them).
+    rt = liboscar.Runtime("cpu")
+    bufs = [liboscar.DeviceBuffer.alloc(rt, (8,), k) for k in ("f32", "i32", "bf16")]
+    view = bufs[0].view((4,))
+    plan = liboscar.Plan(rt, liboscar.Layout(**SMALL))
+    rt.close()  # waits for the plan
+    assert all(b._raw is not None for b in bufs), "freed while a Plan of the runtime was open"
+    bufs[1].write(np.arange(8, dtype=np.int32))
+    assert (bufs[1].read() == np.arange(8)).all()
+    plan.close()  # the runtime goes now, and its buffers with it
+    assert all(b._raw is None for b in bufs)
+    with pytest.raises(ValueError, match="read: this DeviceBuffer's Runtime is closed"):
+        view.read()
+    for b in bufs:
+        b.close()  # a no-op
 
 
 def test_closed_objects_are_refused_by_name(cpu):
