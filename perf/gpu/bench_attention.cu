@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "oscar_backend.h"
+#include "oscar_format.h"
 
 #define CK(x)                                                                                       \
     do {                                                                                            \
@@ -133,12 +134,13 @@ int main(int argc, char **argv) {
         }
         int hq = 0, hkv = 0, d = 0, g = 0;
         int n = sscanf(argv[i], "%d/%d/%d/%d", &hq, &hkv, &d, &g);
-        if (n < 3 || hq < 1 || hkv < 1 || hq % hkv || d < 32 || d > 256 || d % 16) {
-            fprintf(stderr, "bad shape '%s': want HQ/HKV/D[/G], HQ a multiple of HKV, D a multiple of 16 in 32..256\n", argv[i]);
+        if (n < 3 || hq < 1 || hkv < 1 || hq % hkv || !oscar_head_dim_supported(d)) {
+            fprintf(stderr, "bad shape '%s': want HQ/HKV/D[/G], HQ a multiple of HKV, D " OSCAR_HEAD_DIM_RULE "\n",
+                    argv[i]);
             return 2;
         }
-        // No G: the format's default group (oscar_layout_default_group's rule, FORMAT.md).
-        shapes.push_back({hq, hkv, d, n == 4 ? g : d <= 128 ? d : (d / 2) % 16 == 0 ? d / 2 : d});
+        shapes.push_back({hq, hkv, d, n == 4 ? g : oscar_group_default(d)}); // no G: the format's default
+
     }
     if (shapes.empty()) shapes.push_back({32, 8, 128, 128});
     void *so = dlopen(argv[1], RTLD_NOW);

@@ -33,7 +33,7 @@ points = []
 for sh in shapes:
     parts = [int(x) for x in sh.split("/")]
     HQ, HKV, D = parts[:3]
-    # no group given: the format's default group of D (as bench_attention)
+    # no group given: the format's default group of D (oscar_group_default, format/oscar_format.h)
     G = parts[3] if len(parts) > 3 else D if D <= 128 else D // 2 if (D // 2) % 16 == 0 else D
     key = "%d/%d/%d/%d" % (HQ, HKV, D, G)
     points += [(key, HQ, HKV, D, b, l) for b, l in cases]
