@@ -13,7 +13,7 @@ own ``QuantizedCache`` does). ::
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to("cuda")
     cache = OscarCache(model, "model.oscar.safetensors")   # switches the model to attention "oscar"
-    out = model.generate(ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
+    out = model.generate(ids, cache=cache, max_new_tokens=64, do_sample=False)  # transformers < 5.24: past_key_values=
 
 What runs where, per attention layer and forward call:
 

@@ -2,6 +2,7 @@
 (docs/FORMAT.md), written from the format document, not from the C code."""
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,15 @@ def torch_devices() -> list:
     except liboscar.OscarError:
         return ["cpu"]
     return ["cpu", "cuda"]
+
+
+def cache_kw(model, cache) -> dict:
+    """The keyword argument that hands a cache to a transformers model's
+    forward and generate: ``cache`` since transformers 5.24, where
+    ``past_key_values`` is deprecated (a FutureWarning on every call),
+    ``past_key_values`` before it."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
 
 
 def pytest_report_header(config):

@@ -22,7 +22,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPO, torch_devices
+from conftest import REPO, cache_kw, torch_devices
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -105,7 +105,7 @@ def test_layer_outputs_match_reference(model, tokens, method, device):
 
 def greedy(model, ids, n, cache=None, mask=None):
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=mask, past_key_values=cache, max_new_tokens=n, do_sample=False,
+        out = model.generate(ids, attention_mask=mask, **cache_kw(model, cache), max_new_tokens=n, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     return out.sequences[:, ids.shape[1]:], torch.stack(out.logits, 1)
 
@@ -177,9 +177,9 @@ def test_second_turn_runs_oscar_extend(model, tokens, device):
     def second_logits(prefill="exact", **kw):
         cache = hf.OscarCache(model, prm, max_seq_len=512, **kw)
         with torch.no_grad():
-            model(first, past_key_values=cache)  # the same exact prefill (SDPA) for all
+            model(first, **cache_kw(model, cache))  # the same exact prefill (SDPA) for all
             cache.prefill = prefill
-            out = model(second, past_key_values=cache).logits
+            out = model(second, **cache_kw(model, cache)).logits
         assert cache.paged.lens[:, 0].tolist() == [480] * 8
         return out
 
@@ -214,15 +214,15 @@ def test_errors(model, tokens):
     ids = ids_of(tokens, 40)
     with pytest.raises(NotImplementedError, match="beam search|batch_repeat_interleave"):
         with torch.no_grad():
-            model.generate(ids, past_key_values=hf.OscarCache(model, method="int2"), max_new_tokens=3, num_beams=2,
+            model.generate(ids, **cache_kw(model, hf.OscarCache(model, method="int2")), max_new_tokens=3, num_beams=2,
                            do_sample=False)
     # A model that does not use the "oscar" attention would read only the fresh rows: refused.
     cache = hf.OscarCache(model, method="int2", switch_attention=False)
     model.set_attn_implementation("sdpa")
     with pytest.raises(RuntimeError, match="not using attention 'oscar'"):
         with torch.no_grad():
-            model(ids, past_key_values=cache)
-            model(ids[:, :1], past_key_values=cache)
+            model(ids, **cache_kw(model, cache))
+            model(ids[:, :1], **cache_kw(model, cache))
     hf._PENDING.clear()
     # Without an OscarCache the "oscar" attention is SDPA.
     model.set_attn_implementation("oscar")
@@ -234,7 +234,7 @@ def test_errors(model, tokens):
     assert torch.equal(a, b)
 
 
-def test_readme_transformers_example(monkeypatch):
+def test_readme_transformers_example(model, monkeypatch):
     """README.md's transformers example runs as written from the repository root."""
     import contextlib
     import io
@@ -244,6 +244,8 @@ def test_readme_transformers_example(monkeypatch):
     m = re.search(r"<!-- test: README transformers example[^\n]*\n```python\n(.*?)\n```", text, re.S)
     assert m, "README.md has no marked transformers example"
     code = m.group(1).replace('"../shared/models/tiny-qwen3"', repr(MODEL))
+    if "cache" not in cache_kw(model, None):
+        code = code.replace("cache=cache", "past_key_values=cache")  # its name before transformers 5.24
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     buf = io.StringIO()

@@ -29,7 +29,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import REPO, torch_devices
+from conftest import REPO, cache_kw, torch_devices
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -195,7 +195,7 @@ def test_architectures_the_c_engine_does_not_run(arch):
         return
     cache = hf.OscarCache(m, p, sink=8, recent=32, max_seq_len=256)
     with torch.no_grad():
-        out = m.generate(ids[None, :96], past_key_values=cache, max_new_tokens=4, do_sample=False)
+        out = m.generate(ids[None, :96], **cache_kw(m, cache), max_new_tokens=4, do_sample=False)
     assert out.shape == (1, 100)
 
 
@@ -214,7 +214,7 @@ def test_hybrid_model_keeps_its_sliding_layers_in_transformers(device):
     with torch.no_grad():
         ref = m.generate(ids, **kw)
         cache = hf.OscarCache(m, method="bf16", sink=8, recent=32, max_seq_len=256)
-        out = m.generate(ids, past_key_values=cache, **kw)
+        out = m.generate(ids, **cache_kw(m, cache), **kw)
     assert cache.oscar_layers == [1, 3]
     assert [type(x).__name__ for x in cache.layers] == ["DynamicSlidingWindowLayer", "OscarLayer"] * 2
     assert cache.paged.lens[:, 0].tolist() == [0, 129, 0, 129] and cache.get_seq_length() == 129
