@@ -278,7 +278,16 @@ class Runtime(_Handle):
         _check(lib.oscar_synchronize(self._h, stream))
 
     def close(self) -> None:
-        """Destroys the runtime now, or when its last Plan is closed."""
+        """Destroys the runtime now, or when its last Plan is closed.
+
+        The buffers :meth:`alloc` made (and :class:`PagedCache` pools on
+        OpenCL, which come from it) are freed with it, at that same moment:
+        after the Plans that may still use them, so they stay valid while a
+        Plan of this runtime is open (the library cannot free a buffer once
+        its runtime is gone). Buffers of yours (:meth:`DeviceBuffer.wrap`) are
+        not touched. Closing twice, or closing a freed buffer, is a no-op;
+        any other use of a freed buffer raises ValueError naming the closed
+        Runtime."""
         self._closing = True
         if self._raw is not None and not getattr(self, "_plans", 0):
             for b in list(getattr(self, "_buffers", ())):
