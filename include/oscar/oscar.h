@@ -12,22 +12,30 @@
  *  - "Device memory" means: a CUDA/HIP device pointer on those backends, a
  *    cl_mem handle cast to void* on OpenCL, plain host memory on the CPU
  *    backend. The caller owns all device memory passed in (KV pools, block
- *    tables, activations, workspace). The library allocates only in *_create
- *    calls (never on the hot path: oscar_append, oscar_decode). Counts and
+ *    tables, activations, workspace). The library allocates only in calls
+ *    that make or grow a host object (*_create, oscar_params_load,
+ *    oscar_calib_finalize, oscar_buffer_alloc, the first
+ *    oscar_params_set_feedback / _set_code_bits of a parameter set), never on
+ *    the hot path (oscar_append, oscar_decode, oscar_extend; with validate = 1
+ *    their host checks copy the index arrays). Counts and
  *    strides passed with a buffer must describe it: only OpenCL can check
  *    (a cl_mem knows its size; a smaller one is refused, naming it).
  *  - `stream` is the backend's native queue (cudaStream_t, hipStream_t,
  *    cl_command_queue) or NULL for the backend's default queue; the CPU backend
  *    ignores it and runs synchronously. Device calls are asynchronous with
  *    respect to the host on GPU backends.
- *  - Thread safety: handles are immutable after creation, except oscar_calib.
+ *  - Thread safety: handles are immutable after creation, except oscar_calib
+ *    and parameters changed with oscar_params_set_* / _clear_feedback (not
+ *    while another thread reads them; plans keep their own copy).
  *    Different threads may call oscar_append/oscar_decode on one plan at once
  *    provided they use different workspaces and do not write the same cache
  *    pages. An oscar_calib must be fed from one thread at a time.
  *  - Structs passed in carry `struct_size` (set it to sizeof the struct) so
  *    fields can be added without breaking the ABI.
  *  - ABI: liboscar.so.MAJOR (SONAME) with every function of this header under
- *    the symbol version OSCAR_MAJOR. Within a major version releases only add
+ *    the symbol version OSCAR_MAJOR, except the calibration functions
+ *    (oscar_calib_*), which liboscar_calib.so.MAJOR exports under
+ *    OSCAR_CALIB_MAJOR. Within a major version releases only add
  *    (functions, struct fields appended under the struct_size rule, enum
  *    values, status codes): a program built against an older header runs on a
  *    newer library of the same major version. A program built against a newer
