@@ -19,12 +19,66 @@ static int json_get_int(json_t *root, const char *key, int *out)
     return 1;
 }
 
-static int json_get_num(json_t *root, const char *key, double *out)
+/* A JSON value's type, for messages about a key that holds the wrong one. */
+static const char *json_kind(json_t *v)
 {
-    json_t *v = json_object_get(root, key);
-    if (!json_is_number(v)) return 0;
+    return json_is_string(v) ? "a string" : json_is_object(v) ? "an object" : json_is_array(v) ? "an array"
+           : json_is_boolean(v) ? "a boolean" : json_is_real(v) ? "a real number" : "a number";
+}
+
+/* Optional keys: absent or null leaves *out (the default). Present with another type or an
+ * out-of-range value is refused naming the key: a value the loader cannot read was silently
+ * replaced by the default before ("rope_theta": "1000000.0" ran with 10000: finite, wrong
+ * logits without a word). */
+static oscar_status opt_int(const char *path, json_t *obj, const char *key, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return OSCAR_OK;
+    if (json_is_integer(v) && !json_get_int(obj, key, out))
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s is %lld, outside [1, 2^30]; give the model's value or "
+                            "remove the key (null) for the default", path, key, (long long)json_integer_value(v));
+    if (!json_is_integer(v))
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s is %s, not an integer; write it as a positive JSON "
+                            "integer (no quotes) or remove it (null) for the default", path, key, json_kind(v));
+    return OSCAR_OK;
+}
+
+static oscar_status opt_num(const char *path, json_t *obj, const char *where, const char *key, double *out,
+                            int *given)
+{
+    json_t *v = json_object_get(obj, key);
+    if (given) *given = 0;
+    if (!v || json_is_null(v)) return OSCAR_OK;
+    if (!json_is_number(v) || !(json_number_value(v) > 0.0) || !isfinite(json_number_value(v)))
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s%s is %s%s, not a positive finite number; write the "
+                            "model's value as a JSON number (no quotes) or remove the key (null) for the default",
+                            path, where, key, json_kind(v), json_is_number(v) ? " <= 0" : "");
     *out = json_number_value(v);
-    return 1;
+    if (given) *given = 1;
+    return OSCAR_OK;
+}
+
+static oscar_status opt_bool(const char *path, json_t *obj, const char *key, int *out)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) return OSCAR_OK;
+    if (!json_is_boolean(v))
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s is %s, not a boolean; write true or false (no quotes)",
+                            path, key, json_kind(v));
+    *out = json_is_true(v);
+    return OSCAR_OK;
+}
+
+/* partial_rotary_factor below 1 rotates only part of each head (transformers reads it at the top
+ * level or in rope_parameters); the engine rotates all of it: refused, not computed otherwise. */
+static oscar_status check_partial_rotary(const char *path, json_t *obj, const char *where)
+{
+    double f = 1.0;
+    oscar_status s = opt_num(path, obj, where, "partial_rotary_factor", &f, NULL);
+    if (s == OSCAR_OK && f != 1.0)
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: %spartial_rotary_factor %g (RoPE on part of each head) is not "
+                         "supported by the reference engine, which rotates the whole head; only 1 is", path, where, f);
+    return s;
 }
 
 /* RoPE variants other than the plain one change positions; refusing is
@@ -80,8 +134,12 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          "intermediate_size and vocab_size must be positive integers", path);
         goto done;
     }
-    if (!json_get_int(root, "num_key_value_heads", &c->num_kv_heads)) c->num_kv_heads = c->num_q_heads;
-    if (!json_get_int(root, "head_dim", &c->head_dim)) {
+    c->num_kv_heads = c->num_q_heads; /* absent: multi-head attention */
+    if ((s = opt_int(path, root, "num_key_value_heads", &c->num_kv_heads)) != OSCAR_OK ||
+        (s = opt_int(path, root, "head_dim", &c->head_dim)) != OSCAR_OK ||
+        (s = opt_int(path, root, "max_position_embeddings", &c->max_position)) != OSCAR_OK)
+        goto done;
+    if (!c->head_dim) {
         if (c->hidden % c->num_q_heads) {
             s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no head_dim and hidden_size %d is not a multiple of "
                              "num_attention_heads %d", path, c->hidden, c->num_q_heads);
@@ -95,13 +153,8 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          c->head_dim);
         goto done;
     }
-    if (!json_get_int(root, "max_position_embeddings", &c->max_position)) c->max_position = 0;
-    if (!json_get_num(root, "rms_norm_eps", &c->rms_eps)) c->rms_eps = 1e-6;
-    if (!(c->rms_eps > 0.0) || !isfinite(c->rms_eps)) {
-        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rms_norm_eps %g must be a positive finite number", path,
-                         c->rms_eps);
-        goto done;
-    }
+    c->rms_eps = 1e-6;
+    if ((s = opt_num(path, root, "", "rms_norm_eps", &c->rms_eps, NULL)) != OSCAR_OK) goto done;
     json_t *act = json_object_get(root, "hidden_act");
     if (act && !(json_is_string(act) && !strcmp(json_string_value(act), "silu"))) {
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: hidden_act '%s' is not supported (SwiGLU with silu only)",
@@ -113,21 +166,47 @@ oscar_status oe_config_load(const char *path, oe_config *c)
     if ((s = check_rope_object(path, json_object_get(root, "rope_scaling"), "rope_scaling")) != OSCAR_OK ||
         (s = check_rope_object(path, rp, "rope_parameters")) != OSCAR_OK)
         goto done;
-    if (!json_get_num(root, "rope_theta", &c->rope_theta) &&
-        !(json_is_object(rp) && json_get_num(rp, "rope_theta", &c->rope_theta)))
-        c->rope_theta = 10000.0; /* the transformers default */
-    if (!(c->rope_theta > 0.0)) {
-        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta must be positive", path);
+    /* Both given: transformers takes rope_parameters' and the engine took the top level's; a
+     * contradiction is refused rather than either one run. */
+    double top = 0.0, inner = 0.0;
+    int has_top = 0, has_inner = 0;
+    if ((s = opt_num(path, root, "", "rope_theta", &top, &has_top)) != OSCAR_OK ||
+        (s = check_partial_rotary(path, root, "")) != OSCAR_OK)
+        goto done;
+    if (json_is_object(rp)) {
+        const char *k;
+        json_t *e;
+        json_object_foreach(rp, k, e)
+        {
+            if (json_is_object(e)) { /* {"full_attention": {...}, ...}: RoPE per layer type */
+                s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: rope_parameters.%s is an object (RoPE parameters per "
+                                 "layer type), which the reference engine does not read; give one flat "
+                                 "rope_parameters object", path, k);
+                goto done;
+            }
+        }
+        if ((s = opt_num(path, rp, "rope_parameters.", "rope_theta", &inner, &has_inner)) != OSCAR_OK ||
+            (s = check_partial_rotary(path, rp, "rope_parameters.")) != OSCAR_OK)
+            goto done;
+    }
+    if (has_top && has_inner && top != inner) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta %.17g and rope_parameters.rope_theta %.17g "
+                         "disagree (transformers uses rope_parameters'); remove the wrong one", path, top, inner);
         goto done;
     }
+    c->rope_theta = has_inner ? inner : has_top ? top : 10000.0; /* the transformers default */
     json_t *span = json_object_get(root, "sliding_window");
     if (!strcmp(type, "mistral") && span && !json_is_null(span) &&
         !json_get_int(root, "sliding_window", &c->sliding_window)) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: sliding_window must be null or a positive integer", path);
         goto done;
     }
-    json_t *sw = json_object_get(root, "use_sliding_window");
-    if (json_is_true(sw)) {
+    int use_sw = 0, mlp_bias = 0, attn_bias = 0;
+    if ((s = opt_bool(path, root, "use_sliding_window", &use_sw)) != OSCAR_OK ||
+        (s = opt_bool(path, root, "mlp_bias", &mlp_bias)) != OSCAR_OK ||
+        (s = opt_bool(path, root, "attention_bias", &attn_bias)) != OSCAR_OK)
+        goto done;
+    if (use_sw) {
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: use_sliding_window=true is not supported; the engine "
                          "runs full causal attention", path);
         goto done;
@@ -145,17 +224,16 @@ oscar_status oe_config_load(const char *path, oe_config *c)
             }
         }
     }
-    json_t *mb = json_object_get(root, "mlp_bias");
-    if (json_is_true(mb)) {
+    if (mlp_bias) {
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: mlp_bias=true is not supported", path);
         goto done;
     }
     json_t *tie = json_object_get(root, "tie_word_embeddings");
-    /* transformers defaults tie_word_embeddings to true when absent. */
-    c->tie_word_embeddings = tie ? json_is_true(tie) : 1;
+    /* transformers defaults tie_word_embeddings to true when absent (null: untied, as before). */
+    c->tie_word_embeddings = !tie;
+    if ((s = opt_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings)) != OSCAR_OK) goto done;
     c->qk_norm = c->arch == OE_ARCH_QWEN3;
-    json_t *ab = json_object_get(root, "attention_bias");
-    c->qkv_bias = c->arch == OE_ARCH_QWEN2 ? 1 : json_is_true(ab);
+    c->qkv_bias = c->arch == OE_ARCH_QWEN2 ? 1 : attn_bias;
 done:
     json_decref(root);
     return s;

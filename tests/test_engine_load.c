@@ -363,10 +363,14 @@ Test(engine_load, unsupported_configs_refused)
     write_model(&k_llama, ",\"hidden_act\":\"gelu\"");
     /* duplicate key -> JSON refused */
     cr_expect_neq(oe_model_load(g_dir, &m), OSCAR_OK);
+    /* Top-level rope_theta 10000 against rope_parameters' 500000: transformers runs the latter; the
+     * engine ran the former without a word. A contradiction is refused; agreeing values load. */
     write_model(&k_llama, ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":500000.0}");
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE, "%s", oe_last_error());
+    cr_expect(strstr(oe_last_error(), "disagree"), "message: %s", oe_last_error());
+    write_model(&k_llama, ",\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":10000.0}");
     cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
-    cr_expect_eq(oe_model_config(m)->rope_theta, 10000.0,
-                 "top-level rope_theta wins over rope_parameters");
+    cr_expect_eq(oe_model_config(m)->rope_theta, 10000.0);
     oe_model_free(m);
     /* Weights not matching the config: q_proj has the wrong shape. */
     tiny_cfg wrong = k_qwen3;
@@ -382,6 +386,76 @@ Test(engine_load, unsupported_configs_refused)
     /* Missing config. */
     unlink(path);
     cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_IO);
+    remove_dir();
+}
+
+/* config.json values the engine cannot read (a number in quotes, a wrong type, an out-of-range
+ * integer) were replaced by the default without a word: "rope_theta": "1000000.0" ran tiny-qwen3 at
+ * theta 10000 (perplexity 13.1 instead of 8.8). partial_rotary_factor, which transformers honours,
+ * was ignored. Each is refused naming the key; null stays "use the default". */
+static void patch_config(const char *from, const char *to)
+{
+    size_t len = 0;
+    char *raw = read_file("config.json", &len), txt[4096], out[4096];
+    cr_assert(len < sizeof txt);
+    memcpy(txt, raw, len); /* read_file's bytes are not a C string */
+    txt[len] = '\0';
+    free(raw);
+    char *at = strstr(txt, from);
+    cr_assert(at && len + strlen(to) < sizeof out, "config.json lacks %s", from);
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - txt), txt, to, at + strlen(from));
+    write_file("config.json", out, strlen(out));
+}
+
+Test(engine_load, config_values_of_the_wrong_type_are_refused)
+{
+    seed();
+    make_dir();
+    static const struct {
+        const char *from, *to, *named;
+        oscar_status want;
+    } cases[] = {
+        {"\"rope_theta\":10000.0", "\"rope_theta\":\"500000.0\"", "rope_theta is a string", OSCAR_ERR_CORRUPT_FILE},
+        {"\"rope_theta\":10000.0", "\"rope_theta\":-1", "rope_theta", OSCAR_ERR_CORRUPT_FILE},
+        {"\"rope_theta\":10000.0", "\"rope_parameters\":{\"rope_theta\":[1]}", "rope_parameters.rope_theta",
+         OSCAR_ERR_CORRUPT_FILE},
+        {"\"rms_norm_eps\":1e-6", "\"rms_norm_eps\":\"1e-5\"", "rms_norm_eps is a string", OSCAR_ERR_CORRUPT_FILE},
+        {"\"num_key_value_heads\":3", "\"num_key_value_heads\":0", "num_key_value_heads is 0", OSCAR_ERR_CORRUPT_FILE},
+        {"\"num_key_value_heads\":3", "\"num_key_value_heads\":\"3\"", "num_key_value_heads is a string",
+         OSCAR_ERR_CORRUPT_FILE},
+        {"\"head_dim\":8", "\"head_dim\":8.0", "head_dim is a real number", OSCAR_ERR_CORRUPT_FILE},
+        {"\"head_dim\":8", "\"head_dim\":8,\"max_position_embeddings\":-4096", "max_position_embeddings is -4096",
+         OSCAR_ERR_CORRUPT_FILE},
+        {"\"tie_word_embeddings\":false", "\"tie_word_embeddings\":\"false\"", "tie_word_embeddings is a string",
+         OSCAR_ERR_CORRUPT_FILE},
+        {"\"head_dim\":8", "\"head_dim\":8,\"attention_bias\":1", "attention_bias is a number", OSCAR_ERR_CORRUPT_FILE},
+        {"\"head_dim\":8", "\"head_dim\":8,\"partial_rotary_factor\":0.5", "partial_rotary_factor 0.5",
+         OSCAR_ERR_UNSUPPORTED},
+        {"\"rope_theta\":10000.0", "\"rope_parameters\":{\"rope_type\":\"default\",\"partial_rotary_factor\":0.25}",
+         "rope_parameters.partial_rotary_factor 0.25", OSCAR_ERR_UNSUPPORTED},
+        {"\"rope_theta\":10000.0", "\"rope_parameters\":{\"full_attention\":{\"rope_theta\":1e6}}",
+         "per layer type", OSCAR_ERR_UNSUPPORTED},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        write_model(&k_llama, NULL);
+        patch_config(cases[i].from, cases[i].to);
+        oe_model *m = (oe_model *)(uintptr_t)1;
+        oscar_status s = oe_model_load(g_dir, &m);
+        cr_expect_eq(s, cases[i].want, "%s: status %d (%s)", cases[i].to, (int)s, oe_last_error());
+        cr_expect_null(m, "%s: a model came back", cases[i].to);
+        cr_expect(strstr(oe_last_error(), cases[i].named), "%s: the message should say '%s': %s", cases[i].to,
+                  cases[i].named, oe_last_error());
+        if (s == OSCAR_OK) oe_model_free(m);
+    }
+    /* null and a factor of 1 are the defaults: the model loads, with rope_parameters' theta. */
+    write_model(&k_llama, NULL);
+    patch_config("\"rope_theta\":10000.0", "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":"
+                 "500000.0,\"partial_rotary_factor\":1.0},\"max_position_embeddings\":null");
+    oe_model *m = NULL;
+    cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(oe_model_config(m)->rope_theta, 500000.0);
+    cr_expect_eq(oe_model_config(m)->max_position, 0);
+    oe_model_free(m);
     remove_dir();
 }
 
