@@ -292,6 +292,25 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
 
+    /* The accumulators (up to four d x d per layer and KV head, written in full) and the hold-out
+     * reservoir are sized by the shape alone: one that cannot fit in this machine's memory is
+     * refused here, naming its size. Asked of malloc, 1024 layers x 4096 KV heads x d 256 (2 TiB)
+     * was out of memory at best and an abort under ASan. */
+    {
+        const double dd = (double)o->head_dim * (double)o->head_dim;
+        const double res = (double)o->num_layers * (double)o->holdout_rows *
+                           (2.0 * (double)o->head_dim * sizeof(float) + sizeof(float) + sizeof(int32_t));
+        const double need = 4.0 * (double)o->num_layers * (double)o->num_kv_heads * dd * sizeof(double) + res;
+        const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        const double have = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0.0;
+        if (have > 0.0 && need > have)
+            return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY,
+                                   "calibration state for %d layers, %d KV heads, head_dim %d and %d hold-out rows "
+                                   "needs %.3g GiB, more than this machine's %.3g GiB of memory: run it on a "
+                                   "machine with more memory, or lower holdout_rows (its reservoir takes %.3g GiB)",
+                                   o->num_layers, o->num_kv_heads, o->head_dim, o->holdout_rows,
+                                   need / 1073741824.0, have / 1073741824.0, res / 1073741824.0);
+    }
     oscar_calib *c = calloc(1, sizeof *c);
     if (!c) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory creating the calibration");
     c->o = *o;

@@ -536,6 +536,27 @@ Test(calib, bad_options) {
     oscar_calib_destroy(c);
 }
 
+/* A shape within the per-field bounds whose state no machine here holds (1024 layers x 4096 KV
+ * heads x d 256: 2 TiB of accumulators): refused before allocating, naming the size and the fix.
+ * malloc was asked for it: out of memory at best, an abort under ASan. */
+Test(calib, shape_too_large_for_memory_is_refused_first) {
+    oscar_calib_options o;
+    oscar_calib *c = (oscar_calib *)1;
+    oscar_calib_options_default(&o, 1024, 4096, 4096, 256);
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_OUT_OF_MEMORY, "%s", oscar_last_error());
+    cr_assert_null(c);
+    cr_expect(strstr(oscar_last_error(), "GiB") && strstr(oscar_last_error(), "holdout_rows"), "%s",
+              oscar_last_error());
+    oscar_calib_options_default(&o, 1, 1, 1, 32); /* the reservoir alone: 1024 layers x 2^20 rows x d 256 */
+    o.num_layers = 1024;
+    o.num_q_heads = o.num_kv_heads = 1;
+    o.head_dim = 256;
+    o.group = 128;
+    o.holdout_rows = 1 << 20;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_ERR_OUT_OF_MEMORY, "%s", oscar_last_error());
+    cr_assert_null(c);
+}
+
 /* Reservoir: bounded, deterministic for the same feed order. */
 Test(calib, holdout_deterministic) {
     const int d = 64, n = 900;
