@@ -54,9 +54,9 @@ oscar_status oscar_fakequant(const oscar_params *p, oscar_method m, int layer, o
     if (group == 0) group = head_dim;
     if (!oscar_group_supported(group, head_dim))
         return oscar_set_error(OSCAR_ERR_UNSUPPORTED_GROUP,
-                               "oscar_fakequant: group %d unsupported for head_dim %d; use 32, 64 or 128 dividing "
-                               "head_dim (0 = head_dim)",
-                               group, head_dim);
+                               "oscar_fakequant: group %d unsupported for head_dim %d; use " OSCAR_GROUP_RULE
+                               " (0 = head_dim; the default is %d)",
+                               group, head_dim, oscar_group_default(head_dim));
     if (n_tokens <= 0)
         return oscar_set_error(OSCAR_ERR_EMPTY, "oscar_fakequant: n_tokens is %d; pass at least one token", n_tokens);
     if (num_kv_heads <= 0)

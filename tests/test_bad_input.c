@@ -1418,6 +1418,17 @@ Test(bad_input, layout_head_counts_name_the_field_and_the_fix) {
 /* oscar_fakequant's element count n_tokens x num_kv_heads x head_dim wrapped
  * size_t: 2^30 x 2^30 x 64 is 2^66, i.e. 0, and the call returned OSCAR_OK
  * having done nothing (other products read far past the rows). */
+/* The group rule of the message is the format's: "use 32, 64 or 128 dividing head_dim" named no
+ * valid group at head_dim 80 (whose only group is 80) and hid 48 at head_dim 96. */
+Test(bad_input, fakequant_group_message_names_the_rule) {
+    float rows[80] = {0};
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 40, 1, 1, 80, rows), OSCAR_ERR_UNSUPPORTED_GROUP);
+    cr_expect(strstr(oscar_last_error(), "multiple of 16") && strstr(oscar_last_error(), "default is 80"), "%s",
+              oscar_last_error());
+    cr_assert_eq(oscar_fakequant(NULL, OSCAR_METHOD_INT2, 0, OSCAR_K, 80, 1, 1, 80, rows), OSCAR_OK, "%s",
+                 oscar_last_error());
+}
+
 Test(bad_input, fakequant_count_overflow_refused) {
     float rows[64] = {0};
     static const int cases[][2] = {{1 << 30, 1 << 30}, {INT32_MAX, INT32_MAX}, {1 << 30, 1 << 26}};
