@@ -272,6 +272,35 @@ Test(tools_bad_input, ppl_arguments_are_parsed_strictly, .timeout = 200) {
     }
 }
 
+/* oscar-engine-bench read its counts with atoi: "12abc" ran as 12, and --context 2^30 sized the logits
+ * (a 32 TiB malloc: an abort under ASan) before anything checked it. Contexts past the model's positions
+ * ran (slowly, on positions it never saw) and a token file shorter than one window printed a rate of 0
+ * tokens. Each is bad input (2) with a message naming the option. */
+Test(tools_bad_input, engine_bench_arguments_are_checked_first, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/short.tokens", dir);
+    const uint32_t ids[16] = {1, 2, 3};
+    spit(tok, ids, sizeof ids);
+    const struct {
+        const char *args, *named;
+        int long_file;
+    } bad[] = {
+        {"--context 1073741824", "--context", 1}, {"--context 12abc --windows 1", "--context", 1},
+        {"--windows 0", "--windows", 1},          {"--context 8192 --windows 1", "max_position_embeddings", 1},
+        {"--context 64 --windows 1", "fewer than one window", 0},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-engine-bench %s --tokens %s %s", g_model,
+                     bad[i].long_file ? g_tokens : tok, bad[i].args);
+        cr_expect_eq(rc, 2, "oscar-engine-bench %s: exit %d: %s", bad[i].args, rc, out);
+        cr_expect(strstr(out, bad[i].named), "oscar-engine-bench %s: the message should name %s: %s", bad[i].args,
+                  bad[i].named, out);
+    }
+    rmrf(dir);
+}
+
 Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64];

@@ -27,11 +27,18 @@ int main(int argc, char **argv)
     tool_watch_stdout("oscar-engine-bench");
     const char *dir = NULL, *tok_path = NULL;
     int windows = 4, ctx = 2048;
+    int64_t v;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tok_path = argv[++i];
-        else if (!strcmp(argv[i], "--windows") && i + 1 < argc) windows = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--context") && i + 1 < argc) ctx = atoi(argv[++i]);
-        else if (argv[i][0] != '-' && !dir) dir = argv[i];
+        /* Strict, as the other tools: atoi ran "12abc" as 12 and sized the logits by an
+         * unchecked context (2^30: a 32 TiB malloc, an abort under ASan). */
+        else if (!strcmp(argv[i], "--windows") && i + 1 < argc) {
+            if (!tool_parse_int("oscar-engine-bench", "--windows", argv[++i], 1, 1 << 20, &v)) return 2;
+            windows = (int)v;
+        } else if (!strcmp(argv[i], "--context") && i + 1 < argc) {
+            if (!tool_parse_int("oscar-engine-bench", "--context", argv[++i], 1, 1 << 20, &v)) return 2;
+            ctx = (int)v;
+        } else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else {
             fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
             return 2;
@@ -51,11 +58,30 @@ int main(int argc, char **argv)
         oe_model_free(m);
         return s == OSCAR_ERR_OUT_OF_MEMORY ? 1 : 2;
     }
+    const oe_config *cf = oe_model_config(m);
+    if (cf->max_position > 0 && ctx > cf->max_position) {
+        fprintf(stderr, "oscar-engine-bench: --context %d exceeds the model's max_position_embeddings %d; use at "
+                "most %d\n", ctx, cf->max_position, cf->max_position);
+        free(tok);
+        oe_model_free(m);
+        return 2;
+    }
+    if (n < ctx) { /* no window: the tool printed a rate of 0 tokens over 0 s */
+        fprintf(stderr, "oscar-engine-bench: %s holds %lld tokens, fewer than one window of --context %d; give a "
+                "longer token file or a shorter context\n", tok_path, (long long)n, ctx);
+        free(tok);
+        oe_model_free(m);
+        return 2;
+    }
     if ((int64_t)windows * ctx > n) windows = (int)(n / ctx);
     oe_ctx *c = NULL;
     float *logits = malloc((size_t)ctx * oe_model_config(m)->vocab * sizeof(float));
     if (!logits || oe_ctx_create(m, ctx, &c) != OSCAR_OK) {
-        fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+        if (!logits) /* not the engine's: its last message would be stale */
+            fprintf(stderr, "oscar-engine-bench: out of memory for %d x %d logits; use a shorter --context\n", ctx,
+                    oe_model_config(m)->vocab);
+        else
+            fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
         return 1;
     }
     for (int mode = 0; mode < 2; mode++) {
