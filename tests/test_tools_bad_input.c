@@ -301,6 +301,35 @@ Test(tools_bad_input, engine_bench_arguments_are_checked_first, .timeout = 200) 
     rmrf(dir);
 }
 
+/* oscar-copy-probe: a context past the model's positions ran for minutes on positions it never saw,
+ * --sink past --context printed copies of a negative length, and every exit leaked the model, the
+ * parameters and the window buffers: under LeakSanitizer bad input exited 1, not 2, and a good run 1,
+ * not 0. */
+Test(tools_bad_input, copy_probe_arguments_are_checked_first, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    const char *params = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors"; /* the shipped file */
+    const struct {
+        const char *args, *named;
+    } bad[] = {
+        {"--context 8192", "max_position_embeddings"},
+        {"--context 600 --sink 700", "--sink"},
+        {"--context 1073741824", "2^20"},
+        {"--context 600 --offset 1073741824 --trials 1", "--offset"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-copy-probe %s --tokens %s --params %s %s", g_model, g_tokens,
+                     params, bad[i].args);
+        cr_expect_eq(rc, 2, "oscar-copy-probe %s: exit %d: %s", bad[i].args, rc, out);
+        cr_expect(strstr(out, bad[i].named), "oscar-copy-probe %s: the message should name %s: %s", bad[i].args,
+                  bad[i].named, out);
+    }
+    int rc = run(out, sizeof out, 240, BIN "/oscar-copy-probe %s --tokens %s --params %s --context 400 --sink 16 "
+                 "--recent 64 --trials 1 2>/dev/null", g_model, g_tokens, params);
+    cr_expect_eq(rc, 0, "a good run: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "copy probe:"), "a good run printed no table: %s", out);
+}
+
 Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64];

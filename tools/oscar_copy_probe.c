@@ -78,8 +78,8 @@ int main(int argc, char **argv) {
             char *end;
             errno = 0;
             *iv = strtol(argv[++i], &end, 10);
-            if (errno || *end || *iv < 0 || *iv > (1L << 30)) {
-                fprintf(stderr, "oscar-copy-probe: %s wants a non-negative integer\n", a);
+            if (errno || *end || end == argv[i] || *iv < 0 || *iv > (1L << 30)) {
+                fprintf(stderr, "oscar-copy-probe: %s wants an integer in [0, 2^30], got '%s'\n", a, argv[i]);
                 return 2;
             }
         } else if (!strcmp(a, "--tokens") && has) tok_path = argv[++i];
@@ -99,65 +99,93 @@ int main(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    /* The window is one forward of the engine (at most 2^20 tokens), and the sink must leave room
+     * for the two copies: --sink 2^30 printed copies of -536870612 tokens. */
+    if (ctx < 1 || ctx > (1L << 20) || sink >= ctx) {
+        fprintf(stderr, "oscar-copy-probe: --context %ld must be in [1, 2^20] and above --sink %ld\n", ctx, sink);
+        return 2;
+    }
     const long R = (ctx - sink) / 2;
     if (trials < 1 || R <= recent + 1) {
         fprintf(stderr, "oscar-copy-probe: need trials >= 1 and copies (%ld) longer than the recent window %ld\n", R,
                 recent);
         return 2;
     }
+    /* Every exit after this point frees what it took (bad input too: under LeakSanitizer a leak
+     * turned exit 2 into 1, and a whole run's buffers made a good run exit 1). */
+    int rc = 2;
     oe_model *m = NULL;
+    oscar_params *P[2] = {NULL, NULL};
+    uint32_t *tok = NULL, *tw = NULL;
+    cap c = {0};
+    float *kq[2] = {NULL, NULL}, *vq[2] = {NULL, NULL}, *Kh[3] = {NULL, NULL, NULL}, *Vh[3] = {NULL, NULL, NULL};
+    float *Qh = NULL, *S = NULL, *W = NULL, *O = NULL, *Oq = NULL, *Se = NULL, *Wm = NULL, *Vd = NULL;
+    acc *A = NULL;
+    oe_ctx *ctxe = NULL;
     if (oe_model_load(model_dir, &m)) {
         fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
-        return 2;
+        goto out;
     }
     const oe_config *cf = oe_model_config(m);
     const int L = cf->num_layers, hq = cf->num_q_heads, hkv = cf->num_kv_heads, d = cf->head_dim, g = hq / hkv;
-    oscar_params *P[2] = {NULL, NULL};
+    if (cf->max_position > 0 && ctx > cf->max_position) { /* as oscar-eval's --context: ran on unseen positions */
+        fprintf(stderr, "oscar-copy-probe: --context %ld exceeds the model's max_position_embeddings %d; use at most "
+                "%d\n", ctx, cf->max_position, cf->max_position);
+        goto out;
+    }
     for (int r = 0; r < 2; r++)
         if (oscar_params_load(params_path, &P[r]) || oscar_params_check_shape(P[r], L, hq, hkv, d, NULL)) {
             fprintf(stderr, "oscar-copy-probe: --params %s: %s\n", params_path, oscar_last_error());
-            return 2;
+            goto out;
         }
     for (int l = 0; l < L; l++) {
         oscar_params_set_clip(P[1], l, OSCAR_K, 1.0f);
         oscar_params_set_clip(P[1], l, OSCAR_V, 1.0f);
     }
-    uint32_t *tok = NULL;
     int64_t ntok = 0;
     if (oe_tokens_load(tok_path, cf->vocab, &tok, &ntok)) {
         fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
-        return 2;
+        goto out;
     }
     const long span = sink + R, n = sink + 2 * R;
     if (offset + trials * span > ntok) {
-        fprintf(stderr, "oscar-copy-probe: %s has %lld tokens, the trials need %ld from %ld\n", tok_path,
-                (long long)ntok, trials * span, offset);
-        return 2;
+        fprintf(stderr, "oscar-copy-probe: %s has %lld tokens, the trials need %ld from %ld; lower --trials or "
+                "--offset, or give a longer token file\n", tok_path, (long long)ntok, trials * span, offset);
+        goto out;
     }
-    cap c = {.L = L, .hq = hq, .hkv = hkv, .d = d, .n = (int)n};
+    rc = 1; /* from here on a failure is the tool's, not the input's */
+    c = (cap){.L = L, .hq = hq, .hkv = hkv, .d = d, .n = (int)n};
     size_t nq = (size_t)n * hq * d, nk = (size_t)n * hkv * d;
     c.q = malloc((size_t)L * nq * sizeof(float));
     c.k = malloc((size_t)L * nk * sizeof(float));
     c.v = malloc((size_t)L * nk * sizeof(float));
-    float *kq[2], *vq[2];
     for (int r = 0; r < 2; r++) {
         kq[r] = malloc(nk * sizeof(float));
         vq[r] = malloc(nk * sizeof(float));
     }
-    float *Kh[3], *Vh[3], *Qh = malloc((size_t)R * d * sizeof(float)), *S = malloc((size_t)R * n * sizeof(float));
+    Qh = malloc((size_t)R * d * sizeof(float));
+    S = malloc((size_t)R * n * sizeof(float));
     for (int r = 0; r < 3; r++) {
         Kh[r] = malloc((size_t)n * d * sizeof(float));
         Vh[r] = malloc((size_t)n * d * sizeof(float));
     }
-    float *W = malloc((size_t)R * n * sizeof(float)), *O = malloc((size_t)R * d * sizeof(float)),
-          *Oq = malloc((size_t)R * d * sizeof(float)), *Se = malloc((size_t)R * n * sizeof(float)),
-          *Wm = malloc((size_t)R * n * sizeof(float)), *Vd = malloc((size_t)n * d * sizeof(float));
-    uint32_t *tw = malloc((size_t)n * sizeof *tw);
-    acc *A = calloc((size_t)L * hq, sizeof *A);
-    oe_ctx *ctxe = NULL;
-    if (!c.q || !c.k || !c.v || !Qh || !S || !W || !O || !Oq || !Se || !Wm || !Vd || !tw || !A || oe_ctx_create(m, (int)n, &ctxe)) {
-        fprintf(stderr, "oscar-copy-probe: out of memory\n");
-        return 1;
+    W = malloc((size_t)R * n * sizeof(float));
+    O = malloc((size_t)R * d * sizeof(float));
+    Oq = malloc((size_t)R * d * sizeof(float));
+    Se = malloc((size_t)R * n * sizeof(float));
+    Wm = malloc((size_t)R * n * sizeof(float));
+    Vd = malloc((size_t)n * d * sizeof(float));
+    tw = malloc((size_t)n * sizeof *tw);
+    A = calloc((size_t)L * hq, sizeof *A);
+    int bufs_ok = c.q && c.k && c.v && Qh && S && W && O && Oq && Se && Wm && Vd && tw && A;
+    for (int r = 0; r < 3; r++) bufs_ok = bufs_ok && Kh[r] && Vh[r] && (r == 2 || (kq[r] && vq[r]));
+    if (!bufs_ok) {
+        fprintf(stderr, "oscar-copy-probe: out of memory for windows of %ld tokens; use a shorter --context\n", n);
+        goto out;
+    }
+    if (oe_ctx_create(m, (int)n, &ctxe)) {
+        fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
+        goto out;
     }
     oe_forward_options fo;
     oe_forward_options_default(&fo);
@@ -173,7 +201,7 @@ int main(int argc, char **argv) {
         for (long i = 0; i < R; i++) tw[span + i] = src[sink + i];
         if (oe_forward(ctxe, tw, (int)n, &fo, NULL)) {
             fprintf(stderr, "oscar-copy-probe: forward: %s\n", oe_last_error());
-            return 1;
+            goto out;
         }
         for (int l = 0; l < L; l++) {
             const float *K = c.k + (size_t)l * nk, *V = c.v + (size_t)l * nk;
@@ -183,7 +211,7 @@ int main(int argc, char **argv) {
                 if (oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_K, 0, (int)n, hkv, d, kq[r]) ||
                     oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_V, 0, (int)n, hkv, d, vq[r])) {
                     fprintf(stderr, "oscar-copy-probe: %s\n", oscar_last_error());
-                    return 1;
+                    goto out;
                 }
             }
             for (int j = 0; j < hq; j++) {
@@ -283,7 +311,17 @@ int main(int argc, char **argv) {
                sum.top1[1] / sum.n, sum.top1[2] / sum.n, sum.kerr[0] / sum.vden, sum.kerr[1] / sum.vden,
                sum.verr[0] / sum.vden, sum.verr[1] / sum.vden);
     }
+    rc = 0;
+out:
     oe_ctx_free(ctxe);
+    free(A);
+    free(tw);
+    float *fl[] = {c.q, c.k, c.v, kq[0], kq[1], vq[0], vq[1], Kh[0], Kh[1], Kh[2], Vh[0], Vh[1], Vh[2],
+                   Qh, S, W, O, Oq, Se, Wm, Vd};
+    for (size_t i = 0; i < sizeof fl / sizeof fl[0]; i++) free(fl[i]);
+    free(tok);
+    oscar_params_destroy(P[0]);
+    oscar_params_destroy(P[1]);
     oe_model_free(m);
-    return 0;
+    return rc;
 }
