@@ -545,6 +545,28 @@ static void buffer_copy_case(const char *backend) {
 Test(bad_input, buffer_copies_past_the_end_cpu) { buffer_copy_case("cpu"); }
 Test(bad_input, buffer_copies_past_the_end_opencl, .timeout = 120) { buffer_copy_case("opencl"); }
 
+/* Host memory past the machine's on the CPU backend (1 TiB, 2^50 bytes, SIZE_MAX - 1): refused,
+ * naming the size and the fix. aligned_alloc was asked: NULL at best, an abort under ASan. */
+Test(bad_input, cpu_alloc_past_the_machines_memory_names_it) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    oscar_runtime *rt;
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    const size_t sizes[] = {(size_t)1 << 40, (size_t)1 << 50, SIZE_MAX - 1};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        void *b = (void *)1;
+        cr_expect_eq(oscar_buffer_alloc(rt, sizes[i], &b), OSCAR_ERR_OUT_OF_MEMORY, "%zu bytes: %s", sizes[i],
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "GiB") && strstr(oscar_last_error(), "allocate less"), "%s",
+                  oscar_last_error());
+    }
+    void *b = NULL;
+    cr_expect_eq(oscar_buffer_alloc(rt, 4096, &b), OSCAR_OK, "%s", oscar_last_error());
+    oscar_buffer_free(rt, b);
+    oscar_runtime_destroy(rt);
+}
+
 /* ----------------------------------------------------------------- extend */
 #define TQ 7 /* query tokens of the extend cases: 3 for sequence 0, 4 for sequence 1 */
 

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h> /* sysconf: the machine's memory, for cpu_alloc */
 
 #include "oscar_internal.h" /* oscar_check_batch_arrays */
 #include "oscar_ref.h"
@@ -50,10 +51,19 @@ static oscar_status cpu_alloc(void *ctx, size_t bytes, void **buf, oscar_errbuf 
     (void)ctx;
     if (!buf) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "cpu alloc: buf is NULL");
     size_t n = bytes ? (bytes + CPU_ALIGN - 1) / CPU_ALIGN * CPU_ALIGN : CPU_ALIGN;
-    if (n < bytes) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu alloc: %zu bytes overflows", bytes);
+    /* Host memory is the machine's: a request past it is refused naming both sizes (malloc was asked:
+     * NULL at best, an abort under ASan for 1 TiB and more). */
+    const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    const double have = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0.0;
+    if (n < bytes || (have > 0.0 && (double)n > have))
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY,
+                                "cpu alloc: %zu bytes (%.3g GiB) is more than this machine's %.3g GiB of memory; "
+                                "allocate less (fewer pages or sequences, a shorter max_seq_len)",
+                                bytes, (double)bytes / 1073741824.0, have / 1073741824.0);
     *buf = aligned_alloc(CPU_ALIGN, n);
     if (!*buf)
-        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu alloc: cannot allocate %zu bytes of host memory",
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY,
+                                "cpu alloc: cannot allocate %zu bytes of host memory; allocate less or free some",
                                 bytes);
     return OSCAR_OK;
 }
