@@ -291,6 +291,15 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
                                o->threads);
     if (o->model_hash && strlen(o->model_hash) > 64)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "model_hash is longer than 64 characters: shorten it");
+    /* The parameter file takes printable ASCII only (its loader refuses anything else, so that a
+     * hostile file's escapes stay out of terminals): a hash with other bytes made a file, after the
+     * whole calibration, that oscar_params_load then refused as corrupt. */
+    for (const char *h = o->model_hash; h && *h; h++)
+        if ((unsigned char)*h < 0x20 || (unsigned char)*h > 0x7e)
+            return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                   "model_hash has byte 0x%02x at %d, not printable ASCII: the parameter file stores "
+                                   "printable ASCII only; use e.g. a hex digest",
+                                   (unsigned)(unsigned char)*h, (int)(h - o->model_hash));
 
     /* The accumulators (up to four d x d per layer and KV head, written in full) and the hold-out
      * reservoir are sized by the shape alone: one that cannot fit in this machine's memory is

@@ -557,6 +557,25 @@ Test(calib, shape_too_large_for_memory_is_refused_first) {
     cr_assert_null(c);
 }
 
+/* A model hash the parameter file cannot hold (control or non-ASCII bytes) is refused at create:
+ * it was kept, saved, and the file then refused by oscar_params_load, after the whole calibration. */
+Test(calib, model_hash_must_be_printable_ascii) {
+    oscar_calib_options o;
+    oscar_calib *c = (oscar_calib *)1;
+    const char *bad[] = {"caf\xc3\xa9", "a\x1b[31mb", "tab\there"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        oscar_calib_options_default(&o, 1, 2, 1, 32);
+        o.model_hash = bad[i];
+        cr_expect_eq(oscar_calib_create(&o, &c), OSCAR_ERR_INVALID_ARGUMENT, "%s", oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "printable ASCII"), "%s", oscar_last_error());
+        if (c != (oscar_calib *)1) oscar_calib_destroy(c), c = (oscar_calib *)1;
+    }
+    oscar_calib_options_default(&o, 1, 2, 1, 32);
+    o.model_hash = "arch=qwen3;layers=8 ~!@#$%^&*()";
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
+    oscar_calib_destroy(c);
+}
+
 /* Reservoir: bounded, deterministic for the same feed order. */
 Test(calib, holdout_deterministic) {
     const int d = 64, n = 900;
