@@ -227,7 +227,9 @@ class OscarCache(Cache):
         if params is None and method != "bf16":
             params = Params.builtin(method, self.num_layers, hq, hkv, d)
         if params is not None:
-            params.check_shape(self.num_layers, hq, hkv, d)
+            # With the model's fingerprint, as oscar-eval checks: another model's parameters of the same
+            # shape (its rotations and clips) were taken without a word. Files without a hash pass.
+            params.check_shape(self.num_layers, hq, hkv, d, model_fingerprint(model))
             method = params.info.method
         self.params, self.method, self.prefill, self.backend = params, method, prefill, backend
         self.max_seq_len = int(max_seq_len or getattr(cfg, "max_position_embeddings", 0) or 4096)

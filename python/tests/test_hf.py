@@ -234,6 +234,20 @@ def test_errors(model, tokens):
     assert torch.equal(a, b)
 
 
+def test_another_models_parameters_are_refused(model, tmp_path):
+    """Parameters of the same shape calibrated for another model (another fingerprint) are refused by
+    name, as oscar-eval refuses them; they were taken without a word. A file without a hash passes."""
+    raw = PARAMS.read_bytes()
+    mine = hf.model_fingerprint(model)
+    assert mine.encode() in raw  # the shipped file names this model
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(raw.replace(mine.encode(), b"0123456789abcdef"))
+    with pytest.raises(liboscar.OscarError, match="model hash"):
+        hf.OscarCache(model, str(other))
+    hf.OscarCache(model, str(PARAMS))
+    hf.OscarCache(model, liboscar.Params.builtin("oscar2", 8, 8, 2, 128))
+
+
 def test_readme_transformers_example(model, monkeypatch):
     """README.md's transformers example runs as written from the repository root."""
     import contextlib
