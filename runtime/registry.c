@@ -174,6 +174,13 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
                                           "oscar_runtime_options_default");
     if (vs != OSCAR_OK) return vs;
     o = &opt;
+    /* Cut to PATH_MAX, a longer plugin_dir named another folder (its prefix), and plugins were
+     * loaded from there. */
+    if (o->plugin_dir && strnlen(o->plugin_dir, PATH_MAX) >= PATH_MAX)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_runtime_create: plugin_dir is %d bytes or longer (PATH_MAX): no folder has such "
+                               "a path; pass the plugins' folder (shorter, e.g. through a symlink) or NULL",
+                               PATH_MAX);
     /* A safety switch: a value it does not take must not leave validation off without a word. */
     const char *venv = getenv("OSCAR_VALIDATE");
     if (venv && venv[0] && strcmp(venv, "0") != 0 && strcmp(venv, "1") != 0)

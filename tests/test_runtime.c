@@ -1,6 +1,7 @@
 /* Runtime: status strings, method names, layout validation and sizes, backend
  * discovery and its report, plans, argument checks and thread-local errors. */
 #include <criterion/criterion.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -189,6 +190,26 @@ Test(registry, broken_plugins_are_skipped_with_reason) {
     cr_assert(strstr(rep, "plugin ABI 999"), "ABI mismatch not reported:\n%s", rep);
     cr_assert(strstr(rep, "fake device is unplugged"), "probe reason not reported:\n%s", rep);
     oscar_runtime_destroy(rt);
+}
+
+/* A plugin_dir of PATH_MAX bytes or more was cut to its first PATH_MAX - 1: here the fake plugins'
+ * folder followed by slashes, so plugins were loaded from a folder the caller never named. */
+Test(registry, over_long_plugin_dir_is_refused) {
+    size_t n = strlen(OSCAR_FAKE_PLUGIN_DIR);
+    char *dir = malloc(n + PATH_MAX + 16);
+    cr_assert(dir);
+    memcpy(dir, OSCAR_FAKE_PLUGIN_DIR, n);
+    memset(dir + n, '/', PATH_MAX);
+    memcpy(dir + n + PATH_MAX, "absent", 7);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.plugin_dir = dir;
+    oscar_runtime *rt = NULL;
+    oscar_status s = oscar_runtime_create(&o, &rt);
+    cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "status %d, report:\n%s", (int)s, rt ? oscar_runtime_report(rt) : "");
+    cr_expect(strstr(oscar_last_error(), "plugin_dir"), "%s", oscar_last_error());
+    oscar_runtime_destroy(rt);
+    free(dir);
 }
 
 Test(registry, requested_but_absent_backend) {
