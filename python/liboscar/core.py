@@ -1028,8 +1028,15 @@ class PagedCache:
         return (out, lse_buf) if lse else out
 
     def check(self, stream: Optional[int] = None) -> None:
-        """Raises the errors GPU kernels flagged (bad rows, indices) since the last check."""
-        self.plan.check(self.workspace, stream)
+        """Raises the errors GPU kernels flagged (bad rows, indices) since the last check, in append
+        and decode (the cache's workspace) and in extend (its own, larger one: a NaN query there was
+        flagged in a word nobody read, its output rows zeros)."""
+        ext = getattr(self, "_ext_ws", None)
+        try:
+            self.plan.check(self.workspace, stream)
+        finally:  # both words are read and cleared, whichever raises
+            if ext is not None:
+                self.plan.check(ext, stream)
 
 
 # ------------------------------------------------------------ calibration

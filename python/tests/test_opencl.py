@@ -85,6 +85,21 @@ def test_paged_cache_extend_on_opencl_matches_cpu(cpu, rng, method):
     assert np.isfinite(lses[0]).all()
 
 
+def test_extend_device_errors_reach_check(rng):
+    """A NaN query in an extend is flagged by the device in the extend's own workspace: check() read
+    only the cache's, so the error was never raised and the query's output rows were zeros."""
+    c = liboscar.Plan(_ocl, layout("int2")).cache(1, len(LENS), 300)
+    c.append(0, rows(rng, sum(LENS), HKV), rows(rng, sum(LENS), HKV), new_tokens=LENS)
+    q = liboscar.from_bf16(rows(rng, 4, HQ))
+    q[1, 3, 7] = np.nan
+    c.extend(0, liboscar.to_bf16(q), [2, 2])
+    with pytest.raises(liboscar.OscarError, match="NaN"):
+        c.check()
+    c.check()  # read and cleared: the next check is clean
+    c.extend(0, rows(rng, 4, HQ), [2, 2])
+    c.check()
+
+
 class Caller:
     """The caller's own OpenCL context, two in-order queues and buffers."""
 
