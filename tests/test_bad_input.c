@@ -219,6 +219,8 @@ static void nan_q_method(const char *backend, oscar_method m) {
     uint16_t nan16 = r.l.kv_dtype == OSCAR_DTYPE_BF16 ? 0x7fc0u : 0x7e00u;
     cr_assert_eq(oscar_buffer_write(r.rt, r.q, 2 * (64 + 3), &nan16, 2, NULL), OSCAR_OK);
     cr_expect_eq(rig_decode(&r), OSCAR_ERR_NONFINITE, "%s method %d: NaN in q not refused", backend, (int)m);
+    /* the message names the query (GPU kernels' flag said "a K/V row") */
+    cr_expect(strstr(oscar_last_error(), "query"), "%s method %d: %s", backend, (int)m, oscar_last_error());
     rig_close(&r);
 }
 static void nan_q_case(const char *backend) {

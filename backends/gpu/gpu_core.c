@@ -535,12 +535,14 @@ oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, os
     oscar_status s = (w & OSCAR_DEVERR_BLOCK_TABLE) ? OSCAR_ERR_BLOCK_TABLE
                      : (w & OSCAR_DEVERR_NONFINITE) ? OSCAR_ERR_NONFINITE
                                                     : OSCAR_ERR_TOO_LONG;
+    /* The NaN/Inf flag is raised for K/V rows (append) and for queries (decode, extend): a message
+     * naming K/V alone sent the caller looking at the wrong tensor. */
     return oscar_errbuf_set(err, s,
-                            "%s device kernels reported:%s%s%s; the offending rows were skipped (page/slot out of "
-                            "range or length invalid) or stored as zeros (NaN/Inf); fix the block table, window "
-                            "slots, seq_lens/cu_new or the activations",
+                            "%s device kernels reported:%s%s%s; rows with a page, slot or length out of range were "
+                            "skipped, non-finite K/V rows stored as zeros, and the outputs of non-finite queries are "
+                            "not valid; fix the block table, window slots, seq_lens/cu_new or the activations",
                             nm, (w & OSCAR_DEVERR_BLOCK_TABLE) ? " block table entry or window slot out of range" : "",
-                            (w & OSCAR_DEVERR_NONFINITE) ? " NaN/Inf in a K/V row" : "",
+                            (w & OSCAR_DEVERR_NONFINITE) ? " NaN/Inf in a K/V row or a query (q)" : "",
                             (w & OSCAR_DEVERR_LENGTH) ? " seq_len or new-token count out of range" : "");
 }
 
