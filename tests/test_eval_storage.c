@@ -4,9 +4,12 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "oscar_eval.h" /* --tasks vocabulary */
 #include "oscar_eval_storage.h"
 
 enum { L = 8, HKV = 2, D = 128 };
@@ -476,4 +479,34 @@ Test(eval_storage, wider_codes_lower_the_error)
     cr_assert_eq(ev_fakequant_bits(p, 4, 1, OSCAR_K, 9, 128, HKV, D, 0, NT, y), -1);
     cr_assert_eq(ev_fakequant_bits(p, 4, 2, OSCAR_K, 3, 128, HKV, D, 0, NT, y), -1);
     oscar_params_destroy(p);
+}
+
+/* --tasks' key names come from the model's tokenizer.json: a tokenizer mapping two names to one id
+ * (or a name to a word of the fact) made facts that answer two queries, scored as distinct. Such a
+ * name is skipped; the others stay, each its own token. */
+Test(eval_tasks, key_names_are_distinct_tokens) {
+    char dir[] = "/tmp/oscar-tasks-XXXXXX", path[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    const char *G = "\xc4\xa0"; /* byte-level BPE word start */
+    fprintf(f, "{\"model\":{\"vocab\":{\"%sThe\":1,\"%scode\":2,\"%sof\":3,\".\":4", G, G, G);
+    for (int d = 0; d < 10; d++) fprintf(f, ",\"%s%d\":%d,\"%d\":%d", G, d, 10 + d, d, 20 + d);
+    /* server and kernel share id 30; driver is "code"'s id; the rest are their own */
+    fprintf(f, ",\"%sserver\":30,\"%skernel\":30,\"%sdriver\":2", G, G, G);
+    const char *rest[] = {"file", "package", "user", "module", "device", "system", "option", "process", "network"};
+    for (int i = 0; i < 9; i++) fprintf(f, ",\"%s%s\":%d", G, rest[i], 40 + i);
+    fprintf(f, "}}}");
+    cr_assert_eq(fclose(f), 0);
+    ev_task_vocab tv;
+    char err[512] = "";
+    cr_assert_eq(ev_task_vocab_load(dir, 100, &tv, err, sizeof err), 0, "%s", err);
+    cr_expect_eq(tv.nnames, 10, "names: %d (server once, kernel and driver skipped, 9 others)", tv.nnames);
+    for (int i = 0; i < tv.nnames; i++) {
+        cr_expect_neq(tv.names[i], tv.code, "name %d is the id of \"code\"", i);
+        for (int j = 0; j < i; j++) cr_expect_neq(tv.names[i], tv.names[j], "names %d and %d share id %d", j, i, tv.names[i]);
+    }
+    unlink(path);
+    rmdir(dir);
 }

@@ -84,7 +84,13 @@ int ev_task_vocab_load(const char *model_dir, int vocab, ev_task_vocab *tv, char
     }
     for (int i = 0; i < N_NAMES && tv->nnames < EV_TASK_MAX_NAMES; i++) {
         int id = vocab_id(buf, sp, k_names[i]);
-        if (id >= 0) tv->names[tv->nnames++] = id;
+        /* A key must be one token no other key or word of the fact shares: a tokenizer mapping two
+         * names (or a name and "code", a digit, ...) to one id made facts that answer two queries,
+         * scored as if they were distinct. */
+        int taken = id == tv->the || id == tv->code || id == tv->of || id == tv->period;
+        for (int dgt = 0; dgt < 10; dgt++) taken |= id == tv->digit[dgt] || id == tv->digit_sp[dgt];
+        for (int j = 0; j < tv->nnames; j++) taken |= id == tv->names[j];
+        if (id >= 0 && !taken) tv->names[tv->nnames++] = id;
     }
     free(buf);
     int ids_ok = ok;
