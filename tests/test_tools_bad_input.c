@@ -424,6 +424,25 @@ Test(tools_bad_input, calibrate_checks_the_output_folder_first, .timeout = 300) 
     cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
 }
 
+/* An output folder access() calls writable where no file can be created (/proc; any folder for
+ * root on a read-only bind): the tools ran the whole calibration or evaluation, then failed to
+ * create the temporary (exit 1). A temporary is now created and removed before the work. */
+Test(tools_bad_input, unwritable_output_folder_is_refused_first, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    struct stat sb;
+    if (stat("/proc/self", &sb) != 0) cr_skip_test("no /proc");
+    char out[16384];
+    int rc = run(out, sizeof out, 240, BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out /proc/p.safetensors",
+                 g_model, g_tokens);
+    cr_expect_eq(rc, 2, "oscar-calibrate --out /proc/...: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "cannot create"), "message: %s", out);
+    cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
+    rc = run(out, sizeof out, 240, BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 128 --sink 0 "
+             "--recent 16 --retrieval-trials 0 --out /proc/r.json", g_model, g_tokens);
+    cr_expect_eq(rc, 2, "oscar-eval --out /proc/...: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "cannot create"), "message: %s", out);
+}
+
 /* Outputs are written to a temporary beside the path and renamed over it: a
  * FIFO or a device there (a link to /dev/null here; /dev/null or /dev/stdout
  * themselves as root) was replaced by a regular file after the whole run.

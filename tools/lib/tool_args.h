@@ -59,6 +59,21 @@ static inline int tool_output_ok(const char *path, char *why, size_t n) {
         snprintf(why, n, "%s: folder '%s' is not writable (%s)", path, dir, strerror(errno));
         return 0;
     }
+    /* access() says yes to root everywhere, and to anyone on /proc or /sys: create (and remove) a
+     * temporary as the save will, or the whole run happened before "cannot create". */
+    char probe[4200];
+    if ((size_t)snprintf(probe, sizeof probe, "%s.tmpXXXXXX", path) >= sizeof probe) {
+        snprintf(why, n, "%.200s...: the path is too long; give a shorter one", path);
+        return 0;
+    }
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        snprintf(why, n, "%s: cannot create a file in folder '%s' (%s); choose a writable folder", path, dir,
+                 strerror(errno));
+        return 0;
+    }
+    close(fd);
+    unlink(probe);
     return 1;
 }
 
