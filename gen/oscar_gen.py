@@ -11,6 +11,7 @@ Python is used for code generation only; see docs/CODEGEN.md.
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -95,6 +96,8 @@ def tc_smem(v, tc):
     region = max(region, 4 * 8 * v["NT"] * d)  # [4 warps][heads][d] fp32 partials / 4 warps
     out = dict(NST=nst, NST16=nst16, REGION=(region + 15) // 16 * 16)
     if not v["BF16M"]:
+        out["VMAP"] = vmap_of(v["G"] // 16)
+    if not v["BF16M"] and 8 % (v["G"] // 16) == 0:
         # W3 (layers with 3-bit head-tensors): each stage also holds the tile's two plane rows
         # (2 x 4 d bytes), and the warp their spread words (4 x 4 d); 3 stages, or 2 at d 256
         plb = 4 * d
@@ -110,6 +113,29 @@ def ext_variant(base, tt, tc, sfx):
     (tc["extend_gqa"]; larger ratios run in several work-groups)."""
     return dict(base, GQ=tc["extend_gqa"], LM=0, NT=tt["threads"], E=tt["elems"], TPT=tt["tpt"], VB=tt["vb"],
                 TC=False, sfx=sfx)
+
+
+def tc_other_shape(d, g):
+    """Whether the tensor-core decode (decode_tc.jinja) serves an other_dims shape: head_dim a multiple
+    of 32 (k-steps of 32 dims for the 2-bit scores; the merge's warps) and, for the 2-bit methods, the
+    group too (its k-steps); group None: the BF16 method. A group of 96 (6 code words) maps the V
+    words onto the MMA rows with the general rule of vmap_of; its layers with 3-bit head-tensors run
+    on the generic kernels (no W3 instance, tc_smem)."""
+    return d % 32 == 0 and (g is None or g % 32 == 0)
+
+
+def vmap_of(wpg):
+    """The V side of the 2-bit tensor-core decode: m-tile s of a group and MMA row g (0..7) read code
+    word n % wpg of the group at half-position J = n // wpg, n = g + 8 s (for wpg dividing 8: word
+    g % wpg for every s, J = s * 8 / wpg + g / wpg). The >> 8 copy (J >= 4) must be the same for the
+    8 rows of an m-tile; per m-tile its flag, and the m-tile sharing each one's word (period)."""
+    hs = []
+    for s in range(wpg):
+        js = [(g + 8 * s) // wpg for g in range(8)]
+        if len({j >= 4 for j in js}) != 1:
+            sys.exit("oscar_gen: a group of %d code words has no uniform V half for m-tile %d" % (wpg, s))
+        hs.append(int(js[0] >= 4))
+    return dict(HS=hs, PER=wpg // math.gcd(8, wpg))
 
 
 def sfx_of(*parts):
@@ -179,7 +205,7 @@ def enumerate_sub(spec, sel, full, arch, target, append, decode, rotq):
     """The variants of one part of a set (subsets); full: the tensor-core decode and the warp/tile
     write paths too (CUDA), else the generic family and the block-wide write kernels only."""
     methods = sel["method"]
-    tc = tc_target(spec, target, arch) if full else None
+    tc_all = tc_target(spec, target, arch)
     n0 = len(decode)
     for d in sel["head_dim"]:
         tt = tuning_for(spec, arch, d)
@@ -192,6 +218,7 @@ def enumerate_sub(spec, sel, full, arch, target, append, decode, rotq):
                     mf32 = 1 if meta == "f32" else 0
                     base = dict(D=d, G=g, NG=d // g, KVB=kvb, MF32=mf32, BF16M=0)
                     append.append(dict(base, WT=full, sfx=sfx_of("d%d" % d, "g%d" % g, kv, "m" + meta)))
+                    tc = tc_all if full or tc_other_shape(d, g) else None
                     for m in quant:
                         lm = 1 if m == "lloyd_max" else 0
                         if tc and not lm:
@@ -212,6 +239,7 @@ def enumerate_sub(spec, sel, full, arch, target, append, decode, rotq):
                                                sfx=sfx_of("d%d" % d, "g%d" % g, "q%d" % q, kv, "m" + meta,
                                                           "lm" if lm else "u")))
             if "bf16" in methods:
+                tc = tc_all if full or tc_other_shape(d, None) else None
                 base = dict(D=d, G=d, NG=1, KVB=kvb, MF32=0, BF16M=1)
                 append.append(dict(base, WT=full, sfx=sfx_of("d%d" % d, "paged16", kv)))
                 if tc:
@@ -477,7 +505,11 @@ def gen_gpu(target, spec, sel, arch, out):
             body.append(dec_t.rotq_merge_family(dict(rv, sfx="_" + u)))
         if any(v["TC"] for v in dv):
             body.append(tc_t.tc_helpers())
-            body.append(tc_t.merge_tc_family(dict(rv, sfx="_" + part)))
+            # one tensor-core merge per unit (a file of other dims holds several head_dims)
+            for u in units:
+                if any(v["TC"] and unit_of(v) == u for v in dv):
+                    ru = [r for r in rotq if "d%d_%s" % (r["D"], "bf16" if r["KVB"] else "f16") == u.rsplit("_", 1)[0]][0]
+                    body.append(tc_t.merge_tc_family(dict(ru, sfx="_" + u)))
         done_ext = set()
         for v in dv:
             if v["TC"]:
