@@ -116,25 +116,25 @@ def ext_variant(base, tt, tc, sfx):
 
 
 def tc_other_shape(d, g):
-    """Whether the tensor-core decode (decode_tc.jinja) serves an other_dims shape: head_dim a multiple
-    of 32 (k-steps of 32 dims for the 2-bit scores; the merge's warps) and, for the 2-bit methods, the
-    group too (its k-steps); group None: the BF16 method. A group of 96 (6 code words) maps the V
-    words onto the MMA rows with the general rule of vmap_of; its layers with 3-bit head-tensors run
-    on the generic kernels (no W3 instance, tc_smem)."""
-    return d % 32 == 0 and (g is None or g % 32 == 0)
+    """Whether the tensor-core decode (decode_tc.jinja) serves an other_dims shape: every head_dim and
+    group of the format (multiples of 16). Groups whose code words do not divide 8 (G 48, 80, 96, ...)
+    map the V words onto the MMA rows with the general rule of vmap_of; an odd number of words per group
+    (G a multiple of 16 but not of 32) ends each group's scores with a 16-dim k-step; such layers with
+    3-bit head-tensors run on the generic kernels (no W3 instance, tc_smem). group None: the BF16
+    method."""
+    return d % 16 == 0 and (g is None or g % 16 == 0)
 
 
 def vmap_of(wpg):
     """The V side of the 2-bit tensor-core decode: m-tile s of a group and MMA row g (0..7) read code
     word n % wpg of the group at half-position J = n // wpg, n = g + 8 s (for wpg dividing 8: word
-    g % wpg for every s, J = s * 8 / wpg + g / wpg). The >> 8 copy (J >= 4) must be the same for the
-    8 rows of an m-tile; per m-tile its flag, and the m-tile sharing each one's word (period)."""
+    g % wpg for every s, J = s * 8 / wpg + g / wpg). HS[s]: whether the 8 rows of m-tile s all read the
+    >> 8 copy (J >= 4; 1), none does (0), or the rows differ (-1: a shift per lane); PER: the period of
+    the word map over m-tiles (m-tiles s and s + PER read the same word)."""
     hs = []
     for s in range(wpg):
-        js = [(g + 8 * s) // wpg for g in range(8)]
-        if len({j >= 4 for j in js}) != 1:
-            sys.exit("oscar_gen: a group of %d code words has no uniform V half for m-tile %d" % (wpg, s))
-        hs.append(int(js[0] >= 4))
+        up = {(g + 8 * s) // wpg >= 4 for g in range(8)}
+        hs.append(-1 if len(up) != 1 else int(up.pop()))
     return dict(HS=hs, PER=wpg // math.gcd(8, wpg))
 
 

@@ -1120,8 +1120,8 @@ Test(conformance, head_dims_not_powers_of_two, .timeout = 1200) {
  * generic decode/extend family and the block-wide write kernels), so no backend may refuse one. The
  * methods and window dtypes rotate over the dims; feedback on the OSCAR2 shapes; appends in chunks to
  * mixed lengths around sink + recent, pages checked bit for bit, decode and extend after each. CUDA must take
- * the tensor-core family where it serves the shape (head_dim a multiple of 32 and, for the 2-bit methods
- * other than Lloyd-Max, the group too: gen/oscar_gen.py tc_other_shape), else a generic variant ("_q<cap>_"). */
+ * the tensor-core family (every head_dim and group of the format: gen/oscar_gen.py tc_other_shape) except
+ * for Lloyd-Max levels, which take a generic variant ("_q<cap>_"). */
 Test(conformance, every_head_dim_default_group, .timeout = 900) {
     static const int dims[] = {32, 48, 80, 96, 112, 144, 160, 176, 192, 208, 224, 240};
     static const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_OSCAR2_LM, OSCAR_METHOD_BF16,
@@ -1135,8 +1135,7 @@ Test(conformance, every_head_dim_default_group, .timeout = 900) {
             const int gq = z % 3 == 0 ? 1 : z % 3 == 1 ? 3 : 8;
             cfg c = {dims[z], oscar_group_default(dims[z]), z % 2 ? 32 : 16, 4, 8, 2 * gq, 2, m,
                      z % 2 ? OSCAR_DTYPE_F16 : OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, (int)(z % 5 == 0)};
-            const int tc = dims[z] % 32 == 0 && m != OSCAR_METHOD_OSCAR2_LM &&
-                           (m == OSCAR_METHOD_BF16 || c.G % 32 == 0);
+            const int tc = m != OSCAR_METHOD_OSCAR2_LM;
             expect_cuda_variant = tc ? "_tc" : "_q";
             int lens[16];
             const int n = boundary_lens(&c, lens);
@@ -1145,14 +1144,17 @@ Test(conformance, every_head_dim_default_group, .timeout = 900) {
     });
 }
 
-/* The tensor-core decode at head dims that are not powers of two (d 32, 96, 192 at their default groups
- * 32, 96, 96: a group of 6 code words takes the general V map; the BF16 method at d 96, 160, 224):
- * GQA 1 (limb-packed), 5 (8 columns) and 12 (16 columns), pages of 16, 32 and 64 tokens (the two-page,
- * one-page and general tile copies), lengths below and above S0 + W, off the page, one over several
- * splits; feedback on every other shape; CUDA must take the tensor-core variant. */
+/* The tensor-core decode at head dims that are not powers of two, at their default groups: d 32, 96, 192
+ * (groups of 2 and 6 code words: a group of 6 takes the general V map), d 48, 80, 112, 160, 240 (groups of 3,
+ * 5, 7, 5 and 15 words: an odd count ends each group's scores with a 16-dim k-step, and one m-tile of the
+ * group has rows on both V halves); the BF16 method at d 48, 80, 96, 112, 160, 224: GQA 1 (limb-packed),
+ * 5 (8 columns) and 12 (16 columns), pages of 16, 32 and 64 tokens (the two-page, one-page and general tile
+ * copies), lengths below and above S0 + W, off the page, one over several splits; feedback on every other
+ * shape; CUDA must take the tensor-core variant. */
 Test(conformance, tensor_core_other_dims, .timeout = 1200) {
-    static const int shp[][3] = {{96, 1, 16}, {96, 5, 32}, {96, 12, 64}, {32, 5, 16}, {32, 12, 32}, {192, 1, 64},
-                                 {192, 12, 16}};
+    static const int shp[][3] = {{96, 1, 16},  {96, 5, 32},  {96, 12, 64}, {32, 5, 16},  {32, 12, 32},
+                                 {192, 1, 64}, {192, 12, 16}, {80, 1, 32},  {80, 12, 16}, {160, 5, 64},
+                                 {48, 5, 16},  {112, 12, 32}, {240, 1, 16}, {240, 12, 64}};
     require_variant = 1;
     expect_cuda_variant = "_tc";
     FOR_EACH_BACKEND(g, {
@@ -1163,9 +1165,9 @@ Test(conformance, tensor_core_other_dims, .timeout = 1200) {
             int lens[] = {1, 40, 63, 64, 65, 64 + P + 3, 211, 1300};
             run_scenario_x(&g, &c, 8, lens, PREFILL, (int)(z % 2 == 0), 1, 0, 0);
         }
-        static const int bd[] = {96, 160, 224};
-        for (size_t z = 0; z < 3; z++) {
-            cfg c16 = {bd[z], bd[z], 16 << z, 0, 0, z == 1 ? 24 : 4, 2, OSCAR_METHOD_BF16,
+        static const int bd[] = {96, 160, 224, 48, 80, 112};
+        for (size_t z = 0; z < sizeof bd / sizeof bd[0]; z++) {
+            cfg c16 = {bd[z], bd[z], 16 << (z % 3), 0, 0, z % 3 == 1 ? 24 : 4, 2, OSCAR_METHOD_BF16,
                        z & 1 ? OSCAR_DTYPE_F16 : OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
             int l16[] = {1, 17, 300, 1025};
             run_scenario_x(&g, &c16, 4, l16, PREFILL, 0, 1, 0, 0);
