@@ -300,7 +300,18 @@ class OscarCache(Cache):
                       attention_mask: Optional[torch.Tensor], scaling: Optional[float],
                       **kwargs: Any) -> torch.Tensor:
         """Attention of this forward's queries [B, Hq, T, d] for one layer;
-        appends the step's K/V. Returns [B, T, Hq, d] in query's dtype."""
+        appends the step's K/V. Returns [B, T, Hq, d] in query's dtype. After
+        the forward's last liboscar layer the errors GPU kernels flagged (NaN/Inf
+        K/V rows or queries) are raised (one synchronization per forward): they
+        leave zero rows instead of raising on the device."""
+        out = self._attend_chunk_rows(module, layer, query, key, value, attention_mask, scaling, **kwargs)
+        if layer == self.oscar_layers[-1]:
+            self.paged.check()
+        return out
+
+    def _attend_chunk_rows(self, module: Any, layer: int, query: torch.Tensor, key: torch.Tensor,
+                           value: torch.Tensor, attention_mask: Optional[torch.Tensor], scaling: Optional[float],
+                           **kwargs: Any) -> torch.Tensor:
         B, _, T, _ = query.shape
         if T == 1:  # a decode step
             self._append(layer, self._rows(key), self._rows(value))

@@ -269,3 +269,17 @@ def test_readme_transformers_example(model, monkeypatch):
     env["model"].set_attn_implementation("sdpa")
     assert env["out"].shape == (1, env["ids"].shape[1] + 24)
     assert buf.getvalue().rstrip().endswith("| 2.25 bits per element in the 2-bit region"), buf.getvalue()
+
+
+def test_each_forward_raises_what_the_kernels_flagged(model, tokens, monkeypatch):
+    """GPU kernels flag NaN/Inf K/V rows and queries in the workspace and write zero rows; OscarCache
+    never read the flag, so a GPU user got zeros without an error. Now every forward ends with the
+    PagedCache's check (once, after its last liboscar layer). Counted here on the CPU backend, whose
+    check is the same call."""
+    calls = []
+    real = liboscar.PagedCache.check
+    monkeypatch.setattr(liboscar.PagedCache, "check", lambda self, *a, **k: (calls.append(1), real(self, *a, **k)))
+    cache = hf.OscarCache(model, method="int2")
+    greedy(model, ids_of(tokens, 40), 3, cache)
+    model.set_attn_implementation("sdpa")
+    assert len(calls) == 3, f"{len(calls)} checks for a prompt forward and 2 decode steps"
