@@ -1209,6 +1209,39 @@ Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
     oscar_runtime_destroy(rt);
 }
 
+/* OSCAR_OPENCL_OPTIONS longer than the build string holds was cut silently, so the kernels were built
+ * with other options than asked (or a half -D flag); the plan is now refused naming the variable. */
+Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "opencl";
+    oscar_runtime *rt;
+    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
+        cr_assert(!required("opencl"), "%s", oscar_last_error());
+        cr_skip_test("opencl not available");
+    }
+    char extra[401];
+    for (int i = 0; i < 400; i += 8) memcpy(extra + i, " -DXY=1 ", 8);
+    extra[400] = 0;
+    cr_assert_eq(setenv("OSCAR_OPENCL_OPTIONS", extra, 1), 0);
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 64;
+    l.group = 64;
+    l.num_q_heads = 2;
+    l.num_kv_heads = 1;
+    l.page_size = 16;
+    l.method = OSCAR_METHOD_INT2;
+    oscar_plan *plan = NULL;
+    const oscar_status st = oscar_plan_create(rt, &l, NULL, &plan);
+    unsetenv("OSCAR_OPENCL_OPTIONS");
+    cr_expect_eq(st, OSCAR_ERR_INVALID_ARGUMENT, "status %d: %s", (int)st, oscar_last_error());
+    cr_expect(strstr(oscar_last_error(), "OSCAR_OPENCL_OPTIONS"), "message: %s", oscar_last_error());
+    cr_expect_null(plan);
+    if (plan) oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+}
+
 /* Two sequences of one append writing the same window slot or the same page
  * (an engine's allocator bug): every backend wrote both, one over the other,
  * status OK, even with validate = 1. validate = 1 now refuses it with

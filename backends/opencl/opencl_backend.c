@@ -281,13 +281,19 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
      * heads, GQA 20+) runs in equal chunks of at most 16, one work-group each
      * (the kernels' hchunks, the host's cap). */
     const int chunks = (gq + 15) / 16, cap = (gq + chunks - 1) / chunks;
+    const char *extra = getenv("OSCAR_OPENCL_OPTIONS");
+    if (!extra) extra = "";
     char opts[384];
-    snprintf(opts, sizeof opts,
+    const int n = snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
              "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d -DOSCAR_TPT=%d -DOSCAR_VB=%d%s",
              l->head_dim, G, l->head_dim / G, l->kv_dtype == OSCAR_DTYPE_BF16, l->meta_dtype == OSCAR_DTYPE_F32,
-             bf16m, cap, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6],
-             getenv("OSCAR_OPENCL_OPTIONS") ? getenv("OSCAR_OPENCL_OPTIONS") : "");
+             bf16m, cap, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6], extra);
+    if (n < 0 || (size_t)n >= sizeof opts) /* a cut option string would build other kernels than asked */
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl plan: OSCAR_OPENCL_OPTIONS is too long (%zu characters; with the library's "
+                                "own options the build string holds %zu): shorten it",
+                                strlen(extra), sizeof opts - 1 - ((size_t)n - strlen(extra)));
     cl_program prog = NULL;
     for (int i = 0; i < c->nprogs; i++)
         if (!strcmp(c->progs[i].opts, opts)) prog = c->progs[i].prog;
