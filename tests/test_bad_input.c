@@ -1192,17 +1192,23 @@ Test(bad_input, window_slot_no_new_row_uses_is_flagged, .timeout = 300) {
         }
 }
 
-/* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
- * bytes) failed (-61)"; the message now names the limit and what to change. */
-Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
+/* The OpenCL runtime of a test, or the test skipped where OpenCL is absent and not required. */
+static oscar_runtime *opencl_or_skip(void) {
     oscar_runtime_options ro;
     oscar_runtime_options_default(&ro);
     ro.backend = "opencl";
-    oscar_runtime *rt;
+    oscar_runtime *rt = NULL;
     if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
         cr_assert(!required("opencl"), "%s", oscar_last_error());
         cr_skip_test("opencl not available");
     }
+    return rt;
+}
+
+/* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
+ * bytes) failed (-61)"; the message now names the limit and what to change. */
+Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
+    oscar_runtime *rt = opencl_or_skip();
     void *b = NULL;
     cr_expect_eq(oscar_buffer_alloc(rt, (size_t)1 << 62, &b), OSCAR_ERR_OUT_OF_MEMORY);
     cr_expect(strstr(oscar_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"), "message: %s", oscar_last_error());
@@ -1212,14 +1218,7 @@ Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
 /* OSCAR_OPENCL_OPTIONS longer than the build string holds was cut silently, so the kernels were built
  * with other options than asked (or a half -D flag); the plan is now refused naming the variable. */
 Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "opencl";
-    oscar_runtime *rt;
-    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
-        cr_assert(!required("opencl"), "%s", oscar_last_error());
-        cr_skip_test("opencl not available");
-    }
+    oscar_runtime *rt = opencl_or_skip();
     char extra[401];
     for (int i = 0; i < 400; i += 8) memcpy(extra + i, " -DXY=1 ", 8);
     extra[400] = 0;
