@@ -97,6 +97,15 @@ static float to_f32(uint16_t h) { /* bf16 */
     return f;
 }
 
+/* The small layout the tests below share: head_dim 64 in one group, 2 query heads on 1 KV head. */
+static void small_layout(oscar_layout_desc *l) {
+    oscar_layout_default(l);
+    l->head_dim = 64;
+    l->group = 64;
+    l->num_q_heads = 2;
+    l->num_kv_heads = 1;
+}
+
 /* Returns 0 (test skipped) when the backend is absent and not required.
  * windows 0: sink 0 and recent 0, and then no window pool nor slots at all. */
 static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype kvt, int validate, int windows) {
@@ -110,11 +119,7 @@ static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype k
         cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
         return 0;
     }
-    oscar_layout_default(&r->l);
-    r->l.head_dim = 64;
-    r->l.group = 64;
-    r->l.num_q_heads = 2;
-    r->l.num_kv_heads = 1;
+    small_layout(&r->l);
     r->l.page_size = 16;
     r->l.sink = windows ? 8 : 0;
     r->l.recent = windows ? g_recent : 0;
@@ -816,11 +821,7 @@ Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) 
     ro.backend = "cpu";
     cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK);
     oscar_layout_desc l;
-    oscar_layout_default(&l);
-    l.head_dim = 64;
-    l.group = 64;
-    l.num_q_heads = 2;
-    l.num_kv_heads = 1;
+    small_layout(&l);
     oscar_params *p;
     cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_INT2, 1, 2, 1, 64, &p), OSCAR_OK);
     oscar_plan *plan = NULL;
@@ -1224,11 +1225,7 @@ Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
     extra[400] = 0;
     cr_assert_eq(setenv("OSCAR_OPENCL_OPTIONS", extra, 1), 0);
     oscar_layout_desc l;
-    oscar_layout_default(&l);
-    l.head_dim = 64;
-    l.group = 64;
-    l.num_q_heads = 2;
-    l.num_kv_heads = 1;
+    small_layout(&l);
     l.page_size = 16;
     l.method = OSCAR_METHOD_INT2;
     oscar_plan *plan = NULL;
