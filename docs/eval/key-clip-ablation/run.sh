@@ -68,3 +68,10 @@ for s in valA valB; do
         --storage clip=0.97,kv=k,heads=4:1 --storage clip=1,kv=k,heads=4:1 --out $T/rg-$f-$s.json --md $O/rg-$f-$s.md
   done
 done
+# 7. text 3 (added last): the copy head's key clip at 0.97 / 0.98 / 1
+python3 -c "import sys; d=open('$S/data/tiny-qwen3/calib.tokens','rb').read(); open('$T/calib3.tokens','wb').write(d[4*262144:4*327680])"
+nice -n 10 $B/oscar-calibrate $M --tokens $T/calib3.tokens --threads 2 --out $T/t3.safetensors > $T/cal-t3.log
+for s in valA valB; do
+  $EV --params $T/t3.safetensors --tokens $T/$s.tokens --max-tokens 8192 --storage clip=0.97,kv=k,heads=4:1 \
+      --storage clip=0.98,kv=k,heads=4:1 --storage clip=1,kv=k,heads=4:1 --out $T/sw41-t3-$s.json --md $O/sw41-t3-$s.md
+done
