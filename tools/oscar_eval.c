@@ -302,11 +302,12 @@ int main(int argc, char **argv)
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
-        /* --plot P also writes P.dat and P.gp (with fopen, through a link) */
+        /* --plot P also writes P.dat and P.gp, with fopen: through a link (other
+         * failures there are reported when the plot is written) */
         for (int i = 0; S.out_plot && i < 2; i++) {
             char side[4200], why[4400];
             snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
-            if (!tool_output_ok(side, why, sizeof why)) return bad("%s %s", "--plot", why);
+            if (tool_dangling_link(side, why, sizeof why)) return bad("%s %s", "--plot", why);
         }
         /* Written after the whole evaluation: over an input it would destroy it,
          * over another output neither would survive. */
