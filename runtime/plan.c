@@ -56,6 +56,18 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                "group %d; use layout group %d or recalibrate with --group %d",
                                params->group, layout->group, params->group, layout->group);
     }
+    /* Clips are fitted for the windows that stay 16-bit: under other windows
+     * the 2-bit region holds other positions than the fit saw. */
+    if (needs_params && params->calib_tokens > 0 &&
+        (params->sink != layout->sink || params->recent != layout->recent)) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters' clips were fitted for sink %d, recent %d but the "
+                               "layout has sink %d, recent %d; use layout sink %d and recent %d or recalibrate "
+                               "with --sink %d --recent %d",
+                               params->sink, params->recent, layout->sink, layout->recent, params->sink,
+                               params->recent, layout->sink, layout->recent);
+    }
     /* Code widths (FORMAT.md §2.7): opt-in, and only where the backend stores them. */
     const int wide = needs_params && oscar_params_has_wide(params);
     if ((wide || layout->wide_tensors > 0) && !(rt->api->caps & OSCAR_BACKEND_CAP_WIDE_CODES)) {
@@ -380,10 +392,16 @@ oscar_status oscar_check_batch_arrays(const oscar_layout_desc *l, const oscar_ca
 static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, const oscar_cache *cache,
                                      const oscar_batch *b, const int32_t *cu_new, int32_t total_new, void *stream) {
     oscar_runtime *rt = plan->rt;
-    size_t n = (size_t)b->num_seqs, stride = (size_t)b->block_table_stride;
+    const size_t n = (size_t)b->num_seqs, stride = (size_t)b->block_table_stride;
+    /* Only the columns a sequence of max_seq_len tokens uses (<= stride, checked
+     * by check_common): the stride is the caller's row pitch, not what is read,
+     * so a wide (or hostile) one costs no host memory. The copy is dense. */
+    const size_t used = (size_t)oscar_pages_for(&plan->layout, b->max_seq_len);
+    oscar_batch bc = *b;
+    bc.block_table_stride = (int32_t)used;
     const int windowed = uses_windows(&plan->layout); /* slots are read and checked only where they are used */
     int32_t *lens = malloc(sizeof(int32_t) * n), *slots = malloc(sizeof(int32_t) * n);
-    int32_t *bt = malloc(sizeof(int32_t) * (n * stride + 1)), *cu = malloc(sizeof(int32_t) * (n + 1));
+    int32_t *bt = malloc(sizeof(int32_t) * (n * used + 1)), *cu = malloc(sizeof(int32_t) * (n + 1));
     oscar_status s = OSCAR_OK;
     oscar_errbuf e = {{0}};
     if (!lens || !slots || !bt || !cu) {
@@ -392,15 +410,21 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
     }
     if ((s = rt->api->read(rt->ctx, lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
         (windowed && (s = rt->api->read(rt->ctx, slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
-        (stride && (s = rt->api->read(rt->ctx, bt, b->block_table, 0, sizeof(int32_t) * n * stride, stream, &e))) ||
-        (cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
+        (used == stride && (s = rt->api->read(rt->ctx, bt, b->block_table, 0, sizeof(int32_t) * n * used, stream, &e))))
+        goto failed;
+    for (size_t i = 0; used && used < stride && i < n; i++)
+        if ((s = rt->api->read(rt->ctx, bt + i * used, b->block_table, sizeof(int32_t) * i * stride,
+                               sizeof(int32_t) * used, stream, &e)))
+            goto failed;
+    if ((cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
         (s = rt->api->sync(rt->ctx, stream, &e)) ||
-        (s = oscar_check_batch_arrays(&plan->layout, cache, b, lens, slots, bt, cu_new ? cu : NULL, total_new, fn,
-                                      &e))) {
-        oscar_set_errbuf(s, &e);
-        goto done;
-    }
-    if (cu_new) s = check_append_aliasing(plan, fn, lens, slots, bt, stride, cu, n);
+        (s = oscar_check_batch_arrays(&plan->layout, cache, &bc, lens, slots, bt, cu_new ? cu : NULL, total_new, fn,
+                                      &e)))
+        goto failed;
+    if (cu_new) s = check_append_aliasing(plan, fn, lens, slots, bt, used, cu, n);
+    goto done;
+failed:
+    oscar_set_errbuf(s, &e);
 done:
     free(lens);
     free(slots);

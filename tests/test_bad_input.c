@@ -514,6 +514,35 @@ static void extend_no_sequences_case(const char *backend) {
 Test(bad_input, extend_without_sequences_cpu) { extend_no_sequences_case("cpu"); }
 Test(bad_input, extend_without_sequences_opencl, .timeout = 300) { extend_no_sequences_case("opencl"); }
 
+/* A block table row pitch far wider than the columns used (block_table_stride
+ * INT32_MAX, one sequence): with validate = 1 the host check copied
+ * num_seqs x stride entries, an 8 GiB allocation and a read past the table.
+ * Now it copies the columns max_seq_len needs, and the call runs (OpenCL:
+ * refused by the backend's own buffer-size check, naming block_table). */
+static void wide_block_table_stride_case(const char *backend) {
+    rig r;
+    if (!rig_open(&r, backend, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, 1)) cr_skip_test("%s not available", backend);
+    rig_fill(&r, r.k, r.kv_elems, 1.0f);
+    rig_fill(&r, r.v, r.kv_elems, 1.0f);
+    cr_assert_eq(rig_append(&r), OSCAR_OK, "%s", oscar_last_error());
+    rig_fill(&r, r.q, r.q_elems, 1.0f);
+    oscar_cache c = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    b.num_seqs = 1; /* row 0 only: a second row would lie INT32_MAX entries on */
+    b.block_table_stride = INT32_MAX;
+    oscar_status s = oscar_decode(r.plan, 0, &c, &b, r.q, 0, r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+    if (s == OSCAR_OK) s = oscar_plan_check(r.plan, r.ws, NULL);
+    if (strcmp(backend, "opencl"))
+        cr_expect_eq(s, OSCAR_OK, "%s: decode with block_table_stride INT32_MAX: %d (%s)", backend, s,
+                     oscar_last_error());
+    else /* OpenCL knows its buffers' sizes and refuses a table shorter than num_seqs x stride, naming it */
+        cr_expect(s == OSCAR_ERR_INVALID_ARGUMENT && strstr(oscar_last_error(), "block_table"),
+                  "%s: decode with block_table_stride INT32_MAX: %d (%s)", backend, s, oscar_last_error());
+    rig_close(&r);
+}
+Test(bad_input, wide_block_table_stride_validated_cpu) { wide_block_table_stride_case("cpu"); }
+Test(bad_input, wide_block_table_stride_validated_opencl, .timeout = 300) { wide_block_table_stride_case("opencl"); }
+
 /* oscar_buffer_write/read past a buffer's end: OpenCL said only
  * "clEnqueueWriteBuffer failed with error -30" (OSCAR_ERR_BACKEND), naming
  * neither the buffer's size nor the fix; an offset + bytes that wraps size_t
@@ -814,7 +843,7 @@ Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout 
 }
 
 /* ------------------------------------------------------------- parameters */
-Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
+Test(bad_input, plan_refuses_params_of_another_method_group_or_window, .timeout = 120) {
     oscar_runtime *rt;
     oscar_runtime_options ro;
     oscar_runtime_options_default(&ro);
@@ -860,6 +889,21 @@ Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) 
     l.group = 32;
     cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "group-64 clips served group 32");
     cr_expect(strstr(oscar_last_error(), "group"), "message: %s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    /* Clips fitted for sink 64, recent 256 (the defaults) against other windows. */
+    l.group = 64;
+    l.sink = 8;
+    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "sink-64 clips served sink 8");
+    cr_expect(strstr(oscar_last_error(), "sink 64") && strstr(oscar_last_error(), "sink 8"), "message: %s",
+              oscar_last_error());
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    l.sink = 64;
+    l.recent = 0;
+    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "recent-256 clips served recent 0");
+    cr_expect(strstr(oscar_last_error(), "recent 256") && strstr(oscar_last_error(), "recent 0"), "message: %s",
+              oscar_last_error());
     oscar_plan_destroy(plan);
     oscar_params_destroy(p);
     oscar_calib_destroy(c);

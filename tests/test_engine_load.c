@@ -332,6 +332,7 @@ Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
         oscar_layout_default(&l);
         l.head_dim = d, l.group = group, l.num_q_heads = cs[i].heads, l.num_kv_heads = cs[i].kv_heads;
         l.max_seq_len = 1024;
+        l.sink = o.sink, l.recent = o.recent; /* the windows the clips were fitted for */
         oscar_plan *plan = NULL;
         cr_assert_eq(oscar_plan_create(rt, &l, q, &plan), OSCAR_OK, "%s", oscar_last_error());
         oscar_plan_destroy(plan);

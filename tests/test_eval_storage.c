@@ -333,8 +333,9 @@ Test(eval_storage, each_head_its_group)
     for (int p = 0; p < NN; p++)
         for (int h = 0; h < HH; h++)
             for (int j = 0; j < DG; j++) o[p][h][j] = x[p][h][j] = 1.0f, g32[p][h][j] = 32.0f, g64[p][h][j] = 64.0f;
-    ev_storage_apply(&s, 0, OSCAR_K, 0, NN, &o[0][0][0], (const float *const[EV_NGROUPS]){&g32[0][0][0], &g64[0][0][0], NULL},
-                     &x[0][0][0], NULL);
+    /* qg at ev_group_index(32) = 0 and ev_group_index(64) = 2 */
+    ev_storage_apply(&s, 0, OSCAR_K, 0, NN, &o[0][0][0],
+                     (const float *const[EV_NGROUPS]){[0] = &g32[0][0][0], [2] = &g64[0][0][0]}, &x[0][0][0], NULL);
     for (int p = 0; p < NN; p++) {
         cr_assert_eq(x[p][0][5], 32.0f, "head 0: group 32");
         cr_assert_eq(x[p][1][5], 64.0f, "head 1: group 64");
@@ -509,4 +510,34 @@ Test(eval_tasks, key_names_are_distinct_tokens) {
     }
     unlink(path);
     rmdir(dir);
+}
+
+/* group=/vgroup= take every group the format allows for the head_dim (multiples
+ * of 16, >= 32, dividing it; FORMAT.md §2.2), not only 32/64/128, and name the
+ * allowed ones when refusing. */
+Test(eval_storage, group_every_format_group)
+{
+    static const struct { int d, g, ok; } cases[] = {
+        {96, 48, 1}, {96, 96, 1}, {96, 32, 1}, {96, 64, 0}, {256, 256, 1}, {192, 96, 1}, {160, 80, 1},
+        {128, 48, 0}, {128, 16, 0}, {128, 40, 0}, {64, 128, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char spec[32], err[400] = "";
+        ev_storage s;
+        snprintf(spec, sizeof spec, "group=%d,vgroup=%d", cases[i].g, cases[i].g);
+        const int r = ev_storage_parse(spec, L, HKV, cases[i].d, &s, err, sizeof err);
+        cr_expect_eq(r, cases[i].ok ? 0 : -1, "head_dim %d %s: %d (%s)", cases[i].d, spec, r, err);
+        if (r == 0) {
+            cr_expect_eq(ev_storage_group_of(&s, 0, 0, OSCAR_K), cases[i].g);
+            cr_expect(ev_group_index(cases[i].g) >= 0 && ev_group_index(cases[i].g) < EV_NGROUPS, "group %d",
+                      cases[i].g);
+            ev_storage_free(&s);
+        }
+    }
+    char err[400] = "";
+    ev_storage s;
+    cr_assert_eq(ev_storage_parse("group=48", L, HKV, 128, &s, err, sizeof err), -1);
+    cr_expect(strstr(err, "32, 64, 128"), "message names the allowed groups: %s", err);
+    cr_assert_eq(ev_storage_parse("group=64", L, HKV, 96, &s, err, sizeof err), -1);
+    cr_expect(strstr(err, "32, 48, 96"), "message names the allowed groups: %s", err);
 }

@@ -477,6 +477,45 @@ Test(tools_bad_input, outputs_that_are_not_regular_files_are_refused_first, .tim
     rmrf(dir);
 }
 
+/* A dangling symbolic link as an output path: stat() failed on it, so the
+ * check let it through and the run went on to write through (or over) the
+ * link. Refused before any work, naming the link and its target, and
+ * nothing created where it points. */
+Test(tools_bad_input, outputs_that_are_dangling_links_are_refused_first, .timeout = 120) {
+    char out[16384], dir[64], link[128], target[128];
+    scratch(dir, sizeof dir);
+    snprintf(link, sizeof link, "%s/out.json", dir);
+    snprintf(target, sizeof target, "%s/elsewhere", dir);
+    cr_assert_eq(symlink(target, link), 0);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate %s/no-model --tokens %s/no-tokens --out %s", dir, dir,
+                 link);
+    cr_expect_eq(rc, 2, "oscar-calibrate --out <dangling link>: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "symbolic link") && strstr(out, target), "oscar-calibrate: %s", out);
+    const char *flags[3] = {"--out", "--md", "--plot"};
+    for (int f = 0; f < 3; f++) {
+        char extra[300] = "";
+        if (f) snprintf(extra, sizeof extra, "--out %s/r.json %s %s", dir, flags[f], link);
+        else snprintf(extra, sizeof extra, "--out %s", link);
+        rc = run(out, sizeof out, 30, BIN "/oscar-eval %s/no-model --tokens %s/no-tokens %s", dir, dir, extra);
+        cr_expect_eq(rc, 2, "oscar-eval %s <dangling link>: exit %d: %s", flags[f], rc, out);
+        cr_expect(strstr(out, "symbolic link") && strstr(out, target), "oscar-eval %s: %s", flags[f], out);
+    }
+    /* --plot P writes P.dat and P.gp too */
+    char plot[128], dat[140];
+    snprintf(plot, sizeof plot, "%s/plot", dir);
+    snprintf(dat, sizeof dat, "%s/plot.dat", dir);
+    cr_assert_eq(symlink(target, dat), 0);
+    rc = run(out, sizeof out, 30, BIN "/oscar-eval %s/no-model --tokens %s/no-tokens --out %s/r.json --plot %s", dir,
+             dir, dir, plot);
+    cr_expect_eq(rc, 2, "oscar-eval --plot with a dangling P.dat: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "symbolic link") && strstr(out, "plot.dat"), "oscar-eval --plot: %s", out);
+    unlink(dat);
+    struct stat sb;
+    cr_expect(lstat(target, &sb) != 0, "the link's target was created");
+    cr_expect(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the link was replaced");
+    rmrf(dir);
+}
+
 /* Shares and losses in [0, 1]: anything else exits 2 before the model is read. */
 Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     char out[16384];

@@ -46,8 +46,9 @@ static void usage(FILE *f)
             "                      library's format is not changed); repeatable, at most 16. SPEC: comma-\n"
             "                      separated out=K (K rows per page of 64 and KV head kept bf16, 6-bit\n"
             "                      index each), by=err|norm (which rows: largest 2-bit error or norm;\n"
-            "                      default err), group=G (32, 64, 128: quant group of those heads),\n"
-            "                      clip=C (clip ratio of those heads instead of the file's),\n"
+            "                      default err), group=G (quant group of those heads: a multiple of 16,\n"
+            "                      >= 32, dividing head_dim), clip=C (clip ratio of those heads instead\n"
+            "                      of the file's),\n"
             "                      vgroup=G, vclip=C (the values' group / clip where they differ);\n"
             "                      bits=B, vbits=B (2, 3, 4: code width of those heads / their values,\n"
             "                      2^B uniform levels; a format that does not exist, not with out=);\n"
@@ -300,6 +301,13 @@ int main(int argc, char **argv)
             if (!outs[i]) continue;
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
+        }
+        /* --plot P also writes P.dat and P.gp, with fopen: through a link (other
+         * failures there are reported when the plot is written) */
+        for (int i = 0; S.out_plot && i < 2; i++) {
+            char side[4200], why[4400];
+            snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
+            if (tool_dangling_link(side, why, sizeof why)) return bad("%s %s", "--plot", why);
         }
         /* Written after the whole evaluation: over an input it would destroy it,
          * over another output neither would survive. */

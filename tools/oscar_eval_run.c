@@ -119,7 +119,7 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
         for (size_t i = (size_t)hi * row; i < (size_t)end * row; i++) buf[i] = oe_round_bf16(buf[i]);
         hi = end;
     }
-    float *orig = NULL, *qg[EV_NGROUPS] = {NULL, NULL, NULL};
+    float *orig = NULL, *qg[EV_NGROUPS] = {NULL};
     int oom = 0;
     if (any) {
         oom |= !(orig = malloc((size_t)n * row * sizeof *orig));
@@ -133,7 +133,7 @@ static oscar_status storage_quant(ev_hook *h, int layer, int n, int lo, int hi, 
     for (int gi = 0; gi < EV_NGROUPS && s == OSCAR_OK; gi++) {
         if (!qg[gi]) continue;
         ev_variant gv = *var;
-        gv.group = 32 << gi;
+        gv.group = 16 * (gi + 2); /* inverse of ev_group_index */
         memcpy(qg[gi] + (size_t)lo * row, orig + (size_t)lo * row, (size_t)(hi - lo) * row * sizeof *qg[gi]);
         s = fakequant_split(&gv, layer, which, n, h->Hkv, h->d, lo, hi, 1, h->threads, qg[gi]);
     }

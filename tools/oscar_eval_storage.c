@@ -113,9 +113,15 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
             break;
         case 2:
         case 6:
-            if (!parse_int(val, 1, 256, &v) || (v != 32 && v != 64 && v != 128) || v > d || d % v) {
-                snprintf(err, errlen, "--storage: %s= '%s' unsupported for head_dim %d: use 32, 64 or 128 "
-                                      "dividing head_dim", key, val, d);
+            /* the format's groups (FORMAT.md §2.2): multiples of 16, >= 32, dividing head_dim */
+            if (!parse_int(val, 1, 256, &v) || ev_group_index((int)v) < 0 || v > d || d % v) {
+                char allowed[128] = "";
+                size_t used = 0;
+                for (int g = 32; g <= d && g <= 256 && used < sizeof allowed; g += 16)
+                    if (d % g == 0)
+                        used += (size_t)snprintf(allowed + used, sizeof allowed - used, "%s%d", used ? ", " : "", g);
+                snprintf(err, errlen, "--storage: %s= '%s' unsupported for head_dim %d: use one of %s (multiples "
+                                      "of 16, >= 32, dividing head_dim)", key, val, d, allowed[0] ? allowed : "none");
                 goto bad;
             }
             if (ki == 2) s->group = (int)v;
@@ -329,7 +335,7 @@ void ev_topk(const double *score, int n, int k, unsigned char *keep)
     }
 }
 
-int ev_group_index(int group) { return group == 32 ? 0 : group == 64 ? 1 : group == 128 ? 2 : -1; }
+int ev_group_index(int group) { return group >= 32 && group <= 256 && group % 16 == 0 ? group / 16 - 2 : -1; }
 
 void ev_storage_apply(const ev_storage *s, int layer, oscar_kv which, int lo, int hi, const float *orig,
                       const float *const qg[EV_NGROUPS], float *q, long long *kept)

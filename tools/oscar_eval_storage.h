@@ -55,7 +55,7 @@ typedef struct ev_storage {
     struct ev_storage *more; /* the next '/' clause (NULL: none) */
 } ev_storage;
 
-#define EV_NGROUPS 3 /* groups 32, 64, 128 (ev_group_index) */
+#define EV_NGROUPS 15 /* groups 32, 48, ..., 256: the format's, index G / 16 - 2 (ev_group_index) */
 
 /* Parses SPEC for a model of L layers, Hkv KV heads, head_dim d. 0, or -1
  * with a message in err (nothing to free then; s->heads NULL). */

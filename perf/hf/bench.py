@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import math
 import statistics
 import sys
@@ -63,9 +64,18 @@ def load(path: str, dtype: torch.dtype) -> torch.nn.Module:
     return m
 
 
+def cache_kw(model, cache) -> dict:
+    """The keyword argument that hands a cache to a transformers model's
+    forward and generate: ``cache`` since transformers 5.24, where
+    ``past_key_values`` is deprecated (a FutureWarning on every call),
+    ``past_key_values`` before it (as python/tests/conftest.py)."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
 def greedy(model, ids: torch.Tensor, n: int, cache=None) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
-        out = model.generate(ids, past_key_values=cache, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+        out = model.generate(ids, **cache_kw(model, cache), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                              output_logits=True, return_dict_in_generate=True, pad_token_id=0)
     model.set_attn_implementation("sdpa")
     return out.sequences[0, ids.shape[1]:].cpu(), torch.stack(out.logits, 1)[0].float().cpu()
@@ -114,7 +124,7 @@ def teacher_forced(path: str, toks: np.ndarray, params: liboscar.Params, windows
         cache = OscarCache(model, params if method == "oscar2" else None, method=method, prefill="stepwise",
                            max_seq_len=ctx)
         with torch.no_grad():
-            lg = model(ids, past_key_values=cache).logits.double()
+            lg = model(ids, **cache_kw(model, cache)).logits.double()
         model.set_attn_implementation("sdpa")
         sync()
         lp = torch.log_softmax(lg, -1)
@@ -198,14 +208,14 @@ def time_decode(model, kind: str, params, batch: int, ctx: int, steps: int, warm
         # [B, 1, q, max_cache_len]: in chunks, so that mask stays small.
         chunk = 4096 if kind == "static" else ctx
         for s in range(0, ctx, chunk):
-            out = model(ids[:, s:s + chunk], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(ids[:, s:s + chunk], **cache_kw(model, cache), use_cache=True, logits_to_keep=1)
         sync()
         prefill = time.perf_counter() - t0
         nxt = out.logits[:, -1:].argmax(-1)
         times = []
         for i in range(warmup + steps):
             t0 = time.perf_counter()
-            out = model(nxt, past_key_values=cache, use_cache=True)
+            out = model(nxt, **cache_kw(model, cache), use_cache=True)
             nxt = out.logits[:, -1:].argmax(-1)
             sync()
             if i >= warmup:

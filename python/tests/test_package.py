@@ -82,3 +82,18 @@ def test_bf16_helpers_round_to_nearest_even():
     np.testing.assert_array_equal(liboscar.from_bf16(liboscar.to_bf16(x)),
                                   np.array([1.0, 1.0, 1.015625, -2.5, 65536.0, np.inf], np.float32))
     assert np.isnan(liboscar.from_bf16(liboscar.to_bf16(np.array([np.nan], np.float32))))[0]
+
+
+def test_hf_bench_hands_caches_through_cache_kw():
+    """perf/hf/bench.py passed ``past_key_values=`` to transformers (a FutureWarning on every call from
+    5.24 on, where the keyword is ``cache``): every call hands the cache through its cache_kw, as
+    conftest.cache_kw does. A source check: CI has no torch to run the bench."""
+    import ast
+
+    from conftest import REPO
+
+    tree = ast.parse((REPO / "perf/hf/bench.py").read_text())
+    bad = [f"line {n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Call)
+           for k in n.keywords if k.arg in ("past_key_values", "cache")]
+    assert not bad, f"perf/hf/bench.py passes the cache by a fixed keyword at {', '.join(bad)}; use **cache_kw(model, cache)"
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "cache_kw" for n in tree.body)

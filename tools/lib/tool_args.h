@@ -30,10 +30,24 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
     return 1;
 }
 
+/* 1 when path is a symbolic link to nothing, with the reason in why: stat()
+ * fails on it as on a new name, but a write through it would create the file
+ * where the link points. */
+static inline int tool_dangling_link(const char *path, char *why, size_t n) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0 || !S_ISLNK(sb.st_mode) || stat(path, &sb) == 0) return 0;
+    char to[4096];
+    const ssize_t k = readlink(path, to, sizeof to - 1);
+    to[k > 0 ? k : 0] = '\0';
+    snprintf(why, n, "%s is a symbolic link to '%s', which does not exist; give a file name (remove the link) "
+             "or create the link's target first", path, to);
+    return 1;
+}
+
 /* 1 when path can be created (written as PATH.tmp, then renamed): its folder
  * exists and is writable, and it is not itself a folder, nor a device, FIFO
  * or socket (the rename would replace /dev/null or a pipe with a regular
- * file); else 0 with the reason in why. Checked before a tool does its work. */
+ * file), nor a dangling symbolic link; else 0 with the reason in why. Checked before a tool does its work. */
 static inline int tool_output_ok(const char *path, char *why, size_t n) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
@@ -42,6 +56,7 @@ static inline int tool_output_ok(const char *path, char *why, size_t n) {
     else if (slash == dir) dir[1] = '\0';
     else *slash = '\0';
     struct stat sb;
+    if (tool_dangling_link(path, why, n)) return 0;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         snprintf(why, n, "%s is a directory; give a file name", path);
         return 0;
