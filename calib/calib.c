@@ -1737,7 +1737,7 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out) 
     p->method = c->o.method;
     p->identity = 0;
     p->group = c->o.group;
-    p->sink = c->o.sink; /* the windows the clips are fitted for: oscar_plan_create compares them */
+    p->sink = c->o.sink; /* the windows the clips are fitted for (recorded, not enforced: runtime/plan.c) */
     p->recent = c->o.recent;
     p->calib_tokens = c->n0[0] > INT32_MAX ? INT32_MAX : (int32_t)c->n0[0];
     memcpy(p->model_hash, c->model_hash, sizeof p->model_hash);

@@ -843,7 +843,7 @@ Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout 
 }
 
 /* ------------------------------------------------------------- parameters */
-Test(bad_input, plan_refuses_params_of_another_method_group_or_window, .timeout = 120) {
+Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
     oscar_runtime *rt;
     oscar_runtime_options ro;
     oscar_runtime_options_default(&ro);
@@ -891,20 +891,14 @@ Test(bad_input, plan_refuses_params_of_another_method_group_or_window, .timeout 
     cr_expect(strstr(oscar_last_error(), "group"), "message: %s", oscar_last_error());
     oscar_plan_destroy(plan);
     plan = NULL;
-    /* Clips fitted for sink 64, recent 256 (the defaults) against other windows. */
+    /* Clips fitted for sink 64, recent 256 (recorded by the calibration) under other windows: a valid,
+     * less accurate cache, accepted (runtime/plan.c says why). */
     l.group = 64;
     l.sink = 8;
-    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "sink-64 clips served sink 8");
-    cr_expect(strstr(oscar_last_error(), "sink 64") && strstr(oscar_last_error(), "sink 8"), "message: %s",
-              oscar_last_error());
+    l.recent = 0;
+    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_OK, "%s", oscar_last_error());
     oscar_plan_destroy(plan);
     plan = NULL;
-    l.sink = 64;
-    l.recent = 0;
-    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "recent-256 clips served recent 0");
-    cr_expect(strstr(oscar_last_error(), "recent 256") && strstr(oscar_last_error(), "recent 0"), "message: %s",
-              oscar_last_error());
-    oscar_plan_destroy(plan);
     oscar_params_destroy(p);
     oscar_calib_destroy(c);
     free(q);

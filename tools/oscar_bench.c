@@ -264,7 +264,7 @@ static oscar_params *calibrate(const opts *o, const synth *s) {
     oscar_calib_options co;
     oscar_calib_options_default(&co, 1, o->q_heads, o->kv_heads, o->head_dim);
     co.group = o->group;
-    co.sink = o->sink, co.recent = o->recent; /* the bench's windows: oscar_plan_create compares them */
+    co.sink = o->sink, co.recent = o->recent; /* the clips fitted for the windows the bench serves */
     /* Every synthetic KV head draws from one distribution: one rotation per layer models it exactly
      * (per-head rotations, the calibration default for real models, would halve each head's data). */
     co.per_head = 0;
