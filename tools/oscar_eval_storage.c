@@ -1,6 +1,7 @@
 /* oscar-eval --storage: 16-bit outlier rows per page and smaller quant groups
  * for chosen heads, as fake-quant ablations (tools/oscar_eval_storage.h). */
 #include "oscar_eval_storage.h"
+#include "oscar_format.h" /* the group rule */
 
 #include <math.h>
 #include <stdint.h>
@@ -113,15 +114,15 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
             break;
         case 2:
         case 6:
-            /* the format's groups (FORMAT.md §2.2): multiples of 16, >= 32, dividing head_dim */
-            if (!parse_int(val, 1, 256, &v) || ev_group_index((int)v) < 0 || v > d || d % v) {
+            /* the format's groups (format/oscar_format.h, FORMAT.md §2.2) */
+            if (!parse_int(val, 1, 256, &v) || !oscar_group_supported((int)v, d)) {
                 char allowed[128] = "";
                 size_t used = 0;
-                for (int g = 32; g <= d && g <= 256 && used < sizeof allowed; g += 16)
-                    if (d % g == 0)
+                for (int g = 32; g <= d && used < sizeof allowed; g += 16)
+                    if (oscar_group_supported(g, d))
                         used += (size_t)snprintf(allowed + used, sizeof allowed - used, "%s%d", used ? ", " : "", g);
-                snprintf(err, errlen, "--storage: %s= '%s' unsupported for head_dim %d: use one of %s (multiples "
-                                      "of 16, >= 32, dividing head_dim)", key, val, d, allowed[0] ? allowed : "none");
+                snprintf(err, errlen, "--storage: %s= '%s' unsupported for head_dim %d: use one of %s (%s)", key, val,
+                         d, allowed[0] ? allowed : "none", OSCAR_GROUP_RULE);
                 goto bad;
             }
             if (ki == 2) s->group = (int)v;
