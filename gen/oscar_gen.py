@@ -338,6 +338,8 @@ typedef struct oscar_gpu_append_variant {{
     int tile_tokens, tile_smem;
     const void *append_wf; /* warp write path with all of F in wf_smem dynamic shared bytes, or NULL */
     int wf_smem;
+    /* warp write path with blockDim.x / 64 tokens per CTA sharing F (wf_smem bytes): up to 4, and 8, or NULL */
+    const void *append_wk, *append_wk8;
 }} oscar_gpu_append_variant;
 typedef struct oscar_gpu_tuning {{
     int d, threads, elems, min_chunk, blocks_per_sm;
@@ -438,12 +440,15 @@ SHFL32M = {
 
 
 def appendw_ptrs(target, v):
-    """The warp write path's two kernels and the tile write path (templates/append.jinja
+    """The warp write path's kernels (plain loads, rings; at d <= 128 F in shared memory
+    for one token or several per CTA) and the tile write path (templates/append.jinja
     appendw_family, appendt_family) with its geometry: CUDA and the quantized methods
     only; OSCAR_NO_APPENDW (A/B timing) leaves them out."""
     if target != "cuda" or v["BF16M"] or not v["WT"]:
-        return "0, 0, 0, 0, 0, 0, 0"
-    wf = ("OSCAR_APPENDW_PTR(oscar_append_wf%s), %d" % (v["sfx"], 4 * v["D"] * v["D"])) if v["D"] <= 128 else "0, 0"
+        return "0, 0, 0, 0, 0, 0, 0, 0, 0"
+    wf = ("OSCAR_APPENDW_PTR(oscar_append_wf%s), %d, OSCAR_APPENDW_PTR(oscar_append_wk%s), "
+          "OSCAR_APPENDW_PTR(oscar_append_wk8%s)" % (v["sfx"], 4 * v["D"] * v["D"], v["sfx"], v["sfx"])) \
+        if v["D"] <= 128 else "0, 0, 0, 0"
     return ("OSCAR_APPENDW_PTR(oscar_append_w%s), OSCAR_APPENDW_PTR(oscar_append_wr%s), "
             "OSCAR_APPENDW_PTR(oscar_append_t%s), %d, %d, %s"
             % (v["sfx"], v["sfx"], v["sfx"], v["TILE"]["T"], v["TILE"]["SMEM"], wf))

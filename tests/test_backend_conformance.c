@@ -996,6 +996,33 @@ Test(conformance, error_feedback_rounding, .timeout = 900) {
     });
 }
 
+/* CUDA's shared-F warp write path (templates/append.jinja append_wk, append_wk8: K tokens of one row
+ * kind and head per CTA, F copied into shared memory once per CTA, named barriers per token), forced
+ * by $OSCAR_APPEND_WK with $OSCAR_APPEND_WF_CTAS=0 (else small grids keep the one-token instance;
+ * docs/API.md): K = 3 (a pair past the last token in the last CTA), 8 (the 64-register instance,
+ * five pairs idle) and 1; demotions token by token and in chunks, Lloyd-Max levels, no windows (the
+ * store warps' chains), nearest rounding (F absent). Other backends run the scenarios once. */
+Test(conformance, shared_f_warp_write_path, .timeout = 900) {
+    cfg c5 = {128, 32, 32, 3, 29, 8, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c6 = {128, 64, 16, 3, 5, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    cfg c7 = {128, 128, 32, 0, 0, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    const int l5[] = {1, 32, 33, 100, 170}, l6[] = {3, 9, 31, 40}, l7[] = {1, 31, 33, 70};
+    static const char *const ks[] = {"3", "8", "1"};
+    setenv("OSCAR_APPEND_WF_CTAS", "0", 1);
+    FOR_EACH_BACKEND(g, {
+        for (int k = 0; k < (strcmp(k_backends[bi_], "cuda") ? 1 : 3); k++) {
+            setenv("OSCAR_APPEND_WK", ks[k], 1);
+            run_scenario_fb(&g, &c5, 5, l5, TOKENS, 1);
+            run_scenario_fb(&g, &c6, 4, l6, TOKENS, 1);
+            run_scenario_fb(&g, &c6, 4, l6, CHUNKS, 1);
+            run_scenario_fb(&g, &c6, 4, l6, TOKENS, 0);
+            run_scenario_fb(&g, &c7, 4, l7, TOKENS, 1);
+        }
+    });
+    unsetenv("OSCAR_APPEND_WK");
+    unsetenv("OSCAR_APPEND_WF_CTAS");
+}
+
 /* ---------------------------------------------------------- device flags */
 /* The tensor-core decode family (CUDA: templates/decode_tc.jinja) at d 128
  * GQA 4: groups 128, 64 and 32, BF16 and F16 windows, per-head rotations,

@@ -208,6 +208,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->append_w = av->append_w;
     k->append_wr = av->append_wr;
     k->append_wf = NULL;
+    k->append_wk[0] = k->append_wk[1] = k->append_wk[2] = NULL;
     k->wf_smem = 0;
     k->wf_resident = 0;
     k->append_t = NULL;
@@ -282,6 +283,17 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         if ((st = tc_prepare(av->append_wf, 64, av->wf_smem, "warp append", &k->wf_resident, err))) return st;
         k->append_wf = av->append_wf;
         k->wf_smem = (unsigned)av->wf_smem;
+    }
+    memset(k->wk_resident, 0, sizeof k->wk_resident);
+    if (av->append_wk && av->append_wk8) {
+        k->append_wk[0] = k->append_wk[1] = av->append_wk;
+        k->append_wk[2] = av->append_wk8;
+        /* K = 2, 4, 8 tokens per CTA, without and with F in shared memory (the limit set last stays) */
+        for (int f = 0; f < 2; f++)
+            for (int i = 0; i < 3; i++)
+                if ((st = tc_prepare(k->append_wk[i], 128 << i, f ? av->wf_smem : 0, "warp append",
+                                     &k->wk_resident[f][i], err)))
+                    return st;
     }
     if (av->append_t) {
         int unused = 0;

@@ -14,9 +14,9 @@
  * instance (latency), larger ones the plain-load one (occupancy). */
 #define OSCAR_APPENDW_RING_CTAS 4
 /* Grids of more than this many warp-path CTAs per compute unit take the tile write path
- * (rotation and feedback weights shared by a CTA's tokens) at head_dim 128 with feedback
- * weights and at head_dim 256: measured on the H200 (perf/RESULTS-attention.md, sixteenth
- * session), at head_dim 128 with feedback the tile path wins at batch 256 x 8 KV heads (31
+ * (rotation and feedback weights shared by a CTA's tokens) at head_dim 256, and at head_dim 128
+ * with feedback weights where the shared-F warp instance (append_wk) is off: measured on the
+ * H200 (perf/RESULTS-attention.md, sixteenth session), at head_dim 128 with feedback the tile path wins at batch 256 x 8 KV heads (31
  * per SM: 42 vs 64 us) and loses by 2 us at 128 (15.5: 36 vs 34 us); the lines cross near 17. At
  * head_dim 256 the tile path already won at batch 128 (eighth session: 94 vs 99 us with feedback, 44
  * vs 52 nearest), so the lower threshold moves it the same way there. */
@@ -53,6 +53,7 @@ typedef struct gpu_plan {
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int wf_ctas;   /* ... and up to wf_ctas (-1: as many as fit at once) the one with all of F in shared memory */
     int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
+    int wk_pairs;  /* feedback past one wave of the wf instance: tokens per CTA of the shared-F one (-1: the rule) */
     /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
      * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
     int o3_ctas, o3_len, o3_big;
@@ -69,6 +70,25 @@ static int env_count(const char *name, int def) {
     char *end = NULL;
     long v = strtol(e, &end, 10);
     return end && *end == '\0' && v >= 0 && v <= 1000000 ? (int)v : def;
+}
+
+/* Tokens per CTA of the shared-F warp write path (append_wk) for total_new tokens of H heads: of
+ * K = 2, 4, 8, the fewest waves of CTAs (resident counts from the occupancy query), the smallest K
+ * among equals (a CTA waits for its copy of F; fewer pairs wait less); 0 where none is resident. */
+static int wk_tokens(const gpu_plan *p, int fk, int64_t total_new, int H, int64_t cus) {
+    int best = 0;
+    int64_t best_waves = 0;
+    for (int i = 0; i < 3; i++) {
+        const int K = 2 << i;
+        const int64_t res = (int64_t)p->k.wk_resident[fk][i] * (cus > 0 ? cus : 1);
+        if (res < 1) continue;
+        const int64_t ctas = (total_new + K - 1) / K * 2 * H, waves = (ctas + res - 1) / res;
+        if (!best || waves < best_waves) {
+            best = K;
+            best_waves = waves;
+        }
+    }
+    return best;
 }
 
 static int log2_exact(int x) {
@@ -238,6 +258,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
     p->wf_ctas = env_count("OSCAR_APPEND_WF_CTAS", -1);
     p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
+    p->wk_pairs = env_count("OSCAR_APPEND_WK", -1);
     int cus = V(ctx)->compute_units(ctx);
     /* default: a third of the CUs, and a call of >= 16K tokens or 3 CTAs per CU; an explicit
      * $OSCAR_DECODE_O3_CTAS (tests, A/B) is the whole rule */
@@ -634,7 +655,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * head_dim 64 nor with nearest rounding at 128, where a CTA's serial work is longer
      * than the warp path's whole grid (measured, perf/RESULTS-attention.md). Same slot
      * rule as below. */
-    int tile_wins = (D >= 128 && (fk || D > 128)) || p->tile_ctas == 0; /* 0: forced (tests, A/B) */
+    int tile_wins = (D >= 128 && (fk || D > 128) && !(fk && p->k.append_wk[0] && p->wk_pairs != 0)) ||
+                    p->tile_ctas == 0; /* 0: forced (tests, A/B) */
     /* The tile and warp write paths do not store 1-bit planes: a layer with a 3-bit head-tensor takes
      * the block-wide kernels. */
     if (p->quantized && !wide && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
@@ -653,6 +675,14 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * head_dim 256 in a small grid (one warp's rotation is 2048 multiply-adds per lane),
      * and feedback at head_dim 64 (blocks of 2 values: the per-block cost dominates). */
     int blockwise = (small && D > 128 && p->k.append1) || (fk && D < 128);
+    /* Past one wave of that instance, K tokens of one (row kind, head) per CTA share one copy of F
+     * and the L1 lines of R: one token per CTA streamed both from L2 for every row (64 KB each at
+     * d 128), which bounded batch >= 32 (twenty-fourth session). $OSCAR_APPEND_WK (A/B, tests) fixes
+     * K, with nearest rounding too. */
+    int wk = p->wk_pairs >= 0 ? (p->wk_pairs > 8 ? 8 : p->wk_pairs) : fk && !full ? wk_tokens(p, 1, a->total_new, H, cus) : 0;
+    if (p->quantized && !wide && p->k.append_wk[0] && wk > 0 && !blockwise && (W == 0 || a->total_new <= W))
+        return V(ctx)->launch_smem(ctx, p->k.append_wk[wk > 4 ? 2 : 0], (unsigned)((a->total_new + wk - 1) / wk),
+                                   (unsigned)(2 * H), 1, (unsigned)(64 * wk), fk ? p->k.wf_smem : 0, aa, 1, a->stream, err);
     if (p->quantized && !wide && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
         return V(ctx)->launch_smem(ctx, full ? p->k.append_wf : small ? p->k.append_wr : p->k.append_w,
                                    (unsigned)a->total_new, (unsigned)(2 * H), 1, 64, full ? p->k.wf_smem : 0, aa, 1,
