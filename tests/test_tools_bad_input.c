@@ -753,6 +753,49 @@ Test(tools_bad_input, outputs_never_overwrite_inputs_or_each_other, .timeout = 3
     rmrf(dir);
 }
 
+/* An output that is one of the files the model is read from (config.json, a shard the index names,
+ * model.safetensors, tokenizer.json, or a link to one) replaced the checkpoint after the whole run:
+ * oscar-calibrate --out MODEL/model.safetensors wrote its parameters over the weights (exit 0), oscar-eval
+ * --out MODEL/config.json its report over the config. Refused before any work, naming the file. */
+Test(tools_bad_input, outputs_never_overwrite_the_model, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, NULL); /* config.json a copy, the shards and the index links to the shared model */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat before, after;
+    cr_assert_eq(stat(path, &before), 0);
+    int rc = run(out, sizeof out, 240,
+             BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out %s/model-00003-of-00005.safetensors", dir,
+             g_tokens, dir);
+    cr_expect_eq(rc, 2, "calibrate --out MODEL/<shard>: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model-00003-of-00005.safetensors"), "message should name the shard: %s", out);
+    const char *common = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    const char *cases[] = {"--out %s/config.json", "--out %s/r.json --md %s/tokenizer.json",
+                           "--out %s/r.json --plot %s/model.safetensors.index.json"};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char outs[512];
+        snprintf(outs, sizeof outs, cases[k], dir, dir);
+        rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s %s", dir, g_tokens, common, outs);
+        cr_expect_eq(rc, 2, "eval %s: exit %d: %s", outs, rc, out);
+        cr_expect(strstr(out, "is the model's"), "eval %s: message should name the model's file: %s", outs, out);
+    }
+    /* last: before the fix this one replaced config.json, and every case after it failed on that */
+    rc = run(out, sizeof out, 240, BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out %s/config.json", dir,
+             g_tokens, dir);
+    cr_expect_eq(rc, 2, "calibrate --out MODEL/config.json: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model's config.json"), "message should name the model's file: %s", out);
+    cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
+    cr_expect(stat(path, &after) == 0 && after.st_ino == before.st_ino && after.st_size == before.st_size,
+              "config.json was replaced");
+    for (int i = 0; i < 2; i++) {
+        const char *f = i ? "tokenizer.json" : "model-00003-of-00005.safetensors";
+        snprintf(path, sizeof path, "%s/%s", dir, f);
+        cr_expect(lstat(path, &after) == 0 && S_ISLNK(after.st_mode), "%s was replaced", f);
+    }
+    rmrf(dir);
+}
+
 /* oscar-eval wrote its report through a fixed PATH.tmp: two runs to one path
  * shared it, and a stale PATH.tmp that cannot be opened (here a folder) made
  * every run fail. Now each run writes a temporary of its own (mkstemp) and

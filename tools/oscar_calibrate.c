@@ -282,6 +282,12 @@ int main(int argc, char **argv) {
                     out_path);
             return 2;
         }
+        char which[256];
+        if (oe_model_reads(model_dir, out_path, which, sizeof which)) { /* the parameters would replace the model */
+            fprintf(stderr, "oscar-calibrate: --out %s is the model's %s (an input); choose another --out\n",
+                    out_path, which);
+            return 2;
+        }
     }
     /* The engine reads OE_THREADS when its context is created. */
     if (threads > 0) {

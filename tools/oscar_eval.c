@@ -326,6 +326,15 @@ int main(int argc, char **argv)
                     return bad("%s name the same file (%s): give each output its own path", what, outs[i]);
                 }
             }
+        /* nor over the checkpoint the evaluation reads */
+        for (int i = 0; i < 3; i++) {
+            char which[256];
+            if (outs[i] && oe_model_reads(S.model_dir, outs[i], which, sizeof which)) {
+                char what[4200];
+                snprintf(what, sizeof what, "%s %s", flags[i], outs[i]);
+                return bad("%s is the model's %s (an input); choose another output path", what, which);
+            }
+        }
     }
 
     /* Methods first: a typo should not cost a model load. */
