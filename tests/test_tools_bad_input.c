@@ -753,6 +753,39 @@ Test(tools_bad_input, outputs_never_overwrite_inputs_or_each_other, .timeout = 3
     rmrf(dir);
 }
 
+/* --copy-windows with windows too short for a copy longer than the recent window: oscar-calibrate ran
+ * pass 0 and then failed (exit 1) with oscar_calib_feed_copy's message ("period 0"), naming no flag.
+ * Now bad input before the model load, naming the smallest --window that holds the copies. */
+Test(tools_bad_input, calibrate_refuses_copy_windows_its_windows_cannot_hold, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    struct {
+        const char *args, *want;
+    } cases[] = {
+        {"--window 512", "--window 578"},                          /* sink 64 + 2 x (recent 256 + 1) */
+        {"--window 48 --sink 0 --recent 16", "--window 50"},       /* 2 x 25: 2R - 2 >= recent + 32 */
+        {"--window 577", "--window 578"},                          /* one short */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int rc = run(out, sizeof out, 240,
+                     BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --copy-windows 2 %s --out /tmp/oscar-cw-%d.st",
+                     g_model, g_tokens, cases[k].args, (int)getpid());
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[k].args, rc, out);
+        cr_expect(strstr(out, "--copy-windows") && strstr(out, cases[k].want), "%s: message should name %s: %s",
+                  cases[k].args, cases[k].want, out);
+        cr_expect(!strstr(out, "pass 0"), "%s: the tool calibrated before checking: %s", cases[k].args, out);
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/oscar-cw-%d.st", (int)getpid());
+    unlink(path);
+    /* the smallest window named is enough */
+    int rc = run(out, sizeof out, 240,
+                 BIN "/oscar-calibrate %s --tokens %s --max-tokens 100 --window 50 --sink 0 --recent 16 "
+                     "--copy-windows 1 --out %s", g_model, g_tokens, path);
+    cr_expect_eq(rc, 0, "--window 50 --sink 0 --recent 16 --copy-windows 1: exit %d: %s", rc, out);
+    unlink(path);
+}
+
 /* An output that is one of the files the model is read from (config.json, a shard the index names,
  * model.safetensors, tokenizer.json, or a link to one) replaced the checkpoint after the whole run:
  * oscar-calibrate --out MODEL/model.safetensors wrote its parameters over the weights (exit 0), oscar-eval

@@ -269,6 +269,13 @@ int main(int argc, char **argv) {
                 o.max_tokens, o.window);
         return 2;
     }
+    {
+        char why[512];
+        if (ocal_check_copy_windows(&o, why, sizeof why) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s\n", why);
+            return 2;
+        }
+    }
     /* The output is written last, after minutes of work: check now that it
      * can be (its folder exists and is writable, it is not a folder). */
     {
