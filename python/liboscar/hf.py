@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import math
 import os
 import sys
@@ -677,6 +678,32 @@ def calibrate(model: Any, tokens: Any, window: int = 2048, max_tokens: int = 655
     return params
 
 
+# What from_pretrained reads from a checkpoint directory (besides the shards an index names).
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def _model_file(model: str, path: str) -> Optional[str]:
+    """The name of the file of checkpoint directory ``model`` that ``path``
+    is (a link, another spelling), or None."""
+    if not os.path.isdir(model):
+        return None
+    names = list(_MODEL_FILES)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        ip = os.path.join(model, index)
+        if not os.path.isfile(ip):  # (a FIFO would block the read)
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            with open(ip, encoding="utf-8") as f:
+                names += [n for n in json.load(f)["weight_map"].values() if isinstance(n, str)]
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(os.path.join(model, name), path):
+                return name
+    return None
+
+
 def main(argv: Optional[list] = None) -> int:
     """``python -m liboscar.hf MODEL --tokens F | --text F --out P``: calibrate a
     transformers checkpoint (a directory or hub id already in the local cache)
@@ -712,6 +739,13 @@ def main(argv: Optional[list] = None) -> int:
     src_path = a.tokens or a.text
     if not os.path.isfile(src_path):
         ap.error(f"{src_path}: not a regular file")
+    # Written after the whole calibration: over an input it would replace it (oscar-calibrate refuses the same).
+    if os.path.exists(out):
+        if os.path.samefile(out, src_path):
+            ap.error(f"--out {a.out} and --{'tokens' if a.tokens else 'text'} name the same file; choose another --out")
+        hit = _model_file(a.model, out)
+        if hit:
+            ap.error(f"--out {a.out} is the model's {hit} (an input); choose another --out")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if a.tokens:

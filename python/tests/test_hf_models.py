@@ -322,6 +322,19 @@ def test_command_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             hf.main([str(model_dir), *args])
         assert e.value.code == 2 and why in capsys.readouterr().err, args
+    # An output over an input (written after the whole calibration) replaced it: the token file, or a file of
+    # the checkpoint (config.json; a shard through a link).
+    (model_dir / "alias.safetensors").symlink_to(model_dir / "model.safetensors")
+    before = {p: p.read_bytes() for p in (tok, model_dir / "config.json", model_dir / "model.safetensors")}
+    for args, why in ((["--tokens", str(tok), "--out", str(tok)], "same file"),
+                      (["--tokens", str(tok), "--out", str(model_dir / "config.json")], "model's config.json"),
+                      (["--tokens", str(tok), "--out", str(model_dir / "alias.safetensors")],
+                       "model's model.safetensors")):
+        with pytest.raises(SystemExit) as e:
+            hf.main([str(model_dir), *args, "--window", "256"])
+        assert e.value.code == 2 and why in capsys.readouterr().err, args
+    assert all(p.read_bytes() == b for p, b in before.items())
+    assert hf.main([str(model_dir), "--tokens", str(tok), "--out", str(out), "--window", "256"]) == 0  # again: fine
 
 
 @need_qwen
