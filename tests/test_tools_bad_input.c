@@ -753,6 +753,26 @@ Test(tools_bad_input, outputs_never_overwrite_inputs_or_each_other, .timeout = 3
     rmrf(dir);
 }
 
+/* oscar2 evaluated at a --group other than the one the parameters' clips were fitted for: oscar_plan_create
+ * refuses such parameters for a cache, but oscar-eval (fake-quant) ran and reported the clips of group 128
+ * as oscar2 at group 64 (exit 0). Now bad input naming both groups, before the model load. */
+Test(tools_bad_input, eval_refuses_params_fitted_for_another_group, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors", /* group 128 */
+        *common = "--context 64 --max-tokens 64 --sink 0 --recent 16 --retrieval-trials 0";
+    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --group 64 %s "
+                 "--out %s/r.json", g_model, g_tokens, P, common, dir);
+    cr_expect_eq(rc, 2, "--params fitted for group 128 at --group 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "group 128") && strstr(out, "group 64"), "message should name both groups: %s", out);
+    cr_expect(!strstr(out, "windows of"), "the evaluation ran before the check: %s", out);
+    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --group 128 %s "
+                 "--out %s/r.json", g_model, g_tokens, P, common, dir);
+    cr_expect_eq(rc, 0, "the file's own group: exit %d: %s", rc, out);
+    rmrf(dir);
+}
+
 /* --copy-windows with windows too short for a copy longer than the recent window: oscar-calibrate ran
  * pass 0 and then failed (exit 1) with oscar_calib_feed_copy's message ("period 0"), naming no flag.
  * Now bad input before the model load, naming the smallest --window that holds the copies. */
