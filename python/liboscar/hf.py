@@ -395,7 +395,9 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
     the rotated row rounded to bfloat16 (FORMAT.md §1), turned back with R^T.
     Queries and outputs are rounded to bfloat16 as ``oscar_decode`` takes and
     gives them, the rest is float64 on the CPU (inputs on a GPU are copied; the
-    output goes back to the query's device). For checks; register it with
+    output goes back to the query's device). ``group``: the quant group, 0
+    for the cache's default at the head_dim (:class:`OscarCache`'s, 128 at
+    head_dim 256). For checks; register it with
     ``AttentionInterface.register(name, fn)``."""
     from .core import fakequant
 
@@ -414,7 +416,9 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
 
     def quantized(x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
         rows = x[0].transpose(0, 1).float().numpy()  # [T, H, d]
-        fq = fakequant(rows, method, params, layer=layer, which=which, group=group)
+        # group 0: the cache's (Layout's) default for head_dim, not oscar_fakequant's 0 = head_dim (256 -> 128)
+        g = group or Layout(head_dim=rows.shape[2]).group
+        fq = fakequant(rows, method, params, layer=layer, which=which, group=g)
         return torch.from_numpy(fq).transpose(0, 1)[None].to(torch.float64)
 
     def forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
