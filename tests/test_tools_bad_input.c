@@ -849,6 +849,39 @@ Test(tools_bad_input, outputs_never_overwrite_the_model, .timeout = 300) {
     rmrf(dir);
 }
 
+/* --plot P writes P.dat and P.gp beside the PNG, and neither was compared with the inputs or the other
+ * outputs: --tokens t.dat with --plot t replaced the token file with the plot's data, --md q.gp with
+ * --plot q the report with the gnuplot script (exit 0 both). Refused first, naming both. */
+Test(tools_bad_input, eval_plot_side_files_never_overwrite_inputs_or_outputs, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/t.dat", dir);
+    size_t n;
+    char *t = slurp(g_tokens, &n);
+    spit(tok, t, 4096);
+    free(t);
+    const char *common = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    struct {
+        const char *outs, *want;
+    } cases[] = {
+        {"--out %s/r.json --md %s/q.gp --plot %s/q", "--md"},
+        {"--out %s/q.dat --plot %s/q", "--out"},
+        {"--out %s/r.json --plot %s/t", "--tokens"}, /* last: before the fix it replaced the token file */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char outs[512];
+        snprintf(outs, sizeof outs, cases[k].outs, dir, dir, dir);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s %s", g_model, tok, common, outs);
+        cr_expect_eq(rc, 2, "case %zu (%s): exit %d: %s", k, outs, rc, out);
+        cr_expect(strstr(out, "--plot") && strstr(out, cases[k].want), "case %zu: message should name --plot and %s: %s",
+                  k, cases[k].want, out);
+    }
+    struct stat sb;
+    cr_expect(stat(tok, &sb) == 0 && sb.st_size == 4096, "the token file was overwritten");
+    rmrf(dir);
+}
+
 /* oscar-eval wrote its report through a fixed PATH.tmp: two runs to one path
  * shared it, and a stale PATH.tmp that cannot be opened (here a folder) made
  * every run fail. Now each run writes a temporary of its own (mkstemp) and

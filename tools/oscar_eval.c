@@ -360,6 +360,23 @@ int main(int argc, char **argv)
                 return bad("%s is the model's %s (an input); choose another output path", what, which);
             }
         }
+        /* --plot P writes P.dat and P.gp as well: --tokens t.dat with --plot t had the token file replaced
+         * by the plot's data, --md q.gp with --plot q the report by the gnuplot script */
+        const char *in_flags[3] = {"--tokens", "--params", "--params-lm"};
+        for (int i = 0; S.out_plot && i < 2; i++) {
+            char side[4200], what[4400], other[4300] = "", which[256];
+            snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
+            for (int j = 0; j < 3 && !other[0]; j++)
+                if (tool_same_file(side, ins[j])) snprintf(other, sizeof other, "%s %s", in_flags[j], ins[j]);
+            for (int j = 0; j < 2 && !other[0]; j++)
+                if (tool_same_file(side, outs[j])) snprintf(other, sizeof other, "%s %s", flags[j], outs[j]);
+            if (!other[0] && oe_model_reads(S.model_dir, side, which, sizeof which))
+                snprintf(other, sizeof other, "the model's %s", which);
+            if (other[0]) {
+                snprintf(what, sizeof what, "--plot %s writes %s", S.out_plot, side);
+                return bad("%s, which is %s; choose another --plot", what, other);
+            }
+        }
     }
 
     /* Methods first: a typo should not cost a model load. */
