@@ -736,6 +736,9 @@ def main(argv: Optional[list] = None) -> int:
     a = ap.parse_args(argv)
 
     out = os.path.abspath(a.out)
+    if os.path.islink(out) and not os.path.exists(out):  # the save would replace the link, not make its target
+        ap.error(f"--out {a.out} is a symbolic link to '{os.readlink(out)}', which does not exist; give a file name "
+                 f"(remove the link) or create the link's target first")
     if os.path.exists(out) and not os.path.isfile(out):
         ap.error(f"--out {a.out}: exists and is not a regular file")
     if not os.access(os.path.dirname(out), os.W_OK):

@@ -365,6 +365,11 @@ def test_command_line(tmp_path, capsys):
             hf.main([str(model_dir), *args, "--window", "256"])
         assert e.value.code == 2 and why in capsys.readouterr().err, args
     assert all(p.read_bytes() == b for p, b in before.items())
+    dangling = tmp_path / "dangling.safetensors"  # as oscar-calibrate --out: the save replaced the link
+    dangling.symlink_to(tmp_path / "no/such/target.safetensors")
+    with pytest.raises(SystemExit) as e:
+        hf.main([str(model_dir), "--tokens", str(tok), "--out", str(dangling), "--window", "256"])
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err and dangling.is_symlink()
     assert hf.main([str(model_dir), "--tokens", str(tok), "--out", str(out), "--window", "256"]) == 0  # again: fine
 
 
