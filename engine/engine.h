@@ -88,6 +88,11 @@ typedef struct oe_model oe_model;
 /* Loads config.json and model.safetensors (or the shards listed by
  * model.safetensors.index.json) from dir; weights are converted to fp32. */
 oscar_status oe_model_load(const char *dir, oe_model **out);
+/* 1 when path names (by device and inode: a link, another spelling) a file the model in dir is read from
+ * (config.json, model.safetensors or model.safetensors.index.json and the shards it names, tokenizer.json),
+ * with that file's name in which: a tool refuses such an output before any work, since writing it would
+ * replace the checkpoint it reads. 0 when path does not exist or is none of them. */
+int oe_model_reads(const char *dir, const char *path, char *which, size_t n);
 /* Parses only config.json (no weights). */
 oscar_status oe_config_load(const char *config_path, oe_config *out);
 void oe_model_free(oe_model *m);

@@ -436,6 +436,44 @@ done:
     return s;
 }
 
+/* Whether path is one file (same device and inode) as the existing file dir/name. */
+static int same_file_in(const char *dir, const char *name, const struct stat *ps)
+{
+    char fp[4096];
+    struct stat sb;
+    int n = snprintf(fp, sizeof fp, "%s/%s", dir, name);
+    return n > 0 && (size_t)n < sizeof fp && stat(fp, &sb) == 0 && sb.st_dev == ps->st_dev &&
+           sb.st_ino == ps->st_ino;
+}
+
+int oe_model_reads(const char *dir, const char *path, char *which, size_t n)
+{
+    struct stat ps;
+    if (!dir || !path || stat(path, &ps) != 0) return 0; /* a file that does not exist yet is no input */
+    static const char *const fixed[] = {"config.json", "model.safetensors.index.json", "model.safetensors",
+                                        "tokenizer.json"};
+    const char *hit = NULL;
+    for (size_t i = 0; !hit && i < sizeof fixed / sizeof fixed[0]; i++)
+        if (same_file_in(dir, fixed[i], &ps)) hit = fixed[i];
+    char ip[4096];
+    struct stat is;
+    json_t *root = NULL; /* a regular index only: a FIFO would block the read */
+    if (!hit && (size_t)snprintf(ip, sizeof ip, "%s/model.safetensors.index.json", dir) < sizeof ip &&
+        stat(ip, &is) == 0 && S_ISREG(is.st_mode) && (root = json_load_file(ip, 0, NULL)) != NULL) {
+        const char *key;
+        json_t *val;
+        json_t *wm = json_object_get(root, "weight_map");
+        json_object_foreach(wm, key, val)
+        {
+            const char *fn = json_string_value(val);
+            if (!hit && fn && *fn && !strchr(fn, '/') && same_file_in(dir, fn, &ps)) hit = fn;
+        }
+    }
+    if (hit && which && n) snprintf(which, n, "%s", hit);
+    json_decref(root);
+    return hit != NULL;
+}
+
 static void free_layer(oe_layer *l)
 {
     float **fields[] = {&l->attn_norm, &l->wq, &l->wk, &l->wv, &l->wo, &l->bq, &l->bk, &l->bv, &l->bo,

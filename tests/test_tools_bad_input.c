@@ -753,6 +753,135 @@ Test(tools_bad_input, outputs_never_overwrite_inputs_or_each_other, .timeout = 3
     rmrf(dir);
 }
 
+/* oscar2 evaluated at a --group other than the one the parameters' clips were fitted for: oscar_plan_create
+ * refuses such parameters for a cache, but oscar-eval (fake-quant) ran and reported the clips of group 128
+ * as oscar2 at group 64 (exit 0). Now bad input naming both groups, before the model load. */
+Test(tools_bad_input, eval_refuses_params_fitted_for_another_group, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors", /* group 128 */
+        *common = "--context 64 --max-tokens 64 --sink 0 --recent 16 --retrieval-trials 0";
+    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --group 64 %s "
+                 "--out %s/r.json", g_model, g_tokens, P, common, dir);
+    cr_expect_eq(rc, 2, "--params fitted for group 128 at --group 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "group 128") && strstr(out, "group 64"), "message should name both groups: %s", out);
+    cr_expect(!strstr(out, "windows of"), "the evaluation ran before the check: %s", out);
+    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods oscar2 --group 128 %s "
+                 "--out %s/r.json", g_model, g_tokens, P, common, dir);
+    cr_expect_eq(rc, 0, "the file's own group: exit %d: %s", rc, out);
+    rmrf(dir);
+}
+
+/* --copy-windows with windows too short for a copy longer than the recent window: oscar-calibrate ran
+ * pass 0 and then failed (exit 1) with oscar_calib_feed_copy's message ("period 0"), naming no flag.
+ * Now bad input before the model load, naming the smallest --window that holds the copies. */
+Test(tools_bad_input, calibrate_refuses_copy_windows_its_windows_cannot_hold, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    struct {
+        const char *args, *want;
+    } cases[] = {
+        {"--window 512", "--window 578"},                          /* sink 64 + 2 x (recent 256 + 1) */
+        {"--window 48 --sink 0 --recent 16", "--window 50"},       /* 2 x 25: 2R - 2 >= recent + 32 */
+        {"--window 577", "--window 578"},                          /* one short */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int rc = run(out, sizeof out, 240,
+                     BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --copy-windows 2 %s --out /tmp/oscar-cw-%d.st",
+                     g_model, g_tokens, cases[k].args, (int)getpid());
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[k].args, rc, out);
+        cr_expect(strstr(out, "--copy-windows") && strstr(out, cases[k].want), "%s: message should name %s: %s",
+                  cases[k].args, cases[k].want, out);
+        cr_expect(!strstr(out, "pass 0"), "%s: the tool calibrated before checking: %s", cases[k].args, out);
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/oscar-cw-%d.st", (int)getpid());
+    unlink(path);
+    /* the smallest window named is enough */
+    int rc = run(out, sizeof out, 240,
+                 BIN "/oscar-calibrate %s --tokens %s --max-tokens 100 --window 50 --sink 0 --recent 16 "
+                     "--copy-windows 1 --out %s", g_model, g_tokens, path);
+    cr_expect_eq(rc, 0, "--window 50 --sink 0 --recent 16 --copy-windows 1: exit %d: %s", rc, out);
+    unlink(path);
+}
+
+/* An output that is one of the files the model is read from (config.json, a shard the index names,
+ * model.safetensors, tokenizer.json, or a link to one) replaced the checkpoint after the whole run:
+ * oscar-calibrate --out MODEL/model.safetensors wrote its parameters over the weights (exit 0), oscar-eval
+ * --out MODEL/config.json its report over the config. Refused before any work, naming the file. */
+Test(tools_bad_input, outputs_never_overwrite_the_model, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, NULL); /* config.json a copy, the shards and the index links to the shared model */
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    struct stat before, after;
+    cr_assert_eq(stat(path, &before), 0);
+    int rc = run(out, sizeof out, 240,
+             BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out %s/model-00003-of-00005.safetensors", dir,
+             g_tokens, dir);
+    cr_expect_eq(rc, 2, "calibrate --out MODEL/<shard>: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model-00003-of-00005.safetensors"), "message should name the shard: %s", out);
+    const char *common = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    const char *cases[] = {"--out %s/config.json", "--out %s/r.json --md %s/tokenizer.json",
+                           "--out %s/r.json --plot %s/model.safetensors.index.json"};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char outs[512];
+        snprintf(outs, sizeof outs, cases[k], dir, dir);
+        rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s %s", dir, g_tokens, common, outs);
+        cr_expect_eq(rc, 2, "eval %s: exit %d: %s", outs, rc, out);
+        cr_expect(strstr(out, "is the model's"), "eval %s: message should name the model's file: %s", outs, out);
+    }
+    /* last: before the fix this one replaced config.json, and every case after it failed on that */
+    rc = run(out, sizeof out, 240, BIN "/oscar-calibrate %s --tokens %s --max-tokens 2048 --out %s/config.json", dir,
+             g_tokens, dir);
+    cr_expect_eq(rc, 2, "calibrate --out MODEL/config.json: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model's config.json"), "message should name the model's file: %s", out);
+    cr_expect(!strstr(out, "pass 0"), "the tool calibrated before checking its output: %s", out);
+    cr_expect(stat(path, &after) == 0 && after.st_ino == before.st_ino && after.st_size == before.st_size,
+              "config.json was replaced");
+    for (int i = 0; i < 2; i++) {
+        const char *f = i ? "tokenizer.json" : "model-00003-of-00005.safetensors";
+        snprintf(path, sizeof path, "%s/%s", dir, f);
+        cr_expect(lstat(path, &after) == 0 && S_ISLNK(after.st_mode), "%s was replaced", f);
+    }
+    rmrf(dir);
+}
+
+/* --plot P writes P.dat and P.gp beside the PNG, and neither was compared with the inputs or the other
+ * outputs: --tokens t.dat with --plot t replaced the token file with the plot's data, --md q.gp with
+ * --plot q the report with the gnuplot script (exit 0 both). Refused first, naming both. */
+Test(tools_bad_input, eval_plot_side_files_never_overwrite_inputs_or_outputs, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/t.dat", dir);
+    size_t n;
+    char *t = slurp(g_tokens, &n);
+    spit(tok, t, 4096);
+    free(t);
+    const char *common = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    struct {
+        const char *outs, *want;
+    } cases[] = {
+        {"--out %s/r.json --md %s/q.gp --plot %s/q", "--md"},
+        {"--out %s/q.dat --plot %s/q", "--out"},
+        {"--out %s/r.json --plot %s/t", "--tokens"}, /* last: before the fix it replaced the token file */
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char outs[512];
+        snprintf(outs, sizeof outs, cases[k].outs, dir, dir, dir);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s %s", g_model, tok, common, outs);
+        cr_expect_eq(rc, 2, "case %zu (%s): exit %d: %s", k, outs, rc, out);
+        cr_expect(strstr(out, "--plot") && strstr(out, cases[k].want), "case %zu: message should name --plot and %s: %s",
+                  k, cases[k].want, out);
+    }
+    struct stat sb;
+    cr_expect(stat(tok, &sb) == 0 && sb.st_size == 4096, "the token file was overwritten");
+    rmrf(dir);
+}
+
 /* oscar-eval wrote its report through a fixed PATH.tmp: two runs to one path
  * shared it, and a stale PATH.tmp that cannot be opened (here a folder) made
  * every run fail. Now each run writes a temporary of its own (mkstemp) and

@@ -269,6 +269,13 @@ int main(int argc, char **argv) {
                 o.max_tokens, o.window);
         return 2;
     }
+    {
+        char why[512];
+        if (ocal_check_copy_windows(&o, why, sizeof why) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s\n", why);
+            return 2;
+        }
+    }
     /* The output is written last, after minutes of work: check now that it
      * can be (its folder exists and is writable, it is not a folder). */
     {
@@ -280,6 +287,12 @@ int main(int argc, char **argv) {
         if (tool_same_file(out_path, tok_path)) { /* the parameters would replace the tokens */
             fprintf(stderr, "oscar-calibrate: --out and --tokens name the same file (%s); choose another --out\n",
                     out_path);
+            return 2;
+        }
+        char which[256];
+        if (oe_model_reads(model_dir, out_path, which, sizeof which)) { /* the parameters would replace the model */
+            fprintf(stderr, "oscar-calibrate: --out %s is the model's %s (an input); choose another --out\n",
+                    out_path, which);
             return 2;
         }
     }

@@ -84,7 +84,7 @@ static int bad(const char *fmt, const char *a, const char *b)
  * all; another model of the same shape (fingerprint) can with
  * --allow-other-model, whose model_hash is then NULL. */
 static int params_for_model(const char *flag, const char *path, const oscar_params *p, const oe_config *cfg,
-                            const char *model_hash)
+                            const char *model_hash, int group)
 {
     char what[4200];
     snprintf(what, sizeof what, "%s %s", flag, path);
@@ -95,6 +95,31 @@ static int params_for_model(const char *flag, const char *path, const oscar_para
                                  model_hash) != OSCAR_OK)
         return bad("%s does not belong to this model: %s (--allow-other-model uses it anyway)", what,
                    oscar_last_error());
+    /* Clips are fitted for one quant group: a cache refuses them at another (oscar_plan_create, the rule's
+     * home, asked here of a CPU plan of the evaluated layout), and an evaluation at --group G would report
+     * the clips of one group as oscar2 at another. (--storage group= stays an explicit ablation.) */
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    oscar_runtime *rt = NULL;
+    oscar_plan *plan = NULL;
+    char why[1024] = "";
+    oscar_status s = oscar_runtime_create(&ro, &rt);
+    if (s == OSCAR_OK) {
+        oscar_layout_desc l;
+        oscar_layout_default(&l);
+        l.head_dim = cfg->head_dim;
+        l.group = group;
+        l.num_q_heads = cfg->num_q_heads;
+        l.num_kv_heads = cfg->num_kv_heads;
+        l.wide_tensors = 2 * cfg->num_kv_heads; /* room for any code widths the file has */
+        s = oscar_plan_create(rt, &l, p, &plan);
+        snprintf(why, sizeof why, "%s", oscar_last_error());
+    }
+    oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+    if (s == OSCAR_ERR_SHAPE_MISMATCH)
+        return bad("%s does not serve this evaluation's group: %s (oscar-eval: pass that group as --group)", what, why);
     return 0;
 }
 
@@ -326,6 +351,32 @@ int main(int argc, char **argv)
                     return bad("%s name the same file (%s): give each output its own path", what, outs[i]);
                 }
             }
+        /* nor over the checkpoint the evaluation reads */
+        for (int i = 0; i < 3; i++) {
+            char which[256];
+            if (outs[i] && oe_model_reads(S.model_dir, outs[i], which, sizeof which)) {
+                char what[4200];
+                snprintf(what, sizeof what, "%s %s", flags[i], outs[i]);
+                return bad("%s is the model's %s (an input); choose another output path", what, which);
+            }
+        }
+        /* --plot P writes P.dat and P.gp as well: --tokens t.dat with --plot t had the token file replaced
+         * by the plot's data, --md q.gp with --plot q the report by the gnuplot script */
+        const char *in_flags[3] = {"--tokens", "--params", "--params-lm"};
+        for (int i = 0; S.out_plot && i < 2; i++) {
+            char side[4200], what[4400], other[4300] = "", which[256];
+            snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
+            for (int j = 0; j < 3 && !other[0]; j++)
+                if (tool_same_file(side, ins[j])) snprintf(other, sizeof other, "%s %s", in_flags[j], ins[j]);
+            for (int j = 0; j < 2 && !other[0]; j++)
+                if (tool_same_file(side, outs[j])) snprintf(other, sizeof other, "%s %s", flags[j], outs[j]);
+            if (!other[0] && oe_model_reads(S.model_dir, side, which, sizeof which))
+                snprintf(other, sizeof other, "the model's %s", which);
+            if (other[0]) {
+                snprintf(what, sizeof what, "--plot %s writes %s", S.out_plot, side);
+                return bad("%s, which is %s; choose another --plot", what, other);
+            }
+        }
     }
 
     /* Methods first: a typo should not cost a model load. */
@@ -427,7 +478,7 @@ int main(int argc, char **argv)
     if (S.params_path) {
         if (oscar_params_load(S.params_path, &P) != OSCAR_OK)
             return bad("--params %s: %s", S.params_path, oscar_last_error());
-        int rc = params_for_model("--params", S.params_path, P, &cfg, model_hash);
+        int rc = params_for_model("--params", S.params_path, P, &cfg, model_hash, (int)group);
         if (rc) {
             oscar_params_destroy(P);
             return rc;
@@ -438,7 +489,7 @@ int main(int argc, char **argv)
         if (oscar_params_load(S.params_lm_path, &P_lm) != OSCAR_OK)
             rc = bad("--params-lm %s: %s", S.params_lm_path, oscar_last_error());
         else
-            rc = params_for_model("--params-lm", S.params_lm_path, P_lm, &cfg, model_hash);
+            rc = params_for_model("--params-lm", S.params_lm_path, P_lm, &cfg, model_hash, (int)group);
         if (rc) {
             oscar_params_destroy(P);
             oscar_params_destroy(P_lm);

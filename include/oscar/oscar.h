@@ -8,7 +8,8 @@
  *    the calling thread until that thread's next liboscar call.
  *  - Handles (oscar_runtime, oscar_params, oscar_calib, oscar_plan) are opaque.
  *    The caller owns each handle it creates and releases it with the matching
- *    *_destroy; destroy(NULL) is a no-op.
+ *    *_destroy; destroy(NULL) is a no-op. A handle used after its destroy is
+ *    undefined behaviour the library cannot detect (docs/API.md "Lifetimes").
  *  - "Device memory" means: a CUDA/HIP device pointer on those backends, a
  *    cl_mem handle cast to void* on OpenCL, plain host memory on the CPU
  *    backend. The caller owns all device memory passed in (KV pools, block

@@ -802,6 +802,13 @@ def _counts(values: Sequence[int], name: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
+def _layer_index(i: Any) -> int:
+    """One entry of PagedCache's ``layers``: an integer (int() truncated 1.7 to layer 1 and took True as 1)."""
+    if isinstance(i, bool):
+        raise TypeError(f"layers: expected integer layer indices, got {i!r}")
+    return _capi.checked_int(i, _capi.c_int, "layers")
+
+
 class PagedCache:
     """A whole model's paged cache for ``num_seqs`` sequences of up to
     ``max_seq_len`` tokens, with pools, block table (sequence i owns a
@@ -817,7 +824,7 @@ class PagedCache:
         others (a hybrid model's sliding-window layers, kept elsewhere) are
         refused by every call."""
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
-        held = set(range(num_layers)) if layers is None else {int(i) for i in layers}
+        held = set(range(num_layers)) if layers is None else {_layer_index(i) for i in layers}
         if not held or not held <= set(range(num_layers)):
             raise ValueError(f"layers {sorted(held)}: a non-empty subset of 0..{num_layers - 1}")
         self.held_layers = held

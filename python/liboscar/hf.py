@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import math
 import os
 import sys
@@ -394,7 +395,9 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
     the rotated row rounded to bfloat16 (FORMAT.md §1), turned back with R^T.
     Queries and outputs are rounded to bfloat16 as ``oscar_decode`` takes and
     gives them, the rest is float64 on the CPU (inputs on a GPU are copied; the
-    output goes back to the query's device). For checks; register it with
+    output goes back to the query's device). ``group``: the quant group, 0
+    for the cache's default at the head_dim (:class:`OscarCache`'s, 128 at
+    head_dim 256). For checks; register it with
     ``AttentionInterface.register(name, fn)``."""
     from .core import fakequant
 
@@ -413,7 +416,9 @@ def reference_attention(params: Optional[Params], method: str = "oscar2", sink: 
 
     def quantized(x: torch.Tensor, layer: int, which: str) -> torch.Tensor:
         rows = x[0].transpose(0, 1).float().numpy()  # [T, H, d]
-        fq = fakequant(rows, method, params, layer=layer, which=which, group=group)
+        # group 0: the cache's (Layout's) default for head_dim, not oscar_fakequant's 0 = head_dim (256 -> 128)
+        g = group or Layout(head_dim=rows.shape[2]).group
+        fq = fakequant(rows, method, params, layer=layer, which=which, group=g)
         return torch.from_numpy(fq).transpose(0, 1)[None].to(torch.float64)
 
     def forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -677,6 +682,32 @@ def calibrate(model: Any, tokens: Any, window: int = 2048, max_tokens: int = 655
     return params
 
 
+# What from_pretrained reads from a checkpoint directory (besides the shards an index names).
+_MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def _model_file(model: str, path: str) -> Optional[str]:
+    """The name of the file of checkpoint directory ``model`` that ``path``
+    is (a link, another spelling), or None."""
+    if not os.path.isdir(model):
+        return None
+    names = list(_MODEL_FILES)
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        ip = os.path.join(model, index)
+        if not os.path.isfile(ip):  # (a FIFO would block the read)
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+            with open(ip, encoding="utf-8") as f:
+                names += [n for n in json.load(f)["weight_map"].values() if isinstance(n, str)]
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.path.samefile(os.path.join(model, name), path):
+                return name
+    return None
+
+
 def main(argv: Optional[list] = None) -> int:
     """``python -m liboscar.hf MODEL --tokens F | --text F --out P``: calibrate a
     transformers checkpoint (a directory or hub id already in the local cache)
@@ -705,6 +736,9 @@ def main(argv: Optional[list] = None) -> int:
     a = ap.parse_args(argv)
 
     out = os.path.abspath(a.out)
+    if os.path.islink(out) and not os.path.exists(out):  # the save would replace the link, not make its target
+        ap.error(f"--out {a.out} is a symbolic link to '{os.readlink(out)}', which does not exist; give a file name "
+                 f"(remove the link) or create the link's target first")
     if os.path.exists(out) and not os.path.isfile(out):
         ap.error(f"--out {a.out}: exists and is not a regular file")
     if not os.access(os.path.dirname(out), os.W_OK):
@@ -712,6 +746,13 @@ def main(argv: Optional[list] = None) -> int:
     src_path = a.tokens or a.text
     if not os.path.isfile(src_path):
         ap.error(f"{src_path}: not a regular file")
+    # Written after the whole calibration: over an input it would replace it (oscar-calibrate refuses the same).
+    if os.path.exists(out):
+        if os.path.samefile(out, src_path):
+            ap.error(f"--out {a.out} and --{'tokens' if a.tokens else 'text'} name the same file; choose another --out")
+        hit = _model_file(a.model, out)
+        if hit:
+            ap.error(f"--out {a.out} is the model's {hit} (an input); choose another --out")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if a.tokens:

@@ -145,6 +145,15 @@ def test_cache_layer_out_of_range_names_the_layer(cpu):
                 call()
 
 
+def test_cache_layers_that_are_not_integers(cpu):
+    # layers= went through int(): [1.7] held layer 1 (the call said nothing), True layer 1, "0" layer 0.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    for bad in ([1.7], [0.0], [True], ["0"], [None]):
+        with pytest.raises(TypeError, match="layers"):
+            plan.cache(num_layers=2, num_seqs=1, layers=bad)
+    assert plan.cache(num_layers=2, num_seqs=1, layers=[np.int64(1)]).held_layers == {1}
+
+
 def test_token_counts_and_bounds_that_are_not_integers(cpu):
     # new_tokens / q_tokens went through np.asarray(..., np.int64), which
     # truncates: [0.5, 1.5] became [0, 1], summed to the 1 row given and was

@@ -298,6 +298,37 @@ def test_bad_input_is_named():
         hf.calibrate(m, np.zeros(512, np.int64), window=256, progress=None)
 
 
+def test_reference_attention_groups_as_the_cache_at_head_dim_256():
+    # reference_attention(group=0) quantized whole 256-wide rows (oscar_fakequant's 0 = head_dim) while
+    # OscarCache (Layout group 0) stores the format's default group for head_dim 256, 128: the "reference"
+    # of the cache's stepwise path measured another codec at head dims above 128.
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(vocab_size=512, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=256)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    ref = hf.reference_attention(None, "int2", sink=4, recent=8)
+    cache = hf.OscarCache(model, None, method="int2", sink=4, recent=8, page_size=16, prefill="stepwise",
+                          switch_attention=False)
+    worst = []
+
+    def both(module, q, k, v, mask, **kw):
+        r, _ = ref(module, q, k, v, mask, **kw)
+        kk, vv = cache.update(k, v, module.layer_idx)
+        o, _ = hf.oscar_attention_forward(module, q, kk, vv, mask, **kw)
+        worst.append(float((o - r).abs().max()) / float(r.abs().max()))
+        return r, None
+
+    transformers.AttentionInterface.register("oscar_test_d256", both)
+    model.set_attn_implementation("oscar_test_d256")
+    try:
+        with torch.no_grad():
+            model(torch.randint(0, 512, (1, 48)))
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert cache.layout.group == 128 and len(worst) == 2
+    assert max(worst) < 1e-2, f"layer outputs differ from the reference by {max(worst):.2e} of max |out|"
+
+
 def test_command_line(tmp_path, capsys):
     m = tiny("mistral")
     model_dir = tmp_path / "model"
@@ -322,6 +353,24 @@ def test_command_line(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             hf.main([str(model_dir), *args])
         assert e.value.code == 2 and why in capsys.readouterr().err, args
+    # An output over an input (written after the whole calibration) replaced it: the token file, or a file of
+    # the checkpoint (config.json; a shard through a link).
+    (model_dir / "alias.safetensors").symlink_to(model_dir / "model.safetensors")
+    before = {p: p.read_bytes() for p in (tok, model_dir / "config.json", model_dir / "model.safetensors")}
+    for args, why in ((["--tokens", str(tok), "--out", str(tok)], "same file"),
+                      (["--tokens", str(tok), "--out", str(model_dir / "config.json")], "model's config.json"),
+                      (["--tokens", str(tok), "--out", str(model_dir / "alias.safetensors")],
+                       "model's model.safetensors")):
+        with pytest.raises(SystemExit) as e:
+            hf.main([str(model_dir), *args, "--window", "256"])
+        assert e.value.code == 2 and why in capsys.readouterr().err, args
+    assert all(p.read_bytes() == b for p, b in before.items())
+    dangling = tmp_path / "dangling.safetensors"  # as oscar-calibrate --out: the save replaced the link
+    dangling.symlink_to(tmp_path / "no/such/target.safetensors")
+    with pytest.raises(SystemExit) as e:
+        hf.main([str(model_dir), "--tokens", str(tok), "--out", str(dangling), "--window", "256"])
+    assert e.value.code == 2 and "does not exist" in capsys.readouterr().err and dangling.is_symlink()
+    assert hf.main([str(model_dir), "--tokens", str(tok), "--out", str(out), "--window", "256"]) == 0  # again: fine
 
 
 @need_qwen

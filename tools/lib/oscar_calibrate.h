@@ -71,6 +71,10 @@ oscar_status ocal_check_shape(int head_dim, int *group, char *err, size_t err_le
 
 /* Number of windows the options give over n_tokens tokens (0: not even one). */
 int ocal_window_count(const ocal_options *o, int64_t n_tokens);
+/* OSCAR_OK when o asks no copy windows or its windows hold them (oscar_calib_feed_copy's rule for the
+ * repeated span feed_copy_windows makes of each --window); else INVALID_ARGUMENT and the message, naming the
+ * smallest --window that does. ocal_run checks it first; a tool checks it before loading the model. */
+oscar_status ocal_check_copy_windows(const ocal_options *o, char *err, size_t err_len);
 
 /* Runs both passes and finalizes. On success *calib (finalized, for targets
  * and the layer report) and *params belong to the caller. On failure returns

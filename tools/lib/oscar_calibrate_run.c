@@ -152,6 +152,30 @@ static oscar_status fail(oscar_status s, char *err, size_t len, const char *fmt,
     return s;
 }
 
+/* oscar_calib_feed_copy's margin (oscar.h): a copy probe's query sits at least this many positions past
+ * sink + recent. */
+#define OCAL_COPY_MARGIN 32
+
+oscar_status ocal_check_copy_windows(const ocal_options *o, char *err, size_t err_len) {
+    if (o->copy_windows <= 0) return OSCAR_OK;
+    oscar_calib_options co; /* the windows ocal_run gives the calibration */
+    oscar_calib_options_default(&co, 1, 1, 1, 64);
+    const int64_t S = o->sink ? (o->sink < 0 ? 0 : o->sink) : co.sink,
+                  W = o->recent ? (o->recent < 0 ? 0 : o->recent) : co.recent;
+    /* feed_copy_windows: period R = (window - S) / 2, queries from S + R to S + 2R - 2 */
+    const int64_t R = ((int64_t)o->window - S) / 2, lo = S + W + OCAL_COPY_MARGIN > S + R ? S + W + OCAL_COPY_MARGIN : S + R;
+    if (R > W && lo <= S + 2 * R - 2) return OSCAR_OK;
+    int64_t rmin = W + 1; /* R > W, 2R - 2 >= W + OCAL_COPY_MARGIN, R >= 2 */
+    if ((W + OCAL_COPY_MARGIN + 3) / 2 > rmin) rmin = (W + OCAL_COPY_MARGIN + 3) / 2;
+    if (rmin < 2) rmin = 2;
+    return fail(OSCAR_ERR_INVALID_ARGUMENT, err, err_len,
+                "--copy-windows %d: a window of %d tokens repeats %" PRId64 " tokens after the sink of %" PRId64
+                "; the copy must be longer than the recent window (%" PRId64 ") and reach %d positions past "
+                "sink + recent (oscar_calib_feed_copy): use --window %" PRId64 " or more, or a smaller --sink / "
+                "--recent",
+                o->copy_windows, o->window, R < 0 ? 0 : R, S, W, OCAL_COPY_MARGIN, S + 2 * rmin);
+}
+
 /* Copy-window observer: q/k/v of a repeated span -> copy probes only. */
 typedef struct copy_state {
     oscar_calib *calib;
@@ -210,6 +234,9 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
                     "%" PRId64 " tokens (max-tokens %" PRId64 ") do not fill one window of %d: give more tokens or a "
                     "smaller --window",
                     n_tokens, o->max_tokens, o->window);
+
+    oscar_status cs = ocal_check_copy_windows(o, err, err_len);
+    if (cs != OSCAR_OK) return cs;
 
     char hash[17];
     ocal_model_hash(cf, hash);
