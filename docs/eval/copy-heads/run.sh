@@ -44,3 +44,9 @@ for s in valA valB; do
       --storage clip=0.95,kv=k,heads=4:1 --storage clip=0.96,kv=k,heads=4:1 \
       --out "$T/t3f-$s.json" --md "$O/t3-floor-$s.md"
 done
+# Confirmation on eval.tokens (16 windows, 4 retrieval trials; not used to choose), each text's file.
+for t in 1 2 3; do
+  nice -n 10 $B/oscar-eval $M --params "$T/def-t$t.safetensors" --tokens "$S/data/tiny-qwen3/eval.tokens" \
+      --methods bf16,oscar2 --context 2048 --max-tokens 32768 --sink 64 --recent 256 --retrieval-trials 4 \
+      --threads 2 --storage clip=0.97,kv=k,heads=4:1 --out "$T/evaltok$t.json" --md "$O/eval-tokens-text$t.md"
+done
