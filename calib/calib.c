@@ -111,6 +111,7 @@ struct oscar_calib {
     int64_t *feeds;       /* [2][L] feeds per pass and layer */
     oscar_calib_attn_report *attn; /* [L] after finalize */
     copy_report *copy;    /* [L] after finalize */
+    oscar_calib_head_copy_report *head_copy; /* [L][hkv] after finalize */
     width_report *width;  /* [L][hkv][2] after finalize: code-width scores */
     double *vmetric;      /* [L][hkv][d][d] value-error metrics (oscar_calib_set_value_metric), or NULL */
     uint8_t *vmetric_set; /* [L][hkv] */
@@ -151,6 +152,8 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->clip_per_head = 0; /* per-head ratios won on one calibration text only (docs/eval/retrieval.md) */
     o->key_attn_weight = 1.0f; /* attention-weighted C_K: lower KL on 2 calibration texts x 2 slices (docs/EVAL.md) */
     o->feedback_damp = 0.0f; /* FB_DAMP */
+    o->copy_head_mass = 0.0f;  /* copy heads off (docs/EVAL.md, twenty-fourth session) */
+    o->copy_head_clip = 0.97f; /* their key clip floor when on */
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -186,6 +189,7 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
     free(c->feeds);
     free(c->attn);
     free(c->copy);
+    free(c->head_copy);
     free(c->width);
     free(c->vmetric);
     free(c->vmetric_set);
@@ -254,6 +258,23 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->copy_mass_loss >= 0.0f && o->copy_mass_loss <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "copy_mass_loss %g must be in [0, 1]",
                                (double)o->copy_mass_loss);
+    if (!(o->copy_head_mass >= 0.0f && o->copy_head_mass <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "copy_head_mass %g must be in [0, 1] (the source attention weight that names a copy "
+                               "head; 0: off)",
+                               (double)o->copy_head_mass);
+    if (o->copy_head_mass > 0.0f && !(o->copy_head_clip > 0.0f && o->copy_head_clip <= 1.0f))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "copy_head_clip %g must be in (0, 1] (the copy heads' key clip floor)",
+                               (double)o->copy_head_clip);
+    if (o->copy_head_mass > 0.0f && o->copy_probes == 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "copy_head_mass %g names copy heads by their copy probes: set copy_probes > 0 and feed "
+                               "copy windows (oscar_calib_feed_copy)",
+                               (double)o->copy_head_mass);
+    if (o->copy_head_mass > 0.0f && o->clip_objective != 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "copy_head_mass works on the attention probes: use clip_objective 0");
     if (!(o->key_attn_weight >= 0.0f && o->key_attn_weight <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g must be in [0, 1]",
                                (double)o->key_attn_weight);
@@ -372,9 +393,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     c->feeds = calloc(2 * (size_t)c->L, sizeof(int64_t));
     c->attn = calloc((size_t)c->L, sizeof *c->attn);
     c->copy = calloc((size_t)c->L, sizeof *c->copy);
+    c->head_copy = calloc((size_t)c->L * (size_t)c->hkv, sizeof *c->head_copy);
     c->width = calloc((size_t)c->L * (size_t)c->hkv * 2, sizeof *c->width);
     if (!c->probes || !c->probe_offers || !c->probe_rng || !c->copy_offers || !c->copy_rng || !c->feeds ||
-        !c->attn || !c->copy || !c->width) {
+        !c->attn || !c->copy || !c->head_copy || !c->width) {
         oscar_calib_destroy(c);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory for calibration state (%d layers)",
                                o->num_layers);
@@ -1592,7 +1614,7 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                 float best_c = fixed > 0.0f ? fixed : 1.0f;
                 int nch = 0;
                 const double m0 = which == OSCAR_K ? probe_set_copy_mass(&ps, h, 0, &nch) : 0.0;
-                const int constrain = nch > 0;
+                const int constrain = nch > 0 && c->o.copy_head_mass <= 0.0f; /* copy heads: no bound */
                 probe_set_quantize(&ps, which, h, best_c, lm, Fw, 0);
                 /* err/num/den of grid point gi (gi 0: best_c, the fixed ratio or 1) for gi < ng. */
                 double errs[CLIP_GRID_N], nums[CLIP_GRID_N], dens[CLIP_GRID_N];
@@ -1632,15 +1654,45 @@ static int probe_fit_layer(oscar_calib *c, const oscar_params *p, int layer, con
                 for (int g = 0; g < c->hkv; g++)
                     if (h < 0 || g == h) clip_out[g] = best_c;
             }
+            /* Copy heads (copy_head_mass > 0): a head whose copy queries put at least that mean
+             * weight on their source (exact keys) keeps its keys clipped no harsher than
+             * copy_head_clip; its keys are requantized there before the values are fitted. */
+            int floored = 0;
+            for (int h = 0; which == OSCAR_K && c->o.copy_head_mass > 0.0f && fixed <= 0.0f && h < c->hkv; h++) {
+                int nch = 0;
+                const double m = probe_set_copy_mass(&ps, h, 0, &nch);
+                if (nch == 0 || m < (double)c->o.copy_head_mass || clip_out[h] >= c->o.copy_head_clip) continue;
+                clip_out[h] = c->o.copy_head_clip;
+                probe_set_quantize(&ps, OSCAR_K, h, clip_out[h], lm, Fw, 0);
+                floored = 1;
+            }
+            if (floored) /* the layer's K report at the heads' ratios (V exact) */
+                (void)probe_set_error_nd(&ps, -1, 1, 0, &sum_num[0], &sum_den[0]);
         }
         /* The layer's report at the chosen ratios; copy mass at the mildest ratio tried. */
         rep->err_k[2] = sum_den[0] > 0.0 ? sum_num[0] / sum_den[0] : 0.0; /* K at c_K, V exact */
         rep->err_kv[2] = sum_den[1] > 0.0 ? sum_num[1] / sum_den[1] : 0.0; /* both at their ratios */
         rep->err_v[2] = probe_set_error(&ps, -1, 0, 1);
+        oscar_calib_head_copy_report *hcr = c->head_copy + (size_t)layer * (size_t)c->hkv;
+        memset(hcr, 0, (size_t)c->hkv * sizeof *hcr);
         if (ncq > 0) {
+            for (int h = 0; h < c->hkv; h++) probe_set_quantize(&ps, OSCAR_K, h, clip_k[h], lm, Fk, 1);
             cr->mass[2] = probe_set_copy_mass(&ps, -1, 1, &ncq);
+            for (int h = 0; h < c->hkv; h++) {
+                int nch = 0;
+                hcr[h].clip_k = clip_k[h];
+                hcr[h].mass[0] = probe_set_copy_mass(&ps, h, 0, &nch);
+                hcr[h].mass[2] = probe_set_copy_mass(&ps, h, 1, &nch);
+                hcr[h].probes = nch / c->g;
+                hcr[h].copy_head =
+                    nch > 0 && c->o.copy_head_mass > 0.0f && hcr[h].mass[0] >= (double)c->o.copy_head_mass;
+            }
             probe_set_quantize(&ps, OSCAR_K, -1, fix_k > 0.0f ? fix_k : 1.0f, lm, Fk, 1);
             cr->mass[1] = probe_set_copy_mass(&ps, -1, 1, &ncq);
+            for (int h = 0; h < c->hkv; h++) {
+                int nch = 0;
+                hcr[h].mass[1] = probe_set_copy_mass(&ps, h, 1, &nch);
+            }
         }
         /* Code widths (docs/eval/retrieval.md, ninth step): each head-tensor's share of the probe
          * error, alone (the other tensor exact), at 2 bits and its chosen ratio, then at 3 bits
@@ -1980,6 +2032,21 @@ OSCAR_API oscar_status oscar_calib_layer_copy_report_get(const oscar_calib *c, i
     if (c->state != STATE_FINAL)
         return oscar_set_error(OSCAR_ERR_STATE, "the copy report exists after oscar_calib_finalize: finalize first");
     *out = c->copy[layer];
+    return OSCAR_OK;
+}
+
+OSCAR_API oscar_status oscar_calib_head_copy_report_get(const oscar_calib *c, int layer, int kv_head,
+                                                        oscar_calib_head_copy_report *out) {
+    oscar_clear_error();
+    if (!c || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_head_copy_report_get: NULL argument");
+    if (layer < 0 || layer >= c->L)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "layer %d out of range [0, %d)", layer, c->L);
+    if (kv_head < 0 || kv_head >= c->hkv)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "kv_head %d out of range [0, %d)", kv_head, c->hkv);
+    if (c->state != STATE_FINAL)
+        return oscar_set_error(OSCAR_ERR_STATE, "the copy report exists after oscar_calib_finalize: finalize first");
+    *out = c->head_copy[(size_t)layer * (size_t)c->hkv + (size_t)kv_head];
     return OSCAR_OK;
 }
 

@@ -1025,6 +1025,139 @@ Test(calib, copy_probes) {
     for (int l = 0; l < L; l++) synth_free(&s[l]);
 }
 
+/* One calibration of the copy_probes test's synthetic data: nwin text windows and ncopy copy windows
+ * (the first 2 windows' rows, period 40) per layer in pass 0. */
+static void copy_calibrate(const oscar_calib_options *o, synth *s, int L, int hq, int hkv, int d, int win, int nwin,
+                           int ncopy, oscar_calib **c, oscar_params **p) {
+    cr_assert_eq(oscar_calib_create(o, c), OSCAR_OK, "%s", oscar_last_error());
+    for (int pass = 0; pass < 2; pass++) {
+        cr_assert_eq(oscar_calib_begin_pass(*c, pass), OSCAR_OK);
+        for (int l = 0; l < L; l++) {
+            for (int w = 0; w < nwin; w++) {
+                size_t t = (size_t)w * win;
+                cr_assert_eq(oscar_calib_feed(*c, l, win, s[l].q + t * hq * d, s[l].k + t * hkv * d,
+                                              s[l].v + t * hkv * d, OSCAR_DTYPE_F32),
+                             OSCAR_OK, "%s", oscar_last_error());
+            }
+            for (int j = 0; pass == 0 && o->copy_probes > 0 && j < ncopy; j++) {
+                size_t t = (size_t)(j % 2) * win;
+                cr_assert_eq(oscar_calib_feed_copy(*c, l, win, win / 2, 40, s[l].q + t * hq * d, s[l].k + t * hkv * d,
+                                                   s[l].v + t * hkv * d, OSCAR_DTYPE_F32),
+                             OSCAR_OK, "%s", oscar_last_error());
+            }
+        }
+    }
+    cr_assert_eq(oscar_calib_finalize(*c, p), OSCAR_OK, "%s", oscar_last_error());
+}
+
+/* Copy heads (copy_head_mass): a KV head whose copy probes' source mass reaches the threshold gets
+ * its key clip floored at copy_head_clip; every other ratio is what the calibration gives without
+ * copy probes (the copy_mass_loss bound is off). */
+Test(calib, copy_heads) {
+    const int d = 64, hq = 4, hkv = 2, L = 2, win = 160, nwin = 6, ncopy = 5;
+    synth s[2];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win, hq, hkv, d, l);
+    oscar_calib_options o;
+    small_window_options(&o, L, hq, hkv, d);
+    cr_assert_eq(o.copy_head_mass, 0.0f);
+    cr_assert_eq(o.copy_head_clip, 0.97f);
+    oscar_calib *c0, *ca, *cb, *cc;
+    oscar_params *p0, *pa, *pb, *pc;
+    copy_calibrate(&o, s, L, hq, hkv, d, win, nwin, ncopy, &c0, &p0); /* no copy probes */
+    oscar_calib_head_copy_report hr;
+    cr_assert_eq(oscar_calib_head_copy_report_get(c0, 0, 0, &hr), OSCAR_OK);
+    cr_assert_eq(hr.probes, 0);
+    cr_assert_eq(hr.copy_head, 0);
+    o.copy_probes = 3;
+    /* A: every head with copy probes is a copy head; floor 1: every key unclipped. */
+    o.copy_head_mass = 1e-12f;
+    o.copy_head_clip = 1.0f;
+    copy_calibrate(&o, s, L, hq, hkv, d, win, nwin, ncopy, &ca, &pa);
+    double top = 0.0; /* the largest source mass of layer 0 */
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < hkv; h++) {
+            cr_assert_eq(oscar_calib_head_copy_report_get(ca, l, h, &hr), OSCAR_OK, "%s", oscar_last_error());
+            cr_assert_eq(hr.probes, 3, "layer %d head %d: %d copy probes", l, h, hr.probes);
+            cr_assert(hr.mass[0] > 0.0 && hr.mass[0] < 1.0, "layer %d head %d: source mass %g", l, h, hr.mass[0]);
+            cr_assert_eq(hr.copy_head, 1, "layer %d head %d: mass %g not named at 1e-12", l, h, hr.mass[0]);
+            cr_assert_eq(*oscar_params_clip_ptr(pa, l, h, OSCAR_K), 1.0f);
+            cr_assert_eq(hr.clip_k, 1.0f);
+            cr_assert_eq(hr.mass[1], hr.mass[2], "layer %d head %d: at clip 1 both masses agree", l, h);
+            if (l == 0 && hr.mass[0] > top) top = hr.mass[0];
+        }
+    /* B: threshold 1 names none: the clips are those of the calibration without copy probes. */
+    o.copy_head_mass = 1.0f;
+    o.copy_head_clip = 0.97f;
+    copy_calibrate(&o, s, L, hq, hkv, d, win, nwin, ncopy, &cb, &pb);
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < hkv; h++)
+            for (int w = 0; w < 2; w++) {
+                cr_assert_eq(*oscar_params_clip_ptr(pb, l, h, w), *oscar_params_clip_ptr(p0, l, h, w),
+                             "layer %d head %d %s: the copy probes moved a ratio with no copy head", l, h, w ? "V" : "K");
+                cr_assert_eq(oscar_calib_head_copy_report_get(cb, l, h, &hr), OSCAR_OK);
+                cr_assert_eq(hr.copy_head, 0);
+            }
+    /* C: the threshold at layer 0's largest mass names that head (and any at least as large),
+     * with the floor 1 only its keys change. */
+    o.copy_head_mass = (float)top;
+    o.copy_head_clip = 1.0f;
+    copy_calibrate(&o, s, L, hq, hkv, d, win, nwin, ncopy, &cc, &pc);
+    int named = 0;
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < hkv; h++) {
+            cr_assert_eq(oscar_calib_head_copy_report_get(cc, l, h, &hr), OSCAR_OK);
+            cr_assert_eq(hr.copy_head, hr.mass[0] >= (double)o.copy_head_mass, "layer %d head %d: mass %g, thr %g",
+                         l, h, hr.mass[0], (double)o.copy_head_mass);
+            const float ck = *oscar_params_clip_ptr(pc, l, h, OSCAR_K), ck0 = *oscar_params_clip_ptr(p0, l, h, OSCAR_K);
+            if (hr.copy_head) cr_assert_eq(ck, 1.0f, "layer %d head %d: a copy head's key clip %.2f", l, h, (double)ck);
+            else cr_assert_eq(ck, ck0, "layer %d head %d: key clip %.2f, %.2f without copy heads", l, h, (double)ck,
+                              (double)ck0);
+            named += hr.copy_head;
+        }
+    cr_assert_geq(named, 1, "the head of mass %g was not named", top);
+    cr_assert_eq(oscar_calib_head_copy_report_get(cc, 0, hkv, &hr), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_head_copy_report_get(cc, L, 0, &hr), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert_eq(oscar_calib_head_copy_report_get(cc, 0, 0, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    oscar_params_destroy(p0);
+    oscar_params_destroy(pa);
+    oscar_params_destroy(pb);
+    oscar_params_destroy(pc);
+    oscar_calib_destroy(c0);
+    oscar_calib_destroy(ca);
+    oscar_calib_destroy(cb);
+    oscar_calib_destroy(cc);
+    /* Before finalize there is no report; bad options are refused with a message naming them. */
+    oscar_calib *b = NULL;
+    o.copy_head_mass = 0.1f;
+    o.copy_head_clip = 0.97f;
+    cr_assert_eq(oscar_calib_create(&o, &b), OSCAR_OK);
+    cr_assert_eq(oscar_calib_head_copy_report_get(b, 0, 0, &hr), OSCAR_ERR_STATE);
+    oscar_calib_destroy(b);
+    const struct {
+        float mass, clip;
+        int copy_probes, objective;
+        const char *word;
+    } bad[] = {{-0.1f, 0.97f, 3, 0, "copy_head_mass"}, {1.5f, 0.97f, 3, 0, "copy_head_mass"},
+               {NAN, 0.97f, 3, 0, "copy_head_mass"},   {0.1f, 0.0f, 3, 0, "copy_head_clip"},
+               {0.1f, 1.5f, 3, 0, "copy_head_clip"},   {0.1f, 0.97f, 0, 0, "copy_probes"},
+               {0.1f, 0.97f, 3, 1, "clip_objective"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        o.copy_head_mass = bad[i].mass;
+        o.copy_head_clip = bad[i].clip;
+        o.copy_probes = bad[i].copy_probes;
+        o.clip_objective = bad[i].objective;
+        b = (oscar_calib *)1;
+        cr_assert_eq(oscar_calib_create(&o, &b), OSCAR_ERR_INVALID_ARGUMENT, "case %zu", i);
+        cr_assert(strstr(oscar_last_error(), bad[i].word) != NULL, "case %zu: %s", i, oscar_last_error());
+    }
+    o.copy_head_mass = 0.0f; /* off: the floor is not looked at */
+    o.copy_head_clip = 0.0f;
+    o.clip_objective = 0;
+    cr_assert_eq(oscar_calib_create(&o, &b), OSCAR_OK, "%s", oscar_last_error());
+    oscar_calib_destroy(b);
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
 /* Attention error against a brute-force fp64 computation: one window of
  * sink + recent + 32 + nq tokens gives exactly one probe per KV head, whose nq
  * query positions are the window's last nq (the probe range [sink + recent +

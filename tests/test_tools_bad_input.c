@@ -550,6 +550,29 @@ Test(tools_bad_input, calibrate_refuses_bad_probe_queries, .timeout = 60) {
     }
 }
 
+/* --copy-heads M (copy heads, docs/EVAL.md twenty-fourth session): M in (0, 1], the floor in (0, 1],
+ * the floor only with --copy-heads, copy windows and the probe objective; exit 2 before the model. */
+Test(tools_bad_input, calibrate_refuses_bad_copy_heads, .timeout = 60) {
+    char out[16384];
+    const struct {
+        const char *args, *want1, *want2;
+    } cases[] = {{"--copy-heads 0", "--copy-heads", "(0, 1]"},
+                 {"--copy-heads 1.5", "--copy-heads", "[0, 1]"},
+                 {"--copy-heads x", "--copy-heads", "[0, 1]"},
+                 {"--copy-heads 0.1 --copy-head-clip 0", "--copy-head-clip", "(0, 1]"},
+                 {"--copy-heads 0.1 --copy-head-clip 1.2", "--copy-head-clip", "(0, 1]"},
+                 {"--copy-head-clip 0.97", "--copy-head-clip", "--copy-heads"},
+                 {"--copy-heads 0.1 --copy-windows 0", "--copy-heads", "--copy-windows"},
+                 {"--copy-heads 0.1 --clip-objective rows", "--copy-heads", "--clip-objective"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s --out p",
+                     cases[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
+        cr_expect(strstr(out, cases[i].want1) && strstr(out, cases[i].want2), "%s: the message should name %s and %s: %s",
+                  cases[i].args, cases[i].want1, cases[i].want2, out);
+    }
+}
+
 Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothing, .timeout = 300) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64], path[128];

@@ -104,6 +104,15 @@ static void usage(FILE *fp) {
             "                   default 0: 2 bits everywhere (docs/eval/retrieval.md, ninth step)\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
+            "  --copy-heads M   name copy heads on copy probes (a span of calibration text fed twice;\n"
+            "                   --copy-windows defaults to 8 with it): a KV head whose copy queries put\n"
+            "                   a mean attention weight >= M (in (0, 1]) on the copied token's source is\n"
+            "                   one, and its key clip is at least --copy-head-clip; the other heads\n"
+            "                   are fitted as without copy probes (opt-in; format_version 3 when a\n"
+            "                   copy head's ratio differs from its layer's; docs/EVAL.md, twenty-\n"
+            "                   fourth session)\n"
+            "  --copy-head-clip C  the copy heads' key clip floor in (0, 1] (default 0.97; needs\n"
+            "                   --copy-heads)\n"
             "  --key-attn-weight X  share in [0, 1] of the attention-weighted query covariance in the\n"
             "                   key target (queries weighted by their squared attention on the 2-bit\n"
             "                   region; default 1; 0: E[q q^T], published; docs/EVAL.md)\n"
@@ -240,6 +249,15 @@ int main(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--wide-bits") && has) {
             if (!parse_share(a, argv[++i], &o.wide_bits)) return 2;
+        } else if (!strcmp(a, "--copy-heads") && has) {
+            if (!parse_share(a, argv[++i], &o.copy_head_mass)) return 2;
+            if (!(o.copy_head_mass > 0.0f)) {
+                fprintf(stderr, "oscar-calibrate: --copy-heads must be in (0, 1] (a source attention weight), "
+                                "got 0\n");
+                return 2;
+            }
+        } else if (!strcmp(a, "--copy-head-clip") && has) {
+            if (!parse_clip(a, argv[++i], &o.copy_head_clip)) return 2;
         } else if (!strcmp(a, "--copy-mass-loss") && has) {
             if (!parse_share(a, argv[++i], &o.copy_mass_loss)) return 2;
         } else if (!strcmp(a, "--key-attn-weight") && has) {
@@ -260,6 +278,19 @@ int main(int argc, char **argv) {
     if (!model_dir || !tok_path || !out_path) {
         fprintf(stderr, "oscar-calibrate: MODEL_DIR, --tokens and --out are required\n");
         usage(stderr);
+        return 2;
+    }
+    if (o.copy_head_clip > 0.0f && !(o.copy_head_mass > 0.0f)) {
+        fprintf(stderr, "oscar-calibrate: --copy-head-clip needs --copy-heads M (which heads get the floor)\n");
+        return 2;
+    }
+    if (o.copy_head_mass > 0.0f && o.copy_windows == 0) {
+        fprintf(stderr, "oscar-calibrate: --copy-heads names copy heads on copy windows: drop --copy-windows 0 "
+                        "or give N > 0\n");
+        return 2;
+    }
+    if (o.copy_head_mass > 0.0f && o.clip_objective != 0) {
+        fprintf(stderr, "oscar-calibrate: --copy-heads works on the attention probes: drop --clip-objective rows\n");
         return 2;
     }
     if (o.max_tokens < o.window) {
@@ -477,9 +508,13 @@ int main(int argc, char **argv) {
     oscar_calib_options_default(&cmo, 1, 1, 1, 128);
     if (oscar_calib_layer_copy_report_get(calib, 0, &cr0) == OSCAR_OK && cr0.probes > 0) {
         printf("\ncopy probes (a span of calibration text repeated): mean attention weight of the second copy's\n"
-               "queries on their source key, exact / 2-bit keys at clip 1 / at the chosen clip_k; a key clip may\n"
-               "cost at most %.4f of it (clip_k the attention error alone would pick in brackets)\n",
-               (double)(o.copy_mass_loss >= 0.0f ? o.copy_mass_loss : cmo.copy_mass_loss));
+               "queries on their source key, exact / 2-bit keys at clip 1 / at the chosen clip_k; ");
+        if (o.copy_head_mass > 0.0f)
+            printf("no bound on the key clip\n(copy heads below; clip_k: the layer's mildest, the attention error's "
+                   "own choice in brackets)\n");
+        else
+            printf("a key clip may\ncost at most %.4f of it (clip_k the attention error alone would pick in brackets)\n",
+                   (double)(o.copy_mass_loss >= 0.0f ? o.copy_mass_loss : cmo.copy_mass_loss));
         printf("layer | probes |  mass bf16  clip 1  chosen | clip_k (free)\n");
         for (int l = 0; l < cfg.num_layers; l++) {
             oscar_calib_copy_report cr;
@@ -489,6 +524,22 @@ int main(int argc, char **argv) {
             printf("%5d | %6d | %10.5f %7.5f %7.5f | %4.2f (%4.2f)\n", l, (int)cr.probes, cr.mass[0], cr.mass[1],
                    cr.mass[2], (double)ck, (double)cr.clip_free);
         }
+    }
+    if (o.copy_head_mass > 0.0f) {
+        printf("\ncopy heads (--copy-heads %.3f, key clip floor %.2f): per KV head, mean attention weight of the\n"
+               "second copy's queries on their source key, exact / 2-bit keys at clip 1 / at its clip_k\n",
+               (double)o.copy_head_mass, (double)(o.copy_head_clip > 0.0f ? o.copy_head_clip : cmo.copy_head_clip));
+        printf("layer  head | probes |  mass bf16  clip 1  chosen | clip_k | copy head\n");
+        int named = 0;
+        for (int l = 0; l < cfg.num_layers; l++)
+            for (int h = 0; h < cfg.num_kv_heads; h++) {
+                oscar_calib_head_copy_report hr;
+                if (oscar_calib_head_copy_report_get(calib, l, h, &hr) != OSCAR_OK) break;
+                printf("%5d %5d | %6d | %10.5f %7.5f %7.5f |   %4.2f | %s\n", l, h, (int)hr.probes, hr.mass[0],
+                       hr.mass[1], hr.mass[2], (double)hr.clip_k, hr.copy_head ? "yes" : "-");
+                named += hr.copy_head;
+            }
+        printf("%d copy head(s) named\n", named);
     }
     print_widths(calib, params, &cfg);
     if (no_probes)

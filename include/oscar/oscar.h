@@ -360,6 +360,16 @@ typedef struct oscar_calib_options {
                                    taken in the order of what 3 bits buy on the probes
                                    (oscar_calib_width_report_get). Parameter file format_version 4
                                    (docs/eval/retrieval.md, ninth step) */
+    float copy_head_mass;       /* copy heads (opt-in; needs copy probes, probe objective): a KV head whose copy
+                                   probes' queries put at least this mean attention weight (exact keys) on the
+                                   copied token's source is a copy head, and its key clip is at least
+                                   copy_head_clip (the other heads' ratios as without copy probes: the
+                                   copy_mass_loss bound is not applied; a fixed clip_k is kept as it is).
+                                   In [0, 1]; 0 (default): off. A file
+                                   with a copy head whose key ratio differs from its layer's has per-head
+                                   ratios (format_version 3). oscar_calib_head_copy_report_get names them
+                                   (docs/EVAL.md, twenty-fourth session) */
+    float copy_head_clip;       /* the copy heads' key clip floor, in (0, 1] (default 0.97) */
 } oscar_calib_options;
 
 /* Fills defaults for the given shape. */
@@ -450,6 +460,17 @@ typedef struct oscar_calib_copy_report {
 } oscar_calib_copy_report;
 OSCAR_API oscar_status oscar_calib_layer_copy_report_get(const oscar_calib *c, int layer,
                                                          oscar_calib_copy_report *out);
+/* The same per KV head after finalize, and whether copy_head_mass named it a copy head: mass[0]
+ * exact, [1] keys in 2 bits at clip 1, [2] at its key clip clip_k (the floor applied). probes: the
+ * head's copy probes (0: none fed; the rest is 0). */
+typedef struct oscar_calib_head_copy_report {
+    int32_t probes;
+    int32_t copy_head;
+    double mass[3];
+    float clip_k;
+} oscar_calib_head_copy_report;
+OSCAR_API oscar_status oscar_calib_head_copy_report_get(const oscar_calib *c, int layer, int kv_head,
+                                                        oscar_calib_head_copy_report *out);
 
 /* Code-width diagnostic after finalize (OSCAR2; zeros for OSCAR2_LM or a layer without probes): the
  * attention-output error of one (layer, KV head, K/V) head-tensor alone (the other exact), summed

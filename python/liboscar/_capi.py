@@ -99,7 +99,8 @@ class CalibOptions(_Struct):
                 ("recent", c_int32), ("clip_objective", c_int32), ("permutation", c_int32), ("rounding", c_int32),
                 ("copy_probes", c_int32), ("copy_mass_loss", c_float), ("clip_per_head", c_int32),
                 ("key_attn_weight", c_float), ("threads", c_int32), ("probe_queries", c_int32),
-                ("clip_margin", c_float), ("probe_span", c_int32), ("feedback_damp", c_float), ("wide_bits", c_float)]
+                ("clip_margin", c_float), ("probe_span", c_int32), ("feedback_damp", c_float), ("wide_bits", c_float),
+                ("copy_head_mass", c_float), ("copy_head_clip", c_float)]
 
 
 class CalibLayerReport(_Struct):

@@ -1054,7 +1054,7 @@ class Calibrator(_Handle):
     (group, per_head, method, clip_k, clip_v, holdout_rows, model_hash, sink,
     recent, clip_objective, permutation, rounding, copy_probes, copy_mass_loss,
     clip_per_head, key_attn_weight, threads, probe_queries, clip_margin,
-    probe_span, feedback_damp, wide_bits)."""
+    probe_span, feedback_damp, wide_bits, copy_head_mass, copy_head_clip)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
         C = _capi.calib()

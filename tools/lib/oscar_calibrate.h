@@ -41,6 +41,9 @@ typedef struct ocal_options {
     int probe_span;          /* oscar_calib_options.probe_span; -1 (default): the library's */
     float feedback_damp;     /* oscar_calib_options.feedback_damp; <= 0 (default): the library's */
     float wide_bits;         /* oscar_calib_options.wide_bits; <= 0 (default): every head-tensor at 2 bits */
+    float copy_head_mass;    /* oscar_calib_options.copy_head_mass; <= 0 (default): off. On, copy_windows -1
+                                means OCAL_COPY_HEAD_WINDOWS copy windows */
+    float copy_head_clip;    /* oscar_calib_options.copy_head_clip; <= 0 (default): the library's (0.97) */
     ocal_pass1 pass1;
     int64_t cache_limit_bytes; /* AUTO: largest K/V cache allowed (0: half the physical memory) */
     FILE *progress;          /* progress lines (pass, window i/n, tokens/s, ETA); NULL: silent */

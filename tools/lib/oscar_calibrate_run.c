@@ -58,6 +58,9 @@ void ocal_options_default(ocal_options *o) {
  * positions) each window offers per KV head. */
 #define OCAL_COPY_WINDOWS_DEFAULT 0
 #define OCAL_COPY_PROBES_PER_WINDOW 4
+/* Copy windows when copy heads are named (copy_head_mass > 0) and copy_windows is -1: 8 windows, 32
+ * probes per KV head (docs/EVAL.md, twenty-fourth session). */
+#define OCAL_COPY_HEAD_WINDOWS 8
 
 void ocal_model_hash(const oe_config *cf, char *out) {
     char buf[512];
@@ -252,7 +255,9 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     co.clip_objective = o->clip_objective;
     if (o->permutation >= 0) co.permutation = o->permutation;
     if (o->rounding >= 0) co.rounding = o->rounding;
-    const int ncopy = o->copy_windows >= 0 ? o->copy_windows : OCAL_COPY_WINDOWS_DEFAULT;
+    const int ncopy = o->copy_windows >= 0    ? o->copy_windows
+                      : o->copy_head_mass > 0.0f ? OCAL_COPY_HEAD_WINDOWS
+                                                 : OCAL_COPY_WINDOWS_DEFAULT;
     co.copy_probes = ncopy * OCAL_COPY_PROBES_PER_WINDOW > 64 ? 64 : ncopy * OCAL_COPY_PROBES_PER_WINDOW;
     if (o->copy_mass_loss >= 0.0f) co.copy_mass_loss = o->copy_mass_loss;
     if (o->clip_per_head >= 0) co.clip_per_head = o->clip_per_head;
@@ -263,6 +268,8 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->probe_span >= 0) co.probe_span = o->probe_span;
     if (o->feedback_damp > 0.0f) co.feedback_damp = o->feedback_damp;
     if (o->wide_bits > 0.0f) co.wide_bits = o->wide_bits;
+    if (o->copy_head_mass > 0.0f) co.copy_head_mass = o->copy_head_mass;
+    if (o->copy_head_clip > 0.0f) co.copy_head_clip = o->copy_head_clip;
     co.model_hash = hash;
     oscar_calib *calib = NULL;
     oscar_status s = oscar_calib_create(&co, &calib);
