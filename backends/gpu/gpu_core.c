@@ -21,6 +21,11 @@
  * head_dim 256 the tile path already won at batch 128 (eighth session: 94 vs 99 us with feedback, 44
  * vs 52 nearest), so the lower threshold moves it the same way there. */
 #define OSCAR_APPEND_TILE_CTAS 16
+/* ... and where the shared-F warp instance runs feedback appends at head_dim 128 (append_wk), past
+ * this many: H100, twenty-fourth session, 32/8/128 batch 256 (31 per SM) append_wk 38.3 vs the tile
+ * path 42.5 us, 32/32/128 batch 128 (62 per SM) 76.3 vs 60.8; append_wk grows ~9.3 us per 1000
+ * CTAs there, the tile path ~4.5: the lines cross near 38. */
+#define OSCAR_APPEND_TILE_WK_CTAS 38
 /* Shorter decodes keep the 16-head variants' 2-CTA kernel unless the grid is large:
  * at 4K the 3-CTA twin measured 0.81-0.96x, at 32K 1.06x (H200, tenth session); the
  * threshold lies between, not measured more finely. */
@@ -52,7 +57,7 @@ typedef struct gpu_plan {
     int64_t hi_off;
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int wf_ctas;   /* ... and up to wf_ctas (-1: as many as fit at once) the one with all of F in shared memory */
-    int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path */
+    int tile_ctas; /* grids of more than tile_ctas warp-path CTAs per compute unit take the tile path (-1: the defaults) */
     int wk_pairs;  /* feedback past one wave of the wf instance: tokens per CTA of the shared-F one (-1: the rule) */
     /* decode grids of at least o3_ctas CTAs before splitting take the 3-CTA twin, if the plan's
      * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
@@ -257,7 +262,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
      * read once, kept by the plan */
     p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
     p->wf_ctas = env_count("OSCAR_APPEND_WF_CTAS", -1);
-    p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", OSCAR_APPEND_TILE_CTAS);
+    p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", -1);
     p->wk_pairs = env_count("OSCAR_APPEND_WK", -1);
     int cus = V(ctx)->compute_units(ctx);
     /* default: a third of the CUs, and a call of >= 16K tokens or 3 CTAs per CU; an explicit
@@ -655,12 +660,14 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * head_dim 64 nor with nearest rounding at 128, where a CTA's serial work is longer
      * than the warp path's whole grid (measured, perf/RESULTS-attention.md). Same slot
      * rule as below. */
-    int tile_wins = (D >= 128 && (fk || D > 128) && !(fk && p->k.append_wk[0] && p->wk_pairs != 0)) ||
-                    p->tile_ctas == 0; /* 0: forced (tests, A/B) */
+    int tile_wins = (D >= 128 && (fk || D > 128)) || p->tile_ctas == 0; /* 0: forced (tests, A/B) */
+    /* with feedback where the shared-F warp instance runs (below), the tile path from a larger grid */
+    const int wk_on = fk && D <= 128 && p->k.append_wk[0] && p->wk_pairs != 0;
+    const int tile_min = p->tile_ctas >= 0 ? p->tile_ctas : wk_on ? OSCAR_APPEND_TILE_WK_CTAS : OSCAR_APPEND_TILE_CTAS;
     /* The tile and warp write paths do not store 1-bit planes: a layer with a 3-bit head-tensor takes
      * the block-wide kernels. */
     if (p->quantized && !wide && p->k.append_t && tile_wins && (W == 0 || a->total_new <= W) &&
-        ctas > (int64_t)p->tile_ctas * cus) {
+        ctas > (int64_t)tile_min * cus) {
         unsigned tiles = (unsigned)((a->total_new + p->k.tile_tokens - 1) / p->k.tile_tokens);
         return V(ctx)->launch_smem(ctx, p->k.append_t, tiles, (unsigned)(2 * H), 1, 128, p->k.tile_smem, aa, 1,
                                    a->stream, err);
