@@ -208,7 +208,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     k->append_w = av->append_w;
     k->append_wr = av->append_wr;
     k->append_wf = NULL;
-    k->append_wk[0] = k->append_wk[1] = k->append_wk[2] = NULL;
+    k->append_wk = k->append_wk8 = NULL;
     k->wf_smem = 0;
     k->wf_resident = 0;
     k->append_t = NULL;
@@ -286,14 +286,14 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     }
     memset(k->wk_resident, 0, sizeof k->wk_resident);
     if (av->append_wk && av->append_wk8) {
-        k->append_wk[0] = k->append_wk[1] = av->append_wk;
-        k->append_wk[2] = av->append_wk8;
         /* K = 2, 4, 8 tokens per CTA, without and with F in shared memory (the limit set last stays) */
         for (int f = 0; f < 2; f++)
             for (int i = 0; i < 3; i++)
-                if ((st = tc_prepare(k->append_wk[i], 128 << i, f ? av->wf_smem : 0, "warp append",
-                                     &k->wk_resident[f][i], err)))
+                if ((st = tc_prepare(i == 2 ? av->append_wk8 : av->append_wk, 128 << i, f ? av->wf_smem : 0,
+                                     "warp append", &k->wk_resident[f][i], err)))
                     return st;
+        k->append_wk = av->append_wk;
+        k->append_wk8 = av->append_wk8;
     }
     if (av->append_t) {
         int unused = 0;

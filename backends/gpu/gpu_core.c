@@ -662,7 +662,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * rule as below. */
     int tile_wins = (D >= 128 && (fk || D > 128)) || p->tile_ctas == 0; /* 0: forced (tests, A/B) */
     /* with feedback where the shared-F warp instance runs (below), the tile path from a larger grid */
-    const int wk_on = fk && D <= 128 && p->k.append_wk[0] && p->wk_pairs != 0;
+    const int wk_on = fk && p->k.append_wk && p->wk_pairs != 0;
     const int tile_min = p->tile_ctas >= 0 ? p->tile_ctas : wk_on ? OSCAR_APPEND_TILE_WK_CTAS : OSCAR_APPEND_TILE_CTAS;
     /* The tile and warp write paths do not store 1-bit planes: a layer with a 3-bit head-tensor takes
      * the block-wide kernels. */
@@ -687,9 +687,10 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
      * d 128), which bounded batch >= 32 (twenty-fourth session). $OSCAR_APPEND_WK (A/B, tests) fixes
      * K, with nearest rounding too. */
     int wk = p->wk_pairs >= 0 ? (p->wk_pairs > 8 ? 8 : p->wk_pairs) : fk && !full ? wk_tokens(p, 1, a->total_new, H, cus) : 0;
-    if (p->quantized && !wide && p->k.append_wk[0] && wk > 0 && !blockwise && (W == 0 || a->total_new <= W))
-        return V(ctx)->launch_smem(ctx, p->k.append_wk[wk > 4 ? 2 : 0], (unsigned)((a->total_new + wk - 1) / wk),
-                                   (unsigned)(2 * H), 1, (unsigned)(64 * wk), fk ? p->k.wf_smem : 0, aa, 1, a->stream, err);
+    if (p->quantized && !wide && p->k.append_wk && wk > 0 && !blockwise && (W == 0 || a->total_new <= W))
+        return V(ctx)->launch_smem(ctx, wk > 4 ? p->k.append_wk8 : p->k.append_wk,
+                                   (unsigned)((a->total_new + wk - 1) / wk), (unsigned)(2 * H), 1, (unsigned)(64 * wk),
+                                   fk ? p->k.wf_smem : 0, aa, 1, a->stream, err);
     if (p->quantized && !wide && p->k.append_w && (W == 0 || a->total_new <= W) && !blockwise)
         return V(ctx)->launch_smem(ctx, full ? p->k.append_wf : small ? p->k.append_wr : p->k.append_w,
                                    (unsigned)a->total_new, (unsigned)(2 * H), 1, 64, full ? p->k.wf_smem : 0, aa, 1,

@@ -28,10 +28,10 @@ typedef struct gpu_kernels {
     const void *append1; /* one-launch write path (oscar_append1_params), NULL: store + demote */
     /* warp write path (CUDA, quantized methods; oscar_append1_params): plain loads, cp.async
      * rings; NULL: none. append_wf: all of F in wf_smem dynamic shared bytes, at most
-     * wf_resident CTAs per compute unit; NULL: none. append_wk[i]: the same with 64 K threads,
-     * K = 2 << i tokens per CTA sharing that copy of F (i = 0, 1: one instance, 2: one capped at
-     * 64 registers), wk_resident[f][i] of them per compute unit without (f 0) and with F; NULL: none */
-    const void *append_w, *append_wr, *append_wf, *append_wk[3];
+     * wf_resident CTAs per compute unit; NULL: none. append_wk, append_wk8: the same with 64 K
+     * threads, K tokens per CTA sharing that copy of F (K <= 4; K = 8, capped at 64 registers);
+     * wk_resident[f][i] CTAs of K = 2 << i per compute unit without (f 0) and with F; NULL: none */
+    const void *append_w, *append_wr, *append_wf, *append_wk, *append_wk8;
     unsigned wf_smem;
     int wf_resident;
     int wk_resident[2][3];
