@@ -45,9 +45,15 @@ int oscar_ref_compose_rotation_perm(int d, const double *U, int permutation, flo
 /* max |R R^T - I| of a d x d row-major fp32 matrix, in fp64; returns as soon
  * as the error exceeds stop_above (pass INFINITY for the exact maximum). */
 double oscar_ref_orthogonality_error(int d, const float *R, double stop_above);
-/* out = x R (R row-major d x d; NULL means identity). out may not alias x. */
+/* y[i] = fmaf(a, x[i], y[i]) for i < n: the write path's fused term (the rotation's
+ * products, the error feedback's updates; FORMAT.md §1, §2.3), rounded once. x and y
+ * may not overlap. */
+void oscar_ref_fused_axpy(int n, float a, const float *x, float *y);
+/* out = x R (R row-major d x d; NULL means identity), out[j] accumulated over i
+ * ascending with oscar_ref_fused_axpy's term. out may not alias x. */
 void oscar_ref_rotate(int d, const float *x, const float *R, float *out);
-/* out = y R^T (inverse rotation). out may not alias y. */
+/* out = y R^T (inverse rotation), out[i] accumulated over j ascending with fused terms:
+ * oscar_ref_rotate(y, R^T) bit for bit. out may not alias y. */
 void oscar_ref_unrotate(int d, const float *y, const float *R, float *out);
 
 /* 1 when a row can be stored (FORMAT.md §4): x R (x itself when R is NULL)

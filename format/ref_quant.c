@@ -9,6 +9,56 @@
 
 #include "oscar_ref.h"
 
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+/* x86's baseline ISA has no FMA: the fused loops get an AVX2+FMA copy, chosen at run time (the same bits:
+ * fmaf is exact by definition, so every copy agrees with every other and with the GPU's FFMA). */
+#define HAVE_X86_FMA 1
+static int cpu_has_fma(void) { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+#endif
+
+/* ------------------------------------------------------- fused terms */
+static void fused_axpy_base(int n, float a, const float *x, float *y) {
+    for (int i = 0; i < n; i++) y[i] = fmaf(a, x[i], y[i]);
+}
+#ifdef HAVE_X86_FMA
+__attribute__((target("avx2,fma"))) static void fused_axpy_fma(int n, float a, const float *x, float *y) {
+    const __m256 av = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(x[i]), _mm_set_ss(y[i])));
+}
+#endif
+/* sum_i x[i] y[i], i ascending, each term fused (a sequential chain either way) */
+static float fused_dot_base(int n, const float *x, const float *y) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s = fmaf(x[i], y[i], s);
+    return s;
+}
+#ifdef HAVE_X86_FMA
+__attribute__((target("avx2,fma"))) static float fused_dot_fma(int n, const float *x, const float *y) {
+    __m128 s = _mm_setzero_ps();
+    for (int i = 0; i < n; i++) s = _mm_fmadd_ss(_mm_set_ss(x[i]), _mm_set_ss(y[i]), s);
+    return _mm_cvtss_f32(s);
+}
+#endif
+static float fused_dot(int n, const float *x, const float *y) {
+#ifdef HAVE_X86_FMA
+    if (cpu_has_fma()) return fused_dot_fma(n, x, y);
+#endif
+    return fused_dot_base(n, x, y);
+}
+void oscar_ref_fused_axpy(int n, float a, const float *x, float *y) {
+#ifdef HAVE_X86_FMA
+    if (cpu_has_fma()) {
+        fused_axpy_fma(n, a, x, y);
+        return;
+    }
+#endif
+    fused_axpy_base(n, a, x, y);
+}
+
 /* ----------------------------------------------------------- rotations */
 /* The spreading matrix H of R = U . H . P (FORMAT.md §1): H = A (x) S / sqrt(d), S the Sylvester
  * (Walsh) matrix of order 2^k, S[s][u] = (-1)^popcount(s & u), A a Hadamard core of order m = d / 2^k
@@ -242,16 +292,9 @@ void oscar_ref_rotate(int d, const float *restrict x, const float *restrict R, f
         return;
     }
     for (int j = 0; j < d; j++) out[j] = 0.0f;
-    /* out[j] = sum_i x[i] R[i][j], accumulated in i order for every j. The
-     * fixed 8-wide inner loop lets -O2 vectorize without changing that order. */
-    int d8 = d & ~7;
-    for (int i = 0; i < d; i++) {
-        float xi = x[i];
-        const float *row = R + (size_t)i * d;
-        for (int j = 0; j < d8; j += 8)
-            for (int k = 0; k < 8; k++) out[j + k] += xi * row[j + k];
-        for (int j = d8; j < d; j++) out[j] += xi * row[j];
-    }
+    /* out[j] = sum_i x[i] R[i][j], accumulated in i order for every j, each
+     * term fused: out[j] = fmaf(x[i], R[i][j], out[j]) (FORMAT.md §1). */
+    for (int i = 0; i < d; i++) oscar_ref_fused_axpy(d, x[i], R + (size_t)i * d, out);
 }
 
 void oscar_ref_unrotate(int d, const float *y, const float *R, float *out) {
@@ -259,12 +302,9 @@ void oscar_ref_unrotate(int d, const float *y, const float *R, float *out) {
         memcpy(out, y, (size_t)d * sizeof *out);
         return;
     }
-    for (int i = 0; i < d; i++) {
-        const float *row = R + (size_t)i * d;
-        float s = 0.0f;
-        for (int j = 0; j < d; j++) s += y[j] * row[j];
-        out[i] = s;
-    }
+    /* out[i] = sum_j y[j] R[i][j], j ascending, each term fused as oscar_ref_rotate's (so
+     * oscar_ref_rotate(y, R^T) gives the same bits) */
+    for (int i = 0; i < d; i++) out[i] = fused_dot(d, y, R + (size_t)i * d);
 }
 
 /* ----------------------------------------------------------- clipping */
@@ -453,7 +493,7 @@ static void quantize_row_tau(int d, int group, int bits, int lloyd_max, float ta
     /* Metadata from the clipped row, before any feedback. */
     row_meta(d, group, top, lloyd_max, meta_dtype, v, meta);
     /* Values in order; with feedback, value j's rounding error e is carried
-     * into the later values (v[k] -= e * fb[j][k]) so the row's error is small
+     * into the later values (v[k] = fmaf(-e, fb[j][k], v[k])) so the row's error is small
      * in the attention metric, not per value (FORMAT.md §2.3). */
     /* Feedback starts from the unclipped row: a clipped value's whole error
      * (clipping included) is carried on; nearest codes are the same either way
@@ -468,16 +508,11 @@ static void quantize_row_tau(int d, int group, int bits, int lloyd_max, float ta
         if (!fb) continue;
         float e = v[j] - (b + a * (lloyd_max ? k_lm_levels[code] : (float)code));
         if (e == 0.0f) continue;
-        const float *row = fb + (size_t)j * (size_t)d;
-        /* Four values at a time (the compiler vectorizes it) from the multiple of 4 at or below j + 1:
-         * F is 0 on and below the diagonal (the loader refuses anything else) and the values up to j are
-         * coded already, so the extra ones change nothing that is read; d is a multiple of 4. */
-        for (int k = (j + 1) & ~3; k < d; k += 4) {
-            v[k] = v[k] - e * row[k];
-            v[k + 1] = v[k + 1] - e * row[k + 1];
-            v[k + 2] = v[k + 2] - e * row[k + 2];
-            v[k + 3] = v[k + 3] - e * row[k + 3];
-        }
+        /* From the multiple of 4 at or below j + 1 (aligned vectors): F is 0 on and below the diagonal
+         * (the loader refuses anything else) and the values up to j are coded already, so the extra ones
+         * change nothing that is read; d is a multiple of 4. */
+        const int k0 = (j + 1) & ~3;
+        oscar_ref_fused_axpy(d - k0, -e, fb + (size_t)j * (size_t)d + k0, v + k0);
     }
 }
 
@@ -493,8 +528,9 @@ void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, floa
  * a rounding and the update of value j + 1, per value). Rows are
  * independent, so oscar_ref_quantize_rows_wide codes ROWS_LANES rows side by
  * side, one lane each: every lane performs exactly the operations
- * quantize_row_tau performs on its row, in the same order (no contraction:
- * the library is compiled as ISO C, -ffp-contract=off), so the codes and
+ * quantize_row_tau performs on its row, in the same order (the feedback
+ * update fused as there, nothing else contracted: the library is compiled as
+ * ISO C, -ffp-contract=off), so the codes and
  * metadata are those of the row-at-a-time definition bit for bit, while the
  * lanes' chains overlap and the updates run as vectors over rows. Two
  * differences change nothing that is output: the code is computed by counting
@@ -510,9 +546,10 @@ void oscar_ref_quantize_row_wide(int d, int group, int bits, int lloyd_max, floa
 typedef float lanes_f __attribute__((vector_size(4 * ROWS_LANES)));
 typedef int32_t lanes_i __attribute__((vector_size(4 * ROWS_LANES)));
 
-/* The body of quantize_lanes, compiled twice below (baseline and AVX2: the
- * same operations, AVX2 only runs eight lanes per instruction; neither
- * target has FMA, so nothing is contracted). */
+/* The body of quantize_lanes, compiled twice below (baseline and AVX2+FMA: the
+ * same operations, AVX2 only runs eight lanes per instruction). LANES_FNMA(v,
+ * e, f): v = fmaf(-e, f, v) per lane, the one fused operation (FORMAT.md §2.3);
+ * nothing else is contracted (-ffp-contract=off). */
 #define QUANTIZE_LANES_BODY                                                                                      \
     const int top = (1 << bits) - 1, ng = d / group;                                                             \
     const size_t cb = (size_t)d / 4, hb = (size_t)d / 8, mb = 2 * (size_t)ng;                                     \
@@ -560,29 +597,35 @@ typedef int32_t lanes_i __attribute__((vector_size(4 * ROWS_LANES)));
                 if (bits == 3) hi[(size_t)l * hb + (size_t)(j >> 3)] |= (uint8_t)((code[l] >> 2) << (j & 7));   \
             }                                                                                                    \
             const float *row = fb + (size_t)j * (size_t)d;                                                       \
-            for (int k = j + 1; k < d; k++) V[k] = V[k] - E * row[k];                                            \
+            for (int k = j + 1; k < d; k++) LANES_FNMA(V[k], E, row[k]);                                         \
         }                                                                                                        \
     }
 
+#define LANES_FNMA(v, e, f)                                                                                      \
+    for (int l_ = 0; l_ < ROWS_LANES; l_++) (v)[l_] = fmaf(-(e)[l_], (f), (v)[l_])
 static void quantize_lanes_base(int d, int group, int bits, int lloyd_max, const float *tau, oscar_dtype meta_dtype,
                                 const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
     QUANTIZE_LANES_BODY
 }
-#if defined(__x86_64__) || defined(__i386__)
+#undef LANES_FNMA
+#ifdef HAVE_X86_FMA
 #define HAVE_LANES_AVX2 1
-__attribute__((target("avx2"))) static void quantize_lanes_avx2(int d, int group, int bits, int lloyd_max,
+/* -(e f) + v rounded once (vfnmadd) = fmaf(-e, f, v) */
+#define LANES_FNMA(v, e, f) (v) = (lanes_f)_mm256_fnmadd_ps((__m256)(e), _mm256_set1_ps(f), (__m256)(v))
+__attribute__((target("avx2,fma"))) static void quantize_lanes_avx2(int d, int group, int bits, int lloyd_max,
                                                                 const float *tau, oscar_dtype meta_dtype,
                                                                 const float *x, const float *fb, uint8_t *codes,
                                                                 uint8_t *hi, float *meta) {
     QUANTIZE_LANES_BODY
 }
+#undef LANES_FNMA
 #endif
 #undef QUANTIZE_LANES_BODY
 
 static void quantize_lanes(int d, int group, int bits, int lloyd_max, const float *tau, oscar_dtype meta_dtype,
                            const float *x, const float *fb, uint8_t *codes, uint8_t *hi, float *meta) {
 #ifdef HAVE_LANES_AVX2
-    if (__builtin_cpu_supports("avx2")) {
+    if (cpu_has_fma()) {
         quantize_lanes_avx2(d, group, bits, lloyd_max, tau, meta_dtype, x, fb, codes, hi, meta);
         return;
     }

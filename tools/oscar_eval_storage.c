@@ -443,17 +443,15 @@ int ev_fakequant_bits(const oscar_params *p, int layer, int h, oscar_kv which, i
     if (oscar_params_feedback(p, layer, h, which, &F) != OSCAR_OK) return -1;
     if (oscar_params_clip_head(p, layer, h, which, &c) != OSCAR_OK) return -1;
     const float top = (float)((1 << bits) - 1);
-    const int ng = d / group, d8 = d & ~7;
+    const int ng = d / group;
     float xr[256], v[256], deq[256], meta[2 * 256];
     for (int t = lo; t < hi; t++) {
         float *row = rows + ((size_t)t * (size_t)Hkv + (size_t)h) * (size_t)d;
-        /* rotate (oscar_ref_rotate's order: i outer, 8-wide j inner) and round to bf16 */
+        /* rotate (oscar_ref_rotate's order: i ascending, each term fused) and round to bf16 */
         for (int j = 0; j < d; j++) xr[j] = 0.0f;
         for (int i = 0; i < d; i++) {
             const float xi = row[i], *Ri = R + (size_t)i * d;
-            for (int j = 0; j < d8; j += 8)
-                for (int k = 0; k < 8; k++) xr[j + k] += xi * Ri[j + k];
-            for (int j = d8; j < d; j++) xr[j] += xi * Ri[j];
+            for (int j = 0; j < d; j++) xr[j] = fmaf(xi, Ri[j], xr[j]);
         }
         for (int j = 0; j < d; j++) xr[j] = round_bf16(xr[j]);
         const float tau = c < 1.0f ? clip_tau(d, xr, c) : INFINITY;
@@ -482,18 +480,13 @@ int ev_fakequant_bits(const oscar_params *p, int layer, int h, oscar_kv which, i
             const float e = v[j] - deq[j];
             if (e == 0.0f) continue;
             const float *Fj = F + (size_t)j * (size_t)d;
-            for (int k = (j + 1) & ~3; k < d; k += 4) {
-                v[k] = v[k] - e * Fj[k];
-                v[k + 1] = v[k + 1] - e * Fj[k + 1];
-                v[k + 2] = v[k + 2] - e * Fj[k + 2];
-                v[k + 3] = v[k + 3] - e * Fj[k + 3];
-            }
+            for (int k = j + 1; k < d; k++) v[k] = fmaf(-e, Fj[k], v[k]); /* FORMAT.md §2.3 */
         }
         /* rotate back: row[i] = sum_j deq[j] R[i][j] */
         for (int i = 0; i < d; i++) {
             const float *Ri = R + (size_t)i * d;
             float s = 0.0f;
-            for (int j = 0; j < d; j++) s += deq[j] * Ri[j];
+            for (int j = 0; j < d; j++) s = fmaf(deq[j], Ri[j], s); /* oscar_ref_unrotate's order */
             row[i] = s;
         }
     }

@@ -232,7 +232,7 @@ OSCAR_API oscar_status oscar_params_eigenvalues(const oscar_params *p, int layer
                                                 const double **lambda);
 /* Borrowed pointer to the row-major head_dim x head_dim error-feedback weights
  * F of the write path (strictly upper triangular: value j's rounding error e
- * is carried into later values k as x_k -= e * F[j][k], so a row's error is
+ * is carried into later values k as x_k = fma(-e, F[j][k], x_k), so a row's error is
  * small in the metric attention feels; docs/FORMAT.md §2.3), or NULL when the
  * parameters round to nearest (built-in parameters, or calibrated with
  * rounding = 0). Valid while p lives and until oscar_params_clear_feedback(p),

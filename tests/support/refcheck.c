@@ -192,7 +192,7 @@ static int near_boundary(const rc_seq_ref *s, int kv, size_t row, int j) {
             int c = oscar_ref_code_at(s->codes[kv] + row * d / 4, i);
             float e = v[i] - (mi[1] + mi[0] * (lmq ? lv[c] : (float)c));
             if (e == 0.0f) continue;
-            for (int k = i + 1; k <= j; k++) v[k] = v[k] - e * F[(size_t)i * d + k];
+            for (int k = i + 1; k <= j; k++) v[k] = fmaf(-e, F[(size_t)i * d + k], v[k]);
         }
         xv = v[j];
     }
