@@ -181,6 +181,44 @@ Test(rotation, rotate_unrotate_inverse) {
     free(R);
 }
 
+/* FORMAT.md §1: out[j] = sum_i x[i] R[i][j] over i ascending, each term one fused multiply-add. The
+ * plain fmaf loop is the definition, for rotate and unrotate alike; the same loop with a separate
+ * multiply and add (the rule before the twenty-fifth session) must differ somewhere in the sample,
+ * or this test could not tell the two rules apart. */
+Test(rotation, terms_are_fused_multiply_adds) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    static const int dims[] = {48, 64, 128, 256};
+    float *R = malloc(256 * 256 * sizeof *R), x[256], y[256], z[256];
+    cr_assert(R);
+    int unfused_differs = 0;
+    for (int it = 0; it < 16; it++) {
+        const int d = dims[it % 4];
+        rc_random_rotation(&r, d, R);
+        rc_gen_kv(&r, 1, 1, d, 3, OSCAR_DTYPE_F32, x);
+        oscar_ref_rotate(d, x, R, y);
+        oscar_ref_unrotate(d, y, R, z);
+        for (int j = 0; j < d; j++) {
+            float acc = 0.0f, two = 0.0f, back = 0.0f;
+            for (int i = 0; i < d; i++) {
+                acc = fmaf(x[i], R[(size_t)i * d + j], acc);
+                const float p = x[i] * R[(size_t)i * d + j];
+                two = two + p;
+                back = fmaf(y[i], R[(size_t)j * d + i], back);
+            }
+            cr_assert(memcmp(&acc, &y[j], sizeof acc) == 0, "seed %llu d %d: rotate[%d] %.9g, fused sum %.9g",
+                      (unsigned long long)seed, d, j, (double)y[j], (double)acc);
+            cr_assert(memcmp(&back, &z[j], sizeof back) == 0, "seed %llu d %d: unrotate[%d] %.9g, fused sum %.9g",
+                      (unsigned long long)seed, d, j, (double)z[j], (double)back);
+            unfused_differs += two != acc;
+        }
+    }
+    cr_assert_gt(unfused_differs, 0, "seed %llu: the two-rounding sums equal the fused ones everywhere",
+                 (unsigned long long)seed);
+    free(R);
+}
+
 /* ------------------------------------------------------------ clipping */
 static int cmp_float(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -556,6 +594,125 @@ Test(row_fb, rows_wide_equals_row_at_a_time) {
     free(h1);
     free(m0);
     free(m1);
+}
+
+/* FORMAT.md §2.3 written out as plainly as possible (uniform levels, no clip, F16 metadata from the
+ * library): value j's code from its fed-back value, e = v_j - (b + a code), then v_k = fmaf(-e, F[j][k],
+ * v_k) for k > j. fused 0: v_k - e * F[j][k] in two roundings (the rule before the twenty-fifth session). */
+static void feedback_codes_by_definition(int d, int G, const float *x, const float *F, const float *meta, int fused,
+                                         uint8_t *codes) {
+    float v[256];
+    memcpy(v, x, (size_t)d * sizeof *v);
+    memset(codes, 0, (size_t)d / 4);
+    for (int j = 0; j < d; j++) {
+        const float a = meta[2 * (j / G)], b = meta[2 * (j / G) + 1];
+        int c = 0;
+        if (a != 0.0f) {
+            const float t = floorf((v[j] - b) / a + 0.5f);
+            c = !(t >= 0.0f) ? 0 : t > 3.0f ? 3 : (int)t;
+        }
+        codes[j / 4] |= (uint8_t)(c << (2 * (j % 4)));
+        const float e = v[j] - (b + a * (float)c);
+        if (e == 0.0f) continue;
+        for (int k = j + 1; k < d; k++) {
+            if (fused) {
+                v[k] = fmaf(-e, F[(size_t)j * d + k], v[k]);
+            } else {
+                const float p = e * F[(size_t)j * d + k];
+                v[k] = v[k] - p;
+            }
+        }
+    }
+}
+
+/* The row and the many-row coders (AVX2+FMA copies on x86 where the CPU has them, fmaf otherwise) give the
+ * definition's codes on random rows. (On such rows the two rules almost never pick other codes: 0 of 1200
+ * rows differed; the next test puts values on a rounding boundary, where they do.) */
+Test(row_fb, updates_are_fused_multiply_adds) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    enum { N = 40 };
+    const int dims[3] = {64, 128, 256};
+    double *C = malloc(256 * 256 * sizeof *C);
+    float *F = malloc(256 * 256 * sizeof *F), *x = malloc((size_t)N * 256 * sizeof *x), meta[N * 8];
+    uint8_t c1[N * 64], c2[N * 64], want[64];
+    cr_assert(C && F && x);
+    for (int di = 0; di < 3; di++) {
+        const int d = dims[di], G = di == 0 ? 32 : 128, ng = d / G;
+        rc_random_metric(&r, d, 100.0, C);
+        rc_feedback_weights(d, C, 1e-3, F);
+        rc_gen_kv(&r, N, 1, d, 3, OSCAR_DTYPE_BF16, x);
+        oscar_ref_quantize_rows_wide(N, d, G, 2, 0, 1.0f, NULL, OSCAR_DTYPE_F16, x, F, c2, NULL, meta);
+        for (int i = 0; i < N; i++) {
+            const float *xi = x + (size_t)i * d, *mi = meta + (size_t)i * 2 * ng;
+            float m1[8];
+            oscar_ref_quantize_row_fb(d, G, 0, 1.0f, OSCAR_DTYPE_F16, xi, F, c1 + (size_t)i * d / 4, m1);
+            cr_assert(memcmp(m1, mi, (size_t)2 * ng * sizeof *m1) == 0, "seed %llu d %d row %d: metadata differ",
+                      (unsigned long long)seed, d, i);
+            feedback_codes_by_definition(d, G, xi, F, mi, 1, want);
+            cr_assert(memcmp(want, c1 + (size_t)i * d / 4, (size_t)d / 4) == 0,
+                      "seed %llu d %d row %d: oscar_ref_quantize_row_fb's codes are not the definition's",
+                      (unsigned long long)seed, d, i);
+            cr_assert(memcmp(want, c2 + (size_t)i * d / 4, (size_t)d / 4) == 0,
+                      "seed %llu d %d row %d: oscar_ref_quantize_rows_wide's codes are not the definition's",
+                      (unsigned long long)seed, d, i);
+        }
+    }
+    free(C);
+    free(F);
+    free(x);
+}
+
+/* Rows built so that value 1, after the one feedback term F[0][1], lands near the boundary between codes
+ * 1 and 2 while the term itself is ~1000 (value 1 is clipped to 2.625 for the metadata, but feedback starts
+ * from the unclipped row): the product's rounding, ~1e-5, is then far above the spacing of floats at the
+ * boundary, and the fused update and the two-rounding one often fall on either side of it. The
+ * coders must give the fused definition's code every time (row and many-row paths), and the two rules
+ * must disagree on some rows, or this test could not tell them apart. */
+Test(row_fb, updates_are_fused_at_a_boundary) {
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    enum { D = 64, N = 8 };
+    float *F = calloc(D * D, sizeof *F), x[N * D], meta[N * 2], m1[2];
+    uint8_t c1[D / 4], c2[N * D / 4], want[D / 4], two[D / 4];
+    cr_assert(F);
+    int disagree = 0;
+    for (int it = 0; it < 300; it++) {
+        /* min -0.375 and clip 2.625 (two values there, clip ratio 0.98 of 64: tau is the second largest
+         * |x|; f16-exact): a = 1, b = -0.375, levels -0.375, 0.625, 1.625, 2.625; x0 = 0.2 codes 1 with
+         * error e0 = -0.425; v1 = x1 - e0 F[0][1] near the 1 | 2 boundary 1.125, x1 ~ 850-1300 */
+        const float f = (float)(-2000.0 - 1000.0 * rc_uniform(&r));
+        F[1] = f;
+        for (int i = 0; i < N; i++) {
+            float *xi = x + (size_t)i * D;
+            for (int j = 0; j < D; j++) xi[j] = 0.0f;
+            xi[0] = 0.2f;
+            xi[2] = -0.375f;
+            xi[D - 2] = xi[D - 1] = 2.625f;
+            const float e0 = 0.2f - 0.625f;
+            float x1 = (float)(1.125 + (double)e0 * (double)f); /* v1 = x1 - e0 f = 1.125 */
+            for (int k = 0; k < i; k++) x1 = nextafterf(x1, i % 2 ? 2e4f : 0.0f); /* a few ulps either way */
+            xi[1] = x1;
+        }
+        oscar_ref_quantize_rows_wide(N, D, D, 2, 0, 0.98f, NULL, OSCAR_DTYPE_F16, x, F, c2, NULL, meta);
+        for (int i = 0; i < N; i++) {
+            const float *xi = x + (size_t)i * D;
+            cr_assert(meta[2 * i] == 1.0f && meta[2 * i + 1] == -0.375f, "the row's metadata is not (1, -0.375)");
+            oscar_ref_quantize_row_fb(D, D, 0, 0.98f, OSCAR_DTYPE_F16, xi, F, c1, m1);
+            feedback_codes_by_definition(D, D, xi, F, meta + 2 * i, 1, want);
+            feedback_codes_by_definition(D, D, xi, F, meta + 2 * i, 0, two);
+            cr_assert(memcmp(want, c1, D / 4) == 0 && memcmp(want, c2 + (size_t)i * D / 4, D / 4) == 0,
+                      "seed %llu it %d row %d (F[0][1] %.9g, x1 %.9g): codes %d (row) / %d (rows), the fused "
+                      "definition's %d",
+                      (unsigned long long)seed, it, i, (double)f, (double)xi[1], (c1[0] >> 2) & 3,
+                      (c2[(size_t)i * D / 4] >> 2) & 3, (want[0] >> 2) & 3);
+            disagree += memcmp(want, two, D / 4) != 0;
+        }
+    }
+    cr_assert_gt(disagree, 0, "seed %llu: the two rules never picked different codes", (unsigned long long)seed);
+    free(F);
 }
 
 /* e^T C e of e = x - x^ (fp64). */
