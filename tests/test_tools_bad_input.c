@@ -17,23 +17,7 @@
 #include <unistd.h>
 
 #include "oscar/oscar.h"
-
-/* Runs `cmd` (through sh, stderr merged) with a time limit; returns its exit
- * status (124: it ran out of time) and its output in out. */
-static int run(char *out, size_t n, int seconds, const char *fmt, ...) {
-    char cmd[8192], full[8400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "timeout -k 2 %d %s 2>&1", seconds, cmd);
-    FILE *p = popen(full, "r");
-    cr_assert(p, "popen failed");
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
+#include "run_cmd.h"
 
 static char g_model[4096], g_tokens[4096];
 static int shared(void) {
