@@ -45,6 +45,60 @@ Test(bad_input, calib_feed_refuses_nonfinite_k_and_v_in_pass_0) {
     oscar_calib_destroy(c);
 }
 
+/* Two calibrations that ended in finalize's internal error ("Cholesky factor of layer 0 V/K feedback
+ * metric failed: report this with the calibration data") after all their work: a value metric that
+ * is symmetric with a non-negative diagonal but indefinite (accepted by oscar_calib_set_value_metric),
+ * and a feedback_damp in (0, 1] as small as 1e-30 over fewer rows than head_dim (a singular key
+ * metric at a ridge lost to rounding). The metric is refused at once, naming it (and so is one whose
+ * entries make its fp64 sums overflow); the ridge grows until the factorization holds. */
+static oscar_status calib_small(float feedback_damp, const double *M, int set_ok) {
+    enum { N = 8, D = 64 };
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, 1, 4, 2, D);
+    o.sink = 0, o.recent = 0, o.feedback_damp = feedback_damp;
+    oscar_calib *c;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
+    for (int h = 0; h < 2; h++) {
+        oscar_status s = oscar_calib_set_value_metric(c, 0, h, M);
+        if (!set_ok) {
+            oscar_calib_destroy(c);
+            return s;
+        }
+        cr_assert_eq(s, OSCAR_OK, "%s", oscar_last_error());
+    }
+    static float q[N * 4 * D], k[N * 2 * D], v[N * 2 * D];
+    for (int i = 0; i < N * 4 * D; i++) q[i] = sinf(0.37f * (float)i);
+    for (int i = 0; i < N * 2 * D; i++) k[i] = cosf(1.3f * (float)i), v[i] = sinf(0.7f * (float)i);
+    oscar_params *p = NULL;
+    oscar_status s = OSCAR_OK;
+    for (int pass = 0; pass < 2 && !s; pass++)
+        if (!(s = oscar_calib_begin_pass(c, pass))) s = oscar_calib_feed(c, 0, N, q, k, v, OSCAR_DTYPE_F32);
+    if (!s) s = oscar_calib_finalize(c, &p);
+    oscar_params_destroy(p);
+    oscar_calib_destroy(c);
+    return s;
+}
+
+Test(bad_input, calib_value_metric_must_be_psd_and_tiny_ridges_grow) {
+    enum { D = 64 };
+    double *M = calloc((size_t)D * D, sizeof *M);
+    cr_assert(M);
+    for (int i = 0; i < D; i++) M[i * (D + 1)] = 1.0;
+    cr_expect_eq(calib_small(0.0f, M, 1), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(calib_small(1e-30f, M, 1), OSCAR_OK, "feedback_damp 1e-30: %s", oscar_last_error());
+    M[1] = M[D] = 3.0; /* eigenvalues -2 and 4 in the first two coordinates */
+    cr_expect_eq(calib_small(0.0f, M, 0), OSCAR_ERR_INVALID_ARGUMENT, "an indefinite metric was accepted");
+    cr_expect(strstr(oscar_last_error(), "not positive semi-definite") && strstr(oscar_last_error(), "-2"),
+              "message: %s", oscar_last_error());
+    M[1] = M[D] = 1.0; /* [[1, 1], [1, 1]]: PSD and singular */
+    cr_expect_eq(calib_small(0.0f, M, 1), OSCAR_OK, "a singular PSD metric: %s", oscar_last_error());
+    M[1] = M[D] = 0.0;
+    M[0] = 1e300;
+    cr_expect_eq(calib_small(0.0f, M, 0), OSCAR_ERR_INVALID_ARGUMENT, "a metric entry of 1e300 was accepted");
+    cr_expect(strstr(oscar_last_error(), "scale M down"), "message: %s", oscar_last_error());
+    free(M);
+}
+
 /* ------------------------------------------------------- a small cache */
 #define SEQ 2
 #define LEN 100
