@@ -1330,6 +1330,36 @@ Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
     oscar_runtime_destroy(rt);
 }
 
+/* OSCAR_OPENCL_OPTIONS was pasted onto the library's last option with no space: "-cl-fast-relaxed-math"
+ * became "-DOSCAR_VB=8-cl-fast-relaxed-math" and every kernel failed to build (OSCAR_ERR_BACKEND). It
+ * is now a separate option; one that sets the library's own OSCAR_* macros (a later -D wins: kernels
+ * of another shape than the plan's buffers) is refused, and a build the variable breaks names it. */
+Test(bad_input, opencl_options_are_separate_and_cannot_redefine_the_shape, .timeout = 300) {
+    oscar_runtime *rt = opencl_or_skip();
+    oscar_layout_desc l;
+    small_layout(&l);
+    l.page_size = 16;
+    l.method = OSCAR_METHOD_INT2;
+    const struct {
+        const char *opts, *named;
+        oscar_status want;
+    } cases[] = {{"-cl-fast-relaxed-math", NULL, OSCAR_OK},
+                 {"-DOSCAR_D=128", "OSCAR_ macro", OSCAR_ERR_INVALID_ARGUMENT},
+                 {"-cl-no-such-option", "OSCAR_OPENCL_OPTIONS '-cl-no-such-option'", OSCAR_ERR_INVALID_ARGUMENT}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(setenv("OSCAR_OPENCL_OPTIONS", cases[i].opts, 1), 0);
+        oscar_plan *plan = NULL;
+        const oscar_status st = oscar_plan_create(rt, &l, NULL, &plan);
+        unsetenv("OSCAR_OPENCL_OPTIONS");
+        cr_expect_eq(st, cases[i].want, "%s: status %d: %s", cases[i].opts, (int)st, oscar_last_error());
+        if (cases[i].named)
+            cr_expect(strstr(oscar_last_error(), cases[i].named), "%s: message: %s", cases[i].opts,
+                      oscar_last_error());
+        oscar_plan_destroy(plan);
+    }
+    oscar_runtime_destroy(rt);
+}
+
 /* Two sequences of one append writing the same window slot or the same page
  * (an engine's allocator bug): every backend wrote both, one over the other,
  * status OK, even with validate = 1. validate = 1 now refuses it with
