@@ -245,6 +245,34 @@ Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
     rmrf(dir);
 }
 
+/* OE_THREADS, the engine's thread count: a value that is not a whole number >= 1 was ignored without a
+ * word (one thread per core), and oscar-eval reported atoi's reading of it (0 for "abc", -2) as the
+ * engine threads it ran with. Every tool that runs the engine now refuses it before the model load. */
+Test(tools_bad_input, engine_threads_variable_is_checked, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR not set");
+    char dir[64], out[8192];
+    scratch(dir, sizeof dir);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *vals[] = {"abc", "-2", "4x"};
+    char calib_out[128], eval_out[128];
+    snprintf(calib_out, sizeof calib_out, "--out %s/p.safetensors", dir);
+    snprintf(eval_out, sizeof eval_out, "--out %s/r.json", dir);
+    const struct {
+        const char *tool, *params, *out;
+    } tools[] = {{"oscar-ppl", "", ""}, {"oscar-engine-bench", "", ""}, {"oscar-copy-probe", p, ""},
+                 {"oscar-calibrate", "", calib_out}, {"oscar-eval", p, eval_out}};
+    for (size_t v = 0; v < sizeof vals / sizeof vals[0]; v++)
+        for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
+            int rc = run(out, sizeof out, 60, "env OE_THREADS='%s' " BIN "/%s %s --tokens %s %s%s %s", vals[v],
+                         tools[i].tool, g_model, g_tokens, tools[i].params[0] ? "--params " : "", tools[i].params,
+                         tools[i].out);
+            cr_expect_eq(rc, 2, "OE_THREADS=%s %s: exit %d: %s", vals[v], tools[i].tool, rc, out);
+            cr_expect(strstr(out, "OE_THREADS='") && strstr(out, vals[v]), "OE_THREADS=%s %s: %s", vals[v],
+                      tools[i].tool, out);
+        }
+    rmrf(dir);
+}
+
 Test(tools_bad_input, ppl_arguments_are_parsed_strictly, .timeout = 200) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384];

@@ -334,6 +334,11 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "%d", (int)threads);
         setenv("OE_THREADS", buf, 1);
     }
+    int nthreads;
+    if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
+        fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
+        return 2;
+    }
 
     /* Check the shape on config.json before loading any weight. */
     struct stat sb;

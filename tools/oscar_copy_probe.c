@@ -115,6 +115,11 @@ int main(int argc, char **argv) {
                 recent);
         return 2;
     }
+    int nthreads;
+    if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
+        fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
+        return 2;
+    }
     /* Every exit after this point frees what it took (bad input too: under LeakSanitizer a leak
      * turned exit 2 into 1, and a whole run's buffers made a good run exit 1). */
     int rc = 2;

@@ -398,8 +398,8 @@ int main(int argc, char **argv)
         char tb[16];
         snprintf(tb, sizeof tb, "%d", engine_threads);
         setenv("OE_THREADS", tb, 1);
-    } else {
-        engine_threads = atoi(getenv("OE_THREADS"));
+    } else if (oe_threads(&engine_threads) != OSCAR_OK) {
+        return bad("%s%s", oe_last_error(), "");
     }
 
     oe_config cfg;
