@@ -268,6 +268,25 @@ Test(engine_load, synthetic_qwen3_qwen2_llama_run)
     }
 }
 
+/* Calibrates m on ntok tokens as oscar-calibrate does (ocal_run), in windows of 128 with sink 8 and
+ * recent 16 (the windows the clips are fitted for), clips fitted for `group`. */
+static oscar_params *calibrate_small(oe_model *m, const uint32_t *tok, int64_t ntok, int group, oscar_calib **c)
+{
+    ocal_options o;
+    ocal_options_default(&o);
+    o.window = 128;
+    o.max_tokens = ntok;
+    o.sink = 8;
+    o.recent = 16;
+    o.group = group;
+    oscar_params *p = NULL;
+    ocal_stats st;
+    char err[1024];
+    cr_assert_eq(ocal_run(m, tok, ntok, &o, c, &p, &st, err, sizeof err), OSCAR_OK, "group %d: %s", group, err);
+    cr_assert_eq(st.windows, ntok / 128);
+    return p;
+}
+
 /* Head dims that are not powers of two (docs/FORMAT.md 3.5): a Phi-3-shaped Llama (head_dim 96) and a
  * Qwen3 with Phi-2's head_dim 80 load, run, and calibrate end to end as oscar-calibrate does (both
  * passes, finalize with the A (x) S spreading matrix): orthogonal per-head rotations, the format's
@@ -290,18 +309,8 @@ Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
         const int64_t ntok = 3 * 128;
         uint32_t *tok = malloc((size_t)ntok * sizeof *tok);
         for (int64_t t = 0; t < ntok; t++) tok[t] = (uint32_t)(rand_r(&g_seed) % (unsigned)cs[i].vocab);
-        ocal_options o;
-        ocal_options_default(&o);
-        o.window = 128;
-        o.max_tokens = ntok;
-        o.sink = 8;
-        o.recent = 16;
-        o.group = group;
         oscar_calib *c = NULL;
-        oscar_params *p = NULL;
-        ocal_stats st;
-        cr_assert_eq(ocal_run(m, tok, ntok, &o, &c, &p, &st, err, sizeof err), OSCAR_OK, "d %d: %s", d, err);
-        cr_assert_eq(st.windows, 3);
+        oscar_params *p = calibrate_small(m, tok, ntok, group, &c);
         oscar_params_info info;
         cr_assert_eq(oscar_params_get_info(p, &info), OSCAR_OK);
         cr_assert_eq(info.head_dim, d);
@@ -333,7 +342,7 @@ Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
         oscar_layout_default(&l);
         l.head_dim = d, l.group = group, l.num_q_heads = cs[i].heads, l.num_kv_heads = cs[i].kv_heads;
         l.max_seq_len = 1024;
-        l.sink = o.sink, l.recent = o.recent; /* the windows the clips were fitted for */
+        l.sink = 8, l.recent = 16; /* the windows the clips were fitted for (calibrate_small) */
         oscar_plan *plan = NULL;
         cr_assert_eq(oscar_plan_create(rt, &l, q, &plan), OSCAR_OK, "%s", oscar_last_error());
         oscar_plan_destroy(plan);
@@ -396,17 +405,8 @@ Test(engine_load, copy_probe_quantizes_at_the_group_it_reports, .timeout = 600)
     /* Parameters calibrated for group 256 serve --group 256 only. */
     oe_model *m = NULL;
     cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
-    ocal_options o;
-    ocal_options_default(&o);
-    o.window = 128;
-    o.max_tokens = ntok;
-    o.sink = 8;
-    o.recent = 16;
-    o.group = 256;
     oscar_calib *cal = NULL;
-    ocal_stats st;
-    char err[1024];
-    cr_assert_eq(ocal_run(m, tok, ntok, &o, &cal, &p, &st, err, sizeof err), OSCAR_OK, "%s", err);
+    p = calibrate_small(m, tok, ntok, 256, &cal);
     snprintf(pc, sizeof pc, "%s/g256.safetensors", g_dir);
     cr_assert_eq(oscar_params_save(p, pc), OSCAR_OK, "%s", oscar_last_error());
     int rc = run(out, sizeof out, 300, OSCAR_BIN_DIR "/oscar-copy-probe %s --tokens %s/t.tokens --params %s %s", g_dir,
