@@ -135,7 +135,10 @@ Test(tools_bad_input, bench_impossible_shapes_are_bad_input, .timeout = 120) {
     const struct {
         const char *args, *needle;
     } cases[] = {{"--q-heads 3 --kv-heads 2", "num_q_heads"}, {"--head-dim 100", "head_dim"},
-                 {"--group 256", "group"},                   {"--page 24", "page_size"}};
+                 {"--group 256", "group"},                   {"--page 24", "page_size"},
+                 /* --seed was strtoul's reading: "12x" ran as 12, "abc" as 0, -1 as 2^32 - 1 */
+                 {"--seed 12x", "--seed"},                   {"--seed abc", "--seed"},
+                 {"--seed -1", "--seed"},                    {"--seed 4294967296", "--seed"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(out, sizeof out, 60, BIN "/oscar-bench --quick --backend cpu %s", cases[i].args);
         cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
@@ -548,6 +551,16 @@ Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
                  BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent --feedback-damp 0 --out p");
     cr_expect_eq(rc, 2, "--feedback-damp 0: exit %d: %s", rc, out);
     cr_expect(strstr(out, "--feedback-damp") && strstr(out, "(0, 1]"), "message should name the flag and range: %s", out);
+    /* A clip ratio positive as a double and 0 as the float it is stored in: --clip-k 1e-46 ran with a
+     * fitted clip (0 asks for one), --copy-head-clip 1e-46 with the default 0.97. */
+    const char *clips[] = {"--clip-k", "--clip-v", "--copy-head-clip"};
+    for (size_t i = 0; i < sizeof clips / sizeof clips[0]; i++) {
+        rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s 1e-46 --out p",
+                 clips[i]);
+        cr_expect_eq(rc, 2, "%s 1e-46: exit %d: %s", clips[i], rc, out);
+        cr_expect(strstr(out, clips[i]) && strstr(out, "(0, 1]"), "message should name %s and the range: %s", clips[i],
+                  out);
+    }
 }
 
 Test(tools_bad_input, calibrate_refuses_bad_probe_queries, .timeout = 60) {

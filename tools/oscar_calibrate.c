@@ -146,7 +146,9 @@ static int parse_clip(const char *flag, const char *s, float *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v > 0.0 && v <= 1.0)) {
+    /* the ratio is stored as a float: 1e-46 is positive as a double and 0 as a float, where 0 asks
+     * for a fitted clip (--clip-k) or the default (--copy-head-clip) */
+    if (errno || end == s || *end || !(v > 0.0 && v <= 1.0) || !((float)v > 0.0f)) {
         fprintf(stderr, "oscar-calibrate: %s wants a clip ratio in (0, 1], got '%s'\n", flag, s);
         return 0;
     }
