@@ -957,6 +957,12 @@ OSCAR_API oscar_status oscar_calib_target(const oscar_calib *c, int layer, int k
     return OSCAR_OK;
 }
 
+/* Value metrics: the largest entry taken, and how negative an eigenvalue may be (a share of the
+ * largest) and still be rounding of a PSD matrix; the feedback ridge (>= 1e-3 of the mean eigenvalue
+ * by default) absorbs it. */
+#define VMETRIC_MAX 1e100
+#define VMETRIC_NEG_TOL 1e-6
+
 OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, int kv_head, const double *M) {
     oscar_clear_error();
     if (!c || !M) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_calib_set_value_metric: NULL argument");
@@ -975,7 +981,37 @@ OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, i
                                        "value metric of layer %d head %d: entry (%d, %d) = %g is not finite, not "
                                        "symmetric or a negative diagonal; pass W_O^T W_O-like PSD matrices",
                                        layer, kv_head, i, j, a);
+            if (fabs(a) > VMETRIC_MAX)
+                return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                       "value metric of layer %d head %d: entry (%d, %d) = %g is above %g, where "
+                                       "sums over the metric (its trace, its rotation) can overflow fp64; scale M down "
+                                       "(W_O^T W_O of a real model is many orders of magnitude below)",
+                                       layer, kv_head, i, j, a, VMETRIC_MAX);
         }
+    /* Symmetric with a non-negative diagonal is not yet PSD ([[1, 3], [3, 1]] has eigenvalue -2): an
+     * indefinite metric passed here and made finalize fail, after all its work, with an internal error
+     * ("Cholesky factor ... failed: report this"). Its eigenvalues are checked now, to rounding. */
+    double *E = malloc(c->dd * sizeof(double)), *lam = malloc((size_t)d * sizeof(double));
+    if (!E || !lam) {
+        free(E);
+        free(lam);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory checking a value metric");
+    }
+    memcpy(E, M, c->dd * sizeof(double));
+    const lapack_int info = LAPACKE_dsyevd(LAPACK_ROW_MAJOR, 'N', 'U', d, E, d, lam); /* ascending */
+    const double lo = lam[0], hi = lam[d - 1];
+    free(E);
+    free(lam);
+    if (info != 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "value metric of layer %d head %d: its eigenvalues could not be computed (LAPACK "
+                               "dsyevd info %d); pass W_O^T W_O-like PSD matrices",
+                               layer, kv_head, (int)info);
+    if (lo < -VMETRIC_NEG_TOL * fmax(hi, 0.0))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "value metric of layer %d head %d is not positive semi-definite: smallest eigenvalue "
+                               "%g, largest %g; pass W_O^T W_O-like PSD matrices (a sum of X^T X)",
+                               layer, kv_head, lo, hi);
     if (!c->vmetric) {
         c->vmetric = calloc((size_t)c->L * (size_t)c->hkv * c->dd, sizeof(double));
         c->vmetric_set = calloc((size_t)c->L * (size_t)c->hkv, 1);
@@ -1028,12 +1064,17 @@ static int feedback_weights(int d, const double *Ct, double damp0, double *A, fl
     for (int i = 0; i < d; i++) tr += Ct[(size_t)i * d + i];
     memset(F, 0, dd * sizeof(float));
     if (!(tr > 0.0)) return 0;
+    int factored = 0;
     for (double damp = damp0; damp <= 1.0; damp *= 10.0) {
         memcpy(A, Ct, dd * sizeof(double));
         for (int i = 0; i < d; i++) A[(size_t)i * d + i] += damp * tr / d;
+        /* A singular metric (fewer calibration rows than head_dim) at a tiny feedback_damp fails the
+         * factorization to rounding: more ridge, as for weights that are too large (it returned -1,
+         * finalize's internal error, with feedback_damp 1e-30). */
         if (LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', d, A, d) || LAPACKE_dpotri(LAPACK_ROW_MAJOR, 'U', d, A, d) ||
             LAPACKE_dpotrf(LAPACK_ROW_MAJOR, 'U', d, A, d))
-            return -1;
+            continue;
+        factored = 1;
         int ok = 1;
         for (int j = 0; j < d && ok; j++)
             for (int k = j + 1; k < d; k++) {
@@ -1047,7 +1088,7 @@ static int feedback_weights(int d, const double *Ct, double damp0, double *A, fl
         if (ok) return 0;
         memset(F, 0, dd * sizeof(float)); /* more ridge: smaller weights */
     }
-    return 0; /* nearest for this metric */
+    return factored ? 0 : -1; /* nearest for this metric, or no ridge up to its mean eigenvalue factored it */
 }
 
 

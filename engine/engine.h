@@ -148,8 +148,12 @@ typedef struct oe_forward_options {
 
 void oe_forward_options_default(oe_forward_options *o);
 
+/* The threads a context runs (oe_ctx_create reads this): $OE_THREADS (a whole number >= 1, at most
+ * 16 used), else one per online core up to 16. INVALID_ARGUMENT, with the message, for another value. */
+oscar_status oe_threads(int *n);
+
 /* Reusable buffers for windows of up to max_tokens tokens. Not thread-safe:
- * one context per thread. */
+ * one context per thread; the threads of oe_threads. */
 typedef struct oe_ctx oe_ctx;
 oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out);
 void oe_ctx_free(oe_ctx *c);

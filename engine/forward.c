@@ -5,6 +5,7 @@
  * causal window; blocks are shared out over a few pthreads, each calling a
  * single-threaded sgemm. */
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -81,6 +82,27 @@ static float *alloc_f(size_t n, int *fail)
     return p;
 }
 
+oscar_status oe_threads(int *n)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    *n = ncpu < 1 ? 1 : ncpu > OE_MAX_THREADS ? OE_MAX_THREADS : (int)ncpu;
+    /* A value that is not a whole number >= 1 ("abc", "-2", "4x") was ignored without a word (all
+     * cores), and oscar-eval reported atoi's reading of it (0, -2) as the threads it ran with. */
+    const char *env = getenv("OE_THREADS");
+    if (!env || !env[0]) return OSCAR_OK;
+    char *end;
+    errno = 0;
+    const long v = strtol(env, &end, 10);
+    if (errno == ERANGE && v > 0) return *n = OE_MAX_THREADS, OSCAR_OK; /* a huge count: the cap */
+    if (errno || end == env || *end || v < 1)
+        return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                            "OE_THREADS='%.40s' is not a whole number >= 1: set the engine's threads (at most %d are "
+                            "used) or unset it for one per core",
+                            env, OE_MAX_THREADS);
+    *n = v > OE_MAX_THREADS ? OE_MAX_THREADS : (int)v;
+    return OSCAR_OK;
+}
+
 oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out)
 {
     if (!m || !out) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_ctx_create: NULL argument");
@@ -97,12 +119,13 @@ oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out)
     if (!c) return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_ctx_create: out of memory");
     c->m = m;
     c->max_n = max_tokens;
-    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-    c->nthreads = ncpu < 1 ? 1 : ncpu > OE_MAX_THREADS ? OE_MAX_THREADS : (int)ncpu;
     c->kern = oe_kernels_get();
     c->profile = getenv("OE_PROFILE") != NULL;
-    const char *env = getenv("OE_THREADS");
-    if (env && atoi(env) >= 1) c->nthreads = atoi(env) > OE_MAX_THREADS ? OE_MAX_THREADS : atoi(env);
+    oscar_status ts = oe_threads(&c->nthreads);
+    if (ts != OSCAR_OK) {
+        free(c);
+        return ts;
+    }
     size_t n = (size_t)max_tokens, d = (size_t)cf->head_dim, qd = (size_t)cf->num_q_heads * d,
            kvd = (size_t)cf->num_kv_heads * d;
     int fail = 0;

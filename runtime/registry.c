@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "runtime.h"
@@ -111,6 +112,15 @@ static void try_plugin(oscar_runtime *rt, const oscar_runtime_options *o, candid
         char path[PATH_MAX + 64];
         snprintf(path, sizeof path, "%s/liboscar_backend_%s.so", dirs[i], c->name);
         if (access(path, R_OK) != 0) continue;
+        /* dlopen reads the file: on a FIFO it waited for a writer forever (oscar_runtime_create hung on
+         * a pipe named liboscar_backend_opencl.so in OSCAR_PLUGIN_PATH); only regular files are tried. */
+        struct stat sb;
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+            found_any = 1;
+            report_add(rt, "  %-7s skipped: %s is not a regular file (a folder, FIFO or device): remove it or "
+                       "change OSCAR_PLUGIN_PATH / plugin_dir\n", c->name, path);
+            continue;
+        }
         /* The same file reached through two search folders is tried once. */
         char real[PATH_MAX];
         if (realpath(path, real)) {

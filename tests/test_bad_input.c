@@ -45,6 +45,60 @@ Test(bad_input, calib_feed_refuses_nonfinite_k_and_v_in_pass_0) {
     oscar_calib_destroy(c);
 }
 
+/* Two calibrations that ended in finalize's internal error ("Cholesky factor of layer 0 V/K feedback
+ * metric failed: report this with the calibration data") after all their work: a value metric that
+ * is symmetric with a non-negative diagonal but indefinite (accepted by oscar_calib_set_value_metric),
+ * and a feedback_damp in (0, 1] as small as 1e-30 over fewer rows than head_dim (a singular key
+ * metric at a ridge lost to rounding). The metric is refused at once, naming it (and so is one whose
+ * entries make its fp64 sums overflow); the ridge grows until the factorization holds. */
+static oscar_status calib_small(float feedback_damp, const double *M, int set_ok) {
+    enum { N = 8, D = 64 };
+    oscar_calib_options o;
+    oscar_calib_options_default(&o, 1, 4, 2, D);
+    o.sink = 0, o.recent = 0, o.feedback_damp = feedback_damp;
+    oscar_calib *c;
+    cr_assert_eq(oscar_calib_create(&o, &c), OSCAR_OK, "%s", oscar_last_error());
+    for (int h = 0; h < 2; h++) {
+        oscar_status s = oscar_calib_set_value_metric(c, 0, h, M);
+        if (!set_ok) {
+            oscar_calib_destroy(c);
+            return s;
+        }
+        cr_assert_eq(s, OSCAR_OK, "%s", oscar_last_error());
+    }
+    static float q[N * 4 * D], k[N * 2 * D], v[N * 2 * D];
+    for (int i = 0; i < N * 4 * D; i++) q[i] = sinf(0.37f * (float)i);
+    for (int i = 0; i < N * 2 * D; i++) k[i] = cosf(1.3f * (float)i), v[i] = sinf(0.7f * (float)i);
+    oscar_params *p = NULL;
+    oscar_status s = OSCAR_OK;
+    for (int pass = 0; pass < 2 && !s; pass++)
+        if (!(s = oscar_calib_begin_pass(c, pass))) s = oscar_calib_feed(c, 0, N, q, k, v, OSCAR_DTYPE_F32);
+    if (!s) s = oscar_calib_finalize(c, &p);
+    oscar_params_destroy(p);
+    oscar_calib_destroy(c);
+    return s;
+}
+
+Test(bad_input, calib_value_metric_must_be_psd_and_tiny_ridges_grow) {
+    enum { D = 64 };
+    double *M = calloc((size_t)D * D, sizeof *M);
+    cr_assert(M);
+    for (int i = 0; i < D; i++) M[i * (D + 1)] = 1.0;
+    cr_expect_eq(calib_small(0.0f, M, 1), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(calib_small(1e-30f, M, 1), OSCAR_OK, "feedback_damp 1e-30: %s", oscar_last_error());
+    M[1] = M[D] = 3.0; /* eigenvalues -2 and 4 in the first two coordinates */
+    cr_expect_eq(calib_small(0.0f, M, 0), OSCAR_ERR_INVALID_ARGUMENT, "an indefinite metric was accepted");
+    cr_expect(strstr(oscar_last_error(), "not positive semi-definite") && strstr(oscar_last_error(), "-2"),
+              "message: %s", oscar_last_error());
+    M[1] = M[D] = 1.0; /* [[1, 1], [1, 1]]: PSD and singular */
+    cr_expect_eq(calib_small(0.0f, M, 1), OSCAR_OK, "a singular PSD metric: %s", oscar_last_error());
+    M[1] = M[D] = 0.0;
+    M[0] = 1e300;
+    cr_expect_eq(calib_small(0.0f, M, 0), OSCAR_ERR_INVALID_ARGUMENT, "a metric entry of 1e300 was accepted");
+    cr_expect(strstr(oscar_last_error(), "scale M down"), "message: %s", oscar_last_error());
+    free(M);
+}
+
 /* ------------------------------------------------------- a small cache */
 #define SEQ 2
 #define LEN 100
@@ -1273,6 +1327,36 @@ Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
     cr_expect(strstr(oscar_last_error(), "OSCAR_OPENCL_OPTIONS"), "message: %s", oscar_last_error());
     cr_expect_null(plan);
     if (plan) oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+}
+
+/* OSCAR_OPENCL_OPTIONS was pasted onto the library's last option with no space: "-cl-fast-relaxed-math"
+ * became "-DOSCAR_VB=8-cl-fast-relaxed-math" and every kernel failed to build (OSCAR_ERR_BACKEND). It
+ * is now a separate option; one that sets the library's own OSCAR_* macros (a later -D wins: kernels
+ * of another shape than the plan's buffers) is refused, and a build the variable breaks names it. */
+Test(bad_input, opencl_options_are_separate_and_cannot_redefine_the_shape, .timeout = 300) {
+    oscar_runtime *rt = opencl_or_skip();
+    oscar_layout_desc l;
+    small_layout(&l);
+    l.page_size = 16;
+    l.method = OSCAR_METHOD_INT2;
+    const struct {
+        const char *opts, *named;
+        oscar_status want;
+    } cases[] = {{"-cl-fast-relaxed-math", NULL, OSCAR_OK},
+                 {"-DOSCAR_D=128", "OSCAR_ macro", OSCAR_ERR_INVALID_ARGUMENT},
+                 {"-cl-no-such-option", "OSCAR_OPENCL_OPTIONS '-cl-no-such-option'", OSCAR_ERR_INVALID_ARGUMENT}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(setenv("OSCAR_OPENCL_OPTIONS", cases[i].opts, 1), 0);
+        oscar_plan *plan = NULL;
+        const oscar_status st = oscar_plan_create(rt, &l, NULL, &plan);
+        unsetenv("OSCAR_OPENCL_OPTIONS");
+        cr_expect_eq(st, cases[i].want, "%s: status %d: %s", cases[i].opts, (int)st, oscar_last_error());
+        if (cases[i].named)
+            cr_expect(strstr(oscar_last_error(), cases[i].named), "%s: message: %s", cases[i].opts,
+                      oscar_last_error());
+        oscar_plan_destroy(plan);
+    }
     oscar_runtime_destroy(rt);
 }
 

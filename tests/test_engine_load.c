@@ -12,6 +12,7 @@
 
 #include "engine.h"
 #include "oscar_calibrate.h" /* ocal_run: the calibration oscar-calibrate runs */
+#include "run_cmd.h"
 
 static char g_dir[256];
 
@@ -267,6 +268,25 @@ Test(engine_load, synthetic_qwen3_qwen2_llama_run)
     }
 }
 
+/* Calibrates m on ntok tokens as oscar-calibrate does (ocal_run), in windows of 128 with sink 8 and
+ * recent 16 (the windows the clips are fitted for), clips fitted for `group`. */
+static oscar_params *calibrate_small(oe_model *m, const uint32_t *tok, int64_t ntok, int group, oscar_calib **c)
+{
+    ocal_options o;
+    ocal_options_default(&o);
+    o.window = 128;
+    o.max_tokens = ntok;
+    o.sink = 8;
+    o.recent = 16;
+    o.group = group;
+    oscar_params *p = NULL;
+    ocal_stats st;
+    char err[1024];
+    cr_assert_eq(ocal_run(m, tok, ntok, &o, c, &p, &st, err, sizeof err), OSCAR_OK, "group %d: %s", group, err);
+    cr_assert_eq(st.windows, ntok / 128);
+    return p;
+}
+
 /* Head dims that are not powers of two (docs/FORMAT.md 3.5): a Phi-3-shaped Llama (head_dim 96) and a
  * Qwen3 with Phi-2's head_dim 80 load, run, and calibrate end to end as oscar-calibrate does (both
  * passes, finalize with the A (x) S spreading matrix): orthogonal per-head rotations, the format's
@@ -289,18 +309,8 @@ Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
         const int64_t ntok = 3 * 128;
         uint32_t *tok = malloc((size_t)ntok * sizeof *tok);
         for (int64_t t = 0; t < ntok; t++) tok[t] = (uint32_t)(rand_r(&g_seed) % (unsigned)cs[i].vocab);
-        ocal_options o;
-        ocal_options_default(&o);
-        o.window = 128;
-        o.max_tokens = ntok;
-        o.sink = 8;
-        o.recent = 16;
-        o.group = group;
         oscar_calib *c = NULL;
-        oscar_params *p = NULL;
-        ocal_stats st;
-        cr_assert_eq(ocal_run(m, tok, ntok, &o, &c, &p, &st, err, sizeof err), OSCAR_OK, "d %d: %s", d, err);
-        cr_assert_eq(st.windows, 3);
+        oscar_params *p = calibrate_small(m, tok, ntok, group, &c);
         oscar_params_info info;
         cr_assert_eq(oscar_params_get_info(p, &info), OSCAR_OK);
         cr_assert_eq(info.head_dim, d);
@@ -332,7 +342,7 @@ Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
         oscar_layout_default(&l);
         l.head_dim = d, l.group = group, l.num_q_heads = cs[i].heads, l.num_kv_heads = cs[i].kv_heads;
         l.max_seq_len = 1024;
-        l.sink = o.sink, l.recent = o.recent; /* the windows the clips were fitted for */
+        l.sink = 8, l.recent = 16; /* the windows the clips were fitted for (calibrate_small) */
         oscar_plan *plan = NULL;
         cr_assert_eq(oscar_plan_create(rt, &l, q, &plan), OSCAR_OK, "%s", oscar_last_error());
         oscar_plan_destroy(plan);
@@ -345,6 +355,78 @@ Test(engine_load, head_dims_96_and_80_run_and_calibrate, .timeout = 300)
         remove_dir();
     }
 }
+
+#ifdef OSCAR_BIN_DIR
+/* The "all" line of layer 0 in oscar-copy-probe's table (its numbers), or "" when there is none. */
+static void probe_line(const char *out, char *line, size_t n)
+{
+    const char *at = strstr(out, "    0   all |");
+    size_t k = 0;
+    if (at)
+        while (at[k] && at[k] != '\n' && k + 1 < n) k++;
+    snprintf(line, n, "%.*s", (int)k, at ? at : "");
+}
+
+/* oscar-copy-probe quantized the 2-bit rows with group 0 (the whole head) and printed the bits of the
+ * head_dim's default group: at head_dim 256 it measured group-256 rows with clips fitted for group
+ * 128 and reported 2.250 bits for them. Now it quantizes at the group it reports: the default (128
+ * here), or --group G, refused when the parameters' clips were fitted for another group. */
+Test(engine_load, copy_probe_quantizes_at_the_group_it_reports, .timeout = 600)
+{
+    seed();
+    make_dir();
+    const tiny_cfg c = {"qwen3", 1, 64, 2, 1, 256, 96, 50, 1, 0, 1};
+    write_model(&c, NULL);
+    const int ntok = 384;
+    uint32_t tok[384];
+    for (int i = 0; i < ntok; i++) tok[i] = (uint32_t)(rand_r(&g_seed) % (unsigned)c.vocab);
+    write_file("t.tokens", tok, sizeof tok);
+    oscar_params *p = NULL;
+    char pb[512], pc[512];
+    snprintf(pb, sizeof pb, "%s/builtin.safetensors", g_dir);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 1, 2, 1, 256, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_save(p, pb), OSCAR_OK, "%s", oscar_last_error());
+    oscar_params_destroy(p);
+    p = NULL;
+    char out[16384], line[3][512];
+    const char *args = "--trials 1 --context 200 --sink 16 --recent 32";
+    const char *groups[3] = {"", "--group 128", "--group 256"};
+    const char *heads[3] = {"group 128, 2.250 bits/elt", "group 128, 2.250 bits/elt", "group 256, 2.125 bits/elt"};
+    for (int i = 0; i < 3; i++) {
+        int rc = run(out, sizeof out, 300, OSCAR_BIN_DIR "/oscar-copy-probe %s --tokens %s/t.tokens --params %s %s %s",
+                     g_dir, g_dir, pb, args, groups[i]);
+        cr_assert_eq(rc, 0, "'%s': exit %d: %s", groups[i], rc, out);
+        cr_expect(strstr(out, heads[i]), "'%s' should report %s: %s", groups[i], heads[i], out);
+        probe_line(out, line[i], sizeof line[i]);
+        cr_assert(line[i][0], "'%s': no table: %s", groups[i], out);
+    }
+    cr_expect_str_eq(line[0], line[1], "the default group of head_dim 256 is 128");
+    cr_expect_str_neq(line[0], line[2], "group 256 measured the same errors as group 128");
+    /* Parameters calibrated for group 256 serve --group 256 only. */
+    oe_model *m = NULL;
+    cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s", oe_last_error());
+    oscar_calib *cal = NULL;
+    p = calibrate_small(m, tok, ntok, 256, &cal);
+    snprintf(pc, sizeof pc, "%s/g256.safetensors", g_dir);
+    cr_assert_eq(oscar_params_save(p, pc), OSCAR_OK, "%s", oscar_last_error());
+    int rc = run(out, sizeof out, 300, OSCAR_BIN_DIR "/oscar-copy-probe %s --tokens %s/t.tokens --params %s %s", g_dir,
+                 g_dir, pc, args);
+    cr_expect_eq(rc, 2, "clips of group 256 at group 128: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "fitted for group 256") && strstr(out, "--group"), "message: %s", out);
+    rc = run(out, sizeof out, 300, OSCAR_BIN_DIR "/oscar-copy-probe %s --tokens %s/t.tokens --params %s %s --group 256",
+             g_dir, g_dir, pc, args);
+    cr_expect_eq(rc, 0, "--group 256: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "group 256, 2.125 bits/elt"), "%s", out);
+    rc = run(out, sizeof out, 60, OSCAR_BIN_DIR "/oscar-copy-probe %s --tokens %s/t.tokens --params %s %s --group 100",
+             g_dir, g_dir, pb, args);
+    cr_expect_eq(rc, 2, "--group 100: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--group 100"), "message: %s", out);
+    oscar_params_destroy(p);
+    oscar_calib_destroy(cal);
+    oe_model_free(m);
+    remove_dir();
+}
+#endif
 
 Test(engine_load, unsupported_configs_refused)
 {

@@ -1,6 +1,8 @@
 /* Runtime: status strings, method names, layout validation and sizes, backend
  * discovery and its report, plans, argument checks and thread-local errors. */
 #include <criterion/criterion.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
@@ -190,6 +192,31 @@ Test(registry, broken_plugins_are_skipped_with_reason) {
     cr_assert(strstr(rep, "plugin ABI 999"), "ABI mismatch not reported:\n%s", rep);
     cr_assert(strstr(rep, "fake device is unplugged"), "probe reason not reported:\n%s", rep);
     oscar_runtime_destroy(rt);
+}
+
+/* dlopen reads the file it opens: a FIFO named as a plugin in a search folder made oscar_runtime_create
+ * wait for a writer forever. Such a path (and a folder) is skipped with the reason. */
+Test(registry, plugin_paths_that_are_not_regular_files_are_skipped, .timeout = 60) {
+    char dir[] = "/tmp/oscar-fifo-plugin-XXXXXX", path[sizeof dir + 64];
+    cr_assert(mkdtemp(dir), "mkdtemp");
+    snprintf(path, sizeof path, "%s/liboscar_backend_cuda.so", dir);
+    cr_assert_eq(mkfifo(path, 0600), 0, "mkfifo %s", path);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.plugin_dir = dir;
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    const char *rep = oscar_runtime_report(rt);
+    cr_expect(strstr(rep, "is not a regular file") && strstr(rep, path), "the FIFO is not named:\n%s", rep);
+    oscar_runtime_destroy(rt);
+    cr_assert_eq(unlink(path), 0);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    rep = oscar_runtime_report(rt);
+    cr_expect(strstr(rep, "is not a regular file") && strstr(rep, path), "the folder is not named:\n%s", rep);
+    oscar_runtime_destroy(rt);
+    rmdir(path);
+    rmdir(dir);
 }
 
 /* A plugin_dir of PATH_MAX bytes or more was cut to its first PATH_MAX - 1: here the fake plugins'

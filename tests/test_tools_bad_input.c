@@ -17,23 +17,7 @@
 #include <unistd.h>
 
 #include "oscar/oscar.h"
-
-/* Runs `cmd` (through sh, stderr merged) with a time limit; returns its exit
- * status (124: it ran out of time) and its output in out. */
-static int run(char *out, size_t n, int seconds, const char *fmt, ...) {
-    char cmd[8192], full[8400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(full, sizeof full, "timeout -k 2 %d %s 2>&1", seconds, cmd);
-    FILE *p = popen(full, "r");
-    cr_assert(p, "popen failed");
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
-}
+#include "run_cmd.h"
 
 static char g_model[4096], g_tokens[4096];
 static int shared(void) {
@@ -151,7 +135,10 @@ Test(tools_bad_input, bench_impossible_shapes_are_bad_input, .timeout = 120) {
     const struct {
         const char *args, *needle;
     } cases[] = {{"--q-heads 3 --kv-heads 2", "num_q_heads"}, {"--head-dim 100", "head_dim"},
-                 {"--group 256", "group"},                   {"--page 24", "page_size"}};
+                 {"--group 256", "group"},                   {"--page 24", "page_size"},
+                 /* --seed was strtoul's reading: "12x" ran as 12, "abc" as 0, -1 as 2^32 - 1 */
+                 {"--seed 12x", "--seed"},                   {"--seed abc", "--seed"},
+                 {"--seed -1", "--seed"},                    {"--seed 4294967296", "--seed"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = run(out, sizeof out, 60, BIN "/oscar-bench --quick --backend cpu %s", cases[i].args);
         cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
@@ -258,6 +245,34 @@ Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
         cr_expect_eq(rc, 2, "oscar-eval --tasks, tokenizer.json a FIFO: exit %d (124: blocked): %s", rc, out);
         cr_expect(strstr(out, "tokenizer.json") && strstr(out, "FIFO"), "message: %s", out);
     }
+    rmrf(dir);
+}
+
+/* OE_THREADS, the engine's thread count: a value that is not a whole number >= 1 was ignored without a
+ * word (one thread per core), and oscar-eval reported atoi's reading of it (0 for "abc", -2) as the
+ * engine threads it ran with. Every tool that runs the engine now refuses it before the model load. */
+Test(tools_bad_input, engine_threads_variable_is_checked, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR not set");
+    char dir[64], out[8192];
+    scratch(dir, sizeof dir);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *vals[] = {"abc", "-2", "4x"};
+    char calib_out[128], eval_out[128];
+    snprintf(calib_out, sizeof calib_out, "--out %s/p.safetensors", dir);
+    snprintf(eval_out, sizeof eval_out, "--out %s/r.json", dir);
+    const struct {
+        const char *tool, *params, *out;
+    } tools[] = {{"oscar-ppl", "", ""}, {"oscar-engine-bench", "", ""}, {"oscar-copy-probe", p, ""},
+                 {"oscar-calibrate", "", calib_out}, {"oscar-eval", p, eval_out}};
+    for (size_t v = 0; v < sizeof vals / sizeof vals[0]; v++)
+        for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
+            int rc = run(out, sizeof out, 60, "env OE_THREADS='%s' " BIN "/%s %s --tokens %s %s%s %s", vals[v],
+                         tools[i].tool, g_model, g_tokens, tools[i].params[0] ? "--params " : "", tools[i].params,
+                         tools[i].out);
+            cr_expect_eq(rc, 2, "OE_THREADS=%s %s: exit %d: %s", vals[v], tools[i].tool, rc, out);
+            cr_expect(strstr(out, "OE_THREADS='") && strstr(out, vals[v]), "OE_THREADS=%s %s: %s", vals[v],
+                      tools[i].tool, out);
+        }
     rmrf(dir);
 }
 
@@ -536,6 +551,16 @@ Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
                  BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent --feedback-damp 0 --out p");
     cr_expect_eq(rc, 2, "--feedback-damp 0: exit %d: %s", rc, out);
     cr_expect(strstr(out, "--feedback-damp") && strstr(out, "(0, 1]"), "message should name the flag and range: %s", out);
+    /* A clip ratio positive as a double and 0 as the float it is stored in: --clip-k 1e-46 ran with a
+     * fitted clip (0 asks for one), --copy-head-clip 1e-46 with the default 0.97. */
+    const char *clips[] = {"--clip-k", "--clip-v", "--copy-head-clip"};
+    for (size_t i = 0; i < sizeof clips / sizeof clips[0]; i++) {
+        rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s 1e-46 --out p",
+                 clips[i]);
+        cr_expect_eq(rc, 2, "%s 1e-46: exit %d: %s", clips[i], rc, out);
+        cr_expect(strstr(out, clips[i]) && strstr(out, "(0, 1]"), "message should name %s and the range: %s", clips[i],
+                  out);
+    }
 }
 
 Test(tools_bad_input, calibrate_refuses_bad_probe_queries, .timeout = 60) {

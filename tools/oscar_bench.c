@@ -317,7 +317,12 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--quick")) continue;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
         if (!strcmp(a, "--backend") && has) { o.backend = argv[++i]; continue; }
-        if (!strcmp(a, "--seed") && has) { o.seed = (unsigned)strtoul(argv[++i], NULL, 10); continue; }
+        if (!strcmp(a, "--seed") && has) { /* strtoul took "12x" as 12, "abc" as 0 and -1 as 2^32 - 1 */
+            int64_t v_;
+            if (!tool_parse_int("oscar-bench", a, argv[++i], 0, UINT32_MAX, &v_)) return 2;
+            o.seed = (unsigned)v_;
+            continue;
+        }
         INTOPT("--batch", batch) INTOPT("--context", context) INTOPT("--head-dim", head_dim)
         INTOPT("--group", group) INTOPT("--q-heads", q_heads) INTOPT("--kv-heads", kv_heads)
         INTOPT("--page", page) INTOPT("--sink", sink) INTOPT("--recent", recent)

@@ -146,7 +146,9 @@ static int parse_clip(const char *flag, const char *s, float *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v > 0.0 && v <= 1.0)) {
+    /* the ratio is stored as a float: 1e-46 is positive as a double and 0 as a float, where 0 asks
+     * for a fitted clip (--clip-k) or the default (--copy-head-clip) */
+    if (errno || end == s || *end || !(v > 0.0 && v <= 1.0) || !((float)v > 0.0f)) {
         fprintf(stderr, "oscar-calibrate: %s wants a clip ratio in (0, 1], got '%s'\n", flag, s);
         return 0;
     }
@@ -333,6 +335,11 @@ int main(int argc, char **argv) {
         char buf[16];
         snprintf(buf, sizeof buf, "%d", (int)threads);
         setenv("OE_THREADS", buf, 1);
+    }
+    int nthreads;
+    if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
+        fprintf(stderr, "oscar-calibrate: %s\n", oe_last_error());
+        return 2;
     }
 
     /* Check the shape on config.json before loading any weight. */

@@ -23,6 +23,7 @@
 #include "engine.h"
 #include "oscar/oscar.h"
 #include "tool_args.h"
+#include "tool_params.h"
 
 
 typedef struct cap {
@@ -47,6 +48,8 @@ static void usage(FILE *f) {
                "  --offset N      first token of the chunks (default 0)\n"
                "  --context N     window length (default 2048)\n"
                "  --sink N / --recent N  cache layout (default 64 / 256)\n"
+               "  --group G       quant group along head_dim, the one the parameters' clips were fitted for\n"
+               "                  (default: head_dim up to 128, else half of it)\n"
                "  --heads         one line per (layer, query head) besides the per-layer lines\n");
 }
 
@@ -63,7 +66,7 @@ typedef struct acc {
 int main(int argc, char **argv) {
     tool_watch_stdout("oscar-copy-probe");
     const char *model_dir = NULL, *tok_path = NULL, *params_path = NULL;
-    long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256;
+    long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256, group = 0;
     int heads_out = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -73,6 +76,7 @@ int main(int argc, char **argv) {
                    : !strcmp(a, "--context") ? &ctx
                    : !strcmp(a, "--sink")    ? &sink
                    : !strcmp(a, "--recent")  ? &recent
+                   : !strcmp(a, "--group")   ? &group
                                              : NULL;
         if (iv && has) {
             char *end;
@@ -111,6 +115,11 @@ int main(int argc, char **argv) {
                 recent);
         return 2;
     }
+    int nthreads;
+    if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
+        fprintf(stderr, "oscar-copy-probe: %s\n", oe_last_error());
+        return 2;
+    }
     /* Every exit after this point frees what it took (bad input too: under LeakSanitizer a leak
      * turned exit 2 into 1, and a whole run's buffers made a good run exit 1). */
     int rc = 2;
@@ -133,11 +142,30 @@ int main(int argc, char **argv) {
                 "%d\n", ctx, cf->max_position, cf->max_position);
         goto out;
     }
+    /* The 2-bit rows are quantized at the group a cache of this layout stores (and its bits reported
+     * for that group): group 0 (the whole head) gave head_dim 192/256 another group's rows and clips
+     * than the cache and the printed bits. */
+    const int G = group ? (int)group : oscar_layout_default_group(d);
+    {
+        oscar_layout_desc ld;
+        oscar_layout_default(&ld);
+        ld.head_dim = d, ld.group = G;
+        if (oscar_layout_validate(&ld)) {
+            fprintf(stderr, "oscar-copy-probe: --group %d: %s\n", G, oscar_last_error());
+            goto out;
+        }
+    }
     for (int r = 0; r < 2; r++)
         if (oscar_params_load(params_path, &P[r]) || oscar_params_check_shape(P[r], L, hq, hkv, d, NULL)) {
             fprintf(stderr, "oscar-copy-probe: --params %s: %s\n", params_path, oscar_last_error());
             goto out;
         }
+    char why[1024] = "";
+    if (tool_params_serve_group(P[0], d, G, why, sizeof why)) {
+        fprintf(stderr, "oscar-copy-probe: --params %s does not serve group %d: %s (pass that group as --group)\n",
+                params_path, G, why);
+        goto out;
+    }
     for (int l = 0; l < L; l++) {
         oscar_params_set_clip(P[1], l, OSCAR_K, 1.0f);
         oscar_params_set_clip(P[1], l, OSCAR_V, 1.0f);
@@ -208,8 +236,8 @@ int main(int argc, char **argv) {
             for (int r = 0; r < 2; r++) {
                 memcpy(kq[r], K, nk * sizeof(float));
                 memcpy(vq[r], V, nk * sizeof(float));
-                if (oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_K, 0, (int)n, hkv, d, kq[r]) ||
-                    oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_V, 0, (int)n, hkv, d, vq[r])) {
+                if (oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_K, G, (int)n, hkv, d, kq[r]) ||
+                    oscar_fakequant(P[r], OSCAR_METHOD_OSCAR2, l, OSCAR_V, G, (int)n, hkv, d, vq[r])) {
                     fprintf(stderr, "oscar-copy-probe: %s\n", oscar_last_error());
                     goto out;
                 }
@@ -282,9 +310,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "oscar-copy-probe: trial %ld/%ld done\n", t + 1, trials);
     }
     printf("copy probe: %s, %ld windows of %ld (copies of %ld tokens at [%ld, %ld) and [%ld, %ld)), %ld queries per "
-           "head and window, S0 %ld, W %ld, params %s (oscar2, %.3f bits/elt in the 2-bit region)\n",
-           tok_path, trials, n, R, sink, sink + R, sink + R, n, nqr, sink, recent, params_path,
-           oscar_method_bits(OSCAR_METHOD_OSCAR2, d, oscar_layout_default_group(d), OSCAR_DTYPE_F16));
+           "head and window, S0 %ld, W %ld, params %s (oscar2, group %d, %.3f bits/elt in the 2-bit region)\n",
+           tok_path, trials, n, R, sink, sink + R, sink + R, n, nqr, sink, recent, params_path, G,
+           oscar_method_bits(OSCAR_METHOD_OSCAR2, d, G, OSCAR_DTYPE_F16));
     printf("mass: mean softmax weight on the copied token's source key; top1: it is the argmax key;\n"
            "K err / V err: relative output error of the head at those queries with only K / only V in 2 bits\n");
     printf("layer  head | clipK clipV | mass bf16  K fit  K clip1 | top1 bf16  K fit  K clip1 | K err fit  clip1 | "

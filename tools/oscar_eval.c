@@ -12,6 +12,7 @@
 
 #include "oscar_calibrate.h" /* ocal_model_hash: the fingerprint parameter files carry */
 #include "tool_args.h"
+#include "tool_params.h"
 #include "oscar_eval.h"
 
 #define EXIT_BAD_INPUT 2
@@ -96,28 +97,10 @@ static int params_for_model(const char *flag, const char *path, const oscar_para
         return bad("%s does not belong to this model: %s (--allow-other-model uses it anyway)", what,
                    oscar_last_error());
     /* Clips are fitted for one quant group: a cache refuses them at another (oscar_plan_create, the rule's
-     * home, asked here of a CPU plan of the evaluated layout), and an evaluation at --group G would report
-     * the clips of one group as oscar2 at another. (--storage group= stays an explicit ablation.) */
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "cpu";
-    oscar_runtime *rt = NULL;
-    oscar_plan *plan = NULL;
+     * home), and an evaluation at --group G would report the clips of one group as oscar2 at another.
+     * (--storage group= stays an explicit ablation.) */
     char why[1024] = "";
-    oscar_status s = oscar_runtime_create(&ro, &rt);
-    if (s == OSCAR_OK) {
-        oscar_layout_desc l;
-        oscar_layout_default(&l);
-        l.head_dim = cfg->head_dim;
-        l.group = group;
-        l.num_q_heads = cfg->num_q_heads;
-        l.num_kv_heads = cfg->num_kv_heads;
-        l.wide_tensors = 2 * cfg->num_kv_heads; /* room for any code widths the file has */
-        s = oscar_plan_create(rt, &l, p, &plan);
-        snprintf(why, sizeof why, "%s", oscar_last_error());
-    }
-    oscar_plan_destroy(plan);
-    oscar_runtime_destroy(rt);
+    oscar_status s = tool_params_serve_group(p, cfg->head_dim, group, why, sizeof why);
     if (s == OSCAR_ERR_SHAPE_MISMATCH)
         return bad("%s does not serve this evaluation's group: %s (oscar-eval: pass that group as --group)", what, why);
     return 0;
@@ -415,8 +398,8 @@ int main(int argc, char **argv)
         char tb[16];
         snprintf(tb, sizeof tb, "%d", engine_threads);
         setenv("OE_THREADS", tb, 1);
-    } else {
-        engine_threads = atoi(getenv("OE_THREADS"));
+    } else if (oe_threads(&engine_threads) != OSCAR_OK) {
+        return bad("%s%s", oe_last_error(), "");
     }
 
     oe_config cfg;

@@ -153,7 +153,7 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
         default: { /* clip, vclip */
             char *end;
             double cv = strtod(val, &end);
-            if (*end || !(cv > 0.0 && cv <= 1.0)) {
+            if (end == val || *end || !(cv > 0.0 && cv <= 1.0) || !((float)cv > 0.0f)) { /* 1e-46: 0 as a float, unset */
                 fail(err, errlen, ki == 5 ? "clip= wants a ratio in (0, 1], not" : "vclip= wants a ratio in (0, 1], not",
                      val);
                 goto bad;

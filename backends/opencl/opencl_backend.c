@@ -283,12 +283,20 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     const int chunks = (gq + 15) / 16, cap = (gq + chunks - 1) / chunks;
     const char *extra = getenv("OSCAR_OPENCL_OPTIONS");
     if (!extra) extra = "";
+    /* The kernels' shape is the library's -DOSCAR_* macros: one given again here (a later -D wins)
+     * would build kernels of another head_dim, group or layout than the plan's buffers. */
+    if (strstr(extra, "OSCAR_"))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl plan: OSCAR_OPENCL_OPTIONS '%.200s' names an OSCAR_ macro; the library sets "
+                                "those from the layout: remove it (the variable is for compiler options such as "
+                                "-cl-fast-relaxed-math)",
+                                extra);
     char opts[384];
     const int n = snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
-             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d -DOSCAR_TPT=%d -DOSCAR_VB=%d%s",
+             "-DOSCAR_GQ=%d -DOSCAR_LM=%d -DOSCAR_NT=%d -DOSCAR_E=%d -DOSCAR_TPT=%d -DOSCAR_VB=%d%s%s",
              l->head_dim, G, l->head_dim / G, l->kv_dtype == OSCAR_DTYPE_BF16, l->meta_dtype == OSCAR_DTYPE_F32,
-             bf16m, cap, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6], extra);
+             bf16m, cap, l->method == OSCAR_METHOD_OSCAR2_LM, t[1], t[2], t[5], t[6], extra[0] ? " " : "", extra);
     if (n < 0 || (size_t)n >= sizeof opts) /* a cut option string would build other kernels than asked */
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "opencl plan: OSCAR_OPENCL_OPTIONS is too long (%zu characters; with the library's "
@@ -308,6 +316,11 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
             char log[400] = "";
             clGetProgramBuildInfo(prog, c->device, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
             clReleaseProgram(prog);
+            if (extra[0]) /* the caller's options: name the variable that brought them */
+                return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                        "opencl plan: kernel build failed (%d) with OSCAR_OPENCL_OPTIONS '%.100s': %s "
+                                        "(fix or unset OSCAR_OPENCL_OPTIONS; options: %s)",
+                                        (int)rc, extra, log, opts);
             return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, "opencl plan: kernel build failed (%d) for %s: %s",
                                     (int)rc, opts, log);
         }

@@ -48,6 +48,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
         return 2;
     }
+    int nthreads;
+    if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
+        fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+        return 2;
+    }
     oe_model *m = NULL;
     uint32_t *tok = NULL;
     int64_t n = 0;

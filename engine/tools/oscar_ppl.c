@@ -67,6 +67,11 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    int nthreads;
+    if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
+        fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
+        return 2;
+    }
     double t0 = now_s();
     oe_model *m = NULL;
     oscar_status ls = oe_model_load(model_dir, &m);

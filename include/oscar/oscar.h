@@ -349,10 +349,10 @@ typedef struct oscar_calib_options {
                                    positions oscar-eval scores that read a 2-bit region) */
     float feedback_damp;        /* error-feedback weights: ridge added to the metric before its Cholesky
                                    factor, as a share of the metric's mean eigenvalue (trace / head_dim),
-                                   grown tenfold while a weight would exceed 16; in (0, 1], or 0 (default):
-                                   0.001 with windows (docs/eval/retrieval.md, seventh step); without
-                                   windows (sink 0, recent 0) chosen per (layer, K/V) from 0.001 / 0.01 /
-                                   0.1 on the probes (docs/EVAL.md, "s0w0, seventeenth session") */
+                                   grown tenfold while a weight would exceed 16 or the factor fails; in
+                                   (0, 1], or 0 (default): 0.001 with windows (docs/eval/retrieval.md,
+                                   seventh step); without windows (sink 0, recent 0) chosen per (layer,
+                                   K/V) from 0.001 / 0.01 / 0.1 on the probes (docs/EVAL.md, "s0w0, seventeenth session") */
     float wide_bits;            /* code widths (opt-in; OSCAR2, probe objective): bits per element of the
                                    2-bit region the rule may add by storing head-tensors in 3 bits, in [0, 1];
                                    0 (default): every head-tensor at 2 bits. Each widened (layer, KV head,
@@ -413,7 +413,10 @@ OSCAR_API oscar_status oscar_calib_feed_copy(oscar_calib *c, int layer, int n_to
  * the query heads reading KV head kv_head of W_O,q^T W_O,q (W_O,q: the
  * output projection's columns of query head q). Without it values round to
  * nearest. Call any time before finalize; with per_head == 0 the heads'
- * metrics are averaged (give all heads of a layer or none). */
+ * metrics are averaged (give all heads of a layer or none). A matrix that is
+ * not finite, not symmetric, not PSD (to rounding: an eigenvalue below -1e-6
+ * times the largest) or has an entry above 1e100 is refused with
+ * OSCAR_ERR_INVALID_ARGUMENT. */
 OSCAR_API oscar_status oscar_calib_set_value_metric(oscar_calib *c, int layer, int kv_head, const double *M);
 /* The targets of one layer (averaged over KV heads; per_head==1: of kv_head)
  * after the passes that define them: C_K after pass 0 ((1 - w) C_Q + w C_W with

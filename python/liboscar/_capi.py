@@ -145,9 +145,19 @@ def _candidates(name: str) -> list[Path]:
 def _load(name: str) -> ctypes.CDLL:
     tried = []
     for path in _candidates(name):
-        if path.exists():
+        if not path.exists():
+            tried.append(str(path))
+            continue
+        # dlopen reads the file: on a FIFO `import liboscar` waited for a writer forever, and a folder
+        # or a file that is no library gave a bare OSError. Either is named, with the variable to fix.
+        if not path.is_file():
+            raise ImportError(f"liboscar: {path} is not a regular file (a folder, FIFO or device); set "
+                              f"OSCAR_LIBRARY_DIR to a CMake build's lib folder, or unset it for the bundled copy")
+        try:
             return ctypes.CDLL(str(path))
-        tried.append(str(path))
+        except OSError as e:
+            raise ImportError(f"liboscar: {path} cannot be loaded ({e}); set OSCAR_LIBRARY_DIR to a CMake build's "
+                              f"lib folder, or unset it for the bundled copy") from e
     raise ImportError(f"liboscar: {name} not found (looked in {', '.join(tried)}); install the package with "
                       f"`pip install ./python` or set OSCAR_LIBRARY_DIR to a CMake build's lib folder")
 

@@ -37,6 +37,7 @@ ArrayLike = Any  # numpy.ndarray or torch.Tensor
 DTYPES = {"bf16": 0, "f16": 1, "f32": 2}
 _DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 _KV_IDS = {"k": 0, "v": 1}
+_MAX_LAYERS = 1024  # the library's bound on a model's layers (runtime/params.c OSCAR_MAX_LAYERS)
 
 
 def _kv(which: str) -> int:
@@ -823,6 +824,14 @@ class PagedCache:
         """``layers``: the layer indices that get pools (default all); the
         others (a hybrid model's sliding-window layers, kept elsewhere) are
         refused by every call."""
+        # Bounded before anything is built from them: num_layers 10**9 made set(range(...)) and the
+        # per-layer lengths take all host memory (the process was killed by the OOM killer).
+        num_layers = _capi.checked_int(num_layers, _capi.c_int32, "num_layers")
+        num_seqs = _capi.checked_int(num_seqs, _capi.c_int32, "num_seqs")
+        if not 1 <= num_layers <= _MAX_LAYERS:
+            raise ValueError(f"num_layers {num_layers} outside [1, {_MAX_LAYERS}] (the library's bound on layers)")
+        if num_seqs < 1:
+            raise ValueError(f"num_seqs {num_seqs}: a cache holds at least one sequence")
         self.plan, self.num_layers, self.num_seqs = plan, num_layers, num_seqs
         held = set(range(num_layers)) if layers is None else {_layer_index(i) for i in layers}
         if not held or not held <= set(range(num_layers)):

@@ -381,3 +381,20 @@ def test_closed_objects_are_refused_by_name(cpu):
         liboscar.Plan(rt, liboscar.Layout(**SMALL))
     for o in (p, plan, cal, rt):
         o.close()  # twice: a no-op
+
+
+def test_cache_layer_and_sequence_counts_are_bounded_first(cpu):
+    # num_layers went straight into set(range(num_layers)) and a lengths array: 2000 layers (past the
+    # library's 1024) were taken, and 10**9 took all host memory until the OOM killer ended the process.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    for n in (10**9, 2000, 0, -1):
+        with pytest.raises(ValueError, match="num_layers"):
+            plan.cache(num_layers=n, num_seqs=1)
+    for n in (0, -3):
+        with pytest.raises(ValueError, match="num_seqs"):
+            plan.cache(num_layers=1, num_seqs=n)
+    with pytest.raises(ValueError, match="num_seqs"):
+        plan.cache(num_layers=1, num_seqs=2**40)
+    with pytest.raises(TypeError, match="num_layers"):
+        plan.cache(num_layers=1.5, num_seqs=1)
+    assert plan.cache(num_layers=2, num_seqs=3).num_layers == 2

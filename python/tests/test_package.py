@@ -1,6 +1,8 @@
 """The package itself: versions, ABI mirror, library errors, backend choice."""
 import ctypes
 import os
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 
@@ -97,3 +99,21 @@ def test_hf_bench_hands_caches_through_cache_kw():
            for k in n.keywords if k.arg in ("past_key_values", "cache")]
     assert not bad, f"perf/hf/bench.py passes the cache by a fixed keyword at {', '.join(bad)}; use **cache_kw(model, cache)"
     assert any(isinstance(n, ast.FunctionDef) and n.name == "cache_kw" for n in tree.body)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "not a library"])
+def test_library_dir_holding_no_library_is_named(tmp_path, kind):
+    """OSCAR_LIBRARY_DIR whose liboscar.so.0 is a FIFO made `import liboscar` wait forever (dlopen
+    reads it); a folder or another file gave a bare OSError. Each is an ImportError naming the path."""
+    path = tmp_path / "liboscar.so.0"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        path.write_bytes(b"not an ELF file")
+    env = dict(os.environ, OSCAR_LIBRARY_DIR=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", "import liboscar"], env=env, capture_output=True, text=True,
+                       timeout=60, cwd=str(tmp_path))
+    assert r.returncode != 0
+    assert "ImportError" in r.stderr and str(path) in r.stderr and "OSCAR_LIBRARY_DIR" in r.stderr, r.stderr
