@@ -590,10 +590,12 @@ static oscar_status probes_capture(oscar_calib *c, int layer, int n, const void 
             for (int s = 0; s < PROBES_PER_HEAD; s++) {
                 probe *p = ph + s;
                 if (p->t < 0 || p->feed != feed || p->k) continue;
-                if (p->n != n) { /* not the window pass 0 saw: drop the probe */
-                    p->t = -1;
-                    continue;
-                }
+                if (p->n != n) /* not the window pass 0 saw: its probe would be lost without a word */
+                    return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                                           "layer %d: pass 1 feed %lld has %d tokens, but pass 0's feed %lld had %d "
+                                           "and holds an attention probe: feed the same windows in the same order in "
+                                           "both passes (or give pass 0 the keys and values); nothing accumulated",
+                                           layer, (long long)feed, n, (long long)p->feed, p->n);
                 if (probe_copy_kv(c, p, h, k, v, dtype))
                     return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory keeping an attention probe");
             }

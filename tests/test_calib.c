@@ -123,14 +123,18 @@ static double rel_frob(const double *a, const double *b, size_t n) {
     return sqrt(num / den);
 }
 
-/* Feeds a layer in windows of random sizes (crossing the internal chunking); the keys in both passes (the
- * default attention-weighted key target reads them in pass 0), the values in pass 1. */
+/* Feeds a layer in windows of random sizes (crossing the internal chunking), the same windows in both
+ * passes (oscar_calib_begin_pass's contract: a pass-1 window of another length than the pass-0 window that
+ * holds a probe is refused); the keys in both passes (the default attention-weighted key target reads them
+ * in pass 0), the values in pass 1. */
 static void feed_pass(oscar_calib *c, int layer, const synth *s, int pass, oscar_dtype dt, const void *q, const void *k,
                       const void *v) {
     size_t es = oscar_dtype_size(dt);
+    uint64_t ws = 0x9e3779b97f4a7c15ull * (uint64_t)(layer + 1) ^ (uint64_t)s->n; /* same sizes in both passes */
     int t = 0;
     while (t < s->n) {
-        int w = 1 + (int)(rnd() % 3000);
+        ws = ws * 6364136223846793005ull + 1442695040888963407ull;
+        int w = 1 + (int)((ws >> 33) % 3000);
         if (w > s->n - t) w = s->n - t;
         const char *qp = (const char *)q + (size_t)t * (size_t)s->hq * (size_t)s->d * es;
         const char *kp = (const char *)k + (size_t)t * (size_t)s->hkv * (size_t)s->d * es;
@@ -1831,4 +1835,29 @@ Test(calib, threads_do_not_change_the_result) {
         cr_assert_null(x);
     }
     for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
+/* Pass 1 must feed pass 0's windows: a pass-1 window of another length where pass 0's window holds an
+ * attention probe (pass 0 without the values, so pass 1 brings the probe's keys and values) is refused
+ * with nothing accumulated, and the right window is then taken. Before, the probe was dropped without a
+ * word and the layer's clips fell back to the other objective (hard25). */
+Test(calib, pass_one_windows_must_be_pass_zero_windows) {
+    const int d = 64, hq = 4, hkv = 2, n = 1200;
+    synth s;
+    synth_make(&s, n, hq, hkv, d, 0);
+    oscar_calib *c = make(1, hq, hkv, d, 1, 256, 0.0f);
+    cr_assert_eq(oscar_calib_begin_pass(c, 0), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 0, n, s.q, NULL, NULL, OSCAR_DTYPE_F32), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_calib_begin_pass(c, 1), OSCAR_OK);
+    cr_assert_eq(oscar_calib_feed(c, 0, n - 100, NULL, s.k, s.v, OSCAR_DTYPE_F32), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "same windows") != NULL, "%s", oscar_last_error());
+    cr_assert_eq(oscar_calib_feed(c, 0, n, NULL, s.k, s.v, OSCAR_DTYPE_F32), OSCAR_OK, "%s", oscar_last_error());
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_calib_finalize(c, &p), OSCAR_OK, "%s", oscar_last_error());
+    oscar_calib_attn_report r;
+    cr_assert_eq(oscar_calib_layer_attn_report_get(c, 0, &r), OSCAR_OK);
+    cr_assert_gt(r.probes, 0, "the probe of the one window was lost");
+    oscar_params_destroy(p);
+    oscar_calib_destroy(c);
+    synth_free(&s);
 }

@@ -381,7 +381,10 @@ OSCAR_API void oscar_calib_destroy(oscar_calib *c);
  * query covariances and the key target C_K; pass 1 the score-weighted value
  * target C_V (its weights need pass 0's final query covariance). Call
  * oscar_calib_begin_pass(c, 0), feed every window, oscar_calib_begin_pass(c, 1),
- * feed the same windows again, then finalize. */
+ * feed the same windows again, then finalize. A pass-1 feed whose length differs
+ * from pass 0's feed of the same per-layer index, where that window holds an
+ * attention probe still waiting for its keys and values, is refused
+ * (OSCAR_ERR_INVALID_ARGUMENT, nothing accumulated): its probe would be lost. */
 OSCAR_API oscar_status oscar_calib_begin_pass(oscar_calib *c, int pass);
 /* Feeds n_tokens rows of one layer, post-RoPE (and post q/k-norm):
  * q [n_tokens][num_q_heads][head_dim], k and v [n_tokens][num_kv_heads][head_dim],
