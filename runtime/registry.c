@@ -44,8 +44,9 @@ void oscar_runtime_options_default(oscar_runtime_options *o) {
     o->struct_size = sizeof *o;
 }
 
-/* Folders to search, in order; returns how many were written. */
-static int search_dirs(const oscar_runtime_options *o, char dirs[][PATH_MAX], int max) {
+/* Folders to search, in order; returns how many were written. An OSCAR_PLUGIN_PATH entry too long
+ * for a path is skipped with a report line (plugin_dir is refused before this). */
+static int search_dirs(oscar_runtime *rt, const oscar_runtime_options *o, char dirs[][PATH_MAX], int max) {
     int n = 0;
     if (o->plugin_dir && o->plugin_dir[0] && n < max) snprintf(dirs[n++], PATH_MAX, "%s", o->plugin_dir);
     const char *env = getenv("OSCAR_PLUGIN_PATH");
@@ -57,6 +58,9 @@ static int search_dirs(const oscar_runtime_options *o, char dirs[][PATH_MAX], in
             if (len > 0 && len < PATH_MAX) {
                 memcpy(dirs[n], p, len);
                 dirs[n++][len] = '\0';
+            } else if (len >= PATH_MAX) {
+                report_add(rt, "  OSCAR_PLUGIN_PATH entry of %zu bytes ('%.40s...') skipped: longer than a path "
+                           "(PATH_MAX %d); shorten it\n", len, p, (int)PATH_MAX);
             }
             if (!c) break;
             p = c + 1;
@@ -234,7 +238,7 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
         free(rt);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
     }
-    int ndirs = search_dirs(o, dirs, 16);
+    int ndirs = search_dirs(rt, o, dirs, 16);
     candidate cands[3] = {{.name = "cuda"}, {.name = "hip"}, {.name = "opencl"}};
     for (int i = 0; i < 3; i++) {
         /* Asked for one backend: open no other plugin (a vendor runtime loaded

@@ -239,6 +239,26 @@ Test(registry, over_long_plugin_dir_is_refused) {
     free(dir);
 }
 
+/* An OSCAR_PLUGIN_PATH entry of PATH_MAX bytes or more was skipped without a word (hard25); it is named
+ * in the backend report now, and the entries after it are still searched. */
+Test(registry, over_long_plugin_path_entry_is_reported) {
+    char *env = malloc(PATH_MAX + 64 + strlen(OSCAR_FAKE_PLUGIN_DIR));
+    cr_assert(env);
+    memset(env, 'x', PATH_MAX + 8);
+    env[0] = '/';
+    sprintf(env + PATH_MAX + 8, ":%s", OSCAR_FAKE_PLUGIN_DIR);
+    cr_assert_eq(setenv("OSCAR_PLUGIN_PATH", env, 1), 0);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    const char *rep = oscar_runtime_report(rt);
+    cr_expect(strstr(rep, "OSCAR_PLUGIN_PATH entry of") && strstr(rep, "longer than a path"),
+              "the over-long entry is not reported:\n%s", rep);
+    oscar_runtime_destroy(rt);
+    free(env);
+}
+
 Test(registry, requested_but_absent_backend) {
     oscar_runtime_options o;
     oscar_runtime_options_default(&o);
