@@ -671,14 +671,24 @@ class Plan(_Handle):
         _check(lib.oscar_plan_workspace_bytes(self._h, max_seqs, max_seq_len, ctypes.byref(n)))
         return n.value
 
+    def _error_word(self, workspace: ArrayLike) -> int:
+        """Address of a workspace for init and check. Those C calls take no size and write or read the
+        error word at its start, so a 1-byte array was written past its end (heap corruption on the CPU
+        backend): anything smaller than the least workspace a call takes is refused here."""
+        addr = _ptr(workspace, "u8", (None,), "workspace", self._dev)
+        need = self.workspace_bytes(1, 1)
+        if workspace.shape[0] < need:
+            raise ValueError(f"workspace: {workspace.shape[0]} bytes, smaller than any workspace of this plan "
+                             f"({need} bytes for one sequence of one token); size it with "
+                             f"Plan.workspace_bytes(max_seqs, max_seq_len)")
+        return addr
+
     def workspace_init(self, workspace: ArrayLike, stream: Optional[int] = None) -> None:
-        _check(lib.oscar_plan_workspace_init(self._h, _ptr(workspace, "u8", None, "workspace", self._dev),
-                                             self._stream(stream)))
+        _check(lib.oscar_plan_workspace_init(self._h, self._error_word(workspace), self._stream(stream)))
 
     def check(self, workspace: ArrayLike, stream: Optional[int] = None) -> None:
         """Synchronizes and raises the errors device kernels flagged since the last check."""
-        _check(lib.oscar_plan_check(self._h, _ptr(workspace, "u8", None, "workspace", self._dev),
-                                    self._stream(stream)))
+        _check(lib.oscar_plan_check(self._h, self._error_word(workspace), self._stream(stream)))
 
     @property
     def _dev(self) -> bool:

@@ -398,3 +398,19 @@ def test_cache_layer_and_sequence_counts_are_bounded_first(cpu):
     with pytest.raises(TypeError, match="num_layers"):
         plan.cache(num_layers=1.5, num_seqs=1)
     assert plan.cache(num_layers=2, num_seqs=3).num_layers == 2
+
+
+def test_workspace_init_and_check_refuse_a_workspace_too_small(cpu):
+    # oscar_plan_workspace_init / _check take no size: the binding passed a 1-byte (or 2-D) array
+    # and the library wrote its 4-byte error word past the end (heap-buffer-overflow under ASan).
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    need = plan.workspace_bytes(1, 1)
+    for ws in (np.zeros(1, np.uint8), np.zeros(0, np.uint8), np.zeros(need - 1, np.uint8)):
+        for call in (plan.workspace_init, plan.check):
+            with pytest.raises(ValueError, match=f"workspace: {ws.size} bytes.*Plan.workspace_bytes"):
+                call(ws)
+    with pytest.raises(ValueError, match=r"workspace: shape \(1, 1\)"):
+        plan.workspace_init(np.zeros((1, 1), np.uint8))
+    ws = np.zeros(need, np.uint8)
+    plan.workspace_init(ws)
+    plan.check(ws)
