@@ -525,6 +525,8 @@ class Params(_Handle):
 
     def set_clip(self, layer: int, which: str, c: float, kv_head: Optional[int] = None) -> None:
         """Sets one KV head's clip ratio, or (kv_head None) every head's of the layer."""
+        if isinstance(c, bool) or not isinstance(c, (int, float, np.integer, np.floating)):
+            raise TypeError(f"c: {c!r} is not a number; pass the clip ratio as a float in (0, 1]")
         if kv_head is None:
             _check(lib.oscar_params_set_clip(self._h, layer, _kv(which), c))
         else:
@@ -711,12 +713,14 @@ class Plan(_Handle):
                              f"{self.sizes.page_bytes}")
         bt = _ptr(block_table, "i32", (ns, None), "block_table", dev)
         batch = _capi.Batch(ns, _ptr(seq_lens, "i32", (ns,), "seq_lens", dev),
-                            _ptr(window_slots, "i32", (ns,), "window_slots", dev), bt, block_table.shape[1],
+                            # None: NULL, as the C API takes for a layout without windows (it refuses it otherwise)
+                            _ptr(window_slots, "i32", (ns,), "window_slots", dev) if window_slots is not None
+                            else None, bt, block_table.shape[1],
                             max_seq_len if max_seq_len is not None else L.max_seq_len)  # checked by Batch
         return cache, batch
 
     def append(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
-               window_slots: ArrayLike, block_table: ArrayLike, cu_new: ArrayLike, k: ArrayLike, v: ArrayLike,
+               window_slots: Optional[ArrayLike], block_table: ArrayLike, cu_new: ArrayLike, k: ArrayLike, v: ArrayLike,
                workspace: ArrayLike, max_seq_len: Optional[int] = None, stream: Optional[int] = None) -> None:
         """``oscar_append``: new K/V rows [total_new, num_kv_heads, head_dim]
         (kv_dtype) go into the cache; ``seq_lens`` are lengths after the
@@ -732,7 +736,7 @@ class Plan(_Handle):
                                 self._stream(stream)))
 
     def decode(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
-               window_slots: ArrayLike, block_table: ArrayLike, q: ArrayLike, out: ArrayLike, workspace: ArrayLike,
+               window_slots: Optional[ArrayLike], block_table: ArrayLike, q: ArrayLike, out: ArrayLike, workspace: ArrayLike,
                sm_scale: float = 0.0, rotated_output: bool = False, max_seq_len: Optional[int] = None,
                stream: Optional[int] = None) -> None:
         """``oscar_decode``: one query per sequence, q and out
@@ -747,7 +751,7 @@ class Plan(_Handle):
                                 self._stream(stream)))
 
     def extend(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
-               window_slots: ArrayLike, block_table: ArrayLike, cu_q: ArrayLike, q: ArrayLike, out: ArrayLike,
+               window_slots: Optional[ArrayLike], block_table: ArrayLike, cu_q: ArrayLike, q: ArrayLike, out: ArrayLike,
                workspace: ArrayLike, max_q_len: int, lse: Optional[ArrayLike] = None, sm_scale: float = 0.0,
                rotated_output: bool = False, max_seq_len: Optional[int] = None,
                stream: Optional[int] = None) -> None:

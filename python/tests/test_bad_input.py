@@ -414,3 +414,41 @@ def test_workspace_init_and_check_refuse_a_workspace_too_small(cpu):
     ws = np.zeros(need, np.uint8)
     plan.workspace_init(ws)
     plan.check(ws)
+
+
+def test_set_clip_of_a_string_names_the_argument():
+    # set_clip(0, "k", "0.5") raised ctypes.ArgumentError "argument 4: wrong type", naming neither c nor the fix.
+    p = liboscar.Params.builtin("oscar2", 2, 2, 1, 64)
+    for bad in ("0.5", None, True, [0.5]):
+        with pytest.raises(TypeError, match="c: .* is not a number"):
+            p.set_clip(0, "k", bad)
+    p.set_clip(0, "k", np.float32(0.5))
+    assert p.clip(0, "k") == 0.5
+
+
+def test_window_slots_may_be_none_without_windows(cpu):
+    # The C API takes NULL window_slots where the window pool is unused (sink 0, recent 0); the binding
+    # refused None with a TypeError. With windows the library refuses NULL by name.
+    rng = np.random.default_rng(7)
+    lay = liboscar.Layout(**{**SMALL, "sink": 0, "recent": 0})
+    plan = liboscar.Plan(cpu, lay)
+    n = 20
+    k = liboscar.to_bf16(rng.standard_normal((n, 1, 64)).astype(np.float32))
+    v = liboscar.to_bf16(rng.standard_normal((n, 1, 64)).astype(np.float32))
+    q = liboscar.to_bf16(rng.standard_normal((1, 2, 64)).astype(np.float32))
+    outs = []
+    for slots in ("given", None):
+        c = plan.cache(1, 1, 64)
+        ws = c.window_slots if slots == "given" else None
+        lens = np.array([n], np.int32)
+        plan.append(0, c.pages[0], None, lens, ws, c.block_table, np.array([0, n], np.int32), k, v, c.workspace,
+                    max_seq_len=64)
+        out = np.zeros((1, 2, 64), np.uint16)
+        plan.decode(0, c.pages[0], None, lens, ws, c.block_table, q, out, c.workspace, max_seq_len=64)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.abs(liboscar.from_bf16(outs[0])).max() > 0
+    wplan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = wplan.cache(1, 1, 64)
+    with pytest.raises(liboscar.OscarError, match="window_slots"):
+        wplan.append(0, c.pages[0], c.windows[0], np.array([n], np.int32), None, c.block_table,
+                     np.array([0, n], np.int32), k, v, c.workspace, max_seq_len=64)
