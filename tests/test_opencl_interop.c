@@ -82,9 +82,10 @@ static cl_mem upload(caller *c, const void *src, size_t bytes) {
     return m;
 }
 
-Test(opencl_interop, callers_context_buffers_and_queue) {
-    caller c;
-    need_opencl(&c);
+/* One sequence appended and decoded through the caller's context, buffers and second queue,
+ * compared with the CPU backend; the caller's handles outlive the runtime. */
+static void run_against_cpu(caller *cp) {
+    caller c = *cp;
     rc_rng rng;
     uint64_t seed = rc_fresh_seed();
     rc_rng_seed(&rng, seed);
@@ -171,6 +172,49 @@ Test(opencl_interop, callers_context_buffers_and_queue) {
     clReleaseCommandQueue(c.q);
     clReleaseContext(c.ctx);
     free(kf), free(vf), free(qf), free(kb), free(vb), free(pages), free(win), free(ws);
+}
+
+Test(opencl_interop, callers_context_buffers_and_queue) {
+    caller c;
+    need_opencl(&c);
+    run_against_cpu(&c);
+}
+
+/* PoCL takes its largest work-group from POCL_MAX_WORK_GROUP_SIZE, read once when the platform
+ * starts (each Criterion test runs in its own process); other platforms: skipped. */
+static void pocl_work_groups(caller *c, const char *items) {
+    cr_assert_eq(setenv("POCL_MAX_WORK_GROUP_SIZE", items, 1), 0);
+    need_opencl(c);
+    cl_platform_id p = NULL;
+    char name[128] = "";
+    clGetDeviceInfo(c->dev, CL_DEVICE_PLATFORM, sizeof p, &p, NULL);
+    clGetPlatformInfo(p, CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
+    if (!strstr(name, "Portable Computing Language")) cr_skip_test("not PoCL (%s): its work-group size is fixed", name);
+}
+
+/* Devices of 256-item work-groups (many OpenCL GPUs): the q rotation's 4 D = 512 items did not fit,
+ * and every decode at head_dim 128 failed at its enqueue with error -54; it now runs D items. */
+Test(opencl_interop, work_groups_smaller_than_four_head_dims) {
+    caller c;
+    pocl_work_groups(&c, "256");
+    run_against_cpu(&c);
+}
+
+/* Work-groups smaller than head_dim: refused when the plan is made, naming the kernel and the limit. */
+Test(opencl_interop, work_groups_smaller_than_head_dim_are_refused_at_plan) {
+    caller c;
+    pocl_work_groups(&c, "64");
+    oscar_runtime *rt = runtime_on(&c, "opencl", OSCAR_OK);
+    oscar_layout_desc l = layout();
+    oscar_plan *pg = NULL;
+    cr_assert_eq(oscar_plan_create(rt, &l, NULL, &pg), OSCAR_ERR_UNSUPPORTED, "%s", oscar_last_error());
+    cr_assert_null(pg);
+    cr_assert(strstr(oscar_last_error(), "work-groups of 128 items") && strstr(oscar_last_error(), "at most 64"), "%s",
+              oscar_last_error());
+    oscar_runtime_destroy(rt);
+    clReleaseCommandQueue(c.q2);
+    clReleaseCommandQueue(c.q);
+    clReleaseContext(c.ctx);
 }
 
 Test(opencl_interop, misuse_is_refused) {

@@ -904,7 +904,8 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
     gpu_arg ra[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
                     {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}};
     GPU_ARGS_FIT(ra);
-    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, (unsigned)(4 * D), ra,
+    oscar_status st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1,
+                                     (unsigned)((p->k.rot_single ? 1 : 4) * D), ra,
                                      (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     gpu_arg dargs[] = {{&pages, sizeof pages}, {&windows, sizeof windows}, {&bt, sizeof bt}, {&lens, sizeof lens},

@@ -45,6 +45,9 @@ typedef struct gpu_kernels {
     const void *extend, *merge_ext;
     int ext_cap, ext_threads, ext_elems;
     int threads, elems, min_chunk, blocks_per_sm;
+    /* 1: the generic q rotation runs D threads, one per output, where the device's work-groups do not
+     * hold 4 D (OpenCL devices of 256- or 512-item work-groups); 0: 4 D, a quarter of the dims each */
+    int rot_single;
     int resident; /* decode CTAs resident per compute unit when known (occupancy query), else 0 */
     /* The tc decode at 3 CTAs per SM where decode runs at 2 (NULL: none), taken for grids
      * of at least a third of a CTA per compute unit before splitting (gpu_core.c). */

@@ -346,6 +346,37 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     int cached = 0;
     for (int i = 0; i < c->nprogs; i++) cached |= c->progs[i].prog == prog;
     if (!cached) clReleaseProgram(prog); /* kernels hold a reference */
+    /* The device's limits, checked here rather than left to the first enqueue (error -54 or -5, naming
+     * nothing): work-items each kernel is launched with (the q rotation falls back from 4 D to D) and
+     * local memory. */
+    const int D = l->head_dim;
+    const size_t want[7] = {(size_t)D, (size_t)D, (size_t)D, (size_t)t[1], (size_t)D, (size_t)t[1], (size_t)D};
+    cl_ulong dev_local = 0;
+    clGetDeviceInfo(c->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof dev_local, &dev_local, NULL);
+    k->rot_single = 0;
+    for (int i = 0; i < 7; i++) {
+        size_t wg = 0;
+        cl_ulong local = 0;
+        rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+        if (rc == CL_SUCCESS)
+            rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+        const int items = rc == CL_SUCCESS && wg < want[i], mem = rc == CL_SUCCESS && dev_local && local > dev_local;
+        if (i == 2 && rc == CL_SUCCESS) k->rot_single = wg < 4 * (size_t)D;
+        if (rc == CL_SUCCESS && !items && !mem) continue;
+        for (int j = 0; j < 7; j++) clReleaseKernel(pk->k[j]);
+        free(pk);
+        if (rc != CL_SUCCESS) return cl_fail(err, "clGetKernelWorkGroupInfo", rc);
+        if (items)
+            return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                    "opencl plan: kernel %s needs work-groups of %zu items at head_dim %d; this device "
+                                    "(%s) runs it with at most %zu: use a backend or device with larger work-groups",
+                                    names[i], want[i], D, c->name, wg);
+        return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                "opencl plan: kernel %s needs %llu bytes of local memory at head_dim %d; this device "
+                                "(%s) has %llu: use a smaller head_dim or another backend",
+                                names[i], (unsigned long long)local, D, c->name,
+                                (unsigned long long)dev_local);
+    }
     k->store = pk->k[0];
     k->demote = pk->k[1];
     k->rotate_q = pk->k[2];
@@ -400,7 +431,11 @@ static oscar_status ocl_launch(void *ctx, const void *kernel, unsigned gx, unsig
         rc = clEnqueueNDRangeKernel(Q(c, stream), kn, 3, NULL, global, local, 0, NULL, NULL);
     }
     pthread_mutex_unlock(&c->lock);
-    return rc == CL_SUCCESS ? OSCAR_OK : cl_fail(err, what, rc);
+    if (rc == CL_SUCCESS) return OSCAR_OK;
+    char fn[64] = "";
+    clGetKernelInfo(kn, CL_KERNEL_FUNCTION_NAME, sizeof fn - 1, fn, NULL);
+    return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, "opencl: %s of %s (work-groups of %u items, grid %ux%ux%u) failed "
+                            "with error %d", what, fn, block, gx, gy, gz, (int)rc);
 }
 
 static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_launch, ocl_compute_units,
