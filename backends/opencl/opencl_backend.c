@@ -352,7 +352,9 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     const int D = l->head_dim;
     const size_t want[7] = {(size_t)D, (size_t)D, (size_t)D, (size_t)t[1], (size_t)D, (size_t)t[1], (size_t)D};
     cl_ulong dev_local = 0;
+    size_t dim[3] = {0, 0, 0}; /* work-items per dimension: the launches use the first only */
     clGetDeviceInfo(c->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof dev_local, &dev_local, NULL);
+    clGetDeviceInfo(c->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dim, dim, NULL);
     k->rot_single = 0;
     for (int i = 0; i < 7; i++) {
         size_t wg = 0;
@@ -360,6 +362,7 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
         rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
         if (rc == CL_SUCCESS)
             rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+        if (dim[0] && dim[0] < wg) wg = dim[0];
         const int items = rc == CL_SUCCESS && wg < want[i], mem = rc == CL_SUCCESS && dev_local && local > dev_local;
         if (i == 2 && rc == CL_SUCCESS) k->rot_single = wg < 4 * (size_t)D;
         if (rc == CL_SUCCESS && !items && !mem) continue;
