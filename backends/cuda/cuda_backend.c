@@ -57,6 +57,19 @@ static int g_probe(int device_index, oscar_errbuf *why) {
         oscar_errbuf_set(why, OSCAR_ERR_NO_BACKEND, GPU_NAME ": device %d requested, %d present", device_index, n);
         return 0;
     }
+#if !defined(OSCAR_HIP) && defined(OSCAR_CUDA_MIN_CC) && OSCAR_CUDA_MIN_CC > 0
+    /* A device older than every architecture the kernels were built for has no image to run: declined
+     * here, so the runtime takes another backend and its report says why (not a failed first launch). */
+    gpu_prop_t prop;
+    if (GPU(GetDeviceProperties)(&prop, device_index) == GPU_OK && prop.major * 10 + prop.minor < OSCAR_CUDA_MIN_CC) {
+        oscar_errbuf_set(why, OSCAR_ERR_NO_BACKEND,
+                         GPU_NAME ": %s has compute capability %d.%d, older than this plugin's kernels (built for "
+                         "OSCAR_CUDA_ARCHS %s); rebuild liboscar with -DOSCAR_CUDA_ARCHS=%d%d (the kernels are "
+                         "tested on 9.0 only) or use the OpenCL or CPU backend",
+                         prop.name, prop.major, prop.minor, OSCAR_CUDA_ARCHS_STR, prop.major, prop.minor);
+        return 0;
+    }
+#endif
     return 100;
 }
 
