@@ -47,6 +47,12 @@ typedef struct cl_plan_kernels {
     cl_kernel k[7];
 } cl_plan_kernels;
 
+/* Releases the first n kernels of pk (the ones created) and pk itself. */
+static void release_kernels(cl_plan_kernels *pk, int n) {
+    for (int i = 0; i < n; i++) clReleaseKernel(pk->k[i]);
+    free(pk);
+}
+
 static cl_command_queue Q(cl_ctx *c, void *stream) { return stream ? (cl_command_queue)stream : c->queue; }
 
 /* The caller's cl_mem and queues must belong to the runtime's context: OpenCL
@@ -338,8 +344,7 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     for (int i = 0; i < 7; i++) {
         pk->k[i] = clCreateKernel(prog, names[i], &rc);
         if (rc != CL_SUCCESS) {
-            for (int j = 0; j < i; j++) clReleaseKernel(pk->k[j]);
-            free(pk);
+            release_kernels(pk, i);
             return cl_fail(err, "clCreateKernel", rc);
         }
     }
@@ -362,14 +367,15 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
         rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
         if (rc == CL_SUCCESS)
             rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+        if (rc != CL_SUCCESS) {
+            release_kernels(pk, 7);
+            return cl_fail(err, "clGetKernelWorkGroupInfo", rc);
+        }
         if (dim[0] && dim[0] < wg) wg = dim[0];
-        const int items = rc == CL_SUCCESS && wg < want[i], mem = rc == CL_SUCCESS && dev_local && local > dev_local;
-        if (i == 2 && rc == CL_SUCCESS) k->rot_single = wg < 4 * (size_t)D;
-        if (rc == CL_SUCCESS && !items && !mem) continue;
-        for (int j = 0; j < 7; j++) clReleaseKernel(pk->k[j]);
-        free(pk);
-        if (rc != CL_SUCCESS) return cl_fail(err, "clGetKernelWorkGroupInfo", rc);
-        if (items)
+        if (i == 2) k->rot_single = wg < 4 * (size_t)D;
+        if (wg >= want[i] && !(dev_local && local > dev_local)) continue;
+        release_kernels(pk, 7);
+        if (wg < want[i])
             return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
                                     "opencl plan: kernel %s needs work-groups of %zu items at head_dim %d; this device "
                                     "(%s) runs it with at most %zu: use a backend or device with larger work-groups",
@@ -413,8 +419,7 @@ static void ocl_release(void *ctx, gpu_kernels *k) {
     (void)ctx;
     cl_plan_kernels *pk = k->owner;
     if (!pk) return;
-    for (int i = 0; i < 7; i++) clReleaseKernel(pk->k[i]);
-    free(pk);
+    release_kernels(pk, 7);
     k->owner = NULL;
 }
 

@@ -720,8 +720,9 @@ class Plan(_Handle):
         return cache, batch
 
     def append(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
-               window_slots: Optional[ArrayLike], block_table: ArrayLike, cu_new: ArrayLike, k: ArrayLike, v: ArrayLike,
-               workspace: ArrayLike, max_seq_len: Optional[int] = None, stream: Optional[int] = None) -> None:
+               window_slots: Optional[ArrayLike], block_table: ArrayLike, cu_new: ArrayLike, k: ArrayLike,
+               v: ArrayLike, workspace: ArrayLike, max_seq_len: Optional[int] = None,
+               stream: Optional[int] = None) -> None:
         """``oscar_append``: new K/V rows [total_new, num_kv_heads, head_dim]
         (kv_dtype) go into the cache; ``seq_lens`` are lengths after the
         append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
@@ -736,9 +737,9 @@ class Plan(_Handle):
                                 self._stream(stream)))
 
     def decode(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
-               window_slots: Optional[ArrayLike], block_table: ArrayLike, q: ArrayLike, out: ArrayLike, workspace: ArrayLike,
-               sm_scale: float = 0.0, rotated_output: bool = False, max_seq_len: Optional[int] = None,
-               stream: Optional[int] = None) -> None:
+               window_slots: Optional[ArrayLike], block_table: ArrayLike, q: ArrayLike, out: ArrayLike,
+               workspace: ArrayLike, sm_scale: float = 0.0, rotated_output: bool = False,
+               max_seq_len: Optional[int] = None, stream: Optional[int] = None) -> None:
         """``oscar_decode``: one query per sequence, q and out
         [num_seqs, num_q_heads, head_dim] (kv_dtype)."""
         L, dev = self._L, self._dev
@@ -751,9 +752,9 @@ class Plan(_Handle):
                                 self._stream(stream)))
 
     def extend(self, layer: int, pages: ArrayLike, windows: Optional[ArrayLike], seq_lens: ArrayLike,
-               window_slots: Optional[ArrayLike], block_table: ArrayLike, cu_q: ArrayLike, q: ArrayLike, out: ArrayLike,
-               workspace: ArrayLike, max_q_len: int, lse: Optional[ArrayLike] = None, sm_scale: float = 0.0,
-               rotated_output: bool = False, max_seq_len: Optional[int] = None,
+               window_slots: Optional[ArrayLike], block_table: ArrayLike, cu_q: ArrayLike, q: ArrayLike,
+               out: ArrayLike, workspace: ArrayLike, max_q_len: int, lse: Optional[ArrayLike] = None,
+               sm_scale: float = 0.0, rotated_output: bool = False, max_seq_len: Optional[int] = None,
                stream: Optional[int] = None) -> None:
         """``oscar_extend``: sequence i's query rows ``cu_q[i]:cu_q[i+1]`` of
         q and out [total_q, num_q_heads, head_dim] (kv_dtype) sit at the last
