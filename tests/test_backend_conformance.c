@@ -1325,6 +1325,40 @@ Test(conformance, plan_refuses_bad_layouts) {
     });
 }
 
+/* A device of 32 KB local memory per work-group (Mali, Adreno; PoCL stands in through
+ * OSCAR_OPENCL_LOCAL_MEM): at head_dim 256 the attention kernels' arrays for 16 query heads take ~48 KB,
+ * so the plan rebuilds them for fewer heads per work-group (it used to refuse the plan), and decode and
+ * extend still match the reference; with too little for one head the plan is refused, naming it. */
+static void small_local_memory(plug *g) {
+    if (strcmp(g->api->name, "opencl")) return; /* the variable is the OpenCL plugin's */
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 256, l.group = 128, l.num_q_heads = 16, l.num_kv_heads = 1, l.method = OSCAR_METHOD_INT2;
+    oscar_backend_plan_desc pd = {.layout = l, .num_layers = 1, .num_rot = 1, .identity_rotation = 1};
+    void *plan = NULL;
+    char variant[128] = "";
+    oscar_errbuf err = {{0}};
+    cr_assert_eq(setenv("OSCAR_OPENCL_LOCAL_MEM", "32768", 1), 0);
+    cr_assert_eq(g->api->plan_create(g->ctx, &pd, &plan, variant, sizeof variant, &err), OSCAR_OK, "%s", err.msg);
+    cr_assert(strstr(variant, "_hc"), "d 256 GQA 16 in 32 KB took %s, not a chunked build", variant);
+    g->api->plan_destroy(g->ctx, plan);
+    static const int shp[][3] = {{16, 1, 256}, {24, 2, 256}, {16, 1, 128}};
+    for (size_t z = 0; z < sizeof shp / sizeof shp[0]; z++) {
+        cfg c = {shp[z][2], 128, 32, 16, 48, shp[z][0], shp[z][1], z == 1 ? OSCAR_METHOD_BF16 : OSCAR_METHOD_OSCAR2,
+                 OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, (int)(z & 1)};
+        int lens[] = {1, 63, 65, 97, 300};
+        run_scenario_x(g, &c, 5, lens, CHUNKS, (int)(z == 0), 1, 0, 0);
+    }
+    cr_assert_eq(setenv("OSCAR_OPENCL_LOCAL_MEM", "1024", 1), 0);
+    plan = NULL;
+    cr_assert_eq(g->api->plan_create(g->ctx, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED);
+    cr_assert_null(plan);
+    cr_assert(strstr(err.msg, "local memory") && strstr(err.msg, "has 1024"), "%s", err.msg);
+    cr_assert_eq(unsetenv("OSCAR_OPENCL_LOCAL_MEM"), 0);
+}
+
+Test(conformance, opencl_small_local_memory, .timeout = 900) { FOR_EACH_BACKEND(g, small_local_memory(&g)); }
+
 /* ------------------------------------------------------- extend attention */
 /* The CPU backend as a "device" too, so the extend cases check it against
  * the float64 reference where no GPU plugin runs. */

@@ -48,6 +48,9 @@ typedef struct cl_plan_kernels {
 } cl_plan_kernels;
 
 /* Releases the first n kernels of pk (the ones created) and pk itself. */
+static const char *const k_kernel_names[7] = {"oscar_store", "oscar_demote", "oscar_rotate_q", "oscar_decode",
+                                              "oscar_merge", "oscar_extend", "oscar_merge_ext"};
+
 static void release_kernels(cl_plan_kernels *pk, int n) {
     for (int i = 0; i < n; i++) clReleaseKernel(pk->k[i]);
     free(pk);
@@ -278,25 +281,11 @@ static const int *tuning_of(int d) {
     return best;
 }
 
-static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
-    const int *t = tuning_of(l->head_dim);
-    int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
-    int G = bf16m ? l->head_dim : l->group;
-    /* A work-group serves at most 16 query heads of its KV head (its local
-     * arrays grow with OSCAR_GQ, a capacity); a larger ratio (MQA with many
-     * heads, GQA 20+) runs in equal chunks of at most 16, one work-group each
-     * (the kernels' hchunks, the host's cap). */
-    const int chunks = (gq + 15) / 16, cap = (gq + chunks - 1) / chunks;
-    const char *extra = getenv("OSCAR_OPENCL_OPTIONS");
-    if (!extra) extra = "";
-    /* The kernels' shape is the library's -DOSCAR_* macros: one given again here (a later -D wins)
-     * would build kernels of another head_dim, group or layout than the plan's buffers. */
-    if (strstr(extra, "OSCAR_"))
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "opencl plan: OSCAR_OPENCL_OPTIONS '%.200s' names an OSCAR_ macro; the library sets "
-                                "those from the layout: remove it (the variable is for compiler options such as "
-                                "-cl-fast-relaxed-math)",
-                                extra);
+/* Builds (or takes from the context's cache) the program of layout l with OSCAR_GQ = cap query heads
+ * per work-group, and creates its 7 kernels into *out (caller releases them). */
+static oscar_status ocl_build(cl_ctx *c, const oscar_layout_desc *l, const int *t, int cap, const char *extra,
+                              cl_plan_kernels **out, oscar_errbuf *err) {
+    const int bf16m = l->method == OSCAR_METHOD_BF16, G = bf16m ? l->head_dim : l->group;
     char opts[384];
     const int n = snprintf(opts, sizeof opts,
              "-cl-std=CL1.2 -DOSCAR_D=%d -DOSCAR_G=%d -DOSCAR_NG=%d -DOSCAR_KVB=%d -DOSCAR_MF32=%d -DOSCAR_BF16M=%d "
@@ -339,10 +328,8 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     }
     cl_plan_kernels *pk = calloc(1, sizeof *pk);
     if (!pk) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl plan: out of host memory");
-    static const char *names[7] = {"oscar_store",  "oscar_demote", "oscar_rotate_q", "oscar_decode",
-                                   "oscar_merge",  "oscar_extend", "oscar_merge_ext"};
     for (int i = 0; i < 7; i++) {
-        pk->k[i] = clCreateKernel(prog, names[i], &rc);
+        pk->k[i] = clCreateKernel(prog, k_kernel_names[i], &rc);
         if (rc != CL_SUCCESS) {
             release_kernels(pk, i);
             return cl_fail(err, "clCreateKernel", rc);
@@ -351,39 +338,93 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     int cached = 0;
     for (int i = 0; i < c->nprogs; i++) cached |= c->progs[i].prog == prog;
     if (!cached) clReleaseProgram(prog); /* kernels hold a reference */
+    *out = pk;
+    return OSCAR_OK;
+}
+
+/* The local memory a work-group may use: the device's, or less where OSCAR_OPENCL_LOCAL_MEM (bytes)
+ * says so (a driver that reports more than its kernels run well with; the tests' way to stand in
+ * for a 32 KB device). */
+static cl_ulong local_mem_limit(const cl_ctx *c) {
+    cl_ulong dev_local = 0;
+    clGetDeviceInfo(c->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof dev_local, &dev_local, NULL);
+    const char *env = getenv("OSCAR_OPENCL_LOCAL_MEM");
+    if (env && *env) {
+        char *end = NULL;
+        const unsigned long long v = strtoull(env, &end, 10);
+        if (end && !*end && v > 0 && (!dev_local || v < dev_local)) dev_local = (cl_ulong)v;
+    }
+    return dev_local;
+}
+
+static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
+    const int *t = tuning_of(l->head_dim);
+    int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
+    int G = bf16m ? l->head_dim : l->group;
+    const char *extra = getenv("OSCAR_OPENCL_OPTIONS");
+    if (!extra) extra = "";
+    /* The kernels' shape is the library's -DOSCAR_* macros: one given again here (a later -D wins)
+     * would build kernels of another head_dim, group or layout than the plan's buffers. */
+    if (strstr(extra, "OSCAR_"))
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl plan: OSCAR_OPENCL_OPTIONS '%.200s' names an OSCAR_ macro; the library sets "
+                                "those from the layout: remove it (the variable is for compiler options such as "
+                                "-cl-fast-relaxed-math)",
+                                extra);
     /* The device's limits, checked here rather than left to the first enqueue (error -54 or -5, naming
      * nothing): work-items each kernel is launched with (the q rotation falls back from 4 D to D) and
      * local memory. */
     const int D = l->head_dim;
     const size_t want[7] = {(size_t)D, (size_t)D, (size_t)D, (size_t)t[1], (size_t)D, (size_t)t[1], (size_t)D};
-    cl_ulong dev_local = 0;
+    const cl_ulong dev_local = local_mem_limit(c);
     size_t dim[3] = {0, 0, 0}; /* work-items per dimension: the launches use the first only */
-    clGetDeviceInfo(c->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof dev_local, &dev_local, NULL);
     clGetDeviceInfo(c->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dim, dim, NULL);
-    k->rot_single = 0;
-    for (int i = 0; i < 7; i++) {
+    /* A work-group serves at most 16 query heads of its KV head (its local arrays grow with OSCAR_GQ, a
+     * capacity); a larger ratio (MQA with many heads, GQA 20+) runs in equal chunks of at most 16, one
+     * work-group each (the kernels' hchunks, the host's cap). Where the attention kernels' local arrays
+     * outgrow the device (32 KB at head_dim 256 and GQA 9+), the program is rebuilt for chunks of half
+     * as many heads, down to one. */
+    int most = 16, chunks, cap;
+    cl_plan_kernels *pk = NULL;
+    for (;;) {
+        chunks = (gq + most - 1) / most, cap = (gq + chunks - 1) / chunks;
+        oscar_status s = ocl_build(c, l, t, cap, extra, &pk, err);
+        if (s != OSCAR_OK) return s;
+        k->rot_single = 0;
+        int bad = -1;
         size_t wg = 0;
         cl_ulong local = 0;
-        rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
-        if (rc == CL_SUCCESS)
-            rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
-        if (rc != CL_SUCCESS) {
-            release_kernels(pk, 7);
-            return cl_fail(err, "clGetKernelWorkGroupInfo", rc);
+        for (int i = 0; i < 7 && bad < 0; i++) {
+            cl_int rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+            if (rc == CL_SUCCESS)
+                rc = clGetKernelWorkGroupInfo(pk->k[i], c->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local,
+                                              NULL);
+            if (rc != CL_SUCCESS) {
+                release_kernels(pk, 7);
+                return cl_fail(err, "clGetKernelWorkGroupInfo", rc);
+            }
+            if (dim[0] && dim[0] < wg) wg = dim[0];
+            if (i == 2) k->rot_single = wg < 4 * (size_t)D;
+            if (wg < want[i] || (dev_local && local > dev_local)) bad = i;
         }
-        if (dim[0] && dim[0] < wg) wg = dim[0];
-        if (i == 2) k->rot_single = wg < 4 * (size_t)D;
-        if (wg >= want[i] && !(dev_local && local > dev_local)) continue;
+        if (bad < 0) break;
         release_kernels(pk, 7);
-        if (wg < want[i])
+        if (wg < want[bad])
             return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                    "opencl plan: kernel %s needs work-groups of %zu items at head_dim %d; this device "
-                                    "(%s) runs it with at most %zu: use a backend or device with larger work-groups",
-                                    names[i], want[i], D, c->name, wg);
+                                    "opencl plan: kernel %s needs work-groups of %zu items at head_dim %d; this "
+                                    "device (%s) runs it with at most %zu: use a backend or device with larger "
+                                    "work-groups",
+                                    k_kernel_names[bad], want[bad], D, c->name, wg);
+        const int by_heads = bad == 3 || bad == 5; /* decode and extend hold arrays per query head */
+        if (by_heads && cap > 1) {
+            most = cap / 2;
+            continue;
+        }
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
-                                "opencl plan: kernel %s needs %llu bytes of local memory at head_dim %d; this device "
+                                "opencl plan: kernel %s needs %llu bytes of local memory at head_dim %d%s; this device "
                                 "(%s) has %llu: use a smaller head_dim or another backend",
-                                names[i], (unsigned long long)local, D, c->name,
+                                k_kernel_names[bad], (unsigned long long)local, D,
+                                by_heads ? " with one query head per work-group" : "", c->name,
                                 (unsigned long long)dev_local);
     }
     k->store = pk->k[0];
@@ -401,9 +442,12 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
     k->min_chunk = t[3];
     k->blocks_per_sm = t[4];
     k->owner = pk;
-    snprintf(k->name, sizeof k->name, "d%d_g%d_q%d_%s_m%s%s", l->head_dim, G, gq,
+    /* the name carries the head chunks where the device's local memory made them (not GQA > 16's own) */
+    char hc[24] = "";
+    if (chunks > (gq + 15) / 16) snprintf(hc, sizeof hc, "_hc%d", chunks);
+    snprintf(k->name, sizeof k->name, "d%d_g%d_q%d_%s_m%s%s%s", l->head_dim, G, gq,
              l->kv_dtype == OSCAR_DTYPE_BF16 ? "bf16" : "f16", l->meta_dtype == OSCAR_DTYPE_F32 ? "f32" : "f16",
-             bf16m ? "_paged16" : (l->method == OSCAR_METHOD_OSCAR2_LM ? "_lm" : "_u"));
+             bf16m ? "_paged16" : (l->method == OSCAR_METHOD_OSCAR2_LM ? "_lm" : "_u"), hc);
     return OSCAR_OK;
 }
 
