@@ -1354,6 +1354,9 @@ static void small_local_memory(plug *g) {
     cr_assert_eq(g->api->plan_create(g->ctx, &pd, &plan, NULL, 0, &err), OSCAR_ERR_UNSUPPORTED);
     cr_assert_null(plan);
     cr_assert(strstr(err.msg, "local memory") && strstr(err.msg, "has 1024"), "%s", err.msg);
+    cr_assert_eq(setenv("OSCAR_OPENCL_LOCAL_MEM", "32k", 1), 0);
+    cr_assert_eq(g->api->plan_create(g->ctx, &pd, &plan, NULL, 0, &err), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(err.msg, "OSCAR_OPENCL_LOCAL_MEM '32k'"), "%s", err.msg);
     cr_assert_eq(unsetenv("OSCAR_OPENCL_LOCAL_MEM"), 0);
 }
 

@@ -7,6 +7,7 @@
 #define CL_TARGET_OPENCL_VERSION 120
 #endif
 #include <CL/cl.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,16 +346,23 @@ static oscar_status ocl_build(cl_ctx *c, const oscar_layout_desc *l, const int *
 /* The local memory a work-group may use: the device's, or less where OSCAR_OPENCL_LOCAL_MEM (bytes)
  * says so (a driver that reports more than its kernels run well with; the tests' way to stand in
  * for a 32 KB device). */
-static cl_ulong local_mem_limit(const cl_ctx *c) {
+static oscar_status local_mem_limit(const cl_ctx *c, cl_ulong *out, oscar_errbuf *err) {
     cl_ulong dev_local = 0;
     clGetDeviceInfo(c->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof dev_local, &dev_local, NULL);
     const char *env = getenv("OSCAR_OPENCL_LOCAL_MEM");
     if (env && *env) {
         char *end = NULL;
+        errno = 0;
         const unsigned long long v = strtoull(env, &end, 10);
-        if (end && !*end && v > 0 && (!dev_local || v < dev_local)) dev_local = (cl_ulong)v;
+        if (errno || end == env || *end || v == 0 || env[0] == '-')
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "opencl plan: OSCAR_OPENCL_LOCAL_MEM '%.40s' is not a positive number of bytes: "
+                                    "set it to one (e.g. 32768) or unset it",
+                                    env);
+        if (!dev_local || v < dev_local) dev_local = (cl_ulong)v;
     }
-    return dev_local;
+    *out = dev_local;
+    return OSCAR_OK;
 }
 
 static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
@@ -376,7 +384,9 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
      * local memory. */
     const int D = l->head_dim;
     const size_t want[7] = {(size_t)D, (size_t)D, (size_t)D, (size_t)t[1], (size_t)D, (size_t)t[1], (size_t)D};
-    const cl_ulong dev_local = local_mem_limit(c);
+    cl_ulong dev_local = 0;
+    oscar_status ls = local_mem_limit(c, &dev_local, err);
+    if (ls != OSCAR_OK) return ls;
     size_t dim[3] = {0, 0, 0}; /* work-items per dimension: the launches use the first only */
     clGetDeviceInfo(c->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dim, dim, NULL);
     /* A work-group serves at most 16 query heads of its KV head (its local arrays grow with OSCAR_GQ, a
