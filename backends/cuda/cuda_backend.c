@@ -45,6 +45,20 @@ static oscar_status fail(oscar_errbuf *err, const char *what, gpu_err_t e) {
     return oscar_errbuf_set(err, OSCAR_ERR_BACKEND, GPU_NAME ": %s failed: %s", what, GPU(GetErrorString)(e));
 }
 
+#if defined(OSCAR_HIP) && defined(OSCAR_HIP_ARCHS_STR)
+/* Whether isa (e.g. "gfx942") is one of the comma-separated targets of list, each compared up to
+ * its feature suffix ("gfx90a:xnack+" builds gfx90a). */
+static int arch_listed(const char *list, const char *isa) {
+    const size_t n = strlen(isa);
+    for (const char *p = list; *p;) {
+        const size_t len = strcspn(p, ",");
+        if (strcspn(p, ",:") == n && !strncmp(p, isa, n)) return 1;
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+#endif
+
 static int g_probe(int device_index, oscar_errbuf *why) {
     int n = 0;
     gpu_err_t e = GPU(GetDeviceCount)(&n);
@@ -68,6 +82,23 @@ static int g_probe(int device_index, oscar_errbuf *why) {
                          "tested on 9.0 only) or use the OpenCL or CPU backend",
                          prop.name, prop.major, prop.minor, OSCAR_CUDA_ARCHS_STR, prop.major, prop.minor);
         return 0;
+    }
+#endif
+#if defined(OSCAR_HIP) && defined(OSCAR_HIP_ARCHS_STR)
+    /* AMD code objects run only on the ISA they were built for (no PTX-style JIT): a gfx942 (MI300)
+     * under a gfx90a build failed at its first launch. Declined here, naming the rebuild. */
+    gpu_prop_t prop;
+    if (GPU(GetDeviceProperties)(&prop, device_index) == GPU_OK && prop.gcnArchName[0]) {
+        char isa[64];
+        snprintf(isa, sizeof isa, "%.*s", (int)strcspn(prop.gcnArchName, ":"), prop.gcnArchName);
+        if (!arch_listed(OSCAR_HIP_ARCHS_STR, isa)) {
+            oscar_errbuf_set(why, OSCAR_ERR_NO_BACKEND,
+                             GPU_NAME ": %s is %s, which this plugin's kernels were not built for (OSCAR_HIP_ARCHS "
+                             "%s); rebuild liboscar with -DOSCAR_HIP_ARCHS=\"%s\" (the HIP kernels have been compiled, "
+                             "never run) or use the OpenCL or CPU backend",
+                             prop.name, isa, OSCAR_HIP_ARCHS_STR, isa);
+            return 0;
+        }
     }
 #endif
     return 100;
@@ -150,6 +181,22 @@ static oscar_status tc_prepare(const void *fn, int threads, int smem, const char
                                oscar_errbuf *err) {
     gpu_err_t e = GPU(FuncSetAttribute)(fn, GPU(FuncAttributeMaxDynamicSharedMemorySize), smem);
     if (e != GPU_OK) {
+        /* A GPU of less shared memory per block than the kernel's tiles (the sm_86/89 99 KB under a
+         * build for them) is a shape this device cannot serve, not a runtime fault: say which. */
+        int dev = 0;
+        gpu_prop_t prop;
+        if (GPU(GetDevice)(&dev) == GPU_OK && GPU(GetDeviceProperties)(&prop, dev) == GPU_OK) {
+#ifdef OSCAR_HIP
+            const size_t most = prop.sharedMemPerBlock;
+#else
+            const size_t most = prop.sharedMemPerBlockOptin;
+#endif
+            if (most && (size_t)smem > most)
+                return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                        GPU_NAME " plan: the %s kernel for this shape needs %d bytes of shared memory "
+                                        "per block; %s allows %zu: use the OpenCL or CPU backend for it",
+                                        what, smem, prop.name, most);
+        }
         char m[64];
         snprintf(m, sizeof m, "raising the %s kernel's shared memory limit", what);
         return fail(err, m, e);
