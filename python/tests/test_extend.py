@@ -66,3 +66,39 @@ def test_extend_refuses_more_queries_than_tokens(cpu, rng):
     cache.append(0, k, k, new_tokens=[4])
     with pytest.raises(ValueError, match="more query tokens"):
         cache.extend(0, liboscar.to_bf16(rng.standard_normal((5, HQ, D))), [5])
+
+
+def test_learned_sinks_from_the_lse(cpu, rng):
+    """docs/API.md: a per-head sink logit s_h (gpt-oss) joins each softmax's
+    denominator; from the LSE, out * 1 / (1 + exp(s_h - lse)) is that
+    attention, against NumPy with the sink as an extra score of zero value."""
+    layout = liboscar.Layout(head_dim=D, group=32, num_q_heads=HQ, num_kv_heads=HKV, page_size=PAGE, sink=S0,
+                             recent=W, max_seq_len=256, kv_dtype="bf16", method="int2")
+    cache = liboscar.Plan(cpu, layout).cache(num_layers=1, num_seqs=1, max_seq_len=128)
+    n, m = 70, 6
+    k = bf16_exact(rng.standard_normal((n, HKV, D)))
+    v = bf16_exact(rng.standard_normal((n, HKV, D)))
+    cache.append(0, liboscar.to_bf16(k), liboscar.to_bf16(v), new_tokens=[n])
+    q = bf16_exact(rng.standard_normal((m, HQ, D)))
+    sinks = rng.uniform(-2.0, 4.0, HQ)  # large enough to take a visible share of the weight
+    out, lse = cache.extend(0, liboscar.to_bf16(q), [m], lse=True)
+    got = liboscar.from_bf16(out) / (1.0 + np.exp(sinks[:, None] - lse[:, :, None]))
+    got_lse = np.logaddexp(lse, sinks)
+    kq, vq = ref_int2(k, 32), ref_int2(v, 32)
+    pos = np.arange(n)
+    quant = (pos >= S0) & (pos < n - W)
+    kk = np.where(quant[:, None, None], kq, k).astype(np.float64)
+    vv = np.where(quant[:, None, None], vq, v).astype(np.float64)
+    worst, lse_worst, share = 0.0, 0.0, 0.0
+    for t, p in enumerate(range(n - m, n)):
+        for h in range(HQ):
+            g = h // (HQ // HKV)
+            s = np.append(kk[:p + 1, g] @ q[t, h].astype(np.float64) / np.sqrt(D), sinks[h])
+            e = np.exp(s - s.max())
+            ref = (e[:-1] / e.sum()) @ vv[:p + 1, g]
+            share = max(share, e[-1] / e.sum())
+            worst = max(worst, np.abs(got[t, h] - ref).max() / np.abs(ref).max())
+            lse_worst = max(lse_worst, abs(got_lse[t, h] - (s.max() + np.log(e.sum()))))
+    assert share > 0.05, "the sinks must take a visible share for the check to mean anything"
+    assert worst < 8e-3, f"sinked output differs from NumPy by {worst:.2e} of max |o|"
+    assert lse_worst < 1e-3, f"sinked LSE differs from NumPy by {lse_worst:.2e}"
