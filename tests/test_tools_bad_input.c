@@ -147,6 +147,26 @@ Test(tools_bad_input, bench_impossible_shapes_are_bad_input, .timeout = 120) {
     }
 }
 
+/* A backend name that is not one, or one not available here, from --backend
+ * or OSCAR_BACKEND: oscar-bench exited 1 ("any other failure") as if it had
+ * broken; it is the user's choice, so bad input (2) naming the choices. */
+Test(tools_bad_input, bench_unknown_backend_is_bad_input, .timeout = 120) {
+    char out[16384];
+    const char *cases[] = {"--backend nosuch", "--backend CPU", "--backend cuda"}; /* no CUDA plugin in the test build */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct stat sb;
+        if (strstr(cases[i], "cuda") && stat(OSCAR_BIN_DIR "/../lib/liboscar_backend_cuda.so", &sb) == 0) continue;
+        int rc = run(out, sizeof out, 60, "env -u OSCAR_BACKEND " BIN "/oscar-bench --quick %s", cases[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i], rc, out);
+        cr_expect(strstr(out, "cpu, cuda, hip") || strstr(out, "another backend"), "%s: message should name the "
+                  "choices: %s", cases[i], out);
+        cr_expect(!strstr(out, "calibrated"), "%s: refused only after calibrating: %s", cases[i], out);
+    }
+    int rc = run(out, sizeof out, 60, "env OSCAR_BACKEND=nosuch " BIN "/oscar-bench --quick");
+    cr_expect_eq(rc, 2, "OSCAR_BACKEND=nosuch: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "OSCAR_BACKEND"), "message should name OSCAR_BACKEND: %s", out);
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {
