@@ -167,6 +167,34 @@ Test(tools_bad_input, bench_unknown_backend_is_bad_input, .timeout = 120) {
     cr_expect(strstr(out, "OSCAR_BACKEND"), "message should name OSCAR_BACKEND: %s", out);
 }
 
+/* --methods and --per-layer were copied into 512- and 256-byte buffers and
+ * cut there without a word: empty items (",,") pass strtok, so a long list
+ * ending "oscar2-lm" was cut to "oscar2" and evaluated the other method, and
+ * a cut name was reported as an unknown method. Too long is bad input now. */
+Test(tools_bad_input, eval_method_lists_are_never_cut_short, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], commas[600];
+    scratch(dir, sizeof dir);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *small = "--context 64 --max-tokens 64 --sink 0 --recent 16 --retrieval-trials 0";
+    memset(commas, ',', 505); /* 505 commas + "oscar2-lm": byte 511 cuts it to "oscar2" */
+    commas[505] = '\0';
+    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --params-lm %s %s --methods "
+                 "'%soscar2-lm' --out %s/r.json", g_model, g_tokens, p, p, small, commas, dir);
+    cr_expect_eq(rc, 2, "a 514-byte --methods: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--methods") && strstr(out, "too long"), "message should say --methods is too long: %s", out);
+    commas[249] = '\0'; /* 249 commas + "oscar2-lm": byte 255 cut it to "oscar2" */
+    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --params-lm %s %s --methods int2 "
+             "--per-layer '%soscar2-lm' --out %s/r.json", g_model, g_tokens, p, p, small, commas, dir);
+    cr_expect_eq(rc, 2, "a 258-byte --per-layer: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--per-layer") && strstr(out, "too long"), "message should say --per-layer is too long: %s",
+              out);
+    struct stat sb;
+    snprintf(commas, sizeof commas, "%s/r.json", dir);
+    cr_expect(stat(commas, &sb) != 0, "a refused run left %s", commas);
+    rmrf(dir);
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {
