@@ -422,6 +422,53 @@ Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) 
     rmrf(dir);
 }
 
+/* Strings of a hostile checkpoint reached the terminal raw: the engine's
+ * messages quote config.json's model_type and a shard's dtype, and the
+ * tools printed them, so an escape there retitled the terminal (OSC 0) or
+ * coloured it. They are shown as '?' now, the message otherwise the same. */
+Test(tools_bad_input, checkpoint_strings_cannot_drive_the_terminal, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"model_type\": \"qwen3\"", "\"model_type\": \"\\u001b]0;owned\\u0007\\u009b31mqwen3\"", NULL);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", dir, g_tokens);
+    cr_expect_eq(rc, 2, "hostile model_type: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model_type '?]0;owned???31mqwen3' is not supported"), "message: %s", out);
+    cr_expect(!strchr(out, 0x1b) && !strchr(out, 0x07) && !strstr(out, "\xc2\x9b"), "control characters in: %s", out);
+    rmrf(dir);
+    /* a shard whose tensor has a dtype with an escape (the header rewritten; offsets are relative to the data) */
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
+    size_t n;
+    unsigned char *sh = (unsigned char *)slurp(a, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | sh[i];
+    json_error_t je;
+    json_t *h = json_loadb((const char *)sh + 8, (size_t)hl, 0, &je);
+    cr_assert(h, "shard header: %s", je.text);
+    json_t *t = json_object_get(h, "model.norm.weight");
+    cr_assert(t, "no model.norm.weight in shard 5");
+    json_object_set_new(t, "dtype", json_string("\x1b[2J"));
+    char *hs = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    size_t nl = strlen(hs);
+    unsigned char *ns = malloc(8 + nl + (n - 8 - (size_t)hl));
+    cr_assert(hs && ns);
+    for (int i = 0; i < 8; i++) ns[i] = (unsigned char)((uint64_t)nl >> (8 * i));
+    memcpy(ns + 8, hs, nl);
+    memcpy(ns + 8 + nl, sh + 8 + hl, n - 8 - (size_t)hl);
+    snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
+    spit(b, ns, 8 + nl + (n - 8 - (size_t)hl));
+    free(hs), free(ns), free(sh);
+    rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", dir, g_tokens);
+    cr_expect_eq(rc, 2, "hostile dtype: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "has dtype '?[2J'"), "message: %s", out);
+    cr_expect(!strchr(out, 0x1b), "an escape in: %s", out);
+    rmrf(dir);
+}
+
 /* config.json that contradicts the weights or the run: num_hidden_layers 2^30 was
  * sized before any layer was looked at (a 144 GB allocation: "out of memory",
  * exit 1, an abort under ASan); oscar-calibrate exited 1 (runtime failure) for
