@@ -199,6 +199,7 @@ Test(plan_threads, cuda_threads_share_a_plan, .timeout = 300) { run_threads("cud
  * Criterion's asserts are main-thread only: the workers count what failed. */
 typedef struct own_worker {
     pthread_barrier_t *start; /* all threads create their runtimes at once */
+    oscar_runtime *shared_rt; /* set: use this runtime (its plans, buffers), not one of the thread's own */
     const char *backend;
     int id, rounds, bad_msgs, mismatches, skipped;
     oscar_status st;
@@ -250,7 +251,8 @@ static void *own_worker_run(void *arg) {
     oscar_runtime_options_default(&ro);
     ro.backend = w->backend;
     pthread_barrier_wait(w->start);
-    oscar_status s0 = oscar_runtime_create(&ro, &rt);
+    oscar_status s0 = w->shared_rt ? OSCAR_OK : oscar_runtime_create(&ro, &rt);
+    if (w->shared_rt) rt = w->shared_rt;
     if (s0 != OSCAR_OK) {
         w->skipped = 1;
         snprintf(w->why, sizeof w->why, "%s", oscar_last_error());
@@ -317,7 +319,7 @@ out:
     for (int i = 0; i < 11; i++) oscar_buffer_free(rt, bufs[i]);
     oscar_plan_destroy(plan);
     oscar_params_destroy(params);
-    oscar_runtime_destroy(rt);
+    if (!w->shared_rt) oscar_runtime_destroy(rt);
     free(k), free(v), free(q), free(got);
     return NULL;
 }
@@ -348,4 +350,49 @@ Test(plan_threads, threads_with_their_own_runtimes_and_errors, .timeout = 600) {
                      w[t].backend, w[t].mismatches);
         free(w[t].want);
     }
+}
+
+/* The same on one runtime per backend: plans created, used and destroyed by
+ * several threads at once on one OpenCL context (its program cache and
+ * launch lock) and on the CPU backend. */
+Test(plan_threads, threads_share_a_runtime_with_their_own_plans, .timeout = 600) {
+    enum { NT = 6 };
+    oscar_runtime *rts[2] = {NULL, NULL};
+    const char *names[2] = {"cpu", "opencl"};
+    for (int b = 0; b < 2; b++) {
+        oscar_runtime_options ro;
+        oscar_runtime_options_default(&ro);
+        ro.backend = names[b];
+        if (oscar_runtime_create(&ro, &rts[b]) != OSCAR_OK) {
+            cr_expect(!required(names[b]), "%s is required but: %s", names[b], oscar_last_error());
+            rts[b] = NULL;
+        }
+    }
+    own_worker w[NT];
+    pthread_t th[NT];
+    pthread_barrier_t start;
+    cr_assert_eq(pthread_barrier_init(&start, NULL, NT), 0);
+    int started[NT] = {0};
+    for (int t = 0; t < NT; t++) {
+        memset(&w[t], 0, sizeof w[t]);
+        w[t].start = &start;
+        w[t].backend = names[t % 2];
+        w[t].shared_rt = rts[t % 2];
+        w[t].id = t;
+        w[t].rounds = 4;
+        if (!w[t].shared_rt) w[t].shared_rt = rts[0]; /* OpenCL absent (and not required): CPU in its place */
+        started[t] = pthread_create(&th[t], NULL, own_worker_run, &w[t]) == 0;
+        cr_assert(started[t]);
+    }
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&start);
+    for (int t = 0; t < NT; t++) {
+        cr_expect_eq(w[t].st, OSCAR_OK, "thread %d: status %d at %s", t, (int)w[t].st, w[t].why);
+        cr_expect_eq(w[t].bad_msgs, 0, "thread %d (%s): %d of its errors left another message than its own", t,
+                     w[t].backend, w[t].bad_msgs);
+        cr_expect_eq(w[t].mismatches, 0, "thread %d (%s): %d rounds decoded differently from its first", t,
+                     w[t].backend, w[t].mismatches);
+        free(w[t].want);
+    }
+    for (int b = 0; b < 2; b++) oscar_runtime_destroy(rts[b]);
 }
