@@ -422,6 +422,35 @@ Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) 
     rmrf(dir);
 }
 
+/* Messages about config.json's sizes named no value: vocab_size 2^31 - 1
+ * read "num_hidden_layers, hidden_size, num_attention_heads,
+ * intermediate_size and vocab_size must be positive integers" (it is
+ * positive), and hidden_size 2^30 compared the 1-D norm weight "[512...]"
+ * with "[1073741824, 0]". The key, its value and the allowed range now; both
+ * shapes in full. */
+Test(tools_bad_input, config_size_messages_name_the_key_and_the_shapes, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    const struct {
+        const char *from, *to, *want, *not_want;
+    } cases[] = {
+        {"\"vocab_size\": 8192", "\"vocab_size\": 2147483647", "vocab_size is 2147483647; it must be an integer in "
+         "[1, 2^30]", "positive integers"},
+        {"\"vocab_size\": 8192", "\"vocab_size\": \"8192\"", "vocab_size is a string", "positive integers"},
+        {"\"hidden_size\": 512", "\"hidden_size\": 1073741824", "has shape [512] but config.json implies "
+         "[1073741824]", ", 0]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        scratch(dir, sizeof dir);
+        model_copy(dir, cases[i].from, cases[i].to, NULL);
+        int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].to, rc, out);
+        cr_expect(strstr(out, cases[i].want) && !strstr(out, cases[i].not_want), "%s: the message should say '%s': %s",
+                  cases[i].to, cases[i].want, out);
+        rmrf(dir);
+    }
+}
+
 /* Strings of a hostile checkpoint reached the terminal raw: the engine's
  * messages quote config.json's model_type and a shard's dtype, and the
  * tools printed them, so an escape there retitled the terminal (OSC 0) or
