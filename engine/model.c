@@ -125,13 +125,22 @@ oscar_status oe_config_load(const char *path, oe_config *c)
         goto done;
     }
     snprintf(c->model_type, sizeof c->model_type, "%s", type);
-    if (!json_get_int(root, "num_hidden_layers", &c->num_layers) ||
-        !json_get_int(root, "hidden_size", &c->hidden) ||
-        !json_get_int(root, "num_attention_heads", &c->num_q_heads) ||
-        !json_get_int(root, "intermediate_size", &c->intermediate) ||
-        !json_get_int(root, "vocab_size", &c->vocab)) {
-        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: num_hidden_layers, hidden_size, num_attention_heads, "
-                         "intermediate_size and vocab_size must be positive integers", path);
+    const char *keys[5] = {"num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                           "vocab_size"};
+    int *dst[5] = {&c->num_layers, &c->hidden, &c->num_q_heads, &c->intermediate, &c->vocab};
+    int bad_key = -1;
+    for (int i = 0; i < 5 && bad_key < 0; i++)
+        if (!json_get_int(root, keys[i], dst[i])) bad_key = i;
+    if (bad_key >= 0) { /* name the key and what it holds: a value past 2^30 was called "not positive" */
+        json_t *v = json_object_get(root, keys[bad_key]);
+        char got[64];
+        if (json_is_integer(v))
+            snprintf(got, sizeof got, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        else
+            snprintf(got, sizeof got, "%s", v ? json_kind(v) : "missing");
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s is %s; it must be an integer in [1, 2^30] (num_hidden_layers, "
+                         "hidden_size, num_attention_heads, intermediate_size and vocab_size are required)", path,
+                         keys[bad_key], got);
         goto done;
     }
     c->num_kv_heads = c->num_q_heads; /* absent: multi-head attention */
@@ -277,10 +286,21 @@ static oscar_status find_tensor(const shard_set *ss, const char *name, int64_t d
                             "config.json", name);
     }
     int ok = d1 ? (t->ndim == 2 && t->shape[0] == d0 && t->shape[1] == d1) : (t->ndim == 1 && t->shape[0] == d0);
-    if (!ok)
-        return oe_set_error(OSCAR_ERR_SHAPE_MISMATCH, "tensor '%s' has shape [%" PRId64 "%s...] (%d dims) but "
-                            "config.json implies [%" PRId64 ", %" PRId64 "]", name,
-                            t->ndim ? t->shape[0] : 0, t->ndim > 1 ? ", " : "", t->ndim, d0, d1);
+    if (!ok) { /* both shapes in full: a 1-D weight was shown as "[512...]" against "[1073741824, 0]" */
+        char has[160] = "[", want[64];
+        for (int i = 0; i < t->ndim; i++) {
+            size_t at = strlen(has);
+            snprintf(has + at, sizeof has - at, "%s%" PRId64, i ? ", " : "", t->shape[i]);
+        }
+        size_t at = strlen(has);
+        snprintf(has + at, sizeof has - at, "]");
+        if (d1)
+            snprintf(want, sizeof want, "[%" PRId64 ", %" PRId64 "]", d0, d1);
+        else
+            snprintf(want, sizeof want, "[%" PRId64 "]", d0);
+        return oe_set_error(OSCAR_ERR_SHAPE_MISMATCH, "tensor '%s' has shape %s but config.json implies %s; the "
+                            "weights and config.json are of different models", name, has, want);
+    }
     if (t->dtype != OE_F32 && t->dtype != OE_F16 && t->dtype != OE_BF16)
         return oe_set_error(OSCAR_ERR_UNSUPPORTED, "tensor '%s' has dtype %s; weights must be F32, F16 or BF16",
                             name, oe_dtype_name(t->dtype));

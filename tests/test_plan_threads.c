@@ -190,3 +190,211 @@ static void run_threads(const char *backend) {
 Test(plan_threads, cpu_threads_share_a_plan, .timeout = 300) { run_threads("cpu"); }
 Test(plan_threads, opencl_threads_share_a_plan, .timeout = 300) { run_threads("opencl"); }
 Test(plan_threads, cuda_threads_share_a_plan, .timeout = 300) { run_threads("cuda"); }
+
+/* Threads that share nothing but the library: each creates its own runtime
+ * (CPU and OpenCL side by side), parameters and plan, appends and decodes,
+ * and meanwhile makes a call that fails with a message naming a value of its
+ * own. Every thread's output must equal the one its data gives alone, and
+ * oscar_last_error() must be this thread's message, never a neighbour's.
+ * Criterion's asserts are main-thread only: the workers count what failed. */
+typedef struct own_worker {
+    pthread_barrier_t *start; /* all threads create their runtimes at once */
+    oscar_runtime *shared_rt; /* set: use this runtime (its plans, buffers), not one of the thread's own */
+    const char *backend;
+    int id, rounds, bad_msgs, mismatches, skipped;
+    oscar_status st;
+    char why[512];
+    unsigned char *want; /* the first round's output: later rounds must match it */
+} own_worker;
+
+#define OWN_FAIL(w, s)                                                                                 \
+    do {                                                                                               \
+        (w)->st = (s);                                                                                 \
+        snprintf((w)->why, sizeof (w)->why, "%s line %d: %s", (w)->backend, __LINE__, oscar_last_error()); \
+        goto out;                                                                                      \
+    } while (0)
+#define OWN_TRY(w, call)                                                                               \
+    do {                                                                                               \
+        oscar_status s_ = (call);                                                                      \
+        if (s_ != OSCAR_OK) OWN_FAIL(w, s_);                                                           \
+    } while (0)
+
+/* A call that must fail with a message naming this thread's head_dim
+ * (98 + 4 id: 2 more than a multiple of 4, never of 16) and leave that
+ * message in place. */
+static int own_error_is_mine(oscar_runtime *rt, int id) {
+    oscar_layout_desc bad;
+    oscar_layout_default(&bad);
+    bad.head_dim = 98 + 4 * id;
+    bad.group = bad.head_dim;
+    oscar_plan *p = NULL;
+    if (oscar_plan_create(rt, &bad, NULL, &p) == OSCAR_OK) {
+        oscar_plan_destroy(p);
+        return 0;
+    }
+    char want[32];
+    snprintf(want, sizeof want, "head_dim %d", bad.head_dim);
+    for (int spin = 0; spin < 200; spin++) /* neighbours fail meanwhile: the message must stay ours */
+        if (!strstr(oscar_last_error(), want)) return 0;
+    return 1;
+}
+
+static void *own_worker_run(void *arg) {
+    own_worker *w = arg;
+    oscar_runtime *rt = NULL;
+    oscar_params *params = NULL;
+    oscar_plan *plan = NULL;
+    void *bufs[11] = {NULL};
+    unsigned char *got = NULL;
+    uint16_t *k = NULL, *v = NULL, *q = NULL;
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = w->backend;
+    pthread_barrier_wait(w->start);
+    oscar_status s0 = w->shared_rt ? OSCAR_OK : oscar_runtime_create(&ro, &rt);
+    if (w->shared_rt) rt = w->shared_rt;
+    if (s0 != OSCAR_OK) {
+        w->skipped = 1;
+        snprintf(w->why, sizeof w->why, "%s", oscar_last_error());
+        return NULL;
+    }
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 64;
+    l.group = 32;
+    l.num_q_heads = 4;
+    l.num_kv_heads = 2;
+    l.page_size = 16;
+    l.sink = 16;
+    l.recent = 32;
+    l.max_seq_len = LEN;
+    l.method = OSCAR_METHOD_OSCAR2;
+    uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
+    size_t kvn = (size_t)SEQ * LEN * (size_t)l.num_kv_heads * (size_t)l.head_dim;
+    size_t qn = (size_t)SEQ * (size_t)l.num_q_heads * (size_t)l.head_dim, out_bytes = qn * 2;
+    k = malloc(kvn * 2), v = malloc(kvn * 2), q = malloc(qn * 2); /* random_bf16 asserts: main thread only */
+    got = malloc(out_bytes);
+    w->want = malloc(out_bytes);
+    if (!k || !v || !q || !got || !w->want) OWN_FAIL(w, OSCAR_ERR_OUT_OF_MEMORY);
+    uint16_t *fill[3] = {k, v, q};
+    for (int a = 0; a < 3; a++)
+        for (size_t i = 0; i < (a < 2 ? kvn : qn); i++)
+            fill[a][i] = bf16_of((float)((double)(rng_next(&seed) >> 11) / 9007199254740992.0) * 2.0f - 1.0f);
+    for (int round = 0; round < w->rounds; round++) { /* create, use and destroy everything each round */
+        if (!own_error_is_mine(rt, w->id)) w->bad_msgs++;
+        OWN_TRY(w, oscar_params_create_builtin(l.method, 1, l.num_q_heads, l.num_kv_heads, l.head_dim, &params));
+        OWN_TRY(w, oscar_plan_create(rt, &l, params, &plan));
+        oscar_layout_sizes sz;
+        int64_t pps;
+        size_t ws_bytes;
+        OWN_TRY(w, oscar_layout_sizes_get(&l, &sz));
+        OWN_TRY(w, oscar_layout_pages_for(&l, LEN, &pps));
+        int32_t lens[SEQ], slots[SEQ], cu[SEQ + 1], bt[SEQ * 16];
+        for (int i = 0; i < SEQ; i++) {
+            lens[i] = LEN, slots[i] = i, cu[i] = i * LEN;
+            for (int j = 0; j < pps; j++) bt[i * pps + j] = i * (int32_t)pps + j;
+        }
+        cu[SEQ] = SEQ * LEN;
+        OWN_TRY(w, oscar_plan_workspace_bytes(plan, SEQ, LEN, &ws_bytes));
+        const size_t sizes[11] = {sz.page_bytes * (size_t)(SEQ * pps + 1), sz.window_slot_bytes * SEQ + 16, ws_bytes,
+                                  sizeof lens, sizeof slots, sizeof(int32_t) * (size_t)(SEQ * pps), sizeof cu,
+                                  kvn * 2, kvn * 2, qn * 2, out_bytes};
+        const void *src[11] = {NULL, NULL, NULL, lens, slots, bt, cu, k, v, q, NULL};
+        for (int i = 0; i < 11; i++) {
+            OWN_TRY(w, oscar_buffer_alloc(rt, sizes[i], &bufs[i]));
+            if (src[i]) OWN_TRY(w, oscar_buffer_write(rt, bufs[i], 0, src[i], sizes[i], NULL));
+        }
+        OWN_TRY(w, oscar_plan_workspace_init(plan, bufs[2], NULL));
+        oscar_cache c = {bufs[0], SEQ * (int32_t)pps + 1, bufs[1], SEQ};
+        oscar_batch b = {SEQ, bufs[3], bufs[4], bufs[5], (int32_t)pps, LEN};
+        OWN_TRY(w, oscar_append(plan, 0, &c, &b, bufs[6], SEQ * LEN, bufs[7], bufs[8], 0, bufs[2], ws_bytes, NULL));
+        if (!own_error_is_mine(rt, w->id)) w->bad_msgs++;
+        OWN_TRY(w, oscar_decode(plan, 0, &c, &b, bufs[9], 0, bufs[10], 0, 0.0f, 0, bufs[2], ws_bytes, NULL));
+        OWN_TRY(w, oscar_buffer_read(rt, round ? got : w->want, bufs[10], 0, out_bytes, NULL));
+        OWN_TRY(w, oscar_plan_check(plan, bufs[2], NULL));
+        if (round && memcmp(got, w->want, out_bytes)) w->mismatches++;
+        for (int i = 0; i < 11; i++) oscar_buffer_free(rt, bufs[i]), bufs[i] = NULL;
+        oscar_plan_destroy(plan), plan = NULL;
+        oscar_params_destroy(params), params = NULL;
+    }
+out:
+    for (int i = 0; i < 11; i++) oscar_buffer_free(rt, bufs[i]);
+    oscar_plan_destroy(plan);
+    oscar_params_destroy(params);
+    if (!w->shared_rt) oscar_runtime_destroy(rt);
+    free(k), free(v), free(q), free(got);
+    return NULL;
+}
+
+Test(plan_threads, threads_with_their_own_runtimes_and_errors, .timeout = 600) {
+    enum { NT = 8 };
+    own_worker w[NT];
+    pthread_t th[NT];
+    pthread_barrier_t start;
+    cr_assert_eq(pthread_barrier_init(&start, NULL, NT), 0);
+    for (int t = 0; t < NT; t++) {
+        memset(&w[t], 0, sizeof w[t]);
+        w[t].start = &start;
+        w[t].backend = t % 4 ? "opencl" : "cpu"; /* OpenCL's first use in the process is the racy one */
+        w[t].id = t;
+        w[t].rounds = 4;
+        cr_assert_eq(pthread_create(&th[t], NULL, own_worker_run, &w[t]), 0);
+    }
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&start);
+    for (int t = 0; t < NT; t++) {
+        if (w[t].skipped)
+            cr_expect(!required(w[t].backend), "%s is required but: %s", w[t].backend, w[t].why);
+        cr_expect_eq(w[t].st, OSCAR_OK, "thread %d: status %d at %s", t, (int)w[t].st, w[t].why);
+        cr_expect_eq(w[t].bad_msgs, 0, "thread %d (%s): %d of its errors left another message than its own", t,
+                     w[t].backend, w[t].bad_msgs);
+        cr_expect_eq(w[t].mismatches, 0, "thread %d (%s): %d rounds decoded differently from its first", t,
+                     w[t].backend, w[t].mismatches);
+        free(w[t].want);
+    }
+}
+
+/* The same on one runtime per backend: plans created, used and destroyed by
+ * several threads at once on one OpenCL context (its program cache and
+ * launch lock) and on the CPU backend. */
+Test(plan_threads, threads_share_a_runtime_with_their_own_plans, .timeout = 600) {
+    enum { NT = 6 };
+    oscar_runtime *rts[2] = {NULL, NULL};
+    const char *names[2] = {"cpu", "opencl"};
+    for (int b = 0; b < 2; b++) {
+        oscar_runtime_options ro;
+        oscar_runtime_options_default(&ro);
+        ro.backend = names[b];
+        if (oscar_runtime_create(&ro, &rts[b]) != OSCAR_OK) {
+            cr_expect(!required(names[b]), "%s is required but: %s", names[b], oscar_last_error());
+            rts[b] = NULL;
+        }
+    }
+    own_worker w[NT];
+    pthread_t th[NT];
+    pthread_barrier_t start;
+    cr_assert_eq(pthread_barrier_init(&start, NULL, NT), 0);
+    int started[NT] = {0};
+    for (int t = 0; t < NT; t++) {
+        memset(&w[t], 0, sizeof w[t]);
+        w[t].start = &start;
+        w[t].backend = names[t % 2];
+        w[t].shared_rt = rts[t % 2];
+        w[t].id = t;
+        w[t].rounds = 4;
+        if (!w[t].shared_rt) w[t].shared_rt = rts[0]; /* OpenCL absent (and not required): CPU in its place */
+        started[t] = pthread_create(&th[t], NULL, own_worker_run, &w[t]) == 0;
+        cr_assert(started[t]);
+    }
+    for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+    pthread_barrier_destroy(&start);
+    for (int t = 0; t < NT; t++) {
+        cr_expect_eq(w[t].st, OSCAR_OK, "thread %d: status %d at %s", t, (int)w[t].st, w[t].why);
+        cr_expect_eq(w[t].bad_msgs, 0, "thread %d (%s): %d of its errors left another message than its own", t,
+                     w[t].backend, w[t].bad_msgs);
+        cr_expect_eq(w[t].mismatches, 0, "thread %d (%s): %d rounds decoded differently from its first", t,
+                     w[t].backend, w[t].mismatches);
+        free(w[t].want);
+    }
+    for (int b = 0; b < 2; b++) oscar_runtime_destroy(rts[b]);
+}

@@ -147,6 +147,54 @@ Test(tools_bad_input, bench_impossible_shapes_are_bad_input, .timeout = 120) {
     }
 }
 
+/* A backend name that is not one, or one not available here, from --backend
+ * or OSCAR_BACKEND: oscar-bench exited 1 ("any other failure") as if it had
+ * broken; it is the user's choice, so bad input (2) naming the choices. */
+Test(tools_bad_input, bench_unknown_backend_is_bad_input, .timeout = 120) {
+    char out[16384];
+    const char *cases[] = {"--backend nosuch", "--backend CPU", "--backend cuda"}; /* no CUDA plugin in the test build */
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct stat sb;
+        if (strstr(cases[i], "cuda") && stat(OSCAR_BIN_DIR "/../lib/liboscar_backend_cuda.so", &sb) == 0) continue;
+        int rc = run(out, sizeof out, 60, "env -u OSCAR_BACKEND " BIN "/oscar-bench --quick %s", cases[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i], rc, out);
+        cr_expect(strstr(out, "cpu, cuda, hip") || strstr(out, "another backend"), "%s: message should name the "
+                  "choices: %s", cases[i], out);
+        cr_expect(!strstr(out, "calibrated"), "%s: refused only after calibrating: %s", cases[i], out);
+    }
+    int rc = run(out, sizeof out, 60, "env OSCAR_BACKEND=nosuch " BIN "/oscar-bench --quick");
+    cr_expect_eq(rc, 2, "OSCAR_BACKEND=nosuch: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "OSCAR_BACKEND"), "message should name OSCAR_BACKEND: %s", out);
+}
+
+/* --methods and --per-layer were copied into 512- and 256-byte buffers and
+ * cut there without a word: empty items (",,") pass strtok, so a long list
+ * ending "oscar2-lm" was cut to "oscar2" and evaluated the other method, and
+ * a cut name was reported as an unknown method. Too long is bad input now. */
+Test(tools_bad_input, eval_method_lists_are_never_cut_short, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], commas[600];
+    scratch(dir, sizeof dir);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *small = "--context 64 --max-tokens 64 --sink 0 --recent 16 --retrieval-trials 0";
+    memset(commas, ',', 505); /* 505 commas + "oscar2-lm": byte 511 cuts it to "oscar2" */
+    commas[505] = '\0';
+    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --params-lm %s %s --methods "
+                 "'%soscar2-lm' --out %s/r.json", g_model, g_tokens, p, p, small, commas, dir);
+    cr_expect_eq(rc, 2, "a 514-byte --methods: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--methods") && strstr(out, "too long"), "message should say --methods is too long: %s", out);
+    commas[249] = '\0'; /* 249 commas + "oscar2-lm": byte 255 cut it to "oscar2" */
+    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --params-lm %s %s --methods int2 "
+             "--per-layer '%soscar2-lm' --out %s/r.json", g_model, g_tokens, p, p, small, commas, dir);
+    cr_expect_eq(rc, 2, "a 258-byte --per-layer: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--per-layer") && strstr(out, "too long"), "message should say --per-layer is too long: %s",
+              out);
+    struct stat sb;
+    snprintf(commas, sizeof commas, "%s/r.json", dir);
+    cr_expect(stat(commas, &sb) != 0, "a refused run left %s", commas);
+    rmrf(dir);
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {
@@ -371,6 +419,82 @@ Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) 
     snprintf(path, sizeof path, "%s/r.json", dir);
     struct stat sb;
     cr_expect(stat(path, &sb) != 0, "oscar-eval wrote a report for a NaN model");
+    rmrf(dir);
+}
+
+/* Messages about config.json's sizes named no value: vocab_size 2^31 - 1
+ * read "num_hidden_layers, hidden_size, num_attention_heads,
+ * intermediate_size and vocab_size must be positive integers" (it is
+ * positive), and hidden_size 2^30 compared the 1-D norm weight "[512...]"
+ * with "[1073741824, 0]". The key, its value and the allowed range now; both
+ * shapes in full. */
+Test(tools_bad_input, config_size_messages_name_the_key_and_the_shapes, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    const struct {
+        const char *from, *to, *want, *not_want;
+    } cases[] = {
+        {"\"vocab_size\": 8192", "\"vocab_size\": 2147483647", "vocab_size is 2147483647; it must be an integer in "
+         "[1, 2^30]", "positive integers"},
+        {"\"vocab_size\": 8192", "\"vocab_size\": \"8192\"", "vocab_size is a string", "positive integers"},
+        {"\"hidden_size\": 512", "\"hidden_size\": 1073741824", "has shape [512] but config.json implies "
+         "[1073741824]", ", 0]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        scratch(dir, sizeof dir);
+        model_copy(dir, cases[i].from, cases[i].to, NULL);
+        int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].to, rc, out);
+        cr_expect(strstr(out, cases[i].want) && !strstr(out, cases[i].not_want), "%s: the message should say '%s': %s",
+                  cases[i].to, cases[i].want, out);
+        rmrf(dir);
+    }
+}
+
+/* Strings of a hostile checkpoint reached the terminal raw: the engine's
+ * messages quote config.json's model_type and a shard's dtype, and the
+ * tools printed them, so an escape there retitled the terminal (OSC 0) or
+ * coloured it. They are shown as '?' now, the message otherwise the same. */
+Test(tools_bad_input, checkpoint_strings_cannot_drive_the_terminal, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"model_type\": \"qwen3\"", "\"model_type\": \"\\u001b]0;owned\\u0007\\u009b31mqwen3\"", NULL);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", dir, g_tokens);
+    cr_expect_eq(rc, 2, "hostile model_type: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model_type '?]0;owned???31mqwen3' is not supported"), "message: %s", out);
+    cr_expect(!strchr(out, 0x1b) && !strchr(out, 0x07) && !strstr(out, "\xc2\x9b"), "control characters in: %s", out);
+    rmrf(dir);
+    /* a shard whose tensor has a dtype with an escape (the header rewritten; offsets are relative to the data) */
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
+    size_t n;
+    unsigned char *sh = (unsigned char *)slurp(a, &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | sh[i];
+    json_error_t je;
+    json_t *h = json_loadb((const char *)sh + 8, (size_t)hl, 0, &je);
+    cr_assert(h, "shard header: %s", je.text);
+    json_t *t = json_object_get(h, "model.norm.weight");
+    cr_assert(t, "no model.norm.weight in shard 5");
+    json_object_set_new(t, "dtype", json_string("\x1b[2J"));
+    char *hs = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    size_t nl = strlen(hs);
+    unsigned char *ns = malloc(8 + nl + (n - 8 - (size_t)hl));
+    cr_assert(hs && ns);
+    for (int i = 0; i < 8; i++) ns[i] = (unsigned char)((uint64_t)nl >> (8 * i));
+    memcpy(ns + 8, hs, nl);
+    memcpy(ns + 8 + nl, sh + 8 + hl, n - 8 - (size_t)hl);
+    snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
+    spit(b, ns, 8 + nl + (n - 8 - (size_t)hl));
+    free(hs), free(ns), free(sh);
+    rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s", dir, g_tokens);
+    cr_expect_eq(rc, 2, "hostile dtype: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "has dtype '?[2J'"), "message: %s", out);
+    cr_expect(!strchr(out, 0x1b), "an escape in: %s", out);
     rmrf(dir);
 }
 

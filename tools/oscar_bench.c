@@ -371,7 +371,15 @@ int main(int argc, char **argv) {
     oscar_runtime_options_default(&ro);
     ro.backend = o.backend;
     oscar_runtime *rt, *cpu;
-    CHECK(oscar_runtime_create(&ro, &rt));
+    /* No backend of that name, or not here: the choice (--backend or
+     * OSCAR_BACKEND) is bad input, not a failure of the run. */
+    oscar_status rs = oscar_runtime_create(&ro, &rt);
+    if (rs == OSCAR_ERR_NO_BACKEND) {
+        fprintf(stderr, "oscar-bench: %s\n(choose with --backend cpu|cuda|hip|opencl or OSCAR_BACKEND; leave both "
+                "unset for the best one found)\n", oscar_last_error());
+        return 2;
+    }
+    CHECK(rs);
     printf("%s", oscar_runtime_report(rt));
     ro.backend = "cpu";
     CHECK(oscar_runtime_create(&ro, &cpu));

@@ -244,6 +244,12 @@ int main(int argc, char **argv)
             S.params_path = val;
         } else if (!strcmp(a, "--per-layer")) {
             NEED_VAL;
+            if (strlen(val) >= 256) { /* its copy below holds 255 bytes: cut, "oscar2-lm" would run as "oscar2" */
+                char n[24];
+                snprintf(n, sizeof n, "%zu", strlen(val));
+                return bad("--per-layer: the list is too long (%s bytes, at most 255); name each method once, "
+                           "separated by single commas%s", n, "");
+            }
             per_layer = val;
         } else if (!strcmp(a, "--storage")) {
             NEED_VAL;
@@ -368,6 +374,12 @@ int main(int argc, char **argv)
     int nm = 0, need_params = 0, has_ref = 0;
     {
         char buf[512];
+        if (strlen(methods) >= sizeof buf) { /* cut, a name at the end would run as another ("oscar2-lm" as "oscar2") */
+            char n[24];
+            snprintf(n, sizeof n, "%zu", strlen(methods));
+            return bad("--methods: the list is too long (%s bytes, at most 511); name each method once, separated by "
+                       "single commas%s", n, "");
+        }
         snprintf(buf, sizeof buf, "%s", methods);
         for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             if (nm >= 16) return bad("--methods: too many methods (at most 16)%s%s", "", "");
@@ -640,7 +652,7 @@ int main(int argc, char **argv)
     }
 
     if (per_layer) {
-        char buf[256];
+        char buf[256]; /* --per-layer is at most 255 bytes (checked with the arguments) */
         snprintf(buf, sizeof buf, "%s", per_layer);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             oscar_method m;

@@ -96,7 +96,7 @@ static oscar_status cl_fail(oscar_errbuf *err, const char *what, cl_int rc) {
 }
 
 /* First device of the index-th overall (platform, device) pair. */
-static cl_int find_device(int index, cl_platform_id *plat, cl_device_id *dev, char *why, size_t whylen) {
+static cl_int find_device_unlocked(int index, cl_platform_id *plat, cl_device_id *dev, char *why, size_t whylen) {
     cl_uint np = 0;
     cl_int rc = clGetPlatformIDs(0, NULL, &np);
     if (rc != CL_SUCCESS || np == 0) {
@@ -123,6 +123,19 @@ static cl_int find_device(int index, cl_platform_id *plat, cl_device_id *dev, ch
     }
     snprintf(why, whylen, "OpenCL device index %d not found (%d devices on %u platforms)", index, seen, np);
     return CL_DEVICE_NOT_FOUND;
+}
+
+/* PoCL (3.1, Debian 12) sets its devices up on the first clGetDeviceIDs
+ * of the process and is not safe doing so from several threads at once:
+ * runtimes created concurrently segfaulted in clGetDeviceInfo (a device
+ * name still NULL). One discovery at a time; once it is done, contexts
+ * and queries on them may run concurrently. Process-wide, as PoCL's state. */
+static pthread_mutex_t g_discovery_lock = PTHREAD_MUTEX_INITIALIZER;
+static cl_int find_device(int index, cl_platform_id *plat, cl_device_id *dev, char *why, size_t whylen) {
+    pthread_mutex_lock(&g_discovery_lock);
+    cl_int rc = find_device_unlocked(index, plat, dev, why, whylen);
+    pthread_mutex_unlock(&g_discovery_lock);
+    return rc;
 }
 
 static int ocl_probe(int device_index, oscar_errbuf *why) {
