@@ -64,6 +64,21 @@ const char *oe_dtype_name(oe_dtype d);
 /* ------------------------------------------------------------------ model */
 typedef enum oe_arch { OE_ARCH_LLAMA, OE_ARCH_QWEN2, OE_ARCH_QWEN3 } oe_arch;
 
+/* RoPE scaling (config.json's rope_scaling or rope_parameters rope_type): transformers' "default",
+ * "linear", "llama3" (Llama 3.1+) and "yarn" (Qwen2.5/Qwen3 long context); others are refused. */
+typedef enum oe_rope_type { OE_ROPE_DEFAULT, OE_ROPE_LINEAR, OE_ROPE_LLAMA3, OE_ROPE_YARN } oe_rope_type;
+
+typedef struct oe_rope {
+    oe_rope_type type;
+    double factor;                  /* linear, llama3, yarn */
+    double low_freq_factor, high_freq_factor; /* llama3 */
+    double beta_fast, beta_slow;    /* yarn (32 and 1 when absent) */
+    double attention_factor;        /* yarn: cos and sin are scaled by it (0: from factor, mscale) */
+    double mscale, mscale_all_dim;  /* yarn (0 when absent) */
+    int original_max_position;      /* llama3, yarn */
+    int truncate;                   /* yarn: correction range rounded outwards (default 1) */
+} oe_rope;
+
 typedef struct oe_config {
     oe_arch arch;
     char model_type[32];
@@ -77,6 +92,7 @@ typedef struct oe_config {
     int max_position;   /* 0 when the config does not say */
     double rms_eps;
     double rope_theta;
+    oe_rope rope;       /* scaling of the frequencies (oe_rope_inv_freq) */
     int tie_word_embeddings;
     int qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
     int qkv_bias;       /* q/k/v projections carry biases (Qwen2) */
@@ -93,6 +109,9 @@ oscar_status oe_model_load(const char *dir, oe_model **out);
  * with that file's name in which: a tool refuses such an output before any work, since writing it would
  * replace the checkpoint it reads. 0 when path does not exist or is none of them. */
 int oe_model_reads(const char *dir, const char *path, char *which, size_t n);
+/* The RoPE of config c as transformers computes it: inv_freq [head_dim / 2] (fp32) and the factor
+ * its cos and sin are multiplied by (*attention_factor: 1 but for YaRN). */
+void oe_rope_inv_freq(const oe_config *c, float *inv_freq, float *attention_factor);
 /* Parses only config.json (no weights). */
 oscar_status oe_config_load(const char *config_path, oe_config *out);
 void oe_model_free(oe_model *m);

@@ -153,14 +153,20 @@ oscar_status oe_ctx_create(const oe_model *m, int max_tokens, oe_ctx **out)
     }
     /* Same recipe as transformers: inv_freq in fp32, angle = pos * inv_freq
      * in fp32, cos/sin of that fp32 angle. */
+    float *inv = malloc(d / 2 * sizeof *inv), af = 1.0f;
+    if (!inv) {
+        oe_ctx_free(c);
+        return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oe_ctx_create: out of memory");
+    }
+    oe_rope_inv_freq(cf, inv, &af); /* RoPE scaling (llama3, yarn, ...) included; af: YaRN's cos/sin factor */
     for (size_t i = 0; i < d / 2; i++) {
-        float inv = (float)(1.0 / pow(cf->rope_theta, (double)(2 * i) / (double)d));
         for (size_t p = 0; p < n; p++) {
-            float ang = (float)p * inv;
-            c->rope_cos[p * (d / 2) + i] = (float)cos((double)ang);
-            c->rope_sin[p * (d / 2) + i] = (float)sin((double)ang);
+            float ang = (float)p * inv[i];
+            c->rope_cos[p * (d / 2) + i] = (float)cos((double)ang) * af;
+            c->rope_sin[p * (d / 2) + i] = (float)sin((double)ang) * af;
         }
     }
+    free(inv);
     *out = c;
     return OSCAR_OK;
 }

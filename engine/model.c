@@ -81,20 +81,133 @@ static oscar_status check_partial_rotary(const char *path, json_t *obj, const ch
     return s;
 }
 
-/* RoPE variants other than the plain one change positions; refusing is
- * safer than silently computing something else. */
-static oscar_status check_rope_object(const char *path, json_t *r, const char *what)
+/* The RoPE scaling of a rope_scaling / rope_parameters object into *r, *typed = 1 when it names a
+ * type (absent or null: nothing). transformers' default, linear, llama3 and yarn are computed
+ * (oe_rope_inv_freq); another type changes positions in a way the engine does not compute:
+ * refused rather than run as something else. max_position: the config's max_position_embeddings,
+ * transformers' fallback for original_max_position_embeddings (0: none). */
+static oscar_status parse_rope(const char *path, json_t *obj, const char *what, int max_position, oe_rope *r,
+                               int *typed)
 {
-    if (!r || json_is_null(r)) return OSCAR_OK;
-    if (!json_is_object(r))
+    *typed = 0;
+    if (!obj || json_is_null(obj)) return OSCAR_OK;
+    if (!json_is_object(obj))
         return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: '%s' is not an object", path, what);
-    json_t *t = json_object_get(r, "rope_type");
-    if (!t) t = json_object_get(r, "type");
-    if (t && !(json_is_string(t) && !strcmp(json_string_value(t), "default")))
-        return oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: %s.rope_type '%s' (RoPE scaling) is not supported by "
-                            "the reference engine; only plain RoPE ('default') is", path, what,
-                            json_is_string(t) ? json_string_value(t) : "?");
+    json_t *t = json_object_get(obj, "rope_type");
+    if (!t || json_is_null(t)) t = json_object_get(obj, "type");
+    if (!t || json_is_null(t)) return OSCAR_OK;
+    if (!json_is_string(t))
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s.rope_type is %s, not a string", path, what, json_kind(t));
+    const char *name = json_string_value(t);
+    oe_rope x = {.type = OE_ROPE_DEFAULT, .beta_fast = 32.0, .beta_slow = 1.0, .truncate = 1};
+    if (!strcmp(name, "linear")) x.type = OE_ROPE_LINEAR;
+    else if (!strcmp(name, "llama3")) x.type = OE_ROPE_LLAMA3;
+    else if (!strcmp(name, "yarn")) x.type = OE_ROPE_YARN;
+    else if (strcmp(name, "default"))
+        return oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: %s.rope_type '%s' (RoPE scaling) is not supported by the "
+                            "reference engine; it computes default, linear, llama3 and yarn", path, what, name);
+    char where[48];
+    snprintf(where, sizeof where, "%s.", what);
+    oscar_status s = OSCAR_OK;
+    int has_factor = 0;
+    if (x.type != OE_ROPE_DEFAULT) {
+        if ((s = opt_num(path, obj, where, "factor", &x.factor, &has_factor)) != OSCAR_OK) return s;
+        if ((s = opt_int(path, obj, "original_max_position_embeddings", &x.original_max_position)) != OSCAR_OK)
+            return s;
+        if (!x.original_max_position) x.original_max_position = max_position;
+        if (!x.original_max_position && x.type != OE_ROPE_LINEAR)
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s (rope_type %s) has no original_max_position_embeddings "
+                                "and the config no max_position_embeddings; give the pretraining context", path,
+                                what, name);
+    }
+    if (x.type == OE_ROPE_YARN && !has_factor && max_position > 0) { /* transformers: the two contexts' ratio */
+        x.factor = (double)max_position / (double)x.original_max_position;
+        has_factor = 1;
+    }
+    if (x.type != OE_ROPE_DEFAULT && !has_factor)
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s (rope_type %s) needs a factor", path, what, name);
+    if (x.type == OE_ROPE_LLAMA3) {
+        int lo = 0, hi = 0;
+        if ((s = opt_num(path, obj, where, "low_freq_factor", &x.low_freq_factor, &lo)) != OSCAR_OK ||
+            (s = opt_num(path, obj, where, "high_freq_factor", &x.high_freq_factor, &hi)) != OSCAR_OK)
+            return s;
+        if (!lo || !hi || x.low_freq_factor == x.high_freq_factor)
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: %s (rope_type llama3) needs low_freq_factor and "
+                                "high_freq_factor, different from each other (got %g and %g)", path, what,
+                                x.low_freq_factor, x.high_freq_factor);
+    }
+    if (x.type == OE_ROPE_YARN &&
+        ((s = opt_num(path, obj, where, "beta_fast", &x.beta_fast, NULL)) != OSCAR_OK ||
+         (s = opt_num(path, obj, where, "beta_slow", &x.beta_slow, NULL)) != OSCAR_OK ||
+         (s = opt_num(path, obj, where, "attention_factor", &x.attention_factor, NULL)) != OSCAR_OK ||
+         (s = opt_num(path, obj, where, "mscale", &x.mscale, NULL)) != OSCAR_OK ||
+         (s = opt_num(path, obj, where, "mscale_all_dim", &x.mscale_all_dim, NULL)) != OSCAR_OK ||
+         (s = opt_bool(path, obj, "truncate", &x.truncate)) != OSCAR_OK))
+        return s;
+    *r = x;
+    *typed = 1;
     return OSCAR_OK;
+}
+
+/* transformers' modeling_rope_utils (5.x), in its fp32 arithmetic where it has one. */
+void oe_rope_inv_freq(const oe_config *c, float *inv, float *attention_factor)
+{
+    const double two_pi = 6.283185307179586;
+    const int d = c->head_dim, h2 = d / 2;
+    const oe_rope *r = &c->rope;
+    const float factor = (float)r->factor;
+    *attention_factor = 1.0f;
+    for (int i = 0; i < h2; i++) inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)d));
+    if (r->type == OE_ROPE_LINEAR) {
+        for (int i = 0; i < h2; i++) inv[i] /= factor;
+    } else if (r->type == OE_ROPE_LLAMA3) {
+        /* wavelengths shorter than old_ctx / high_freq_factor kept, longer than old_ctx / low_freq_factor
+         * divided by factor, those between blended */
+        const float old_ctx = (float)r->original_max_position, lo = (float)r->low_freq_factor,
+                    hi = (float)r->high_freq_factor;
+        const float low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+        for (int i = 0; i < h2; i++) {
+            const float wavelen = (float)two_pi / inv[i];
+            const float scaled = wavelen > low_wavelen ? inv[i] / factor : inv[i];
+            if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
+                const float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+                inv[i] = (1.0f - smooth) * scaled / factor + smooth * scaled;
+            } else {
+                inv[i] = scaled;
+            }
+        }
+    } else if (r->type == OE_ROPE_YARN) {
+        const double base = c->rope_theta, f = r->factor, orig = (double)r->original_max_position;
+        double af = r->attention_factor;
+        if (!(af > 0.0)) {
+#define OE_MSCALE(scale, m) ((scale) <= 1.0 ? 1.0 : 0.1 * (m) * log(scale) + 1.0)
+            af = r->mscale > 0.0 && r->mscale_all_dim > 0.0 ? OE_MSCALE(f, r->mscale) / OE_MSCALE(f, r->mscale_all_dim)
+                                                             : OE_MSCALE(f, 1.0);
+#undef OE_MSCALE
+        }
+        *attention_factor = (float)af;
+        /* the dimensions whose wavelength makes beta_fast .. beta_slow turns over the pretraining context
+         * ramp from extrapolated (unscaled) to interpolated (divided by factor) frequencies */
+        double low = d * log(orig / (r->beta_fast * two_pi)) / (2.0 * log(base));
+        double high = d * log(orig / (r->beta_slow * two_pi)) / (2.0 * log(base));
+        if (r->truncate) {
+            low = floor(low);
+            high = ceil(high);
+        }
+        if (low < 0.0) low = 0.0;
+        if (high > d - 1) high = d - 1;
+        const float flo = (float)low;
+        float fhi = (float)high;
+        if (flo == fhi) fhi += 0.001f;
+        for (int i = 0; i < h2; i++) {
+            const float pos_freq = (float)pow(base, (double)(2 * i) / (double)d);
+            const float extrap = 1.0f / pos_freq, interp = 1.0f / (factor * pos_freq);
+            float ramp = ((float)i - flo) / (fhi - flo);
+            ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+            const float keep = 1.0f - ramp; /* inv_freq_extrapolation_factor */
+            inv[i] = interp * (1.0f - keep) + extrap * keep;
+        }
+    }
 }
 
 oscar_status oe_config_load(const char *path, oe_config *c)
@@ -172,9 +285,18 @@ oscar_status oe_config_load(const char *path, oe_config *c)
     }
     /* rope_theta: top level (older transformers) or rope_parameters (5.x). */
     json_t *rp = json_object_get(root, "rope_parameters");
-    if ((s = check_rope_object(path, json_object_get(root, "rope_scaling"), "rope_scaling")) != OSCAR_OK ||
-        (s = check_rope_object(path, rp, "rope_parameters")) != OSCAR_OK)
+    oe_rope r_scaling, r_params;
+    int typed_scaling = 0, typed_params = 0;
+    if ((s = parse_rope(path, json_object_get(root, "rope_scaling"), "rope_scaling", c->max_position, &r_scaling,
+                        &typed_scaling)) != OSCAR_OK ||
+        (s = parse_rope(path, rp, "rope_parameters", c->max_position, &r_params, &typed_params)) != OSCAR_OK)
         goto done;
+    if (typed_scaling && typed_params && r_scaling.type != r_params.type) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_scaling and rope_parameters name different rope types; "
+                         "remove the wrong one", path);
+        goto done;
+    }
+    c->rope = typed_params ? r_params : typed_scaling ? r_scaling : (oe_rope){.type = OE_ROPE_DEFAULT};
     /* Both given: transformers takes rope_parameters' and the engine took the top level's; a
      * contradiction is refused rather than either one run. */
     double top = 0.0, inner = 0.0;

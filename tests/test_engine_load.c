@@ -428,6 +428,135 @@ Test(engine_load, copy_probe_quantizes_at_the_group_it_reports, .timeout = 600)
 }
 #endif
 
+/* config.json of a 2-head, head_dim 32 Llama with `rope` (a JSON member or "") at path; the config only. */
+static oscar_status rope_config(const char *rope, oe_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,"
+               "\"max_position_embeddings\":131072,\"rope_theta\":%s%s}",
+            strstr(rope, "yarn") ? "1000000.0" : "500000.0", rope);
+    fclose(f);
+    return oe_config_load(path, c);
+}
+
+/* RoPE scaling as transformers computes it (modeling_rope_utils): Llama 3.1's llama3 (frequencies of
+ * wavelength under old_ctx / high_freq_factor kept, over old_ctx / low_freq_factor divided by factor,
+ * blended between: head_dim 32 at theta 5e5 has all three), YaRN (a ramp from extrapolated to
+ * interpolated frequencies between the correction dims, cos/sin scaled by 0.1 ln(factor) + 1) and
+ * linear, against the formulas in double; they were refused before. A forward pass runs with each, and
+ * its logits differ from the unscaled model's. */
+Test(engine_load, rope_scaling_llama3_yarn_linear)
+{
+    seed();
+    make_dir();
+    const int d = 32, h2 = d / 2;
+    const double two_pi = 6.283185307179586;
+    oe_config c;
+    float inv[16], af = 0.0f;
+    cr_assert_eq(rope_config(",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+                             "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}", &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    cr_assert_eq(c.rope.type, OE_ROPE_LLAMA3);
+    oe_rope_inv_freq(&c, inv, &af);
+    cr_expect_eq(af, 1.0f);
+    int regimes[3] = {0, 0, 0};
+    for (int i = 0; i < h2; i++) {
+        const double f0 = 1.0 / pow(500000.0, 2.0 * i / d), wl = two_pi / f0;
+        double want = f0;
+        if (wl > 8192.0) {
+            want = f0 / 8.0, regimes[2]++;
+        } else if (wl >= 2048.0) {
+            const double sm = (8192.0 / wl - 1.0) / 3.0;
+            want = (1.0 - sm) * f0 / 8.0 + sm * f0, regimes[1]++;
+        } else {
+            regimes[0]++;
+        }
+        cr_expect(fabs(inv[i] - want) <= 2e-6 * want, "llama3 inv_freq[%d] %.9g, want %.9g", i, inv[i], want);
+    }
+    cr_assert(regimes[0] && regimes[1] && regimes[2], "the case must hold every regime");
+    /* YaRN as Qwen configs write it (legacy "type"): factor 4 over a 8192-token pretraining context */
+    cr_assert_eq(rope_config(",\"rope_scaling\":{\"type\":\"yarn\",\"factor\":4.0,"
+                             "\"original_max_position_embeddings\":8192}", &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    cr_assert_eq(c.rope.type, OE_ROPE_YARN);
+    oe_rope_inv_freq(&c, inv, &af);
+    cr_expect(fabs(af - (0.1 * log(4.0) + 1.0)) < 1e-6, "yarn attention factor %g", af);
+    const double lo = floor(d * log(8192.0 / (32.0 * two_pi)) / (2.0 * log(1e6))),
+                 hi = ceil(d * log(8192.0 / two_pi) / (2.0 * log(1e6)));
+    cr_assert(lo > 0 && hi < h2 - 1, "the ramp must lie inside the dims (%g .. %g)", lo, hi);
+    for (int i = 0; i < h2; i++) {
+        const double pos = pow(1e6, 2.0 * i / d), ramp = fmin(fmax((i - lo) / (hi - lo), 0.0), 1.0);
+        const double want = ramp / (4.0 * pos) + (1.0 - ramp) / pos;
+        cr_expect(fabs(inv[i] - want) <= 2e-6 * want, "yarn inv_freq[%d] %.9g, want %.9g", i, inv[i], want);
+    }
+    cr_assert_eq(rope_config(",\"rope_parameters\":{\"rope_type\":\"linear\",\"factor\":2.0,\"rope_theta\":500000.0}",
+                             &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    oe_rope_inv_freq(&c, inv, &af);
+    for (int i = 0; i < h2; i++) {
+        const double want = 0.5 / pow(500000.0, 2.0 * i / d);
+        cr_expect(fabs(inv[i] - want) <= 2e-6 * want, "linear inv_freq[%d] %.9g, want %.9g", i, inv[i], want);
+    }
+    /* What the formulas cannot run on: refused, naming it. */
+    static const struct {
+        const char *rope, *says;
+    } bad[] = {
+        {",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,"
+         "\"original_max_position_embeddings\":8192}", "high_freq_factor"},
+        {",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":2.0,\"high_freq_factor\":2.0}",
+         "different"},
+        {",\"rope_scaling\":{\"rope_type\":\"linear\"}", "needs a factor"},
+        {",\"rope_scaling\":{\"rope_type\":\"longrope\",\"factor\":2.0}", "longrope"},
+        {",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":2.0},\"rope_parameters\":{\"rope_type\":\"yarn\","
+         "\"factor\":2.0,\"rope_theta\":500000.0}", "different rope types"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":-4.0}", "factor"},
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        cr_expect_neq(rope_config(bad[b].rope, &c), OSCAR_OK, "%s loaded", bad[b].rope);
+        cr_expect(strstr(oe_last_error(), bad[b].says), "%s: %s", bad[b].rope, oe_last_error());
+    }
+    /* Forward passes: each scaling runs, and changes the logits of the unscaled model (head_dim 8 at
+     * theta 1e4: wavelengths 6 / 63 / 628 / 6283, the last blended by llama3; YaRN ramps dims 0 .. 2). */
+    static const char *const scaled[] = {
+        "",
+        ",\"rope_scaling\":{\"rope_type\":\"llama3\",\"factor\":8.0,\"low_freq_factor\":1.0,\"high_freq_factor\":4.0,"
+        "\"original_max_position_embeddings\":8192}",
+        ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":64}",
+        ",\"rope_scaling\":{\"rope_type\":\"linear\",\"factor\":4.0}"};
+    const int n = 24;
+    uint32_t tok[24];
+    for (int i = 0; i < n; i++) tok[i] = (uint32_t)(rand_r(&g_seed) % (unsigned)k_llama.vocab);
+    float *base = malloc((size_t)n * k_llama.vocab * sizeof(float)), *lg = malloc((size_t)n * k_llama.vocab * 4);
+    cr_assert(base && lg);
+    const unsigned weights_seed = g_seed;
+    for (size_t r = 0; r < sizeof scaled / sizeof scaled[0]; r++) {
+        g_seed = weights_seed; /* the same weights for every config */
+        write_model(&k_llama, scaled[r]);
+        oe_model *m = NULL;
+        cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s: %s", scaled[r], oe_last_error());
+        oe_ctx *ctx = NULL;
+        cr_assert_eq(oe_ctx_create(m, n, &ctx), OSCAR_OK, "%s", oe_last_error());
+        cr_assert_eq(oe_forward(ctx, tok, n, NULL, r ? lg : base), OSCAR_OK, "%s", oe_last_error());
+        if (r) {
+            double diff = 0.0;
+            for (int i = 0; i < n * k_llama.vocab; i++) {
+                cr_assert(isfinite(lg[i]));
+                diff = fmax(diff, fabs((double)lg[i] - base[i]));
+            }
+            cr_expect(diff > 1e-4, "%s: logits equal to the unscaled model's (max diff %g)", scaled[r], diff);
+        }
+        oe_ctx_free(ctx);
+        oe_model_free(m);
+    }
+    free(base);
+    free(lg);
+    remove_dir();
+}
+
 Test(engine_load, unsupported_configs_refused)
 {
     seed();
@@ -440,9 +569,10 @@ Test(engine_load, unsupported_configs_refused)
     cr_expect_null(m);
     cr_expect(strstr(oe_last_error(), "model_type 'gemma2'") && strstr(oe_last_error(), "liboscar.hf"),
               "message: %s", oe_last_error());
-    write_model(&k_llama, ",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0}");
+    write_model(&k_llama, ",\"rope_scaling\":{\"rope_type\":\"dynamic\",\"factor\":4.0}");
     cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_UNSUPPORTED);
-    cr_expect(strstr(oe_last_error(), "yarn"), "message: %s", oe_last_error());
+    cr_expect(strstr(oe_last_error(), "dynamic") && strstr(oe_last_error(), "llama3"), "message: %s",
+              oe_last_error());
     write_model(&k_llama, ",\"hidden_act\":\"gelu\"");
     /* duplicate key -> JSON refused */
     cr_expect_neq(oe_model_load(g_dir, &m), OSCAR_OK);

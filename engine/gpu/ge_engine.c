@@ -359,7 +359,8 @@ static oscar_status setup_common(ge_engine *e)
     int h2 = c->head_dim / 2;
     float *inv = malloc((size_t)h2 * sizeof *inv), *d_inv;
     if (!inv) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (int i = 0; i < h2; i++) inv[i] = (float)(1.0 / pow(c->rope_theta, (double)(2 * i) / (double)c->head_dim));
+    float af = 1.0f;
+    oe_rope_inv_freq(c, inv, &af); /* RoPE scaling included; af: YaRN's cos/sin factor */
     oscar_status s = dalloc(e, (void **)&d_inv, (size_t)h2 * 4, ma, "inv_freq");
     /* On the engine's stream, as the kernel that reads it (see upload()). */
     if (s == OSCAR_OK && (cudaMemcpyAsync(d_inv, inv, (size_t)h2 * 4, cudaMemcpyHostToDevice, e->st) != cudaSuccess ||
@@ -369,7 +370,7 @@ static oscar_status setup_common(ge_engine *e)
     GE(s);
     GE(dalloc(e, (void **)&e->rope_cos, (size_t)o->max_seq_len * h2 * 4, ma, "RoPE cos"));
     GE(dalloc(e, (void **)&e->rope_sin, (size_t)o->max_seq_len * h2 * 4, ma, "RoPE sin"));
-    KL(ge_k_rope_table(e->rope_cos, e->rope_sin, d_inv, o->max_seq_len, c->head_dim, e->st));
+    KL(ge_k_rope_table(e->rope_cos, e->rope_sin, d_inv, af, o->max_seq_len, c->head_dim, e->st));
     CU(cudaStreamSynchronize(e->st));
     return OSCAR_OK;
 }

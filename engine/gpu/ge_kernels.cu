@@ -66,18 +66,20 @@ extern "C" int ge_k_bf16_to_f32(float *dst, const void *src, size_t n, ge_stream
 }
 
 // ------------------------------------------------------------------ RoPE
-__global__ void k_rope_table(float *c, float *s, const float *inv, int max_pos, int h2) {
+__global__ void k_rope_table(float *c, float *s, const float *inv, float scale, int max_pos, int h2) {
     size_t n = (size_t)max_pos * h2;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         int p = (int)(i / h2), j = (int)(i % h2);
         float ang = __fmul_rn((float)p, inv[j]); // fp32 angle, as the CPU engine and transformers
-        c[i] = (float)cos((double)ang);
-        s[i] = (float)sin((double)ang);
+        c[i] = __fmul_rn((float)cos((double)ang), scale); // scale: YaRN's attention factor, else 1
+        s[i] = __fmul_rn((float)sin((double)ang), scale);
     }
 }
 
-extern "C" int ge_k_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int max_pos, int d, ge_stream st) {
-    k_rope_table<<<blocks_for((size_t)max_pos * (d / 2), 256), 256, 0, st>>>(cos_t, sin_t, inv_freq, max_pos, d / 2);
+extern "C" int ge_k_rope_table(float *cos_t, float *sin_t, const float *inv_freq, float scale, int max_pos, int d,
+                               ge_stream st) {
+    k_rope_table<<<blocks_for((size_t)max_pos * (d / 2), 256), 256, 0, st>>>(cos_t, sin_t, inv_freq, scale, max_pos,
+                                                                            d / 2);
     return launch_rc();
 }
 

@@ -21,7 +21,7 @@ int ge_k_convert(void *dst, int dst_f32, const float *src, size_t n, ge_stream s
 /* bf16 -> fp32. */
 int ge_k_bf16_to_f32(float *dst, const void *src, size_t n, ge_stream st);
 /* cos/sin tables [max_pos][d/2] from inv_freq [d/2] (fp32 angle p * inv, as transformers). */
-int ge_k_rope_table(float *cos_t, float *sin_t, const float *inv_freq, int max_pos, int d, ge_stream st);
+int ge_k_rope_table(float *cos_t, float *sin_t, const float *inv_freq, float scale, int max_pos, int d, ge_stream st);
 /* x[t][:] = embed[ids[t]][:] (embed bf16 or fp32). */
 int ge_k_embed(float *x, const void *embed, int embed_f32, const int32_t *ids, int T, int H, ge_stream st);
 /* out[r][:] = x[r][:] * rsqrt(mean(x^2) + eps) * w, out in act dtype. */

@@ -468,6 +468,13 @@ def model_fingerprint(model: Any) -> str:
         int(getattr(cfg, "num_key_value_heads", None) or hq),
         int(getattr(cfg, "head_dim", None) or int(cfg.hidden_size) // hq),
         float(theta if theta is not None else 10000.0), int(cfg.model_type == "qwen3"), int(cfg.vocab_size))
+    # RoPE scaling named when not the default, as ocal_model_hash does
+    rope_type = None
+    for scaling in (rp, getattr(cfg, "rope_scaling", None)):
+        if isinstance(scaling, dict) and rope_type is None:
+            rope_type = scaling.get("rope_type") or scaling.get("type")
+    if rope_type not in (None, "default"):
+        text += ";rope_type=%s" % rope_type
     h = 0xCBF29CE484222325
     for b in text.encode():
         h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF

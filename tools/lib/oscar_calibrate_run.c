@@ -69,6 +69,11 @@ void ocal_model_hash(const oe_config *cf, char *out) {
              "arch=%s;layers=%d;hidden=%d;heads=%d;kv_heads=%d;head_dim=%d;rope_theta=%.17g;qk_norm=%d;vocab=%d",
              cf->model_type, cf->num_layers, cf->hidden, cf->num_q_heads,
              cf->num_kv_heads, cf->head_dim, cf->rope_theta, cf->qk_norm, cf->vocab);
+    /* RoPE scaling changes every layer's keys and queries: named when not the default (the default's hash
+     * stays what files calibrated before it carry) */
+    static const char *const rope_names[] = {"default", "linear", "llama3", "yarn"};
+    if (cf->rope.type != OE_ROPE_DEFAULT)
+        snprintf(buf + strlen(buf), sizeof buf - strlen(buf), ";rope_type=%s", rope_names[cf->rope.type]);
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a 64 */
     for (const unsigned char *p = (const unsigned char *)buf; *p; p++) {
         h ^= *p;

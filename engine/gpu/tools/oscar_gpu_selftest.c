@@ -153,7 +153,7 @@ static void test_qkv_post(void)
     CK(cudaMalloc(&dq16, (size_t)T * Hq * d * 2));
     CK(cudaMalloc(&dk16, (size_t)T * Hkv * d * 2));
     CK(cudaMalloc(&dv16, (size_t)T * Hkv * d * 2));
-    CK(ge_k_rope_table(dc, ds, dinv, maxp, d, NULL));
+    CK(ge_k_rope_table(dc, ds, dinv, 1.0f, maxp, d, NULL));
     CK(ge_k_qkv_post(dqkv, NULL, dqn, dkn, dc, ds, dpos, T, Hq, Hkv, d, 1e-6f, dq32, dq16, dk16, dv16, NULL));
     CK(cudaDeviceSynchronize());
     float *q32 = malloc((size_t)T * Hq * d * 4);
