@@ -32,33 +32,29 @@ oscar_status oe_tokens_load(const char *path, int vocab, uint32_t **out, int64_t
         return oe_set_error(OSCAR_ERR_EMPTY, "%s: the token file is empty", path);
     }
     int64_t n = sz / 4;
-    unsigned char *raw = malloc((size_t)sz);
+    /* One buffer, decoded in place (little-endian bytes to ids): the file's size in memory, not twice it. */
     uint32_t *ids = malloc((size_t)n * sizeof *ids);
-    if (!raw || !ids) {
-        free(raw);
-        free(ids);
+    if (!ids) {
         fclose(f);
         return oe_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory for %" PRId64 " tokens", path, n);
     }
-    size_t got = fread(raw, 1, (size_t)sz, f);
+    size_t got = fread(ids, 1, (size_t)sz, f);
     fclose(f);
     if (got != (size_t)sz) {
-        free(raw);
         free(ids);
         return oe_set_error(OSCAR_ERR_IO, "%s: short read", path);
     }
     for (int64_t i = 0; i < n; i++) {
-        const unsigned char *p = raw + 4 * i;
+        unsigned char p[4];
+        memcpy(p, ids + i, 4);
         ids[i] = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
         if (vocab > 0 && ids[i] >= (uint32_t)vocab) {
             uint32_t bad = ids[i];
-            free(raw);
             free(ids);
             return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: token %" PRId64 " is id %u, outside the vocabulary "
                                 "of %d; the file was tokenized for another model", path, i, bad, vocab);
         }
     }
-    free(raw);
     *out = ids;
     *count = n;
     return OSCAR_OK;
