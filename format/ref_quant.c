@@ -458,6 +458,10 @@ static void row_meta(int d, int group, int top, int lloyd_max, oscar_dtype meta_
                 mn = gv[j] < mn ? gv[j] : mn;
                 mx = gv[j] > mx ? gv[j] : mx;
             }
+            /* A zero extreme is +0 (FORMAT.md §2.2): which of -0 and +0 a min/max returns differs between
+             * this loop and the kernels' fminf/fmaxf, and the sign reached the stored bias's bits. */
+            mn += 0.0f;
+            mx += 0.0f;
             a = (mx - mn) / (float)top;
             b = mn;
         } else {

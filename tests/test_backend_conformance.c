@@ -760,6 +760,20 @@ static void plant_ties(rc_rng *r, float *x, int n_tokens, int H, int d) {
         }
 }
 
+/* Zeros of both signs (ties 2): every other row holds -0 and +0 in random order beside positive values,
+ * every sixth is zeros only, so a group's minimum (and an all-zero group's maximum) is a zero whose
+ * sign fminf/fmaxf and the reference's compares chose differently: the stored bias's sign bit
+ * differed from the CPU's on OpenCL (FORMAT.md §2.2 now takes +0). */
+static void plant_signed_zeros(rc_rng *r, float *x, int n_tokens, int H, int d) {
+    for (int t = 0; t < n_tokens; t += 2)
+        for (int h = 0; h < H; h++)
+            for (int j = 0; j < d; j++) {
+                float *e = &x[((size_t)t * H + h) * d + j];
+                const int z = t % 6 == 0 || rc_randint(r, 0, 9) < 6;
+                *e = z ? (rc_randint(r, 0, 1) ? -0.0f : 0.0f) : fabsf(*e);
+            }
+}
+
 /* ext: an extend check after every append (extend_counts); share > 0: the
  * first `share` tokens of K/V are the same in every sequence, and the run ends
  * with check_shared_prefix; ties: plant_ties in the K/V rows. */
@@ -792,7 +806,10 @@ static void scenario_body(env *e, rc_rng *r, uint64_t seed, const cfg *c, int ns
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         rc_gen_kv(r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
         rc_gen_kv(r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
-        if (ties) {
+        if (ties == 2) {
+            plant_signed_zeros(r, K[i], final_lens[i], (int)H, (int)d);
+            plant_signed_zeros(r, V[i], final_lens[i], (int)H, (int)d);
+        } else if (ties) {
             plant_ties(r, K[i], final_lens[i], (int)H, (int)d);
             plant_ties(r, V[i], final_lens[i], (int)H, (int)d);
         }
@@ -928,6 +945,8 @@ Test(conformance, level_boundary_ties, .timeout = 600) {
         run_scenario_x(&g, &c, 3, lens, CHUNKS, 0, 0, 0, 1);
         run_scenario_x(&g, &c2, 3, lens, PREFILL, 0, 0, 0, 1);
         run_scenario_x(&g, &c, 3, lens, CHUNKS, 1, 0, 0, 1);
+        run_scenario_x(&g, &c, 3, lens, CHUNKS, 0, 0, 0, 2); /* zeros of both signs */
+        run_scenario_x(&g, &c2, 3, lens, PREFILL, 0, 0, 0, 2);
     });
 }
 /* The BF16 method (16-bit pages, no windows): the library's own yardstick. */
