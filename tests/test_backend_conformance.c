@@ -177,6 +177,8 @@ static int require_variant;
  * and the layout's room for them (layout.wide_tensors). */
 static const uint8_t *wide_code_bits;
 static int wide_room;
+/* Set by a case whose planted rows must reach the codes as planted: no rotation, whatever the method. */
+static int force_identity;
 
 /* Returns 0 if the backend does not build this variant (skipped with a note).
  * fb: give both backends error-feedback weights. */
@@ -185,6 +187,12 @@ static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int
     e->g = g;
     e->cpu = oscar_cpu_backend();
     rc_plan_setup(c, LAYERS, r, &e->l, &e->num_rot, &e->identity, &e->rot_k, &e->rot_v, e->clip_k, e->clip_v);
+    if (force_identity && !e->identity) {
+        free(e->rot_k);
+        free(e->rot_v);
+        e->rot_k = e->rot_v = NULL;
+        e->identity = 1;
+    }
     e->l.wide_tensors = wide_room;
     if (fb) {
         e->fb_k = random_feedback(r, e->num_rot, c->d);
@@ -774,6 +782,26 @@ static void plant_signed_zeros(rc_rng *r, float *x, int n_tokens, int H, int d) 
             }
 }
 
+/* Lloyd-Max's middle threshold (ties 3): groups of 15 x +2^18, 15 x -2^18 and +-2^-133 (bf16's least
+ * denormal) in shuffled places, so the mean b is (about) 0, a ~ 2.5e5 and the tiny negative value's
+ * t = (x - b) / a underflows to -0: the reference's code 2, where the kernels' threshold -0 gave 1
+ * (F32 metadata; an identity plan so the rows reach the codes as planted). Every other row. */
+static void plant_lm_underflow(rc_rng *r, float *x, int n_tokens, int H, int d, int G) {
+    for (int t = 0; t < n_tokens; t += 2)
+        for (int h = 0; h < H; h++)
+            for (int g0 = 0; g0 < d; g0 += G) {
+                float *e = &x[((size_t)t * H + h) * d + g0];
+                for (int j = 0; j < G; j++)
+                    e[j] = j < 2 ? (j ? ldexpf(1.0f, -133) : -ldexpf(1.0f, -133))
+                                 : (j % 2 ? ldexpf(1.0f, 18) : -ldexpf(1.0f, 18));
+                for (int j = G - 1; j > 0; j--) { /* shuffle */
+                    const int k = rc_randint(r, 0, j);
+                    const float tmp = e[j];
+                    e[j] = e[k], e[k] = tmp;
+                }
+            }
+}
+
 /* ext: an extend check after every append (extend_counts); share > 0: the
  * first `share` tokens of K/V are the same in every sequence, and the run ends
  * with check_shared_prefix; ties: plant_ties in the K/V rows. */
@@ -806,7 +834,10 @@ static void scenario_body(env *e, rc_rng *r, uint64_t seed, const cfg *c, int ns
         V[i] = malloc((size_t)final_lens[i] * H * d * sizeof(float));
         rc_gen_kv(r, final_lens[i], (int)H, (int)d, 3, c->kv, K[i]);
         rc_gen_kv(r, final_lens[i], (int)H, (int)d, 2, c->kv, V[i]);
-        if (ties == 2) {
+        if (ties == 3) {
+            plant_lm_underflow(r, K[i], final_lens[i], (int)H, (int)d, c->G);
+            plant_lm_underflow(r, V[i], final_lens[i], (int)H, (int)d, c->G);
+        } else if (ties == 2) {
             plant_signed_zeros(r, K[i], final_lens[i], (int)H, (int)d);
             plant_signed_zeros(r, V[i], final_lens[i], (int)H, (int)d);
         } else if (ties) {
@@ -947,6 +978,10 @@ Test(conformance, level_boundary_ties, .timeout = 600) {
         run_scenario_x(&g, &c, 3, lens, CHUNKS, 1, 0, 0, 1);
         run_scenario_x(&g, &c, 3, lens, CHUNKS, 0, 0, 0, 2); /* zeros of both signs */
         run_scenario_x(&g, &c2, 3, lens, PREFILL, 0, 0, 0, 2);
+        cfg lm = {64, 32, 16, 4, 12, 4, 2, OSCAR_METHOD_OSCAR2_LM, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F32, 0};
+        force_identity = 1;
+        run_scenario_x(&g, &lm, 3, lens, CHUNKS, 0, 0, 0, 3);
+        force_identity = 0;
     });
 }
 /* The BF16 method (16-bit pages, no windows): the library's own yardstick. */
