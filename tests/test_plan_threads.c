@@ -30,6 +30,22 @@ typedef struct worker {
     oscar_status st;
 } worker;
 
+/* The threads' layout: d 64, 4 q heads on 2 KV heads, page 16, sink 16, recent 32. */
+static oscar_layout_desc small_layout(int group, oscar_method method) {
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 64;
+    l.group = group;
+    l.num_q_heads = 4;
+    l.num_kv_heads = 2;
+    l.page_size = 16;
+    l.sink = 16;
+    l.recent = 32;
+    l.max_seq_len = LEN;
+    l.method = method;
+    return l;
+}
+
 static uint16_t bf16_of(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
@@ -152,17 +168,7 @@ static void run_threads(const char *backend) {
         cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
         cr_skip_test("%s backend not available: %s", backend, oscar_last_error());
     }
-    oscar_layout_desc l;
-    oscar_layout_default(&l);
-    l.head_dim = 64;
-    l.group = 64;
-    l.num_q_heads = 4;
-    l.num_kv_heads = 2;
-    l.page_size = 16;
-    l.sink = 16;
-    l.recent = 32;
-    l.max_seq_len = LEN;
-    l.method = OSCAR_METHOD_QUAROT2;
+    oscar_layout_desc l = small_layout(64, OSCAR_METHOD_QUAROT2);
     oscar_plan *plan;
     cr_assert_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
     enum { NT = 4 };
@@ -258,17 +264,7 @@ static void *own_worker_run(void *arg) {
         snprintf(w->why, sizeof w->why, "%s", oscar_last_error());
         return NULL;
     }
-    oscar_layout_desc l;
-    oscar_layout_default(&l);
-    l.head_dim = 64;
-    l.group = 32;
-    l.num_q_heads = 4;
-    l.num_kv_heads = 2;
-    l.page_size = 16;
-    l.sink = 16;
-    l.recent = 32;
-    l.max_seq_len = LEN;
-    l.method = OSCAR_METHOD_OSCAR2;
+    oscar_layout_desc l = small_layout(32, OSCAR_METHOD_OSCAR2);
     uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
     size_t kvn = (size_t)SEQ * LEN * (size_t)l.num_kv_heads * (size_t)l.head_dim;
     size_t qn = (size_t)SEQ * (size_t)l.num_q_heads * (size_t)l.head_dim, out_bytes = qn * 2;
