@@ -48,10 +48,11 @@ typedef struct cl_plan_kernels {
     cl_kernel k[7];
 } cl_plan_kernels;
 
-/* Releases the first n kernels of pk (the ones created) and pk itself. */
+/* A plan's kernels, in cl_plan_kernels' order. */
 static const char *const k_kernel_names[7] = {"oscar_store", "oscar_demote", "oscar_rotate_q", "oscar_decode",
                                               "oscar_merge", "oscar_extend", "oscar_merge_ext"};
 
+/* Releases the first n kernels of pk (the ones created) and pk itself. */
 static void release_kernels(cl_plan_kernels *pk, int n) {
     for (int i = 0; i < n; i++) clReleaseKernel(pk->k[i]);
     free(pk);
