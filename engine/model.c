@@ -149,6 +149,12 @@ static oscar_status parse_rope(const char *path, json_t *obj, const char *what, 
     return OSCAR_OK;
 }
 
+/* YaRN's attention scaling for a context scale (transformers' get_mscale). */
+static double yarn_mscale(double scale, double m)
+{
+    return scale <= 1.0 ? 1.0 : 0.1 * m * log(scale) + 1.0;
+}
+
 /* transformers' modeling_rope_utils (5.x), in its fp32 arithmetic where it has one. */
 void oe_rope_inv_freq(const oe_config *c, float *inv, float *attention_factor)
 {
@@ -179,12 +185,10 @@ void oe_rope_inv_freq(const oe_config *c, float *inv, float *attention_factor)
     } else if (r->type == OE_ROPE_YARN) {
         const double base = c->rope_theta, f = r->factor, orig = (double)r->original_max_position;
         double af = r->attention_factor;
-        if (!(af > 0.0)) {
-#define OE_MSCALE(scale, m) ((scale) <= 1.0 ? 1.0 : 0.1 * (m) * log(scale) + 1.0)
-            af = r->mscale > 0.0 && r->mscale_all_dim > 0.0 ? OE_MSCALE(f, r->mscale) / OE_MSCALE(f, r->mscale_all_dim)
-                                                             : OE_MSCALE(f, 1.0);
-#undef OE_MSCALE
-        }
+        if (!(af > 0.0))
+            af = r->mscale > 0.0 && r->mscale_all_dim > 0.0
+                     ? yarn_mscale(f, r->mscale) / yarn_mscale(f, r->mscale_all_dim)
+                     : yarn_mscale(f, 1.0);
         *attention_factor = (float)af;
         /* the dimensions whose wavelength makes beta_fast .. beta_slow turns over the pretraining context
          * ramp from extrapolated (unscaled) to interpolated (divided by factor) frequencies */

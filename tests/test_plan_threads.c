@@ -322,6 +322,16 @@ out:
     return NULL;
 }
 
+/* A worker's outcome: its calls succeeded, its errors left its own messages, its rounds decoded alike. */
+static void expect_worker(own_worker *w, int t) {
+    cr_expect_eq(w->st, OSCAR_OK, "thread %d: status %d at %s", t, (int)w->st, w->why);
+    cr_expect_eq(w->bad_msgs, 0, "thread %d (%s): %d of its errors left another message than its own", t, w->backend,
+                 w->bad_msgs);
+    cr_expect_eq(w->mismatches, 0, "thread %d (%s): %d rounds decoded differently from its first", t, w->backend,
+                 w->mismatches);
+    free(w->want);
+}
+
 Test(plan_threads, threads_with_their_own_runtimes_and_errors, .timeout = 600) {
     enum { NT = 8 };
     own_worker w[NT];
@@ -341,12 +351,7 @@ Test(plan_threads, threads_with_their_own_runtimes_and_errors, .timeout = 600) {
     for (int t = 0; t < NT; t++) {
         if (w[t].skipped)
             cr_expect(!required(w[t].backend), "%s is required but: %s", w[t].backend, w[t].why);
-        cr_expect_eq(w[t].st, OSCAR_OK, "thread %d: status %d at %s", t, (int)w[t].st, w[t].why);
-        cr_expect_eq(w[t].bad_msgs, 0, "thread %d (%s): %d of its errors left another message than its own", t,
-                     w[t].backend, w[t].bad_msgs);
-        cr_expect_eq(w[t].mismatches, 0, "thread %d (%s): %d rounds decoded differently from its first", t,
-                     w[t].backend, w[t].mismatches);
-        free(w[t].want);
+        expect_worker(&w[t], t);
     }
 }
 
@@ -385,12 +390,7 @@ Test(plan_threads, threads_share_a_runtime_with_their_own_plans, .timeout = 600)
     for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
     pthread_barrier_destroy(&start);
     for (int t = 0; t < NT; t++) {
-        cr_expect_eq(w[t].st, OSCAR_OK, "thread %d: status %d at %s", t, (int)w[t].st, w[t].why);
-        cr_expect_eq(w[t].bad_msgs, 0, "thread %d (%s): %d of its errors left another message than its own", t,
-                     w[t].backend, w[t].bad_msgs);
-        cr_expect_eq(w[t].mismatches, 0, "thread %d (%s): %d rounds decoded differently from its first", t,
-                     w[t].backend, w[t].mismatches);
-        free(w[t].want);
+        expect_worker(&w[t], t);
     }
     for (int b = 0; b < 2; b++) oscar_runtime_destroy(rts[b]);
 }
