@@ -1920,11 +1920,17 @@ Test(wide, d128_d256_mixed_batch_extend, .timeout = 900) {
     FOR_EACH_BACKEND(g, {
         run_wide(&g, &c1, 6, l1, CHUNKS, 1, 1, 1);
         /* CUDA: the heads with a plane split their history twice as fine from 32-token splits up (the
-         * default takes it from 2048, lengths these cases do not reach; docs/API.md) */
+         * default takes it from 1024, lengths these cases do not reach; docs/API.md), with these
+         * shapes' heads (most with a plane) in their own grid rows, then (OSCAR_DECODE_W3_ROWS=2) the
+         * further splits in rows of their own */
         setenv("OSCAR_DECODE_W3_SPLIT", "32", 1);
-        run_wide(&g, &c1, 6, l1, CHUNKS, 1, 1, 1);
-        run_wide(&g, &c2, 3, l2, CHUNKS, 1, 1, 0);
-        run_wide(&g, &c3, 3, l3, PREFILL, 0, 1, 1);
+        for (int rows = 1; rows <= 2; rows++) {
+            setenv("OSCAR_DECODE_W3_ROWS", rows == 1 ? "1" : "2", 1);
+            run_wide(&g, &c1, 6, l1, CHUNKS, 1, 1, 1);
+            run_wide(&g, &c2, 3, l2, CHUNKS, 1, 1, 0);
+            run_wide(&g, &c3, 3, l3, PREFILL, 0, 1, 1);
+        }
+        unsetenv("OSCAR_DECODE_W3_ROWS");
         unsetenv("OSCAR_DECODE_W3_SPLIT");
     });
 }

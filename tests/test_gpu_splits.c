@@ -58,7 +58,7 @@ Test(gpu_splits, target_rule_without_occupancy) {
 static void check_tc(int seqs, int gqa, int cap, int len, int S0, int W, int bf16m, int d, int resident,
                      int max_splits) {
     gpu_tc_splits t;
-    gpu_tc_choose(seqs, 8, gqa, cap, len, S0, W, bf16m, d, d / 2 + 8, resident, max_splits, &t);
+    gpu_tc_choose(seqs, 8, gqa, cap, len, S0, W, bf16m, d, d / 2 + 8, resident, max_splits, 0, 1024, 1, &t);
     int lh = bf16m ? 0 : (len > S0 + W ? len - S0 - W : 0);
     int nwin = bf16m ? len : (len < S0 + W ? len : S0 + W);
     int nsw = t.nsplit - t.ns2;
@@ -71,6 +71,67 @@ static void check_tc(int seqs, int gqa, int cap, int len, int S0, int W, int bf1
               "len %d seqs %d: %d 16-bit splits of %d for %d rows", len, seqs, nsw, t.chunk16, nwin);
     cr_assert(t.nsplit <= max_splits || t.nsplit <= 2, "len %d seqs %d: %d splits above the workspace's %d", len,
               seqs, t.nsplit, max_splits);
+}
+
+/* W3 layers: the heads with a plane split their history twice as fine where the 2-bit chunk
+ * reaches heavy_chunk, the further splits past ns2 (grid rows of their own, x < ns2x <= ns2) and
+ * their partials after the nsplit others. */
+static void check_heavy(int seqs, int len, int heavy, int resident, int max_splits) {
+    gpu_tc_splits t;
+    gpu_tc_choose(seqs, 8, 4, 8, len, 64, 256, 0, 128, 72, resident, max_splits, heavy, 1024, 1, &t);
+    int lh = len > 320 ? len - 320 : 0;
+    cr_assert_eq(t.pstride, t.nsplit + t.ns2x);
+    cr_assert(t.pstride <= max_splits || t.nsplit <= 2, "len %d seqs %d: %d partials above %d", len, seqs,
+              t.pstride, max_splits);
+    const int in_row = 4 * heavy > 8, from = in_row ? 2048 : 1024;
+    if (t.chunk2w == 0) {
+        cr_assert_eq(t.ns2x, 0);
+        cr_assert(heavy == 0 || t.chunk2 < from || t.ns2 == 0 || t.nsplit + t.ns2 > max_splits,
+                  "len %d seqs %d heavy %d: chunk %d not split finer", len, seqs, heavy, t.chunk2);
+        return;
+    }
+    cr_assert(heavy > 0 && t.chunk2 >= from && t.chunk2w % 32 == 0 && t.chunk2w < t.chunk2);
+    if (in_row) { /* the heavy heads' splits all in their own rows: ns2 counts them, the others' end early */
+        cr_assert(t.ns2x == 0 && ((long long)t.ns2 - 1) * t.chunk2 >= lh, "%d splits of %d", t.ns2, t.chunk2);
+    } else {
+        cr_assert(t.ns2x >= 1 && t.ns2x <= t.ns2, "%d further splits of %d", t.ns2x, t.ns2);
+    }
+    int nw = t.ns2 + t.ns2x;
+    cr_assert((long long)nw * t.chunk2w >= lh && (long long)(nw - 1) * t.chunk2w < lh,
+              "len %d seqs %d: %d splits of %d for %d history tokens", len, seqs, nw, t.chunk2w, lh);
+}
+
+Test(gpu_splits, heavy_heads_split_finer) {
+    const int lens[] = {1, 321, 4096, 32768, 131072, 1000003};
+    const int seqs[] = {1, 8, 32, 64, 172};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+        for (size_t j = 0; j < sizeof seqs / sizeof seqs[0]; j++)
+            for (int heavy = 0; heavy <= 8; heavy++) {
+                check_heavy(seqs[j], lens[i], heavy, 528, 1 << 20);
+                check_heavy(seqs[j], lens[i], heavy, 528, 9);
+                check_heavy(seqs[j], lens[i], heavy, 0, 1 << 20);
+            }
+    /* in their own rows (heavy_rows 0), the splits are the 2-bit layer's; the heavy heads only add theirs */
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        gpu_tc_splits t0, t1;
+        gpu_tc_choose(32, 8, 4, 8, lens[i], 64, 256, 0, 128, 72, 528, 1 << 20, 0, 1024, 1, &t0);
+        gpu_tc_choose(32, 8, 4, 8, lens[i], 64, 256, 0, 128, 72, 528, 1 << 20, 2, 1024, 0, &t1);
+        const int nx = t1.chunk2w > 0 ? (lens[i] - 320 + t1.chunk2w - 1) / t1.chunk2w - t0.ns2 : 0;
+        cr_assert(t0.ns2 + nx == t1.ns2 && t0.chunk2 == t1.chunk2 && t0.nsplit + nx == t1.nsplit && t1.ns2x == 0,
+                  "len %d: %d x %d / %d x %d", lens[i], t0.ns2, t0.chunk2, t1.ns2, t1.chunk2);
+    }
+    /* in rows of their own: at batch 32 x 32K (8 heads, one with a plane, 528 resident) the 2-bit CTAs
+     * no longer spill a thin last wave (in their own rows: 512 + 64, the twenty-eighth session's H100
+     * case) */
+    for (int w = 0; w < 2; w++) {
+        gpu_tc_splits t;
+        gpu_tc_choose(32, 8, 4, 8, 32768, 64, 256, 0, 128, 72, 528, 1 << 20, 1, 1024, w, &t);
+        const long long own = w ? t.ns2 : (32448 + t.chunk2 - 1) / t.chunk2; /* 2-bit splits of a 2-bit head */
+        const long long ctas = 32LL * 7 * own + 32LL * (t.ns2 + t.ns2x), last = ctas % 528;
+        cr_assert(w == 0 ? t.ns2x == 0 && t.chunk2w > 0 : t.ns2x > 0, "rows %d: no further splits", w);
+        cr_assert(w == (last == 0 || last >= 528 / 4), "rows %d: %d + %d splits, %lld 2-bit CTAs", w, t.ns2, t.ns2x,
+                  ctas);
+    }
 }
 
 Test(gpu_splits, tensor_core_splits_cover_history_and_windows) {

@@ -42,6 +42,10 @@ typedef struct oscar_tc_decode_params {
     int64_t hi_off;
     int32_t lp_decode;            /* W3 decode: the plan's 2-bit decode is the limb-packed one */
     int32_t chunk2w;              /* W3: 2-bit tokens per split of a KV head with a plane (0: chunk2) */
+    /* W3: a head with a plane has ns2 + ns2x 2-bit splits of chunk2w; the last ns2x run in the grid
+     * rows past H x hchunks (hchunks rows per such head, heads ascending) and write partials
+     * nsplit .. nsplit + ns2x - 1. pstride: partials per (row, query head), nsplit + ns2x. */
+    int32_t ns2x, pstride;
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,
@@ -56,6 +60,10 @@ typedef struct oscar_tc_merge_params {
     int64_t out_stride;
     float *lse;                   /* optional [rows][Hq] natural-log LSE, NULL: not written */
     int32_t nsplit, max_len, num_rot, identity, rotated_output, Hq, H;
+    /* W3 layers: the heads with a plane (planes [..][H][2] at plane_off, as the decode's) have
+     * ns2x more partials after their nsplit; pstride = nsplit + ns2x (planes NULL: ns2x 0) */
+    const int32_t *planes;
+    int32_t plane_off, ns2x, pstride;
     /* extend: one block per query row; the row's sequence is found in cu_q [nseq+1] */
     const int32_t *cu_q;
     int32_t ext, nseq, total_q, max_q;

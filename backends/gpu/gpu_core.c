@@ -31,10 +31,11 @@
  * threshold lies between, not measured more finely. */
 #define OSCAR_DECODE_O3_MIN_LEN 16384
 /* W3 layers split the 2-bit history of their heads with a plane twice as fine from 2-bit splits of this
- * many tokens up ($OSCAR_DECODE_W3_SPLIT; H200, fifteenth session: 1.51 -> 1.20x a 2-bit layer at
- * 32/8/128 B32 x 32K (16K-token splits), 1.56 -> 1.19x at B8 x 32K (4K); at batch 1 (splits of 64-512
- * tokens at 4K-32K) the empty splits of the other heads cost more: 1.16 -> 1.31x; 2K neutral) */
-#define OSCAR_DECODE_W3_SPLIT_MIN 2048
+ * many tokens up ($OSCAR_DECODE_W3_SPLIT), the further splits in grid rows of their own. H100,
+ * twenty-eighth session, d 128 GQA 1-12, one 3-bit head-tensor: 256 and 2048 alike from batch 8 up;
+ * batch 1 x 32K (splits of ~550 tokens) 1.17-1.21x a 2-bit layer without, 1.27-1.32x with (from 256);
+ * batch 1 x 128K (~2K) 1.22-1.65x without, 1.18-1.27x with. */
+#define OSCAR_DECODE_W3_SPLIT_MIN 1024
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -46,14 +47,14 @@ typedef struct gpu_plan {
     /* 3-bit head-tensors (FORMAT.md §2.7): planes is device int32 [layers][kv heads][2] (K, V), the
      * 1-bit plane index of each head-tensor or -1 (2 bits); NULL and wide 0 when the descriptor has
      * no code_bits. hi_off: the first plane's offset in a page. layer_wide (host, [layers], NULL when
-     * wide is 0): 1 where the layer holds a 3-bit head-tensor. Such a layer takes the tensor-core W3
-     * decode/extend kernels where the plugin has them (else the generic fp32 extend kernels) and the
+     * wide is 0): how many KV heads of the layer hold a 3-bit head-tensor (K, V or both). Such a
+     * layer takes the tensor-core W3 decode/extend kernels where the plugin has them (else the generic fp32 extend kernels) and the
      * block-wide write kernels, which read and store the planes; a layer
      * of 2-bit head-tensors keeps every other kernel (its codes and metadata sit at the same offsets,
      * only page_bytes counts the plane room). */
     void *planes;
     int wide;
-    unsigned char *layer_wide;
+    uint16_t *layer_wide;
     int64_t hi_off;
     int ring_ctas; /* warp write path: grids up to ring_ctas CTAs per compute unit take the ring instance */
     int wf_ctas;   /* ... and up to wf_ctas (-1: as many as fit at once) the one with all of F in shared memory */
@@ -63,6 +64,7 @@ typedef struct gpu_plan {
      * longest sequence reaches o3_len or the grid o3_big CTAs (o3_len 0: the count alone) */
     int o3_ctas, o3_len, o3_big;
     int w3_split; /* W3 layers: the heads with a plane take twice the 2-bit splits from this chunk up */
+    int w3_rows;  /* ... in rows of their own (gpu_tc_choose's heavy_rows; $OSCAR_DECODE_W3_ROWS, tests, A/B) */
     gpu_kernels k;
 } gpu_plan;
 
@@ -145,8 +147,50 @@ void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int
     if (*nsplit < 1) *nsplit = 1;
 }
 
+/* The n splits of gpu_tc_choose carved between the two kinds of rows by their bytes, on the
+ * 32-token / 16-row tile grid. */
+static void tc_carve(int64_t n, int64_t lh, int64_t nwin, int64_t row2, int64_t total, int64_t *ns2_, int64_t *nsw_,
+                     int64_t *c2_, int64_t *c16_) {
+    int64_t ns2 = 0, nsw = 0;
+    if (lh > 0 && nwin > 0) {
+        ns2 = (n * lh * row2 + total / 2) / total;
+        if (ns2 < 1) ns2 = 1;
+        nsw = n - ns2 > 1 ? n - ns2 : 1;
+    } else if (lh > 0) {
+        ns2 = n;
+    } else {
+        nsw = n;
+    }
+    int64_t c2 = 32, c16 = 16;
+    if (ns2 > 0) {
+        c2 = (lh + ns2 - 1) / ns2;
+        c2 = (c2 + 31) / 32 * 32;
+        ns2 = (lh + c2 - 1) / c2;
+    }
+    if (nsw > 0) {
+        c16 = (nwin + nsw - 1) / nsw;
+        c16 = (c16 + 15) / 16 * 16;
+        nsw = (nwin + c16 - 1) / c16;
+    }
+    *ns2_ = ns2, *nsw_ = nsw, *c2_ = c2, *c16_ = c16;
+}
+
+/* The heavy heads' further 2-bit splits (gpu_tc_choose): twice as many chunks where chunks are
+ * long; returns their count ns2x (0: none) and sets *cw to their chunk. */
+static int64_t tc_heavy(int64_t lh, int64_t ns2, int64_t c2, int64_t heavy_chunk, int64_t *cw) {
+    *cw = 0;
+    if (ns2 < 1 || c2 < heavy_chunk) return 0;
+    int64_t c = (lh + 2 * ns2 - 1) / (2 * ns2);
+    c = (c + 31) / 32 * 32;
+    int64_t ns2w = c > 0 ? (lh + c - 1) / c : ns2;
+    if (ns2w <= ns2) return 0;
+    *cw = c;
+    return ns2w - ns2;
+}
+
 void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, int sink, int recent, int bf16m,
-                   int head_dim, int row2_bytes, int resident, int max_splits, gpu_tc_splits *t) {
+                   int head_dim, int row2_bytes, int resident, int max_splits, int heavy_heads, int heavy_chunk,
+                   int heavy_rows, gpu_tc_splits *t) {
     t->hchunks = (gqa + cap - 1) / cap;
     int64_t units = (int64_t)num_seqs * kv_heads * t->hchunks;
     int64_t lh = bf16m ? 0 : (max_len > sink + recent ? max_len - sink - recent : 0);
@@ -163,40 +207,51 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
     if (cap_s > 256) cap_s = 256;
     if (cap_s < 1) cap_s = 1;
     int64_t res = resident > 0 ? resident : 132 * 4, best = -1, ns = 1;
+    /* W3 layers (rows of their own): the heavy heads' further splits each cost about a 2-bit one, so
+     * the model counts every CTA the carve of n gives them and the others; with the 2-bit layer's count,
+     * a grid it filled to one wave spilled a thin second one (1.2-1.3x a 2-bit layer at batch 32-64
+     * against 1.02-1.06x counted, d 128 GQA 4-8, H100, twenty-eighth session) */
+    const int64_t heavy_units = (int64_t)num_seqs * heavy_heads * t->hchunks;
+    /* More than a quarter of the heads heavy (GQA 7, 2 of 4 heads, H100): the further splits in rows
+     * of their own and the weighed model ran 1.05-1.3x slower than the 2-bit layer's splits with the
+     * heavy heads' second halves in their own rows (the other heads' empty), from twice the chunk;
+     * those are kept there (in_row) */
+    const int in_row = heavy_units > 0 && (heavy_rows == 0 || (heavy_rows == 1 && 4 * heavy_heads > kv_heads));
+    const int weigh = heavy_units > 0 && lh > 0 && !in_row;
     for (int64_t n = 1; n <= cap_s; n++) {
-        int64_t waves = (units * n + res - 1) / res;
+        int64_t work = units * n;
+        if (weigh) { /* (where the carve of n gives none, the count of a 2-bit layer) */
+            int64_t n2, nw, c2, c16, cw;
+            tc_carve(n, lh, nwin, row2, total, &n2, &nw, &c2, &c16);
+            const int64_t nx = tc_heavy(lh, n2, c2, heavy_chunk, &cw);
+            if (nx > 0) work = units * (n2 + nw) + heavy_units * nx;
+        }
+        int64_t waves = (work + res - 1) / res;
         int64_t cost = waves * ((total + n - 1) / n + 36864);
         if (best < 0 || cost < best) {
             best = cost;
             ns = n;
         }
     }
-    /* Carve the n splits between the two kinds of rows by their bytes. */
-    int64_t ns2 = 0, nsw = 0;
-    if (lh > 0 && nwin > 0) {
-        ns2 = (ns * lh * row2 + total / 2) / total;
-        if (ns2 < 1) ns2 = 1;
-        nsw = ns - ns2 > 1 ? ns - ns2 : 1;
-    } else if (lh > 0) {
-        ns2 = ns;
-    } else {
-        nsw = ns;
-    }
-    int64_t c2 = 32, c16 = 16;
-    if (ns2 > 0) {
-        c2 = (lh + ns2 - 1) / ns2;
-        c2 = (c2 + 31) / 32 * 32;
-        ns2 = (lh + c2 - 1) / c2;
-    }
-    if (nsw > 0) {
-        c16 = (nwin + nsw - 1) / nsw;
-        c16 = (c16 + 15) / 16 * 16;
-        nsw = (nwin + c16 - 1) / c16;
-    }
+    int64_t ns2, nsw, c2, c16, cw;
+    tc_carve(ns, lh, nwin, row2, total, &ns2, &nsw, &c2, &c16);
     t->ns2 = (int)ns2;
     t->chunk2 = (int)c2;
     t->chunk16 = (int)c16;
     t->nsplit = (int)(ns2 + nsw) > 0 ? (int)(ns2 + nsw) : 1;
+    /* The heavy heads split their history in twice as many chunks where chunks are long: the first
+     * ns2 in their own grid rows, the ns2x others in rows of their own past the heads (in_row: the
+     * others in their own rows too, ns2 counting them) */
+    int64_t nx = heavy_units > 0 ? tc_heavy(lh, ns2, c2, in_row ? 2 * (int64_t)heavy_chunk : heavy_chunk, &cw) : 0;
+    if (t->nsplit + nx > max_splits) nx = 0;
+    t->chunk2w = nx > 0 ? (int)cw : 0;
+    if (in_row) {
+        t->ns2 += (int)nx;
+        t->nsplit += (int)nx;
+        nx = 0;
+    }
+    t->ns2x = (int)nx;
+    t->pstride = t->nsplit + t->ns2x;
 }
 
 static void plan_free(void *ctx, gpu_plan *p) {
@@ -271,6 +326,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
     p->o3_big = 3 * (cus > 0 ? cus : 1);
     p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN);
+    p->w3_rows = env_count("OSCAR_DECODE_W3_ROWS", 1);
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -358,13 +414,13 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
             return oscar_errbuf_set(err, st, "%s plan: %s", nm, why);
         }
         const size_t pb = 2 * nclip * sizeof(int32_t);
-        if (!(p->layer_wide = calloc(nl, 1))) {
+        if (!(p->layer_wide = calloc(nl, sizeof *p->layer_wide))) {
             free(pl);
             plan_free(ctx, p);
             return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
         }
-        for (size_t i = 0; i < 2 * nclip; i++)
-            if (pl[i] >= 0) p->layer_wide[i / (2 * (size_t)l->num_kv_heads)] = 1;
+        for (size_t i = 0; i < nclip; i++) /* [layer][kv head][K, V] */
+            if (pl[2 * i] >= 0 || pl[2 * i + 1] >= 0) p->layer_wide[i / (size_t)l->num_kv_heads]++;
         if ((st = V(ctx)->alloc(ctx, pb, &p->planes, err)) || (st = V(ctx)->write(ctx, p->planes, 0, pl, pb, NULL, err)) ||
             (st = V(ctx)->sync(ctx, NULL, err))) {
             free(pl);
@@ -485,11 +541,11 @@ static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq, i
 
 /* cols: MMA columns per (sequence, KV head): the GQA ratio for decode, max_q_len x it for extend. */
 static void tc_choose(void *ctx, const gpu_plan *p, const tc_kernel *k, int nseq, int cols, int max_len,
-                      int max_splits, gpu_tc_splits *t) {
+                      int max_splits, int heavy, gpu_tc_splits *t) {
     /* bytes of one token of one KV head in a page (codes + metadata of K and V) */
     int row2 = (int)(p->page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
     gpu_tc_choose(nseq, p->l.num_kv_heads, cols, k->cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
-                  row2, resident_of(ctx, k->resident), max_splits, t);
+                  row2, resident_of(ctx, k->resident), max_splits, heavy, p->w3_split, p->w3_rows, t);
 }
 
 /* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */
@@ -514,13 +570,15 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
         nsplit = 0;
         for (int o3 = 0; o3 < (p->k.decode_o3 ? 2 : 1); o3++) {
             tc_kernel k = tc_decode_kernel(p, o3);
-            tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
+            tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, 0, &t);
             if (t.nsplit > nsplit) nsplit = t.nsplit;
         }
-        if (p->wide && p->k.decode_w3) { /* up to twice the 2-bit splits (tc_launch) */
+        if (p->wide && p->k.decode_w3) { /* the W3 layers' splits, for any count of heads with a plane */
             tc_kernel k = tc_w3_kernel(p, 0);
-            tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, &t);
-            if (t.nsplit + t.ns2 > nsplit) nsplit = t.nsplit + t.ns2;
+            for (int heavy = 0; heavy <= p->l.num_kv_heads; heavy++) {
+                tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, heavy, &t);
+                if (t.pstride > nsplit) nsplit = t.pstride;
+            }
         }
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
@@ -753,28 +811,12 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     gpu_tc_splits t;
     const int w3 = w3_layer(p, a->layer);
     tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len, w3);
-    tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, &t);
-    if (t.nsplit > max_splits)
+    tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, w3 ? p->layer_wide[a->layer] : 0, &t);
+    if (t.pstride > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
                                 "%s %s: workspace holds %d splits, this batch needs %d; size it with "
                                 "oscar_plan_workspace_bytes for at least this batch and length",
-                                V(ctx)->name, fn, max_splits, t.nsplit);
-    /* W3: a CTA of a KV head with a 1-bit plane takes about twice a 2-bit one (H200), and at batch >= 8
-     * the grid is about one wave, so the layer waited on them (1.4-1.8x a 2-bit layer): where splits are
-     * long, those heads split their history in twice as many chunks; the 2-bit heads' extra splits are
-     * empty. */
-    int chunk2w = 0;
-    if (w3 && t.ns2 > 0 && t.chunk2 >= p->w3_split) {
-        int64_t lh = (int64_t)max_len - p->S0 - p->W;
-        int64_t c = (lh + 2 * t.ns2 - 1) / (2 * t.ns2);
-        c = (c + 31) / 32 * 32;
-        int ns2w = c > 0 ? (int)((lh + c - 1) / c) : t.ns2;
-        if (ns2w > t.ns2 && t.nsplit - t.ns2 + ns2w <= max_splits) {
-            t.nsplit += ns2w - t.ns2;
-            t.ns2 = ns2w;
-            chunk2w = (int)c;
-        }
-    }
+                                V(ctx)->name, fn, max_splits, t.pstride);
     int64_t qt_off = OSCAR_WORKSPACE_HEADER, part_off = OSCAR_WORKSPACE_HEADER + (int64_t)qtb;
     int64_t q_stride = a->q_stride, rot_off = (int64_t)a->layer * p->num_rot * D * D;
     int num_rot = p->num_rot, identity = p->identity;
@@ -807,13 +849,15 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
         .nsplit = t.nsplit, .cu_q = ext ? a->cu_q : NULL, .max_q = max_q, .total_q = rows,
         .nseq = nseq, .q = qdirect ? (const uint16_t *)a->q : NULL, .q_stride = q_stride, .qscale = scale,
         .planes = w3 ? (const int32_t *)p->planes : NULL, .plane_off = a->layer * H * 2, .hi_off = p->hi_off,
-        .lp_decode = p->k.decode_lp, .chunk2w = chunk2w};
+        .lp_decode = p->k.decode_lp, .chunk2w = t.chunk2w, .ns2x = t.ns2x, .pstride = t.pstride};
+    /* W3: the rows past the heads run the further splits of the heads with a plane (gpu_tc_choose) */
+    const unsigned rows_y = (unsigned)(H * t.hchunks + (t.ns2x > 0 ? p->layer_wide[a->layer] * t.hchunks : 0));
     gpu_arg da[] = {{&dp, sizeof dp}};
     /* attention and merge start under the previous kernel's tail (they wait for its results);
      * without the rotation kernel the attention launches plainly: its prologue reads the
      * lengths before it waits, so what came before (the caller's kernels) must be done */
     st = (qdirect ? V(ctx)->launch_smem : V(ctx)->launch_dep)(ctx, k.fn, (unsigned)t.nsplit,
-                                                               (unsigned)(H * t.hchunks), (unsigned)nseq, 128, k.smem,
+                                                               rows_y, (unsigned)nseq, 128, k.smem,
                                                                da, 1, a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
@@ -821,7 +865,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .nsplit = t.nsplit, .max_len = max_len, .num_rot = num_rot, .identity = identity,
                                 .rotated_output = a->rotated_output ? 1 : 0, .Hq = Hq, .H = H,
                                 .cu_q = ext ? a->cu_q : NULL, .ext = ext, .nseq = nseq, .total_q = rows,
-                                .max_q = max_q};
+                                .max_q = max_q, .planes = w3 ? (const int32_t *)p->planes : NULL,
+                                .plane_off = a->layer * H * 2, .ns2x = t.ns2x, .pstride = t.pstride};
     gpu_arg ma[] = {{&mp, sizeof mp}};
     return V(ctx)->launch_dep(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, 0, ma, 1, a->stream,
                               err);

@@ -126,12 +126,21 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
  * 2-bit history (the longest one in the batch), then nsplit - ns2 splits of
  * chunk16 16-bit rows (window rows, or every row of the BF16 method), the two
  * kinds balanced by the bytes a token costs; hchunks CTAs per KV head along
- * the query heads. Depends only on (num_seqs, max_len), never on the lengths. */
+ * the query heads. Depends only on (num_seqs, max_len), never on the lengths.
+ * heavy_heads (W3 layers): KV heads with a 1-bit plane, whose CTAs cost about twice a
+ * 2-bit one; where the 2-bit chunk reaches heavy_chunk tokens they split their history
+ * into ns2 + ns2x chunks of chunk2w (about half of chunk2; the ns2x further ones in grid
+ * rows of their own, counted by the wave model), else chunk2w and ns2x are 0. In rows of
+ * their own where heavy_rows is 2, or 1 and at most a quarter of the heads are heavy;
+ * otherwise (in_row) from 2 heavy_chunk up, ns2 counting them all (ns2x 0; the other
+ * heads' splits past their last are empty) and the 2-bit layer's split count.
+ * pstride = nsplit + ns2x: the partials of a (row, query head) in the workspace. */
 typedef struct gpu_tc_splits {
-    int ns2, chunk2, chunk16, nsplit, hchunks;
+    int ns2, chunk2, chunk16, nsplit, hchunks, chunk2w, ns2x, pstride;
 } gpu_tc_splits;
 void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, int sink, int recent, int bf16m,
-                   int head_dim, int row2_bytes, int resident, int max_splits, gpu_tc_splits *t);
+                   int head_dim, int row2_bytes, int resident, int max_splits, int heavy_heads, int heavy_chunk,
+                   int heavy_rows, gpu_tc_splits *t);
 
 /* The CUDA and HIP plugins run the (head_dim, group) pairs of their generated variant set
  * (gen/variants.json; the default: every head_dim, at 64, 128, 256 with groups 32, 64, 128, elsewhere
