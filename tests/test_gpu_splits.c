@@ -111,6 +111,14 @@ Test(gpu_splits, heavy_heads_split_finer) {
                 check_heavy(seqs[j], lens[i], heavy, 528, 9);
                 check_heavy(seqs[j], lens[i], heavy, 0, 1 << 20);
             }
+    /* rows past the heads that would not fit a grid's y dimension (65535): the heavy heads' splits stay
+     * in their own rows (an extend of 4096 query rows x GQA 8 in 16-column CTAs: 2048 head chunks) */
+    {
+        gpu_tc_splits t;
+        gpu_tc_choose(1, 30, 4096 * 8, 16, 131072, 64, 256, 0, 128, 72, 528, 1 << 20, 2, 1024, 2, &t);
+        cr_assert(t.hchunks == 2048 && 30 * t.hchunks <= 65535 && t.ns2x == 0, "%d head chunks, %d further splits",
+                  t.hchunks, t.ns2x);
+    }
     /* in their own rows (heavy_rows 0), the splits are the 2-bit layer's; the heavy heads only add theirs */
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         gpu_tc_splits t0, t1;

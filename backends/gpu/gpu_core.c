@@ -216,7 +216,10 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
      * of their own and the weighed model ran 1.05-1.3x slower than the 2-bit layer's splits with the
      * heavy heads' second halves in their own rows (the other heads' empty), from twice the chunk;
      * those are kept there (in_row) */
-    const int in_row = heavy_units > 0 && (heavy_rows == 0 || (heavy_rows == 1 && 4 * heavy_heads > kv_heads));
+    /* (and where the rows past the heads would not fit a grid's y dimension, 65535 on CUDA and HIP:
+     * a long extend chunk's head chunks) */
+    const int in_row = heavy_units > 0 && (heavy_rows == 0 || (heavy_rows == 1 && 4 * heavy_heads > kv_heads) ||
+                                           (int64_t)(kv_heads + heavy_heads) * t->hchunks > 65535);
     const int weigh = heavy_units > 0 && lh > 0 && !in_row;
     for (int64_t n = 1; n <= cap_s; n++) {
         int64_t work = units * n;
