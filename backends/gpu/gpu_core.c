@@ -48,8 +48,9 @@ typedef struct gpu_plan {
      * 1-bit plane index of each head-tensor or -1 (2 bits); NULL and wide 0 when the descriptor has
      * no code_bits. hi_off: the first plane's offset in a page. layer_wide (host, [layers], NULL when
      * wide is 0): how many KV heads of the layer hold a 3-bit head-tensor (K, V or both). Such a
-     * layer takes the tensor-core W3 decode/extend kernels where the plugin has them (else the generic fp32 extend kernels) and the
-     * block-wide write kernels, which read and store the planes; a layer
+     * layer takes the tensor-core W3 decode/extend kernels where the plugin has them (else the
+     * generic fp32 extend kernels) and the block-wide write kernels, which read and store the
+     * planes; a layer
      * of 2-bit head-tensors keeps every other kernel (its codes and metadata sit at the same offsets,
      * only page_bytes counts the plane room). */
     void *planes;
@@ -212,12 +213,12 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
      * a grid it filled to one wave spilled a thin second one (1.2-1.3x a 2-bit layer at batch 32-64
      * against 1.02-1.06x counted, d 128 GQA 4-8, H100, twenty-eighth session) */
     const int64_t heavy_units = (int64_t)num_seqs * heavy_heads * t->hchunks;
-    /* More than a quarter of the heads heavy (GQA 7, 2 of 4 heads, H100): the further splits in rows
-     * of their own and the weighed model ran 1.05-1.3x slower than the 2-bit layer's splits with the
-     * heavy heads' second halves in their own rows (the other heads' empty), from twice the chunk;
-     * those are kept there (in_row) */
-    /* (and where the rows past the heads would not fit a grid's y dimension, 65535 on CUDA and HIP:
-     * a long extend chunk's head chunks) */
+    /* More than a quarter of the heads heavy (GQA 7, 2 of 4 heads, H100; the one shape measured past a
+     * quarter, 2 of 8 at GQA 3-4 gained): rows of their own and the counting model ran up to 1.22x
+     * slower (4 of 7 points, 0.96-1.01x at the others) than the 2-bit layer's splits with the heavy
+     * heads' second halves in their own rows (the other heads' empty) from twice the chunk, so that
+     * layout is kept there (in_row), as where the rows past the heads would not fit a grid's y
+     * dimension (65535 on CUDA and HIP: a long extend chunk's head chunks) */
     const int in_row = heavy_units > 0 && (heavy_rows == 0 || (heavy_rows == 1 && 4 * heavy_heads > kv_heads) ||
                                            (int64_t)(kv_heads + heavy_heads) * t->hchunks > 65535);
     const int weigh = heavy_units > 0 && lh > 0 && !in_row;
