@@ -323,6 +323,9 @@ typedef struct oscar_gpu_decode_variant {{
      * shared bytes; else NULL, 0 */
     const void *decode_w3, *extend_w3;
     int smem_w3;
+    /* tc, head_dim 64 or 128 with one group per row, F16 metadata, uniform levels: the long-chunk
+     * extend over the 2-bit history (extend_fa.jinja) and its many-row q rotation and merge, else NULL */
+    const void *extend_fa, *rotate_rows, *merge_rows;
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
@@ -400,6 +403,13 @@ def decode_parts(sel):
     return out
 
 
+def fa_ok(target, v):
+    """The long-chunk extend (extend_fa.jinja) serves this tensor-core variant: CUDA, head_dim 64 or 128
+    with one group per row, F16 metadata, a 2-bit method of uniform levels."""
+    return (target == "cuda" and v["TC"] and v["D"] in (64, 128) and v["G"] == v["D"] and not v["MF32"]
+            and not v["BF16M"] and not v["LM"])
+
+
 def unit_of(v):
     """A decode variant's head_dim x kv dtype x method class: its rotate_q / merge suffix."""
     c = "paged16" if v["BF16M"] else ("lm" if v["LM"] else "u")
@@ -462,6 +472,7 @@ def gen_gpu(target, spec, sel, arch, out):
     app_t = e.get_template("append.jinja").module
     dec_t = e.get_template("decode.jinja").module
     tc_t = e.get_template("decode_tc.jinja").module
+    fa_t = e.get_template("extend_fa.jinja").module
     write(os.path.join(out, "oscar_%s_variants.h" % target), HEADER.format(T=target.upper(), t=target))
 
     # Tables live next to their kernels (HIP cannot reference a __global__
@@ -517,6 +528,9 @@ def gen_gpu(target, spec, sel, arch, out):
                     body.append(tc_t.merge_tc_family(dict(ru, sfx="_" + u)))
         done_ext = set()
         for v in dv:
+            if fa_ok(target, v) and ("fa", unit_of(v)) not in done_ext:
+                done_ext.add(("fa", unit_of(v)))
+                body.append(fa_t.extend_fa_family(dict(D=v["D"], KVB=v["KVB"], sfx="_" + unit_of(v))))
             if v["TC"]:
                 body.append(tc_t.decode_tc_family(v))
                 x = v["EXT"]
@@ -533,7 +547,7 @@ def gen_gpu(target, spec, sel, arch, out):
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)%s, "%s", (const void *)oscar_extend%s, '
-                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s, %s, %s, %d},'
+                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s, %s, %s, %d, %s},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
                            128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
                            v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"],
@@ -542,9 +556,12 @@ def gen_gpu(target, spec, sel, arch, out):
                            "(const void *)oscar_decode_lp" + v["sfx"] if v.get("LP") else "0",
                            "(const void *)oscar_decode_w3" + v["sfx"] if v.get("REGION3") else "0",
                            "(const void *)oscar_extend_w3" + v["sfx"] if v.get("REGION3") else "0",
-                           4 * v["REGION3"] if v.get("REGION3") else 0))
+                           4 * v["REGION3"] if v.get("REGION3") else 0,
+                           ("(const void *)oscar_extend_fa_%s, (const void *)oscar_rotate_rows_%s, "
+                            "(const void *)oscar_merge_rows_%s" % ((unit_of(v),) * 3)) if fa_ok(target, v)
+                           else "0, 0, 0"))
         if not dv:
-            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},")
+            body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},")
         body.append("};")
         body.append('extern "C" const int oscar_%s_decode_table_%s_n = %d;' % (target, part, len(dv)))
         write(os.path.join(out, "oscar_%s_decode_%s.%s" % (target, part, ext)), "\n".join(body) + "\n")

@@ -547,6 +547,14 @@ static void dev_ext_free(env *e, dev_ext *d) {
     e->g->api->free(e->g->ctx, d->lse);
 }
 
+/* Layer LAYER of e's plan holds a 3-bit head-tensor (wide_code_bits). */
+static int layer_is_wide(const env *e) {
+    if (!wide_code_bits || e->l.wide_tensors == 0) return 0;
+    for (int i = 0; i < 2 * e->l.num_kv_heads; i++)
+        if (wide_code_bits[(size_t)LAYER * 2 * e->l.num_kv_heads + i] == 3) return 1;
+    return 0;
+}
+
 static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_ref *refs, rc_rng *r, const int *qn,
                          int rotated_output, int flags, uint64_t seed) {
     int Hq = e->l.num_q_heads, d = e->l.head_dim, nseq = b->num_seqs;
@@ -571,6 +579,15 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
            *rabs = malloc((size_t)Hq * sizeof *rabs);
     const int tc = is_tc(e);
     float *qt = tc ? malloc((size_t)total * Hq * d * sizeof *qt) : NULL; /* the device's q~ */
+    /* CUDA's long-chunk kernel runs the 2-bit rows of an extend with query rows where the shape has it
+     * (one group per row at d 64 / 128, F16 metadata, uniform levels, no 3-bit head-tensors) and the
+     * call has at least 64 (query row, head) pairs per KV head, or always with $OSCAR_EXTEND_FA=1
+     * (never with 0; gpu_core.c fa_choose); its reference is its own precision rule (FORMAT.md §5.1) */
+    const char *fae = getenv("OSCAR_EXTEND_FA");
+    const int fa_on = fae && *fae ? !strcmp(fae, "1") : maxq * (Hq / e->l.num_kv_heads) >= 64;
+    const int fa = tc && !(flags & EXT_NOCU) && fa_on && !strcmp(e->g->api->name, "cuda") &&
+                   (d == 64 || d == 128) && e->l.group == d && e->l.meta_dtype == OSCAR_DTYPE_F16 &&
+                   !layer_is_wide(e) && e->l.method != OSCAR_METHOD_BF16 && e->l.method != OSCAR_METHOD_OSCAR2_LM;
     rc_gen_kv(r, total, Hq, d, 2, e->l.kv_dtype, q);
     rc_poison(qb, qbytes);
     rc_poison(cob, obytes);
@@ -613,7 +630,10 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
                                 e->num_rot, sm, rotated_output, ref, rlse, rabs);
             /* the device's reference: the tensor-core family scores the 2-bit rows with the q~
              * it held in two int8 limbs (FORMAT.md §5) */
-            if (tc)
+            if (fa)
+                rc_attention_f64_fa(&refs[i], L, pos, Hq, q + (size_t)tok * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
+                                    e->num_rot, sm, rotated_output, reft, rlset, qt + (size_t)tok * Hq * d);
+            else if (tc)
                 rc_attention_f64_q(&refs[i], L, pos, Hq, q + (size_t)tok * Hq * d, layer_rot(e, 0), layer_rot(e, 1),
                                    e->num_rot, sm, rotated_output, reft, rlset, NULL, qt + (size_t)tok * Hq * d);
             for (int w = 0; w < 2; w++) {
@@ -1507,6 +1527,32 @@ Test(extend, shared_prefix_pages, .timeout = 600) {
         run_scenario_x(&g, &c, 4, lens, PREFILL, 0, 1, 200, 0);
         run_scenario_x(&g, &c2, 4, lens, CHUNKS, 0, 1, 200, 0);
     });
+}
+
+/* The long-chunk extend (CUDA, templates/extend_fa.jinja) on every extend call ($OSCAR_EXTEND_FA=1)
+ * against the reference of its precision rule (FORMAT.md §5.1), the other backends as always: d 128
+ * and 64 (one group per row), GQA 4, 6 and 1 (MHA), pages 16, 32 and 64, chunks past a small recent
+ * window (causal over the 2-bit rows, demotions inside the chunk), ragged, lengths below S0 + W,
+ * INT2 without windows, prefix reuse, one long sequence over several splits. */
+Test(extend, long_chunk_kernel, .timeout = 900) {
+    cr_assert_eq(setenv("OSCAR_EXTEND_FA", "1", 1), 0);
+    cfg c = {128, 128, 64, 8, 24, 16, 4, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {64, 64, 16, 4, 8, 12, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 1};
+    cfg c3 = {128, 128, 32, 0, 0, 4, 4, OSCAR_METHOD_INT2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c4 = {64, 64, 16, 4, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, {
+        if (!strcmp(g.api->name, "cuda")) { /* the kernel is CUDA's; the others run these cases above */
+            int lens[] = {1, 40, 77, 130, 300, 211};
+            run_scenario_x(&g, &c, 6, lens, CHUNKS, 0, 1, 0, 0);
+            run_scenario_x(&g, &c2, 4, lens + 2, CHUNKS, 1, 1, 0, 0);
+            run_scenario_x(&g, &c3, 3, lens + 3, PREFILL, 0, 1, 0, 0);
+            int shared[] = {230, 201, 260, 215};
+            run_scenario_x(&g, &c4, 4, shared, PREFILL, 0, 1, 200, 0);
+            int one[] = {1500};
+            run_scenario_x(&g, &c, 1, one, CHUNKS, 0, 1, 0, 0);
+        }
+    });
+    cr_assert_eq(unsetenv("OSCAR_EXTEND_FA"), 0);
 }
 
 /* ------------------------------------------------- 3-bit head-tensors */

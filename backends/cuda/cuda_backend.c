@@ -333,6 +333,15 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         k->extend_w3 = dv->extend_w3;
         k->smem_w3 = (unsigned)dv->smem_w3;
     }
+    /* The long-chunk extend (shapes of one group per row at d 64 / 128, F16 metadata, uniform) */
+    k->extend_fa = k->rotate_rows = k->merge_rows = NULL;
+    k->fa_resident = 0;
+    if (dv->tc && dv->extend_fa) {
+        if ((st = tc_prepare(dv->extend_fa, 128, 0, "extend", &k->fa_resident, err))) return st;
+        k->extend_fa = dv->extend_fa;
+        k->rotate_rows = dv->rotate_rows;
+        k->merge_rows = dv->merge_rows;
+    }
     if (xv) {
         if ((st = tc_prepare(xv->extend_tc, xv->threads, xv->smem, "extend", &k->xresident, err))) return st;
         k->xextend = xv->extend_tc;
@@ -437,14 +446,12 @@ static const oscar_backend_api k_api = {
     g_write,                   g_read,            g_sync,          gpu_plan_create,
     gpu_plan_destroy,          gpu_workspace_bytes, gpu_workspace_init, gpu_check,
     gpu_append,                gpu_decode,        gpu_extend,
-#ifdef OSCAR_HIP
-    0 /* caps: 3-bit head-tensors not claimed (the generic kernels read them, but HIP runs nowhere here) */
-#else
-    /* caps: 3-bit head-tensors; layers that hold one decode with the tensor-core W3 kernels (or, with
-     * OSCAR_DECODE_W3=0, the generic extend kernels) and write with the block-wide ones, 2-bit layers keep
-     * the tensor-core and warp/tile kernels (gpu_core.c) */
+    /* caps: 3-bit head-tensors. CUDA: layers that hold one decode with the tensor-core W3 kernels (or,
+     * with OSCAR_DECODE_W3=0, the generic extend kernels) and write with the block-wide ones, 2-bit layers
+     * keep the tensor-core and warp/tile kernels (gpu_core.c). HIP: every layer runs the generic kernels,
+     * whose plane code is the source CUDA runs with OSCAR_DECODE_W3=0 and OpenCL always (conformance
+     * wide/ cases); like everything HIP, compiled here and never run */
     OSCAR_BACKEND_CAP_WIDE_CODES
-#endif
 };
 
 __attribute__((visibility("default"))) const oscar_backend_api *oscar_backend_entry_v1(void) { return &k_api; }

@@ -46,6 +46,9 @@ typedef struct oscar_tc_decode_params {
      * rows past H x hchunks (hchunks rows per such head, heads ascending) and write partials
      * nsplit .. nsplit + ns2x - 1. pstride: partials per (row, query head), nsplit + ns2x. */
     int32_t ns2x, pstride;
+    /* The first split of this launch: 0, or ns2 where the long-chunk extend (extend_fa.jinja: the
+     * 2-bit splits, same partial layout) ran before and this launch runs the 16-bit splits alone. */
+    int32_t split0;
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,

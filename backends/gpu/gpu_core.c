@@ -36,6 +36,9 @@
  * batch 1 x 32K (splits of ~550 tokens) 1.17-1.21x a 2-bit layer without, 1.27-1.32x with (from 256);
  * batch 1 x 128K (~2K) 1.22-1.65x without, 1.18-1.27x with. */
 #define OSCAR_DECODE_W3_SPLIT_MIN 1024
+/* The long-chunk extend (extend_fa.jinja) from this many (query row, head) pairs per KV head: a CTA
+ * of 64 pairs unpacks each tile once for all of them, where the decode family's widest CTA holds 16. */
+#define OSCAR_EXTEND_FA_MIN_PAIRS 64
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -66,6 +69,10 @@ typedef struct gpu_plan {
     int o3_ctas, o3_len, o3_big;
     int w3_split; /* W3 layers: the heads with a plane take twice the 2-bit splits from this chunk up */
     int w3_rows;  /* ... in rows of their own (gpu_tc_choose's heavy_rows; $OSCAR_DECODE_W3_ROWS, tests, A/B) */
+    /* extend calls of at least fa_min (query row, head) pairs per KV head run their 2-bit splits on the
+     * long-chunk kernel where the plan has it ($OSCAR_EXTEND_FA: 0 never, 1 every extend; tests, A/B);
+     * fa_splits > 0 fixes its split count ($OSCAR_EXTEND_FA_SPLITS, A/B) */
+    int fa_min, fa_splits;
     gpu_kernels k;
 } gpu_plan;
 
@@ -331,6 +338,11 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->o3_big = 3 * (cus > 0 ? cus : 1);
     p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN);
     p->w3_rows = env_count("OSCAR_DECODE_W3_ROWS", 1);
+    {
+        const int fe = env_count("OSCAR_EXTEND_FA", -1);
+        p->fa_min = fe == 0 ? -1 : fe == 1 ? 1 : OSCAR_EXTEND_FA_MIN_PAIRS;
+        p->fa_splits = env_count("OSCAR_EXTEND_FA_SPLITS", 0);
+    }
     size_t D = (size_t)d;
     oscar_page_geom g;
     oscar_page_geom_init(l, &g);
@@ -552,6 +564,35 @@ static void tc_choose(void *ctx, const gpu_plan *p, const tc_kernel *k, int nseq
                   row2, resident_of(ctx, k->resident), max_splits, heavy, p->w3_split, p->w3_rows, t);
 }
 
+/* The long-chunk extend's split of the 2-bit history for nseq sequences of up to cols (query row, head)
+ * pairs per KV head (extend_fa.jinja: CTAs of 64 pairs): the count of 64-token-aligned chunks that
+ * minimises waves x (chunk + a CTA's fixed cost, ~256 tokens), at most max_splits; 0 where the call
+ * does not take that kernel (no kernel, a layer with 3-bit head-tensors, too few pairs, no 2-bit rows,
+ * a grid past its y limit). */
+static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, int cols, int max_len, int max_splits,
+                     int *chunk) {
+    const int64_t lh = (int64_t)max_len - p->S0 - p->W, pch = ((int64_t)cols + 63) / 64;
+    if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || cols < p->fa_min || lh <= 0 ||
+        max_splits < 1 || pch * p->l.num_kv_heads > 65535)
+        return 0;
+    const int64_t base = (int64_t)nseq * p->l.num_kv_heads * pch, tiles = (lh + 63) / 64;
+    int64_t res = resident_of(ctx, p->k.fa_resident), best = -1, ns = 1;
+    if (res < 1) res = 132 * 3;
+    int64_t cap = tiles < max_splits ? tiles : max_splits;
+    if (cap > 256) cap = 256;
+    for (int64_t n = 1; n <= cap; n++) {
+        const int64_t c = ((lh + n - 1) / n + 63) / 64 * 64, waves = (base * n + res - 1) / res;
+        const int64_t cost = waves * (c + 256);
+        if (best < 0 || cost < best) {
+            best = cost;
+            ns = n;
+        }
+    }
+    if (p->fa_splits > 0) ns = p->fa_splits < cap ? p->fa_splits : cap;
+    *chunk = (int)(((lh + ns - 1) / ns + 63) / 64 * 64);
+    return (int)((lh + *chunk - 1) / *chunk);
+}
+
 /* Workspace: [error word | pad to 256][q~ fp32 [seqs][Hq][d]][partials fp32 [seqs][Hq][splits][d+2]]. */
 static size_t qt_bytes(const gpu_plan *p, int seqs) {
     return ALIGN256((size_t)seqs * (size_t)p->l.num_q_heads * (size_t)p->l.head_dim * sizeof(float));
@@ -587,6 +628,18 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     } else {
         gpu_choose_splits(max_seqs, p->l.num_kv_heads * hchunks_of(p), max_seq_len, p->k.threads, p->k.min_chunk,
                           target_blocks(ctx, p), resident_blocks(ctx, p), 1 << 20, &nsplit, &chunk);
+    }
+    if (p->k.tc && p->k.extend_fa) {
+        /* the long-chunk extend's splits for one sequence of max_seqs query rows (its grid is smallest
+         * there), beside the decode family's 16-bit ones */
+        const int64_t c64 = (int64_t)max_seqs * p->gqa;
+        const int cols = c64 > (1 << 24) ? (1 << 24) : (int)c64;
+        tc_kernel k = tc_kernel_for(p, 1, cols, 1, max_seq_len, 0);
+        gpu_tc_splits t;
+        int fchunk = 0;
+        tc_choose(ctx, p, &k, 1, cols, max_seq_len, 1 << 20, 0, &t);
+        const int fns = fa_choose(ctx, p, 1, 0, 1, cols, max_seq_len, 1 << 20, &fchunk);
+        if (fns > 0 && fns + t.nsplit - t.ns2 > nsplit) nsplit = fns + t.nsplit - t.ns2;
     }
     if (p->k.tc && p->wide) { /* the generic extend kernels that decode the layers with 3-bit head-tensors */
         int cap = p->k.ext_cap > 0 ? p->k.ext_cap : p->gqa, ns = 0;
@@ -816,6 +869,17 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     const int w3 = w3_layer(p, a->layer);
     tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len, w3);
     tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, w3 ? p->layer_wide[a->layer] : 0, &t);
+    /* Long chunks: the 2-bit splits on the long-chunk kernel (its own split of the history), then the
+     * decode family's kernel on the 16-bit splits alone (split0), the merge over both */
+    const int nsw = t.nsplit - t.ns2;
+    int fchunk = 0;
+    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, cols, max_len, max_splits - nsw, &fchunk);
+    if (fns > 0) {
+        t.ns2 = fns;
+        t.chunk2 = fchunk;
+        t.nsplit = t.pstride = fns + nsw;
+        t.ns2x = t.chunk2w = 0;
+    }
     if (t.pstride > max_splits)
         return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
                                 "%s %s: workspace holds %d splits, this batch needs %d; size it with "
@@ -838,9 +902,16 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     unsigned grp = (int64_t)Hq * rows >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
     /* The BF16 method (no rotation): its attention kernel reads and scales q itself */
     const int qdirect = p->l.method == OSCAR_METHOD_BF16; /* its tc variants read P.q (always set here) */
+    /* the long-chunk path's many rows: 8 rows of a query head per block (rotate_rows, merge_rows) */
+    const int many = fns > 0 && p->k.rotate_rows && p->k.merge_rows;
+    gpu_arg rr[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
+                    {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}, {&rows, 4}};
+    GPU_ARGS_FIT(rr);
     oscar_status st = qdirect ? OSCAR_OK
-                               : V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D,
-                                                ra, (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+                      : many  ? V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + 7) / 8), 1,
+                                               (unsigned)D, rr, (int)(sizeof rr / sizeof rr[0]), a->stream, err)
+                              : V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D,
+                                               ra, (int)(sizeof ra / sizeof ra[0]), a->stream, err);
     if (st) return st;
     oscar_tc_decode_params dp = {
         .pages = a->cache.pages, .windows = a->cache.windows, .bt = b->block_table, .lens = b->seq_lens,
@@ -857,12 +928,20 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     /* W3: the rows past the heads run the further splits of the heads with a plane (gpu_tc_choose) */
     const unsigned rows_y = (unsigned)(H * t.hchunks + (t.ns2x > 0 ? p->layer_wide[a->layer] * t.hchunks : 0));
     gpu_arg da[] = {{&dp, sizeof dp}};
+    if (fns > 0) {
+        st = V(ctx)->launch_dep(ctx, p->k.extend_fa, (unsigned)fns, (unsigned)(H * ((cols + 63) / 64)), (unsigned)nseq,
+                                128, 0, da, 1, a->stream, err);
+        if (st) return st;
+        dp.split0 = fns;
+    }
+    /* the decode family's splits (after the long-chunk kernel: the 16-bit ones alone, if any) */
+    if (t.nsplit - dp.split0 > 0)
     /* attention and merge start under the previous kernel's tail (they wait for its results);
      * without the rotation kernel the attention launches plainly: its prologue reads the
      * lengths before it waits, so what came before (the caller's kernels) must be done */
-    st = (qdirect ? V(ctx)->launch_smem : V(ctx)->launch_dep)(ctx, k.fn, (unsigned)t.nsplit,
-                                                               rows_y, (unsigned)nseq, 128, k.smem,
-                                                               da, 1, a->stream, err);
+        st = (qdirect ? V(ctx)->launch_smem : V(ctx)->launch_dep)(ctx, k.fn, (unsigned)(t.nsplit - dp.split0),
+                                                                   rows_y, (unsigned)nseq, 128, k.smem, da, 1,
+                                                                   a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
@@ -872,6 +951,9 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .max_q = max_q, .planes = w3 ? (const int32_t *)p->planes : NULL,
                                 .plane_off = a->layer * H * 2, .ns2x = t.ns2x, .pstride = t.pstride};
     gpu_arg ma[] = {{&mp, sizeof mp}};
+    if (many)
+        return V(ctx)->launch_dep(ctx, p->k.merge_rows, (unsigned)Hq, (unsigned)((rows + 7) / 8), 1, (unsigned)D, 0, ma,
+                                  1, a->stream, err);
     return V(ctx)->launch_dep(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, 0, ma, 1, a->stream,
                               err);
 }

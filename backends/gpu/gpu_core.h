@@ -68,6 +68,12 @@ typedef struct gpu_kernels {
      * shared bytes. */
     const void *decode_w3, *extend_w3;
     int resident_w3, ext_resident_w3;
+    /* Long-chunk extend over the 2-bit history (extend_fa.jinja; NULL: none), its CTAs per compute
+     * unit: the chunk's (query row, head) pairs as the MMA rows, 64 per CTA (gpu_core.c) */
+    const void *extend_fa;
+    int fa_resident;
+    /* its q rotation and merge of many query rows (8 per block, R read once for them; NULL: none) */
+    const void *rotate_rows, *merge_rows;
     int decode_lp; /* decode is the limb-packed kernel (the W3 kernels' 2-bit heads follow it) */
     unsigned smem_w3;
     char name[128];

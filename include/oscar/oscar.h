@@ -161,8 +161,8 @@ typedef struct oscar_layout_desc {
                                head_dim/8 bytes each after the metadata; 0 (default): 2 bits everywhere.
                                At least the largest count of 3-bit head-tensors in one layer of the
                                parameters (oscar_params_code_bits); at most 2 num_kv_heads. Backends that
-                               cannot store them (HIP so far; the CPU, OpenCL and CUDA backends can)
-                               refuse such layouts and parameters with OSCAR_ERR_UNSUPPORTED */
+                               cannot store them (third-party plugins; the CPU, OpenCL, CUDA and HIP
+                               backends can) refuse such layouts and parameters with OSCAR_ERR_UNSUPPORTED */
 } oscar_layout_desc;
 
 /* Fills the defaults: head_dim 128, group 128, 32 q heads, 8 kv heads,

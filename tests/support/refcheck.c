@@ -308,9 +308,38 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
     rc_attention_f64_q(s, L, t, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, lse, abs_score, NULL);
 }
 
+void rc_q_fa(const float *qt, int d, double sm_scale, double *q2) {
+    float mx = 0.0f;
+    for (int j = 0; j < d; j++) mx = fmaxf(mx, fabsf(qt[j]));
+    const float qmx = mx > 0.0f && mx < 1e30f ? exp2f(ceilf(log2f(mx))) : 1.0f;
+    const double sc = (double)(float)(sm_scale * 1.4426950408889634);
+    for (int j = 0; j < d; j++) {
+        const int k = j & 7;
+        const float w = k < 4 ? (float)(1 << (2 * k)) : k == 4 ? 256.0f : (float)(1 << (2 * (k - 5)));
+        const float f = 32768.0f / w / qmx; /* powers of two: exact */
+        q2[j] = (double)oscar_f16_to_f32(oscar_f32_to_f16(qt[j] * f)) / (double)f / sc;
+    }
+}
+
+static void attention_f64(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                          double *lse, double *abs_score, const float *qt_dev, int fa);
+
 void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                         const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
                         double *lse, double *abs_score, const float *qt_dev) {
+    attention_f64(s, L, t, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, lse, abs_score, qt_dev, 0);
+}
+
+void rc_attention_f64_fa(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                         const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                         double *lse, const float *qt_dev) {
+    attention_f64(s, L, t, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, lse, NULL, qt_dev, 1);
+}
+
+static void attention_f64(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                          const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                          double *lse, double *abs_score, const float *qt_dev, int fa) {
     int d = s->d, H = s->H, gq = Hq / H, vis = t + 1;
     double *sc = malloc((size_t)vis * sizeof *sc), qr[256], q2[256], o[256];
     for (int hq = 0; hq < Hq; hq++) {
@@ -318,7 +347,7 @@ void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *
         const float *RK = rot_k ? rot_k + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
         const float *RV = rot_v ? rot_v + (size_t)(num_rot == 1 ? 0 : h) * d * d : NULL;
         rc_rotate_q(q + (size_t)hq * d, RK, d, qr);
-        if (qt_dev) rc_q_limbs2(qt_dev + (size_t)hq * d, d, sm_scale, q2);
+        if (qt_dev) (fa ? rc_q_fa : rc_q_limbs2)(qt_dev + (size_t)hq * d, d, sm_scale, q2);
         double mx = -INFINITY, amx = 0;
         for (int p = 0; p < vis; p++) {
             const float *k = rc_stored_row(s, 0, p, h, L);
@@ -342,7 +371,11 @@ void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *
             double w = exp(sc[p] - mx);
             sum += w;
             const float *v = rc_stored_row(s, 1, p, h, L);
-            for (int j = 0; j < d; j++) o[j] += w * v[j];
+            if (fa && rc_region(&s->l, p, L) == RC_2BIT)
+                for (int j = 0; j < d; j++)
+                    o[j] += w * (double)oscar_f16_to_f32(oscar_f32_to_f16(fminf(fmaxf(v[j], -65504.0f), 65504.0f)));
+            else
+                for (int j = 0; j < d; j++) o[j] += w * v[j];
         }
         for (int j = 0; j < d; j++) o[j] /= sum;
         if (lse) lse[hq] = mx + log(sum);

@@ -121,6 +121,15 @@ void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2);
 void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
                         const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
                         double *lse, double *abs_score, const float *qt_dev);
+/* q~ of one head as the CUDA long-chunk extend holds it for the 2-bit rows (templates/extend_fa.jinja,
+ * FORMAT.md §5.1): fp16 of q~ / qmx 2^15 / w_j, w_j the power of four its code position carries
+ * (4^k, k = j mod 8 < 4; 256 at k = 4; 4^(k - 5) above), in q's units. */
+void rc_q_fa(const float *qt, int d, double sm_scale, double *q2);
+/* rc_attention_f64_q as the long-chunk extend computes it: q' from rc_q_fa, and the 2-bit value
+ * rows rounded to fp16 (clamped to +-65504), as it dequantizes them. */
+void rc_attention_f64_fa(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
+                         const float *rot_v, int num_rot, double sm_scale, int rotated_output, double *out,
+                         double *lse, const float *qt_dev);
 /* Compares n outputs stored in kv_dtype against the float64 reference within
  * the output rounding (2^-8 relative for bf16, 2^-10 for f16) plus a small
  * absolute slack scaled by the largest |ref|. Returns mismatches, first in msg. */
