@@ -88,7 +88,8 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                 return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
                                        "oscar_plan_create: layer %d of the parameters stores %d head-tensors in 3 "
                                        "bits (code_bits) but layout.wide_tensors is %d: set it to at least the "
-                                       "largest count of any layer and size pages with oscar_layout_sizes_get",
+                                       "largest count of any layer and size pages with oscar_layout_sizes_get "
+                                       "(or, with wide_per_layer 1, each layer's with oscar_plan_layer_sizes)",
                                        l, n, layout->wide_tensors);
             }
     }

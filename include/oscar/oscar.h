@@ -187,7 +187,8 @@ OSCAR_API int32_t oscar_layout_default_group(int32_t head_dim);
 OSCAR_API oscar_status oscar_layout_validate(const oscar_layout_desc *d);
 
 typedef struct oscar_layout_sizes {
-    size_t page_bytes;        /* one page of the paged pool (2-bit or BF16 pages) */
+    size_t page_bytes;        /* one page of the paged pool (2-bit or BF16 pages; with wide_per_layer 1
+                                 the largest, a layer's own from oscar_plan_layer_sizes) */
     size_t window_slot_bytes; /* one sequence's 16-bit sink+recent window (0 for BF16 method) */
     size_t k_codes_offset, v_codes_offset, k_meta_offset, v_meta_offset; /* within a page */
     double bits_per_element;  /* of the paged part (2 + meta bits / group), 16 for BF16 */
