@@ -1090,7 +1090,8 @@ Test(bad_input, wide_per_layer_field_and_layer_sizes) {
         cr_assert_eq(oscar_plan_layer_sizes(plan, layer, &s), OSCAR_OK, "%s", oscar_last_error());
         cr_expect_eq(s.page_bytes, big.page_bytes - (size_t)(2 - planes[layer]) * plane, "layer %d: %zu of %zu",
                      layer, s.page_bytes, big.page_bytes);
-        cr_expect(fabs(s.bits_per_element - (2.5 + planes[layer] / 4.0)) < 1e-12 /* group 64 */, "layer %d: %g bits", layer,
+        /* group 64: 2.5 bits before the planes */
+        cr_expect(fabs(s.bits_per_element - (2.5 + planes[layer] / 4.0)) < 1e-12, "layer %d: %g bits", layer,
                   s.bits_per_element);
         cr_expect(s.k_codes_offset == big.k_codes_offset && s.v_codes_offset == big.v_codes_offset &&
                   s.k_meta_offset == big.k_meta_offset && s.v_meta_offset == big.v_meta_offset &&

@@ -595,8 +595,8 @@ static oscar_status mem_holds(const cl_ctx *c, const char *fn, const char *name,
 }
 /* Buffers every call reads: the cache pools, the batch's index arrays, the workspace. */
 static oscar_status check_batch_buffers(const cl_ctx *cx, const ocl_plan *op, const char *fn, int layer,
-                                        const oscar_cache *c, const oscar_batch *b, const void *ws, size_t ws_bytes, void *stream,
-                                        oscar_errbuf *err) {
+                                        const oscar_cache *c, const oscar_batch *b, const void *ws, size_t ws_bytes,
+                                        void *stream, oscar_errbuf *err) {
     const size_t ns = b->num_seqs > 0 ? (size_t)b->num_seqs : 0;
     const size_t stride = b->block_table_stride > 0 ? (size_t)b->block_table_stride : 0;
     oscar_status s;
@@ -626,7 +626,8 @@ static oscar_status ocl_append(void *ctx, void *bplan, const oscar_backend_appen
     const int64_t row = (int64_t)op->l.num_kv_heads * op->l.head_dim;
     const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
     oscar_status s;
-    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                 a->stream, err)) ||
         (s = mem_holds(cx, fn, "cu_new", a->cu_new, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (s = mem_holds(cx, fn, "k", a->k, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||
@@ -644,7 +645,8 @@ static oscar_status ocl_decode(void *ctx, void *bplan, const oscar_backend_decod
     if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
     const int64_t row = (int64_t)op->l.num_q_heads * op->l.head_dim;
     oscar_status s;
-    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                 a->stream, err)) ||
         (s = mem_holds(cx, fn, "q", a->q, rows_bytes(a->batch.num_seqs, a->q_stride, row, op->es),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (s = mem_holds(cx, fn, "out", a->out, rows_bytes(a->batch.num_seqs, a->out_stride, row, op->es),
@@ -662,7 +664,8 @@ static oscar_status ocl_extend(void *ctx, void *bplan, const oscar_backend_exten
     const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
     const size_t tq = a->total_q > 0 ? (size_t)a->total_q : 0;
     oscar_status s;
-    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                 a->stream, err)) ||
         (s = mem_holds(cx, fn, "cu_q", a->cu_q, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (s = mem_holds(cx, fn, "q", a->q, rows_bytes(a->total_q, a->q_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||
