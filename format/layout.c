@@ -78,6 +78,15 @@ oscar_status oscar_format_check_layout(const oscar_layout_desc *d, char *msg, si
         return fail(OSCAR_ERR_UNSUPPORTED, msg, n,
                     "layout: wide_tensors %d needs method oscar2 (3-bit codes have uniform levels); use 0 for %s",
                     d->wide_tensors, oscar_format_method_name(d->method));
+    if (d->wide_per_layer != 0 && d->wide_per_layer != 1)
+        return fail(OSCAR_ERR_INVALID_ARGUMENT, msg, n,
+                    "layout: wide_per_layer %d must be 0 (one page size for every layer) or 1 (each layer's pages "
+                    "hold its own 1-bit planes)",
+                    d->wide_per_layer);
+    if (d->wide_per_layer && d->method != OSCAR_METHOD_OSCAR2)
+        return fail(OSCAR_ERR_UNSUPPORTED, msg, n,
+                    "layout: wide_per_layer 1 needs method oscar2 (only it stores 3-bit head-tensors); use 0 for %s",
+                    oscar_format_method_name(d->method));
     if (!oscar_method_paged(d->method))
         return fail(OSCAR_ERR_UNSUPPORTED, msg, n,
                     "layout: method %s is evaluation-only (oscar_fakequant); a paged cache supports oscar2, "
@@ -141,4 +150,21 @@ oscar_status oscar_format_planes(const oscar_layout_desc *l, int num_layers, con
         }
     }
     return OSCAR_OK;
+}
+
+int oscar_format_layer_planes(const oscar_layout_desc *l, const uint8_t *code_bits, int layer) {
+    if (l->method != OSCAR_METHOD_OSCAR2) return 0;
+    if (!l->wide_per_layer || layer < 0) return l->wide_tensors > 0 ? l->wide_tensors : 0;
+    if (!code_bits) return 0;
+    const size_t per = 2 * (size_t)l->num_kv_heads;
+    int n = 0;
+    for (size_t i = (size_t)layer * per; i < ((size_t)layer + 1) * per; i++) n += code_bits[i] == 3;
+    return n;
+}
+
+size_t oscar_format_layer_page_bytes(const oscar_layout_desc *l, const uint8_t *code_bits, int layer) {
+    oscar_page_geom g;
+    oscar_page_geom_init(l, &g);
+    if (l->method != OSCAR_METHOD_OSCAR2) return g.page_bytes;
+    return g.hi + (size_t)oscar_format_layer_planes(l, code_bits, layer) * (size_t)g.P * g.hi_row_bytes;
 }

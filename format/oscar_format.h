@@ -152,6 +152,16 @@ void oscar_page_geom_init(const oscar_layout_desc *l, oscar_page_geom *g);
 oscar_status oscar_format_planes(const oscar_layout_desc *l, int num_layers, const uint8_t *code_bits, int32_t *out,
                                  char *msg, size_t msg_len);
 
+/* 1-bit planes in the pages of `layer` (§3.3), the one rule every backend and the runtime use:
+ * l->wide_tensors when wide_per_layer is 0 (one page size for all layers) or layer < 0 (the largest
+ * page any layer may have); with wide_per_layer 1 the count of 3s in the layer's row of code_bits
+ * ([num_layers][H][2], as oscar_format_planes; NULL: no 3s, 0). 0 for methods other than oscar2. The
+ * caller checks layer < num_layers. */
+int oscar_format_layer_planes(const oscar_layout_desc *l, const uint8_t *code_bits, int layer);
+/* page_bytes of `layer`: the 2-bit page (oscar_page_geom.hi) plus its planes' P * d/8 bytes each;
+ * oscar_page_geom.page_bytes for other methods. The offsets inside a page are the same for all layers. */
+size_t oscar_format_layer_page_bytes(const oscar_layout_desc *l, const uint8_t *code_bits, int layer);
+
 /* Tokens of a sequence of L that live in the page pool (FORMAT.md §3.1, §3.4). */
 static inline int64_t oscar_paged_tokens(const oscar_layout_desc *l, int64_t L) {
     if (l->method == OSCAR_METHOD_BF16) return L;

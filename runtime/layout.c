@@ -34,20 +34,26 @@ oscar_status oscar_layout_sizes_get(const oscar_layout_desc *in, oscar_layout_si
     oscar_status s = oscar_layout_import(in, &l);
     if (s != OSCAR_OK) return s;
     if (!out) return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_layout_sizes_get: NULL output");
+    /* the largest page: wide_tensors planes, which every layer's pages fit (§3.3) */
+    oscar_layout_sizes_fill(d, NULL, -1, out);
+    return OSCAR_OK;
+}
+
+void oscar_layout_sizes_fill(const oscar_layout_desc *d, const uint8_t *code_bits, int layer, oscar_layout_sizes *out) {
     memset(out, 0, sizeof *out);
     oscar_page_geom g;
     oscar_page_geom_init(d, &g);
+    const int planes = oscar_format_layer_planes(d, code_bits, layer);
     out->k_codes_offset = g.k_codes;
     out->v_codes_offset = g.v_codes;
     out->k_meta_offset = g.k_meta;
     out->v_meta_offset = g.v_meta;
-    out->page_bytes = g.page_bytes;
+    out->page_bytes = oscar_format_layer_page_bytes(d, code_bits, layer);
     out->window_slot_bytes = g.window_slot_bytes;
     out->bits_per_element = d->method == OSCAR_METHOD_BF16
                                 ? 8.0 * (double)oscar_dtype_size(d->kv_dtype)
                                 : oscar_method_bits(d->method, d->head_dim, d->group, d->meta_dtype) +
-                                      (double)g.wide / (2.0 * (double)g.H); /* 1-bit planes (§2.7) */
-    return OSCAR_OK;
+                                      (double)planes / (2.0 * (double)g.H); /* 1-bit planes (§2.7) */
 }
 
 oscar_status oscar_layout_pages_for(const oscar_layout_desc *in, int64_t seq_len, int64_t *pages) {

@@ -62,7 +62,9 @@ typedef struct oscar_backend_plan_desc {
      * with wide_tensors > 0, on every other backend (OSCAR_ERR_UNSUPPORTED). A backend with the
      * capability may still refuse a plan whose kernels cannot read the planes, with
      * OSCAR_ERR_UNSUPPORTED and a message (CUDA: a tensor-core shape built without its generic
-     * extend kernels, which its layers with a 3-bit head-tensor run on). */
+     * extend kernels, which its layers with a 3-bit head-tensor run on). With layout.wide_per_layer 1,
+     * layer l's pages are oscar_format_layer_page_bytes(&layout, code_bits, l) bytes (format/layout.c):
+     * address every call's pool with its layer's. */
     const uint8_t *code_bits;
 } oscar_backend_plan_desc;
 

@@ -41,6 +41,9 @@ oscar_status oscar_struct_import(void *dst, size_t full_size, const void *src, s
                                  const char *fill_with);
 /* oscar_struct_import of a layout, then the format's check of its fields. */
 oscar_status oscar_layout_import(const oscar_layout_desc *in, oscar_layout_desc *out);
+/* oscar_layout_sizes of a checked layout's pages of `layer` (oscar_format_layer_planes: layer -1, the
+ * largest page; code_bits [num_layers][H][2] or NULL). Writes all of *out. */
+void oscar_layout_sizes_fill(const oscar_layout_desc *d, const uint8_t *code_bits, int layer, oscar_layout_sizes *out);
 
 /* ------------------------------------------------------- batch checks */
 /* The index arrays of an append, decode or extend on the host (the CPU

@@ -88,7 +88,8 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                 return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
                                        "oscar_plan_create: layer %d of the parameters stores %d head-tensors in 3 "
                                        "bits (code_bits) but layout.wide_tensors is %d: set it to at least the "
-                                       "largest count of any layer and size pages with oscar_layout_sizes_get",
+                                       "largest count of any layer and size pages with oscar_layout_sizes_get "
+                                       "(or, with wide_per_layer 1, each layer's with oscar_plan_layer_sizes)",
                                        l, n, layout->wide_tensors);
             }
     }
@@ -155,6 +156,19 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                         rk[o] = rv[o] = i == j ? 1.0f : 0.0f;
                     }
     }
+    /* Per-layer page sizes (oscar_plan_layer_sizes) need the widths after the parameters are gone. */
+    const size_t nbits = (size_t)L * (size_t)params->num_kv_heads * 2;
+    if (layout->wide_per_layer && wide && !(plan->code_bits = malloc(nbits))) {
+        free(rk);
+        free(rv);
+        free(fk);
+        free(fv);
+        free(clip);
+        free(plan);
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_plan_create: out of memory");
+    }
+    if (plan->code_bits) memcpy(plan->code_bits, params->bits, nbits);
     oscar_errbuf e = {{0}};
     plan->rt = rt;
     plan->layout = *layout;
@@ -168,6 +182,7 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
     free(clip);
     oscar_params_destroy(owned);
     if (s != OSCAR_OK) {
+        free(plan->code_bits);
         free(plan);
         return oscar_set_errbuf(s, &e);
     }
@@ -180,6 +195,7 @@ void oscar_plan_destroy(oscar_plan *plan) {
     if (!plan) return;
     oscar_runtime *rt = plan->rt;
     if (plan->bplan) rt->api->plan_destroy(rt->ctx, plan->bplan);
+    free(plan->code_bits);
     free(plan);
     oscar_runtime_destroy(rt); /* drops the plan's hold; frees rt if its owner destroyed it already */
 }
@@ -198,6 +214,20 @@ oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int max_seqs, in
     oscar_errbuf e = {{0}};
     return oscar_set_errbuf(plan->rt->api->workspace_bytes(plan->rt->ctx, plan->bplan, max_seqs, max_seq_len, bytes, &e),
                             &e);
+}
+
+oscar_status oscar_plan_layer_sizes(const oscar_plan *plan, int layer, oscar_layout_sizes *out) {
+    oscar_clear_error();
+    if (!plan || !out)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oscar_plan_layer_sizes: NULL %s; pass a plan from "
+                               "oscar_plan_create and an oscar_layout_sizes to fill", plan ? "output" : "plan");
+    if (layer < 0 || (!plan->shared_layers && layer >= plan->num_layers))
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_plan_layer_sizes: layer %d outside [0, %d) of the plan's parameters", layer,
+                               plan->num_layers);
+    /* the built-in parameters serve every layer index as layer 0 (oscar_append) */
+    oscar_layout_sizes_fill(&plan->layout, plan->code_bits, plan->shared_layers ? 0 : layer, out);
+    return OSCAR_OK;
 }
 
 oscar_status oscar_plan_workspace_init(oscar_plan *plan, void *workspace, void *stream) {

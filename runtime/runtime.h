@@ -29,6 +29,8 @@ struct oscar_plan {
     int32_t shared_layers; /* 1: one set of built-in rotations serves every layer index */
     void *bplan;
     char variant[128];
+    uint8_t *code_bits; /* owned copy of the parameters' [num_layers][H][2] code widths when
+                           layout.wide_per_layer is 1 and some are 3 (per-layer page sizes), else NULL */
 };
 
 #endif

@@ -44,6 +44,43 @@ Test(abi, first_version_layout_on_the_heap_is_read_within_its_bytes) {
     free(old);
 }
 
+/* A caller built against the header before wide_per_layer (struct ending at wide_tensors): the
+ * field reads as 0 (uniform pages), whatever lies past its struct_size. */
+Test(abi, layout_before_wide_per_layer_reads_it_as_zero) {
+    const size_t n = offsetof(oscar_layout_desc, wide_per_layer);
+    cr_assert_eq(n, offsetof(oscar_layout_desc, wide_tensors) + sizeof(int32_t), "wide_per_layer is appended");
+    oscar_layout_desc *old = malloc(sizeof *old);
+    cr_assert(old);
+    oscar_layout_default(old);
+    old->num_q_heads = 8, old->num_kv_heads = 2, old->wide_tensors = 2;
+    old->struct_size = (uint32_t)n;
+    old->wide_per_layer = 7; /* past struct_size: never read */
+    cr_assert_eq(oscar_layout_validate(old), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_desc cur = *old;
+    cur.struct_size = sizeof cur;
+    cur.wide_per_layer = 0;
+    oscar_layout_sizes a, b;
+    cr_assert_eq(oscar_layout_sizes_get(old, &a), OSCAR_OK);
+    cr_assert_eq(oscar_layout_sizes_get(&cur, &b), OSCAR_OK);
+    cr_expect(a.page_bytes == b.page_bytes && a.bits_per_element == b.bits_per_element);
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 2, 8, 2, 128, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 1, 0, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    oscar_runtime *rt;
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK);
+    oscar_plan *plan;
+    cr_assert_eq(oscar_plan_create(rt, old, p, &plan), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_layer_sizes(plan, 0, &a), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(a.page_bytes, b.page_bytes, "layer 0 of uniform pages: %zu, not %zu", a.page_bytes, b.page_bytes);
+    oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+    oscar_params_destroy(p);
+    free(old);
+}
+
 Test(abi, first_version_runtime_options_on_the_heap) {
     size_t n = OSCAR_RUNTIME_OPTIONS_SIZE_V1;
     oscar_runtime_options def;

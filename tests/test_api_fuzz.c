@@ -193,13 +193,23 @@ static void random_layout(fz *f, layout_expect *x) {
             l->method = PICK(r, ((const oscar_method[]){OSCAR_METHOD_INT4, OSCAR_METHOD_INT8, OSCAR_METHOD_KIVI2,
                                                          OSCAR_METHOD_COUNT_, (oscar_method)-1}));
             break;
-        case 12: l->wide_tensors = PICK(r, ((const int[]){-1, 2 * hkv + 1})); break;
+        case 12:
+            if (chance(r, 50))
+                l->wide_tensors = PICK(r, ((const int[]){-1, 2 * hkv + 1}));
+            else
+                l->wide_per_layer = PICK(r, ((const int[]){-1, 2, INT32_MAX, INT32_MIN}));
+            break;
         default: l->struct_size = PICK(r, ((const uint32_t[]){0, 4, 4097, UINT32_MAX})); break;
         }
     } else if (l->method == OSCAR_METHOD_OSCAR2 && chance(r, 25)) {
         l->wide_tensors = ri(r, 1, 2 * hkv);
+        /* per-layer page sizes; the pools here are of the largest page, which every layer fits */
+        l->wide_per_layer = chance(r, 50);
     } else if (l->method != OSCAR_METHOD_OSCAR2 && chance(r, 3)) {
-        l->wide_tensors = 1; /* only oscar2 stores 3-bit head-tensors */
+        if (chance(r, 50))
+            l->wide_tensors = 1; /* only oscar2 stores 3-bit head-tensors */
+        else
+            l->wide_per_layer = 1;
         valid = 0;
     }
     x->valid = valid;

@@ -177,6 +177,10 @@ static int require_variant;
  * and the layout's room for them (layout.wide_tensors). */
 static const uint8_t *wide_code_bits;
 static int wide_room;
+/* Set by the per-layer page case: layout.wide_per_layer 1, each layer's pools of its own page size
+ * (format/layout.c oscar_format_layer_page_bytes over wide_bits_live, the plan's code widths). */
+static int wide_per_layer_on;
+static const uint8_t *wide_bits_live;
 /* Set by a case whose planted rows must reach the codes as planted: no rotation, whatever the method. */
 static int force_identity;
 
@@ -194,6 +198,7 @@ static int env_init(env *e, plug *g, const cfg *c, rc_rng *r, uint64_t seed, int
         e->identity = 1;
     }
     e->l.wide_tensors = wide_room;
+    e->l.wide_per_layer = wide_per_layer_on;
     if (fb) {
         e->fb_k = random_feedback(r, e->num_rot, c->d);
         e->fb_v = random_feedback(r, e->num_rot, c->d);
@@ -1835,6 +1840,13 @@ static void wide_schedule(env *e, rc_rng *r, uint64_t seed, const cfg *c, int ns
     }
     rc_paged b;
     cr_assert_eq(rc_paged_init(r, &e->l, nseq, maxl, 3, &b), 0);
+    if (e->l.wide_per_layer) { /* the layer's pages only: both backends' pools exactly that (poisoned) */
+        b.page_bytes = oscar_format_layer_page_bytes(&e->l, wide_bits_live, LAYER);
+        cr_assert_leq(b.page_bytes, b.g.page_bytes);
+        void *shrunk = realloc(b.pages, b.page_bytes * (size_t)(b.num_pages > 0 ? b.num_pages : 1));
+        cr_assert(shrunk);
+        b.pages = shrunk;
+    }
     env_bind_pools(e, &b);
     int *n = malloc((size_t)nseq * sizeof *n), *qn = malloc((size_t)nseq * sizeof *qn), steps = 0;
     const char *what = mode == TOKENS ? "token by token" : mode == CHUNKS ? "chunks" : "prefill";
@@ -1931,6 +1943,73 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
         g_layer = 1;
     }
     env_free(&e);
+}
+
+/* Per-layer pages (layout.wide_per_layer 1, FORMAT.md §3.3): layer 1 holds at least two 3-bit
+ * head-tensors, layer 0 none (zero: plain 2-bit pages) or one; wide_tensors is one more than any layer
+ * has, so no page holds a plane its layer lacks. Each layer runs wide_schedule on pools of exactly its
+ * page size on both backends: pools against the CPU backend's, outputs against the float64 reference
+ * and the CPU backend. */
+static void run_wide_per_layer(plug *g, const cfg *c, int nseq, const int *final_lens, int mode, int fb, int ext,
+                               int zero) {
+    if (!(g->api->caps & OSCAR_BACKEND_CAP_WIDE_CODES)) {
+        fprintf(stderr, "%s: no 3-bit head-tensors (caps 0x%x), skipped\n", g->api->name, (unsigned)g->api->caps);
+        return;
+    }
+    uint64_t seed = rc_fresh_seed();
+    rc_rng r;
+    rc_rng_seed(&r, seed);
+    uint8_t bits[LAYERS * RC_MAX_KV_HEADS * 2];
+    int room = 0, count[LAYERS] = {0};
+    const int one = rc_randint(&r, 0, 2 * c->H - 1);
+    for (int l = 0; l < LAYERS; l++) {
+        for (int i = 0; i < 2 * c->H; i++) {
+            uint8_t b = l == 1 ? ((i == 0 || i == 2 * c->H - 1 || rc_randint(&r, 0, 2) == 0) ? 3 : 2)
+                               : (i == one && !zero ? 3 : 2);
+            bits[l * 2 * c->H + i] = b;
+            count[l] += b == 3;
+        }
+        room = count[l] > room ? count[l] : room;
+    }
+    cr_assert(count[1] >= 2 && count[0] == (zero ? 0 : 1));
+    wide_code_bits = bits;
+    wide_room = room + 1 <= 2 * c->H ? room + 1 : room;
+    wide_per_layer_on = 1;
+    int maxlen = 1;
+    for (int i = 0; i < nseq; i++) maxlen = final_lens[i] > maxlen ? final_lens[i] : maxlen;
+    env e;
+    int ok = env_init(&e, g, c, &r, seed, ext ? nseq * EXT_MAX_Q : nseq, maxlen, fb);
+    wide_code_bits = NULL;
+    wide_room = 0;
+    wide_per_layer_on = 0;
+    if (!ok) {
+        cr_assert(strcmp(g->api->name, "opencl") != 0, "seed %llu: opencl refused the plan", (unsigned long long)seed);
+        return; /* a shape the plugin's generated set lacks (run_wide checks that refusal) */
+    }
+    cr_assert_eq(oscar_format_planes(&e.l, LAYERS, bits, wide_planes, NULL, 0), OSCAR_OK, "planes of the code widths");
+    wide_bits_live = bits;
+    oscar_page_geom pg;
+    oscar_page_geom_init(&e.l, &pg);
+    for (int layer = LAYERS - 1; layer >= 0; layer--) {
+        const size_t want = pg.hi + (size_t)count[layer] * (size_t)c->P * (size_t)c->d / 8;
+        cr_assert_eq(oscar_format_layer_page_bytes(&e.l, bits, layer), want, "layer %d page bytes", layer);
+        g_layer = layer;
+        wide_schedule(&e, &r, seed, c, nseq, final_lens, mode, ext);
+    }
+    g_layer = 1;
+    wide_bits_live = NULL;
+    env_free(&e);
+}
+
+Test(wide, per_layer_pages, .timeout = 900) {
+    cfg c1 = {128, 128, 64, 8, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c2 = {64, 32, 16, 4, 8, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    const int l1[] = {3, 40, 95, 170}, l2[] = {1, 29, 64, 123, 77};
+    FOR_EACH_BACKEND(g, {
+        run_wide_per_layer(&g, &c1, 4, l1, CHUNKS, 1, 1, 1);
+        run_wide_per_layer(&g, &c2, 5, l2, TOKENS, 0, 0, 0);
+        run_wide_per_layer(&g, &c2, 5, l2, PREFILL, 1, 1, 1);
+    });
 }
 
 /* 3-bit head-tensors at head_dims that are not powers of two: d 80 reads the 1-bit plane 16 bits at a

@@ -1051,6 +1051,114 @@ Test(bad_input, wide_codes_opencl, .timeout = 300) { wide_codes_case("opencl", N
 Test(bad_input, wide_codes_cuda, .timeout = 300) { wide_codes_case("cuda", NULL); }
 Test(bad_input, wide_codes_hip, .timeout = 300) { wide_codes_case("hip", NULL); }
 Test(bad_input, wide_codes_refused_capless) { wide_codes_case("hip", OSCAR_CAPLESS_PLUGIN_DIR); }
+/* Per-layer page sizes (layout.wide_per_layer, FORMAT.md §3.3): the field takes 0 or 1 and 1 only with
+ * oscar2; oscar_plan_layer_sizes refuses NULLs and layers outside the parameters, naming itself, and
+ * gives each layer's pages exactly its planes while oscar_layout_sizes_get keeps the largest page. */
+Test(bad_input, wide_per_layer_field_and_layer_sizes) {
+    oscar_runtime *rt = NULL;
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_desc l;
+    oscar_layout_default(&l);
+    l.head_dim = 64, l.group = 64, l.num_q_heads = 4, l.num_kv_heads = 2, l.max_seq_len = LEN;
+    l.wide_tensors = 2;
+    const int bad[] = {-1, 2, 7, INT32_MAX, INT32_MIN};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        l.wide_per_layer = bad[i];
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_INVALID_ARGUMENT, "wide_per_layer %d", bad[i]);
+        cr_expect(strstr(oscar_last_error(), "wide_per_layer") != NULL, "message: %s", oscar_last_error());
+        oscar_layout_sizes z;
+        cr_expect_eq(oscar_layout_sizes_get(&l, &z), OSCAR_ERR_INVALID_ARGUMENT);
+    }
+    l.wide_per_layer = 1;
+    l.wide_tensors = 0;
+    const oscar_method others[] = {OSCAR_METHOD_OSCAR2_LM, OSCAR_METHOD_INT2, OSCAR_METHOD_QUAROT2, OSCAR_METHOD_BF16};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        l.method = others[i];
+        cr_expect_eq(oscar_layout_validate(&l), OSCAR_ERR_UNSUPPORTED, "%s", oscar_method_name(others[i]));
+        cr_expect(strstr(oscar_last_error(), "wide_per_layer") != NULL, "message: %s", oscar_last_error());
+    }
+    l.method = OSCAR_METHOD_OSCAR2;
+    l.wide_tensors = 2;
+    cr_expect_eq(oscar_layout_validate(&l), OSCAR_OK, "%s", oscar_last_error());
+
+    /* Layers with 1, 0 and 2 3-bit head-tensors. */
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 3, 4, 2, 64, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 0, 1, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 0, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan *plan = NULL;
+    cr_assert_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_sizes big, s;
+    cr_assert_eq(oscar_layout_sizes_get(&l, &big), OSCAR_OK);
+    const size_t plane = (size_t)l.page_size * 64 / 8;
+    const int planes[3] = {1, 0, 2};
+    for (int layer = 0; layer < 3; layer++) {
+        memset(&s, 0xA5, sizeof s);
+        cr_assert_eq(oscar_plan_layer_sizes(plan, layer, &s), OSCAR_OK, "%s", oscar_last_error());
+        cr_expect_eq(s.page_bytes, big.page_bytes - (size_t)(2 - planes[layer]) * plane, "layer %d: %zu of %zu",
+                     layer, s.page_bytes, big.page_bytes);
+        /* group 64: 2.5 bits before the planes */
+        cr_expect(fabs(s.bits_per_element - (2.5 + planes[layer] / 4.0)) < 1e-12, "layer %d: %g bits", layer,
+                  s.bits_per_element);
+        cr_expect(s.k_codes_offset == big.k_codes_offset && s.v_codes_offset == big.v_codes_offset &&
+                  s.k_meta_offset == big.k_meta_offset && s.v_meta_offset == big.v_meta_offset &&
+                  s.window_slot_bytes == big.window_slot_bytes);
+    }
+    cr_expect(fabs(big.bits_per_element - 3.0) < 1e-12, "largest page: %g bits", big.bits_per_element);
+    const int layers[] = {-1, 3, INT32_MAX, INT32_MIN};
+    for (size_t i = 0; i < sizeof layers / sizeof layers[0]; i++) {
+        cr_expect_eq(oscar_plan_layer_sizes(plan, layers[i], &s), OSCAR_ERR_INVALID_ARGUMENT, "layer %d", layers[i]);
+        cr_expect(strstr(oscar_last_error(), "oscar_plan_layer_sizes") && strstr(oscar_last_error(), "layer"),
+                  "message: %s", oscar_last_error());
+    }
+    cr_expect_eq(oscar_plan_layer_sizes(plan, 0, NULL), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(oscar_last_error(), "oscar_plan_layer_sizes: NULL output") != NULL, "message: %s",
+              oscar_last_error());
+    cr_expect_eq(oscar_plan_layer_sizes(NULL, 0, &s), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_expect(strstr(oscar_last_error(), "NULL plan") != NULL, "message: %s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    /* wide_tensors stays the bound per layer: layer 2's two planes do not fit one. */
+    l.wide_tensors = 1;
+    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH);
+    cr_expect(strstr(oscar_last_error(), "wide_tensors") != NULL, "message: %s", oscar_last_error());
+    /* 2-bit parameters: every layer's pages plain 2-bit, whatever the room. */
+    oscar_params *p2 = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 3, 4, 2, 64, &p2), OSCAR_OK);
+    l.wide_tensors = 2;
+    cr_assert_eq(oscar_plan_create(rt, &l, p2, &plan), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_layer_sizes(plan, 1, &s), OSCAR_OK);
+    cr_expect_eq(s.page_bytes, big.page_bytes - 2 * plane);
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    /* Uniform pages (wide_per_layer 0): every layer reports oscar_layout_sizes_get's page; a plan of
+     * built-in parameters takes any layer >= 0, as oscar_append does. */
+    l.wide_per_layer = 0;
+    cr_assert_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_layer_sizes(plan, 1, &s), OSCAR_OK);
+    cr_expect_eq(s.page_bytes, big.page_bytes);
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    oscar_layout_default(&l);
+    l.method = OSCAR_METHOD_INT2;
+    cr_assert_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_layout_sizes_get(&l, &big), OSCAR_OK);
+    cr_assert_eq(oscar_plan_layer_sizes(plan, 1000, &s), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect(s.page_bytes == big.page_bytes && s.bits_per_element == big.bits_per_element);
+    oscar_plan_destroy(plan);
+    oscar_params_destroy(p2);
+    oscar_params_destroy(p);
+    oscar_runtime_destroy(rt);
+}
+
+Test(bad_input, wide_codes_cpu) { wide_codes_case("cpu"); }
+Test(bad_input, wide_codes_opencl, .timeout = 300) { wide_codes_case("opencl"); }
+Test(bad_input, wide_codes_cuda, .timeout = 300) { wide_codes_case("cuda"); }
+Test(bad_input, wide_codes_refused_hip, .timeout = 300) { wide_codes_case("hip"); }
 
 /* ----------------------------------------------------------------- layout */
 /* oscar_layout_pages_for takes any int64 length: INT64_MAX overflowed the

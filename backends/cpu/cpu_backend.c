@@ -27,6 +27,8 @@ typedef struct cpu_plan {
     float *clip_k, *clip_v; /* [layers][kv heads], 1 for methods that never clip */
     int32_t *plane;         /* [layers][kv heads][2]: 1-bit plane of a 3-bit head-tensor (FORMAT.md §2.7),
                                -1 for 2 bits; NULL: 2 bits everywhere */
+    size_t *page_bytes;     /* [layers]: page size of each layer (format/layout.c; they differ only with
+                               layout.wide_per_layer 1, FORMAT.md §3.3) */
     float lut[256][4];      /* byte of 4 codes -> 4 levels */
 } cpu_plan;
 
@@ -104,6 +106,7 @@ static void cpu_plan_free(cpu_plan *p) {
     free(p->clip_k);
     free(p->clip_v);
     free(p->plane);
+    free(p->page_bytes);
     free(p);
 }
 
@@ -190,6 +193,11 @@ static oscar_status cpu_plan_create(void *ctx, const oscar_backend_plan_desc *de
             return oscar_errbuf_set(err, ps, "cpu plan: %s", why);
         }
     }
+    if (!(p->page_bytes = malloc(nl * sizeof *p->page_bytes))) {
+        cpu_plan_free(p);
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "cpu plan: out of host memory");
+    }
+    for (size_t i = 0; i < nl; i++) p->page_bytes[i] = oscar_format_layer_page_bytes(l, desc->code_bits, (int)i);
     static const float uni[4] = {0.0f, 1.0f, 2.0f, 3.0f};
     static const float lmv[4] = {-OSCAR_LM_L0, -OSCAR_LM_L1, OSCAR_LM_L1, OSCAR_LM_L0};
     for (int b = 0; b < 256; b++)
@@ -253,9 +261,9 @@ static char *window_row(const cpu_plan *p, void *windows, int32_t slot, int kv, 
            (((size_t)kv * (size_t)p->g.H + (size_t)h) * rows_per_head + (size_t)row) * (size_t)p->g.d * p->esize;
 }
 /* Page and row of paged index j (2-bit history index, or position for BF16). */
-static char *page_base(const cpu_plan *p, void *pages, const int32_t *bt_row, int64_t j, int *r) {
+static char *page_base(const cpu_plan *p, int layer, void *pages, const int32_t *bt_row, int64_t j, int *r) {
     *r = (int)(j % p->g.P);
-    return (char *)pages + (size_t)bt_row[j / p->g.P] * p->g.page_bytes;
+    return (char *)pages + (size_t)bt_row[j / p->g.P] * p->page_bytes[layer];
 }
 
 /* ----------------------------------------------------------- validation */
@@ -394,7 +402,7 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
             const int32_t *bt = b->block_table ? b->block_table + (size_t)i * (size_t)b->block_table_stride : NULL;
             for (int64_t pos = lo; pos < hi; pos++) {
                 int r;
-                char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
+                char *page = page_base(p, a->layer, a->cache.pages, bt, pos - p->S0, &r);
                 for (int kv = 0; kv < 2; kv++)
                     for (int h = 0; h < H; h++) {
                         load_row(p, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos), x);
@@ -424,12 +432,12 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                     }
                     int r;
                     if (!p->quantized) {
-                        char *page = page_base(p, a->cache.pages, bt, pos, &r);
+                        char *page = page_base(p, a->layer, a->cache.pages, bt, pos, &r);
                         store_row(p, xr,
                                   page + (kv ? p->g.v_codes : p->g.k_codes) +
                                       ((size_t)h * (size_t)p->g.P + (size_t)r) * p->g.codes_row_bytes);
                     } else if (pos >= p->S0 && pos < L - p->W) {
-                        char *page = page_base(p, a->cache.pages, bt, pos - p->S0, &r);
+                        char *page = page_base(p, a->layer, a->cache.pages, bt, pos - p->S0, &r);
                         store_2bit(p, page, a->layer, kv, h, r, clip[kv][h], xr);
                     } else {
                         store_row(p, xr, window_row(p, a->cache.windows, b->window_slots[i], kv, h, pos));
@@ -462,7 +470,7 @@ static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *
                         int h, int64_t pos, int64_t L, float *out) {
     int r;
     if (!p->quantized) {
-        char *page = page_base(p, c->pages, bt, pos, &r);
+        char *page = page_base(p, layer, c->pages, bt, pos, &r);
         load_row(p, page + (kv ? p->g.v_codes : p->g.k_codes) + ((size_t)h * p->g.P + r) * p->g.codes_row_bytes,
                  out);
         return;
@@ -471,7 +479,7 @@ static void read_stored(const cpu_plan *p, const oscar_cache *c, const int32_t *
         load_row(p, window_row(p, c->windows, slot, kv, h, pos), out);
         return;
     }
-    char *page = page_base(p, c->pages, bt, pos - p->S0, &r);
+    char *page = page_base(p, layer, c->pages, bt, pos - p->S0, &r);
     size_t row = (size_t)h * p->g.P + (size_t)r;
     const uint8_t *codes = (const uint8_t *)page + (kv ? p->g.v_codes : p->g.k_codes) + row * p->g.codes_row_bytes;
     const char *meta = page + (kv ? p->g.v_meta : p->g.k_meta) + row * p->g.meta_row_bytes;

@@ -43,7 +43,9 @@
 typedef struct gpu_plan {
     oscar_layout_desc l;
     int num_layers, num_rot, identity, quantized, lm, S0, W, lp, gqa;
-    size_t page_bytes, slot_bytes, kc, vc, km, vm;
+    size_t slot_bytes, kc, vc, km, vm;
+    size_t *page_bytes; /* host [layers]: each layer's page size (format/layout.c; they differ only with
+                           layout.wide_per_layer 1, FORMAT.md §3.3), passed to the kernels per call */
     void *rot_k, *rot_v, *rot_vt; /* device fp32 [layers][num_rot][d][d]; rot_vt transposed; NULL if identity */
     void *fb_k, *fb_v; /* device fp32 error-feedback weights, same layout; NULL: round to nearest */
     void *clip_k, *clip_v;        /* device fp32 [layers][kv heads] */
@@ -277,6 +279,7 @@ static void plan_free(void *ctx, gpu_plan *p) {
     if (p->clip_v) V(ctx)->free(ctx, p->clip_v);
     if (p->planes) V(ctx)->free(ctx, p->planes);
     free(p->layer_wide);
+    free(p->page_bytes);
     free(p);
 }
 
@@ -350,10 +353,14 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->vc = g.v_codes;
     p->km = g.k_meta;
     p->vm = g.v_meta;
-    p->page_bytes = g.page_bytes;
     p->slot_bytes = g.window_slot_bytes;
     if (bf16m) p->l.group = d; /* the kernels read a BF16 row as one group */
     size_t nl = (size_t)desc->num_layers;
+    if (!(p->page_bytes = malloc(nl * sizeof *p->page_bytes))) {
+        plan_free(ctx, p);
+        return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
+    }
+    for (size_t i = 0; i < nl; i++) p->page_bytes[i] = oscar_format_layer_page_bytes(l, desc->code_bits, (int)i);
     const size_t nclip = nl * (size_t)l->num_kv_heads;
     float *clip = malloc(2 * nclip * sizeof(float)); /* host staging: K then V */
     if (!clip) {
@@ -469,6 +476,11 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
 
 void gpu_plan_destroy(void *ctx, void *bplan) { plan_free(ctx, bplan); }
 
+size_t gpu_plan_page_bytes(const void *bplan, int layer) {
+    const gpu_plan *p = bplan;
+    return p && layer >= 0 && layer < p->num_layers ? p->page_bytes[layer] : 0;
+}
+
 /* Appends v to the ", "-separated list in buf (len bytes) unless it is there already. */
 static void list_add(char *buf, size_t len, int *seen, int nseen_max, int *nseen, int v) {
     for (int i = 0; i < *nseen; i++)
@@ -556,10 +568,10 @@ static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq, i
 }
 
 /* cols: MMA columns per (sequence, KV head): the GQA ratio for decode, max_q_len x it for extend. */
-static void tc_choose(void *ctx, const gpu_plan *p, const tc_kernel *k, int nseq, int cols, int max_len,
-                      int max_splits, int heavy, gpu_tc_splits *t) {
-    /* bytes of one token of one KV head in a page (codes + metadata of K and V) */
-    int row2 = (int)(p->page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
+static void tc_choose(void *ctx, const gpu_plan *p, size_t page_bytes, const tc_kernel *k, int nseq, int cols,
+                      int max_len, int max_splits, int heavy, gpu_tc_splits *t) {
+    /* bytes of one token of one KV head in a page of the layer (codes + metadata of K and V, planes) */
+    int row2 = (int)(page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
     gpu_tc_choose(nseq, p->l.num_kv_heads, cols, k->cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
                   row2, resident_of(ctx, k->resident), max_splits, heavy, p->w3_split, p->w3_rows, t);
 }
@@ -611,18 +623,25 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     int nsplit, chunk;
     if (p->k.tc) {
         gpu_tc_splits t;
-        /* the splits of either decode kernel (the 3-CTA twin may want more) */
         nsplit = 0;
-        for (int o3 = 0; o3 < (p->k.decode_o3 ? 2 : 1); o3++) {
-            tc_kernel k = tc_decode_kernel(p, o3);
-            tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, 0, &t);
-            if (t.nsplit > nsplit) nsplit = t.nsplit;
-        }
-        if (p->wide && p->k.decode_w3) { /* the W3 layers' splits, for any count of heads with a plane */
-            tc_kernel k = tc_w3_kernel(p, 0);
-            for (int heavy = 0; heavy <= p->l.num_kv_heads; heavy++) {
-                tc_choose(ctx, p, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, heavy, &t);
-                if (t.pstride > nsplit) nsplit = t.pstride;
+        /* the splits depend on the page size: those of every layer's (one value without wide_per_layer) */
+        for (int li = 0; li < p->num_layers; li++) {
+            int seen = 0;
+            for (int j = 0; j < li && !seen; j++) seen = p->page_bytes[j] == p->page_bytes[li];
+            if (seen) continue;
+            const size_t pb = p->page_bytes[li];
+            /* the splits of either decode kernel (the 3-CTA twin may want more) */
+            for (int o3 = 0; o3 < (p->k.decode_o3 ? 2 : 1); o3++) {
+                tc_kernel k = tc_decode_kernel(p, o3);
+                tc_choose(ctx, p, pb, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, 0, &t);
+                if (t.nsplit > nsplit) nsplit = t.nsplit;
+            }
+            if (p->wide && p->k.decode_w3) { /* the W3 layers' splits, for any count of heads with a plane */
+                tc_kernel k = tc_w3_kernel(p, 0);
+                for (int heavy = 0; heavy <= p->l.num_kv_heads; heavy++) {
+                    tc_choose(ctx, p, pb, &k, max_seqs, p->gqa, max_seq_len, 1 << 20, heavy, &t);
+                    if (t.pstride > nsplit) nsplit = t.pstride;
+                }
             }
         }
     } else {
@@ -635,11 +654,13 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
         const int64_t c64 = (int64_t)max_seqs * p->gqa;
         const int cols = c64 > (1 << 24) ? (1 << 24) : (int)c64;
         tc_kernel k = tc_kernel_for(p, 1, cols, 1, max_seq_len, 0);
-        gpu_tc_splits t;
         int fchunk = 0;
-        tc_choose(ctx, p, &k, 1, cols, max_seq_len, 1 << 20, 0, &t);
         const int fns = fa_choose(ctx, p, 1, 0, 1, cols, max_seq_len, 1 << 20, &fchunk);
-        if (fns > 0 && fns + t.nsplit - t.ns2 > nsplit) nsplit = fns + t.nsplit - t.ns2;
+        for (int li = 0; fns > 0 && li < p->num_layers; li++) { /* the 16-bit splits by each layer's pages */
+            gpu_tc_splits t;
+            tc_choose(ctx, p, p->page_bytes[li], &k, 1, cols, max_seq_len, 1 << 20, 0, &t);
+            if (fns + t.nsplit - t.ns2 > nsplit) nsplit = fns + t.nsplit - t.ns2;
+        }
     }
     if (p->k.tc && p->wide) { /* the generic extend kernels that decode the layers with 3-bit head-tensors */
         int cap = p->k.ext_cap > 0 ? p->k.ext_cap : p->gqa, ns = 0;
@@ -741,7 +762,7 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
     void *ck = p->clip_k, *cv = p->clip_v;
     int clip_off = a->layer * H; /* the layer's row of the [layers][kv heads] clips */
     int64_t kv_stride = a->kv_stride, rot_off = (int64_t)a->layer * num_rot * D * D;
-    int64_t page_bytes = (int64_t)p->page_bytes, slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
+    int64_t page_bytes = (int64_t)p->page_bytes[a->layer], slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
             vc = (int64_t)p->vc, km = (int64_t)p->km, vm = (int64_t)p->vm;
     void *pages = a->cache.pages, *windows = a->cache.windows, *ws = a->workspace;
     const void *bt = b->block_table, *lens = b->seq_lens, *slots = b->window_slots, *cu = a->cu_new, *k = a->k,
@@ -868,7 +889,8 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     gpu_tc_splits t;
     const int w3 = w3_layer(p, a->layer);
     tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len, w3);
-    tc_choose(ctx, p, &k, nseq, cols, max_len, max_splits, w3 ? p->layer_wide[a->layer] : 0, &t);
+    tc_choose(ctx, p, p->page_bytes[a->layer], &k, nseq, cols, max_len, max_splits, w3 ? p->layer_wide[a->layer] : 0,
+              &t);
     /* Long chunks: the 2-bit splits on the long-chunk kernel (its own split of the history), then the
      * decode family's kernel on the 16-bit splits alone (split0), the merge over both */
     const int nsw = t.nsplit - t.ns2;
@@ -916,7 +938,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     oscar_tc_decode_params dp = {
         .pages = a->cache.pages, .windows = a->cache.windows, .bt = b->block_table, .lens = b->seq_lens,
         .slots = b->window_slots, .ws = ws, .qt_off = qt_off, .part_off = part_off,
-        .page_bytes = (int64_t)p->page_bytes, .slot_bytes = (int64_t)p->slot_bytes, .kc_off = (int64_t)p->kc,
+        .page_bytes = (int64_t)p->page_bytes[a->layer], .slot_bytes = (int64_t)p->slot_bytes, .kc_off = (int64_t)p->kc,
         .vc_off = (int64_t)p->vc, .km_off = (int64_t)p->km, .vm_off = (int64_t)p->vm,
         .num_pages = a->cache.num_pages, .num_slots = a->cache.num_window_slots,
         .bt_stride = b->block_table_stride, .H = H, .Hq = Hq, .gq = p->gqa, .hchunks = t.hchunks, .lp = p->lp,
@@ -1021,7 +1043,7 @@ static oscar_status generic_launch(void *ctx, const gpu_plan *p, const oscar_bac
         num_slots = a->cache.num_window_slots, has_cu = a->cu_q != NULL, total_q = a->total_q,
         max_q = a->max_q_len, has_lse = a->lse != NULL;
     float scale = a->sm_scale * LOG2E;
-    int64_t page_bytes = (int64_t)p->page_bytes, slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
+    int64_t page_bytes = (int64_t)p->page_bytes[a->layer], slot_bytes = (int64_t)p->slot_bytes, kc = (int64_t)p->kc,
             vc = (int64_t)p->vc, km = (int64_t)p->km, vm = (int64_t)p->vm;
     const void *q = a->q, *pages = a->cache.pages, *windows = a->cache.windows, *bt = b->block_table,
                *lens = b->seq_lens, *slots = b->window_slots, *rk = p->rot_k, *rvt = p->rot_vt;

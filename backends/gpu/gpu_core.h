@@ -115,6 +115,9 @@ typedef struct gpu_ctx_head {
 oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, void **bplan, char *variant,
                              size_t variant_len, oscar_errbuf *err);
 void gpu_plan_destroy(void *ctx, void *bplan);
+/* Page bytes of the plan's layer (FORMAT.md §3.3: per layer with layout.wide_per_layer 1), 0 for a
+ * NULL plan or a layer out of range (the call then refuses the layer). */
+size_t gpu_plan_page_bytes(const void *bplan, int layer);
 oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_seq_len, size_t *bytes,
                                  oscar_errbuf *err);
 oscar_status gpu_workspace_init(void *ctx, void *bplan, void *workspace, void *stream, oscar_errbuf *err);

@@ -526,7 +526,7 @@ static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_laun
 typedef struct ocl_plan {
     void *gpu; /* gpu_core's plan */
     oscar_layout_desc l;
-    size_t page_bytes, slot_bytes, es;
+    size_t slot_bytes, es; /* page bytes: per layer, gpu_plan_page_bytes */
     int windowed; /* window slots and pool are read */
 } ocl_plan;
 
@@ -543,7 +543,6 @@ static oscar_status ocl_plan_create(void *ctx, const oscar_backend_plan_desc *de
     oscar_page_geom g;
     oscar_page_geom_init(&desc->layout, &g);
     op->l = desc->layout;
-    op->page_bytes = g.page_bytes;
     op->slot_bytes = g.window_slot_bytes;
     op->es = desc->layout.kv_dtype == OSCAR_DTYPE_F32 ? 4 : 2;
     op->windowed = desc->layout.method != OSCAR_METHOD_BF16 && desc->layout.sink + desc->layout.recent > 0;
@@ -595,15 +594,15 @@ static oscar_status mem_holds(const cl_ctx *c, const char *fn, const char *name,
     return OSCAR_OK;
 }
 /* Buffers every call reads: the cache pools, the batch's index arrays, the workspace. */
-static oscar_status check_batch_buffers(const cl_ctx *cx, const ocl_plan *op, const char *fn, const oscar_cache *c,
-                                        const oscar_batch *b, const void *ws, size_t ws_bytes, void *stream,
-                                        oscar_errbuf *err) {
+static oscar_status check_batch_buffers(const cl_ctx *cx, const ocl_plan *op, const char *fn, int layer,
+                                        const oscar_cache *c, const oscar_batch *b, const void *ws, size_t ws_bytes,
+                                        void *stream, oscar_errbuf *err) {
     const size_t ns = b->num_seqs > 0 ? (size_t)b->num_seqs : 0;
     const size_t stride = b->block_table_stride > 0 ? (size_t)b->block_table_stride : 0;
     oscar_status s;
     if ((s = queue_ok(cx, fn, stream, err)) ||
         (s = mem_holds(cx, fn, "cache.pages", c->pages,
-                       mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0, op->page_bytes, 1),
+                       mul3(c->num_pages > 0 ? (size_t)c->num_pages : 0, gpu_plan_page_bytes(op->gpu, layer), 1),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (op->windowed &&
          (s = mem_holds(cx, fn, "cache.windows", c->windows,
@@ -627,7 +626,8 @@ static oscar_status ocl_append(void *ctx, void *bplan, const oscar_backend_appen
     const int64_t row = (int64_t)op->l.num_kv_heads * op->l.head_dim;
     const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
     oscar_status s;
-    if ((s = check_batch_buffers(cx, op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                 a->stream, err)) ||
         (s = mem_holds(cx, fn, "cu_new", a->cu_new, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (s = mem_holds(cx, fn, "k", a->k, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||
@@ -645,7 +645,8 @@ static oscar_status ocl_decode(void *ctx, void *bplan, const oscar_backend_decod
     if (!op) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "opencl %s: plan is NULL", fn);
     const int64_t row = (int64_t)op->l.num_q_heads * op->l.head_dim;
     oscar_status s;
-    if ((s = check_batch_buffers(cx, op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                 a->stream, err)) ||
         (s = mem_holds(cx, fn, "q", a->q, rows_bytes(a->batch.num_seqs, a->q_stride, row, op->es),
                        OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (s = mem_holds(cx, fn, "out", a->out, rows_bytes(a->batch.num_seqs, a->out_stride, row, op->es),
@@ -663,7 +664,8 @@ static oscar_status ocl_extend(void *ctx, void *bplan, const oscar_backend_exten
     const size_t ns = a->batch.num_seqs > 0 ? (size_t)a->batch.num_seqs : 0;
     const size_t tq = a->total_q > 0 ? (size_t)a->total_q : 0;
     oscar_status s;
-    if ((s = check_batch_buffers(cx, op, fn, &a->cache, &a->batch, a->workspace, a->workspace_bytes, a->stream, err)) ||
+    if ((s = check_batch_buffers(cx, op, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes,
+                                 a->stream, err)) ||
         (s = mem_holds(cx, fn, "cu_q", a->cu_q, mul3(ns + 1, 4, 1), OSCAR_ERR_INVALID_ARGUMENT, err)) ||
         (s = mem_holds(cx, fn, "q", a->q, rows_bytes(a->total_q, a->q_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)) ||

@@ -67,8 +67,9 @@ extern "C" {
 #define OSCAR_VERSION_MINOR 1
 #define OSCAR_VERSION_PATCH 0
 /* Version of the backend plugin ABI (runtime/oscar_backend.h). */
-#define OSCAR_BACKEND_ABI_VERSION 4 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
-                                       clips per KV head; 4: capability word (3-bit head-tensors) */
+#define OSCAR_BACKEND_ABI_VERSION 5 /* 2: plan descriptor carries error-feedback weights; 3: extend entry,
+                                       clips per KV head; 4: capability word (3-bit head-tensors); 5: the
+                                       descriptor's layout grows (wide_per_layer: page size per layer) */
 /* Version of the parameter file format (docs/FORMAT.md section 6). */
 #define OSCAR_PARAMS_FORMAT_VERSION 4 /* 2: error-feedback weights; 3: clip ratios per KV head; 4: code
                                          widths per head-tensor (files are written with the lowest
@@ -162,7 +163,15 @@ typedef struct oscar_layout_desc {
                                At least the largest count of 3-bit head-tensors in one layer of the
                                parameters (oscar_params_code_bits); at most 2 num_kv_heads. Backends that
                                cannot store them (third-party plugins; the CPU, OpenCL, CUDA and HIP
-                               backends can) refuse such layouts and parameters with OSCAR_ERR_UNSUPPORTED */
+                               backends can) refuse such layouts and parameters with
+                               OSCAR_ERR_UNSUPPORTED. With wide_per_layer 1: the most planes any layer's
+                               pages may hold */
+    int32_t wide_per_layer; /* 0 (default): every layer's pages hold wide_tensors planes (one page size).
+                               1 (OSCAR2 only): layer l's pages hold exactly the planes of layer l's 3-bit
+                               head-tensors in the plan's parameters, so layers differ in page size: size
+                               each layer's pool with oscar_plan_layer_sizes (oscar_layout_sizes_get
+                               still reports the largest page, wide_tensors planes, which fits every
+                               layer). docs/FORMAT.md §3.3 */
 } oscar_layout_desc;
 
 /* Fills the defaults: head_dim 128, group 128, 32 q heads, 8 kv heads,
@@ -179,7 +188,8 @@ OSCAR_API int32_t oscar_layout_default_group(int32_t head_dim);
 OSCAR_API oscar_status oscar_layout_validate(const oscar_layout_desc *d);
 
 typedef struct oscar_layout_sizes {
-    size_t page_bytes;        /* one page of the paged pool (2-bit or BF16 pages) */
+    size_t page_bytes;        /* one page of the paged pool (2-bit or BF16 pages; with wide_per_layer 1
+                                 the largest, a layer's own from oscar_plan_layer_sizes) */
     size_t window_slot_bytes; /* one sequence's 16-bit sink+recent window (0 for BF16 method) */
     size_t k_codes_offset, v_codes_offset, k_meta_offset, v_meta_offset; /* within a page */
     double bits_per_element;  /* of the paged part (2 + meta bits / group), 16 for BF16 */
@@ -605,6 +615,12 @@ OSCAR_API const char *oscar_plan_variant(const oscar_plan *plan);
  * run at the same time need workspaces of their own. */
 OSCAR_API oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int max_seqs, int max_seq_len,
                                                   size_t *bytes);
+/* Page geometry of one layer of the plan's cache (docs/FORMAT.md §3.3): with layout.wide_per_layer 1,
+ * page_bytes and bits_per_element count exactly that layer's 1-bit planes (its 3-bit head-tensors in the
+ * plan's parameters); otherwise the same as oscar_layout_sizes_get of the plan's layout. The offsets are
+ * the same for every layer. layer: [0, num_layers) of the parameters (any layer >= 0 for a plan made
+ * with the built-in parameters); *out is the caller's and is fully written on success. */
+OSCAR_API oscar_status oscar_plan_layer_sizes(const oscar_plan *plan, int layer, oscar_layout_sizes *out);
 /* Zeroes the workspace's error word; call once after allocating workspace. */
 OSCAR_API oscar_status oscar_plan_workspace_init(oscar_plan *plan, void *workspace, void *stream);
 /* Synchronizes the stream and reports errors the device kernels raised since

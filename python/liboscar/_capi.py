@@ -73,7 +73,7 @@ class LayoutDesc(_Struct):
     _fields_ = [("struct_size", c_uint32), ("head_dim", c_int32), ("group", c_int32), ("num_q_heads", c_int32),
                 ("num_kv_heads", c_int32), ("page_size", c_int32), ("sink", c_int32), ("recent", c_int32),
                 ("max_seq_len", c_int32), ("kv_dtype", c_int), ("meta_dtype", c_int), ("method", c_int),
-                ("wide_tensors", c_int32)]
+                ("wide_tensors", c_int32), ("wide_per_layer", c_int32)]
 
 
 class LayoutSizes(_Struct):
@@ -203,6 +203,8 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_params_set_clip", S, c_void_p, c_int, c_int, c_float)
     _sig(L, "oscar_params_clip_head", S, c_void_p, c_int, c_int, c_int, POINTER(c_float))
     _sig(L, "oscar_params_set_clip_head", S, c_void_p, c_int, c_int, c_int, c_float)
+    _sig(L, "oscar_params_code_bits", S, c_void_p, c_int, c_int, c_int, POINTER(c_int))
+    _sig(L, "oscar_params_set_code_bits", S, c_void_p, c_int, c_int, c_int, c_int)
     _sig(L, "oscar_params_check_shape", S, c_void_p, c_int, c_int, c_int, c_int, c_char_p)
     _sig(L, "oscar_fakequant", S, c_void_p, c_int, c_int, c_int, c_int, c_int, c_int, c_int, c_void_p)
     _sig(L, "oscar_method_bits", c_double, c_int, c_int, c_int, c_int)
@@ -220,6 +222,7 @@ def _declare_core(L: ctypes.CDLL) -> None:
     _sig(L, "oscar_plan_create", S, c_void_p, POINTER(LayoutDesc), c_void_p, POINTER(c_void_p))
     _sig(L, "oscar_plan_destroy", None, c_void_p)
     _sig(L, "oscar_plan_variant", c_char_p, c_void_p)
+    _sig(L, "oscar_plan_layer_sizes", S, c_void_p, c_int, POINTER(LayoutSizes))
     _sig(L, "oscar_plan_workspace_bytes", S, c_void_p, c_int, c_int, POINTER(c_size_t))
     _sig(L, "oscar_plan_workspace_init", S, c_void_p, c_void_p, c_void_p)
     _sig(L, "oscar_plan_check", S, c_void_p, c_void_p, c_void_p)

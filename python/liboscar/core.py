@@ -532,6 +532,17 @@ class Params(_Handle):
         else:
             _check(lib.oscar_params_set_clip_head(self._h, layer, kv_head, _kv(which), c))
 
+    def code_bits(self, layer: int, kv_head: int, which: str) -> int:
+        """Code width (2 or 3) of one head-tensor (FORMAT.md 2.7)."""
+        b = ctypes.c_int()
+        _check(lib.oscar_params_code_bits(self._h, layer, kv_head, _kv(which), ctypes.byref(b)))
+        return b.value
+
+    def set_code_bits(self, layer: int, kv_head: int, which: str, bits: int) -> None:
+        """Sets one head-tensor's code width: 3 stores it in 3 bits (oscar2 only; the layout needs
+        wide_tensors room), 2 back to 2 bits."""
+        _check(lib.oscar_params_set_code_bits(self._h, layer, kv_head, _kv(which), bits))
+
     def check_shape(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                     model_hash: Optional[str] = None) -> None:
         """Raises OscarError (SHAPE_MISMATCH) when the parameters are for another model."""
@@ -597,6 +608,9 @@ class Layout:
     meta_dtype: str = _DTYPE_NAMES[_LD.meta_dtype]
     method: str = field(default_factory=lambda: method_name(_LD.method))
     wide_tensors: int = _LD.wide_tensors  # room for 3-bit head-tensors per layer (FORMAT.md 2.7; CPU, OpenCL and CUDA backends)
+    # 1 (oscar2): each layer's pages hold only its own 3-bit head-tensors' planes (FORMAT.md 3.3); size
+    # layer l's pool with Plan.layer_sizes(l).page_bytes (sizes() stays the largest page)
+    wide_per_layer: int = _LD.wide_per_layer
 
     def __post_init__(self) -> None:
         if not self.group:  # a head_dim the C int cannot hold is reported by validate(), as any field
@@ -607,7 +621,7 @@ class Layout:
     def _c(self) -> _capi.LayoutDesc:
         d = _layout_defaults()
         for f in ("head_dim", "group", "num_q_heads", "num_kv_heads", "page_size", "sink", "recent",
-                  "max_seq_len", "wide_tensors"):
+                  "max_seq_len", "wide_tensors", "wide_per_layer"):
             setattr(d, f, getattr(self, f))  # checked: no float truncated, no int wrapped
         d.kv_dtype, d.meta_dtype = dtype_id(self.kv_dtype), dtype_id(self.meta_dtype)
         d.method = method_id(self.method)
@@ -666,7 +680,23 @@ class Plan(_Handle):
         self._L = Layout(**{f.name: names.get(f.name, int)(getattr(d, f.name)) for f in dataclasses.fields(Layout)})
         self.layout = dataclasses.replace(self._L)
         self.variant: str = lib.oscar_plan_variant(h).decode()
-        self.sizes = self._L.sizes()
+        self.sizes = self._L.sizes()  # the largest page (every layer's with wide_per_layer 0)
+        self._layer_pb: dict = {}  # layer -> its page_bytes (layer_sizes), for the calls' pool checks
+
+    def layer_sizes(self, layer: int) -> LayoutSizes:
+        """``oscar_plan_layer_sizes``: the page geometry of one layer; with ``wide_per_layer`` 1 its
+        page_bytes counts only that layer's 1-bit planes (allocate each layer's pool with it)."""
+        s = _capi.LayoutSizes()
+        _check(lib.oscar_plan_layer_sizes(self._h, _capi.checked_int(layer, _capi.c_int, "layer"), ctypes.byref(s)))
+        return LayoutSizes(s.page_bytes, s.window_slot_bytes, s.k_codes_offset, s.v_codes_offset, s.k_meta_offset,
+                           s.v_meta_offset, s.bits_per_element)
+
+    def _page_bytes(self, layer: int) -> int:
+        if not self._L.wide_per_layer:
+            return self.sizes.page_bytes
+        if layer not in self._layer_pb:
+            self._layer_pb[layer] = self.layer_sizes(layer).page_bytes  # raises for a layer out of range
+        return self._layer_pb[layer]
 
     def workspace_bytes(self, max_seqs: int, max_seq_len: int) -> int:
         n = ctypes.c_size_t()
@@ -699,18 +729,20 @@ class Plan(_Handle):
     def _stream(self, stream: Optional[int]) -> Optional[int]:
         return stream if stream is not None else self.runtime.default_stream()
 
-    def _batch(self, pages, windows, seq_lens, window_slots, block_table, max_seq_len):
+    def _batch(self, layer, pages, windows, seq_lens, window_slots, block_table, max_seq_len):
         L, dev = self._L, self._dev
         if not hasattr(seq_lens, "shape") or len(seq_lens.shape) != 1:
             raise ValueError("seq_lens: expected a 1-D int32 array [num_seqs]")
         ns = int(seq_lens.shape[0])
-        cache = _capi.Cache(_ptr(pages, "u8", (None,), "pages", dev), pages.shape[0] // self.sizes.page_bytes,
+        pb = self._page_bytes(layer)
+        cache = _capi.Cache(_ptr(pages, "u8", (None,), "pages", dev), pages.shape[0] // pb,
                             _ptr(windows, "u8", (None,), "windows", dev) if windows is not None else None,
                             (windows.shape[0] // self.sizes.window_slot_bytes
                              if windows is not None and self.sizes.window_slot_bytes else 0))
-        if pages.shape[0] % self.sizes.page_bytes:
-            raise ValueError(f"pages: {pages.shape[0]} bytes is not a multiple of page_bytes "
-                             f"{self.sizes.page_bytes}")
+        # per-layer pages: a pool of the largest pages serves every layer too (FORMAT.md 3.3)
+        if pages.shape[0] % pb and (pb == self.sizes.page_bytes or pages.shape[0] % self.sizes.page_bytes):
+            raise ValueError(f"pages: {pages.shape[0]} bytes is not a multiple of layer {layer}'s page_bytes "
+                             f"{pb}")
         bt = _ptr(block_table, "i32", (ns, None), "block_table", dev)
         batch = _capi.Batch(ns, _ptr(seq_lens, "i32", (ns,), "seq_lens", dev),
                             # None: NULL, as the C API takes for a layout without windows (it refuses it otherwise)
@@ -727,7 +759,7 @@ class Plan(_Handle):
         (kv_dtype) go into the cache; ``seq_lens`` are lengths after the
         append; sequence i's rows are ``cu_new[i]:cu_new[i+1]``."""
         L, dev = self._L, self._dev
-        cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
+        cache, batch = self._batch(layer, pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         total = _rows(k, "k")
         shape = (total, L.num_kv_heads, L.head_dim)
         kp, vp = _ptr(k, L.kv_dtype, shape, "k", dev), _ptr(v, L.kv_dtype, shape, "v", dev)
@@ -743,7 +775,7 @@ class Plan(_Handle):
         """``oscar_decode``: one query per sequence, q and out
         [num_seqs, num_q_heads, head_dim] (kv_dtype)."""
         L, dev = self._L, self._dev
-        cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
+        cache, batch = self._batch(layer, pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         shape = (batch.num_seqs, L.num_q_heads, L.head_dim)
         _check(lib.oscar_decode(self._h, layer, ctypes.byref(cache), ctypes.byref(batch),
                                 _ptr(q, L.kv_dtype, shape, "q", dev), 0, _ptr(out, L.kv_dtype, shape, "out", dev), 0,
@@ -763,7 +795,7 @@ class Plan(_Handle):
         exp(scores) when given. The workspace must hold
         ``workspace_bytes(max(num_seqs, total_q), max_seq_len)``."""
         L, dev = self._L, self._dev
-        cache, batch = self._batch(pages, windows, seq_lens, window_slots, block_table, max_seq_len)
+        cache, batch = self._batch(layer, pages, windows, seq_lens, window_slots, block_table, max_seq_len)
         total = _rows(q, "q")
         shape = (total, L.num_q_heads, L.head_dim)
         a = _capi.AttnArgs()
@@ -859,7 +891,9 @@ class PagedCache:
             raise ValueError(f"max_seq_len {self.max_seq_len} outside [1, {L.max_seq_len}] (the layout's max_seq_len)")
         self.pages_per_seq = max(1, L.pages_for(self.max_seq_len))
         sz = plan.sizes
-        page_total = num_seqs * self.pages_per_seq * sz.page_bytes
+        # each layer's pool of its own pages (the same size for all without wide_per_layer)
+        page_total = [num_seqs * self.pages_per_seq * (plan._page_bytes(i) if i in held else 0)
+                      for i in range(num_layers)]
         win_total = num_seqs * sz.window_slot_bytes
         ws = plan.workspace_bytes(num_seqs, self.max_seq_len)
         bt = np.arange(num_seqs * self.pages_per_seq, dtype=np.int32).reshape(num_seqs, self.pages_per_seq)
@@ -869,7 +903,7 @@ class PagedCache:
         self._staging: dict = {}  # OpenCL: name -> DeviceBuffer, grown as needed
         rt = plan.runtime
         if rt.on_device and rt.backend not in ("cuda", "hip"):  # OpenCL: buffers by handle
-            self.pages = [rt.alloc((page_total if i in held else 1,), "u8") for i in range(num_layers)]
+            self.pages = [rt.alloc((page_total[i] if i in held else 1,), "u8") for i in range(num_layers)]
             self.windows = [rt.alloc((max(win_total, 1) if i in held else 1,), "u8") for i in range(num_layers)]
             self.workspace = rt.alloc((max(ws, 1),), "u8")
             self.block_table, self.window_slots = rt.alloc(bt.shape, "i32"), rt.alloc(slots.shape, "i32")
@@ -881,7 +915,7 @@ class PagedCache:
                 raise ImportError("PagedCache on a GPU backend needs torch")
             dev = torch.device("cuda", torch.cuda.current_device())
             self._zeros = lambda n, dt: torch.zeros(n, dtype=dt, device=dev)
-            self.pages = [torch.zeros(page_total if i in held else 0, dtype=torch.uint8, device=dev)
+            self.pages = [torch.zeros(page_total[i] if i in held else 0, dtype=torch.uint8, device=dev)
                           for i in range(num_layers)]
             self.windows = [torch.zeros(max(win_total, 1) if i in held else 0, dtype=torch.uint8, device=dev)
                             for i in range(num_layers)]
@@ -891,7 +925,7 @@ class PagedCache:
             self._lens_dev = torch.zeros(num_seqs, dtype=torch.int32, device=dev)
             self._cu_dev = torch.zeros(num_seqs + 1, dtype=torch.int32, device=dev)
         else:
-            self.pages = [np.zeros(page_total if i in held else 0, dtype=np.uint8) for i in range(num_layers)]
+            self.pages = [np.zeros(page_total[i] if i in held else 0, dtype=np.uint8) for i in range(num_layers)]
             self.windows = [np.zeros(max(win_total, 1) if i in held else 0, dtype=np.uint8) for i in range(num_layers)]
             self.workspace = np.zeros(max(ws, 1), dtype=np.uint8)
             self.block_table, self.window_slots = bt, slots
