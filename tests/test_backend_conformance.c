@@ -554,9 +554,10 @@ static void dev_ext_free(env *e, dev_ext *d) {
 
 /* Layer LAYER of e's plan holds a 3-bit head-tensor (wide_code_bits). */
 static int layer_is_wide(const env *e) {
-    if (!wide_code_bits || e->l.wide_tensors == 0) return 0;
+    const uint8_t *bits = wide_bits_live ? wide_bits_live : wide_code_bits;
+    if (!bits || e->l.wide_tensors == 0) return 0;
     for (int i = 0; i < 2 * e->l.num_kv_heads; i++)
-        if (wide_code_bits[(size_t)LAYER * 2 * e->l.num_kv_heads + i] == 3) return 1;
+        if (bits[(size_t)LAYER * 2 * e->l.num_kv_heads + i] == 3) return 1;
     return 0;
 }
 

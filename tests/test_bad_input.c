@@ -1155,10 +1155,6 @@ Test(bad_input, wide_per_layer_field_and_layer_sizes) {
     oscar_runtime_destroy(rt);
 }
 
-Test(bad_input, wide_codes_cpu) { wide_codes_case("cpu"); }
-Test(bad_input, wide_codes_opencl, .timeout = 300) { wide_codes_case("opencl"); }
-Test(bad_input, wide_codes_cuda, .timeout = 300) { wide_codes_case("cuda"); }
-Test(bad_input, wide_codes_refused_hip, .timeout = 300) { wide_codes_case("hip"); }
 
 /* ----------------------------------------------------------------- layout */
 /* oscar_layout_pages_for takes any int64 length: INT64_MAX overflowed the
