@@ -115,7 +115,12 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
     const int use_fb = needs_params && params->fb;
     float *fk = use_fb ? malloc(sizeof(float) * per * (size_t)L) : NULL,
           *fv = use_fb ? malloc(sizeof(float) * per * (size_t)L) : NULL;
-    if (!rk || !rv || (use_fb && (!fk || !fv))) {
+    /* Per-layer page sizes (oscar_plan_layer_sizes) need the widths after the parameters are gone. */
+    const size_t nbits = (size_t)L * (size_t)params->num_kv_heads * 2;
+    const int keep_bits = layout->wide_per_layer && wide;
+    if (keep_bits) plan->code_bits = malloc(nbits);
+    if (!rk || !rv || (use_fb && (!fk || !fv)) || (keep_bits && !plan->code_bits)) {
+        free(plan->code_bits);
         free(rk);
         free(rv);
         free(fk);
@@ -155,18 +160,6 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                         size_t o = per * (size_t)l + ((size_t)r * (size_t)d + (size_t)i) * (size_t)d + (size_t)j;
                         rk[o] = rv[o] = i == j ? 1.0f : 0.0f;
                     }
-    }
-    /* Per-layer page sizes (oscar_plan_layer_sizes) need the widths after the parameters are gone. */
-    const size_t nbits = (size_t)L * (size_t)params->num_kv_heads * 2;
-    if (layout->wide_per_layer && wide && !(plan->code_bits = malloc(nbits))) {
-        free(rk);
-        free(rv);
-        free(fk);
-        free(fv);
-        free(clip);
-        free(plan);
-        oscar_params_destroy(owned);
-        return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_plan_create: out of memory");
     }
     if (plan->code_bits) memcpy(plan->code_bits, params->bits, nbits);
     oscar_errbuf e = {{0}};
