@@ -828,6 +828,10 @@ Test(bad_input, extend_refusals_opencl, .timeout = 300) {
 Test(bad_input, extend_refusals_cuda, .timeout = 300) {
     extend_bad_case("cuda", 0);
     extend_bad_case("cuda", 1);
+    /* the long-chunk kernel and its many-row merge on every extend call (docs/API.md) */
+    cr_assert_eq(setenv("OSCAR_EXTEND_FA", "1", 1), 0);
+    extend_bad_case("cuda", 0);
+    cr_assert_eq(unsetenv("OSCAR_EXTEND_FA"), 0);
 }
 Test(bad_input, extend_refusals_hip, .timeout = 300) {
     extend_bad_case("hip", 0);
