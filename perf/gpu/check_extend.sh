@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# GPU checks of the extend paths, the 3-bit head-tensors and per-layer pages (device machine), in one
+# call: builds the CUDA plugin with the d 64 and d 128 variants of perf/gpu/set-extend.json (~2.5
+# minutes on the H100's 16 cores), runs the carried conformance binaries' extend, wide and tensor-core
+# cases, test_bad_input, test_per_layer_pages, test_cuda_graph, test_workspace, test_plan_threads, then
+# perf/gpu/extend_ab.sh (the long-chunk kernel on and off, SDPA beside).
+#   here:   bash perf/gpu/carry_conf.sh && tar -cJf .devcarry/conf.tar.xz build-carry-conf
+#   there:  run(command="bash perf/gpu/check_extend.sh", carry=[".devcarry/conf.tar.xz"])
+set -u
+cd "$(dirname "$0")/../.."
+[ -d build-carry-conf ] || tar -xJf .devcarry/conf.tar.xz
+B=${OSCAR_BENCH_BUILD:-/tmp/oscar-extend}
+if [ ! -x "$B/bench_attention" ]; then
+  { cmake -S perf/gpu -B "$B" -G Ninja -DOSCAR_GEN_SET="$PWD/perf/gpu/set-extend.json" -DCMAKE_BUILD_TYPE=Release &&
+    ninja -C "$B"; } > /tmp/check-extend-build.log 2>&1 || { tail -30 /tmp/check-extend-build.log; exit 1; }
+fi
+(
+  export LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda
+  for f in 'extend/*' 'wide/*' 'conformance/d128_gqa4_tensor_core_shapes' 'conformance/error_feedback_rounding' \
+           'conformance/large_ragged_batch'; do
+    timeout 300 build-carry-conf/test_backend_conformance --jobs 14 --filter "$f" > /tmp/c.txt 2>&1
+    echo "$f rc=$? $(grep Synthesis /tmp/c.txt)"
+    grep -E "FAIL|outputs off|differs" /tmp/c.txt | head -3
+  done
+  for t in test_bad_input test_per_layer_pages test_cuda_graph test_workspace test_plan_threads; do
+    timeout 200 build-carry-conf/$t --jobs 8 > /tmp/t.txt 2>&1
+    echo "$t rc=$? $(grep Synthesis /tmp/t.txt)"
+    grep -E "FAIL|off the|differs" /tmp/t.txt | head -3
+  done
+)
+[ -n "${NO_AB:-}" ] || NS=${NS:-4,8,64,256,512} OSCAR_BENCH_BUILD=$B timeout 300 bash perf/gpu/extend_ab.sh 2>&1 | tail -14
+nvidia-smi --query-gpu=name --format=csv,noheader
