@@ -587,10 +587,11 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
     float *qt = tc ? malloc((size_t)total * Hq * d * sizeof *qt) : NULL; /* the device's q~ */
     /* CUDA's long-chunk kernel runs the 2-bit rows of an extend with query rows where the shape has it
      * (one group per row at d 64 / 128, F16 metadata, uniform levels, no 3-bit head-tensors) and the
-     * call has at least 64 (query row, head) pairs per KV head, or always with $OSCAR_EXTEND_FA=1
-     * (never with 0; gpu_core.c fa_choose); its reference is its own precision rule (FORMAT.md §5.1) */
+     * call has max_q_len >= 2 and at least 64 (query row, head) pairs per KV head, or max_q_len >= 2
+     * alone with $OSCAR_EXTEND_FA=1 (never with 0; gpu_core.c fa_choose); its reference is its own
+     * precision rule (FORMAT.md §5.1) */
     const char *fae = getenv("OSCAR_EXTEND_FA");
-    const int fa_on = fae && *fae ? !strcmp(fae, "1") : maxq * (Hq / e->l.num_kv_heads) >= 64;
+    const int fa_on = maxq >= 2 && (fae && *fae ? !strcmp(fae, "1") : maxq * (Hq / e->l.num_kv_heads) >= 64);
     const int fa = tc && !(flags & EXT_NOCU) && fa_on && !strcmp(e->g->api->name, "cuda") &&
                    (d == 64 || d == 128) && e->l.group == d && e->l.meta_dtype == OSCAR_DTYPE_F16 &&
                    !layer_is_wide(e) && e->l.method != OSCAR_METHOD_BF16 && e->l.method != OSCAR_METHOD_OSCAR2_LM;

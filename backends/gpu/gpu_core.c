@@ -581,11 +581,12 @@ static void tc_choose(void *ctx, const gpu_plan *p, size_t page_bytes, const tc_
  * minimises waves x (chunk + a CTA's fixed cost, ~256 tokens), at most max_splits; 0 where the call
  * does not take that kernel (no kernel, a layer with 3-bit head-tensors, too few pairs, no 2-bit rows,
  * a grid past its y limit). */
-static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, int cols, int max_len, int max_splits,
+static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, int max_q, int max_len, int max_splits,
                      int *chunk) {
-    const int64_t lh = (int64_t)max_len - p->S0 - p->W, pch = ((int64_t)cols + 63) / 64;
-    if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || cols < p->fa_min || lh <= 0 ||
-        max_splits < 1 || pch * p->l.num_kv_heads > 65535)
+    const int64_t cols = (int64_t)max_q * p->gqa, lh = (int64_t)max_len - p->S0 - p->W, pch = (cols + 63) / 64;
+    /* max_q 1: one query per sequence, as decode (FORMAT.md §5.1: such calls keep §5's kernels) */
+    if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || max_q < 2 || cols < p->fa_min ||
+        lh <= 0 || max_splits < 1 || pch * p->l.num_kv_heads > 65535)
         return 0;
     const int64_t base = (int64_t)nseq * p->l.num_kv_heads * pch, tiles = (lh + 63) / 64;
     int64_t res = resident_of(ctx, p->k.fa_resident), best = -1, ns = 1;
@@ -651,11 +652,10 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     if (p->k.tc && p->k.extend_fa) {
         /* the long-chunk extend's splits for one sequence of max_seqs query rows (its grid is smallest
          * there), beside the decode family's 16-bit ones */
-        const int64_t c64 = (int64_t)max_seqs * p->gqa;
-        const int cols = c64 > (1 << 24) ? (1 << 24) : (int)c64;
+        const int mq = max_seqs > (1 << 20) ? (1 << 20) : max_seqs, cols = mq * p->gqa;
         tc_kernel k = tc_kernel_for(p, 1, cols, 1, max_seq_len, 0);
         int fchunk = 0;
-        const int fns = fa_choose(ctx, p, 1, 0, 1, cols, max_seq_len, 1 << 20, &fchunk);
+        const int fns = fa_choose(ctx, p, 1, 0, 1, mq, max_seq_len, 1 << 20, &fchunk);
         for (int li = 0; fns > 0 && li < p->num_layers; li++) { /* the 16-bit splits by each layer's pages */
             gpu_tc_splits t;
             tc_choose(ctx, p, p->page_bytes[li], &k, 1, cols, max_seq_len, 1 << 20, 0, &t);
@@ -895,7 +895,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
      * decode family's kernel on the 16-bit splits alone (split0), the merge over both */
     const int nsw = t.nsplit - t.ns2;
     int fchunk = 0;
-    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, cols, max_len, max_splits - nsw, &fchunk);
+    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, max_q, max_len, max_splits - nsw, &fchunk);
     if (fns > 0) {
         t.ns2 = fns;
         t.chunk2 = fchunk;
