@@ -183,9 +183,11 @@ static void run_per_layer(const char *backend, int chunk) {
     cr_assert(need <= 64);
     for (int j = 0; j < (int)need; j++) bt[j] = NP - 1 - j;
     const size_t slot_bytes = big.window_slot_bytes, pmax = (size_t)NP * big.page_bytes;
-    unsigned char *poison = malloc(pmax), *host = malloc(pmax), *uhost = malloc(pmax);
+    /* the poison source covers the window slots too (a slot can outgrow a layer's pool) */
+    const size_t pz = pmax > slot_bytes ? pmax : slot_bytes;
+    unsigned char *poison = malloc(pz), *host = malloc(pmax), *uhost = malloc(pmax);
     cr_assert(poison && host && uhost);
-    rc_poison(poison, pmax);
+    rc_poison(poison, pz);
     void *pages[2][NL], *wins[2][NL];
     for (int u = 0; u < 2; u++)
         for (int l = 0; l < NL; l++) {
