@@ -1884,6 +1884,25 @@ static void wide_schedule(env *e, rc_rng *r, uint64_t seed, const cfg *c, int ns
     env_unbind_pools(e);
 }
 
+/* Code widths of the wide cases: in layer 1 the first KV head's K and the last one's V are 3 bits, the
+ * others at random; in layer 0 one head-tensor at random, or none with `none`. count: the 3-bit
+ * head-tensors per layer; returns the most of any layer. */
+static int wide_draw_bits(rc_rng *r, const cfg *c, int none, uint8_t *bits, int *count) {
+    int room = 0;
+    for (int l = 0; l < LAYERS; l++) {
+        const int one = rc_randint(r, 0, 2 * c->H - 1);
+        count[l] = 0;
+        for (int i = 0; i < 2 * c->H; i++) {
+            const uint8_t b = l == 1 ? ((i == 0 || i == 2 * c->H - 1 || rc_randint(r, 0, 2) == 0) ? 3 : 2)
+                                     : (i == one && !none ? 3 : 2);
+            bits[l * 2 * c->H + i] = b;
+            count[l] += b == 3;
+        }
+        room = count[l] > room ? count[l] : room;
+    }
+    return room;
+}
+
 /* two: layer 0 of the plan holds only 2-bit head-tensors and, after layer 1 (3-bit head-tensors), runs
  * the conformance scenario (scenario_body: reference codec, float64 attention, CPU backend) with the same
  * schedule: on CUDA the tensor-core decode/extend and the warp/tile write paths on pages with plane room,
@@ -1897,23 +1916,10 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     uint64_t seed = rc_fresh_seed();
     rc_rng r;
     rc_rng_seed(&r, seed);
-    /* Code widths: in the layer under test the first KV head's K and the last one's V are 3 bits, the
-     * others at random; layer 0 one at random (none with two). Room for one plane more than any layer
-     * uses (unused planes must stay untouched). */
+    /* Room for one plane more than any layer uses (unused planes must stay untouched). */
     uint8_t bits[LAYERS * RC_MAX_KV_HEADS * 2];
-    int room = 0;
-    for (int l = 0; l < LAYERS; l++) {
-        int n = 0;
-        const int one = rc_randint(&r, 0, 2 * c->H - 1);
-        for (int i = 0; i < 2 * c->H; i++) {
-            uint8_t b = 2;
-            if (l == 1) b = (i == 0 || i == 2 * c->H - 1 || rc_randint(&r, 0, 2) == 0) ? 3 : 2;
-            else b = i == one && !two ? 3 : 2;
-            bits[l * 2 * c->H + i] = b;
-            n += b == 3;
-        }
-        room = n > room ? n : room;
-    }
+    int count[LAYERS];
+    const int room = wide_draw_bits(&r, c, two, bits, count);
     wide_code_bits = bits;
     wide_room = room + 1 <= 2 * c->H ? room + 1 : room;
     int maxlen = 1;
@@ -1962,17 +1968,8 @@ static void run_wide_per_layer(plug *g, const cfg *c, int nseq, const int *final
     rc_rng r;
     rc_rng_seed(&r, seed);
     uint8_t bits[LAYERS * RC_MAX_KV_HEADS * 2];
-    int room = 0, count[LAYERS] = {0};
-    const int one = rc_randint(&r, 0, 2 * c->H - 1);
-    for (int l = 0; l < LAYERS; l++) {
-        for (int i = 0; i < 2 * c->H; i++) {
-            uint8_t b = l == 1 ? ((i == 0 || i == 2 * c->H - 1 || rc_randint(&r, 0, 2) == 0) ? 3 : 2)
-                               : (i == one && !zero ? 3 : 2);
-            bits[l * 2 * c->H + i] = b;
-            count[l] += b == 3;
-        }
-        room = count[l] > room ? count[l] : room;
-    }
+    int count[LAYERS];
+    const int room = wide_draw_bits(&r, c, zero, bits, count);
     cr_assert(count[1] >= 2 && count[0] == (zero ? 0 : 1));
     wide_code_bits = bits;
     wide_room = room + 1 <= 2 * c->H ? room + 1 : room;

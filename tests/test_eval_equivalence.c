@@ -19,40 +19,6 @@
 
 enum { D = 128, HQ = 4, HKV = 2, T = 100, S0 = 4, W = 16, PAGE = 16 };
 
-/* Float64 attention of query t under the teacher-forced rule with the
- * 2-bit region S0 <= p <= e - 1 - W + shift (shift 0: the real rule), e the
- * cache length the query sees: t + 1 token by token, the end of t's chunk
- * in a chunked prefill of `chunk` tokens (oscar-eval --chunk, FORMAT.md §5.1). */
-static void tf_attention(const float *q, const float *k, const float *v, const float *kq, const float *vq, int t,
-                         int shift, int chunk, double *out)
-{
-    const int e = chunk > 0 ? ((t / chunk + 1) * chunk < T ? (t / chunk + 1) * chunk : T) : t + 1;
-    double s[T];
-    const double scale = 1.0 / sqrt((double)D);
-    for (int h = 0; h < HQ; h++) {
-        int g = h / (HQ / HKV);
-        const float *qh = q + ((size_t)t * HQ + h) * D;
-        double mx = -INFINITY;
-        for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= e - 1 - W + shift;
-            const float *kr = (quant ? kq : k) + ((size_t)p * HKV + g) * D;
-            double acc = 0.0;
-            for (int j = 0; j < D; j++) acc += (double)qh[j] * (double)kr[j];
-            s[p] = acc * scale;
-            mx = fmax(mx, s[p]);
-        }
-        double sum = 0.0;
-        for (int p = 0; p <= t; p++) sum += s[p] = exp(s[p] - mx);
-        double *o = out + (size_t)h * D;
-        for (int j = 0; j < D; j++) o[j] = 0.0;
-        for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= e - 1 - W + shift;
-            const float *vr = (quant ? vq : v) + ((size_t)p * HKV + g) * D;
-            for (int j = 0; j < D; j++) o[j] += s[p] / sum * (double)vr[j];
-        }
-    }
-}
-
 /* chunk 0: one oscar_append + oscar_decode per token; chunk N: oscar_append
  * of N tokens, then oscar_extend with their N queries. */
 /* 1 if $OSCAR_REQUIRE_BACKENDS names the backend (CI: opencl). */
@@ -289,7 +255,7 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
         }
         for (int t = t0; t < t0 + n; t++) {
             const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
-            tf_attention(q, kw, vw, kq, vq, t, 0, chunk, ref);
+            rc_tf_attention(T, HQ, HKV, D, S0, W, q, kw, vw, kq, vq, t, 0, chunk, ref);
             int nbad = dev ? rc_check_output_abs(OSCAR_DTYPE_BF16, ob, ref, HQ * D, 2e-4, msg, sizeof msg)
                            : rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
             if (nbad && !bad_steps) snprintf(first, sizeof first, "step %d: %d outputs off, %s", t, nbad, msg);
@@ -301,14 +267,14 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
             }
             worst = fmax(worst, err / (mx > 0 ? mx : 1));
             /* The engine's own full-precision rows (bf16, unrotated). */
-            tf_attention(q, k, v, kq, vq, t, 0, chunk, engine_ref);
+            rc_tf_attention(T, HQ, HKV, D, S0, W, q, k, v, kq, vq, t, 0, chunk, engine_ref);
             double e2 = 0.0;
             for (int i = 0; i < HQ * D; i++)
                 e2 = fmax(e2, fabs(oscar_load(OSCAR_DTYPE_BF16, ob, (size_t)i) - engine_ref[i]));
             worst_engine = fmax(worst_engine, e2 / (mx > 0 ? mx : 1));
             /* One key more / fewer in 2 bits: must be visible at some step. */
             for (int s = 0; s < 2; s++) {
-                tf_attention(q, kw, vw, kq, vq, t, s ? 1 : -1, chunk, shifted);
+                rc_tf_attention(T, HQ, HKV, D, S0, W, q, kw, vw, kq, vq, t, s ? 1 : -1, chunk, shifted);
                 shift_caught[s] += rc_check_output(OSCAR_DTYPE_BF16, ob, shifted, HQ * D, NULL, 0) > 0;
             }
         }

@@ -28,37 +28,6 @@ static int required(const char *name) {
     return r && strstr(r, name) != NULL;
 }
 
-/* Float64 attention of query t, the 2-bit region S0 <= p <= e - 1 - W read from kq/vq (e: the cache
- * length the query sees, FORMAT.md §5.1). */
-static void tf_attention(const float *q, const float *k, const float *v, const float *kq, const float *vq, int t,
-                         int chunk, double *out) {
-    const int e = chunk > 0 ? ((t / chunk + 1) * chunk < T ? (t / chunk + 1) * chunk : T) : t + 1;
-    double s[T];
-    const double scale = 1.0 / sqrt((double)D);
-    for (int h = 0; h < HQ; h++) {
-        int g = h / (HQ / HKV);
-        const float *qh = q + ((size_t)t * HQ + h) * D;
-        double mx = -INFINITY;
-        for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= e - 1 - W;
-            const float *kr = (quant ? kq : k) + ((size_t)p * HKV + g) * D;
-            double acc = 0.0;
-            for (int j = 0; j < D; j++) acc += (double)qh[j] * (double)kr[j];
-            s[p] = acc * scale;
-            mx = fmax(mx, s[p]);
-        }
-        double sum = 0.0;
-        for (int p = 0; p <= t; p++) sum += s[p] = exp(s[p] - mx);
-        double *o = out + (size_t)h * D;
-        for (int j = 0; j < D; j++) o[j] = 0.0;
-        for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= e - 1 - W;
-            const float *vr = (quant ? vq : v) + ((size_t)p * HKV + g) * D;
-            for (int j = 0; j < D; j++) o[j] += s[p] / sum * (double)vr[j];
-        }
-    }
-}
-
 /* A buffer of `bytes` holding `init` (device memory on a plugin, host memory on the CPU). */
 static void *pool(oscar_runtime *rt, int dev, const void *init, size_t bytes) {
     void *b = NULL;
@@ -264,7 +233,7 @@ static void run_per_layer(const char *backend, int chunk) {
                 }
                 for (int t = t0; t < t0 + n; t++) {
                     const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
-                    tf_attention(q[l], kw[l], vw[l], kq[l], vq[l], t, chunk, ref);
+                    rc_tf_attention(T, HQ, HKV, D, S0, W, q[l], kw[l], vw[l], kq[l], vq[l], t, 0, chunk, ref);
                     /* CUDA: the tensor-core kernels' floor (q~ in two int8 limbs, P in fp16: FORMAT.md §5) */
                     const double fl = !strcmp(backend, "cuda") ? 0x1p-10 : 2e-4;
                     int nbad = dev ? rc_check_output_abs(OSCAR_DTYPE_BF16, ob, ref, HQ * D, fl, msg, sizeof msg)

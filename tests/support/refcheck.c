@@ -279,16 +279,51 @@ void rc_attention_f64(const rc_seq_ref *s, int L, int Hq, const float *q, const 
  * from the device's own q~ (fp32, scaled by sm_scale log2(e)): qmx the power of two
  * >= max|q~|, element j scaled by 127 / qmx / 4^(j mod 4) and split into two int8
  * limbs l0 + l1 / 254, bit for bit as the kernel does; returned in q's units. */
-void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
+/* The power of two >= max|q~| of a head the tensor-core kernels scale q~ by (exact). */
+static float head_qmx(const float *qt, int d) {
     float mx = 0.0f;
     for (int j = 0; j < d; j++) mx = fmaxf(mx, fabsf(qt[j]));
-    const float qmx = mx > 0.0f && mx < 1e30f ? exp2f(ceilf(log2f(mx))) : 1.0f;
+    return mx > 0.0f && mx < 1e30f ? exp2f(ceilf(log2f(mx))) : 1.0f;
+}
+
+void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
+    const float qmx = head_qmx(qt, d);
     const double sc = (double)(float)(sm_scale * 1.4426950408889634);
     for (int j = 0; j < d; j++) {
         const float f = (127.0f / qmx) * (1.0f / (float)(1 << (2 * (j & 3))));
         const float y = qt[j] * f, r0 = rintf(y), r1 = rintf((y - r0) * 254.0f);
         q2[j] = ((double)r0 + (double)r1 / 254.0) / (double)f / sc;
     }
+}
+
+void rc_tf_attention(int T, int hq, int hkv, int d, int S0, int W, const float *q, const float *k, const float *v,
+                     const float *kq, const float *vq, int t, int shift, int chunk, double *out) {
+    const int e = chunk > 0 ? ((t / chunk + 1) * chunk < T ? (t / chunk + 1) * chunk : T) : t + 1;
+    double *s = malloc((size_t)(t + 1) * sizeof *s);
+    const double scale = 1.0 / sqrt((double)d);
+    for (int h = 0; h < hq; h++) {
+        int g = h / (hq / hkv);
+        const float *qh = q + ((size_t)t * hq + h) * d;
+        double mx = -INFINITY;
+        for (int p = 0; p <= t; p++) {
+            int quant = p >= S0 && p <= e - 1 - W + shift;
+            const float *kr = (quant ? kq : k) + ((size_t)p * hkv + g) * d;
+            double acc = 0.0;
+            for (int j = 0; j < d; j++) acc += (double)qh[j] * (double)kr[j];
+            s[p] = acc * scale;
+            mx = fmax(mx, s[p]);
+        }
+        double sum = 0.0;
+        for (int p = 0; p <= t; p++) sum += s[p] = exp(s[p] - mx);
+        double *o = out + (size_t)h * d;
+        for (int j = 0; j < d; j++) o[j] = 0.0;
+        for (int p = 0; p <= t; p++) {
+            int quant = p >= S0 && p <= e - 1 - W + shift;
+            const float *vr = (quant ? vq : v) + ((size_t)p * hkv + g) * d;
+            for (int j = 0; j < d; j++) o[j] += s[p] / sum * (double)vr[j];
+        }
+    }
+    free(s);
 }
 
 void rc_rotate_q(const float *q, const float *R, int d, double *qr) {
@@ -309,9 +344,7 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
 }
 
 void rc_q_fa(const float *qt, int d, double sm_scale, double *q2) {
-    float mx = 0.0f;
-    for (int j = 0; j < d; j++) mx = fmaxf(mx, fabsf(qt[j]));
-    const float qmx = mx > 0.0f && mx < 1e30f ? exp2f(ceilf(log2f(mx))) : 1.0f;
+    const float qmx = head_qmx(qt, d);
     const double sc = (double)(float)(sm_scale * 1.4426950408889634);
     for (int j = 0; j < d; j++) {
         const int k = j & 7;
