@@ -926,14 +926,17 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     const int qdirect = p->l.method == OSCAR_METHOD_BF16; /* its tc variants read P.q (always set here) */
     /* the long-chunk path's many rows: 8 rows of a query head per block (rotate_rows, merge_rows) */
     const int many = fns > 0 && p->k.rotate_rows && p->k.merge_rows;
-    gpu_arg rr[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk}, {&rot_off, 8},
-                    {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}, {&rows, 4}};
-    GPU_ARGS_FIT(rr);
-    oscar_status st = qdirect ? OSCAR_OK
-                      : many  ? V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + 7) / 8), 1,
-                                               (unsigned)D, rr, (int)(sizeof rr / sizeof rr[0]), a->stream, err)
-                              : V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D,
-                                               ra, (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+    oscar_status st = OSCAR_OK;
+    if (many) {
+        gpu_arg rr[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk},
+                        {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}, {&rows, 4}};
+        GPU_ARGS_FIT(rr);
+        st = V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + 7) / 8), 1, (unsigned)D, rr,
+                            (int)(sizeof rr / sizeof rr[0]), a->stream, err);
+    } else if (!qdirect) {
+        st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ra,
+                            (int)(sizeof ra / sizeof ra[0]), a->stream, err);
+    }
     if (st) return st;
     oscar_tc_decode_params dp = {
         .pages = a->cache.pages, .windows = a->cache.windows, .bt = b->block_table, .lens = b->seq_lens,
