@@ -44,24 +44,24 @@ Test(e2e_sizing, qwen3_8b_bytes_match_the_format)
      * 2 * 8 * (64 + 256) * 128 * 2 = 1310720 bytes. */
     oscar_layout_desc o = qwen3_8b(OSCAR_METHOD_OSCAR2), b = qwen3_8b(OSCAR_METHOD_BF16);
     size_t by;
-    cr_assert_eq(ge_kv_seq_bytes(&o, 36, 8192 + 1024, &by), OSCAR_OK);
+    cr_assert_eq(ge_kv_seq_bytes(&o, 36, NULL, 8192 + 1024, &by), OSCAR_OK);
     int64_t pages = (8192 + 1024 - 64 - 256 + 63) / 64;
     cr_assert_eq(by, (size_t)36 * ((size_t)pages * 36864 + 1310720), "oscar2 bytes %zu", by);
-    cr_assert_eq(ge_kv_seq_bytes(&b, 36, 8192 + 1024, &by), OSCAR_OK);
+    cr_assert_eq(ge_kv_seq_bytes(&b, 36, NULL, 8192 + 1024, &by), OSCAR_OK);
     cr_assert_eq(by, (size_t)36 * (size_t)((8192 + 1024) / 64) * 262144, "bf16 bytes %zu", by);
     double bpt;
-    cr_assert_eq(ge_kv_bytes_per_token(&b, 36, &bpt), OSCAR_OK);
+    cr_assert_eq(ge_kv_bytes_per_token(&b, 36, NULL, &bpt), OSCAR_OK);
     cr_assert_float_eq(bpt, 36.0 * 8 * 128 * 2 * 2, 1e-9);
-    cr_assert_eq(ge_kv_bytes_per_token(&o, 36, &bpt), OSCAR_OK);
+    cr_assert_eq(ge_kv_bytes_per_token(&o, 36, NULL, &bpt), OSCAR_OK);
     cr_assert_float_eq(bpt, 36.0 * 36864 / 64, 1e-9);
     /* Short sequences live in the windows only: no pages. */
-    cr_assert_eq(ge_kv_seq_bytes(&o, 36, 320, &by), OSCAR_OK);
+    cr_assert_eq(ge_kv_seq_bytes(&o, 36, NULL, 320, &by), OSCAR_OK);
     cr_assert_eq(by, (size_t)36 * 1310720);
-    cr_assert_neq(ge_kv_seq_bytes(&o, 0, 320, &by), OSCAR_OK);
-    cr_assert_neq(ge_kv_seq_bytes(&o, 36, -1, &by), OSCAR_OK);
+    cr_assert_neq(ge_kv_seq_bytes(&o, 0, NULL, 320, &by), OSCAR_OK);
+    cr_assert_neq(ge_kv_seq_bytes(&o, 36, NULL, -1, &by), OSCAR_OK);
     oscar_layout_desc bad = o;
     bad.head_dim = 96;
-    cr_assert_neq(ge_kv_seq_bytes(&bad, 36, 10, &by), OSCAR_OK);
+    cr_assert_neq(ge_kv_seq_bytes(&bad, 36, NULL, 10, &by), OSCAR_OK);
     cr_assert(strlen(ge_last_error()) > 0);
 }
 
@@ -95,7 +95,7 @@ Test(e2e_sizing, largest_batch_is_largest)
         size_t budget = (size_t)(rnd(&s) % 60000) * (1u << 20) + rnd(&s) % 4096;
         int b = -1;
         ge_kv_plan p;
-        cr_assert_eq(ge_max_batch(&l, layers, budget, len, &b, &p), OSCAR_OK, "seed %u: %s", seed, ge_last_error());
+        cr_assert_eq(ge_max_batch(&l, layers, NULL, budget, len, &b, &p), OSCAR_OK, "seed %u: %s", seed, ge_last_error());
         cr_assert(b >= 0);
         if (b > 0) {
             cr_assert(fits(&l, layers, budget, len, b), "seed %u it %d: batch %d reported but does not fit", seed, it, b);
@@ -114,10 +114,270 @@ Test(e2e_sizing, plan_refuses_slots_over_budget)
 {
     oscar_layout_desc o = qwen3_8b(OSCAR_METHOD_OSCAR2);
     ge_kv_plan p;
-    cr_assert_eq(ge_kv_plan_for(&o, 36, 36u * 1310720u * 3u, 4, &p), OSCAR_ERR_OUT_OF_MEMORY);
-    cr_assert_eq(ge_kv_plan_for(&o, 36, 36u * (1310720u * 3u + 36864u * 5u + 7u), 3, &p), OSCAR_OK);
+    cr_assert_eq(ge_kv_plan_for(&o, 36, NULL, 36u * 1310720u * 3u, 4, &p), OSCAR_ERR_OUT_OF_MEMORY);
+    cr_assert_eq(ge_kv_plan_for(&o, 36, NULL, 36u * (1310720u * 3u + 36864u * 5u + 7u), 3, &p), OSCAR_OK);
     cr_assert_eq(p.num_pages, 5);
     cr_assert_eq(p.num_slots, 3);
+}
+
+/* Without per-layer pages (layer_page_bytes NULL, or every layer the layout's page), the sizing is
+ * the one before per-layer pages: per layer budget / num_layers, num_layers x one page size. */
+Test(e2e_sizing, one_page_size_as_before)
+{
+    unsigned seed = seed_now();
+    uint64_t s = seed;
+    const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_INT2, OSCAR_METHOD_BF16, OSCAR_METHOD_OSCAR2_LM};
+    for (int it = 0; it < 300; it++) {
+        oscar_layout_desc l = qwen3_8b(ms[rnd(&s) % 4]);
+        l.page_size = 16 << (rnd(&s) % 4);
+        l.sink = (int)(rnd(&s) % 130);
+        l.recent = (int)(rnd(&s) % 300);
+        l.num_kv_heads = 1 << (rnd(&s) % 4);
+        int layers = 1 + (int)(rnd(&s) % 40), slots = 1 + (int)(rnd(&s) % 64);
+        int64_t len = rnd(&s) % 140000;
+        size_t budget = (size_t)(rnd(&s) % 60000) * (1u << 20) + rnd(&s) % 4096;
+        oscar_layout_sizes sz;
+        cr_assert_eq(oscar_layout_sizes_get(&l, &sz), OSCAR_OK);
+        size_t *pb = malloc((size_t)layers * sizeof *pb);
+        for (int i = 0; i < layers; i++) pb[i] = sz.page_bytes;
+        size_t wb = l.method == OSCAR_METHOD_BF16 ? 0 : sz.window_slot_bytes;
+        int64_t pages;
+        oscar_layout_pages_for(&l, len, &pages);
+        for (int v = 0; v < 2; v++) {
+            const size_t *arr = v ? pb : NULL;
+            size_t by;
+            cr_assert_eq(ge_kv_seq_bytes(&l, layers, arr, len, &by), OSCAR_OK, "%s", ge_last_error());
+            cr_assert_eq(by, (size_t)layers * ((size_t)pages * sz.page_bytes + wb), "seed %u it %d", seed, it);
+            double bpt;
+            cr_assert_eq(ge_kv_bytes_per_token(&l, layers, arr, &bpt), OSCAR_OK);
+            cr_assert_eq(bpt, (double)layers * (double)sz.page_bytes / (double)l.page_size, "seed %u it %d", seed, it);
+            ge_kv_plan p;
+            size_t per_layer = budget / (size_t)layers;
+            oscar_status st = ge_kv_plan_for(&l, layers, arr, budget, slots, &p);
+            if ((size_t)slots * wb > per_layer) {
+                cr_assert_eq(st, OSCAR_ERR_OUT_OF_MEMORY, "seed %u it %d", seed, it);
+                continue;
+            }
+            cr_assert_eq(st, OSCAR_OK, "seed %u it %d: %s", seed, it, ge_last_error());
+            size_t np = (per_layer - (size_t)slots * wb) / sz.page_bytes;
+            if (np > INT32_MAX) np = INT32_MAX;
+            cr_assert_eq(p.num_pages, (int32_t)np, "seed %u it %d: %d pages, before %zu", seed, it, p.num_pages, np);
+            cr_assert_eq(p.page_bytes, sz.page_bytes);
+            cr_assert_eq(p.pool_bytes_per_layer, np * sz.page_bytes);
+            cr_assert_eq(p.window_bytes_per_layer, (size_t)slots * wb);
+            cr_assert_eq(p.total_bytes, (size_t)layers * (np * sz.page_bytes + (size_t)slots * wb));
+            cr_assert_eq(p.page_bytes_all_layers, (size_t)layers * sz.page_bytes);
+            cr_assert_eq(p.pool_bytes, (size_t)layers * np * sz.page_bytes);
+        }
+        free(pb);
+    }
+}
+
+/* tiny-qwen3's shape (8 layers, 16/2 heads, d 128) with 3-bit head-tensors in layers 2 (one) and 5 (two). */
+static oscar_params *wide_params(void)
+{
+    oscar_params *p = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 8, 16, 2, 128, &p), OSCAR_OK, "%s",
+                 oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 2, 1, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 5, 0, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 5, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    return p;
+}
+
+static oscar_layout_desc tiny_qwen3(oscar_method m)
+{
+    oscar_layout_desc l = qwen3_8b(m);
+    l.num_q_heads = 16;
+    l.num_kv_heads = 2;
+    l.max_seq_len = 4096;
+    return l;
+}
+
+/* Per-layer pages (FORMAT.md §3.3, wide_per_layer 1): the layout and page sizes the engine derives
+ * from the parameters are the library's (oscar_plan_layer_sizes of a CPU plan), and the sizing
+ * counts each layer's own page: a page id costs the sum of the layers' pages. */
+Test(e2e_sizing, per_layer_pages_of_wide_params)
+{
+    oscar_params *p = wide_params();
+    oscar_layout_desc l = tiny_qwen3(OSCAR_METHOD_OSCAR2);
+    size_t pb[8];
+    int most = -1;
+    cr_assert_eq(ge_kv_wide_layout(p, 8, &l, pb, &most), OSCAR_OK, "%s", ge_last_error());
+    cr_assert_eq(most, 2);
+    cr_assert_eq(l.wide_tensors, 2);
+    cr_assert_eq(l.wide_per_layer, 1);
+    /* 2-bit page 2 * 2 * 64 * 32 + 2 * 2 * 64 * 2 * 2 = 9216 bytes (FORMAT.md: 10240 with one plane of 1024). */
+    const size_t want[8] = {9216, 9216, 10240, 9216, 9216, 11264, 9216, 9216};
+    size_t sum = 0;
+    for (int i = 0; i < 8; i++) {
+        cr_assert_eq(pb[i], want[i], "layer %d: %zu", i, pb[i]);
+        sum += pb[i];
+    }
+    cr_assert_eq(sum, 8 * 9216 + 3 * 1024);
+    /* The same as the library says for a plan of these parameters. */
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    oscar_runtime *rt = NULL;
+    oscar_plan *plan = NULL;
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_OK, "%s", oscar_last_error());
+    for (int i = 0; i < 8; i++) {
+        oscar_layout_sizes lsz;
+        cr_assert_eq(oscar_plan_layer_sizes(plan, i, &lsz), OSCAR_OK, "%s", oscar_last_error());
+        cr_assert_eq(lsz.page_bytes, pb[i], "layer %d: library %zu, engine %zu", i, lsz.page_bytes, pb[i]);
+    }
+    oscar_plan_destroy(plan);
+    /* Without these planes the plan is refused (the layout has to be the widened one). */
+    oscar_layout_desc plain = tiny_qwen3(OSCAR_METHOD_OSCAR2);
+    cr_assert_eq(oscar_plan_create(rt, &plain, p, &plan), OSCAR_ERR_SHAPE_MISMATCH);
+    oscar_runtime_destroy(rt);
+
+    /* Sizing: a sequence's pages cost the sum of the layers' pages. */
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(&l, &sz), OSCAR_OK);
+    cr_assert_eq(sz.page_bytes, 11264, "the layout's page is the largest");
+    const size_t wb = sz.window_slot_bytes; /* 2 * 2 * 320 * 128 * 2 */
+    cr_assert_eq(wb, 327680);
+    size_t by;
+    int64_t pages;
+    oscar_layout_pages_for(&l, 4096, &pages);
+    cr_assert_eq(ge_kv_seq_bytes(&l, 8, pb, 4096, &by), OSCAR_OK, "%s", ge_last_error());
+    cr_assert_eq(by, (size_t)pages * sum + 8 * wb);
+    double bpt;
+    cr_assert_eq(ge_kv_bytes_per_token(&l, 8, pb, &bpt), OSCAR_OK);
+    cr_assert_float_eq(bpt, (double)sum / 64.0, 1e-12);
+    /* One page size for all (the largest, NULL) costs more than per-layer pages. */
+    size_t by_one;
+    cr_assert_eq(ge_kv_seq_bytes(&l, 8, NULL, 4096, &by_one), OSCAR_OK);
+    cr_assert_eq(by_one, (size_t)pages * 8 * 11264 + 8 * wb);
+    cr_assert_lt(by, by_one);
+    ge_kv_plan kp;
+    const size_t budget = 8 * 4 * wb + 1000 * sum + 777;
+    cr_assert_eq(ge_kv_plan_for(&l, 8, pb, budget, 4, &kp), OSCAR_OK, "%s", ge_last_error());
+    cr_assert_eq(kp.num_pages, 1000);
+    cr_assert_eq(kp.page_bytes_all_layers, sum);
+    cr_assert_eq(kp.pool_bytes, 1000 * sum);
+    cr_assert_eq(kp.page_bytes, 11264);
+    cr_assert_eq(kp.total_bytes, 1000 * sum + 8 * 4 * wb);
+    cr_assert_leq(kp.total_bytes, budget);
+    cr_assert_eq(ge_kv_plan_for(&l, 8, NULL, budget, 4, &kp), OSCAR_OK);
+    cr_assert_eq(kp.num_pages, (int32_t)((1000 * sum + 777) / (8 * 11264)));
+    /* Bits per element: the average of the layers' (2.25 + n / 4 paged). */
+    double bits, b_one, b_plain;
+    cr_assert_eq(ge_kv_bits_per_element(&l, 8, pb, 4096, &bits), OSCAR_OK, "%s", ge_last_error());
+    oscar_layout_desc one = l;
+    one.wide_per_layer = 0;
+    one.wide_tensors = 0;
+    oscar_layout_bits_per_element(&one, 4096, &b_plain);
+    one.wide_tensors = 1;
+    oscar_layout_bits_per_element(&one, 4096, &b_one);
+    const double paged = (double)(4096 - 64 - 256) / 4096.0;
+    cr_assert_float_eq(b_one - b_plain, paged * 0.25, 1e-9);
+    cr_assert_float_eq(bits, b_plain + paged * 0.25 * 3.0 / 8.0, 1e-9, "bits %.6f", bits);
+    cr_assert_eq(ge_kv_bits_per_element(&l, 8, NULL, 4096, &bits), OSCAR_OK);
+    cr_assert_float_eq(bits, b_plain + paged * 0.5, 1e-9, "the layout's own figure: every layer two planes");
+
+    /* Arrays that are not pages of this layout are refused. */
+    size_t bad[8];
+    memcpy(bad, pb, sizeof bad);
+    bad[3] = 9216 - 16;
+    cr_assert_eq(ge_kv_seq_bytes(&l, 8, bad, 4096, &by), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(ge_last_error(), "layer 3") != NULL, "%s", ge_last_error());
+    bad[3] = 11264 + 1024;
+    cr_assert_eq(ge_kv_plan_for(&l, 8, bad, budget, 4, &kp), OSCAR_ERR_INVALID_ARGUMENT);
+    bad[3] = 9216 + 8;
+    cr_assert_eq(ge_kv_bytes_per_token(&l, 8, bad, &bpt), OSCAR_ERR_INVALID_ARGUMENT);
+    bad[3] = 9216 + 512; /* a multiple of 16 but half a plane */
+    cr_assert_eq(ge_kv_bits_per_element(&l, 8, bad, 4096, &bits), OSCAR_ERR_INVALID_ARGUMENT);
+    oscar_params_destroy(p);
+}
+
+/* Parameters without 3-bit head-tensors, and methods other than oscar2, leave the layout alone. */
+Test(e2e_sizing, wide_layout_only_for_wide_oscar2)
+{
+    oscar_params *b = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 8, 16, 2, 128, &b), OSCAR_OK);
+    const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_OSCAR2_LM, OSCAR_METHOD_INT2, OSCAR_METHOD_BF16};
+    oscar_params *w = wide_params();
+    for (int k = 0; k < 4; k++)
+        for (int v = 0; v < 3; v++) {
+            const oscar_params *p = v == 0 ? NULL : v == 1 ? b : w;
+            if (v == 2 && k == 0) continue; /* the widened case above */
+            oscar_layout_desc l = tiny_qwen3(ms[k]), before = l;
+            size_t pb[8];
+            int most = -1;
+            cr_assert_eq(ge_kv_wide_layout(p, 8, &l, pb, &most), OSCAR_OK, "%s", ge_last_error());
+            cr_assert_eq(most, 0);
+            cr_assert_eq(memcmp(&l, &before, sizeof l), 0, "method %d params %d: layout changed", k, v);
+            oscar_layout_sizes sz;
+            oscar_layout_sizes_get(&l, &sz);
+            for (int i = 0; i < 8; i++) cr_assert_eq(pb[i], sz.page_bytes);
+        }
+    /* Parameters of another model are refused. */
+    oscar_layout_desc l = tiny_qwen3(OSCAR_METHOD_OSCAR2);
+    size_t pb[9];
+    cr_assert_eq(ge_kv_wide_layout(w, 9, &l, pb, NULL), OSCAR_ERR_SHAPE_MISMATCH);
+    l.num_kv_heads = 4;
+    cr_assert_eq(ge_kv_wide_layout(w, 8, &l, pb, NULL), OSCAR_ERR_SHAPE_MISMATCH);
+    oscar_params_destroy(w);
+    oscar_params_destroy(b);
+}
+
+/* Brute force with per-layer pages: every layer num_pages pages of its own size. */
+static int fits_layers(const oscar_layout_desc *l, int layers, const size_t *pb, size_t budget, int64_t len, int b)
+{
+    oscar_layout_sizes sz;
+    oscar_layout_sizes_get(l, &sz);
+    int64_t pages;
+    oscar_layout_pages_for(l, len, &pages);
+    size_t bytes = (size_t)layers * (size_t)b * sz.window_slot_bytes;
+    for (int i = 0; i < layers; i++) bytes += (size_t)b * (size_t)pages * pb[i];
+    return bytes <= budget;
+}
+
+Test(e2e_sizing, largest_batch_with_per_layer_pages)
+{
+    unsigned seed = seed_now();
+    uint64_t s = seed;
+    for (int it = 0; it < 300; it++) {
+        oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
+        l.page_size = 16 << (rnd(&s) % 4);
+        l.group = 32 << (rnd(&s) % 3);
+        l.sink = (int)(rnd(&s) % 130);
+        l.recent = (int)(rnd(&s) % 300);
+        l.num_kv_heads = 1 << (rnd(&s) % 4);
+        l.wide_tensors = 1 + (int)(rnd(&s) % (2 * l.num_kv_heads));
+        l.wide_per_layer = 1;
+        int layers = 1 + (int)(rnd(&s) % 40);
+        oscar_layout_desc plain = l;
+        plain.wide_tensors = plain.wide_per_layer = 0;
+        oscar_layout_sizes psz;
+        cr_assert_eq(oscar_layout_sizes_get(&plain, &psz), OSCAR_OK);
+        size_t pb[40];
+        for (int i = 0; i < layers; i++)
+            pb[i] = psz.page_bytes + (size_t)(rnd(&s) % (l.wide_tensors + 1)) * (size_t)l.page_size * 128 / 8;
+        int64_t len = 1 + rnd(&s) % 140000;
+        size_t budget = (size_t)(rnd(&s) % 60000) * (1u << 20) + rnd(&s) % 4096;
+        int b = -1;
+        ge_kv_plan p;
+        cr_assert_eq(ge_max_batch(&l, layers, pb, budget, len, &b, &p), OSCAR_OK, "seed %u: %s", seed, ge_last_error());
+        cr_assert(b >= 0);
+        if (b > 0) {
+            cr_assert(fits_layers(&l, layers, pb, budget, len, b), "seed %u it %d: batch %d does not fit", seed, it, b);
+            cr_assert_leq(p.total_bytes, budget, "seed %u", seed);
+            int64_t pages;
+            oscar_layout_pages_for(&l, len, &pages);
+            cr_assert_geq((int64_t)p.num_pages, pages * b, "seed %u", seed);
+        }
+        cr_assert_not(fits_layers(&l, layers, pb, budget, len, b + 1), "seed %u it %d: batch %d fits too", seed, it,
+                      b + 1);
+        /* Never fewer sequences than with every layer at the largest page. */
+        int b_one = -1;
+        cr_assert_eq(ge_max_batch(&l, layers, NULL, budget, len, &b_one, NULL), OSCAR_OK);
+        cr_assert_geq(b, b_one, "seed %u it %d", seed, it);
+    }
 }
 
 /* oscar2, sink 4, recent 8, pages of 16: hand-checkable page counts. */
@@ -617,4 +877,163 @@ Test(e2e_sched, shared_prefix_on_the_cpu_backend)
         oscar_params_destroy(prm);
         oscar_runtime_destroy(rt);
     }
+}
+
+/* ------------------------------------------------------------------------
+ * Per-layer pages on the CPU backend, pooled as the GPU engine pools them: a
+ * parameter file with 3-bit head-tensors in some layers (ge_kv_wide_layout:
+ * wide_per_layer 1), one allocation of num_pages x the sum of the layers'
+ * pages (ge_kv_plan_for), layer l's pool at the end of layer l - 1's, one
+ * block table for every layer. Each layer's extend outputs and page bytes
+ * equal those of a cache whose every layer has pages of the largest size
+ * (wide_per_layer 0, separate pools), and nothing is written past the
+ * pools. */
+Test(e2e_sched, per_layer_pools_on_the_cpu_backend)
+{
+    const int L = 3, d = 64, Hq = 4, Hkv = 2, nslots = 3, lens[2] = {61, 45};
+    rc_rng rng;
+    uint64_t seed = rc_fresh_seed();
+    rc_rng_seed(&rng, seed);
+    oscar_layout_desc l = small_layout(160);
+    l.head_dim = l.group = d;
+    l.num_q_heads = Hq;
+    l.num_kv_heads = Hkv;
+    oscar_params *prm;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, L, Hq, Hkv, d, &prm), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(prm, 1, 0, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(prm, 1, 1, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(prm, 2, 0, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    size_t pb[3];
+    int most;
+    cr_assert_eq(ge_kv_wide_layout(prm, L, &l, pb, &most), OSCAR_OK, "%s", ge_last_error());
+    cr_assert_eq(most, 2);
+    const size_t plane = (size_t)l.page_size * d / 8;
+    cr_assert_eq(pb[1], pb[0] + 2 * plane);
+    cr_assert_eq(pb[2], pb[0] + plane);
+    oscar_layout_desc one = l; /* the reference: every layer the largest page */
+    one.wide_per_layer = 0;
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(&one, &sz), OSCAR_OK);
+    cr_assert_eq(sz.page_bytes, pb[1]);
+
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    oscar_runtime *rt;
+    oscar_plan *pa, *pr;
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_create(rt, &l, prm, &pa), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_plan_create(rt, &one, prm, &pr), OSCAR_OK, "%s", oscar_last_error());
+    /* The engine's pools: a budget for 12 pages and the slots' windows. */
+    ge_kv_plan kv;
+    const size_t budget = 12 * (pb[0] + pb[1] + pb[2]) + (size_t)L * nslots * sz.window_slot_bytes + 100;
+    cr_assert_eq(ge_kv_plan_for(&l, L, pb, budget, nslots, &kv), OSCAR_OK, "%s", ge_last_error());
+    cr_assert_eq(kv.num_pages, 12);
+    cr_assert_eq(kv.pool_bytes, 12 * (pb[0] + pb[1] + pb[2]));
+    const size_t guard = 4096;
+    unsigned char *pool = calloc(kv.pool_bytes + guard, 1); /* zeros, as the reference's (unwritten rows compare) */
+    memset(pool + kv.pool_bytes, 0xa5, guard);
+    char *win = calloc((size_t)L * nslots, sz.window_slot_bytes), *wref = calloc((size_t)L * nslots, sz.window_slot_bytes);
+    oscar_cache ca[3], cref[3];
+    size_t off = 0;
+    for (int i = 0; i < L; i++) {
+        ca[i] = (oscar_cache){pool + off, kv.num_pages, win + (size_t)i * nslots * sz.window_slot_bytes, nslots};
+        off += (size_t)kv.num_pages * pb[i];
+        cref[i] = (oscar_cache){calloc((size_t)kv.num_pages, sz.page_bytes), kv.num_pages,
+                                wref + (size_t)i * nslots * sz.window_slot_bytes, nslots};
+    }
+    cr_assert_eq(off, kv.pool_bytes);
+    size_t wsa, wsr;
+    cr_assert_eq(oscar_plan_workspace_bytes(pa, 16, l.max_seq_len, &wsa), OSCAR_OK);
+    cr_assert_eq(oscar_plan_workspace_bytes(pr, 16, l.max_seq_len, &wsr), OSCAR_OK);
+    const size_t wsb = wsa > wsr ? wsa : wsr;
+    void *ws = malloc(wsb);
+    cr_assert_eq(oscar_plan_workspace_init(pa, ws, NULL), OSCAR_OK);
+    ge_sched sc;
+    cr_assert_eq(ge_sched_init(&sc, &l, kv.num_pages, nslots), OSCAR_OK, "%s", ge_last_error());
+    const size_t qrow = (size_t)Hq * d * 2, kvrow = (size_t)Hkv * d * 2;
+    const int n_tok = lens[0] + lens[1];
+    float *f = malloc((size_t)n_tok * Hq * d * sizeof *f);
+    uint8_t *k = malloc((size_t)n_tok * kvrow), *v = malloc((size_t)n_tok * kvrow), *q = malloc((size_t)n_tok * qrow);
+    rc_gen_kv(&rng, n_tok, Hkv, d, 2, OSCAR_DTYPE_BF16, f);
+    rc_to_dtype(OSCAR_DTYPE_BF16, f, k, (size_t)n_tok * Hkv * d);
+    rc_gen_kv(&rng, n_tok, Hkv, d, 0, OSCAR_DTYPE_BF16, f);
+    rc_to_dtype(OSCAR_DTYPE_BF16, f, v, (size_t)n_tok * Hkv * d);
+    rc_gen_kv(&rng, n_tok, Hq, d, 0, OSCAR_DTYPE_BF16, f);
+    rc_to_dtype(OSCAR_DTYPE_BF16, f, q, (size_t)n_tok * Hq * d);
+    int32_t slots[2], n;
+    for (int r = 0; r < 2; r++) cr_assert_eq(ge_sched_submit(&sc, lens[r], 0, NULL), OSCAR_OK, "%s", ge_last_error());
+    cr_assert_eq(ge_sched_admit(&sc, 1000, slots, &n), OSCAR_OK);
+    cr_assert_eq(n, 2);
+    /* Both sequences together, 7 tokens a step each (interleaved pages), every layer the same block table. */
+    const int chunk = 7;
+    int32_t *bt = malloc((size_t)2 * sc.stride * sizeof *bt), seq_lens[2], wslots[2], cu[3], take[2], ml = 0;
+    uint8_t *ka = malloc((size_t)2 * chunk * kvrow), *va = malloc((size_t)2 * chunk * kvrow),
+            *qa = malloc((size_t)2 * chunk * qrow), *oa = malloc((size_t)2 * chunk * qrow),
+            *orf = malloc((size_t)2 * chunk * qrow);
+    for (int at = 0; at < lens[0]; at += chunk) {
+        int m = 0, ids[2];
+        for (int r = 0; r < 2; r++)
+            if (at < lens[r]) {
+                ids[m] = r;
+                take[m] = lens[r] - at < chunk ? lens[r] - at : chunk;
+                m++;
+            }
+        int32_t sl[2] = {slots[ids[0]], m > 1 ? slots[ids[1]] : 0};
+        cr_assert_eq(ge_sched_batch(&sc, m, sl, take, seq_lens, wslots, bt, cu, &ml), OSCAR_OK, "%s", ge_last_error());
+        for (int i = 0; i < m; i++) { /* request ids[i]'s rows at positions at.. */
+            const size_t src = (size_t)(ids[i] ? lens[0] : 0) + (size_t)at;
+            memcpy(ka + (size_t)cu[i] * kvrow, k + src * kvrow, (size_t)take[i] * kvrow);
+            memcpy(va + (size_t)cu[i] * kvrow, v + src * kvrow, (size_t)take[i] * kvrow);
+            memcpy(qa + (size_t)cu[i] * qrow, q + src * qrow, (size_t)take[i] * qrow);
+        }
+        oscar_batch b = {m, seq_lens, wslots, bt, sc.stride, ml};
+        for (int li = 0; li < L; li++) {
+            for (int w = 0; w < 2; w++) {
+                oscar_plan *p = w ? pr : pa;
+                oscar_cache *c = w ? &cref[li] : &ca[li];
+                cr_assert_eq(oscar_append(p, li, c, &b, cu, cu[m], ka, va, 0, ws, wsb, NULL), OSCAR_OK, "%s",
+                             oscar_last_error());
+                oscar_attn_args a;
+                oscar_attn_args_default(&a);
+                a.cu_q = cu;
+                a.total_q = cu[m];
+                a.max_q_len = take[0] > take[m - 1] ? take[0] : take[m - 1];
+                a.q = qa;
+                a.out = w ? orf : oa;
+                a.out_bytes = (size_t)cu[m] * qrow;
+                a.workspace = ws;
+                a.workspace_bytes = wsb;
+                cr_assert_eq(oscar_extend(p, li, c, &b, &a), OSCAR_OK, "%s", oscar_last_error());
+            }
+            cr_assert_eq(memcmp(oa, orf, (size_t)cu[m] * qrow), 0,
+                         "seed %llu: layer %d's extend output at position %d differs from the one-size cache",
+                         (unsigned long long)seed, li, at);
+        }
+        for (int i = 0; i < m; i++) cr_assert_eq(ge_sched_advance(&sc, sl[i], take[i]), OSCAR_OK);
+    }
+    /* Every used page holds the same bytes as the one-size cache's (whose planes past the layer's own
+     * are unused); the windows too; nothing written past the pools. */
+    for (int r = 0; r < 2; r++) {
+        int64_t np;
+        oscar_layout_pages_for(&l, lens[r], &np);
+        cr_assert_gt(np, 1);
+        const int32_t *row = sc.block_table + (size_t)slots[r] * sc.stride;
+        for (int li = 0; li < L; li++)
+            for (int j = 0; j < np; j++)
+                cr_assert_eq(memcmp((char *)ca[li].pages + (size_t)row[j] * pb[li],
+                                    (char *)cref[li].pages + (size_t)row[j] * sz.page_bytes, pb[li]), 0,
+                             "seed %llu: layer %d, request %d's page %d differs", (unsigned long long)seed, li, r, j);
+    }
+    cr_assert_eq(memcmp(win, wref, (size_t)L * nslots * sz.window_slot_bytes), 0);
+    for (size_t i = 0; i < guard; i++) cr_assert_eq(pool[kv.pool_bytes + i], 0xa5, "byte %zu past the pools written", i);
+    for (int r = 0; r < 2; r++) cr_assert_eq(ge_sched_finish(&sc, slots[r]), OSCAR_OK);
+    ge_sched_release(&sc);
+    for (int i = 0; i < L; i++) free(cref[i].pages);
+    free(pool), free(win), free(wref), free(ws), free(bt), free(f), free(k), free(v), free(q);
+    free(ka), free(va), free(qa), free(oa), free(orf);
+    oscar_plan_destroy(pa);
+    oscar_plan_destroy(pr);
+    oscar_params_destroy(prm);
+    oscar_runtime_destroy(rt);
 }

@@ -61,8 +61,19 @@ typedef struct ge_options {
 void ge_options_default(ge_options *o);
 
 /* The per-layer cache layout the engine uses for a model and options
- * (group = min(head_dim, 128), F16 metadata, BF16 windows). */
+ * (group = min(head_dim, 128), F16 metadata, BF16 windows), before the
+ * parameters are known: one page size for every layer. */
 void ge_layout_make(const oe_config *c, const ge_options *o, oscar_layout_desc *l);
+/* The layout the engine will use, parameters included: ge_layout_make, then
+ * ge_kv_wide_layout with o->params_path's parameters (loaded here; built-in
+ * parameters have no 3-bit head-tensors): a file calibrated with
+ * oscar-calibrate --wide-bits serves oscar2 with per-layer pages.
+ * layer_page_bytes [c->num_layers] (may be NULL) gets each layer's page size
+ * and *max_wide (may be NULL) the most 3-bit head-tensors of a layer; for
+ * the ge_kv_* sizing functions before the engine exists (a budget for a
+ * batch). */
+oscar_status ge_kv_layout(const oe_config *c, const ge_options *o, oscar_layout_desc *l, size_t *layer_page_bytes,
+                          int *max_wide);
 
 typedef struct ge_engine ge_engine;
 
@@ -75,6 +86,11 @@ void ge_destroy(ge_engine *e);
 const oe_config *ge_config(const ge_engine *e);
 ge_sched *ge_engine_sched(ge_engine *e);
 const ge_kv_plan *ge_engine_kv(const ge_engine *e);
+/* The cache layout in use (wide_tensors / wide_per_layer set for a file with
+ * 3-bit head-tensors) and each layer's page size [num_layers] (all the same
+ * without per-layer pages). */
+const oscar_layout_desc *ge_engine_layout(const ge_engine *e);
+const size_t *ge_engine_layer_page_bytes(const ge_engine *e);
 const char *ge_engine_variant(const ge_engine *e);
 /* Decode steps replayed from CUDA graphs so far (0 with no_graphs). */
 int64_t ge_engine_graph_replays(const ge_engine *e);

@@ -67,6 +67,8 @@ struct ge_engine {
     oscar_plan *plan;
     oscar_layout_desc layout;
     ge_kv_plan kv;
+    int wide;              /* most 3-bit head-tensors of a layer (0: one page size for every layer) */
+    size_t *layer_pb;      /* [num_layers] each layer's page size (oscar_plan_layer_sizes) */
     char *kv_pages, *kv_windows;
     oscar_cache *caches;
     void *ws;
@@ -147,6 +149,7 @@ void ge_destroy(ge_engine *e)
     for (int i = 0; i < e->n_allocs; i++) cudaFree(e->allocs[i]);
     free(e->allocs);
     free(e->L);
+    free(e->layer_pb);
     free(e->caches);
     free(e->h_pos);
     free(e->h_cu);
@@ -166,6 +169,8 @@ void ge_destroy(ge_engine *e)
 const oe_config *ge_config(const ge_engine *e) { return &e->cfg; }
 ge_sched *ge_engine_sched(ge_engine *e) { return &e->sched; }
 const ge_kv_plan *ge_engine_kv(const ge_engine *e) { return &e->kv; }
+const oscar_layout_desc *ge_engine_layout(const ge_engine *e) { return &e->layout; }
+const size_t *ge_engine_layer_page_bytes(const ge_engine *e) { return e->layer_pb; }
 const char *ge_engine_variant(const ge_engine *e) { return oscar_plan_variant(e->plan); }
 int64_t ge_engine_graph_replays(const ge_engine *e) { return e->graph_replays; }
 const char *ge_engine_device(const ge_engine *e) { return oscar_runtime_device(e->rt); }
@@ -192,6 +197,21 @@ void ge_layout_make(const oe_config *c, const ge_options *o, oscar_layout_desc *
     l->recent = o->recent;
     l->max_seq_len = o->max_seq_len;
     l->method = o->method;
+}
+
+oscar_status ge_kv_layout(const oe_config *c, const ge_options *o, oscar_layout_desc *l, size_t *layer_page_bytes,
+                          int *max_wide)
+{
+    if (!c || !o || !l) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_layout: NULL argument");
+    ge_layout_make(c, o, l);
+    oscar_params *p = NULL;
+    if (o->params_path && o->method != OSCAR_METHOD_BF16) {
+        oscar_status s = oscar_params_load(o->params_path, &p);
+        if (s != OSCAR_OK) return ge_set_error(s, "ge_kv_layout: %s", oscar_last_error());
+    }
+    oscar_status s = ge_kv_wide_layout(p, c->num_layers, l, layer_page_bytes, max_wide);
+    oscar_params_destroy(p);
+    return s;
 }
 
 /* Error-feedback weights for built-in parameters: strictly upper triangular,
@@ -290,22 +310,47 @@ static oscar_status setup_common(ge_engine *e)
     }
     oscar_layout_desc *l = &e->layout;
     ge_layout_make(c, o, l);
+    /* A file calibrated with --wide-bits (3-bit head-tensors): per-layer pages, each layer's pool of its
+     * own page size, so the cache costs what the file averages (FORMAT.md §3.3). layer_pb [num_layers]
+     * (the library's sizes), then what the engine's own sizing expects (ge_kv_wide_layout), checked. */
+    e->layer_pb = calloc(2 * (size_t)c->num_layers, sizeof *e->layer_pb);
+    if (!e->layer_pb) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    size_t *expect = e->layer_pb + c->num_layers;
+    GE(ge_kv_wide_layout(e->prm, c->num_layers, l, expect, &e->wide));
     OS(oscar_layout_validate(l));
-    OS(oscar_plan_create(e->rt, l, e->prm, &e->plan));
+    oscar_status ps = oscar_plan_create(e->rt, l, e->prm, &e->plan);
+    if (ps != OSCAR_OK)
+        /* E.g. a --wide-bits file on a backend that cannot store 3-bit head-tensors: the library says so. */
+        return ge_set_error(ps, "ge: cannot serve method %s with %s%s%s on this backend: %s",
+                            oscar_method_name(o->method), o->params_path ? "the parameter file " : "built-in parameters",
+                            o->params_path ? o->params_path : "",
+                            e->wide ? " (3-bit head-tensors, oscar-calibrate --wide-bits: per-layer pages)" : "",
+                            oscar_last_error());
+    for (int i = 0; i < c->num_layers; i++) {
+        oscar_layout_sizes lsz;
+        OS(oscar_plan_layer_sizes(e->plan, i, &lsz));
+        if (lsz.page_bytes != expect[i])
+            return ge_set_error(OSCAR_ERR_INTERNAL, "ge: layer %d's page is %zu bytes (oscar_plan_layer_sizes), the "
+                                "engine's sizing (ge_kv_wide_layout) says %zu", i, lsz.page_bytes, expect[i]);
+        e->layer_pb[i] = lsz.page_bytes;
+    }
 
-    /* KV pools: one allocation per kind for all layers. */
-    GE(ge_kv_plan_for(l, c->num_layers, o->kv_budget, o->max_batch, &e->kv));
+    /* KV pools: one allocation per kind for all layers; every layer holds num_pages pages (one block
+     * table), layer i's pool num_pages of its own page size. */
+    GE(ge_kv_plan_for(l, c->num_layers, e->layer_pb, o->kv_budget, o->max_batch, &e->kv));
     /* liboscar wants a page pool even while every sequence fits its windows. */
     if (e->kv.num_pages <= 0)
         return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge: a KV budget of %zu bytes holds no page besides %d window "
                             "slots; raise the budget", o->kv_budget, o->max_batch);
-    size_t pool = e->kv.pool_bytes_per_layer, win = e->kv.window_bytes_per_layer;
-    GE(dalloc(e, (void **)&e->kv_pages, (size_t)c->num_layers * pool, &e->mem_kv, "KV page pools"));
+    size_t win = e->kv.window_bytes_per_layer;
+    GE(dalloc(e, (void **)&e->kv_pages, e->kv.pool_bytes, &e->mem_kv, "KV page pools"));
     if (win) GE(dalloc(e, (void **)&e->kv_windows, (size_t)c->num_layers * win, &e->mem_kv, "KV window pools"));
     e->caches = calloc((size_t)c->num_layers, sizeof *e->caches);
     if (!e->caches) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    size_t pool_off = 0;
     for (int i = 0; i < c->num_layers; i++) {
-        e->caches[i].pages = e->kv_pages + (size_t)i * pool;
+        e->caches[i].pages = e->kv_pages + pool_off;
+        pool_off += (size_t)e->kv.num_pages * e->layer_pb[i];
         e->caches[i].num_pages = e->kv.num_pages;
         e->caches[i].windows = win ? e->kv_windows + (size_t)i * win : NULL;
         e->caches[i].num_window_slots = o->max_batch;
@@ -1115,9 +1160,10 @@ static oscar_status step_cb(void *user, int n, const int32_t *slots, const int32
 static oscar_status fork_cb(void *user, int32_t src_slot, int32_t dst_slot, int32_t src_page, int32_t dst_page)
 {
     ge_engine *e = user;
-    const size_t wb = e->kv.window_slot_bytes, pb = e->kv.page_bytes;
+    const size_t wb = e->kv.window_slot_bytes;
     for (int li = 0; li < e->cfg.num_layers; li++) {
         const oscar_cache *c = &e->caches[li];
+        const size_t pb = e->layer_pb[li]; /* per-layer pages: each layer's own */
         if (wb && c->windows)
             CU(cudaMemcpyAsync((char *)c->windows + (size_t)dst_slot * wb, (const char *)c->windows + (size_t)src_slot * wb,
                                wb, cudaMemcpyDeviceToDevice, e->st));

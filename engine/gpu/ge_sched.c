@@ -20,12 +20,37 @@ oscar_status ge_set_error(oscar_status s, const char *fmt, ...)
 }
 
 /* ----------------------------------------------------------------- sizing */
-static oscar_status sizes(const oscar_layout_desc *l, int num_layers, oscar_layout_sizes *sz)
+/* The layout's sizes and the bytes of one page id across every layer: the sum of the layers' page sizes
+ * (layer_page_bytes), or num_layers times the layout's page size when layer_page_bytes is NULL. */
+static oscar_status sizes(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes,
+                          oscar_layout_sizes *sz, size_t *page_all, const char *fn)
 {
     if (!l || num_layers <= 0)
-        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge sizing: NULL layout or %d layers", num_layers);
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: NULL layout or %d layers", fn, num_layers);
     if (oscar_layout_sizes_get(l, sz) != OSCAR_OK)
-        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge sizing: %s", oscar_last_error());
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: %s", fn, oscar_last_error());
+    if (!layer_page_bytes) {
+        *page_all = (size_t)num_layers * sz->page_bytes;
+        return OSCAR_OK;
+    }
+    /* Per-layer pages (layout.wide_per_layer, FORMAT.md §3.3): each layer's page lies between the plain 2-bit
+     * page (no 1-bit plane) and the layout's largest (wide_tensors planes). */
+    oscar_layout_desc plain = *l;
+    plain.wide_tensors = 0;
+    plain.wide_per_layer = 0;
+    oscar_layout_sizes psz;
+    if (oscar_layout_sizes_get(&plain, &psz) != OSCAR_OK)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: %s", fn, oscar_last_error());
+    size_t sum = 0;
+    for (int i = 0; i < num_layers; i++) {
+        size_t pb = layer_page_bytes[i];
+        if (pb < psz.page_bytes || pb > sz->page_bytes || pb % 16)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "%s: layer %d's page of %zu bytes is not a page of the "
+                                "layout (a multiple of 16 from %zu, no 1-bit plane, to %zu, wide_tensors %d)", fn, i,
+                                pb, psz.page_bytes, sz->page_bytes, l->wide_tensors);
+        sum += pb;
+    }
+    *page_all = sum;
     return OSCAR_OK;
 }
 
@@ -35,45 +60,51 @@ static size_t slot_bytes(const oscar_layout_desc *l, const oscar_layout_sizes *s
     return l->method == OSCAR_METHOD_BF16 ? 0 : sz->window_slot_bytes;
 }
 
-oscar_status ge_kv_seq_bytes(const oscar_layout_desc *l, int num_layers, int64_t len, size_t *bytes)
+oscar_status ge_kv_seq_bytes(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes, int64_t len,
+                             size_t *bytes)
 {
     oscar_layout_sizes sz;
-    oscar_status s = sizes(l, num_layers, &sz);
+    size_t page_all = 0;
+    oscar_status s = sizes(l, num_layers, layer_page_bytes, &sz, &page_all, "ge_kv_seq_bytes");
     if (s != OSCAR_OK) return s;
     int64_t pages;
     if (!bytes || len < 0 || oscar_layout_pages_for(l, len, &pages) != OSCAR_OK)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_seq_bytes: NULL output or negative length");
-    *bytes = (size_t)num_layers * ((size_t)pages * sz.page_bytes + slot_bytes(l, &sz));
+    *bytes = (size_t)pages * page_all + (size_t)num_layers * slot_bytes(l, &sz);
     return OSCAR_OK;
 }
 
-oscar_status ge_kv_bytes_per_token(const oscar_layout_desc *l, int num_layers, double *bytes)
+oscar_status ge_kv_bytes_per_token(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes,
+                                   double *bytes)
 {
     oscar_layout_sizes sz;
-    oscar_status s = sizes(l, num_layers, &sz);
+    size_t page_all = 0;
+    oscar_status s = sizes(l, num_layers, layer_page_bytes, &sz, &page_all, "ge_kv_bytes_per_token");
     if (s != OSCAR_OK) return s;
     if (!bytes) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_bytes_per_token: NULL output");
-    *bytes = (double)num_layers * (double)sz.page_bytes / (double)l->page_size;
+    *bytes = (double)page_all / (double)l->page_size;
     return OSCAR_OK;
 }
 
-oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, size_t budget, int max_slots,
-                            ge_kv_plan *out)
+oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes, size_t budget,
+                            int max_slots, ge_kv_plan *out)
 {
     oscar_layout_sizes sz;
-    oscar_status s = sizes(l, num_layers, &sz);
+    size_t page_all = 0;
+    oscar_status s = sizes(l, num_layers, layer_page_bytes, &sz, &page_all, "ge_kv_plan_for");
     if (s != OSCAR_OK) return s;
     if (!out || max_slots <= 0)
         return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_plan_for: NULL output or %d slots", max_slots);
     memset(out, 0, sizeof *out);
-    size_t per_layer = budget / (size_t)num_layers;
     size_t wb = slot_bytes(l, &sz);
-    size_t windows = (size_t)max_slots * wb;
-    if (windows > per_layer)
+    size_t windows = (size_t)max_slots * wb, all_windows = (size_t)num_layers * windows;
+    if (all_windows > budget)
         return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "ge_kv_plan_for: %d window slots need %zu bytes per layer, "
                             "more than the budget's %zu; lower the batch or raise the KV budget",
-                            max_slots, windows, per_layer);
-    size_t np = (per_layer - windows) / sz.page_bytes;
+                            max_slots, windows, budget / (size_t)num_layers);
+    /* Every layer holds the same page ids (one block table), so a page id costs a page in every layer:
+     * with one page size this is (budget / num_layers - windows) / page_bytes, the same count. */
+    size_t np = (budget - all_windows) / page_all;
     if (np > INT32_MAX) np = INT32_MAX;
     out->num_pages = (int32_t)np;
     out->num_slots = max_slots;
@@ -81,27 +112,129 @@ oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, size_t b
     out->window_slot_bytes = wb;
     out->pool_bytes_per_layer = np * sz.page_bytes;
     out->window_bytes_per_layer = windows;
-    out->total_bytes = (size_t)num_layers * (out->pool_bytes_per_layer + windows);
+    out->page_bytes_all_layers = page_all;
+    out->pool_bytes = np * page_all;
+    out->total_bytes = out->pool_bytes + all_windows;
     return OSCAR_OK;
 }
 
-oscar_status ge_max_batch(const oscar_layout_desc *l, int num_layers, size_t budget, int64_t len, int *batch,
-                          ge_kv_plan *plan)
+oscar_status ge_kv_bits_per_element(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes,
+                                    int64_t len, double *bits)
+{
+    oscar_layout_sizes sz;
+    size_t page_all = 0;
+    oscar_status s = sizes(l, num_layers, layer_page_bytes, &sz, &page_all, "ge_kv_bits_per_element");
+    if (s != OSCAR_OK) return s;
+    if (!bits || len <= 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_bits_per_element: NULL output or length %lld",
+                            (long long)len);
+    if (!layer_page_bytes) {
+        if (oscar_layout_bits_per_element(l, len, bits) != OSCAR_OK)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_bits_per_element: %s", oscar_last_error());
+        return OSCAR_OK;
+    }
+    /* Layer i's page is the plain page plus n_i planes of P d / 8 bytes (sizes() checked the range):
+     * its bits are those of a one-size layout with wide_tensors n_i. */
+    oscar_layout_desc one = *l;
+    one.wide_tensors = one.wide_per_layer = 0;
+    oscar_layout_sizes psz;
+    oscar_layout_sizes_get(&one, &psz);
+    const size_t plane = (size_t)l->page_size * (size_t)l->head_dim / 8;
+    double sum = 0.0;
+    for (int i = 0; i < num_layers; i++) {
+        one.wide_tensors = (int32_t)((layer_page_bytes[i] - psz.page_bytes) / plane);
+        double b;
+        if ((layer_page_bytes[i] - psz.page_bytes) % plane || oscar_layout_bits_per_element(&one, len, &b) != OSCAR_OK)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_bits_per_element: layer %d's page of %zu bytes is "
+                                "not a 2-bit page plus whole 1-bit planes", i, layer_page_bytes[i]);
+        sum += b;
+    }
+    *bits = sum / num_layers;
+    return OSCAR_OK;
+}
+
+/* 3-bit head-tensors (KV head, K/V) of one layer of the parameters, or -1 with the error set. */
+static int layer_wide(const oscar_params *p, int layer, int num_kv_heads)
+{
+    int n = 0;
+    for (int h = 0; h < num_kv_heads; h++)
+        for (int w = 0; w < 2; w++) {
+            int bits = 2;
+            if (oscar_params_code_bits(p, layer, h, (oscar_kv)w, &bits) != OSCAR_OK) {
+                ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_wide_layout: %s", oscar_last_error());
+                return -1;
+            }
+            n += bits == 3;
+        }
+    return n;
+}
+
+oscar_status ge_kv_wide_layout(const oscar_params *p, int num_layers, oscar_layout_desc *l, size_t *layer_page_bytes,
+                               int *max_wide)
+{
+    if (max_wide) *max_wide = 0;
+    if (!l || num_layers <= 0)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_wide_layout: NULL layout or %d layers", num_layers);
+    /* Only oscar2 stores 3-bit head-tensors: for another method the layout stays as it is, and
+     * oscar_plan_create refuses a file that has them with its own message. */
+    const int wide_ok = p && l->method == OSCAR_METHOD_OSCAR2;
+    if (wide_ok) {
+        oscar_params_info info;
+        if (oscar_params_get_info(p, &info) != OSCAR_OK)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_wide_layout: %s", oscar_last_error());
+        if (info.num_layers != num_layers || info.num_kv_heads != l->num_kv_heads)
+            return ge_set_error(OSCAR_ERR_SHAPE_MISMATCH, "ge_kv_wide_layout: the parameters are for %d layers of %d "
+                                "KV heads, the model has %d of %d", info.num_layers, info.num_kv_heads, num_layers,
+                                l->num_kv_heads);
+    }
+    int most = 0;
+    for (int i = 0; wide_ok && i < num_layers; i++) {
+        int n = layer_wide(p, i, l->num_kv_heads);
+        if (n < 0) return OSCAR_ERR_INVALID_ARGUMENT;
+        if (n > most) most = n;
+    }
+    /* Room for the most planes any layer has, each layer's pages exactly its own (FORMAT.md §3.3). */
+    if (most > 0) {
+        l->wide_tensors = most;
+        l->wide_per_layer = 1;
+    }
+    if (max_wide) *max_wide = most;
+    if (!layer_page_bytes) return OSCAR_OK;
+    oscar_layout_sizes sz;
+    if (oscar_layout_sizes_get(l, &sz) != OSCAR_OK)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_wide_layout: %s", oscar_last_error());
+    for (int i = 0; i < num_layers; i++) {
+        layer_page_bytes[i] = sz.page_bytes;
+        if (most == 0) continue;
+        /* Layer i's page: the 2-bit page plus its own planes, the page of a one-size layout with that many. */
+        oscar_layout_desc one = *l;
+        one.wide_tensors = layer_wide(p, i, l->num_kv_heads);
+        one.wide_per_layer = 0;
+        oscar_layout_sizes lsz;
+        if (oscar_layout_sizes_get(&one, &lsz) != OSCAR_OK)
+            return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_kv_wide_layout: layer %d: %s", i, oscar_last_error());
+        layer_page_bytes[i] = lsz.page_bytes;
+    }
+    return OSCAR_OK;
+}
+
+oscar_status ge_max_batch(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes, size_t budget,
+                          int64_t len, int *batch, ge_kv_plan *plan)
 {
     if (!batch) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_max_batch: NULL output");
     *batch = 0;
-    size_t per_seq;
-    oscar_status s = ge_kv_seq_bytes(l, num_layers, len, &per_seq);
+    size_t per_seq = 0;
+    oscar_status s = ge_kv_seq_bytes(l, num_layers, layer_page_bytes, len, &per_seq);
     if (s != OSCAR_OK) return s;
     int64_t pages;
     oscar_layout_pages_for(l, len, &pages);
     /* Upper bound from bytes, then step down until pages and slots fit
-     * (page rounding per layer can cost one sequence). */
+     * (page rounding can cost one sequence). */
     int64_t b = per_seq ? (int64_t)(budget / per_seq) : 0;
     if (b > 1 << 20) b = 1 << 20;
     for (; b > 0; b--) {
         ge_kv_plan p;
-        if (ge_kv_plan_for(l, num_layers, budget, (int)b, &p) != OSCAR_OK) continue;
+        if (ge_kv_plan_for(l, num_layers, layer_page_bytes, budget, (int)b, &p) != OSCAR_OK) continue;
         if ((int64_t)p.num_pages >= b * pages) {
             *batch = (int)b;
             if (plan) *plan = p;

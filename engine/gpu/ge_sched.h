@@ -36,28 +36,59 @@ __attribute__((format(printf, 2, 3)))
 oscar_status ge_set_error(oscar_status s, const char *fmt, ...);
 
 /* ----------------------------------------------------------------- sizing */
+/* Every layer's pool holds the same page ids (one block table), so a page id
+ * costs one page in every layer. Layers may differ in page size: a parameter
+ * file with 3-bit head-tensors (oscar-calibrate --wide-bits) is served with
+ * per-layer pages (layout.wide_per_layer 1, docs/FORMAT.md §3.3), layer l's
+ * page the 2-bit page plus its own 1-bit planes. The sizing functions take
+ * layer_page_bytes [num_layers], each layer's page size (oscar_plan_layer_sizes
+ * or ge_kv_wide_layout), or NULL: every layer the layout's page size
+ * (oscar_layout_sizes_get), num_layers x one page as before per-layer pages. */
 typedef struct ge_kv_plan {
-    int32_t num_pages;        /* pages per layer pool */
+    int32_t num_pages;        /* pages per layer pool (the same in every layer) */
     int32_t num_slots;        /* window slots per layer (0 for BF16: no windows) */
-    size_t page_bytes, window_slot_bytes;
-    size_t pool_bytes_per_layer;   /* num_pages * page_bytes */
+    size_t page_bytes, window_slot_bytes; /* page_bytes: the layout's (largest) page */
+    size_t pool_bytes_per_layer;   /* num_pages * page_bytes (the largest layer's pool; layer l's is
+                                      num_pages * its own page size) */
     size_t window_bytes_per_layer; /* num_slots * window_slot_bytes */
     size_t total_bytes;            /* all layers, <= the budget */
+    size_t page_bytes_all_layers;  /* one page id in every layer: the sum of the layers' page sizes */
+    size_t pool_bytes;             /* all layers' pools: num_pages * page_bytes_all_layers */
 } ge_kv_plan;
 
 /* KV bytes (all layers) of one sequence of len tokens: its pages plus its
  * window slot. */
-oscar_status ge_kv_seq_bytes(const oscar_layout_desc *l, int num_layers, int64_t len, size_t *bytes);
+oscar_status ge_kv_seq_bytes(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes, int64_t len,
+                             size_t *bytes);
 /* Asymptotic KV bytes per token (all layers, paged part only). */
-oscar_status ge_kv_bytes_per_token(const oscar_layout_desc *l, int num_layers, double *bytes);
+oscar_status ge_kv_bytes_per_token(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes,
+                                   double *bytes);
 /* Pools for a budget with max_slots window slots: the rest of the budget
- * goes to pages. Refused when the slots alone exceed the budget. */
-oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, size_t budget, int max_slots,
-                            ge_kv_plan *out);
+ * goes to pages, num_pages = rest / page_bytes_all_layers. Refused when the
+ * slots alone exceed the budget. */
+oscar_status ge_kv_plan_for(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes, size_t budget,
+                            int max_slots, ge_kv_plan *out);
 /* Largest batch of sequences of len tokens whose pages and window slots fit
  * the budget (0 when not even one fits), with the plan for that batch. */
-oscar_status ge_max_batch(const oscar_layout_desc *l, int num_layers, size_t budget, int64_t len, int *batch,
-                          ge_kv_plan *plan);
+oscar_status ge_max_batch(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes, size_t budget,
+                          int64_t len, int *batch, ge_kv_plan *plan);
+/* Average stored bits per K/V element of a sequence of len tokens over the
+ * layers (windows, codes, metadata and each layer's 1-bit planes):
+ * oscar_layout_bits_per_element of each layer's page, averaged. */
+oscar_status ge_kv_bits_per_element(const oscar_layout_desc *l, int num_layers, const size_t *layer_page_bytes,
+                                    int64_t len, double *bits);
+/* What parameters p (may be NULL: built-in) ask of layout l: when l's method
+ * is oscar2 and p has 3-bit head-tensors (oscar_params_code_bits), l gets
+ * wide_tensors = the most of any layer and wide_per_layer = 1; otherwise l is
+ * left as it is (oscar_plan_create refuses 3-bit parameters for another
+ * method, and on a backend that cannot store them, with its message).
+ * layer_page_bytes [num_layers] (may be NULL) gets each layer's page size
+ * as oscar_plan_layer_sizes reports it: the 2-bit page plus that layer's
+ * planes (l's page size everywhere without them); *max_wide (may be NULL)
+ * the most 3-bit head-tensors of a layer (0: none). p must have num_layers
+ * layers and l's KV heads (OSCAR_ERR_SHAPE_MISMATCH). */
+oscar_status ge_kv_wide_layout(const oscar_params *p, int num_layers, oscar_layout_desc *l, size_t *layer_page_bytes,
+                               int *max_wide);
 
 /* ---------------------------------------------------------- page allocator */
 typedef struct ge_pages {

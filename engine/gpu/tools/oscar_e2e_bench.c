@@ -206,18 +206,19 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
     chunk = o.chunk_every_prompt || prompt > o.max_prefill_tokens ? ge_engine_chunk(e) : 0;
     r->chunk = chunk;
     r->kv_gib = mk / 1073741824.0;
-    oscar_layout_desc l;
-    ge_layout_make(c, &o, &l);
+    /* The engine's layout and page sizes (per layer for a --wide-bits parameter file). */
+    const oscar_layout_desc l = *ge_engine_layout(e);
+    const size_t *lpb = ge_engine_layer_page_bytes(e);
     {
         /* A step reads every weight but the embedding table (B rows of it)
          * and each sequence's cache at its length (mean over the decode). */
         size_t seq_bytes = 0;
-        ge_kv_seq_bytes(&l, c->num_layers, prompt + gen / 2, &seq_bytes);
+        ge_kv_seq_bytes(&l, c->num_layers, lpb, prompt + gen / 2, &seq_bytes);
         double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab * c->hidden * (o.act_f32 ? 4 : 2);
         double bytes = (double)mw - embed + (double)batch * (double)seq_bytes;
         r->roofline_ms = g_copy_bw > 0 ? 1e3 * bytes / g_copy_bw : 0.0;
     }
-    oscar_layout_bits_per_element(&l, prompt + gen, &r->bits);
+    ge_kv_bits_per_element(&l, c->num_layers, lpb, prompt + gen, &r->bits);
     ge_sched *s = ge_engine_sched(e);
     int32_t *slots = malloc((size_t)batch * 4), *nn = malloc((size_t)batch * 4), *nx = malloc((size_t)batch * 4);
     int32_t *tok = malloc(((size_t)prompt > (size_t)batch ? (size_t)prompt : (size_t)batch) * 4);
@@ -338,12 +339,11 @@ static int breakdown(const oe_config *c, ge_options o, int batch, int context, i
     size_t mw, mk;
     ge_engine_memory(e, &mw, &mk, NULL, NULL);
     fprintf(stderr, "breakdown %s: engine up in %.1f s, variant %s\n", label, now_s() - t0, ge_engine_variant(e));
-    oscar_layout_desc l;
-    ge_layout_make(c, &o, &l);
+    const oscar_layout_desc l = *ge_engine_layout(e);
     /* KV bytes the attention reads per step (every sequence at context + 1),
      * and the roofline step as run() computes it. */
     size_t seq_bytes = 0;
-    ge_kv_seq_bytes(&l, c->num_layers, context + 1, &seq_bytes);
+    ge_kv_seq_bytes(&l, c->num_layers, ge_engine_layer_page_bytes(e), context + 1, &seq_bytes);
     const double kv_bytes = (double)batch * (double)seq_bytes;
     const double embed = c->tie_word_embeddings ? 0.0 : (double)c->vocab * c->hidden * (o.act_f32 ? 4 : 2);
     const double roof_us = g_copy_bw > 0 ? 1e6 * ((double)mw - embed + kv_bytes) / g_copy_bw : 0.0;
@@ -534,18 +534,17 @@ static int run_shared(const oe_config *c, ge_options o, int prefix, int suffix, 
     }
     /* KV bytes the requests hold: their pages (the prefix's full pages once
      * when shared) and window slots, all layers. */
-    oscar_layout_desc l;
-    ge_layout_make(c, &o, &l);
+    const oscar_layout_desc l = *ge_engine_layout(e);
     int64_t pages_req, pages_pfx;
     oscar_layout_pages_for(&l, o.max_seq_len, &pages_req);
     oscar_layout_pages_for(&l, prefix, &pages_pfx);
     const ge_kv_plan *kv = ge_engine_kv(e);
     int64_t shared = share ? ge_shared_pages(&l, prefix) : 0;
     int64_t pages = share ? pages_pfx + (int64_t)n_req * (pages_req - shared) : (int64_t)n_req * pages_req;
-    double kv_gib = (double)c->num_layers * ((double)pages * kv->page_bytes + (double)n_req * kv->window_slot_bytes) /
-                    1073741824.0;
+    double kv_gib = ((double)pages * kv->page_bytes_all_layers +
+                     (double)c->num_layers * (double)n_req * kv->window_slot_bytes) / 1073741824.0;
     double bits;
-    oscar_layout_bits_per_element(&l, o.max_seq_len, &bits);
+    ge_kv_bits_per_element(&l, c->num_layers, ge_engine_layer_page_bytes(e), o.max_seq_len, &bits);
     size_t fr = 0, totm = 0;
     cudaMemGetInfo(&fr, &totm);
     double pf = (double)n_req * plen / gs.prefill_s;
@@ -695,23 +694,27 @@ int main(int argc, char **argv)
         if (g_md) fclose(g_md);
         return rc;
     }
+    /* The layout with what the parameter file asks (3-bit head-tensors: per-layer pages). */
     oscar_layout_desc l;
-    ge_layout_make(&c, &o, &l);
+    size_t *lpb = calloc((size_t)c.num_layers, sizeof *lpb);
     int best = 0;
-    if (ge_max_batch(&l, c.num_layers, o.kv_budget, prompt + gen, &best, NULL) != OSCAR_OK) {
-        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+    if (!lpb || ge_kv_layout(&c, &o, &l, lpb, NULL) != OSCAR_OK ||
+        ge_max_batch(&l, c.num_layers, lpb, o.kv_budget, prompt + gen, &best, NULL) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", lpb ? ge_last_error() : "out of memory");
+        free(lpb);
         return 1;
     }
     double bpt;
     size_t seq_bytes;
-    ge_kv_bytes_per_token(&l, c.num_layers, &bpt);
-    ge_kv_seq_bytes(&l, c.num_layers, prompt + gen, &seq_bytes);
+    ge_kv_bytes_per_token(&l, c.num_layers, lpb, &bpt);
+    ge_kv_seq_bytes(&l, c.num_layers, lpb, prompt + gen, &seq_bytes);
     fprintf(stderr, "%s: %.1f KB KV per token (paged), %.1f MB per %d-token sequence; largest batch in %.1f GB: %d\n",
             oscar_method_name(method), bpt / 1e3, seq_bytes / 1e6, prompt + gen, budget_gb, best);
     int b = batch > 0 ? batch : best;
     if (b > cap) b = cap;
     if (b <= 0) {
         fprintf(stderr, "oscar-e2e-bench: not one sequence of %d tokens fits %.1f GB\n", prompt + gen, budget_gb);
+        free(lpb);
         return 1;
     }
     char cfg[192];
@@ -733,10 +736,10 @@ int main(int argc, char **argv)
             if (ctx > 0) {
                 ge_options lo = o;
                 lo.max_seq_len = ctx + bd_warmup + 2 + BD_N * bd_rounds + 8;
-                oscar_layout_desc ll;
-                ge_layout_make(&c, &lo, &ll);
+                oscar_layout_desc ll = l; /* lo's layout: only max_seq_len differs */
+                ll.max_seq_len = lo.max_seq_len;
                 size_t need;
-                ge_kv_seq_bytes(&ll, c.num_layers, lo.max_seq_len, &need);
+                ge_kv_seq_bytes(&ll, c.num_layers, lpb, lo.max_seq_len, &need);
                 lo.kv_budget = need + (size_t)c.num_layers * (1u << 20); /* > one page */
                 snprintf(cfg, sizeof cfg, "%s, batch 1, context %d, %s%s", shape, ctx, gl, rnd);
                 rc = breakdown(&c, lo, 1, ctx, bd_warmup, bd_rounds, 2, cfg);
@@ -745,6 +748,7 @@ int main(int argc, char **argv)
             if (p) p++;
         }
         if (g_md) fclose(g_md);
+        free(lpb);
         return rc;
     }
     if (!no_throughput) {
@@ -766,10 +770,10 @@ int main(int argc, char **argv)
         if (ctx > 0) {
             ge_options lo = o;
             lo.max_seq_len = ctx + long_steps;
-            oscar_layout_desc ll;
-            ge_layout_make(&c, &lo, &ll);
+            oscar_layout_desc ll = l; /* lo's layout: only max_seq_len differs */
+            ll.max_seq_len = lo.max_seq_len;
             size_t need;
-            ge_kv_seq_bytes(&ll, c.num_layers, ctx + long_steps, &need);
+            ge_kv_seq_bytes(&ll, c.num_layers, lpb, ctx + long_steps, &need);
             lo.kv_budget = need + (size_t)c.num_layers * (1u << 20); /* > one page */
             run_result lr;
             if (run(&c, lo, 1, ctx, long_steps, 0, time_limit, 2, &lr) == 0) {
@@ -781,5 +785,6 @@ int main(int argc, char **argv)
         if (p) p++;
     }
     if (g_md) fclose(g_md);
+    free(lpb);
     return rc;
 }

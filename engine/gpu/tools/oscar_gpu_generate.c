@@ -157,6 +157,28 @@ static void dbg_gpu(void *user, int layer, const char *what, const float *data, 
     }
 }
 
+/* A --wide-bits file: each layer's pages hold its own 1-bit planes (FORMAT.md §3.3); says so
+ * (perf/e2e/run.sh's wide-pages checks look for this line). */
+static void print_layer_pages(const ge_engine *e, const oe_config *c)
+{
+    const oscar_layout_desc *el = ge_engine_layout(e);
+    if (!el->wide_per_layer) return;
+    const size_t *pb = ge_engine_layer_page_bytes(e);
+    const double elems = 2.0 * el->num_kv_heads * el->page_size * el->head_dim;
+    oscar_layout_desc plain = *el;
+    plain.wide_tensors = plain.wide_per_layer = 0;
+    oscar_layout_sizes psz = {0};
+    oscar_layout_sizes_get(&plain, &psz);
+    double sum = 0.0;
+    printf("kv: per-layer pages (3-bit head-tensors, at most %d in a layer), page bytes per layer:", el->wide_tensors);
+    for (int i = 0; i < c->num_layers; i++) {
+        printf(" %zu", pb[i]);
+        sum += (double)pb[i];
+    }
+    printf("; paged bits per element %.4f on average (2-bit pages: %.4f), %d pages per layer\n",
+           8.0 * sum / c->num_layers / elems, 8.0 * (double)psz.page_bytes / elems, ge_engine_kv(e)->num_pages);
+}
+
 /* The engine for slots sequences of up to max_len tokens; its KV layout in *lout when not NULL. */
 static ge_engine *make_engine(const oe_model *m, oscar_method method, const char *params, int fp32, int sink,
                               int recent, int chunk, int slots, int max_len, int max_prefill, oscar_layout_desc *lout)
@@ -177,22 +199,28 @@ static ge_engine *make_engine(const oe_model *m, oscar_method method, const char
         o.chunk_every_prompt = 1;
     }
     o.check_every = 1;
+    /* The layout with what the parameter file asks (3-bit head-tensors: per-layer pages), so the
+     * budget holds each layer's own page size. */
     oscar_layout_desc l;
-    ge_layout_make(c, &o, &l);
-    if (lout) *lout = l;
-    size_t need;
-    oscar_layout_sizes lsz;
-    if (ge_kv_seq_bytes(&l, c->num_layers, max_len, &need) != OSCAR_OK || oscar_layout_sizes_get(&l, &lsz) != OSCAR_OK) {
-        fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
+    size_t need, *pb = calloc((size_t)c->num_layers, sizeof *pb);
+    if (!pb || ge_kv_layout(c, &o, &l, pb, NULL) != OSCAR_OK ||
+        ge_kv_seq_bytes(&l, c->num_layers, pb, max_len, &need) != OSCAR_OK) {
+        fprintf(stderr, "oscar-gpu-generate: %s\n", pb ? ge_last_error() : "out of memory");
+        free(pb);
         return NULL;
     }
-    o.kv_budget = (size_t)slots * need + (size_t)c->num_layers * (lsz.page_bytes + 4096);
+    if (lout) *lout = l;
+    size_t page_all = 0;
+    for (int i = 0; i < c->num_layers; i++) page_all += pb[i];
+    free(pb);
+    o.kv_budget = (size_t)slots * need + page_all + (size_t)c->num_layers * 4096;
     ge_engine *e = NULL;
     if (ge_create_from_model(m, &o, &e) != OSCAR_OK) {
         fprintf(stderr, "oscar-gpu-generate: %s\n", ge_last_error());
         return NULL;
     }
     if (chunk > 0 && *ge_engine_notes(e)) printf("note: %s\n", ge_engine_notes(e));
+    print_layer_pages(e, c);
     return e;
 }
 
