@@ -7,6 +7,8 @@
 #                     runtime) with headers, from this Debian 12 machine (~8 MB)
 #   tiny-qwen3.tar.xz the model (~46 MB instead of 61 MiB)
 #   eval-head.tokens  the first 65536 tokens of eval.tokens (256 KB)
+#   calib-head.tokens the first 65536 tokens of calib.tokens (256 KB): run.sh calibrates the
+#                     --wide-bits 0.05 parameter file of its wide-pages checks from them (CPU)
 # Usage: perf/e2e/pack.sh [SHARED_DIR] [OUT_DIR]   (defaults ../shared, .devcarry/e2e)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -43,4 +45,5 @@ tar -C "$tmp" -cJf "$out" .
 echo "wrote $out ($(du -h "$out" | cut -f1))"
 tar -C "$shared/models" -cJf "$outdir/tiny-qwen3.tar.xz" tiny-qwen3
 head -c 262144 "$shared/data/tiny-qwen3/eval.tokens" >"$outdir/eval-head.tokens"
+head -c 262144 "$shared/data/tiny-qwen3/calib.tokens" >"$outdir/calib-head.tokens"
 du -sh "$outdir"/*

@@ -8,7 +8,7 @@
 #
 #   perf/e2e/run.sh [--carry DIR] [--model DIR|TAR] [--tokens FILE] [--deps TAR] [--set all|new]
 #                   [--budget-gb G] [--prompt P] [--gen N] [--no-check] [--no-bench] [--debug-layers]
-#                   [--breakdown]
+#                   [--breakdown] [--calib-tokens FILE] [--wide-params FILE]
 # --set new: only the checks and benchmark rows added for chunked prefill,
 # shared prefixes and feedback weights (issues 13, 14), with the BF16 and
 # nearest-rounding rows they are compared with: fits one device call.
@@ -20,7 +20,10 @@
 # P+N batch and at batch 1 x 32K (bf16, oscar2 with feedback weights), and Qwen3-32B at batch
 # 1 x 32K (oscar2 with feedback weights, then bf16); tables into e2e.md.
 # --carry DIR: the folder perf/e2e/pack.sh made (deps.tar.xz, tiny-qwen3.tar.xz,
-# eval-head.tokens); explicit --model/--tokens/--deps override it.
+# eval-head.tokens, calib-head.tokens); explicit --model/--tokens/--deps/--calib-tokens override it.
+# --calib-tokens FILE: calibration tokens (uint32) for the wide-pages checks' parameter file, calibrated
+# here on the CPU (oscar-calibrate --wide-bits 0.05, first 32768 tokens); --wide-params FILE: use that
+# parameter file instead (it must hold 3-bit head-tensors).
 # Tolerances of the checks (oscar-gpu-generate --check, teacher forcing over
 # the GPU's 64 greedy tokens from a 1024-token prompt of eval.tokens; a
 # disagreement is a near tie when the CPU's margin is below 0.1 (fp32
@@ -52,13 +55,20 @@
 #   oscar2, fp32                      : >= 90% agree, <= 1.0
 # A wrong page in a block table, a window row not copied or a chunk attending to the wrong rows moves
 # logits by whole units and agreement far below 90%: these fail.
+# Per-layer pages (issue 16): a parameter file calibrated with --wide-bits 0.05 (3-bit head-tensors in
+# some layers; the engine sets layout.wide_per_layer and sizes each layer's pool with its own page),
+# the GPU against the CPU engine with the same file (its fakequant hook stores those head-tensors in
+# 3 bits too), with the tolerances of the 2-bit rows above: stepwise, chunk 512 (-> 256), batched (7
+# requests through 3 slots: pages reused across the layers' pools of different page sizes), shared
+# prefix (the fork copies each layer's partly written page at that layer's page size), bf16 chunk 128.
+# Each such check also fails unless the engine says it runs per-layer pages ("kv: per-layer pages").
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${OUT:-/tmp/e2e-out}
 mkdir -p "$out"
 log=$out/e2e.log
 exec > >(tee "$log") 2>&1
-carry= model= tokens= deps= budget=40 prompt=8192 gen=1024 do_check=1 do_bench=1 do_debug=0 set=all do_breakdown=0
+carry= model= tokens= deps= calib_tokens= wide_params= budget=40 prompt=8192 gen=1024 do_check=1 do_bench=1 do_debug=0 set=all do_breakdown=0
 bench_limit=${E2E_BENCH_LIMIT:-530}  # seconds from the start after which no new benchmark run starts (+30 s at most: one 600 s device call)
 while (($#)); do
   case $1 in
@@ -66,6 +76,8 @@ while (($#)); do
     --model) model=$2; shift 2 ;;
     --tokens) tokens=$2; shift 2 ;;
     --deps) deps=$2; shift 2 ;;
+    --calib-tokens) calib_tokens=$2; shift 2 ;;
+    --wide-params) wide_params=$2; shift 2 ;;
     --budget-gb) budget=$2; shift 2 ;;
     --prompt) prompt=$2; shift 2 ;;
     --gen) gen=$2; shift 2 ;;
@@ -82,6 +94,7 @@ if [[ -n $carry ]]; then
   [[ -z $model && -e $carry/tiny-qwen3.tar.xz ]] && model=$carry/tiny-qwen3.tar.xz
   [[ -z $tokens && -e $carry/eval-head.tokens ]] && tokens=$carry/eval-head.tokens
   [[ -z $deps && -e $carry/deps.tar.xz ]] && deps=$carry/deps.tar.xz
+  [[ -z $calib_tokens && -e $carry/calib-head.tokens ]] && calib_tokens=$carry/calib-head.tokens
 fi
 t_start=$(date +%s)
 echo "== e2e: $(date -u +%FT%TZ), $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi')"
@@ -153,7 +166,7 @@ if ! cmake -S "$root" -B "$build" "${gen_flag[@]}" -DCMAKE_BUILD_TYPE=Release -D
   tail -40 "$out/cmake.txt"; echo "run.sh: configure failed"; exit 1
 fi
 grep -E "liboscar:" "$out/cmake.txt"
-if ! cmake --build "$build" -j"$(nproc)" --target oscar-gpu-generate oscar-e2e-bench oscar-gpu-selftest oscar_backend_cuda \
+if ! cmake --build "$build" -j"$(nproc)" --target oscar-gpu-generate oscar-e2e-bench oscar-gpu-selftest oscar_backend_cuda oscar-calibrate \
       >"$out/build.txt" 2>&1; then
   grep -E "error|Error" "$out/build.txt" | head -40; echo "run.sh: build failed"; exit 1
 fi
@@ -185,23 +198,31 @@ if ((do_check)); then
       echo "| KV method | weights/act | prefill | exact agree | near ties | rate | max logit diff (first 16) | max logit diff (all) | result |"
       echo "|---|---|---|---|---|---|---|---|---|"
     } >>"$md"
-    run_check() { # method fp32|bf16 stepwise|exact|batched|chunk:C|shared:C min_agree max_diff
+    run_check() { # method fp32|bf16 stepwise|exact|batched|chunk:C|shared:C min_agree max_diff [wide params file]
       local args=(--method "$1" --prompt-len 1024 --n 64 --check --min-agree "$4" --max-logit-diff "$5" --first 16)
       [[ $3 == batched ]] && args=(--method "$1" --prompt-len 300 --n 32 --batch-check 7 3 --max-logit-diff "$5")
       [[ $3 == chunk:* ]] && args+=(--chunk "${3#chunk:}")
       [[ $3 == shared:* ]] && args+=(--chunk "${3#shared:}" --shared-prefix 480 4 3)
       [[ $2 == fp32 ]] && args+=(--fp32)
       [[ $3 == stepwise ]] && args+=(--stepwise)
+      local label=$1 wide=${6:-}
+      [[ -n $wide ]] && { args+=(--params "$wide"); label="$1, --wide-bits 0.05 file"; }
       local o
       o=$(timeout 180 "$bin/oscar-gpu-generate" "$model" --prompt-tokens "$tokens" "${args[@]}" 2>&1)
-      local rc=$?
+      local rc=$? flat=0
       echo "$o" | grep -vE "^tokens:" | sed 's/^/  /'
+      # A wide file must be served with per-layer pages (oscar-gpu-generate prints them).
+      if [[ -n $wide ]] && ! grep -q '^kv: per-layer pages' <<<"$o"; then
+        echo "  wide check: the engine did not report per-layer pages for $wide: FAIL"
+        flat=1
+        ((rc == 0)) && rc=4
+      fi
       local line
       line=$(echo "$o" | grep '^RESULT|' | tail -1)
-      if [[ -n $line ]]; then
-        echo "$line" | awk -F'|' '{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", $2,$3,$4,$5,$6,$7,$8,$9,$10}' >>"$md"
+      if [[ -n $line ]] && ((!flat)); then
+        echo "$line" | awk -F'|' -v lab="$label" '{printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", lab,$3,$4,$5,$6,$7,$8,$9,$10}' >>"$md"
       else
-        echo "| $1 | $2 | $3 | - | - | - | - | - | ERROR (rc $rc) |" >>"$md"
+        echo "| $label | $2 | $3 | - | - | - | - | - | ERROR (rc $rc) |" >>"$md"
       fi
       ((rc == 0)) || checks_ok=0
     }
@@ -221,6 +242,30 @@ if ((do_check)); then
     run_check oscar2 bf16 chunk:128 0.85 2.0
     run_check bf16 fp32 shared:96 1.0 0.25
     run_check oscar2 fp32 shared:96 0.9 1.0
+    # Per-layer pages: a --wide-bits 0.05 parameter file (tolerances in the header).
+    wide=$wide_params
+    if [[ -z $wide && -n $calib_tokens ]]; then
+      wide=$out/tiny-qwen3.wide-bits-0.05.safetensors
+      echo "== calibrating $wide on the CPU (oscar-calibrate --wide-bits 0.05, 32768 tokens of $calib_tokens)"
+      timeout 300 "$bin/oscar-calibrate" "$model" --tokens "$calib_tokens" --out "$wide" --max-tokens 32768 \
+        --wide-bits 0.05 >"$out/calibrate-wide.txt" 2>&1
+      crc=$?
+      grep -iE -A12 "code widths" "$out/calibrate-wide.txt" | sed 's/^/  /'
+      if ((crc != 0)); then
+        tail -20 "$out/calibrate-wide.txt" | sed 's/^/  /'; echo "  calibration failed (rc $crc)"; wide=
+      fi
+    fi
+    if [[ -n $wide && -f $wide ]]; then
+      run_check oscar2 fp32 stepwise 0.9 1.0 "$wide"
+      run_check oscar2 fp32 chunk:512 0.9 1.0 "$wide"
+      run_check oscar2 fp32 batched 1.0 0.5 "$wide"
+      run_check oscar2 fp32 shared:96 0.9 1.0 "$wide"
+      run_check oscar2 bf16 chunk:128 0.85 2.0 "$wide"
+    else
+      echo "== wide-pages checks not run: no parameter file (give --calib-tokens or --wide-params, or --carry with calib-head.tokens)"
+      echo "| oscar2, --wide-bits 0.05 file | - | - | - | - | - | - | - | NOT RUN (no parameter file) |" >>"$md"
+      checks_ok=0
+    fi
     echo >>"$md"
   fi
 fi
