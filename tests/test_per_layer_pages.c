@@ -96,7 +96,10 @@ static void run_per_layer(const char *backend, int chunk) {
         cr_assert(k[l] && v[l] && q[l] && kq[l] && vq[l] && kw[l] && vw[l]);
         rc_gen_kv(&rng, T, HKV, D, 4, OSCAR_DTYPE_BF16, k[l]);
         rc_gen_kv(&rng, T, HKV, D, 2, OSCAR_DTYPE_BF16, v[l]);
-        rc_gen_kv(&rng, T, HQ, D, 2, OSCAR_DTYPE_BF16, q[l]);
+        /* q without outlier channels: moderate scores, where the CUDA tensor-core kernels' q~ limbs
+         * (FORMAT.md §5) stay within the floor of exact attention (outliers of 10-50 in q moved
+         * outputs by up to ~2 %; test_backend_conformance checks those kernels with their own q~) */
+        rc_gen_kv(&rng, T, HQ, D, 0, OSCAR_DTYPE_BF16, q[l]);
         memcpy(kq[l], k[l], kvn * sizeof(float));
         memcpy(vq[l], v[l], kvn * sizeof(float));
         cr_assert_eq(oscar_fakequant(prm, OSCAR_METHOD_OSCAR2, l, OSCAR_K, D, T - S0, HKV, D, kq[l] + off), OSCAR_OK,
@@ -179,7 +182,7 @@ static void run_per_layer(const char *backend, int chunk) {
 
     enum { NMAX = 8 };
     cr_assert(step <= NMAX);
-    uint16_t kb[NMAX * HKV * D], vb[NMAX * HKV * D], qb[NMAX * HQ * D], obuf[NMAX * HQ * D];
+    uint16_t kb[NMAX * HKV * D], vb[NMAX * HKV * D], qb[NMAX * HQ * D], obuf[NMAX * HQ * D], first[NMAX * HQ * D];
     void *dk = kb, *dv = vb, *dq = qb, *dout = obuf, *dcu = NULL;
     if (dev) {
         dk = pool(rt, dev, kb, sizeof kb), dv = pool(rt, dev, vb, sizeof vb), dq = pool(rt, dev, qb, sizeof qb);
@@ -231,11 +234,25 @@ static void run_per_layer(const char *backend, int chunk) {
                     cr_assert_eq(oscar_plan_check(plan[u], ws, NULL), OSCAR_OK, "%s layer %d step %d: %s", backend,
                                  l, t0, oscar_last_error());
                 }
+                /* Both layouts run the same kernels on the same values (only the page stride differs,
+                 * which may change the split of the history): within float reassociation and one
+                 * output rounding of each other. */
+                if (u == 0) memcpy(first, obuf, sizeof first);
+                for (size_t i = 0; u == 1 && i < (size_t)n * HQ * D; i++) {
+                    const double a = oscar_load(OSCAR_DTYPE_BF16, first, i), c = oscar_load(OSCAR_DTYPE_BF16, obuf, i);
+                    cr_assert_leq(fabs(a - c), 0x1p-7 * fmax(fabs(a), fabs(c)) + 1e-4, "%s layer %d step %d output %zu: "
+                                  "per-layer pages %g, uniform %g (seed %llu)", backend, l, t0, i, a, c,
+                                  (unsigned long long)seed);
+                }
                 for (int t = t0; t < t0 + n; t++) {
                     const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
                     rc_tf_attention(T, HQ, HKV, D, S0, W, q[l], kw[l], vw[l], kq[l], vq[l], t, 0, chunk, ref);
-                    /* CUDA: the tensor-core kernels' floor (q~ in two int8 limbs, P in fp16: FORMAT.md §5) */
-                    const double fl = !strcmp(backend, "cuda") ? 0x1p-10 : 2e-4;
+                    /* CUDA: the tensor-core kernels score the 2-bit rows with q~ in two int8 limbs
+                     * (FORMAT.md §5), which against exact attention moves outputs where a key's outlier
+                     * channels meet them (seen: 2.7e-3 of the largest output with these keys); their own
+                     * floor (2^-10) is checked against a q~-aware reference in test_backend_conformance.
+                     * Here the layout is the subject, and the comparison above is the tight one. */
+                    const double fl = !strcmp(backend, "cuda") ? 0x1p-7 : 2e-4;
                     int nbad = dev ? rc_check_output_abs(OSCAR_DTYPE_BF16, ob, ref, HQ * D, fl, msg, sizeof msg)
                                    : rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
                     cr_assert_eq(nbad, 0, "%s %s layer %d (%d planes) query %d: %d outputs off the float64 "

@@ -7,6 +7,13 @@
 
 #include <stdint.h>
 
+/* Query rows of one head per block of the long-chunk path's q rotation and merge
+ * (extend_fa.jinja oscar_rotate_rows / oscar_merge_rows), each rotation entry read once
+ * for all of them. 32 rows were slower than 8 (H100, 512-token chunk at batch 1: rotation
+ * 58 us, merge 130 us; the merge walks its rows one after another, a chain of dependent
+ * loads per row, in a grid 4x smaller). */
+#define OSCAR_FA_ROWS 8
+
 typedef struct oscar_tc_decode_params {
     const unsigned char *pages;   /* page pool (2-bit pages, or 16-bit pages for the BF16 method) */
     const unsigned char *windows; /* window pool (16-bit sink + recent rows); NULL for BF16 */
@@ -46,9 +53,6 @@ typedef struct oscar_tc_decode_params {
      * rows past H x hchunks (hchunks rows per such head, heads ascending) and write partials
      * nsplit .. nsplit + ns2x - 1. pstride: partials per (row, query head), nsplit + ns2x. */
     int32_t ns2x, pstride;
-    /* The first split of this launch: 0, or ns2 where the long-chunk extend (extend_fa.jinja: the
-     * 2-bit splits, same partial layout) ran before and this launch runs the 16-bit splits alone. */
-    int32_t split0;
 } oscar_tc_decode_params;
 
 /* Arguments of the matching merge kernel (log-sum-exp over all nsplit partials,

@@ -651,16 +651,11 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
     }
     if (p->k.tc && p->k.extend_fa) {
         /* the long-chunk extend's splits for one sequence of max_seqs query rows (its grid is smallest
-         * there), beside the decode family's 16-bit ones */
-        const int mq = max_seqs > (1 << 20) ? (1 << 20) : max_seqs, cols = mq * p->gqa;
-        tc_kernel k = tc_kernel_for(p, 1, cols, 1, max_seq_len, 0);
+         * there; and the 16-bit rows' split) */
+        const int mq = max_seqs > (1 << 20) ? (1 << 20) : max_seqs;
         int fchunk = 0;
-        const int fns = fa_choose(ctx, p, 1, 0, 1, mq, max_seq_len, 1 << 20, &fchunk);
-        for (int li = 0; fns > 0 && li < p->num_layers; li++) { /* the 16-bit splits by each layer's pages */
-            gpu_tc_splits t;
-            tc_choose(ctx, p, p->page_bytes[li], &k, 1, cols, max_seq_len, 1 << 20, 0, &t);
-            if (fns + t.nsplit - t.ns2 > nsplit) nsplit = fns + t.nsplit - t.ns2;
-        }
+        const int fns = fa_choose(ctx, p, 1, 0, 1, mq, max_seq_len, 1 << 20, &fchunk) + (p->S0 + p->W > 0);
+        if (fns > nsplit) nsplit = fns;
     }
     if (p->k.tc && p->wide) { /* the generic extend kernels that decode the layers with 3-bit head-tensors */
         int cap = p->k.ext_cap > 0 ? p->k.ext_cap : p->gqa, ns = 0;
@@ -891,15 +886,16 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     tc_kernel k = tc_kernel_for(p, ext, cols, nseq, max_len, w3);
     tc_choose(ctx, p, p->page_bytes[a->layer], &k, nseq, cols, max_len, max_splits, w3 ? p->layer_wide[a->layer] : 0,
               &t);
-    /* Long chunks: the 2-bit splits on the long-chunk kernel (its own split of the history), then the
-     * decode family's kernel on the 16-bit splits alone (split0), the merge over both */
-    const int nsw = t.nsplit - t.ns2;
+    /* Long chunks: the long-chunk kernel alone (its own split of the 2-bit history; the 16-bit rows
+     * where there are any on one more split, or with the 2-bit rows where one split fills the
+     * grid), then the merge */
     int fchunk = 0;
-    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, max_q, max_len, max_splits - nsw, &fchunk);
+    const int w16 = p->S0 + p->W > 0;
+    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, max_q, max_len, max_splits - w16, &fchunk);
     if (fns > 0) {
         t.ns2 = fns;
         t.chunk2 = fchunk;
-        t.nsplit = t.pstride = fns + nsw;
+        t.nsplit = t.pstride = fns + (w16 && fns > 1);
         t.ns2x = t.chunk2w = 0;
     }
     if (t.pstride > max_splits)
@@ -924,14 +920,14 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     unsigned grp = (int64_t)Hq * rows >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
     /* The BF16 method (no rotation): its attention kernel reads and scales q itself */
     const int qdirect = p->l.method == OSCAR_METHOD_BF16; /* its tc variants read P.q (always set here) */
-    /* the long-chunk path's many rows: 8 rows of a query head per block (rotate_rows, merge_rows) */
+    /* the long-chunk path's many rows: OSCAR_FA_ROWS rows of a query head per block (rotate_rows, merge_rows) */
     const int many = fns > 0 && p->k.rotate_rows && p->k.merge_rows;
     oscar_status st = OSCAR_OK;
     if (many) {
         gpu_arg rr[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk},
                         {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}, {&rows, 4}};
         GPU_ARGS_FIT(rr);
-        st = V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + 7) / 8), 1, (unsigned)D, rr,
+        st = V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + OSCAR_FA_ROWS - 1) / OSCAR_FA_ROWS), 1, (unsigned)D, rr,
                             (int)(sizeof rr / sizeof rr[0]), a->stream, err);
     } else if (!qdirect) {
         st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ra,
@@ -954,19 +950,15 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     const unsigned rows_y = (unsigned)(H * t.hchunks + (t.ns2x > 0 ? p->layer_wide[a->layer] * t.hchunks : 0));
     gpu_arg da[] = {{&dp, sizeof dp}};
     if (fns > 0) {
-        st = V(ctx)->launch_dep(ctx, p->k.extend_fa, (unsigned)fns, (unsigned)(H * ((cols + 63) / 64)), (unsigned)nseq,
-                                128, 0, da, 1, a->stream, err);
-        if (st) return st;
-        dp.split0 = fns;
+        st = V(ctx)->launch_dep(ctx, p->k.extend_fa, (unsigned)t.nsplit, (unsigned)(H * ((cols + 63) / 64)),
+                                (unsigned)nseq, 128, 0, da, 1, a->stream, err);
+    } else {
+        /* attention and merge start under the previous kernel's tail (they wait for its results);
+         * without the rotation kernel the attention launches plainly: its prologue reads the
+         * lengths before it waits, so what came before (the caller's kernels) must be done */
+        st = (qdirect ? V(ctx)->launch_smem : V(ctx)->launch_dep)(ctx, k.fn, (unsigned)t.nsplit, rows_y,
+                                                                   (unsigned)nseq, 128, k.smem, da, 1, a->stream, err);
     }
-    /* the decode family's splits (after the long-chunk kernel: the 16-bit ones alone, if any) */
-    if (t.nsplit - dp.split0 > 0)
-    /* attention and merge start under the previous kernel's tail (they wait for its results);
-     * without the rotation kernel the attention launches plainly: its prologue reads the
-     * lengths before it waits, so what came before (the caller's kernels) must be done */
-        st = (qdirect ? V(ctx)->launch_smem : V(ctx)->launch_dep)(ctx, k.fn, (unsigned)(t.nsplit - dp.split0),
-                                                                   rows_y, (unsigned)nseq, 128, k.smem, da, 1,
-                                                                   a->stream, err);
     if (st) return st;
     oscar_tc_merge_params mp = {.ws = ws, .part_off = part_off, .lens = b->seq_lens, .rot_t = p->rot_vt,
                                 .rot_off = rot_off, .out = a->out, .out_stride = a->out_stride, .lse = lse,
@@ -977,7 +969,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .plane_off = a->layer * H * 2, .ns2x = t.ns2x, .pstride = t.pstride};
     gpu_arg ma[] = {{&mp, sizeof mp}};
     if (many)
-        return V(ctx)->launch_dep(ctx, p->k.merge_rows, (unsigned)Hq, (unsigned)((rows + 7) / 8), 1, (unsigned)D, 0, ma,
+        return V(ctx)->launch_dep(ctx, p->k.merge_rows, (unsigned)Hq, (unsigned)((rows + OSCAR_FA_ROWS - 1) / OSCAR_FA_ROWS), 1, (unsigned)D, 0, ma,
                                   1, a->stream, err);
     return V(ctx)->launch_dep(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, 0, ma, 1, a->stream,
                               err);

@@ -20,13 +20,21 @@ fi
            'conformance/large_ragged_batch'; do
     timeout 300 build-carry-conf/test_backend_conformance --jobs 14 --filter "$f" > /tmp/c.txt 2>&1
     echo "$f rc=$? $(grep Synthesis /tmp/c.txt)"
-    grep -E "FAIL|outputs off|differs" /tmp/c.txt | head -3
+    grep -E "FAIL|\[----\]" /tmp/c.txt | head -4 | cut -c1-400
   done
   for t in test_bad_input test_per_layer_pages test_cuda_graph test_workspace test_plan_threads; do
     timeout 200 build-carry-conf/$t --jobs 8 > /tmp/t.txt 2>&1
     echo "$t rc=$? $(grep Synthesis /tmp/t.txt)"
-    grep -E "FAIL|off the|differs" /tmp/t.txt | head -3
+    grep -E "FAIL|\[----\]" /tmp/t.txt | head -4 | cut -c1-400
   done
 )
 [ -n "${NO_AB:-}" ] || NS=${NS:-4,8,64,256,512} OSCAR_BENCH_BUILD=$B timeout 300 bash perf/gpu/extend_ab.sh 2>&1 | tail -14
+# NCU=1: the long-chunk call's kernels at batch 1 x 32K, n 512 (durations under ncu, clocks left alone)
+if [ -n "${NCU:-}" ] && command -v ncu > /dev/null; then
+  OSCAR_BENCH_CASES=1x32768 OSCAR_BENCH_METHODS=oscar2 OSCAR_BENCH_EXTEND=512 timeout 120 ncu --clock-control none \
+    --kernel-name regex:'oscar_(rotate_rows|extend_fa|merge_rows)' --launch-skip 6 --launch-count 3 \
+    --section SpeedOfLight --metrics smsp__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    "$B/bench_attention" "$B/lib/liboscar_backend_cuda.so" /tmp/ncu.tsv 32/8/128 > /tmp/ncu.txt 2>&1
+  grep -E "^  oscar_|Duration|hmma" /tmp/ncu.txt | sed 's/  */ /g' | cut -c1-120
+fi
 nvidia-smi --query-gpu=name --format=csv,noheader

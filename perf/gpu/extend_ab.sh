@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Extend attention A/B on the device machine: bench_attention's oscar_extend (n query tokens per
 # sequence over the same cache) with the long-chunk kernel's rule (default) and without it
-# (OSCAR_EXTEND_FA=0: the decode family's extend alone), two interleaved rounds, then torch SDPA
+# (OSCAR_EXTEND_FA=0: the decode family's extend alone; or BASE_SO, another plugin), two interleaved
+# rounds, then torch SDPA
 # (BF16, FlashAttention backend, n queries with a lower-right causal mask) at the same points.
 #   bash perf/gpu/extend_ab.sh     (env: SHAPE=32/8/128 CASES=1x32768,32x32768 NS=4,8,64,512
 #                                   OSCAR_BENCH_BUILD=dir GEN_SET=minimal OUT=dir)
@@ -19,10 +20,13 @@ if [ ! -x "$B/bench_attention" ]; then
 fi
 so=$B/lib/liboscar_backend_cuda.so
 export OSCAR_BENCH_CASES=${CASES:-1x32768,32x32768} OSCAR_BENCH_METHODS=oscar2 OSCAR_BENCH_EXTEND=$NS
+# BASE_SO=path: "off" is that plugin (e.g. built from an earlier tree) with its defaults instead
 for round in 1 2; do
   for fa in off on; do
-    if [ $fa = off ]; then export OSCAR_EXTEND_FA=0; else unset OSCAR_EXTEND_FA; fi
-    OSCAR_BENCH_EXTEND_TSV="$O/ext-$fa-$round.tsv" "$B/bench_attention" "$so" "$O/dec-$fa-$round.tsv" "$SHAPE" \
+    p=$so
+    if [ $fa = off ] && [ -n "${BASE_SO:-}" ]; then p=$BASE_SO; unset OSCAR_EXTEND_FA
+    elif [ $fa = off ]; then export OSCAR_EXTEND_FA=0; else unset OSCAR_EXTEND_FA; fi
+    OSCAR_BENCH_EXTEND_TSV="$O/ext-$fa-$round.tsv" "$B/bench_attention" "$p" "$O/dec-$fa-$round.tsv" "$SHAPE" \
       > "$O/log-$fa-$round.txt" 2>&1 || { tail -20 "$O/log-$fa-$round.txt"; exit 1; }
   done
 done
