@@ -37,6 +37,18 @@ static oscar_layout_desc qwen3_8b(oscar_method m)
     return l;
 }
 
+/* Qwen3-8B's layout with a random method, page size, windows and KV head count. */
+static oscar_layout_desc random_layout(uint64_t *s)
+{
+    const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_INT2, OSCAR_METHOD_BF16, OSCAR_METHOD_OSCAR2_LM};
+    oscar_layout_desc l = qwen3_8b(ms[rnd(s) % 4]);
+    l.page_size = 16 << (rnd(s) % 4);
+    l.sink = (int)(rnd(s) % 130);
+    l.recent = (int)(rnd(s) % 300);
+    l.num_kv_heads = 1 << (rnd(s) % 4);
+    return l;
+}
+
 Test(e2e_sizing, qwen3_8b_bytes_match_the_format)
 {
     /* FORMAT.md 3.3/3.4: d 128, G 128, P 64, H 8, F16 meta: 36864-byte 2-bit
@@ -82,14 +94,9 @@ Test(e2e_sizing, largest_batch_is_largest)
 {
     unsigned seed = seed_now();
     uint64_t s = seed;
-    const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_INT2, OSCAR_METHOD_BF16, OSCAR_METHOD_OSCAR2_LM};
     for (int it = 0; it < 300; it++) {
-        oscar_layout_desc l = qwen3_8b(ms[rnd(&s) % 4]);
-        l.page_size = 16 << (rnd(&s) % 4);
+        oscar_layout_desc l = random_layout(&s);
         l.group = 32 << (rnd(&s) % 3);
-        l.sink = (int)(rnd(&s) % 130);
-        l.recent = (int)(rnd(&s) % 300);
-        l.num_kv_heads = 1 << (rnd(&s) % 4);
         int layers = 1 + (int)(rnd(&s) % 40);
         int64_t len = 1 + rnd(&s) % 140000;
         size_t budget = (size_t)(rnd(&s) % 60000) * (1u << 20) + rnd(&s) % 4096;
@@ -126,13 +133,8 @@ Test(e2e_sizing, one_page_size_as_before)
 {
     unsigned seed = seed_now();
     uint64_t s = seed;
-    const oscar_method ms[] = {OSCAR_METHOD_OSCAR2, OSCAR_METHOD_INT2, OSCAR_METHOD_BF16, OSCAR_METHOD_OSCAR2_LM};
     for (int it = 0; it < 300; it++) {
-        oscar_layout_desc l = qwen3_8b(ms[rnd(&s) % 4]);
-        l.page_size = 16 << (rnd(&s) % 4);
-        l.sink = (int)(rnd(&s) % 130);
-        l.recent = (int)(rnd(&s) % 300);
-        l.num_kv_heads = 1 << (rnd(&s) % 4);
+        oscar_layout_desc l = random_layout(&s);
         int layers = 1 + (int)(rnd(&s) % 40), slots = 1 + (int)(rnd(&s) % 64);
         int64_t len = rnd(&s) % 140000;
         size_t budget = (size_t)(rnd(&s) % 60000) * (1u << 20) + rnd(&s) % 4096;
