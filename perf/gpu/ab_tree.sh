@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Extend A/B of this tree against another tree's plugin, with this tree's GPU checks first (device
+# machine, one call). The other tree travels as an archive of the folders the plugin build reads:
+#   here:   git archive REV backends templates gen include runtime format perf/gpu calib cmake \
+#             CMakeLists.txt | xz > .devcarry/base.tar.xz
+#           bash perf/gpu/carry_conf.sh && tar -cJf .devcarry/conf.tar.xz build-carry-conf
+#   there:  run(command="bash perf/gpu/ab_tree.sh",
+#               carry=[".devcarry/conf.tar.xz", ".devcarry/base.tar.xz"])
+# Env: NS (default 64,512), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu).
+# "off" columns: the archived tree's plugin with its defaults; "on": this tree's.
+set -u
+cd "$(dirname "$0")/../.."
+mkdir -p /tmp/base && tar -xJf .devcarry/base.tar.xz -C /tmp/base
+( cmake -S /tmp/base/perf/gpu -B /tmp/bb -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_GEN_SET=minimal > /tmp/bb.log 2>&1 &&
+  ninja -C /tmp/bb >> /tmp/bb.log 2>&1; echo "archived tree's plugin: build rc=$?" ) &
+if [ -z "${NO_CHECK:-}" ]; then
+  NO_AB=1 bash perf/gpu/check_extend.sh 2>&1 | grep -v "^NVIDIA"
+else
+  cmake -S perf/gpu -B /tmp/oscar-extend -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DOSCAR_GEN_SET="$PWD/perf/gpu/set-extend.json" > /tmp/cur.log 2>&1 && ninja -C /tmp/oscar-extend >> /tmp/cur.log 2>&1 ||
+    { tail -20 /tmp/cur.log; exit 1; }
+fi
+wait
+BASE_SO=/tmp/bb/lib/liboscar_backend_cuda.so NS=${NS:-64,512} OSCAR_BENCH_BUILD=/tmp/oscar-extend timeout 300 \
+  bash perf/gpu/extend_ab.sh 2>&1 | tail -7
+nvidia-smi --query-gpu=name --format=csv,noheader
