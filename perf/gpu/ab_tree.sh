@@ -6,18 +6,26 @@
 #           bash perf/gpu/carry_conf.sh && tar -cJf .devcarry/conf.tar.xz build-carry-conf
 #   there:  run(command="bash perf/gpu/ab_tree.sh",
 #               carry=[".devcarry/conf.tar.xz", ".devcarry/base.tar.xz"])
-# Env: NS (default 64,512), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu).
+# Env: NS (default 64,512), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu),
+# CUDA_ARCHS / BASE_ARCHS (default 90; 90a: the sm_90a kernels, e.g. the wgmma long-chunk path),
+# PROBE=1 (perf/gpu/wgmma_probe.cu first: which wgmma descriptor reading is right).
 # "off" columns: the archived tree's plugin with its defaults; "on": this tree's.
 set -u
 cd "$(dirname "$0")/../.."
+if [ -n "${PROBE:-}" ]; then
+  nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o /tmp/wgmma_probe perf/gpu/wgmma_probe.cu 2>&1 | grep -v C7519
+  /tmp/wgmma_probe
+fi
 mkdir -p /tmp/base && tar -xJf .devcarry/base.tar.xz -C /tmp/base
-( cmake -S /tmp/base/perf/gpu -B /tmp/bb -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_GEN_SET=minimal > /tmp/bb.log 2>&1 &&
+( cmake -S /tmp/base/perf/gpu -B /tmp/bb -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_GEN_SET=minimal \
+    -DOSCAR_CUDA_ARCHS="${BASE_ARCHS:-90}" -DCMAKE_CUDA_ARCHITECTURES="${BASE_ARCHS:-90}" > /tmp/bb.log 2>&1 &&
   ninja -C /tmp/bb >> /tmp/bb.log 2>&1; echo "archived tree's plugin: build rc=$?" ) &
 if [ -z "${NO_CHECK:-}" ]; then
   NO_AB=1 bash perf/gpu/check_extend.sh 2>&1 | grep -v "^NVIDIA"
 else
-  cmake -S perf/gpu -B /tmp/oscar-extend -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DOSCAR_GEN_SET="$PWD/perf/gpu/set-extend.json" > /tmp/cur.log 2>&1 && ninja -C /tmp/oscar-extend >> /tmp/cur.log 2>&1 ||
+  cmake -S perf/gpu -B /tmp/oscar-extend -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_GEN_SET="$PWD/perf/gpu/set-extend.json" \
+    -DOSCAR_CUDA_ARCHS="${CUDA_ARCHS:-90}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" > /tmp/cur.log 2>&1 &&
+    ninja -C /tmp/oscar-extend >> /tmp/cur.log 2>&1 ||
     { tail -20 /tmp/cur.log; exit 1; }
 fi
 wait

@@ -3,7 +3,8 @@
 # call: builds the CUDA plugin with the d 64 and d 128 variants of perf/gpu/set-extend.json (~2.5
 # minutes on the H100's 16 cores), runs the carried conformance binaries' extend, wide and tensor-core
 # cases, test_bad_input, test_per_layer_pages, test_cuda_graph, test_workspace, test_plan_threads, then
-# perf/gpu/extend_ab.sh (the long-chunk kernel on and off, SDPA beside).
+# perf/gpu/extend_ab.sh (the long-chunk kernel on and off, SDPA beside). CUDA_ARCHS=90a builds the
+# sm_90a kernels (the wgmma long-chunk path where the tree has it).
 #   here:   bash perf/gpu/carry_conf.sh && tar -cJf .devcarry/conf.tar.xz build-carry-conf
 #   there:  run(command="bash perf/gpu/check_extend.sh", carry=[".devcarry/conf.tar.xz"])
 set -u
@@ -11,7 +12,8 @@ cd "$(dirname "$0")/../.."
 [ -d build-carry-conf ] || tar -xJf .devcarry/conf.tar.xz
 B=${OSCAR_BENCH_BUILD:-/tmp/oscar-extend}
 if [ ! -x "$B/bench_attention" ]; then
-  { cmake -S perf/gpu -B "$B" -G Ninja -DOSCAR_GEN_SET="$PWD/perf/gpu/set-extend.json" -DCMAKE_BUILD_TYPE=Release &&
+  { cmake -S perf/gpu -B "$B" -G Ninja -DOSCAR_GEN_SET="$PWD/perf/gpu/set-extend.json" -DCMAKE_BUILD_TYPE=Release \
+      -DOSCAR_CUDA_ARCHS="${CUDA_ARCHS:-90}" -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" &&
     ninja -C "$B"; } > /tmp/check-extend-build.log 2>&1 || { tail -30 /tmp/check-extend-build.log; exit 1; }
 fi
 (
