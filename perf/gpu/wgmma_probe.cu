@@ -74,6 +74,7 @@ __global__ void probe(const __half *A, const __half *B, float *D, Case cs) {
 #undef W
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory"); // no read of d before the wait
     // D fragment: n-tile i (columns 8 i ..): d[4 i], d[4 i + 1] row g cols 2c, 2c + 1; d[4 i + 2, 3] row g + 8
     for (int i = 0; i < 8; i++) {
         D[r0 * 64 + 8 * i + 2 * c] = d[4 * i];
