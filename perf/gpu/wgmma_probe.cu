@@ -87,28 +87,11 @@ __global__ void probe(const __half *A, const __half *B, float *D, Case cs) {
 int main() {
     __half hA[64 * 16], hB[16 * 64];
     float fA[64 * 16], fB[16 * 64], ref[64 * 64], out[64 * 64];
-    srand(7);
-    for (int i = 0; i < 64 * 16; i++) {
-        fA[i] = (float)(rand() % 17 - 8) / 8.0f;
-        hA[i] = __float2half(fA[i]);
-    }
-    for (int i = 0; i < 16 * 64; i++) {
-        fB[i] = (float)(rand() % 17 - 8) / 8.0f;
-        hB[i] = __float2half(fB[i]);
-    }
-    for (int m = 0; m < 64; m++)
-        for (int n = 0; n < 64; n++) {
-            float s = 0.0f;
-            for (int k = 0; k < 16; k++) s += fA[m * 16 + k] * fB[k * 64 + n];
-            ref[m * 64 + n] = s;
-        }
     __half *dA, *dB;
     float *dD;
     cudaMalloc(&dA, sizeof hA);
     cudaMalloc(&dB, sizeof hB);
     cudaMalloc(&dD, sizeof out);
-    cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice);
-    cudaMemcpy(dB, hB, sizeof hB, cudaMemcpyHostToDevice);
     // 2 core matrices along k, 8 along n: packed with k-blocks adjacent (ks 128, ns 256) or n-blocks
     // adjacent (ks 1024, ns 128); each read with LBO = the k stride or LBO = the n stride.
     const Case cases[] = {
@@ -121,14 +104,38 @@ int main() {
         {"MN-major, n adjacent, LBO = k stride 1024, SBO = n stride 128", 0, 1024, 128, 1024, 128},
         {"MN-major, n adjacent, LBO = n stride 128, SBO = k stride 1024", 0, 1024, 128, 128, 1024},
     };
-    for (const Case &cs : cases) {
-        cudaMemset(dD, 0xff, sizeof out);
-        probe<<<1, 128>>>(dA, dB, dD, cs);
-        cudaError_t e = cudaDeviceSynchronize();
-        cudaMemcpy(out, dD, sizeof out, cudaMemcpyDeviceToHost);
-        double worst = 0.0;
-        for (int i = 0; i < 64 * 64; i++) worst = fmax(worst, fabs((double)out[i] - ref[i]));
-        printf("%-64s %s  max |err| %.3g\n", cs.name, e == cudaSuccess ? "ran" : cudaGetErrorString(e), worst);
+    // data 0: small normal values; data 1: B as 2-bit codes left in place (fp16 subnormals c 4^j 2^-24,
+    // as the long-chunk kernel's keys) and A scaled by 2^15 (its q''): the products must stay exact
+    for (int sub = 0; sub < 2; sub++) {
+        srand(7 + sub);
+        for (int i = 0; i < 64 * 16; i++) {
+            fA[i] = (float)(rand() % 17 - 8) / 8.0f * (sub ? 32768.0f : 1.0f);
+            hA[i] = __float2half(fA[i]);
+        }
+        for (int i = 0; i < 16 * 64; i++) {
+            fB[i] = sub ? (float)(rand() % 4) * ldexpf(1.0f, 2 * (rand() % 4) - 24) : (float)(rand() % 17 - 8) / 8.0f;
+            hB[i] = __float2half(fB[i]);
+        }
+        double scale = 0.0;
+        for (int m = 0; m < 64; m++)
+            for (int n = 0; n < 64; n++) {
+                double acc = 0.0;
+                for (int k = 0; k < 16; k++) acc += (double)fA[m * 16 + k] * fB[k * 64 + n];
+                ref[m * 64 + n] = (float)acc;
+                scale = fmax(scale, fabs(acc));
+            }
+        cudaMemcpy(dA, hA, sizeof hA, cudaMemcpyHostToDevice);
+        cudaMemcpy(dB, hB, sizeof hB, cudaMemcpyHostToDevice);
+        printf("%s (largest |D| %.3g)\n", sub ? "B subnormal codes, A x 2^15" : "B and A small normals", scale);
+        for (const Case &cs : cases) {
+            cudaMemset(dD, 0xff, sizeof out);
+            probe<<<1, 128>>>(dA, dB, dD, cs);
+            cudaError_t e = cudaDeviceSynchronize();
+            cudaMemcpy(out, dD, sizeof out, cudaMemcpyDeviceToHost);
+            double worst = 0.0;
+            for (int i = 0; i < 64 * 64; i++) worst = fmax(worst, fabs((double)out[i] - ref[i]));
+            printf("  %-64s %s  max |err| %.3g\n", cs.name, e == cudaSuccess ? "ran" : cudaGetErrorString(e), worst);
+        }
     }
     return 0;
 }
