@@ -29,6 +29,21 @@ __device__ int b_offset(const Case &cs, int k, int n) {
     return cs.kmajor ? core + (n % 8) * 16 + (k % 8) * 2 : core + (k % 8) * 16 + (n % 8) * 2;
 }
 
+#define W(i) "+f"(d[i])
+// d += A B, m64n64k16, A from registers, B through desc; TNSP: B stored N-contiguous (MN-major)
+template <int TNSP> __device__ void mma64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t desc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
+                 : W(0), W(1), W(2), W(3), W(4), W(5), W(6), W(7), W(8), W(9), W(10), W(11), W(12), W(13), W(14), W(15),
+                   W(16), W(17), W(18), W(19), W(20), W(21), W(22), W(23), W(24), W(25), W(26), W(27), W(28), W(29), W(30),
+                   W(31)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(TNSP));
+}
+#undef W
+
 __global__ void probe(const __half *A, const __half *B, float *D, Case cs) {
     __shared__ __align__(128) __half bs[16 * 64 * 4];  // room for sparse placements
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
@@ -52,26 +67,10 @@ __global__ void probe(const __half *A, const __half *B, float *D, Case cs) {
     for (int i = 0; i < 32; i++) d[i] = 0.0f;
     const uint64_t db = desc_of((uint32_t)__cvta_generic_to_shared(bs), cs.lbo, cs.sbo);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#define W(i) "+f"(d[i])
-    if (!cs.kmajor) /* imm-trans-b 1: B read MN-major */
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-                     "{%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
-                     : W(0), W(1), W(2), W(3), W(4), W(5), W(6), W(7), W(8), W(9), W(10), W(11), W(12), W(13), W(14),
-                       W(15), W(16), W(17), W(18), W(19), W(20), W(21), W(22), W(23), W(24), W(25), W(26), W(27), W(28),
-                       W(29), W(30), W(31)
-                     : "r"(a0), "r"(a1), "r"(a2_), "r"(a3), "l"(db));
+    if (cs.kmajor)
+        mma64<0>(d, a0, a1, a2_, a3, db);
     else
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                     "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
-                     "{%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
-                     : W(0), W(1), W(2), W(3), W(4), W(5), W(6), W(7), W(8), W(9), W(10), W(11), W(12), W(13), W(14),
-                       W(15), W(16), W(17), W(18), W(19), W(20), W(21), W(22), W(23), W(24), W(25), W(26), W(27), W(28),
-                       W(29), W(30), W(31)
-                     : "r"(a0), "r"(a1), "r"(a2_), "r"(a3), "l"(db));
-#undef W
+        mma64<1>(d, a0, a1, a2_, a3, db); /* imm-trans-b 1: B read MN-major */
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     for (int i = 0; i < 32; i++) asm volatile("" : "+f"(d[i])::"memory"); // no read of d before the wait
