@@ -1954,7 +1954,11 @@ static void run_wide(plug *g, const cfg *c, int nseq, const int *final_lens, int
     cr_assert_eq(oscar_format_planes(&e.l, LAYERS, bits, wide_planes, NULL, 0), OSCAR_OK, "planes of the code widths");
     cr_assert(strstr(e.variant, "_w3") != NULL, "variant %s", e.variant);
     g_layer = 1;
+    rc_worst_take();
     wide_schedule(&e, &r, seed, c, nseq, final_lens, mode, ext);
+    if (getenv("OSCAR_TEST_WORST"))
+        fprintf(stderr, "%s (%s): worst error / floor %.3f (3-bit layer, seed %llu)\n", g->api->name, e.variant,
+                rc_worst_take(), (unsigned long long)seed);
     if (two) { /* the whole conformance scenario (reference codec, float64 attention) on the 2-bit layer */
         g_layer = 0;
         scenario_body(&e, &r, seed, c, nseq, final_lens, mode, fb, ext, 0, 0);
@@ -2003,7 +2007,11 @@ static void run_wide_per_layer(plug *g, const cfg *c, int nseq, const int *final
         const size_t want = pg.hi + (size_t)count[layer] * (size_t)c->P * (size_t)c->d / 8;
         cr_assert_eq(oscar_format_layer_page_bytes(&e.l, bits, layer), want, "layer %d page bytes", layer);
         g_layer = layer;
+        rc_worst_take();
         wide_schedule(&e, &r, seed, c, nseq, final_lens, mode, ext);
+        if (getenv("OSCAR_TEST_WORST"))
+            fprintf(stderr, "%s (%s): worst error / floor %.3f (per-layer pages, layer %d of %d planes, seed %llu)\n",
+                    g->api->name, e.variant, rc_worst_take(), layer, count[layer], (unsigned long long)seed);
     }
     g_layer = 1;
     wide_bits_live = NULL;

@@ -17,12 +17,13 @@ if [ ! -x "$B/bench_attention" ]; then
     ninja -C "$B"; } > /tmp/check-extend-build.log 2>&1 || { tail -30 /tmp/check-extend-build.log; exit 1; }
 fi
 (
-  export LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda
+  export LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda OSCAR_TEST_WORST=1
   for f in 'extend/*' 'wide/*' 'conformance/d128_gqa4_tensor_core_shapes' 'conformance/error_feedback_rounding' \
            'conformance/large_ragged_batch'; do
     timeout 300 build-carry-conf/test_backend_conformance --jobs 14 --filter "$f" > /tmp/c.txt 2>&1
     echo "$f rc=$? $(grep Synthesis /tmp/c.txt)"
     grep -E "FAIL|\[----\]" /tmp/c.txt | head -4 | cut -c1-400
+    grep "worst error" /tmp/c.txt | sort -t' ' -k6 -rn | head -3
   done
   for t in test_bad_input test_per_layer_pages test_cuda_graph test_workspace test_plan_threads; do
     timeout 200 build-carry-conf/$t --jobs 8 > /tmp/t.txt 2>&1

@@ -20,12 +20,14 @@ if [ ! -x "$B/bench_attention" ]; then
 fi
 so=$B/lib/liboscar_backend_cuda.so
 export OSCAR_BENCH_CASES=${CASES:-1x32768,32x32768} OSCAR_BENCH_METHODS=oscar2 OSCAR_BENCH_EXTEND=$NS
-# BASE_SO=path: "off" is that plugin (e.g. built from an earlier tree) with its defaults instead
+# BASE_SO=path: "off" is that plugin (e.g. built from an earlier tree) with its defaults instead;
+# FA_ON=1: the "on" rounds with OSCAR_EXTEND_FA=1 (the long-chunk kernel for every n >= 2, e.g. verify)
 for round in 1 2; do
   for fa in off on; do
     p=$so
     if [ $fa = off ] && [ -n "${BASE_SO:-}" ]; then p=$BASE_SO; unset OSCAR_EXTEND_FA
-    elif [ $fa = off ]; then export OSCAR_EXTEND_FA=0; else unset OSCAR_EXTEND_FA; fi
+    elif [ $fa = off ]; then export OSCAR_EXTEND_FA=0
+    elif [ -n "${FA_ON:-}" ]; then export OSCAR_EXTEND_FA=$FA_ON; else unset OSCAR_EXTEND_FA; fi
     OSCAR_BENCH_EXTEND_TSV="$O/ext-$fa-$round.tsv" "$B/bench_attention" "$p" "$O/dec-$fa-$round.tsv" "$SHAPE" \
       > "$O/log-$fa-$round.txt" 2>&1 || { tail -20 "$O/log-$fa-$round.txt"; exit 1; }
   done

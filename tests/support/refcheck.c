@@ -428,6 +428,12 @@ int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n,
     return rc_check_output_abs(t, out, ref, n, 2e-4, msg, msg_len);
 }
 
+static double rc_worst;
+double rc_worst_take(void) {
+    const double w = rc_worst;
+    rc_worst = 0.0;
+    return w;
+}
 int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_t n, double abs_frac, char *msg,
                         size_t msg_len) {
     double mx = 0;
@@ -438,6 +444,7 @@ int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_
     for (size_t i = 0; i < n; i++) {
         double got = oscar_load(t, out, i);
         double tol = rel * fabs(ref[i]) + abs_frac * mx + 1e-6;
+        if (fabs(got - ref[i]) / tol > rc_worst) rc_worst = fabs(got - ref[i]) / tol;
         if (!(fabs(got - ref[i]) <= tol)) {
             if (!bad && msg && msg_len)
                 snprintf(msg, msg_len, "output %zu: got %.7g, float64 reference %.7g (tol %.3g)", i, got, ref[i], tol);
