@@ -920,15 +920,16 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
     unsigned grp = (int64_t)Hq * rows >= 2 * (int64_t)(cu > 0 ? cu : 1) ? 1u : 4u;
     /* The BF16 method (no rotation): its attention kernel reads and scales q itself */
     const int qdirect = p->l.method == OSCAR_METHOD_BF16; /* its tc variants read P.q (always set here) */
-    /* the long-chunk path's many rows: OSCAR_FA_ROWS rows of a query head per block (rotate_rows, merge_rows) */
+    /* the long-chunk path's many rows: OSCAR_FA_ROWS rows of a query head per block (rotate_rows,
+     * merge_rows) */
     const int many = fns > 0 && p->k.rotate_rows && p->k.merge_rows;
     oscar_status st = OSCAR_OK;
     if (many) {
         gpu_arg rr[] = {{&q, sizeof q}, {&q_stride, 8}, {&ws, sizeof ws}, {&qt_off, 8}, {&rk, sizeof rk},
                         {&rot_off, 8}, {&num_rot, 4}, {&identity, 4}, {&scale, 4}, {&Hq, 4}, {&H, 4}, {&rows, 4}};
         GPU_ARGS_FIT(rr);
-        st = V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + OSCAR_FA_ROWS - 1) / OSCAR_FA_ROWS), 1, (unsigned)D, rr,
-                            (int)(sizeof rr / sizeof rr[0]), a->stream, err);
+        st = V(ctx)->launch(ctx, p->k.rotate_rows, (unsigned)Hq, (unsigned)((rows + OSCAR_FA_ROWS - 1) / OSCAR_FA_ROWS),
+                            1, (unsigned)D, rr, (int)(sizeof rr / sizeof rr[0]), a->stream, err);
     } else if (!qdirect) {
         st = V(ctx)->launch(ctx, p->k.rotate_q, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, ra,
                             (int)(sizeof ra / sizeof ra[0]), a->stream, err);
@@ -969,8 +970,9 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
                                 .plane_off = a->layer * H * 2, .ns2x = t.ns2x, .pstride = t.pstride};
     gpu_arg ma[] = {{&mp, sizeof mp}};
     if (many)
-        return V(ctx)->launch_dep(ctx, p->k.merge_rows, (unsigned)Hq, (unsigned)((rows + OSCAR_FA_ROWS - 1) / OSCAR_FA_ROWS), 1, (unsigned)D, 0, ma,
-                                  1, a->stream, err);
+        return V(ctx)->launch_dep(ctx, p->k.merge_rows, (unsigned)Hq,
+                                  (unsigned)((rows + OSCAR_FA_ROWS - 1) / OSCAR_FA_ROWS), 1, (unsigned)D, 0, ma, 1,
+                                  a->stream, err);
     return V(ctx)->launch_dep(ctx, p->k.merge, (unsigned)Hq, (unsigned)rows, 1, grp * (unsigned)D, 0, ma, 1, a->stream,
                               err);
 }
