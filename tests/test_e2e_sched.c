@@ -344,12 +344,9 @@ Test(e2e_sizing, largest_batch_with_per_layer_pages)
     unsigned seed = seed_now();
     uint64_t s = seed;
     for (int it = 0; it < 300; it++) {
-        oscar_layout_desc l = qwen3_8b(OSCAR_METHOD_OSCAR2);
-        l.page_size = 16 << (rnd(&s) % 4);
+        oscar_layout_desc l = random_layout(&s);
+        l.method = OSCAR_METHOD_OSCAR2;
         l.group = 32 << (rnd(&s) % 3);
-        l.sink = (int)(rnd(&s) % 130);
-        l.recent = (int)(rnd(&s) % 300);
-        l.num_kv_heads = 1 << (rnd(&s) % 4);
         l.wide_tensors = 1 + (int)(rnd(&s) % (2 * l.num_kv_heads));
         l.wide_per_layer = 1;
         int layers = 1 + (int)(rnd(&s) % 40);
