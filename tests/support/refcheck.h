@@ -144,9 +144,6 @@ int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n,
  * (the GPU tensor-core decodes: P in fp16/bf16 with a remainder, see docs/FORMAT.md §5). */
 int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_t n, double abs_frac, char *msg,
                         size_t msg_len);
-/* The same with the absolute floor given (abs_frac * max|ref| above). */
-int rc_check_output_floor(oscar_dtype t, const void *out, const double *ref, size_t n, double floor, char *msg,
-                          size_t msg_len);
 /* The largest |out - ref| / tolerance rc_check_output_abs has seen since the last call (how close a
  * kernel runs to its floor; test_backend_conformance prints it under OSCAR_TEST_WORST=1). Resets it. */
 double rc_worst_take(void);
