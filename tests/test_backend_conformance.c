@@ -570,8 +570,8 @@ static int layer_is_wide(const env *e) {
  * precision rule (FORMAT.md §5.1). The caller checks that the variant is of the tensor-core family. */
 static int fa_takes(const env *e, int maxq) {
     const char *fae = getenv("OSCAR_EXTEND_FA");
-    const int d = e->l.head_dim;
-    const int on = maxq >= 2 && (fae && *fae ? !strcmp(fae, "1") : maxq * (e->l.num_q_heads / e->l.num_kv_heads) >= 64);
+    const int d = e->l.head_dim, gq = e->l.num_q_heads / e->l.num_kv_heads;
+    const int on = maxq >= 2 && (fae && *fae ? !strcmp(fae, "1") : maxq * gq >= 64);
     return on && !strcmp(e->g->api->name, "cuda") && (d == 64 || d == 128) && e->l.group == d &&
            e->l.meta_dtype == OSCAR_DTYPE_F16 && !layer_is_wide(e) && e->l.method != OSCAR_METHOD_BF16 &&
            e->l.method != OSCAR_METHOD_OSCAR2_LM;
@@ -1661,8 +1661,7 @@ static void wide_ref(const env *e, const rc_paged *b, int seq, int t, const floa
                         const double a = oscar_load(l->meta_dtype, mt, (size_t)(j / G) * 2);
                         const double bb = oscar_load(l->meta_dtype, mt, (size_t)(j / G) * 2 + 1);
                         (kv ? v : k)[j] = a * code + bb;
-                        if (kv && fa) /* the long-chunk kernel's value operand: fp16(a c + b), clamped */
-                            v[j] = oscar_f16_to_f32(oscar_f32_to_f16(fminf(fmaxf((float)v[j], -65504.0f), 65504.0f)));
+                        if (kv && fa) v[j] = rc_fa_value((float)v[j]); /* the long-chunk kernel's operand */
                         if (!kv) kb[j] = bb;
                     }
                 }

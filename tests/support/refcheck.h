@@ -131,6 +131,9 @@ void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *
  * FORMAT.md §5.1): fp16 of q~ / qmx 2^15 / w_j, w_j the power of four its code position carries
  * (4^k, k = j mod 8 < 4; 256 at k = 4; 4^(k - 5) above), in q's units. */
 void rc_q_fa(const float *qt, int d, double sm_scale, double *q2);
+/* A 2-bit value row's element as the long-chunk extend's P.V operand holds it: fp16 of it, clamped
+ * to +-65504 (FORMAT.md §5.1). */
+double rc_fa_value(float v);
 /* rc_attention_f64_q as the long-chunk extend computes it: q' from rc_q_fa, and the 2-bit value
  * rows rounded to fp16 (clamped to +-65504), as it dequantizes them. */
 void rc_attention_f64_fa(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
