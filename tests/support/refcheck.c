@@ -343,6 +343,10 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
     rc_attention_f64_q(s, L, t, Hq, q, rot_k, rot_v, num_rot, sm_scale, rotated_output, out, lse, abs_score, NULL);
 }
 
+double rc_fa_value(float v) {
+    return oscar_f16_to_f32(oscar_f32_to_f16(fminf(fmaxf(v, -65504.0f), 65504.0f)));
+}
+
 void rc_q_fa(const float *qt, int d, double sm_scale, double *q2) {
     const float qmx = head_qmx(qt, d);
     const double sc = (double)(float)(sm_scale * 1.4426950408889634);
@@ -406,7 +410,7 @@ static void attention_f64(const rc_seq_ref *s, int L, int t, int Hq, const float
             const float *v = rc_stored_row(s, 1, p, h, L);
             if (fa && rc_region(&s->l, p, L) == RC_2BIT)
                 for (int j = 0; j < d; j++)
-                    o[j] += w * (double)oscar_f16_to_f32(oscar_f32_to_f16(fminf(fmaxf(v[j], -65504.0f), 65504.0f)));
+                    o[j] += w * rc_fa_value(v[j]);
             else
                 for (int j = 0; j < d; j++) o[j] += w * v[j];
         }
@@ -438,17 +442,12 @@ int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_
                         size_t msg_len) {
     double mx = 0;
     for (size_t i = 0; i < n; i++) mx = fmax(mx, fabs(ref[i]));
-    return rc_check_output_floor(t, out, ref, n, abs_frac * mx, msg, msg_len);
-}
-
-int rc_check_output_floor(oscar_dtype t, const void *out, const double *ref, size_t n, double floor, char *msg,
-                          size_t msg_len) {
     double rel = t == OSCAR_DTYPE_BF16 ? 0x1p-8 : 0x1p-10;
     int bad = 0;
     if (msg && msg_len) msg[0] = 0;
     for (size_t i = 0; i < n; i++) {
         double got = oscar_load(t, out, i);
-        double tol = rel * fabs(ref[i]) + floor + 1e-6;
+        double tol = rel * fabs(ref[i]) + abs_frac * mx + 1e-6;
         if (fabs(got - ref[i]) / tol > rc_worst) rc_worst = fabs(got - ref[i]) / tol;
         if (!(fabs(got - ref[i]) <= tol)) {
             if (!bad && msg && msg_len)

@@ -131,6 +131,9 @@ void rc_attention_f64_q(const rc_seq_ref *s, int L, int t, int Hq, const float *
  * FORMAT.md §5.1): fp16 of q~ / qmx 2^15 / w_j, w_j the power of four its code position carries
  * (4^k, k = j mod 8 < 4; 256 at k = 4; 4^(k - 5) above), in q's units. */
 void rc_q_fa(const float *qt, int d, double sm_scale, double *q2);
+/* A 2-bit value row's element as the long-chunk extend's P.V operand holds it: fp16 of it, clamped
+ * to +-65504 (FORMAT.md §5.1). */
+double rc_fa_value(float v);
 /* rc_attention_f64_q as the long-chunk extend computes it: q' from rc_q_fa, and the 2-bit value
  * rows rounded to fp16 (clamped to +-65504), as it dequantizes them. */
 void rc_attention_f64_fa(const rc_seq_ref *s, int L, int t, int Hq, const float *q, const float *rot_k,
@@ -144,9 +147,6 @@ int rc_check_output(oscar_dtype t, const void *out, const double *ref, size_t n,
  * (the GPU tensor-core decodes: P in fp16/bf16 with a remainder, see docs/FORMAT.md §5). */
 int rc_check_output_abs(oscar_dtype t, const void *out, const double *ref, size_t n, double abs_frac, char *msg,
                         size_t msg_len);
-/* The same with the absolute floor given (abs_frac * max|ref| above). */
-int rc_check_output_floor(oscar_dtype t, const void *out, const double *ref, size_t n, double floor, char *msg,
-                          size_t msg_len);
 /* The largest |out - ref| / tolerance rc_check_output_abs has seen since the last call (how close a
  * kernel runs to its floor; test_backend_conformance prints it under OSCAR_TEST_WORST=1). Resets it. */
 double rc_worst_take(void);
