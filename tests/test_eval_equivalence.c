@@ -6,9 +6,10 @@
  * oscar_fakequant'd copy when S0 <= p <= t - W and the bf16 row otherwise.
  * Paged path: oscar_append one token at a time, oscar_decode each step.
  * Both are compared in float64 attention over bf16 inputs; they must agree
- * within bf16 output rounding at every step. The rule shifted by one key
- * either way must NOT agree at some step: the comparison can tell the
- * region boundary apart. No model file needed. */
+ * within bf16 output rounding at every step. The rule with the 2-bit
+ * region's window edge or sink edge moved by one key either way must NOT
+ * agree at some step: the comparison can tell the region's boundaries apart.
+ * No model file needed. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -215,7 +216,7 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
         cr_assert_eq(oscar_buffer_alloc(rt, 8, &dcu), OSCAR_OK, "%s", oscar_last_error());
     }
     double ref[HQ * D], shifted[HQ * D], engine_ref[HQ * D];
-    int bad_steps = 0, shift_caught[2] = {0, 0};
+    int bad_steps = 0, shift_caught[4] = {0, 0, 0, 0};
     double worst = 0.0, worst_engine = 0.0;
     char msg[256], first[400] = "";
     for (int t0 = 0; t0 < T; t0 += step) {
@@ -255,7 +256,7 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
         }
         for (int t = t0; t < t0 + n; t++) {
             const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
-            rc_tf_attention(T, HQ, HKV, D, S0, W, q, kw, vw, kq, vq, t, 0, chunk, ref);
+            rc_tf_attention(T, HQ, HKV, D, S0, W, q, kw, vw, kq, vq, t, 0, 0, chunk, ref);
             int nbad = dev ? rc_check_output_abs(OSCAR_DTYPE_BF16, ob, ref, HQ * D, 2e-4, msg, sizeof msg)
                            : rc_check_output(OSCAR_DTYPE_BF16, ob, ref, HQ * D, msg, sizeof msg);
             if (nbad && !bad_steps) snprintf(first, sizeof first, "step %d: %d outputs off, %s", t, nbad, msg);
@@ -267,14 +268,17 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
             }
             worst = fmax(worst, err / (mx > 0 ? mx : 1));
             /* The engine's own full-precision rows (bf16, unrotated). */
-            rc_tf_attention(T, HQ, HKV, D, S0, W, q, k, v, kq, vq, t, 0, chunk, engine_ref);
+            rc_tf_attention(T, HQ, HKV, D, S0, W, q, k, v, kq, vq, t, 0, 0, chunk, engine_ref);
             double e2 = 0.0;
             for (int i = 0; i < HQ * D; i++)
                 e2 = fmax(e2, fabs(oscar_load(OSCAR_DTYPE_BF16, ob, (size_t)i) - engine_ref[i]));
             worst_engine = fmax(worst_engine, e2 / (mx > 0 ? mx : 1));
-            /* One key more / fewer in 2 bits: must be visible at some step. */
-            for (int s = 0; s < 2; s++) {
-                rc_tf_attention(T, HQ, HKV, D, S0, W, q, kw, vw, kq, vq, t, s ? 1 : -1, chunk, shifted);
+            /* One key more / fewer in 2 bits, at the window's edge or the sink's: must be visible at
+             * some step (the sink's edge too, since a chunked schedule has few window edges) */
+            for (int s = 0; s < 4; s++) {
+                const int d1 = s & 1 ? 1 : -1;
+                rc_tf_attention(T, HQ, HKV, D, S0, W, q, kw, vw, kq, vq, t, s < 2 ? d1 : 0, s < 2 ? 0 : d1, chunk,
+                                shifted);
                 shift_caught[s] += rc_check_output(OSCAR_DTYPE_BF16, ob, shifted, HQ * D, NULL, 0) > 0;
             }
         }
@@ -288,7 +292,7 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
                   "max|out| (seed %llu)", mname, group, worst_engine, (unsigned long long)seed);
     cr_expect_eq(bad_steps, 0, "%s %s group %d: paged decode differs from the teacher-forced rule at %d of %d steps; "
                  "first: %s (seed %llu)", backend, mname, group, bad_steps, T, first, (unsigned long long)seed);
-    cr_expect_gt(shift_caught[0] + shift_caught[1], 0,
+    cr_expect_gt(shift_caught[0] + shift_caught[1] + shift_caught[2] + shift_caught[3], 0,
                  "%s: the region shifted by one key is indistinguishable, the test cannot see the boundary "
                  "(seed %llu)", mname, (unsigned long long)seed);
     if (dev) {

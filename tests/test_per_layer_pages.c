@@ -246,7 +246,7 @@ static void run_per_layer(const char *backend, int chunk) {
                 }
                 for (int t = t0; t < t0 + n; t++) {
                     const uint16_t *ob = obuf + (size_t)(t - t0) * HQ * D;
-                    rc_tf_attention(T, HQ, HKV, D, S0, W, q[l], kw[l], vw[l], kq[l], vq[l], t, 0, chunk, ref);
+                    rc_tf_attention(T, HQ, HKV, D, S0, W, q[l], kw[l], vw[l], kq[l], vq[l], t, 0, 0, chunk, ref);
                     /* CUDA: the tensor-core kernels score the 2-bit rows with q~ in two int8 limbs
                      * (FORMAT.md §5), which against exact attention moves outputs where a key's outlier
                      * channels meet them (seen: 2.7e-3 of the largest output with these keys); their own

@@ -297,7 +297,7 @@ void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2) {
 }
 
 void rc_tf_attention(int T, int hq, int hkv, int d, int S0, int W, const float *q, const float *k, const float *v,
-                     const float *kq, const float *vq, int t, int shift, int chunk, double *out) {
+                     const float *kq, const float *vq, int t, int shift, int sink_shift, int chunk, double *out) {
     const int e = chunk > 0 ? ((t / chunk + 1) * chunk < T ? (t / chunk + 1) * chunk : T) : t + 1;
     double *s = malloc((size_t)(t + 1) * sizeof *s);
     const double scale = 1.0 / sqrt((double)d);
@@ -306,7 +306,7 @@ void rc_tf_attention(int T, int hq, int hkv, int d, int S0, int W, const float *
         const float *qh = q + ((size_t)t * hq + h) * d;
         double mx = -INFINITY;
         for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= e - 1 - W + shift;
+            int quant = p >= S0 + sink_shift && p <= e - 1 - W + shift;
             const float *kr = (quant ? kq : k) + ((size_t)p * hkv + g) * d;
             double acc = 0.0;
             for (int j = 0; j < d; j++) acc += (double)qh[j] * (double)kr[j];
@@ -318,7 +318,7 @@ void rc_tf_attention(int T, int hq, int hkv, int d, int S0, int W, const float *
         double *o = out + (size_t)h * d;
         for (int j = 0; j < d; j++) o[j] = 0.0;
         for (int p = 0; p <= t; p++) {
-            int quant = p >= S0 && p <= e - 1 - W + shift;
+            int quant = p >= S0 + sink_shift && p <= e - 1 - W + shift;
             const float *vr = (quant ? vq : v) + ((size_t)p * hkv + g) * d;
             for (int j = 0; j < d; j++) o[j] += s[p] / sum * (double)vr[j];
         }

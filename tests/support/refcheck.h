@@ -116,11 +116,12 @@ void rc_attention_f64_at(const rc_seq_ref *s, int L, int t, int Hq, const float 
  * float64: the query as the rotated rows meet it. */
 void rc_rotate_q(const float *q, const float *R, int d, double *qr);
 /* Float64 attention of query t (rows [T][hq][d] of q, [T][hkv][d] of k, v and of their stored 2-bit
- * values kq, vq) under the teacher-forced rule: the 2-bit region S0 <= p <= e - 1 - W + shift (shift
- * 0: the real rule), e the cache length the query sees: t + 1 token by token, the end of t's chunk in
- * a chunked prefill of `chunk` tokens (FORMAT.md §5.1). sm_scale 1 / sqrt(d); out [hq][d]. */
+ * values kq, vq) under the teacher-forced rule: the 2-bit region S0 + sink_shift <= p <= e - 1 - W +
+ * shift (both 0: the real rule; the others are a power check's misplaced boundaries), e the cache length
+ * the query sees: t + 1 token by token, the end of t's chunk in a chunked prefill of `chunk` tokens
+ * (FORMAT.md §5.1). sm_scale 1 / sqrt(d); out [hq][d]. */
 void rc_tf_attention(int T, int hq, int hkv, int d, int S0, int W, const float *q, const float *k, const float *v,
-                     const float *kq, const float *vq, int t, int shift, int chunk, double *out);
+                     const float *kq, const float *vq, int t, int shift, int sink_shift, int chunk, double *out);
 /* q~ (fp32, scaled by sm_scale log2(e)) of one head as the tensor-core kernels hold it for the 2-bit rows:
  * two int8 limbs (FORMAT.md §5), returned in q's units (q2 [d]). */
 void rc_q_limbs2(const float *qt, int d, double sm_scale, double *q2);
