@@ -286,9 +286,11 @@ static void run_case_b(oscar_method m, int group, int feedback, int chunk, int w
     cr_log_info("%s %s group %d: worst |decode - teacher-forced| / max|ref| = %.3g with the cache's rotated bf16 "
                 "windows, %.3g with the engine's unrotated bf16 rows (seed %llu)", backend, mname, group, worst, worst_engine,
                 (unsigned long long)seed);
-    /* The unrotated-window approximation costs at most a few bf16 steps of
-     * the rotated row, relative to the output's scale. */
-    cr_expect_leq(worst_engine, 0x1p-4, "%s group %d: engine-style bf16 windows differ from the cache by %.3g of "
+    /* The unrotated-window approximation: one bf16 rounding of each window row in the rotated basis,
+     * which the outlier channels' large scores amplify. Over 600 seeds of the oscar2 case: median
+     * 0.012 of max|out|, 99th percentile 0.042, largest 0.064; one seed in ~2800 case runs reached
+     * 0.072. A wrong rotation or unrotated windows give errors of the output's size. */
+    cr_expect_leq(worst_engine, 0x1p-3, "%s group %d: engine-style bf16 windows differ from the cache by %.3g of "
                   "max|out| (seed %llu)", mname, group, worst_engine, (unsigned long long)seed);
     cr_expect_eq(bad_steps, 0, "%s %s group %d: paged decode differs from the teacher-forced rule at %d of %d steps; "
                  "first: %s (seed %llu)", backend, mname, group, bad_steps, T, first, (unsigned long long)seed);
