@@ -162,7 +162,7 @@ done
 ((${#py[@]})) || echo "run.sh: warning: no python3 with jinja2 found; the CUDA plugin's code generation will fail"
 echo "== build ($build)"
 if ! cmake -S "$root" -B "$build" "${gen_flag[@]}" -DCMAKE_BUILD_TYPE=Release -DOSCAR_WERROR=OFF -DOSCAR_CUDA=ON -DOSCAR_HIP=OFF \
-      -DOSCAR_OPENCL=OFF -DOSCAR_BUILD_TESTS=OFF -DOSCAR_GEN_SET=minimal -DOSCAR_CUDA_ARCHS=90 "${py[@]}" >"$out/cmake.txt" 2>&1; then
+      -DOSCAR_OPENCL=OFF -DOSCAR_BUILD_TESTS=OFF -DOSCAR_GEN_SET=minimal "-DOSCAR_CUDA_ARCHS=90a-real;90-virtual" "${py[@]}" >"$out/cmake.txt" 2>&1; then
   tail -40 "$out/cmake.txt"; echo "run.sh: configure failed"; exit 1
 fi
 grep -E "liboscar:" "$out/cmake.txt"
