@@ -157,7 +157,7 @@ typedef struct oscar_layout_desc {
     oscar_dtype meta_dtype; /* F16 or F32: per-group scale and bias */
     oscar_method method;    /* OSCAR2, OSCAR2_LM, INT2, QUAROT2 or BF16 */
     /* Added after the first release (struct_size tells them apart). */
-    int32_t wide_tensors;   /* OSCAR2 code widths (opt-in, docs/FORMAT.md §2.7): room in every page for this
+    int32_t wide_tensors;   /* OSCAR2 code widths (docs/FORMAT.md §2.7): room in every page for this
                                many 3-bit head-tensors (KV head, K/V) per layer, a 1-bit plane of P x
                                head_dim/8 bytes each after the metadata; 0 (default): 2 bits everywhere.
                                At least the largest count of 3-bit head-tensors in one layer of the
@@ -461,7 +461,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out);
  * rows under no rotation, Hadamard only, and the final OSCAR choice. */
 typedef struct oscar_calib_layer_report {
     double err_k[3], err_v[3]; /* [0] none, [1] Hadamard, [2] OSCAR (relative) */
-    float clip_k, clip_v;
+    float clip_k, clip_v;      /* the fitted ratios, which the layer's 2-bit head-tensors keep (a head-tensor
+                                  the code-width rule stored in 3 bits has ratio 1) */
 } oscar_calib_layer_report;
 OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int layer, oscar_calib_layer_report *out);
 /* Per-layer probe diagnostic after finalize: relative attention-output error
