@@ -298,11 +298,12 @@ int main(int argc, char **argv) {
         return 2;
     }
     if (o.wide_bits > 0.0f && (o.lloyd_max || o.clip_objective != 0)) {
-        fprintf(stderr, "oscar-calibrate: --wide-bits %g: 3-bit head-tensors are %s; drop --wide-bits or give "
-                        "--wide-bits 0\n",
-                (double)o.wide_bits,
-                o.lloyd_max ? "uniform-level (oscar2), not Lloyd-Max: drop --lloyd-max"
-                            : "ranked on the attention probes: drop --clip-objective rows");
+        fprintf(stderr, "oscar-calibrate: --wide-bits %g with %s: %s; drop one of the two (without --wide-bits, "
+                        "%s calibrates 2 bits everywhere)\n",
+                (double)o.wide_bits, o.lloyd_max ? "--lloyd-max" : "--clip-objective rows",
+                o.lloyd_max ? "3-bit head-tensors have uniform levels (oscar2), no Lloyd-Max set"
+                            : "the code-width rule ranks head-tensors on the attention probes",
+                o.lloyd_max ? "--lloyd-max" : "--clip-objective rows");
         return 2;
     }
     if (o.max_tokens < o.window) {
