@@ -756,6 +756,17 @@ Test(tools_bad_input, calibrate_wide_bits_default_applies_where_valid, .timeout 
     }
 }
 
+/* oscar-bench calibrates one synthetic layer and serves it with 2-bit layouts: with the library's default
+ * code-width budget, 10 KV heads or more (20 head-tensors) got a 3-bit head-tensor and oscar_plan_create
+ * refused the layout (exit 1 before the oscar2 row). The bench calibrates with wide_bits 0. */
+Test(tools_bad_input, bench_many_kv_heads_runs_oscar2, .timeout = 300) {
+    char out[16384];
+    int rc = run(out, sizeof out, 240,
+                 BIN "/oscar-bench --quick --backend cpu --q-heads 10 --kv-heads 10 --batch 1 --context 64");
+    cr_expect_eq(rc, 0, "oscar-bench --kv-heads 10: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "\noscar2 "), "no oscar2 row: %s", out);
+}
+
 Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothing, .timeout = 300) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64], path[128];
