@@ -154,6 +154,9 @@ OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layer
     o->feedback_damp = 0.0f; /* FB_DAMP */
     o->copy_head_mass = 0.0f;  /* copy heads off (docs/EVAL.md, twenty-fourth session) */
     o->copy_head_clip = 0.97f; /* their key clip floor when on */
+    /* Code-width budget: 0.05 bits per element where the rule applies (OSCAR2, probe objective), resolved
+     * in oscar_calib_create (docs/eval/retrieval.md, fourteenth step) */
+    o->wide_bits = OSCAR_CALIB_WIDE_BITS_AUTO;
 }
 
 OSCAR_API void oscar_calib_destroy(oscar_calib *c) {
@@ -278,10 +281,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!(o->key_attn_weight >= 0.0f && o->key_attn_weight <= 1.0f))
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT, "key_attn_weight %g must be in [0, 1]",
                                (double)o->key_attn_weight);
-    if (!(o->wide_bits >= 0.0f && o->wide_bits <= 1.0f))
+    if (!(o->wide_bits >= 0.0f && o->wide_bits <= 1.0f) && o->wide_bits != OSCAR_CALIB_WIDE_BITS_AUTO)
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "wide_bits %g must be in [0, 1] (bits per element the code-width rule may add; 0: "
-                               "none)", (double)o->wide_bits);
+                               "none) or OSCAR_CALIB_WIDE_BITS_AUTO (-1, the default)", (double)o->wide_bits);
     if (o->wide_bits > 0.0f && o->method != OSCAR_METHOD_OSCAR2)
         return oscar_set_error(OSCAR_ERR_UNSUPPORTED,
                                "wide_bits needs method OSCAR2: 3-bit codes have uniform levels (no Lloyd-Max set)");
@@ -345,6 +348,10 @@ OSCAR_API oscar_status oscar_calib_create(const oscar_calib_options *o, oscar_ca
     if (!c) return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of memory creating the calibration");
     c->o = *o;
     c->o.struct_size = sizeof c->o;
+    /* The default budget applies where the rule does; an explicit one was checked above. */
+    if (c->o.wide_bits == OSCAR_CALIB_WIDE_BITS_AUTO)
+        c->o.wide_bits = o->method == OSCAR_METHOD_OSCAR2 && o->clip_objective == 0 ? OSCAR_CALIB_WIDE_BITS_DEFAULT
+                                                                                     : 0.0f;
     if (o->model_hash) memcpy(c->model_hash, o->model_hash, strlen(o->model_hash) + 1);
     if (c->o.threads == 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

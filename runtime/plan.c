@@ -67,7 +67,7 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
         oscar_params_destroy(owned);
         return oscar_set_error(OSCAR_ERR_UNSUPPORTED,
                                "oscar_plan_create: backend %s cannot store 3-bit head-tensors (%s): use the cpu, "
-                               "opencl or cuda backend, or parameters calibrated without --wide-bits and "
+                               "opencl or cuda backend, or parameters calibrated with --wide-bits 0 and "
                                "layout.wide_tensors 0",
                                rt->api->name,
                                wide ? "the parameters' code_bits field (format_version 4) has 3s"

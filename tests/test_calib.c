@@ -892,6 +892,81 @@ Test(calib, wide_bits_rule) {
     for (int l = 0; l < L; l++) synth_free(&s[l]);
 }
 
+/* The code-width budget is the default (docs/eval/retrieval.md, fourteenth step): oscar_calib_options_default
+ * gives OSCAR_CALIB_WIDE_BITS_AUTO, which is 0.05 bits per element for OSCAR2 with the probe objective (the
+ * same file as an explicit 0.05: on 20 head-tensors exactly one is widened) and 0 where the rule does not
+ * apply: OSCAR2_LM and the row objective calibrate with the defaults without an error, 2 bits everywhere.
+ * An explicit budget there is still refused; 0 gives 2 bits everywhere. */
+Test(calib, wide_bits_default) {
+    const int d = 64, hq = 4, hkv = 2, L = 5, win = 160, nwin = 6;
+    synth s[5];
+    for (int l = 0; l < L; l++) synth_make(&s[l], nwin * win + 37, hq, hkv, d, 0);
+    for (int t = 0; t < s[0].n; t++) /* one head-tensor worth widening (as in wide_bits_rule) */
+        for (int i = 0; i < d; i++) s[0].v[((size_t)t * (size_t)hkv + 1) * (size_t)d + (size_t)i] *= 10.0f;
+    oscar_calib_options o;
+    small_window_options(&o, L, hq, hkv, d);
+    cr_assert_eq(o.wide_bits, OSCAR_CALIB_WIDE_BITS_AUTO);
+    cr_assert_eq(OSCAR_CALIB_WIDE_BITS_DEFAULT, 0.05f);
+    const int n = 2 * L * hkv; /* 20: 0.05 bits per element is one head-tensor */
+    /* 0: default (AUTO), 1: explicit 0.05, 2: explicit 0, 3: OSCAR2_LM by default, 4: row objective by default */
+    oscar_calib *c[5];
+    oscar_params *p[5];
+    int wide[5];
+    for (int r = 0; r < 5; r++) {
+        oscar_calib_options x = o;
+        if (r == 1) x.wide_bits = 0.05f;
+        if (r == 2) x.wide_bits = 0.0f;
+        if (r == 3) x.method = OSCAR_METHOD_OSCAR2_LM;
+        if (r == 4) x.clip_objective = 1;
+        p[r] = calibrate_windows(&x, s, win, 1, &c[r]);
+        wide[r] = 0;
+        for (int i = 0; i < n; i++) {
+            int b = 0;
+            cr_assert_eq(oscar_params_code_bits(p[r], i / 2 / hkv, i / 2 % hkv, (oscar_kv)(i % 2), &b), OSCAR_OK);
+            wide[r] += b == 3;
+        }
+    }
+    cr_assert_eq(wide[0], 1, "the default widened %d head-tensors of %d (want 1)", wide[0], n);
+    cr_assert_eq(wide[1], 1);
+    cr_assert_eq(wide[2], 0, "wide_bits 0 widened %d", wide[2]);
+    cr_assert_eq(wide[3], 0, "OSCAR2_LM by default widened %d", wide[3]);
+    cr_assert_eq(wide[4], 0, "the row objective by default widened %d", wide[4]);
+    for (int i = 0; i < n; i++) { /* the default is the explicit 0.05, head-tensor by head-tensor */
+        const int l = i / 2 / hkv, h = i / 2 % hkv;
+        const oscar_kv kv = (oscar_kv)(i % 2);
+        int b0 = 0, b1 = 0, b2 = 0;
+        float c0 = 0.0f, c1 = 0.0f, c2 = 0.0f;
+        oscar_params_code_bits(p[0], l, h, kv, &b0);
+        oscar_params_code_bits(p[1], l, h, kv, &b1);
+        oscar_params_code_bits(p[2], l, h, kv, &b2);
+        oscar_params_clip_head(p[0], l, h, kv, &c0);
+        oscar_params_clip_head(p[1], l, h, kv, &c1);
+        oscar_params_clip_head(p[2], l, h, kv, &c2);
+        cr_assert(b0 == b1 && c0 == c1, "head-tensor %d: default %d bits clip %g, explicit 0.05 %d bits clip %g", i,
+                  b0, (double)c0, b1, (double)c1);
+        cr_assert_eq(c0, b0 == 3 ? 1.0f : c2, "head-tensor %d: clip %g, 2-bit file's %g", i, (double)c0, (double)c2);
+    }
+    /* An explicit budget where the rule does not apply is refused; AUTO is the only negative accepted. */
+    oscar_calib *bad = NULL;
+    oscar_calib_options x = o;
+    x.method = OSCAR_METHOD_OSCAR2_LM;
+    x.wide_bits = 0.05f;
+    cr_assert_eq(oscar_calib_create(&x, &bad), OSCAR_ERR_UNSUPPORTED);
+    x = o;
+    x.clip_objective = 1;
+    x.wide_bits = 0.05f;
+    cr_assert_eq(oscar_calib_create(&x, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    x = o;
+    x.wide_bits = -0.5f;
+    cr_assert_eq(oscar_calib_create(&x, &bad), OSCAR_ERR_INVALID_ARGUMENT);
+    cr_assert(strstr(oscar_last_error(), "OSCAR_CALIB_WIDE_BITS_AUTO") != NULL, "%s", oscar_last_error());
+    for (int r = 0; r < 5; r++) {
+        oscar_params_destroy(p[r]);
+        oscar_calib_destroy(c[r]);
+    }
+    for (int l = 0; l < L; l++) synth_free(&s[l]);
+}
+
 /* clip_margin: the mildest ratio within (1 + margin) of the smallest probe
  * error. Per layer, so the K error at the chosen key ratio is the scan's:
  * margin 0 is the default fit, a margin never gives a harsher ratio and its K

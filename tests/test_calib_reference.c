@@ -187,7 +187,18 @@ Test(calib_reference, targets_match_transformers_rotations_orthogonal_params_rou
             cr_expect(c1 > 0.0f && c1 <= 1.0f);
             oscar_calib_layer_report r;
             cr_assert_eq(oscar_calib_layer_report_get(calib, l, &r), OSCAR_OK);
-            cr_expect_eq(which ? r.clip_v : r.clip_k, c1, "report clip differs from the params' clip");
+            /* The report's clip is the layer's fitted ratio, which its 2-bit head-tensors keep; a head-tensor
+             * the code-width rule (the default budget) stored in 3 bits is unclipped (its ratio 1, so
+             * oscar_params_clip, the mildest head's, reads 1 in that layer). */
+            for (int h = 0; h < cf->num_kv_heads; h++) {
+                int bits = 0;
+                float ch = 0.0f;
+                cr_assert_eq(oscar_params_code_bits(p, l, h, (oscar_kv)which, &bits), OSCAR_OK);
+                cr_assert_eq(oscar_params_clip_head(p, l, h, (oscar_kv)which, &ch), OSCAR_OK);
+                cr_expect_eq(ch, bits == 3 ? 1.0f : (which ? r.clip_v : r.clip_k),
+                             "layer %d head %d %c (%d bits): clip %g, report %g", l, h, which ? 'V' : 'K', bits,
+                             (double)ch, (double)(which ? r.clip_v : r.clip_k));
+            }
             /* The rotation must help on real data: OSCAR below no rotation. */
             const double *e = which ? r.err_v : r.err_k;
             cr_expect_lt(e[2], e[0], "layer %d %c: OSCAR error %.4f not below unrotated %.4f", l, which ? 'V' : 'K',

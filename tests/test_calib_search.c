@@ -206,6 +206,12 @@ Test(calib_search, lowers_kl_from_harsh_clips_and_respects_fixed_side, .timeout 
         oscar_params_set_clip(p, l, OSCAR_K, 0.85f);
         oscar_params_set_clip(p, l, OSCAR_V, 0.93f); /* off the grid */
     }
+    /* A 3-bit head-tensor, unclipped as the code-width rule (the calibration's default) stores it: the
+     * search moves its layer's 2-bit heads only. Before the fix it read the layer's clip as 1 (the mildest
+     * head's) and clipped the 3-bit keys with the rest. */
+    const int WL = 4, WH = 1;
+    cr_assert_eq(oscar_params_set_code_bits(p, WL, WH, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_clip_head(p, WL, WH, OSCAR_K, 1.0f), OSCAR_OK, "%s", oscar_last_error());
     ocal_search_options o;
     opts(&o, 1);
     o.fix_v = 1;
@@ -219,7 +225,7 @@ Test(calib_search, lowers_kl_from_harsh_clips_and_respects_fixed_side, .timeout 
     int moved = 0;
     for (int l = 0; l < L; l++) {
         float ck, cv;
-        oscar_params_clip(p, l, OSCAR_K, &ck);
+        oscar_params_clip_head(p, l, l == WL ? 1 - WH : 0, OSCAR_K, &ck); /* a 2-bit head's */
         oscar_params_clip(p, l, OSCAR_V, &cv);
         cr_expect_eq(cv, 0.93f, "layer %d: fixed V clip moved to %g", l, (double)cv);
         int on_grid = 0, grid_n;
@@ -229,6 +235,12 @@ Test(calib_search, lowers_kl_from_harsh_clips_and_respects_fixed_side, .timeout 
         moved += ck != 0.85f;
     }
     cr_expect_gt(moved, 0, "no K clip moved off 0.85");
+    float cw;
+    int bw = 0;
+    oscar_params_clip_head(p, WL, WH, OSCAR_K, &cw);
+    oscar_params_code_bits(p, WL, WH, OSCAR_K, &bw);
+    cr_expect(cw == 1.0f && bw == 3, "the 3-bit head-tensor %d:%d K: clip %g, %d bits (want 1, 3)", WL, WH, (double)cw,
+              bw);
     /* The reported final KL is the KL of the returned clips. */
     double kl, dn;
     cr_assert_eq(ocal_heldout_kl(m, held, ntok - 4 * N, p, &o, &kl, &dn, err, sizeof err), OSCAR_OK, "%s", err);

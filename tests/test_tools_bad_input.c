@@ -722,6 +722,51 @@ Test(tools_bad_input, calibrate_refuses_bad_copy_heads, .timeout = 60) {
     }
 }
 
+/* The code-width budget is oscar-calibrate's default (0.05 bits per element) where it applies: --lloyd-max
+ * and --clip-objective rows still calibrate without --wide-bits (2 bits everywhere, said in the output), and
+ * an explicit --wide-bits with them is bad input before the model is loaded. */
+Test(tools_bad_input, calibrate_wide_bits_default_applies_where_valid, .timeout = 300) {
+    char out[16384];
+    const struct {
+        const char *args, *want;
+    } bad[] = {{"--wide-bits 0.05 --lloyd-max", "--lloyd-max"}, {"--wide-bits 0.1 --clip-objective rows", "--clip-objective"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate /nonexistent-model --tokens /nonexistent %s --out p",
+                     bad[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].args, rc, out);
+        cr_expect(strstr(out, "--wide-bits") && strstr(out, bad[i].want), "%s: the message should name --wide-bits and %s: %s",
+                  bad[i].args, bad[i].want, out);
+    }
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/oscar-wide-%d.st", (int)getpid());
+    const struct {
+        const char *args, *want;
+    } ok[] = {{"", "code widths: 1 of 32 head-tensors in 3 bits"},
+              {"--wide-bits 0", "code widths: 0 of 32 head-tensors in 3 bits"},
+              {"--lloyd-max", "2 bits everywhere"},
+              {"--clip-objective rows", "2 bits everywhere"}};
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        int rc = run(out, sizeof out, 240,
+                     BIN "/oscar-calibrate %s --tokens %s --max-tokens 100 --window 50 --sink 0 --recent 16 %s --out %s",
+                     g_model, g_tokens, ok[i].args, path);
+        cr_expect_eq(rc, 0, "'%s': exit %d: %s", ok[i].args, rc, out);
+        cr_expect(strstr(out, ok[i].want), "'%s': the output should say '%s': %s", ok[i].args, ok[i].want, out);
+        unlink(path);
+    }
+}
+
+/* oscar-bench calibrates one synthetic layer and serves it with 2-bit layouts: with the library's default
+ * code-width budget, 10 KV heads or more (20 head-tensors) got a 3-bit head-tensor and oscar_plan_create
+ * refused the layout (exit 1 before the oscar2 row). The bench calibrates with wide_bits 0. */
+Test(tools_bad_input, bench_many_kv_heads_runs_oscar2, .timeout = 300) {
+    char out[16384];
+    int rc = run(out, sizeof out, 240,
+                 BIN "/oscar-bench --quick --backend cpu --q-heads 10 --kv-heads 10 --batch 1 --context 64");
+    cr_expect_eq(rc, 0, "oscar-bench --kv-heads 10: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "\noscar2 "), "no oscar2 row: %s", out);
+}
+
 Test(tools_bad_input, eval_refuses_another_models_params_and_writes_all_or_nothing, .timeout = 300) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64], path[128];

@@ -268,6 +268,10 @@ static oscar_params *calibrate(const opts *o, const synth *s) {
     /* Every synthetic KV head draws from one distribution: one rotation per layer models it exactly
      * (per-head rotations, the calibration default for real models, would halve each head's data). */
     co.per_head = 0;
+    /* A 2-bit bench (its layouts hold no 1-bit planes): no 3-bit head-tensors. The library's default
+     * budget (0.05 bits per element) widened head-tensors from 10 KV heads on (one layer: 2 Hkv >= 20),
+     * and oscar_plan_create then refused the layout (oscar-bench --kv-heads 32 exited 1). */
+    co.wide_bits = 0.0f;
     oscar_calib *c;
     CHECK(oscar_calib_create(&co, &c));
     const int n = 512, chunks = o->calib_tokens / n;

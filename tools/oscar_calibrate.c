@@ -98,10 +98,12 @@ static void usage(FILE *fp) {
             "  --feedback-damp X  ridge on the error-feedback metric, a share in (0, 1] of its mean\n"
             "                   eigenvalue (default 0.001; with --sink 0 --recent 0 the default picks\n"
             "                   0.001, 0.01 or 0.1 per layer and K/V on the probes; docs/EVAL.md)\n"
-            "  --wide-bits X    code widths (opt-in, format_version 4): store the head-tensors whose\n"
-            "                   probe error 3-bit codes cut most in 3 bits (unclipped), while the bits\n"
-            "                   per element they add stay <= X (each adds 1 / (2 layers KV heads));\n"
-            "                   default 0: 2 bits everywhere (docs/eval/retrieval.md, ninth step)\n"
+            "  --wide-bits X    code widths: store the head-tensors whose probe error 3-bit codes cut\n"
+            "                   most in 3 bits (unclipped; format_version 4), while the bits per element\n"
+            "                   they add stay <= X (each adds 1 / (2 layers KV heads)); default 0.05\n"
+            "                   (tiny-qwen3: one of 32, 2.281 bits/elt), 0 with --lloyd-max or\n"
+            "                   --clip-objective rows; --wide-bits 0: 2 bits everywhere\n"
+            "                   (docs/CALIBRATION.md \"Code widths\")\n"
             "  --copy-mass-loss X  how much source attention weight a key clip may cost the copy\n"
             "                   probes (default 0.002)\n"
             "  --copy-heads M   name copy heads on copy probes (a span of calibration text fed twice;\n"
@@ -293,6 +295,15 @@ int main(int argc, char **argv) {
     }
     if (o.copy_head_mass > 0.0f && o.clip_objective != 0) {
         fprintf(stderr, "oscar-calibrate: --copy-heads works on the attention probes: drop --clip-objective rows\n");
+        return 2;
+    }
+    if (o.wide_bits > 0.0f && (o.lloyd_max || o.clip_objective != 0)) {
+        fprintf(stderr, "oscar-calibrate: --wide-bits %g with %s: %s; drop one of the two (without --wide-bits, "
+                        "%s calibrates 2 bits everywhere)\n",
+                (double)o.wide_bits, o.lloyd_max ? "--lloyd-max" : "--clip-objective rows",
+                o.lloyd_max ? "3-bit head-tensors have uniform levels (oscar2), no Lloyd-Max set"
+                            : "the code-width rule ranks head-tensors on the attention probes",
+                o.lloyd_max ? "--lloyd-max" : "--clip-objective rows");
         return 2;
     }
     if (o.max_tokens < o.window) {
@@ -549,6 +560,26 @@ int main(int argc, char **argv) {
         printf("%d copy head(s) named\n", named);
     }
     print_widths(calib, params, &cfg);
+    {
+        int nwide = 0;
+        for (int l = 0; l < cfg.num_layers; l++)
+            for (int h = 0; h < cfg.num_kv_heads; h++)
+                for (int w = 0; w < 2; w++) {
+                    int b = 2;
+                    oscar_params_code_bits(params, l, h, (oscar_kv)w, &b);
+                    nwide += b == 3;
+                }
+        const int n = 2 * cfg.num_layers * cfg.num_kv_heads;
+        if (o.wide_bits < 0.0f && (o.lloyd_max || o.clip_objective != 0))
+            printf("code widths: 2 bits everywhere (the default budget, %.2f bits per element of 3-bit head-tensors, "
+                   "applies to oscar2 with the probe objective; this run has %s)\n",
+                   (double)OSCAR_CALIB_WIDE_BITS_DEFAULT, o.lloyd_max ? "--lloyd-max" : "--clip-objective rows");
+        else
+            printf("code widths: %d of %d head-tensors in 3 bits (+%.4f bits per element; budget %.4g%s)\n", nwide, n,
+                   (double)nwide / (double)n,
+                   (double)(o.wide_bits < 0.0f ? OSCAR_CALIB_WIDE_BITS_DEFAULT : o.wide_bits),
+                   o.wide_bits < 0.0f ? ", the default; --wide-bits 0: 2 bits everywhere" : "");
+    }
     if (no_probes)
         printf("%d layer(s) without probes (windows shorter than sink + recent + 33 tokens): their clips come "
                "from the held-back rows\n",

@@ -464,7 +464,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
                                 "%s plan: %s has no generic extend kernel, which layers with 3-bit head-tensors "
                                 "(code_bits, FORMAT.md 2.7) need; rebuild the plugin, or use parameters calibrated "
-                                "without --wide-bits",
+                                "with --wide-bits 0",
                                 nm, p->k.name);
     }
     /* "_w3": a plan with 3-bit head-tensors; "_w3t": their layers on the tensor-core W3 kernels */

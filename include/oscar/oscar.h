@@ -157,7 +157,7 @@ typedef struct oscar_layout_desc {
     oscar_dtype meta_dtype; /* F16 or F32: per-group scale and bias */
     oscar_method method;    /* OSCAR2, OSCAR2_LM, INT2, QUAROT2 or BF16 */
     /* Added after the first release (struct_size tells them apart). */
-    int32_t wide_tensors;   /* OSCAR2 code widths (opt-in, docs/FORMAT.md §2.7): room in every page for this
+    int32_t wide_tensors;   /* OSCAR2 code widths (docs/FORMAT.md §2.7): room in every page for this
                                many 3-bit head-tensors (KV head, K/V) per layer, a 1-bit plane of P x
                                head_dim/8 bytes each after the metadata; 0 (default): 2 bits everywhere.
                                At least the largest count of 3-bit head-tensors in one layer of the
@@ -276,9 +276,10 @@ OSCAR_API oscar_status oscar_params_set_clip_head(oscar_params *p, int layer, in
 OSCAR_API oscar_status oscar_params_clip(const oscar_params *p, int layer, oscar_kv which, float *c);
 OSCAR_API oscar_status oscar_params_set_clip(oscar_params *p, int layer, oscar_kv which, float c);
 /* Code width of one (layer, KV head, K/V) head-tensor's 2-bit region (docs/FORMAT.md §2.7): 2 (every
- * head-tensor of a file of format versions 1-3, and the default) or 3 (eight uniform levels: the
+ * head-tensor of a file of format versions 1-3, and most of any file) or 3 (eight uniform levels: the
  * 2-bit plane plus a 1-bit plane of head_dim/8 bytes per row; oscar2 parameters only; format_version
- * 4). Opt-in: a layout's pages then need room for the planes (oscar_layout_desc.wide_tensors, sizes
+ * 4; written by the calibration's default code-width budget, oscar_calib_options.wide_bits, where it
+ * widens a head-tensor). A layout's pages then need room for the planes (oscar_layout_desc.wide_tensors, sizes
  * from oscar_layout_sizes_get), and a backend that cannot store
  * 3-bit head-tensors refuses such parameters at oscar_plan_create with OSCAR_ERR_UNSUPPORTED. */
 OSCAR_API oscar_status oscar_params_code_bits(const oscar_params *p, int layer, int kv_head, oscar_kv which,
@@ -363,13 +364,17 @@ typedef struct oscar_calib_options {
                                    (0, 1], or 0 (default): 0.001 with windows (docs/eval/retrieval.md,
                                    seventh step); without windows (sink 0, recent 0) chosen per (layer,
                                    K/V) from 0.001 / 0.01 / 0.1 on the probes (docs/EVAL.md, "s0w0, seventeenth session") */
-    float wide_bits;            /* code widths (opt-in; OSCAR2, probe objective): bits per element of the
-                                   2-bit region the rule may add by storing head-tensors in 3 bits, in [0, 1];
-                                   0 (default): every head-tensor at 2 bits. Each widened (layer, KV head,
-                                   K/V) adds 1 / (2 num_layers num_kv_heads) and is stored unclipped; they are
-                                   taken in the order of what 3 bits buy on the probes
-                                   (oscar_calib_width_report_get). Parameter file format_version 4
-                                   (docs/eval/retrieval.md, ninth step) */
+    float wide_bits;            /* code widths: bits per element of the 2-bit region the rule may add by
+                                   storing head-tensors in 3 bits, in [0, 1], or OSCAR_CALIB_WIDE_BITS_AUTO
+                                   (-1, the default): OSCAR_CALIB_WIDE_BITS_DEFAULT (0.05) where the method
+                                   is OSCAR2 and clip_objective 0, else 0 (OSCAR2_LM and the row objective
+                                   calibrate as before, without an error). 0: every head-tensor at 2 bits.
+                                   An explicit value > 0 needs OSCAR2 and clip_objective 0. Each widened
+                                   (layer, KV head, K/V) adds 1 / (2 num_layers num_kv_heads) and is stored
+                                   unclipped; they are taken in the order of what 3 bits buy on the probes
+                                   (oscar_calib_width_report_get). A file with a 3-bit head-tensor has
+                                   format_version 4 and needs oscar_layout_desc.wide_tensors
+                                   (docs/eval/retrieval.md, ninth and fourteenth steps) */
     float copy_head_mass;       /* copy heads (opt-in; needs copy probes, probe objective): a KV head whose copy
                                    probes' queries put at least this mean attention weight (exact keys) on the
                                    copied token's source is a copy head, and its key clip is at least
@@ -381,6 +386,13 @@ typedef struct oscar_calib_options {
                                    (docs/EVAL.md, twenty-fourth session) */
     float copy_head_clip;       /* the copy heads' key clip floor, in (0, 1] (default 0.97) */
 } oscar_calib_options;
+
+/* oscar_calib_options.wide_bits: the default (AUTO) resolves to DEFAULT bits per element for OSCAR2 with
+ * the probe objective and to 0 otherwise. A budget in bits per element scales with the model: 0.05 widens
+ * at most floor(2 L Hkv / 20) head-tensors (none below 20 head-tensors, one of tiny-qwen3's 32, 28 of
+ * the 576 of a 36-layer, 8-KV-head model), 2.25 + 0.05 = 2.3 bits per element at group 128. */
+#define OSCAR_CALIB_WIDE_BITS_AUTO (-1.0f)
+#define OSCAR_CALIB_WIDE_BITS_DEFAULT 0.05f
 
 /* Fills defaults for the given shape. */
 OSCAR_API void oscar_calib_options_default(oscar_calib_options *o, int num_layers, int num_q_heads,
@@ -449,7 +461,8 @@ OSCAR_API oscar_status oscar_calib_finalize(oscar_calib *c, oscar_params **out);
  * rows under no rotation, Hadamard only, and the final OSCAR choice. */
 typedef struct oscar_calib_layer_report {
     double err_k[3], err_v[3]; /* [0] none, [1] Hadamard, [2] OSCAR (relative) */
-    float clip_k, clip_v;
+    float clip_k, clip_v;      /* the fitted ratios, which the layer's 2-bit head-tensors keep (a head-tensor
+                                  the code-width rule stored in 3 bits has ratio 1) */
 } oscar_calib_layer_report;
 OSCAR_API oscar_status oscar_calib_layer_report_get(const oscar_calib *c, int layer, oscar_calib_layer_report *out);
 /* Per-layer probe diagnostic after finalize: relative attention-output error

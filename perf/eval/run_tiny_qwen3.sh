@@ -15,7 +15,9 @@ mkdir -p "$WORK" "$OUT"
 cmake --build "$BUILD" -j2 --target oscar-eval oscar-calibrate >/dev/null
 T=/usr/bin/time
 # Library defaults: one rotation per KV head, m-sequence placement, error-feedback rounding, probe-fitted
-# clips (docs/eval/feedback.md: --clip-search ties them on validation text).
+# clips (docs/eval/feedback.md: --clip-search ties them on validation text), the code-width budget (0.05 bits
+# per element: one 3-bit head-tensor in the uniform file; none with --lloyd-max). The two files are
+# docs/eval/tiny-qwen3.oscar*.safetensors: copy them there when the report is kept.
 $T -f "calibrate (uniform): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \
     --tokens "$DATA/calib.tokens" --out "$WORK/tiny-qwen3.oscar.safetensors" > "$WORK/calib.log" 2>&1
 $T -f "calibrate (Lloyd-Max): %e s wall, %U s user" "$BUILD/bin/oscar-calibrate" "$MODEL" \

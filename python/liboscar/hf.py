@@ -176,6 +176,12 @@ class OscarLayer(CacheLayerMixin):
         self._refuse("offloading")
 
 
+def _wide_tensors(params: Params, num_layers: int, num_kv_heads: int) -> int:
+    """The most 3-bit head-tensors (code_bits 3) of any layer of ``params``: the layout's wide_tensors."""
+    return max(sum(params.code_bits(layer, h, kv) == 3 for h in range(num_kv_heads) for kv in ("k", "v"))
+               for layer in range(num_layers))
+
+
 class OscarCache(Cache):
     """A transformers ``Cache`` backed by liboscar's 2-bit paged cache.
 
@@ -234,8 +240,12 @@ class OscarCache(Cache):
             method = params.info.method
         self.params, self.method, self.prefill, self.backend = params, method, prefill, backend
         self.max_seq_len = int(max_seq_len or getattr(cfg, "max_position_embeddings", 0) or 4096)
+        # 3-bit head-tensors (the calibration's default code-width budget writes them): each layer's pages
+        # room for its own 1-bit planes (FORMAT.md 3.3); a layout without them refuses such parameters.
+        wide = _wide_tensors(params, self.num_layers, hkv) if params is not None and method == "oscar2" else 0
         self.layout = Layout(head_dim=d, group=group, num_q_heads=hq, num_kv_heads=hkv, page_size=page_size,
-                             sink=sink, recent=recent, max_seq_len=self.max_seq_len, method=method)
+                             sink=sink, recent=recent, max_seq_len=self.max_seq_len, method=method,
+                             wide_tensors=wide, wide_per_layer=1 if wide else 0)
         self.layout.validate()
         self.paged: Optional[PagedCache] = None
         self.runtime: Optional[Runtime] = None
@@ -737,7 +747,9 @@ def main(argv: Optional[list] = None) -> int:
                     help="model weights' dtype (float32)")
     ap.add_argument("--sink", type=int, help="cache sink the clips are fitted for (default 64; 0: none)")
     ap.add_argument("--recent", type=int, help="recent window the clips are fitted for (default 256; 0: none)")
-    ap.add_argument("--wide-bits", type=float, default=0.0, help="budget of 3-bit head-tensors (0: none)")
+    ap.add_argument("--wide-bits", type=float,
+                    help="budget of 3-bit head-tensors in bits per element (default: the library's, 0.05 for "
+                         "oscar2, 0 with --lloyd-max; 0: none)")
     ap.add_argument("--per-layer", action="store_true", help="one rotation per layer instead of per KV head")
     ap.add_argument("--lloyd-max", action="store_true", help="fit for Lloyd-Max levels (oscar2-lm)")
     a = ap.parse_args(argv)
@@ -770,7 +782,7 @@ def main(argv: Optional[list] = None) -> int:
         with open(src_path, encoding="utf-8") as f:
             tokens = np.asarray(AutoTokenizer.from_pretrained(a.model)(f.read())["input_ids"], dtype=np.int64)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=getattr(torch, a.dtype)).to(a.device).eval()
-    options: dict = {"wide_bits": a.wide_bits}
+    options: dict = {} if a.wide_bits is None else {"wide_bits": a.wide_bits}
     for key in ("sink", "recent"):
         if getattr(a, key) is not None:
             options[key] = getattr(a, key)

@@ -121,3 +121,26 @@ def test_pass1_reads_only_k_and_v(rng):
         c.feed(0, None, data[0][1], data[0][2])
     with pytest.raises(TypeError, match="k: dtype float64"):
         c.feed(0, None, data[0][1].astype(np.float64), data[0][2])
+
+
+def test_code_width_budget_is_the_default(rng):
+    """wide_bits defaults to the library's budget (0.05 bits per element, OSCAR_CALIB_WIDE_BITS_AUTO):
+    on 5 layers x 2 KV heads x K/V = 20 head-tensors it widens one, wide_bits=0 none, and oscar2-lm
+    calibrates with the defaults, 2 bits everywhere (tests/test_calib.c wide_bits_default)."""
+    layers = 5
+    data = [synthetic(rng) for _ in range(layers)]
+
+    def run(**kw):
+        c = liboscar.Calibrator(layers, HQ, HKV, D, **kw)
+        for p in (0, 1):
+            c.begin_pass(p)
+            for layer, (q, k, v) in enumerate(data):
+                c.feed(layer, q, k, v)
+        prm = c.finalize()
+        return sum(prm.code_bits(layer, h, w) == 3 for layer in range(layers) for h in range(HKV) for w in "kv")
+
+    assert run() == 1
+    assert run(wide_bits=0) == 0
+    assert run(method="oscar2-lm") == 0
+    with pytest.raises(liboscar.OscarError, match="wide_bits"):
+        liboscar.Calibrator(layers, HQ, HKV, D, method="oscar2-lm", wide_bits=0.05)

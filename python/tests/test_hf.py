@@ -131,13 +131,29 @@ def test_generate_oscar2_runs_on_the_2bit_kernel(model, tokens):
     tok, log = greedy(model, ids, 8, cache)
     model.set_attn_implementation("sdpa")
     ref_tok, ref_log = greedy(model, ids, 8)
-    assert cache.variant.startswith("cpu:") and cache.method == "oscar2" and cache.bits_per_element == 2.25
+    # the shipped file is the default calibration: 3-bit head-tensors get their 1-bit planes (FORMAT.md 2.7),
+    # and the largest page holds layout.wide_tensors of them (1/4 bit per element each at 2 KV heads)
+    assert cache.variant.startswith("cpu:") and cache.method == "oscar2"
+    assert cache.bits_per_element == 2.25 + cache.layout.wide_tensors / 4
     assert torch.equal(log[:, 0], ref_log[:, 0])
     assert torch.isfinite(log).all() and tok.shape == (1, 8)
     assert 0 < cache.nbytes() < 8 * 2 * 512 * 2 * 128 * 2  # below the BF16 size of the same tokens
     # The 2-bit region is read: the first decode step's logits move, but stay close.
     d = float((log[:, 1] - ref_log[:, 1]).abs().max())
     assert 0 < d < 2.0, d
+
+
+def test_wide_parameters_get_their_planes(model, tokens):
+    """Parameters with 3-bit head-tensors (the calibration's default code-width budget writes them) give a
+    layout with room for their planes, per layer; the layout had wide_tensors 0 and the plan refused them."""
+    prm = liboscar.Params.load(PARAMS)
+    prm.set_code_bits(4, 1, "k", 3)
+    prm.set_code_bits(6, 0, "v", 3)
+    prm.set_code_bits(6, 1, "v", 3)
+    cache = hf.OscarCache(model, prm, max_seq_len=512)
+    assert cache.layout.wide_tensors == 2 and cache.layout.wide_per_layer == 1
+    tok, log = greedy(model, ids_of(tokens, 400, offset=5000), 4, cache)
+    assert torch.isfinite(log).all() and tok.shape == (1, 4)
 
 
 def test_left_padding_matches_each_sequence_alone(model, tokens):

@@ -40,7 +40,9 @@ typedef struct ocal_options {
     float clip_margin;       /* oscar_calib_options.clip_margin; < 0 (default): the library's */
     int probe_span;          /* oscar_calib_options.probe_span; -1 (default): the library's */
     float feedback_damp;     /* oscar_calib_options.feedback_damp; <= 0 (default): the library's */
-    float wide_bits;         /* oscar_calib_options.wide_bits; <= 0 (default): every head-tensor at 2 bits */
+    float wide_bits;         /* oscar_calib_options.wide_bits; < 0 (default, ocal_options_default): the
+                                library's (OSCAR_CALIB_WIDE_BITS_AUTO: 0.05 for OSCAR2 with the probe
+                                objective, else 0); 0: every head-tensor at 2 bits */
     float copy_head_mass;    /* oscar_calib_options.copy_head_mass; <= 0 (default): off. On, copy_windows -1
                                 means OCAL_COPY_HEAD_WINDOWS copy windows */
     float copy_head_clip;    /* oscar_calib_options.copy_head_clip; <= 0 (default): the library's (0.97) */

@@ -52,6 +52,7 @@ void ocal_options_default(ocal_options *o) {
     o->per_head = -1;
     o->clip_margin = -1.0f;
     o->probe_span = -1;
+    o->wide_bits = -1.0f; /* the library's: its code-width budget where it applies */
 }
 
 /* Copy windows when ocal_options.copy_windows is -1, and copy probes (query
@@ -272,7 +273,7 @@ oscar_status ocal_run(const oe_model *m, const uint32_t *tokens, int64_t n_token
     if (o->clip_margin >= 0.0f) co.clip_margin = o->clip_margin;
     if (o->probe_span >= 0) co.probe_span = o->probe_span;
     if (o->feedback_damp > 0.0f) co.feedback_damp = o->feedback_damp;
-    if (o->wide_bits > 0.0f) co.wide_bits = o->wide_bits;
+    if (o->wide_bits >= 0.0f) co.wide_bits = o->wide_bits; /* else the library's default (AUTO) */
     if (o->copy_head_mass > 0.0f) co.copy_head_mass = o->copy_head_mass;
     if (o->copy_head_clip > 0.0f) co.copy_head_clip = o->copy_head_clip;
     co.model_hash = hash;

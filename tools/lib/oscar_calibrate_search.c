@@ -240,13 +240,42 @@ static int grid_index(const float *k_grid, int GRID_N, float c) {
     return best;
 }
 
+/* The clip of (layer, which) the search moves: the mildest of its 2-bit head-tensors' ratios (as
+ * oscar_params_clip over every head). A 3-bit head-tensor (code_bits, docs/FORMAT.md §2.7) stays
+ * unclipped, as the code-width rule stored it: oscar_params_clip would read its 1 and
+ * oscar_params_set_clip would clip it. Returns 0 when every head-tensor of (layer, which) is 3-bit. */
+static int search_clip(const oscar_params *p, int hkv, int layer, oscar_kv which, float *c) {
+    int any = 0;
+    *c = 0.0f;
+    for (int h = 0; h < hkv; h++) {
+        int b = 2;
+        float x = 1.0f;
+        oscar_params_code_bits(p, layer, h, which, &b);
+        if (b != 2) continue;
+        oscar_params_clip_head(p, layer, h, which, &x);
+        *c = x > *c ? x : *c;
+        any = 1;
+    }
+    if (!any) *c = 1.0f;
+    return any;
+}
+
+static void search_set_clip(oscar_params *p, int hkv, int layer, oscar_kv which, float c) {
+    for (int h = 0; h < hkv; h++) {
+        int b = 2;
+        oscar_params_code_bits(p, layer, h, which, &b);
+        if (b == 2) oscar_params_set_clip_head(p, layer, h, which, c);
+    }
+}
+
 /* One coordinate (layer, which): from the current clip, step along the grid
  * (milder first, then harder) while the KL falls strictly. *best_kl is the
  * KL at the current clips on entry and at the chosen ones on return. */
 static oscar_status srch_coord(srch *S, oscar_params *p, int layer, oscar_kv which, double *best_kl,
                                double *best_dnll, char *err, size_t err_len) {
+    const int hkv = S->cf->num_kv_heads;
     float cur;
-    oscar_params_clip(p, layer, which, &cur);
+    if (!search_clip(p, hkv, layer, which, &cur)) return OSCAR_OK; /* every head-tensor 3-bit: nothing to move */
     float best_c = cur;
     int GRID_N;
     const float *k_grid = oscar_calib_clip_grid(&GRID_N); /* the calibration core's fit grid */
@@ -258,7 +287,7 @@ static oscar_status srch_coord(srch *S, oscar_params *p, int layer, oscar_kv whi
         if ((dir < 0 && k_grid[i0] <= cur) || (dir > 0 && k_grid[i0] >= cur)) i = i0 + dir;
         for (; i >= 0 && i < GRID_N; i += dir) {
             if (k_grid[i] == best_c) continue;
-            oscar_params_set_clip(p, layer, which, k_grid[i]);
+            search_set_clip(p, hkv, layer, which, k_grid[i]);
             double kl, dn;
             oscar_status s = srch_eval(S, layer, &kl, &dn, err, err_len);
             if (s != OSCAR_OK) return s;
@@ -270,7 +299,7 @@ static oscar_status srch_coord(srch *S, oscar_params *p, int layer, oscar_kv whi
                 moved = 1;
             } else break;
         }
-        oscar_params_set_clip(p, layer, which, best_c);
+        search_set_clip(p, hkv, layer, which, best_c);
         if (moved) break; /* the milder side improved: the harder side starts from worse */
     }
     return OSCAR_OK;
@@ -292,8 +321,8 @@ oscar_status ocal_clip_search(const oe_model *m, const uint32_t *tokens, int64_t
     for (int sw = 0; s == OSCAR_OK && sw < sweeps; sw++) {
         for (int l = 0; s == OSCAR_OK && l < L; l++) {
             float ck0, cv0, ck, cv;
-            oscar_params_clip(p, l, OSCAR_K, &ck0);
-            oscar_params_clip(p, l, OSCAR_V, &cv0);
+            search_clip(p, S.cf->num_kv_heads, l, OSCAR_K, &ck0);
+            search_clip(p, S.cf->num_kv_heads, l, OSCAR_V, &cv0);
             /* KL at the current clips with this layer's input residual; it
              * also provides the residual entering l + 1 for the unchanged
              * clips (layer 0 of the first sweep: the start evaluation). */
@@ -308,8 +337,8 @@ oscar_status ocal_clip_search(const oe_model *m, const uint32_t *tokens, int64_t
                 S.x_cur[w] = S.x_best[w];
                 S.x_best[w] = t;
             }
-            oscar_params_clip(p, l, OSCAR_K, &ck);
-            oscar_params_clip(p, l, OSCAR_V, &cv);
+            search_clip(p, S.cf->num_kv_heads, l, OSCAR_K, &ck);
+            search_clip(p, S.cf->num_kv_heads, l, OSCAR_V, &cv);
             if (o->progress) {
                 double el = srch_now() - t0, done = (double)(sw * L + l + 1), all = (double)(sweeps * L);
                 fprintf(o->progress,
