@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "oscar_calibrate.h"
+#include "tool_params.h"
 #include "tool_args.h"
 
 static double now_s(void) {
@@ -561,15 +562,8 @@ int main(int argc, char **argv) {
     }
     print_widths(calib, params, &cfg);
     {
-        int nwide = 0;
-        for (int l = 0; l < cfg.num_layers; l++)
-            for (int h = 0; h < cfg.num_kv_heads; h++)
-                for (int w = 0; w < 2; w++) {
-                    int b = 2;
-                    oscar_params_code_bits(params, l, h, (oscar_kv)w, &b);
-                    nwide += b == 3;
-                }
-        const int n = 2 * cfg.num_layers * cfg.num_kv_heads;
+        int n = 0;
+        const int nwide = tool_params_wide_count(params, &n);
         if (o.wide_bits < 0.0f && (o.lloyd_max || o.clip_objective != 0))
             printf("code widths: 2 bits everywhere (the default budget, %.2f bits per element of 3-bit head-tensors, "
                    "applies to oscar2 with the probe objective; this run has %s)\n",

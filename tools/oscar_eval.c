@@ -127,16 +127,9 @@ static double bits_whole(double bits, int ctx, int sink, int recent)
  * 3-bit head-tensor, over all 2 L Hkv head-tensors); 0 without parameters or code widths. */
 static double wide_share(const oscar_params *p)
 {
-    oscar_params_info in;
-    if (!p || oscar_params_get_info(p, &in) != OSCAR_OK) return 0.0;
-    int n3 = 0;
-    for (int l = 0; l < in.num_layers; l++)
-        for (int h = 0; h < in.num_kv_heads; h++)
-            for (int w = 0; w < 2; w++) {
-                int b = 2;
-                if (oscar_params_code_bits(p, l, h, (oscar_kv)w, &b) == OSCAR_OK && b == 3) n3++;
-            }
-    return (double)n3 / (2.0 * in.num_layers * in.num_kv_heads);
+    int n = 0;
+    const int n3 = tool_params_wide_count(p, &n);
+    return n ? (double)n3 / n : 0.0;
 }
 
 static int add_variant(ev_run *R, const char *name, const char *note, oscar_method m, const oscar_params *p,

@@ -38,4 +38,21 @@ static inline oscar_status tool_params_serve_group(const oscar_params *p, int he
     return s;
 }
 
+/* 3-bit head-tensors (code_bits 3, FORMAT.md §2.7) of a parameter set, of *total = 2 L Hkv head-tensors
+ * (oscar-eval's bits per element, oscar-calibrate's summary); 0 without parameters. */
+static inline int tool_params_wide_count(const oscar_params *p, int *total) {
+    oscar_params_info in;
+    *total = 0;
+    if (!p || oscar_params_get_info(p, &in) != OSCAR_OK) return 0;
+    int n3 = 0;
+    for (int l = 0; l < in.num_layers; l++)
+        for (int h = 0; h < in.num_kv_heads; h++)
+            for (int w = 0; w < 2; w++) {
+                int b = 2;
+                if (oscar_params_code_bits(p, l, h, (oscar_kv)w, &b) == OSCAR_OK && b == 3) n3++;
+            }
+    *total = 2 * in.num_layers * in.num_kv_heads;
+    return n3;
+}
+
 #endif
