@@ -23,6 +23,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                 if (oscar_params_clip(p, l, (oscar_kv)kv, &c) != OSCAR_OK || !(c > 0.0f && c <= 1.0f)) __builtin_trap();
                 volatile float sink = R[(size_t)info.head_dim * (size_t)info.head_dim - 1];
                 (void)sink;
+                for (int h = 0; h < info.num_kv_heads; h++) {
+                    int bits = 0;
+                    if (oscar_params_code_bits(p, l, h, (oscar_kv)kv, &bits) != OSCAR_OK || (bits != 2 && bits != 3))
+                        __builtin_trap();
+                }
             }
         oscar_params_destroy(p);
     } else if (p != NULL) {

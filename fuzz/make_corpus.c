@@ -78,6 +78,12 @@ int main(int argc, char **argv) {
         for (int j = 0; j < 64; j++)
             for (int k = j + 1; k < 64; k++) p->fb[(m * 64 + j) * 64 + k] = 0.01f * (float)((j * 7 + k * 3) % 21 - 10);
     save(p, dir, "valid_feedback");
+    /* valid_wide: 2 layers, 2 KV heads, one 3-bit head-tensor (code_bits, format_version 4). */
+    if (oscar_params_alloc(2, 4, 2, 64, 1, &p)) return 1;
+    p->method = OSCAR_METHOD_OSCAR2;
+    for (int i = 0; i < 8; i++) p->clip[i] = 0.96f;
+    if (oscar_params_set_code_bits(p, 1, 0, OSCAR_K, 3)) return 1;
+    save(p, dir, "valid_wide");
 
     /* Mutations of valid_quarot. */
     char src[1024];
