@@ -250,7 +250,7 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
                            ? tool_params_wide_count(R->vars[v].params, &total) : 0;
         if (n3) {
             fprintf(f, " The oscar2 parameters store %d of %d head-tensors in 3 bits (one 1-bit plane each: %+.3f bits "
-                       "per element in the oscar2 rows, the ablations derived from the file included).",
+                       "per element, counted in every row that quantizes with them).",
                     n3, total, (double)n3 / total);
             break;
         }
