@@ -426,6 +426,54 @@ Test(engine_load, copy_probe_quantizes_at_the_group_it_reports, .timeout = 600)
     oe_model_free(m);
     remove_dir();
 }
+
+/* A parameter file with 3-bit head-tensors (FORMAT.md §2.7): oscar-copy-probe said "2-bit" and printed the
+ * 2-bit bits per element for it (oscar-eval counted the bits but called it "uniform 2-bit"). Both now name
+ * the code widths, and count the 1-bit plane: one of the 2 head-tensors of a 1-layer, 1-KV-head model at
+ * group 128 is 2.25 + 1/2 bits per element. */
+Test(engine_load, tools_name_three_bit_head_tensors, .timeout = 600)
+{
+    seed();
+    make_dir();
+    const tiny_cfg c = {"qwen3", 1, 64, 2, 1, 256, 96, 50, 1, 0, 1};
+    write_model(&c, NULL);
+    uint32_t tok[384];
+    for (int i = 0; i < 384; i++) tok[i] = (uint32_t)(rand_r(&g_seed) % (unsigned)c.vocab);
+    write_file("t.tokens", tok, sizeof tok);
+    oscar_params *p = NULL;
+    char pw[512], out[16384], path[600];
+    snprintf(pw, sizeof pw, "%s/wide.safetensors", g_dir);
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_OSCAR2, 1, 2, 1, 256, &p), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 0, 0, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_save(p, pw), OSCAR_OK, "%s", oscar_last_error());
+    oscar_params_destroy(p);
+    const char *args = "--context 200 --sink 16 --recent 32";
+    int rc = run(out, sizeof out, 300, OSCAR_BIN_DIR "/oscar-copy-probe %s --tokens %s/t.tokens --params %s %s "
+                 "--trials 1", g_dir, g_dir, pw, args);
+    cr_assert_eq(rc, 0, "oscar-copy-probe: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "oscar2 2/3-bit: 1 of 2 head-tensors in 3 bits, group 128, 2.750 bits/elt"), "%s", out);
+    rc = run(out, sizeof out, 300, OSCAR_BIN_DIR "/oscar-eval %s --tokens %s/t.tokens --params %s %s --methods "
+             "bf16,oscar2 --max-tokens 200 --retrieval-trials 0 --allow-other-model --out %s/r.json --md %s/r.md", g_dir,
+             g_dir, pw, args, g_dir, g_dir);
+    cr_assert_eq(rc, 0, "oscar-eval: exit %d: %s", rc, out);
+    snprintf(path, sizeof path, "%s/r.md", g_dir);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    size_t k = fread(out, 1, sizeof out - 1, f);
+    out[k] = '\0';
+    fclose(f);
+    cr_expect(strstr(out, "| oscar2 | 16/32 | 2.750 |"), "%s", out);
+    cr_expect(strstr(out, "store 1 of 2 head-tensors in 3 bits"), "%s", out);
+    snprintf(path, sizeof path, "%s/r.json", g_dir);
+    f = fopen(path, "r");
+    cr_assert(f, "no %s", path);
+    k = fread(out, 1, sizeof out - 1, f);
+    out[k] = '\0';
+    fclose(f);
+    cr_expect(strstr(out, "2/3-bit: 1 of 2 head-tensors in 3 bits"), "the note: %s", out);
+    cr_expect(strstr(out, "\"three_bit_head_tensors\": 1"), "%s", out);
+    remove_dir();
+}
 #endif
 
 /* config.json of a 2-head, head_dim 32 Llama with `rope` (a JSON member or "") at path; the config only. */

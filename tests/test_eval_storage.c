@@ -11,6 +11,7 @@
 
 #include "oscar_eval.h" /* --tasks vocabulary */
 #include "oscar_eval_storage.h"
+#include "tool_params.h" /* code widths of a parameter set */
 
 enum { L = 8, HKV = 2, D = 128 };
 
@@ -57,7 +58,7 @@ Test(eval_storage, parses_specs)
     parse_ok("clip=1,kv=k,heads=4:1", &s);
     cr_assert_float_eq(s.clip, 1.0f, 0.0f);
     cr_assert_eq(s.outliers + s.group, 0);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12); /* a clip costs no bits */
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), 2.25, 1e-12); /* a clip costs no bits */
     ev_storage_free(&s);
     parse_ok("clip=0.9,group=64", &s);
     cr_assert_float_eq(s.clip, 0.9f, 0.0f);
@@ -107,21 +108,21 @@ Test(eval_storage, counts_bits)
     ev_storage s;
     parse_ok("out=1", &s);
     double want = (1.0 * (16.0 + 6.0 / D) + 63.0 * 2.25) / 64.0;
-    cr_assert_float_eq(ev_storage_bits(&s, 128), want, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), want, 1e-12);
     ev_storage_free(&s);
     /* keys of 2 heads out of 8 x 2 x {K, V} = 32 head-tensors */
     parse_ok("out=2,kv=k,heads=4:1+3:0", &s);
     double ch = (2.0 * (16.0 + 6.0 / D) + 62.0 * 2.25) / 64.0;
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * ch) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + 2.0 * ch) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("group=32,kv=k,heads=4:1+3:0", &s);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("group=64", &s);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.5, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), 2.5, 1e-12);
     ev_storage_free(&s);
     parse_ok("group=64,out=4", &s);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (4.0 * (16.0 + 6.0 / D) + 60.0 * 2.5) / 64.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (4.0 * (16.0 + 6.0 / D) + 60.0 * 2.5) / 64.0, 1e-12);
     ev_storage_free(&s);
 }
 
@@ -233,13 +234,13 @@ Test(eval_storage, values_apart_from_keys)
             cr_assert_eq(ev_storage_applies(&s, l, h, OSCAR_V), want, "V layer %d head %d", l, h);
         }
     /* the values' clip costs no bits: as the keys-only row */
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("clip=1,group=32,heads=4:1,vgroup=64", &s); /* kv= default: V unclipped too, in groups of 64 */
     cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_K), 32);
     cr_assert_eq(ev_storage_group_of(&s, 4, 1, OSCAR_V), 64);
     cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_V), 1.0f, 0.0f);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 3.0 + 2.5) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + 3.0 + 2.5) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("out=1,kv=k,vgroup=32,heads=0:0", &s); /* out= stays on the keys */
     cr_assert_eq(ev_storage_outliers_of(&s, 0, 0, OSCAR_K), 1);
@@ -247,12 +248,12 @@ Test(eval_storage, values_apart_from_keys)
     cr_assert_eq(ev_storage_group_of(&s, 0, 0, OSCAR_K), 0);
     cr_assert_eq(ev_storage_group_of(&s, 0, 0, OSCAR_V), 32);
     double ch = (1.0 * (16.0 + 6.0 / D) + 63.0 * 2.25) / 64.0;
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + ch + 3.0) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + ch + 3.0) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("vclip=0.9", &s); /* alone: the values of every head */
     cr_assert(ev_storage_applies(&s, 0, 0, OSCAR_V));
     cr_assert_eq(ev_storage_clip_of(&s, 0, 0, OSCAR_K), 0.0f, "no clip= given: the keys keep the file's");
-    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), 2.25, 1e-12);
     ev_storage_free(&s);
     parse_bad("vgroup=48", "unsupported");
     parse_bad("vgroup=16", "vgroup=");
@@ -300,7 +301,7 @@ Test(eval_storage, clauses_set_heads_apart)
     cr_assert_eq(ev_storage_clip_of(&s, 3, 0, OSCAR_K), 0.0f);
     cr_assert_eq(ev_storage_applies(&s, 3, 0, OSCAR_V), 0);
     cr_assert_eq(ev_storage_applies(&s, 0, 0, OSCAR_K), 0);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (31.0 * 2.25 + 2.5) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (31.0 * 2.25 + 2.5) / 32.0, 1e-12);
     cr_assert_eq(ev_storage_has_outliers(&s), 0);
     ev_storage_free(&s);
     /* the usual way: one clause for the keys, one for 4:1's values */
@@ -310,7 +311,7 @@ Test(eval_storage, clauses_set_heads_apart)
     cr_assert_float_eq(ev_storage_clip_of(&s, 4, 1, OSCAR_V), 1.0f, 0.0f);
     cr_assert_eq(ev_storage_clip_of(&s, 3, 0, OSCAR_V), 0.0f, "3:0's values keep the file's clip");
     cr_assert_float_eq(ev_storage_clip_of(&s, 3, 0, OSCAR_K), 1.0f, 0.0f);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + 2.0 * 3.0) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("group=32,kv=k,heads=0:0/out=1,kv=v,heads=1:1", &s);
     cr_assert_eq(ev_storage_has_outliers(&s), 1);
@@ -354,16 +355,16 @@ Test(eval_storage, code_width_parses_counts_and_is_refused)
     cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_V), 0);
     cr_assert_eq(ev_storage_bits_of(&s, 4, 0, OSCAR_K), 0);
     /* one head-tensor of 32 at 3 + 32/128 bits */
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (31.0 * 2.25 + 3.25) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (31.0 * 2.25 + 3.25) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("bits=3,kv=k,heads=4:1,vbits=4,group=64", &s);
     cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_V), 4);
     cr_assert(ev_storage_applies(&s, 4, 1, OSCAR_V));
-    cr_assert_float_eq(ev_storage_bits(&s, 128), (30.0 * 2.25 + 3.5 + 4.25) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), (30.0 * 2.25 + 3.5 + 4.25) / 32.0, 1e-12);
     ev_storage_free(&s);
     parse_ok("bits=3,kv=k,heads=4:1/bits=2,heads=4:1", &s); /* the last clause decides */
     cr_assert_eq(ev_storage_bits_of(&s, 4, 1, OSCAR_K), 2);
-    cr_assert_float_eq(ev_storage_bits(&s, 128), 2.25, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), 2.25, 1e-12);
     ev_storage_free(&s);
     parse_bad("bits=5", "2, 3 or 4");
     parse_bad("bits=1", "2, 3 or 4");
@@ -415,6 +416,43 @@ Test(eval_storage, two_bit_code_width_is_the_write_path)
                     cr_assert_eq(memcmp(&a[i], &b[i], sizeof a[i]), 0, "layer %d %c group %d value %d: %g vs %g", layer,
                                  "KV"[w], group, i, (double)a[i], (double)b[i]);
             }
+    oscar_params_destroy(p);
+}
+
+/* Head-tensors a spec does not re-code keep the parameters' code width in the bit count (a file's 3-bit
+ * head-tensors: one more bit each, as the variant runs them); bits=/vbits= set their own. */
+Test(eval_storage, counts_the_parameters_code_widths)
+{
+    oscar_params *p = shipped_params();
+    for (int l = 0; l < L; l++)
+        for (int h = 0; h < HKV; h++)
+            for (int w = 0; w < 2; w++) cr_assert_eq(oscar_params_set_code_bits(p, l, h, (oscar_kv)w, 2), OSCAR_OK);
+    cr_assert_eq(oscar_params_set_code_bits(p, 4, 1, OSCAR_K, 3), OSCAR_OK, "%s", oscar_last_error());
+    cr_assert_eq(oscar_params_set_code_bits(p, 3, 0, OSCAR_V, 3), OSCAR_OK, "%s", oscar_last_error());
+    int total = 0;
+    cr_assert_eq(tool_params_wide_count(p, &total), 2);
+    cr_assert_eq(total, 2 * L * HKV);
+    cr_assert_float_eq(tool_params_bits(p, OSCAR_METHOD_OSCAR2, D, 128), 2.25 + 2.0 / 32.0, 1e-12);
+    cr_assert_float_eq(tool_params_bits(p, OSCAR_METHOD_QUAROT2, D, 128), 2.25, 1e-12); /* oscar2 only */
+    char label[96];
+    tool_params_width_label(p, label, sizeof label);
+    cr_assert_str_eq(label, "2/3-bit: 2 of 32 head-tensors in 3 bits");
+    tool_params_width_label(NULL, label, sizeof label);
+    cr_assert_str_eq(label, "2-bit");
+    ev_storage s;
+    parse_ok("clip=1,kv=k,heads=4:1", &s);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, p), (30.0 * 2.25 + 2.0 * 3.25) / 32.0, 1e-12);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, NULL), 2.25, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("bits=2,kv=k,heads=4:1", &s); /* narrowed back to 2 bits */
+    cr_assert_float_eq(ev_storage_bits(&s, 128, p), (31.0 * 2.25 + 3.25) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("group=64,kv=v,heads=3:0", &s); /* 3 bits at group 64 */
+    cr_assert_float_eq(ev_storage_bits(&s, 128, p), (30.0 * 2.25 + 3.25 + 3.5) / 32.0, 1e-12);
+    ev_storage_free(&s);
+    parse_ok("bits=3,heads=5:0", &s);
+    cr_assert_float_eq(ev_storage_bits(&s, 128, p), (28.0 * 2.25 + 4.0 * 3.25) / 32.0, 1e-12);
+    ev_storage_free(&s);
     oscar_params_destroy(p);
 }
 

@@ -1,4 +1,5 @@
-/* oscar-copy-probe: where a 2-bit cache loses retrieval (docs/eval/retrieval.md).
+/* oscar-copy-probe: where a 2-bit cache (with a file's 3-bit head-tensors, if any) loses retrieval
+ * (docs/eval/retrieval.md).
  *
  * Builds copy windows as oscar-eval's retrieval task does (S0 real tokens, a
  * chunk of R = (ctx - S0) / 2 tokens of the token file, the same chunk
@@ -309,12 +310,14 @@ int main(int argc, char **argv) {
         }
         fprintf(stderr, "oscar-copy-probe: trial %ld/%ld done\n", t + 1, trials);
     }
+    char widths[96];
+    tool_params_width_label(P[0], widths, sizeof widths);
     printf("copy probe: %s, %ld windows of %ld (copies of %ld tokens at [%ld, %ld) and [%ld, %ld)), %ld queries per "
-           "head and window, S0 %ld, W %ld, params %s (oscar2, group %d, %.3f bits/elt in the 2-bit region)\n",
-           tok_path, trials, n, R, sink, sink + R, sink + R, n, nqr, sink, recent, params_path, G,
-           oscar_method_bits(OSCAR_METHOD_OSCAR2, d, G, OSCAR_DTYPE_F16));
+           "head and window, S0 %ld, W %ld, params %s (oscar2 %s, group %d, %.3f bits/elt in the quantized region)\n",
+           tok_path, trials, n, R, sink, sink + R, sink + R, n, nqr, sink, recent, params_path, widths, G,
+           tool_params_bits(P[0], OSCAR_METHOD_OSCAR2, d, G));
     printf("mass: mean softmax weight on the copied token's source key; top1: it is the argmax key;\n"
-           "K err / V err: relative output error of the head at those queries with only K / only V in 2 bits\n");
+           "K err / V err: relative output error of the head at those queries with only K / only V quantized\n");
     printf("layer  head | clipK clipV | mass bf16  K fit  K clip1 | top1 bf16  K fit  K clip1 | K err fit  clip1 | "
            "V err fit  clip1\n");
     for (int l = 0; l < L; l++) {

@@ -123,15 +123,6 @@ static double bits_whole(double bits, int ctx, int sink, int recent)
     return (16.0 * w16 + bits * (double)(ctx - w16)) / (double)ctx;
 }
 
-/* Bits per element the parameters' 3-bit head-tensors add (FORMAT.md §2.7: one 1-bit plane per
- * 3-bit head-tensor, over all 2 L Hkv head-tensors); 0 without parameters or code widths. */
-static double wide_share(const oscar_params *p)
-{
-    int n = 0;
-    const int n3 = tool_params_wide_count(p, &n);
-    return n ? (double)n3 / n : 0.0;
-}
-
 static int add_variant(ev_run *R, const char *name, const char *note, oscar_method m, const oscar_params *p,
                        int sink, int recent, int group, int ablation)
 {
@@ -139,7 +130,11 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
     ev_variant *v = &R->vars[R->nvar++];
     memset(v, 0, sizeof *v);
     snprintf(v->name, sizeof v->name, "%s", name);
-    snprintf(v->note, sizeof v->note, "%s", note);
+    if (m == OSCAR_METHOD_OSCAR2) { /* its code widths: "2-bit", or how many head-tensors are 3-bit */
+        char widths[96];
+        tool_params_width_label(p, widths, sizeof widths);
+        snprintf(v->note, sizeof v->note, "%s; %s", note, widths);
+    } else snprintf(v->note, sizeof v->note, "%s", note);
     v->method = m;
     v->params = p;
     v->sink = m == OSCAR_METHOD_BF16 ? 0 : sink;
@@ -154,7 +149,7 @@ static int add_variant(ev_run *R, const char *name, const char *note, oscar_meth
             u->group == group)
             v->same_as = i;
     }
-    v->bits = oscar_method_bits(m, R->d, group, OSCAR_DTYPE_F16) + (m == OSCAR_METHOD_OSCAR2 ? wide_share(p) : 0.0);
+    v->bits = tool_params_bits(p, m, R->d, group);
     v->bits_seq = m == OSCAR_METHOD_BF16 ? 16.0 : bits_whole(v->bits, R->ctx, v->sink, v->recent);
     return 1;
 }
@@ -541,7 +536,7 @@ int main(int argc, char **argv)
         case OSCAR_METHOD_QUAROT2: note = "Hadamard rotation, per-token asymmetric 2-bit, no clip"; break;
         case OSCAR_METHOD_KIVI2:
             note = "K per channel over groups of 32 tokens from S0 (tail < 32 kept bf16), V per token"; break;
-        case OSCAR_METHOD_OSCAR2: note = "calibrated rotation + fitted clips, uniform 2-bit"; break;
+        case OSCAR_METHOD_OSCAR2: note = "calibrated rotation + fitted clips, uniform levels"; break;
         case OSCAR_METHOD_OSCAR2_LM: note = "calibrated rotation + fitted clips, Lloyd-Max 2-bit levels"; break;
         default: break;
         }
@@ -579,7 +574,7 @@ int main(int argc, char **argv)
         }
         sv->storage = &storages[i];
         sv->same_as = -1;
-        sv->bits = ev_storage_bits(&storages[i], (int)group);
+        sv->bits = ev_storage_bits(&storages[i], (int)group, P);
         sv->bits_seq = bits_whole(sv->bits, R.ctx, sv->sink, sv->recent);
     }
     if (ablations) {

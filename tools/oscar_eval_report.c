@@ -12,6 +12,7 @@
 extern char **environ;
 
 #include "oscar_eval.h"
+#include "tool_params.h"
 
 void ev_totals(const ev_run *R, int v, ev_total *out)
 {
@@ -62,6 +63,34 @@ static double ret_base(const ev_run *R)
 
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* Retrieval per trial (correct predictions of each copy window, in trial order) and the paired
+ * standard error of this variant's retrieval minus the reference's over the trials: the spread
+ * that says whether a difference of a few predictions is noise (sd of the per-trial differences
+ * / sqrt(trials); null below two trials). */
+static void retrieval_trials_json(const ev_run *R, int v, json_t *o)
+{
+    const int src = R->vars[v].same_as >= 0 ? R->vars[v].same_as : v, ref = R->ref_index;
+    json_t *pt = json_array();
+    double sum = 0.0, sum2 = 0.0;
+    int n = 0;
+    for (int j = 0; j < R->njobs; j++) {
+        if (!R->jobs[j].retrieval) continue;
+        const ev_stats *s = &R->stats[(size_t)j * R->nvar + src], *r = &R->stats[(size_t)j * R->nvar + ref];
+        json_array_append_new(pt, json_integer(s->ret_correct));
+        if (s->ret_total > 0) {
+            const double d = (double)(s->ret_correct - r->ret_correct) / (double)s->ret_total;
+            sum += d, sum2 += d * d, n++;
+        }
+    }
+    json_object_set_new(o, "retrieval_correct_per_trial", pt);
+    double se = NAN;
+    if (n >= 2) {
+        const double mean = sum / n, var = (sum2 - n * mean * mean) / (n - 1);
+        se = sqrt(var > 0.0 ? var : 0.0) / sqrt((double)n);
+    }
+    json_object_set_new(o, "retrieval_minus_reference_se", num_or_null(se));
+}
+
 static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
 {
     const ev_variant *var = &R->vars[v];
@@ -76,6 +105,11 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
     json_object_set_new(o, "bits_per_element", json_real(var->bits));
     json_object_set_new(o, "bits_whole_sequence", json_real(var->bits_seq));
     json_object_set_new(o, "method", json_string(oscar_method_name(var->method)));
+    if (var->method == OSCAR_METHOD_OSCAR2 && !var->storage) { /* code widths of the parameters as run */
+        int total = 0;
+        json_object_set_new(o, "three_bit_head_tensors", json_integer(tool_params_wide_count(var->params, &total)));
+        json_object_set_new(o, "head_tensors", json_integer(total));
+    }
     json_object_set_new(o, "sink", json_integer(var->sink));
     json_object_set_new(o, "recent", json_integer(var->recent));
     json_object_set_new(o, "group", json_integer(var->group));
@@ -99,6 +133,7 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
     }
     if (var->same_as >= 0) json_object_set_new(o, "same_run_as", json_string(R->vars[var->same_as].name));
     json_object_set_new(o, "note", json_string(var->note));
+    if (t.ret_total > 0) retrieval_trials_json(R, v, o);
     return o;
 }
 
@@ -203,11 +238,24 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
     fprintf(f, "Model `%s`, tokens `%s`, context %d, %d windows (%lld evaluated tokens per method), group %d, "
                "fp16 metadata, liboscar %s. KL is KL(p_bf16 || p_method) per token (nats); top-1 is agreement "
                "with BF16's argmax; retrieval is top-1 accuracy on the second copy of a %d-token sequence (%s, "
-               "%d trials) whose first copy lies in the 2-bit region (BF16 on the first copy, with nothing to "
-               "retrieve: %.3f). Bits: of the 2-bit region / of the whole sequence at context %d with the 16-bit "
-               "windows.\n\n",
+               "%d trials) whose first copy lies in the quantized region (BF16 on the first copy, with nothing to "
+               "retrieve: %.3f). Bits: of the quantized region / of the whole sequence at context %d with the "
+               "16-bit windows.",
             S->model_dir, S->tokens_path, S->ctx, S->windows, (long long)S->eval_tokens, S->group,
             oscar_version(NULL, NULL, NULL), S->ret_len, S->ret_source, S->ret_trials, ret_base(R), S->ctx);
+    /* The parameters' code widths (FORMAT.md §2.7), so that "2-bit" is never read into a 2/3-bit file. */
+    for (int v = 0; v < R->nvar; v++) {
+        int total = 0;
+        const int n3 = R->vars[v].method == OSCAR_METHOD_OSCAR2 && !R->vars[v].storage
+                           ? tool_params_wide_count(R->vars[v].params, &total) : 0;
+        if (n3) {
+            fprintf(f, " The oscar2 parameters store %d of %d head-tensors in 3 bits (one 1-bit plane each: %+.3f bits "
+                       "per element, counted in every row that quantizes with them).",
+                    n3, total, (double)n3 / total);
+            break;
+        }
+    }
+    fputs("\n\n", f);
     if (S->chunk > 0)
         fprintf(f, "Chunked-prefill schedule: the cache is filled %d tokens at a time and each chunk's queries see "
                    "the 2-bit region of the chunk's end (append, then oscar_extend; docs/FORMAT.md §5.1).\n\n",
@@ -220,7 +268,7 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
     int any = 0;
     for (int v = 0; v < R->nvar; v++)
         if (R->vars[v].ablation == 1) {
-            if (!any) fprintf(f, "\nAblations (`@sS0wW`: windows; s0w0 = every key in 2 bits):\n\n%s", hdr);
+            if (!any) fprintf(f, "\nAblations (`@sS0wW`: windows; s0w0 = every key and value quantized):\n\n%s", hdr);
             any = 1;
             md_row(f, R, v, ref.ppl);
         }

@@ -2,6 +2,7 @@
  * for chosen heads, as fake-quant ablations (tools/oscar_eval_storage.h). */
 #include "oscar_eval_storage.h"
 #include "oscar_format.h" /* the group rule */
+#include "tool_params.h"   /* the parameters' code widths */
 
 #include <math.h>
 #include <stdint.h>
@@ -306,7 +307,7 @@ int ev_storage_applies(const ev_storage *s, int layer, int h, oscar_kv which)
     return s && clause_for(s, layer, h, which) != NULL;
 }
 
-double ev_storage_bits(const ev_storage *s, int run_group)
+double ev_storage_bits(const ev_storage *s, int run_group, const oscar_params *p)
 {
     double sum = 0.0;
     int n = 0;
@@ -314,7 +315,8 @@ double ev_storage_bits(const ev_storage *s, int run_group)
         for (int h = 0; h < s->Hkv; h++)
             for (int w = 0; w < 2; w++, n++) {
                 const int g0 = ev_storage_group_of(s, l, h, (oscar_kv)w), g = g0 ? g0 : run_group;
-                const int c0 = ev_storage_bits_of(s, l, h, (oscar_kv)w), cb = c0 ? c0 : 2;
+                const int c0 = ev_storage_bits_of(s, l, h, (oscar_kv)w),
+                          cb = c0 ? c0 : tool_params_code_bits(p, l, h, (oscar_kv)w);
                 const double b = (double)cb + 32.0 / (double)g, k = ev_storage_outliers_of(s, l, h, (oscar_kv)w);
                 sum += (k * (16.0 + EV_PAGE_INDEX_BITS / (double)s->d) + ((double)EV_PAGE - k) * b) / EV_PAGE;
             }

@@ -72,7 +72,8 @@ int ev_storage_outliers_of(const ev_storage *s, int layer, int h, oscar_kv which
 ev_outlier_by ev_storage_by_of(const ev_storage *s, int layer, int h, oscar_kv which);
 int ev_storage_group_of(const ev_storage *s, int layer, int h, oscar_kv which);
 float ev_storage_clip_of(const ev_storage *s, int layer, int h, oscar_kv which);
-/* Code width of (layer, KV head, tensor): 0 where the format's 2 bits apply. */
+/* Code width of (layer, KV head, tensor) that bits=/vbits= set: 0 where they set none (the
+ * parameters' code width then applies: 2, or 3 for a file's 3-bit head-tensors). */
 int ev_storage_bits_of(const ev_storage *s, int layer, int h, oscar_kv which);
 /* Whether some clause keeps rows bf16 (out=). */
 int ev_storage_has_outliers(const ev_storage *s);
@@ -83,9 +84,10 @@ int ev_group_index(int group);
  * head, K/V) (each holds the same number of elements): a changed head stores
  * per page out rows of 16 bits plus EV_PAGE_INDEX_BITS each and EV_PAGE - out
  * rows of B + 32/group bits per element (out, group and code width B of that
- * tensor, B = 2 unless bits= says);
+ * tensor: bits=/vbits= where set, else the parameters' width p, 3 for a file's
+ * 3-bit head-tensors, 2 for the rest and without parameters);
  * run_group is the group of the rest. */
-double ev_storage_bits(const ev_storage *s, int run_group);
+double ev_storage_bits(const ev_storage *s, int run_group, const oscar_params *p);
 
 /* Marks in keep[0..n) the k entries of score with the largest values (ties:
  * the lower index); all of them when k >= n. */
