@@ -565,13 +565,15 @@ static int layer_is_wide(const env *e) {
 
 /* CUDA's long-chunk kernel runs the 2-bit rows of an extend with query rows where the shape has it
  * (one group per row at d 64 / 128, F16 metadata, uniform levels, a layer without 3-bit head-tensors)
- * and the call has max_q_len >= 2 and at least 64 (query row, head) pairs per KV head, or max_q_len >= 2
- * alone with $OSCAR_EXTEND_FA=1 (never with 0; gpu_core.c fa_choose); its reference is its own
- * precision rule (FORMAT.md §5.1). The caller checks that the variant is of the tensor-core family. */
-static int fa_takes(const env *e, int maxq) {
+ * and the call of nseq sequences has max_q_len >= 2 and at least 64 (query row, head) pairs per KV head,
+ * or 49 where nseq x num_kv_heads >= 32, or max_q_len >= 2 alone with $OSCAR_EXTEND_FA=1 (never with 0;
+ * gpu_core.c fa_choose); its reference is its own precision rule (FORMAT.md §5.1). The caller checks
+ * that the variant is of the tensor-core family. */
+static int fa_takes(const env *e, int nseq, int maxq) {
     const char *fae = getenv("OSCAR_EXTEND_FA");
     const int d = e->l.head_dim, gq = e->l.num_q_heads / e->l.num_kv_heads;
-    const int on = maxq >= 2 && (fae && *fae ? !strcmp(fae, "1") : maxq * gq >= 64);
+    const int pairs = nseq * e->l.num_kv_heads >= 32 ? 49 : 64;
+    const int on = maxq >= 2 && (fae && *fae ? !strcmp(fae, "1") : maxq * gq >= pairs);
     return on && !strcmp(e->g->api->name, "cuda") && (d == 64 || d == 128) && e->l.group == d &&
            e->l.meta_dtype == OSCAR_DTYPE_F16 && !layer_is_wide(e) && e->l.method != OSCAR_METHOD_BF16 &&
            e->l.method != OSCAR_METHOD_OSCAR2_LM;
@@ -601,7 +603,7 @@ static void check_extend(env *e, const rc_paged *b, const int32_t *bt, rc_seq_re
            *rabs = malloc((size_t)Hq * sizeof *rabs);
     const int tc = is_tc(e);
     float *qt = tc ? malloc((size_t)total * Hq * d * sizeof *qt) : NULL; /* the device's q~ */
-    const int fa = tc && !(flags & EXT_NOCU) && fa_takes(e, maxq);
+    const int fa = tc && !(flags & EXT_NOCU) && fa_takes(e, nseq, maxq);
     rc_gen_kv(r, total, Hq, d, 2, e->l.kv_dtype, q);
     rc_poison(qb, qbytes);
     rc_poison(cob, obytes);
@@ -1718,7 +1720,7 @@ static void wide_attend_vs_cpu(env *e, const rc_paged *b, rc_rng *r, const int *
     }
     int total = cu[nseq];
     /* on CUDA, a layer without 3-bit head-tensors takes the 2-bit kernels: long chunks the long-chunk one */
-    const int fa = qn && fa_takes(e, maxq);
+    const int fa = qn && fa_takes(e, nseq, maxq);
     int64_t qs = (int64_t)Hq * d + rc_randint(r, 0, 2) * 8, os = (int64_t)Hq * d + rc_randint(r, 0, 2) * 8;
     size_t qbytes = (size_t)total * qs * es, obytes = (size_t)(total + 1) * os * es;
     size_t lbytes = (size_t)(total + 1) * Hq * sizeof(float);

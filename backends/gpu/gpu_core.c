@@ -39,6 +39,12 @@
 /* The long-chunk extend (extend_fa.jinja) from this many (query row, head) pairs per KV head: a CTA
  * of 64 pairs unpacks each tile once for all of them, where the decode family's widest CTA holds 16. */
 #define OSCAR_EXTEND_FA_MIN_PAIRS 64
+/* ... and from PART_PAIRS where the call holds at least PART_GRID (sequence, KV head) pairs: its CTA,
+ * at most a quarter empty, then costs less than the decode family's four CTAs of 16 columns (H100,
+ * thirty-third session, perf/RESULTS-attention.md: 49-63 pairs at batch 8-32 1.2-1.6x faster, at
+ * 33-48 from 13 % slower to 21 % faster; at batch 1 the decode family's more CTAs win up to 63). */
+#define OSCAR_EXTEND_FA_PART_PAIRS 49
+#define OSCAR_EXTEND_FA_PART_GRID 32
 
 typedef struct gpu_plan {
     oscar_layout_desc l;
@@ -581,11 +587,17 @@ static void tc_choose(void *ctx, const gpu_plan *p, size_t page_bytes, const tc_
  * minimises waves x (chunk + a CTA's fixed cost, ~256 tokens), at most max_splits; 0 where the call
  * does not take that kernel (no kernel, a layer with 3-bit head-tensors, too few pairs, no 2-bit rows,
  * a grid past its y limit). */
-static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, int max_q, int max_len, int max_splits,
-                     int *chunk) {
+static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, int any_grid, int max_q, int max_len,
+                     int max_splits, int *chunk) {
     const int64_t cols = (int64_t)max_q * p->gqa, lh = (int64_t)max_len - p->S0 - p->W, pch = (cols + 63) / 64;
+    /* the default rule's pair count for this grid (FORMAT.md §5.1; any_grid: the lower one, for the
+     * workspace's bound); $OSCAR_EXTEND_FA's fixed choices as set */
+    const int64_t fa_min = p->fa_min == OSCAR_EXTEND_FA_MIN_PAIRS &&
+                                   (any_grid || (int64_t)nseq * p->l.num_kv_heads >= OSCAR_EXTEND_FA_PART_GRID)
+                               ? OSCAR_EXTEND_FA_PART_PAIRS
+                               : p->fa_min;
     /* max_q 1: one query per sequence, as decode (FORMAT.md §5.1: such calls keep §5's kernels) */
-    if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || max_q < 2 || cols < p->fa_min ||
+    if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || max_q < 2 || cols < fa_min ||
         lh <= 0 || max_splits < 1 || pch * p->l.num_kv_heads > 65535)
         return 0;
     const int64_t base = (int64_t)nseq * p->l.num_kv_heads * pch, tiles = (lh + 63) / 64;
@@ -654,7 +666,7 @@ oscar_status gpu_workspace_bytes(void *ctx, void *bplan, int max_seqs, int max_s
          * there; and the 16-bit rows' split) */
         const int mq = max_seqs > (1 << 20) ? (1 << 20) : max_seqs;
         int fchunk = 0;
-        const int fns = fa_choose(ctx, p, 1, 0, 1, mq, max_seq_len, 1 << 20, &fchunk) + (p->S0 + p->W > 0);
+        const int fns = fa_choose(ctx, p, 1, 0, 1, 1, mq, max_seq_len, 1 << 20, &fchunk) + (p->S0 + p->W > 0);
         if (fns > nsplit) nsplit = fns;
     }
     if (p->k.tc && p->wide) { /* the generic extend kernels that decode the layers with 3-bit head-tensors */
@@ -891,7 +903,7 @@ static oscar_status tc_launch(void *ctx, const gpu_plan *p, const oscar_backend_
      * grid), then the merge */
     int fchunk = 0;
     const int w16 = p->S0 + p->W > 0;
-    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, max_q, max_len, max_splits - w16, &fchunk);
+    const int fns = fa_choose(ctx, p, ext, wide_layer(p, a->layer), nseq, 0, max_q, max_len, max_splits - w16, &fchunk);
     if (fns > 0) {
         t.ns2 = fns;
         t.chunk2 = fchunk;
