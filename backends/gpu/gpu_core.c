@@ -77,8 +77,9 @@ typedef struct gpu_plan {
     int o3_ctas, o3_len, o3_big;
     int w3_split; /* W3 layers: the heads with a plane take twice the 2-bit splits from this chunk up */
     int w3_rows;  /* ... in rows of their own (gpu_tc_choose's heavy_rows; $OSCAR_DECODE_W3_ROWS, tests, A/B) */
-    /* extend calls of at least fa_min (query row, head) pairs per KV head run their 2-bit splits on the
-     * long-chunk kernel where the plan has it ($OSCAR_EXTEND_FA: 0 never, 1 every extend; tests, A/B);
+    /* extend calls run their 2-bit splits on the long-chunk kernel where the plan has it: fa_min is
+     * OSCAR_EXTEND_FA_MIN_PAIRS for the default rule (fa_choose lowers it for large grids), or
+     * $OSCAR_EXTEND_FA's fixed choice (-1 never, 1 every extend; tests, A/B);
      * fa_splits > 0 fixes its split count ($OSCAR_EXTEND_FA_SPLITS, A/B) */
     int fa_min, fa_splits;
     gpu_kernels k;
