@@ -6,7 +6,7 @@
 #           bash perf/gpu/carry_conf.sh && tar -cJf .devcarry/conf.tar.xz build-carry-conf
 #   there:  run(command="bash perf/gpu/ab_tree.sh",
 #               carry=[".devcarry/conf.tar.xz", ".devcarry/base.tar.xz"])
-# Env: NS (default 64,512), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu),
+# Env: NS (default 64,512), BASE_SET (the archived tree's kernel set, default minimal), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu),
 # CUDA_ARCHS / BASE_ARCHS (default 90; 90a: the sm_90a kernels, e.g. the wgmma long-chunk path),
 # PROBE=1 (perf/gpu/wgmma_probe.cu first: which wgmma descriptor reading is right).
 # "off" columns: the archived tree's plugin with its defaults; "on": this tree's.
@@ -17,7 +17,7 @@ if [ -n "${PROBE:-}" ]; then
   /tmp/wgmma_probe
 fi
 mkdir -p /tmp/base && tar -xJf .devcarry/base.tar.xz -C /tmp/base
-( cmake -S /tmp/base/perf/gpu -B /tmp/bb -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_GEN_SET=minimal \
+( cmake -S /tmp/base/perf/gpu -B /tmp/bb -G Ninja -DCMAKE_BUILD_TYPE=Release -DOSCAR_GEN_SET="${BASE_SET:-minimal}" \
     -DOSCAR_CUDA_ARCHS="${BASE_ARCHS:-90}" -DCMAKE_CUDA_ARCHITECTURES="${BASE_ARCHS:-90}" > /tmp/bb.log 2>&1 &&
   ninja -C /tmp/bb >> /tmp/bb.log 2>&1; echo "archived tree's plugin: build rc=$?" ) &
 NO_AB=1 NO_TESTS=${NO_CHECK:-} OSCAR_BENCH_BUILD=/tmp/oscar-extend bash perf/gpu/check_extend.sh 2>&1 | grep -v "^NVIDIA"
