@@ -1549,7 +1549,7 @@ Test(extend, shared_prefix_pages, .timeout = 600) {
  * against the reference of its precision rule (FORMAT.md §5.1), the other backends as always: d 128
  * and 64 (one group per row), GQA 4, 6 and 1 (MHA), pages 16, 32 and 64, chunks past a small recent
  * window (causal over the 2-bit rows, demotions inside the chunk), ragged, lengths below S0 + W,
- * INT2 without windows, prefix reuse, one long sequence over several splits, the 16-bit rows with
+ * INT2 without windows, prefix reuse, one long sequence over several splits (d 128 and 64), the 16-bit rows with
  * the one 2-bit split and on a split of their own ($OSCAR_EXTEND_FA_SPLITS 1 and 3). */
 Test(extend, long_chunk_kernel, .timeout = 900) {
     cr_assert_eq(setenv("OSCAR_EXTEND_FA", "1", 1), 0);
@@ -1567,6 +1567,8 @@ Test(extend, long_chunk_kernel, .timeout = 900) {
             run_scenario_x(&g, &c4, 4, shared, PREFILL, 0, 1, 200, 0);
             int one[] = {1500};
             run_scenario_x(&g, &c, 1, one, CHUNKS, 0, 1, 0, 0);
+            /* d 64 copies two 64-token sub-tiles a stage (pages of 16: eight page lookups a stage) */
+            run_scenario_x(&g, &c2, 1, one, CHUNKS, 1, 1, 0, 0);
             /* the 16-bit rows after the tiles of the one 2-bit split, then on a split of their own */
             for (int ns = 1; ns <= 3; ns += 2) {
                 char v[4];

@@ -584,7 +584,7 @@ static void tc_choose(void *ctx, const gpu_plan *p, size_t page_bytes, const tc_
 }
 
 /* The long-chunk extend's split of the 2-bit history for nseq sequences of up to cols (query row, head)
- * pairs per KV head (extend_fa.jinja: CTAs of 64 pairs): the count of 64-token-aligned chunks that
+ * pairs per KV head (extend_fa.jinja: CTAs of 64 pairs): the count of stage-aligned chunks that
  * minimises waves x (chunk + a CTA's fixed cost, ~256 tokens), at most max_splits; 0 where the call
  * does not take that kernel (no kernel, a layer with 3-bit head-tensors, too few pairs, no 2-bit rows,
  * a grid past its y limit). */
@@ -601,13 +601,16 @@ static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, in
     if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || max_q < 2 || cols < fa_min ||
         lh <= 0 || max_splits < 1 || pch * p->l.num_kv_heads > 65535)
         return 0;
-    const int64_t base = (int64_t)nseq * p->l.num_kv_heads * pch, tiles = (lh + 63) / 64;
+    /* chunks in whole pipeline stages: 128 tokens at d <= 64, else 64 (extend_fa.jinja's OSCAR_FA_SUB;
+     * any chunk is correct, a partial stage only wastes its empty half) */
+    const int64_t st = p->l.head_dim <= 64 ? 128 : 64;
+    const int64_t base = (int64_t)nseq * p->l.num_kv_heads * pch, tiles = (lh + st - 1) / st;
     int64_t res = resident_of(ctx, p->k.fa_resident), best = -1, ns = 1;
     if (res < 1) res = 132 * 3;
     int64_t cap = tiles < max_splits ? tiles : max_splits;
     if (cap > 256) cap = 256;
     for (int64_t n = 1; n <= cap; n++) {
-        const int64_t c = ((lh + n - 1) / n + 63) / 64 * 64, waves = (base * n + res - 1) / res;
+        const int64_t c = ((lh + n - 1) / n + st - 1) / st * st, waves = (base * n + res - 1) / res;
         const int64_t cost = waves * (c + 256);
         if (best < 0 || cost < best) {
             best = cost;
@@ -615,7 +618,7 @@ static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, in
         }
     }
     if (p->fa_splits > 0) ns = p->fa_splits < cap ? p->fa_splits : cap;
-    *chunk = (int)(((lh + ns - 1) / ns + 63) / 64 * 64);
+    *chunk = (int)(((lh + ns - 1) / ns + st - 1) / st * st);
     return (int)((lh + *chunk - 1) / *chunk);
 }
 
