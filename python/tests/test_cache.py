@@ -44,10 +44,14 @@ def run(cpu, rng, method, group, lens, steps, d=D):
             mx = np.abs(ref).max()
             worst = max(worst, np.abs(out[i] - ref).max() / mx)
             if method == "int2" and n > S0 + W:
-                # Wrong references the comparison must tell apart: no 2-bit
-                # region at all (every step), the boundary one token off (some step).
-                fp = ref_attention(qf[i], k, v, k, v, S0, W)
-                fp_gap = min(fp_gap, np.abs(fp - ref).max() / mx)
+                # Wrong references the comparison must tell apart: no 2-bit region at
+                # all (every step whose 2-bit region holds >= 16 rows: a few rows of
+                # small weight may legitimately sit within output rounding of full
+                # precision, as one row of 21 did for seed 2942739016), the boundary
+                # one token off (some step).
+                if n - S0 - W >= 16:
+                    fp = ref_attention(qf[i], k, v, k, v, S0, W)
+                    fp_gap = min(fp_gap, np.abs(fp - ref).max() / mx)
                 shifted = ref_attention(qf[i], k, v, kq, vq, S0, W + 1)
                 shift_gap = max(shift_gap, np.abs(shifted - ref).max() / mx)
     return worst, fp_gap, shift_gap
@@ -63,6 +67,13 @@ def test_append_decode_matches_numpy(cpu, rng, method, group, d):
     if method == "int2":
         assert fp_gap > 3 * worst, f"full precision is as close as the 2-bit reference ({fp_gap:.2e})"
         assert shift_gap > 1.5 * worst, f"the comparison cannot tell the 2-bit boundary apart ({shift_gap:.2e})"
+
+
+# Seeds whose shortest sequence once made the full-precision check fail (its 2-bit region held 1-11 rows)
+@pytest.mark.parametrize("seed", [2942739016, 18])
+def test_append_decode_small_2bit_region_seeds(cpu, seed):
+    worst, fp_gap, shift_gap = run(cpu, np.random.default_rng(seed), "int2", 48, lens=[1, 37, 200], steps=30, d=96)
+    assert worst < 8e-3 and fp_gap > 3 * worst and shift_gap > 1.5 * worst, (worst, fp_gap, shift_gap)
 
 
 def test_dtype_and_shape_errors(cpu):
