@@ -1549,8 +1549,8 @@ Test(extend, shared_prefix_pages, .timeout = 600) {
  * against the reference of its precision rule (FORMAT.md §5.1), the other backends as always: d 128
  * and 64 (one group per row), GQA 4, 6 and 1 (MHA), pages 16, 32 and 64, chunks past a small recent
  * window (causal over the 2-bit rows, demotions inside the chunk), ragged, lengths below S0 + W,
- * INT2 without windows, prefix reuse, one long sequence over several splits (d 128 and 64), the 16-bit rows with
- * the one 2-bit split and on a split of their own ($OSCAR_EXTEND_FA_SPLITS 1 and 3). */
+ * INT2 without windows, prefix reuse, one long sequence over several splits (d 128 and 64), the
+ * 16-bit rows with the one 2-bit split and on a split of their own ($OSCAR_EXTEND_FA_SPLITS 1 and 3). */
 Test(extend, long_chunk_kernel, .timeout = 900) {
     cr_assert_eq(setenv("OSCAR_EXTEND_FA", "1", 1), 0);
     cfg c = {128, 128, 64, 8, 24, 16, 4, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};

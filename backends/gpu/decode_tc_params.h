@@ -14,6 +14,11 @@
  * loads per row, in a grid 4x smaller). */
 #define OSCAR_FA_ROWS 8
 
+/* 64-token sub-tiles per pipeline stage of the long-chunk kernel at head_dim d (extend_fa.jinja; the
+ * host cuts the history in whole stages): two at d <= 64, where a tile's fixed costs weigh as much as
+ * at d 128 against half the work; one above, where shared memory would cap residency. */
+#define OSCAR_FA_SUB_OF(d) ((d) <= 64 ? 2 : 1)
+
 typedef struct oscar_tc_decode_params {
     const unsigned char *pages;   /* page pool (2-bit pages, or 16-bit pages for the BF16 method) */
     const unsigned char *windows; /* window pool (16-bit sink + recent rows); NULL for BF16 */

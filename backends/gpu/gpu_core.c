@@ -601,9 +601,8 @@ static int fa_choose(void *ctx, const gpu_plan *p, int ext, int w3, int nseq, in
     if (!ext || !p->k.extend_fa || w3 || !p->quantized || p->fa_min < 0 || max_q < 2 || cols < fa_min ||
         lh <= 0 || max_splits < 1 || pch * p->l.num_kv_heads > 65535)
         return 0;
-    /* chunks in whole pipeline stages: 128 tokens at d <= 64, else 64 (extend_fa.jinja's OSCAR_FA_SUB;
-     * any chunk is correct, a partial stage only wastes its empty half) */
-    const int64_t st = p->l.head_dim <= 64 ? 128 : 64;
+    /* chunks in whole pipeline stages (any chunk is correct, a partial stage only wastes its empty half) */
+    const int64_t st = 64 * OSCAR_FA_SUB_OF(p->l.head_dim);
     const int64_t base = (int64_t)nseq * p->l.num_kv_heads * pch, tiles = (lh + st - 1) / st;
     int64_t res = resident_of(ctx, p->k.fa_resident), best = -1, ns = 1;
     if (res < 1) res = 132 * 3;

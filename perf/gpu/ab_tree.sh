@@ -6,7 +6,8 @@
 #           bash perf/gpu/carry_conf.sh && tar -cJf .devcarry/conf.tar.xz build-carry-conf
 #   there:  run(command="bash perf/gpu/ab_tree.sh",
 #               carry=[".devcarry/conf.tar.xz", ".devcarry/base.tar.xz"])
-# Env: NS (default 64,512), BASE_SET (the archived tree's kernel set, default minimal), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu),
+# Env: NS (default 64,512), BASE_SET (the archived tree's kernel set, default minimal; e.g.
+# $PWD/perf/gpu/set-extend.json for d 64), NO_CHECK=1 (A/B only), NCU=1 (this tree's long-chunk kernels under ncu),
 # CUDA_ARCHS / BASE_ARCHS (default 90; 90a: the sm_90a kernels, e.g. the wgmma long-chunk path),
 # PROBE=1 (perf/gpu/wgmma_probe.cu first: which wgmma descriptor reading is right).
 # "off" columns: the archived tree's plugin with its defaults; "on": this tree's.
