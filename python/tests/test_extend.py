@@ -80,8 +80,10 @@ def test_learned_sinks_from_the_lse(cpu, rng):
     v = bf16_exact(rng.standard_normal((n, HKV, D)))
     cache.append(0, liboscar.to_bf16(k), liboscar.to_bf16(v), new_tokens=[n])
     q = bf16_exact(rng.standard_normal((m, HQ, D)))
-    sinks = rng.uniform(-2.0, 4.0, HQ)  # large enough to take a visible share of the weight
     out, lse = cache.extend(0, liboscar.to_bf16(q), [m], lse=True)
+    # Sinks near each head's LSE take a visible share of the weight whatever
+    # the seed (a fixed range fell below 5 % on seed 3694801925).
+    sinks = lse.mean(axis=0) + rng.uniform(-1.5, 1.5, HQ)
     got = liboscar.from_bf16(out) / (1.0 + np.exp(sinks[:, None] - lse[:, :, None]))
     got_lse = np.logaddexp(lse, sinks)
     kq, vq = ref_int2(k, 32), ref_int2(v, 32)
