@@ -291,6 +291,55 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
                                     cu_new, total_new, fn, err);
 }
 
+/* ------------------------------------------------------------ aliasing */
+/* A buffer of a call as host bytes [a, e). The CPU backend's buffers are host memory, so one that the
+ * call writes and that overlaps another of its buffers is seen here and refused before anything runs:
+ * the write changed what the rest of the call read (an out row over seq_lens or the block table sent
+ * later sequences past the page pool, a crash; one over q or the pools gave a wrong result, silently). */
+typedef struct host_span {
+    uintptr_t a, e;
+    const char *name;
+} host_span;
+static size_t sat_mul(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
+static host_span span_of(const void *ptr, size_t bytes, const char *name) {
+    const uintptr_t a = (uintptr_t)ptr; /* integers: the buffers are separate objects, or one arena */
+    return (host_span){a, !ptr ? a : bytes > UINTPTR_MAX - a ? UINTPTR_MAX : a + (uintptr_t)bytes, name};
+}
+/* Bytes of rows tokens stride elements apart, the last one row wide (strides are checked >= row). */
+static size_t rows_span(int64_t rows, int64_t stride, int64_t row, size_t es) {
+    if (rows < 1) return 0;
+    const size_t n = sat_mul((size_t)(rows - 1), (size_t)stride);
+    return n > SIZE_MAX - (size_t)row ? SIZE_MAX : sat_mul(n + (size_t)row, es);
+}
+/* The index arrays and pools every call reads (pools: the layer's pages, the windows where used). */
+static int batch_spans(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b, host_span *s) {
+    const size_t n = (size_t)b->num_seqs;
+    int k = 0;
+    s[k++] = span_of(b->seq_lens, sat_mul(n, 4), "seq_lens");
+    if (p->quantized && p->S0 + p->W > 0) {
+        s[k++] = span_of(b->window_slots, sat_mul(n, 4), "window_slots");
+        s[k++] = span_of(c->windows, sat_mul((size_t)c->num_window_slots, p->slot_bytes), "cache.windows");
+    }
+    if (c->pages) {
+        s[k++] = span_of(b->block_table, sat_mul(sat_mul(n, (size_t)b->block_table_stride), 4), "block_table");
+        s[k++] = span_of(c->pages, sat_mul((size_t)c->num_pages, p->page_bytes[layer]), "cache.pages");
+    }
+    return k;
+}
+/* Refuses a written span (the first nw of s) that overlaps any other span of s. */
+static oscar_status check_overlaps(const host_span *s, int nw, int n, const char *fn, oscar_errbuf *err) {
+    for (int i = 0; i < nw; i++)
+        for (int j = 0; j < n; j++)
+            if (j != i && (j > i || j >= nw) && s[i].a < s[i].e && s[j].a < s[j].e && s[i].a < s[j].e &&
+                s[j].a < s[i].e)
+                return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                        "%s: %s and %s overlap in memory, and the call writes %s: it would "
+                                        "change what it reads; nothing was written (give every buffer of a call "
+                                        "memory of its own)",
+                                        fn, s[i].name, s[j].name, s[i].name);
+    return OSCAR_OK;
+}
+
 static int row_finite(oscar_dtype t, const void *src, size_t n) {
     const uint16_t *h = src;
     /* 16-bit formats: all-ones exponent = Inf/NaN. */
@@ -355,6 +404,23 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "oscar_append: kv_stride %lld smaller than num_kv_heads * head_dim = %d",
                                 (long long)a->kv_stride, H * d);
+    {
+        host_span sp[9];
+        int n = 0;
+        /* written: the pools (batch_spans puts each after its index array); read: the rest */
+        host_span bs[5];
+        const int nb = batch_spans(p, a->layer, &a->cache, b, bs);
+        for (int i = 0; i < nb; i++)
+            if (!strncmp(bs[i].name, "cache.", 6)) sp[n++] = bs[i];
+        const int nw = n;
+        for (int i = 0; i < nb; i++)
+            if (strncmp(bs[i].name, "cache.", 6)) sp[n++] = bs[i];
+        const size_t kv_bytes = rows_span(a->total_new, a->kv_stride, (int64_t)H * d, p->esize);
+        sp[n++] = span_of(a->cu_new, sat_mul((size_t)b->num_seqs + 1, 4), "cu_new");
+        sp[n++] = span_of(a->k, kv_bytes, "k");
+        sp[n++] = span_of(a->v, kv_bytes, "v");
+        if ((st = check_overlaps(sp, nw, n, "oscar_append", err))) return st;
+    }
     /* Every new row must be finite before anything is written. */
     for (int32_t t = 0; t < a->total_new; t++)
         for (int kv = 0; kv < 2; kv++) {
@@ -589,15 +655,26 @@ static void attend_token(const cpu_plan *p, int layer, const oscar_cache *c, con
     }
 }
 
-/* Checks shared by decode and extend: q/out present, strides, finite q. */
-static oscar_status check_q_out(const cpu_plan *p, const void *q, int64_t q_stride, const void *out,
-                                int64_t out_stride, int rows, const char *fn, oscar_errbuf *err) {
+/* Checks shared by decode and extend: q/out present, strides, no written buffer (out, lse) over
+ * another buffer of the call, finite q. cu_q and lse: extend's, else NULL. */
+static oscar_status check_q_out(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b,
+                                const int32_t *cu_q, const void *q, int64_t q_stride, const void *out,
+                                int64_t out_stride, const float *lse, int rows, const char *fn, oscar_errbuf *err) {
     int d = p->g.d, Hq = p->l.num_q_heads;
     if (!q || !out) return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s: q or out is NULL", fn);
     if (q_stride < (int64_t)Hq * d || out_stride < (int64_t)Hq * d)
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "%s: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d", fn,
                                 (long long)q_stride, (long long)out_stride, Hq * d);
+    host_span sp[9];
+    int n = 0;
+    sp[n++] = span_of(out, rows_span(rows, out_stride, (int64_t)Hq * d, p->esize), "out");
+    sp[n++] = span_of(lse, sat_mul((size_t)rows, (size_t)Hq * sizeof(float)), "lse");
+    sp[n++] = span_of(q, rows_span(rows, q_stride, (int64_t)Hq * d, p->esize), "q");
+    sp[n++] = span_of(cu_q, sat_mul((size_t)b->num_seqs + 1, 4), "cu_q");
+    n += batch_spans(p, layer, c, b, sp + n);
+    oscar_status st = check_overlaps(sp, 2, n, fn, err);
+    if (st) return st;
     int bad_tok, bad_head;
     if (!q_finite(p, q, q_stride, rows, &bad_tok, &bad_head))
         return oscar_errbuf_set(err, OSCAR_ERR_NONFINITE,
@@ -619,7 +696,9 @@ static oscar_status cpu_decode(void *ctx, void *bplan, const oscar_backend_decod
     const cpu_plan *p = bplan;
     const oscar_batch *b = &a->batch;
     oscar_status st = check_batch(p, a->layer, &a->cache, b, NULL, 0, "oscar_decode", err);
-    if (!st) st = check_q_out(p, a->q, a->q_stride, a->out, a->out_stride, b->num_seqs, "oscar_decode", err);
+    if (!st)
+        st = check_q_out(p, a->layer, &a->cache, b, NULL, a->q, a->q_stride, a->out, a->out_stride, NULL, b->num_seqs,
+                         "oscar_decode", err);
     if (st) return st;
     for (int i = 0; i < b->num_seqs; i++)
         attend_token(p, a->layer, &a->cache, bt_row_of(b, i), slot_of(p, b, i), b->seq_lens[i], b->seq_lens[i] - 1,
@@ -641,7 +720,9 @@ static oscar_status cpu_extend(void *ctx, void *bplan, const oscar_backend_exten
                                 a->total_q, b->num_seqs);
     if (a->cu_q && (st = oscar_check_cu_q(a->cu_q, b->seq_lens, b->num_seqs, a->total_q, a->max_q_len, fn, err)))
         return st;
-    if ((st = check_q_out(p, a->q, a->q_stride, a->out, a->out_stride, a->total_q, fn, err))) return st;
+    if ((st = check_q_out(p, a->layer, &a->cache, b, a->cu_q, a->q, a->q_stride, a->out, a->out_stride, a->lse,
+                          a->total_q, fn, err)))
+        return st;
     for (int i = 0; i < b->num_seqs; i++) {
         int64_t L = b->seq_lens[i];
         int32_t c0 = a->cu_q ? a->cu_q[i] : i, n = a->cu_q ? a->cu_q[i + 1] - c0 : 1;

@@ -696,7 +696,9 @@ OSCAR_API oscar_status oscar_append(oscar_plan *plan, int layer, const oscar_cac
  * the output projection). Scores are fp32: finite rows so large that
  * |q~ . k~| * sm_scale passes ~3.4e38 (values near the bf16 limit, never a
  * real model's) make that sequence's output NaN on every backend, unflagged
- * (docs/API.md); an engine that cannot rule such rows out checks its output. */
+ * (docs/API.md); an engine that cannot rule such rows out checks its output.
+ * out shares memory with no other buffer of the call, q included (the CPU and
+ * OpenCL backends refuse it: OSCAR_ERR_INVALID_ARGUMENT). */
 OSCAR_API oscar_status oscar_decode(oscar_plan *plan, int layer, const oscar_cache *cache,
                                     const oscar_batch *batch, const void *q, int64_t q_stride, void *out,
                                     int64_t out_stride, float sm_scale, int rotated_output, void *workspace,

@@ -452,3 +452,22 @@ def test_window_slots_may_be_none_without_windows(cpu):
     with pytest.raises(liboscar.OscarError, match="window_slots"):
         wplan.append(0, c.pages[0], c.windows[0], np.array([n], np.int32), None, c.block_table,
                      np.array([0, n], np.int32), k, v, c.workspace, max_seq_len=64)
+
+
+def test_decode_out_sharing_memory_with_q_is_refused(cpu, rng):
+    # q and out as overlapping views of one array: the CPU decode wrote sequence 0's output over
+    # sequence 1's query before reading it, a wrong answer without a word. Now refused, out untouched.
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    ns, n = 3, int(rng.integers(20, 90))
+    c = plan.cache(1, ns, 100)
+    rows = lambda *s: liboscar.to_bf16(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    c.append(0, rows(ns * n, 1, 64), rows(ns * n, 1, 64), [n] * ns)
+    both = rows(ns + 1, 2, 64)
+    q, out = both[:ns], both[1:]
+    before = both.copy()
+    with pytest.raises(liboscar.OscarError, match="out and q overlap"):
+        c.decode(0, q, out)
+    assert (both == before).all()
+    ref = c.decode(0, q.copy())  # buffers of their own: runs
+    assert ref.shape == q.shape
+    plan.close()
