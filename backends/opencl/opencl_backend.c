@@ -360,9 +360,10 @@ static oscar_status ocl_build(cl_ctx *c, const oscar_layout_desc *l, const int *
 /* The local memory a work-group may use: the device's, or less where OSCAR_OPENCL_LOCAL_MEM (bytes)
  * says so (a driver that reports more than its kernels run well with; the tests' way to stand in
  * for a 32 KB device). */
-static oscar_status local_mem_limit(const cl_ctx *c, cl_ulong *out, oscar_errbuf *err) {
+static oscar_status local_mem_limit(const cl_ctx *c, cl_ulong *out, cl_ulong *device, oscar_errbuf *err) {
     cl_ulong dev_local = 0;
     clGetDeviceInfo(c->device, CL_DEVICE_LOCAL_MEM_SIZE, sizeof dev_local, &dev_local, NULL);
+    *device = dev_local;
     const char *env = getenv("OSCAR_OPENCL_LOCAL_MEM");
     if (env && *env) {
         char *end = NULL;
@@ -398,8 +399,8 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
      * local memory. */
     const int D = l->head_dim;
     const size_t want[7] = {(size_t)D, (size_t)D, (size_t)D, (size_t)t[1], (size_t)D, (size_t)t[1], (size_t)D};
-    cl_ulong dev_local = 0;
-    oscar_status ls = local_mem_limit(c, &dev_local, err);
+    cl_ulong dev_local = 0, dev_own = 0;
+    oscar_status ls = local_mem_limit(c, &dev_local, &dev_own, err);
     if (ls != OSCAR_OK) return ls;
     size_t dim[3] = {0, 0, 0}; /* work-items per dimension: the launches use the first only */
     clGetDeviceInfo(c->device, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof dim, dim, NULL);
@@ -444,6 +445,15 @@ static oscar_status ocl_select_locked(cl_ctx *c, const oscar_layout_desc *l, gpu
             most = cap / 2;
             continue;
         }
+        /* A limit set by the variable is named: blaming the device (and head_dim) sent users the wrong way. */
+        if (dev_local < dev_own || !dev_own)
+            return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
+                                    "opencl plan: kernel %s needs %llu bytes of local memory at head_dim %d%s; "
+                                    "OSCAR_OPENCL_LOCAL_MEM limits it to %llu (the device (%s) has %llu): raise or "
+                                    "unset OSCAR_OPENCL_LOCAL_MEM",
+                                    k_kernel_names[bad], (unsigned long long)local, D,
+                                    by_heads ? " with one query head per work-group" : "",
+                                    (unsigned long long)dev_local, c->name, (unsigned long long)dev_own);
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED,
                                 "opencl plan: kernel %s needs %llu bytes of local memory at head_dim %d%s; this device "
                                 "(%s) has %llu: use a smaller head_dim or another backend",
