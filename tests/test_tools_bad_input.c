@@ -5,6 +5,7 @@
  * Cases that need the real model are skipped without OSCAR_SHARED_DIR. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -652,6 +653,54 @@ Test(tools_bad_input, outputs_that_are_dangling_links_are_refused_first, .timeou
     struct stat sb;
     cr_expect(lstat(target, &sb) != 0, "the link's target was created");
     cr_expect(lstat(link, &sb) == 0 && S_ISLNK(sb.st_mode), "the link was replaced");
+    rmrf(dir);
+}
+
+/* A symbolic link loop as an output path was refused as "a symbolic link to 'PATH', which does not
+ * exist" (it names itself): the message now says it is a loop that cannot be followed. */
+Test(tools_bad_input, outputs_that_are_link_loops_are_named_as_loops, .timeout = 60) {
+    char out[16384], dir[64], a[128], b[128];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/a.json", dir);
+    snprintf(b, sizeof b, "%s/b.json", dir);
+    cr_assert_eq(symlink(b, a), 0); /* a -> b -> a */
+    cr_assert_eq(symlink(a, b), 0);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate %s/no-model --tokens %s/no-tokens --out %s", dir, dir, a);
+    cr_expect_eq(rc, 2, "oscar-calibrate --out <link loop>: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "loop") && !strstr(out, "does not exist"), "oscar-calibrate: %s", out);
+    rc = run(out, sizeof out, 30, BIN "/oscar-eval %s/no-model --tokens %s/no-tokens --out %s/r.json --md %s", dir,
+             dir, dir, b);
+    cr_expect_eq(rc, 2, "oscar-eval --md <link loop>: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "loop") && !strstr(out, "does not exist"), "oscar-eval: %s", out);
+    struct stat sb;
+    cr_expect(lstat(a, &sb) == 0 && S_ISLNK(sb.st_mode) && lstat(b, &sb) == 0 && S_ISLNK(sb.st_mode),
+              "a link was replaced");
+    rmrf(dir);
+}
+
+/* A report that cannot be written in full (a full disk; here a file size limit, EFBIG) exited 1 with
+ * "cannot write PATH.XXXXXX; check the folder exists and is writable": the temporary's name and the
+ * wrong cause. The message now gives the system's reason and the --out path, and nothing is left. */
+Test(tools_bad_input, eval_report_write_errors_name_the_cause, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    /* SIGXFSZ ignored: the write fails with EFBIG instead of killing the tool */
+    int rc = run(out, sizeof out, 150,
+                 "sh -c 'trap \"\" XFSZ; ulimit -f 1; exec " BIN "/oscar-eval %s --tokens %s --methods int2 "
+                 "--context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0 --out %s/r.json "
+                 "--md %s/r.md'",
+                 g_model, g_tokens, dir, dir);
+    cr_expect_eq(rc, 1, "report over the size limit: exit %d: %s", rc, out);
+    cr_expect(strstr(out, strerror(EFBIG)), "message should give the cause (%s): %s", strerror(EFBIG), out);
+    char want[128];
+    snprintf(want, sizeof want, "--out %s/r.json", dir);
+    cr_expect(strstr(out, want), "message should name %s: %s", want, out);
+    int n = 0;
+    DIR *dp = opendir(dir);
+    for (struct dirent *e; dp && (e = readdir(dp));) n += e->d_name[0] != '.';
+    if (dp) closedir(dp);
+    cr_expect_eq(n, 0, "%d files left behind", n);
     rmrf(dir);
 }
 

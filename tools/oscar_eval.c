@@ -792,7 +792,7 @@ int main(int argc, char **argv)
         if (wrc) {
             if (jt[0]) unlink(jt);
             if (fm && mt[0]) unlink(mt);
-            fprintf(stderr, "oscar-eval: no report written\n");
+            fprintf(stderr, "oscar-eval: no report written (--out %s%s%s)\n", fj, fm ? ", --md " : "", fm ? fm : "");
             rc = 1;
         }
     }

@@ -205,10 +205,13 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
     if (json_object_size(pl) > 0) json_object_set_new(root, "per_layer", pl);
     else json_decref(pl);
     json_object_set_new(root, "reference_ppl", json_real(ref.ppl));
+    errno = 0;
     int rc = json_dump_file(root, S->out_json, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
+    const int e = errno;
     json_decref(root);
     if (rc != 0) {
-        fprintf(stderr, "oscar-eval: cannot write %s; check the folder exists and is writable\n", S->out_json);
+        /* the cause (a full disk is not a missing folder) */
+        fprintf(stderr, "oscar-eval: cannot write %s (%s)\n", S->out_json, e ? strerror(e) : "write error");
         return 1;
     }
     return 0;
@@ -230,7 +233,7 @@ int ev_write_md(const ev_run *R, const ev_settings *S)
 {
     FILE *f = fopen(S->out_md, "w");
     if (!f) {
-        fprintf(stderr, "oscar-eval: cannot write %s; check the folder exists and is writable\n", S->out_md);
+        fprintf(stderr, "oscar-eval: cannot write %s (%s)\n", S->out_md, strerror(errno));
         return 1;
     }
     ev_total ref;

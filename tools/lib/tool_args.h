@@ -36,9 +36,17 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
 static inline int tool_dangling_link(const char *path, char *why, size_t n) {
     struct stat sb;
     if (lstat(path, &sb) != 0 || !S_ISLNK(sb.st_mode) || stat(path, &sb) == 0) return 0;
+    const int e = errno;
     char to[4096];
     const ssize_t k = readlink(path, to, sizeof to - 1);
     to[k > 0 ? k : 0] = '\0';
+    /* a loop (or a chain too long to follow) exists: "does not exist" misled */
+    if (e == ELOOP) {
+        if (snprintf(why, n, "%s is a symbolic link to '%s' that cannot be followed (%s: a link loop); give a file "
+                     "name (remove the link)", path, to, strerror(e)) < 0 && n > 0)
+            why[0] = '\0';
+        return 1;
+    }
     /* a message cut to n bytes is still a message: the return value is looked at only so that
      * gcc's format-truncation check (-Werror) knows the cut is expected */
     if (snprintf(why, n, "%s is a symbolic link to '%s', which does not exist; give a file name (remove the link) "
