@@ -255,6 +255,16 @@ Test(bad_input_alias, partial_host_overlaps_are_refused_cpu) {
     bl.seq_lens = lens;
     cr_expect_eq(oscar_decode(r.plan, 0, &c, &bl, r.q, 0, both, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL), OSCAR_OK, "%s",
                  oscar_last_error());
+    /* one sequence whose block table row has a pitch of INT32_MAX entries, out right after the entries it
+     * uses: the call runs (the table's extent was num_seqs x pitch, gigabytes that covered any buffer
+     * after it: refused by chance of where the allocator put out) */
+    int32_t *bt1 = (int32_t *)both;
+    memcpy(bt1, r.bt_host, sizeof(int32_t) * (size_t)r.pps);
+    oscar_batch bw = b;
+    bw.num_seqs = 1, bw.block_table = bt1, bw.block_table_stride = INT32_MAX;
+    cr_expect_eq(oscar_decode(r.plan, 0, &c, &bw, r.q, 0, both + sizeof(int32_t) * (size_t)r.pps, 0, 0.0f, 0, r.ws,
+                              r.ws_bytes, NULL),
+                 OSCAR_OK, "a wide pitch's unused entries are not the table's: %s", oscar_last_error());
     free(qh), free(before);
     al_close(&r);
 }

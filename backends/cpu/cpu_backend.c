@@ -321,7 +321,15 @@ static int batch_spans(const cpu_plan *p, int layer, const oscar_cache *c, const
         s[k++] = span_of(c->windows, sat_mul((size_t)c->num_window_slots, p->slot_bytes), "cache.windows");
     }
     if (c->pages) {
-        s[k++] = span_of(b->block_table, sat_mul(sat_mul(n, (size_t)b->block_table_stride), 4), "block_table");
+        /* the entries the call reads (oscar_check_batch_arrays checked them): row i's first pages_for(L_i);
+         * num_seqs x stride was an overlap of gigabytes for a wide pitch, refused by chance of addresses */
+        size_t used = 0;
+        for (size_t i = 0; i < n; i++) {
+            const size_t r = sat_mul(i, (size_t)b->block_table_stride), pg = (size_t)oscar_pages_for(&p->l, b->seq_lens[i]);
+            const size_t e = r > SIZE_MAX - pg ? SIZE_MAX : r + pg;
+            used = e > used ? e : used;
+        }
+        s[k++] = span_of(b->block_table, sat_mul(used, 4), "block_table");
         s[k++] = span_of(c->pages, sat_mul((size_t)c->num_pages, p->page_bytes[layer]), "cache.pages");
     }
     return k;
