@@ -117,6 +117,27 @@ typedef struct oscar_backend_extend_args {
     void *stream;
 } oscar_backend_extend_args;
 
+/* A buffer of a call as bytes [a, e) of the allocation root it lives in (the CPU backend: host
+ * addresses, root NULL; OpenCL: offsets in a cl_mem or the parent of a sub-buffer). */
+typedef struct oscar_span {
+    const void *root;
+    uintptr_t a, e;
+    const char *name;
+} oscar_span;
+/* Of a call's buffers s[0..n) whose first nw the call writes: the first written one that shares bytes
+ * with another (its index; *other that one's), or -1. One home for the backends' aliasing checks, which
+ * word the refusal. */
+static inline int oscar_span_overlap(const oscar_span *s, int nw, int n, int *other) {
+    for (int i = 0; i < nw; i++)
+        for (int j = 0; j < n; j++)
+            if (j != i && (j > i || j >= nw) && s[i].root == s[j].root && s[i].a < s[i].e && s[j].a < s[j].e &&
+                s[i].a < s[j].e && s[j].a < s[i].e) {
+                *other = j;
+                return i;
+            }
+    return -1;
+}
+
 /* The rules of cu_q (oscar_extend) on host copies of cu_q [nseq+1] and
  * seq_lens [nseq]: one home for the CPU backend and the runtime's validate
  * mode, so both refuse with the same status and message. */
@@ -192,7 +213,7 @@ const oscar_backend_api *oscar_cpu_backend(void);
 /* Device error word flags (first 4 bytes of the workspace, uint32). */
 #define OSCAR_DEVERR_BLOCK_TABLE 0x1u /* page id or window slot out of range */
 #define OSCAR_DEVERR_NONFINITE 0x2u   /* NaN/Inf in a K/V row (row stored as zeros) */
-#define OSCAR_DEVERR_LENGTH 0x4u      /* seq_len or new-token count out of range */
+#define OSCAR_DEVERR_LENGTH 0x4u      /* seq_len, new-token count or extend query table out of range */
 /* Workspace bytes reserved at the start for the error word (alignment). */
 #define OSCAR_WORKSPACE_HEADER 256u
 

@@ -296,14 +296,10 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
  * call writes and that overlaps another of its buffers is seen here and refused before anything runs:
  * the write changed what the rest of the call read (an out row over seq_lens or the block table sent
  * later sequences past the page pool, a crash; one over q or the pools gave a wrong result, silently). */
-typedef struct host_span {
-    uintptr_t a, e;
-    const char *name;
-} host_span;
 static size_t sat_mul(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
-static host_span span_of(const void *ptr, size_t bytes, const char *name) {
+static oscar_span span_of(const void *ptr, size_t bytes, const char *name) {
     const uintptr_t a = (uintptr_t)ptr; /* integers: the buffers are separate objects, or one arena */
-    return (host_span){a, !ptr ? a : bytes > UINTPTR_MAX - a ? UINTPTR_MAX : a + (uintptr_t)bytes, name};
+    return (oscar_span){NULL, a, !ptr ? a : bytes > UINTPTR_MAX - a ? UINTPTR_MAX : a + (uintptr_t)bytes, name};
 }
 /* Bytes of rows tokens stride elements apart, the last one row wide (strides are checked >= row). */
 static size_t rows_span(int64_t rows, int64_t stride, int64_t row, size_t es) {
@@ -311,15 +307,19 @@ static size_t rows_span(int64_t rows, int64_t stride, int64_t row, size_t es) {
     const size_t n = sat_mul((size_t)(rows - 1), (size_t)stride);
     return n > SIZE_MAX - (size_t)row ? SIZE_MAX : sat_mul(n + (size_t)row, es);
 }
-/* The index arrays and pools every call reads (pools: the layer's pages, the windows where used). */
-static int batch_spans(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b, host_span *s) {
+/* The pools and index arrays every call reads, the pools first (*npools of them: an append writes
+ * them): the layer's pages, the windows where used. */
+static int batch_spans(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b, oscar_span *s,
+                       int *npools) {
     const size_t n = (size_t)b->num_seqs;
+    const int windowed = p->quantized && p->S0 + p->W > 0;
     int k = 0;
-    s[k++] = span_of(b->seq_lens, sat_mul(n, 4), "seq_lens");
-    if (p->quantized && p->S0 + p->W > 0) {
-        s[k++] = span_of(b->window_slots, sat_mul(n, 4), "window_slots");
+    if (windowed)
         s[k++] = span_of(c->windows, sat_mul((size_t)c->num_window_slots, p->slot_bytes), "cache.windows");
-    }
+    if (c->pages) s[k++] = span_of(c->pages, sat_mul((size_t)c->num_pages, p->page_bytes[layer]), "cache.pages");
+    *npools = k;
+    s[k++] = span_of(b->seq_lens, sat_mul(n, 4), "seq_lens");
+    if (windowed) s[k++] = span_of(b->window_slots, sat_mul(n, 4), "window_slots");
     if (c->pages) {
         /* the entries the call reads (oscar_check_batch_arrays checked them): row i's first pages_for(L_i);
          * num_seqs x stride was an overlap of gigabytes for a wide pitch, refused by chance of addresses */
@@ -330,22 +330,18 @@ static int batch_spans(const cpu_plan *p, int layer, const oscar_cache *c, const
             used = e > used ? e : used;
         }
         s[k++] = span_of(b->block_table, sat_mul(used, 4), "block_table");
-        s[k++] = span_of(c->pages, sat_mul((size_t)c->num_pages, p->page_bytes[layer]), "cache.pages");
     }
     return k;
 }
 /* Refuses a written span (the first nw of s) that overlaps any other span of s. */
-static oscar_status check_overlaps(const host_span *s, int nw, int n, const char *fn, oscar_errbuf *err) {
-    for (int i = 0; i < nw; i++)
-        for (int j = 0; j < n; j++)
-            if (j != i && (j > i || j >= nw) && s[i].a < s[i].e && s[j].a < s[j].e && s[i].a < s[j].e &&
-                s[j].a < s[i].e)
-                return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                        "%s: %s and %s overlap in memory, and the call writes %s: it would "
-                                        "change what it reads; nothing was written (give every buffer of a call "
-                                        "memory of its own)",
-                                        fn, s[i].name, s[j].name, s[i].name);
-    return OSCAR_OK;
+static oscar_status check_overlaps(const oscar_span *s, int nw, int n, const char *fn, oscar_errbuf *err) {
+    int j = 0;
+    const int i = oscar_span_overlap(s, nw, n, &j);
+    if (i < 0) return OSCAR_OK;
+    return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                            "%s: %s and %s overlap in memory, and the call writes %s: it would change what it "
+                            "reads; nothing was written (give every buffer of a call memory of its own)",
+                            fn, s[i].name, s[j].name, s[i].name);
 }
 
 static int row_finite(oscar_dtype t, const void *src, size_t n) {
@@ -413,16 +409,9 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
                                 "oscar_append: kv_stride %lld smaller than num_kv_heads * head_dim = %d",
                                 (long long)a->kv_stride, H * d);
     {
-        host_span sp[9];
-        int n = 0;
-        /* written: the pools (batch_spans puts each after its index array); read: the rest */
-        host_span bs[5];
-        const int nb = batch_spans(p, a->layer, &a->cache, b, bs);
-        for (int i = 0; i < nb; i++)
-            if (!strncmp(bs[i].name, "cache.", 6)) sp[n++] = bs[i];
-        const int nw = n;
-        for (int i = 0; i < nb; i++)
-            if (strncmp(bs[i].name, "cache.", 6)) sp[n++] = bs[i];
+        oscar_span sp[8];
+        int nw = 0; /* written: the pools */
+        int n = batch_spans(p, a->layer, &a->cache, b, sp, &nw);
         const size_t kv_bytes = rows_span(a->total_new, a->kv_stride, (int64_t)H * d, p->esize);
         sp[n++] = span_of(a->cu_new, sat_mul((size_t)b->num_seqs + 1, 4), "cu_new");
         sp[n++] = span_of(a->k, kv_bytes, "k");
@@ -674,13 +663,13 @@ static oscar_status check_q_out(const cpu_plan *p, int layer, const oscar_cache 
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
                                 "%s: q_stride %lld / out_stride %lld smaller than num_q_heads * head_dim = %d", fn,
                                 (long long)q_stride, (long long)out_stride, Hq * d);
-    host_span sp[9];
-    int n = 0;
+    oscar_span sp[9];
+    int n = 0, npools;
     sp[n++] = span_of(out, rows_span(rows, out_stride, (int64_t)Hq * d, p->esize), "out");
     sp[n++] = span_of(lse, sat_mul((size_t)rows, (size_t)Hq * sizeof(float)), "lse");
     sp[n++] = span_of(q, rows_span(rows, q_stride, (int64_t)Hq * d, p->esize), "q");
     sp[n++] = span_of(cu_q, sat_mul((size_t)b->num_seqs + 1, 4), "cu_q");
-    n += batch_spans(p, layer, c, b, sp + n);
+    n += batch_spans(p, layer, c, b, sp + n, &npools);
     oscar_status st = check_overlaps(sp, 2, n, fn, err);
     if (st) return st;
     int bad_tok, bad_head;

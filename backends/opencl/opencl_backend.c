@@ -603,14 +603,9 @@ static oscar_status mem_holds(const cl_ctx *c, const char *fn, const char *name,
                                 fn, name, have, need);
     return OSCAR_OK;
 }
-/* A buffer of a call as bytes [a, e) of the cl_mem it lives in (its parent, for a sub-buffer). */
-typedef struct mem_span {
-    cl_mem root;
-    size_t a, e;
-    const char *name;
-} mem_span;
-/* Adds buffer m (NULL: not used by this call) to s; its handle was checked by mem_holds. */
-static void add_span(mem_span *s, int *n, const void *m, const char *name) {
+/* Adds buffer m (NULL: not used by this call) to s as bytes of the cl_mem it lives in (its parent, for a
+ * sub-buffer); its handle was checked by mem_holds. */
+static void add_span(oscar_span *s, int *n, const void *m, const char *name) {
     if (!m) return;
     cl_mem parent = NULL;
     size_t off = 0, size = 0;
@@ -618,26 +613,25 @@ static void add_span(mem_span *s, int *n, const void *m, const char *name) {
     if (clGetMemObjectInfo((cl_mem)m, CL_MEM_ASSOCIATED_MEMOBJECT, sizeof parent, &parent, NULL) != CL_SUCCESS ||
         !parent || clGetMemObjectInfo((cl_mem)m, CL_MEM_OFFSET, sizeof off, &off, NULL) != CL_SUCCESS)
         parent = (cl_mem)m, off = 0;
-    s[(*n)++] = (mem_span){parent, off, off + size, name};
+    s[(*n)++] = (oscar_span){parent, off, off + size, name};
 }
 /* Refuses a buffer the call writes (the first nw of s) that shares memory with another of its buffers:
  * the kernels would read what the call itself overwrites (a cache page or an out row over an index
  * array or q), a wrong result without a word. */
-static oscar_status check_overlaps(const mem_span *s, int nw, int n, const char *fn, oscar_errbuf *err) {
-    for (int i = 0; i < nw; i++)
-        for (int j = 0; j < n; j++)
-            if (j != i && (j > i || j >= nw) && s[i].root == s[j].root && s[i].a < s[j].e && s[j].a < s[i].e)
-                return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                        "opencl %s: %s and %s are the same memory (one cl_mem, or overlapping "
-                                        "sub-buffers), and the call writes %s: it would change what it reads; "
-                                        "nothing was run (give every buffer of a call a cl_mem of its own)",
-                                        fn, s[i].name, s[j].name, s[i].name);
-    return OSCAR_OK;
+static oscar_status check_overlaps(const oscar_span *s, int nw, int n, const char *fn, oscar_errbuf *err) {
+    int j = 0;
+    const int i = oscar_span_overlap(s, nw, n, &j);
+    if (i < 0) return OSCAR_OK;
+    return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                            "opencl %s: %s and %s are the same memory (one cl_mem, or overlapping sub-buffers), and "
+                            "the call writes %s: it would change what it reads; nothing was run (give every buffer "
+                            "of a call a cl_mem of its own)",
+                            fn, s[i].name, s[j].name, s[i].name);
 }
 /* Appends the workspace, the pools and the index arrays of a call to s (the written ones first:
  * those before it, the workspace, and for an append the pools); returns the count written. */
 static int batch_spans(const ocl_plan *op, const oscar_cache *c, const oscar_batch *b, const void *ws, int append,
-                       mem_span *s, int *n) {
+                       oscar_span *s, int *n) {
     add_span(s, n, ws, "workspace");
     int nw = *n;
     add_span(s, n, c->pages, "cache.pages");
@@ -690,7 +684,7 @@ static oscar_status ocl_append(void *ctx, void *bplan, const oscar_backend_appen
         (s = mem_holds(cx, fn, "v", a->v, rows_bytes(a->total_new, a->kv_stride, row, op->es), OSCAR_ERR_INVALID_ARGUMENT,
                        err)))
         return s;
-    mem_span sp[9];
+    oscar_span sp[9];
     int n = 0;
     const int nw = batch_spans(op, &a->cache, &a->batch, a->workspace, 1, sp, &n);
     add_span(sp, &n, a->cu_new, "cu_new");
@@ -715,7 +709,7 @@ static oscar_status ocl_decode(void *ctx, void *bplan, const oscar_backend_decod
         (s = mem_holds(cx, fn, "out", a->out, rows_bytes(a->batch.num_seqs, a->out_stride, row, op->es),
                        OSCAR_ERR_INVALID_ARGUMENT, err)))
         return s;
-    mem_span sp[9];
+    oscar_span sp[9];
     int n = 0;
     add_span(sp, &n, a->out, "out");
     const int nw = batch_spans(op, &a->cache, &a->batch, a->workspace, 0, sp, &n);
@@ -743,7 +737,7 @@ static oscar_status ocl_extend(void *ctx, void *bplan, const oscar_backend_exten
         (s = mem_holds(cx, fn, "lse", a->lse, mul3(tq, (size_t)op->l.num_q_heads, sizeof(float)),
                        OSCAR_ERR_INVALID_ARGUMENT, err)))
         return s;
-    mem_span sp[10];
+    oscar_span sp[10];
     int n = 0;
     add_span(sp, &n, a->out, "out");
     add_span(sp, &n, a->lse, "lse");
