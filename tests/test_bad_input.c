@@ -1769,3 +1769,29 @@ Test(bad_input, oscar_validate_other_than_0_or_1_is_refused) {
     }
     unsetenv("OSCAR_VALIDATE");
 }
+
+/* A workspace never passed to oscar_plan_workspace_init (fresh device memory holds anything) was
+ * reported by oscar_plan_check as what the kernels raise: 0xFFFFFFFF as an out-of-range block table
+ * entry, NaN/Inf and a bad length at once (OSCAR_ERR_BLOCK_TABLE), a word with only other bits as
+ * OSCAR_ERR_TOO_LONG naming no cause at all. The kernels set only the OSCAR_DEVERR_* bits, so any
+ * other bit is a workspace that was not initialised: OSCAR_ERR_WORKSPACE naming the fix, and the
+ * word cleared. */
+static void uninitialised_workspace_case(const char *backend) {
+    rig r;
+    rig_ready(&r, backend);
+    const uint32_t junk[] = {0xffffffffu, 0xa5a5a5a0u};
+    for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
+        cr_assert_eq(oscar_buffer_write(r.rt, r.ws, 0, &junk[i], sizeof junk[i], NULL), OSCAR_OK);
+        oscar_status s = rig_decode(&r);
+        cr_expect_eq(s, OSCAR_ERR_WORKSPACE, "%s, word 0x%08x: status %d (%s)", backend, junk[i], s,
+                     oscar_last_error());
+        cr_expect(strstr(oscar_last_error(), "oscar_plan_workspace_init"), "%s, word 0x%08x: %s", backend, junk[i],
+                  oscar_last_error());
+        cr_expect_eq(oscar_plan_check(r.plan, r.ws, NULL), OSCAR_OK, "%s: the word was not cleared: %s", backend,
+                     oscar_last_error());
+    }
+    rig_close(&r);
+}
+Test(bad_input, uninitialised_workspace_is_named_opencl, .timeout = 300) { uninitialised_workspace_case("opencl"); }
+Test(bad_input, uninitialised_workspace_is_named_cuda, .timeout = 300) { uninitialised_workspace_case("cuda"); }
+Test(bad_input, uninitialised_workspace_is_named_hip, .timeout = 300) { uninitialised_workspace_case("hip"); }

@@ -704,6 +704,16 @@ oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, os
     if (!w) return OSCAR_OK;
     if ((st = V(ctx)->write(ctx, workspace, 0, &zero, sizeof zero, stream, err)) || (st = V(ctx)->sync(ctx, stream, err)))
         return st;
+    /* The kernels only OR these flags into a zeroed word: any other bit is a workspace that never
+     * went through oscar_plan_workspace_init (or was overwritten), not an error a kernel raised. */
+    const uint32_t known = OSCAR_DEVERR_BLOCK_TABLE | OSCAR_DEVERR_NONFINITE | OSCAR_DEVERR_LENGTH;
+    if (w & ~known)
+        return oscar_errbuf_set(err, OSCAR_ERR_WORKSPACE,
+                                "%s check: the workspace's error word holds 0x%08x, bits no kernel sets: the "
+                                "workspace was not initialised (call oscar_plan_workspace_init once after allocating "
+                                "it) or something wrote over its first bytes; the word is cleared now, and errors the "
+                                "calls since the last check raised cannot be told apart from it",
+                                nm, (unsigned)w);
     oscar_status s = (w & OSCAR_DEVERR_BLOCK_TABLE) ? OSCAR_ERR_BLOCK_TABLE
                      : (w & OSCAR_DEVERR_NONFINITE) ? OSCAR_ERR_NONFINITE
                                                     : OSCAR_ERR_TOO_LONG;

@@ -634,7 +634,8 @@ OSCAR_API oscar_status oscar_plan_workspace_bytes(const oscar_plan *plan, int ma
  * the same for every layer. layer: [0, num_layers) of the parameters (any layer >= 0 for a plan made
  * with the built-in parameters); *out is the caller's and is fully written on success. */
 OSCAR_API oscar_status oscar_plan_layer_sizes(const oscar_plan *plan, int layer, oscar_layout_sizes *out);
-/* Zeroes the workspace's error word; call once after allocating workspace. */
+/* Zeroes the workspace's error word; call once after allocating workspace (on GPUs oscar_plan_check
+ * refuses a word with bits no kernel sets, OSCAR_ERR_WORKSPACE: a workspace never initialised). */
 OSCAR_API oscar_status oscar_plan_workspace_init(oscar_plan *plan, void *workspace, void *stream);
 /* Synchronizes the stream and reports errors the device kernels raised since
  * the last check (out-of-range block table entries or window slots,
