@@ -148,12 +148,23 @@ _TORCH_KINDS = ({"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.floa
                  "u8": torch.uint8} if torch is not None else {})
 
 
-def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name: str, device: bool) -> int:
+def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name: str,
+         device: Union[bool, "Runtime"]) -> int:
     """Checks one buffer and returns its address. kind: bf16/f16/f32/i32/u8;
-    shape entries None are free; device: the backend wants GPU memory."""
+    shape entries None are free; device: the backend wants GPU memory, or the
+    Runtime of the call (a DeviceBuffer must then be of its backend)."""
+    rt = device if isinstance(device, Runtime) else None
+    if rt is not None:
+        device = rt.on_device
     if isinstance(x, DeviceBuffer):
         if not device:
             raise ValueError(f"{name}: a DeviceBuffer is device memory; this backend needs host memory")
+        # Its handle is of its own backend's kind (a host pointer for cpu, a cl_mem for opencl): another
+        # backend's went to the plugin as its own (a CPU buffer as a cl_mem: a segmentation fault).
+        if rt is not None and x.runtime.backend != rt.backend:
+            raise ValueError(f"{name}: a DeviceBuffer of the {x.runtime.backend} runtime; this call runs on "
+                             f"{rt.backend}: allocate it with that Runtime (Runtime.alloc) or wrap a buffer of "
+                             f"its device")
         if x.kind != kind:
             raise TypeError(f"{name}: DeviceBuffer of {x.kind}, expected {kind}")
         got_shape = x.shape
@@ -723,8 +734,8 @@ class Plan(_Handle):
         _check(lib.oscar_plan_check(self._h, self._error_word(workspace), self._stream(stream)))
 
     @property
-    def _dev(self) -> bool:
-        return self.runtime.on_device
+    def _dev(self) -> "Runtime":
+        return self.runtime  # _ptr: its device kind, and the backend a DeviceBuffer must be of
 
     def _stream(self, stream: Optional[int]) -> Optional[int]:
         return stream if stream is not None else self.runtime.default_stream()

@@ -100,6 +100,27 @@ def test_extend_device_errors_reach_check(rng):
     c.check()
 
 
+def test_device_buffer_of_another_backend_is_refused(rng):
+    """A DeviceBuffer of the CPU runtime (a host pointer) passed to an OpenCL plan went to the plugin
+    as a cl_mem: the process died (segmentation fault) in the OpenCL runtime. Refused by name before
+    any pointer reaches the library, as for NumPy arrays on a device backend."""
+    c = liboscar.Plan(_ocl, layout("int2")).cache(1, len(LENS), 300)
+    c.append(0, rows(rng, sum(LENS), HKV), rows(rng, sum(LENS), HKV), new_tokens=LENS)
+    cpu = liboscar.Runtime("cpu")
+    ws = cpu.alloc(c.workspace.shape, "u8")
+    q = c._stage("q", rows(rng, len(LENS), HQ), "bf16", None)
+    out = _ocl.alloc(q.shape, "bf16")
+    lens = c._to_dev(c.lens[0], c._lens_dev, None)
+    with pytest.raises(ValueError, match="workspace: a DeviceBuffer of the cpu runtime"):
+        c.plan.decode(0, c.pages[0], c.windows[0], lens, c.window_slots, c.block_table, q, out, ws,
+                      max_seq_len=max(LENS))
+    with pytest.raises(ValueError, match="workspace: a DeviceBuffer of the cpu runtime"):
+        c.plan.workspace_init(ws)
+    c.plan.decode(0, c.pages[0], c.windows[0], lens, c.window_slots, c.block_table, q, out, c.workspace,
+                  max_seq_len=max(LENS))
+    c.check()
+
+
 class Caller:
     """The caller's own OpenCL context, two in-order queues and buffers."""
 
