@@ -195,6 +195,13 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
                                "oscar_runtime_create: plugin_dir is %d bytes or longer (PATH_MAX): no folder has such "
                                "a path; pass the plugins' folder (shorter, e.g. through a symlink) or NULL",
                                PATH_MAX);
+    /* No GPU ordinal is negative: with no backend named such an index fell through to the CPU
+     * reference as if no GPU were there. */
+    if (o->device_index < 0)
+        return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                               "oscar_runtime_create: device_index %d is negative; pass the GPU's ordinal (0 for the "
+                               "first device; the CPU backend ignores it)",
+                               (int)o->device_index);
     /* A safety switch: a value it does not take must not leave validation off without a word. */
     const char *venv = getenv("OSCAR_VALIDATE");
     if (venv && venv[0] && strcmp(venv, "0") != 0 && strcmp(venv, "1") != 0)

@@ -239,6 +239,28 @@ Test(registry, over_long_plugin_dir_is_refused) {
     free(dir);
 }
 
+/* A negative device_index (no GPU ordinal is) was taken without a word: with no backend named (or
+ * "cpu") the runtime came up on the CPU reference as if the GPU had been found; with "opencl" the
+ * refusal said the device was "not found". Refused at once, naming the field. */
+Test(registry, negative_device_index_is_refused) {
+    const char *backends[] = {NULL, "cpu", "opencl"};
+    const int32_t idx[] = {-1, INT32_MIN};
+    for (size_t b = 0; b < sizeof backends / sizeof backends[0]; b++)
+        for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++) {
+            oscar_runtime_options o;
+            oscar_runtime_options_default(&o);
+            o.backend = backends[b];
+            o.device_index = idx[i];
+            oscar_runtime *rt = NULL;
+            oscar_status s = oscar_runtime_create(&o, &rt);
+            cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "backend %s, device_index %d: status %d",
+                         backends[b] ? backends[b] : "NULL", idx[i], (int)s);
+            cr_expect(strstr(oscar_last_error(), "device_index"), "%s", oscar_last_error());
+            cr_expect_null(rt);
+            oscar_runtime_destroy(rt);
+        }
+}
+
 /* An OSCAR_PLUGIN_PATH entry of PATH_MAX bytes or more was skipped without a word (hard25); it is named
  * in the backend report now, and the entries after it are still searched. */
 Test(registry, over_long_plugin_path_entry_is_reported) {

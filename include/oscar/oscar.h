@@ -542,7 +542,7 @@ typedef struct oscar_runtime_options {
                                OSCAR_BACKEND environment variable, else the
                                best-scoring backend that can run here */
     const char *plugin_dir; /* extra folder searched first for plugins, or NULL */
-    int32_t device_index;   /* GPU ordinal (default 0) */
+    int32_t device_index;   /* GPU ordinal (default 0; negative: OSCAR_ERR_INVALID_ARGUMENT) */
     int32_t validate;       /* 1: check block tables and lengths on the host
                                before every device call, and that no page or
                                window slot is written twice by one append
