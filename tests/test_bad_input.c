@@ -1795,3 +1795,50 @@ static void uninitialised_workspace_case(const char *backend) {
 Test(bad_input, uninitialised_workspace_is_named_opencl, .timeout = 300) { uninitialised_workspace_case("opencl"); }
 Test(bad_input, uninitialised_workspace_is_named_cuda, .timeout = 300) { uninitialised_workspace_case("cuda"); }
 Test(bad_input, uninitialised_workspace_is_named_hip, .timeout = 300) { uninitialised_workspace_case("hip"); }
+
+/* The GPU plugins' tuning variables (docs/API.md) read through a parser that took anything not a count
+ * as unset: OSCAR_EXTEND_FA=yes, OSCAR_APPEND_WK=8x or OSCAR_EXTEND_FA_SPLITS=-1 ran the default rule
+ * without a word, so an A/B or a test forcing a kernel measured the other one. A plan is now refused
+ * by name; a count (or 0 / 1 for OSCAR_EXTEND_FA) is taken. */
+static void tuning_env_case(const char *backend) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = backend;
+    oscar_runtime *rt = NULL;
+    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
+        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
+        cr_skip_test("%s not available", backend);
+    }
+    oscar_layout_desc l;
+    small_layout(&l);
+    l.page_size = 16;
+    l.sink = 8;
+    l.recent = g_recent;
+    l.max_seq_len = LEN;
+    l.kv_dtype = OSCAR_DTYPE_BF16;
+    l.method = OSCAR_METHOD_QUAROT2;
+    l.meta_dtype = g_meta;
+    const char *bad[][2] = {{"OSCAR_EXTEND_FA", "yes"},        {"OSCAR_EXTEND_FA", "5"},
+                            {"OSCAR_APPEND_WK", "8x"},         {"OSCAR_EXTEND_FA_SPLITS", "-1"},
+                            {"OSCAR_DECODE_O3_CTAS", "lots"},  {"OSCAR_APPEND_TILE_CTAS", "1e3"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(setenv(bad[i][0], bad[i][1], 1), 0);
+        oscar_plan *p = NULL;
+        oscar_status s = oscar_plan_create(rt, &l, NULL, &p);
+        cr_expect_eq(s, OSCAR_ERR_INVALID_ARGUMENT, "%s %s='%s': status %d", backend, bad[i][0], bad[i][1], s);
+        cr_expect(strstr(oscar_last_error(), bad[i][0]), "%s %s='%s': %s", backend, bad[i][0], bad[i][1],
+                  oscar_last_error());
+        cr_expect_null(p);
+        oscar_plan_destroy(p);
+        /* a count is taken */
+        cr_assert_eq(setenv(bad[i][0], "1", 1), 0);
+        s = oscar_plan_create(rt, &l, NULL, &p);
+        cr_expect_eq(s, OSCAR_OK, "%s %s=1: %s", backend, bad[i][0], oscar_last_error());
+        oscar_plan_destroy(p);
+        cr_assert_eq(unsetenv(bad[i][0]), 0);
+    }
+    oscar_runtime_destroy(rt);
+}
+Test(bad_input, malformed_tuning_variable_is_named_opencl, .timeout = 300) { tuning_env_case("opencl"); }
+Test(bad_input, malformed_tuning_variable_is_named_cuda, .timeout = 300) { tuning_env_case("cuda"); }
+Test(bad_input, malformed_tuning_variable_is_named_hip, .timeout = 300) { tuning_env_case("hip"); }

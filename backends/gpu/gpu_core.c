@@ -96,6 +96,29 @@ static int env_count(const char *name, int def) {
     return end && *end == '\0' && v >= 0 && v <= 1000000 ? (int)v : def;
 }
 
+/* The plan's tuning variables (docs/API.md; A/B timing and tests): set but not a count refuses the plan
+ * by name, where a typo would time or test the default rule without a word. */
+static oscar_status check_tuning_env(const char *nm, oscar_errbuf *err) {
+    static const char *const counts[] = {"OSCAR_APPEND_RING_CTAS", "OSCAR_APPEND_WF_CTAS", "OSCAR_APPEND_TILE_CTAS",
+                                         "OSCAR_APPEND_WK", "OSCAR_DECODE_O3_CTAS", "OSCAR_DECODE_W3_SPLIT",
+                                         "OSCAR_DECODE_W3_ROWS", "OSCAR_EXTEND_FA_SPLITS"};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        const char *e = getenv(counts[i]);
+        if (e && *e && env_count(counts[i], -2) == -2)
+            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                    "%s plan: %s='%.40s' is not a count (0 to 1000000); unset it or give a "
+                                    "number (a tuning variable, docs/API.md)",
+                                    nm, counts[i], e);
+    }
+    const char *fa = getenv("OSCAR_EXTEND_FA");
+    if (fa && *fa && strcmp(fa, "0") != 0 && strcmp(fa, "1") != 0)
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "%s plan: OSCAR_EXTEND_FA='%.40s' is not 0 (never the long-chunk kernel) or 1 "
+                                "(every extend call of >= 2 query rows); unset it for the default rule",
+                                nm, fa);
+    return OSCAR_OK;
+}
+
 /* Tokens per CTA of the shared-F warp write path (append_wk) for total_new tokens of H heads: of
  * K = 2, 4, 8, the fewest waves of CTAs (resident counts from the occupancy query), the smallest K
  * among equals (a CTA waits for its copy of F; fewer pairs wait less); 0 where none is resident. */
@@ -321,6 +344,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     int lp = log2_exact(l->page_size);
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: rotations missing (rot_k/rot_v NULL)", nm);
+    if ((st = check_tuning_env(nm, err)) != OSCAR_OK) return st;
 
     gpu_plan *p = calloc(1, sizeof *p);
     if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
