@@ -1059,6 +1059,10 @@ class PagedCache:
         prefill, speculative verify, prefix reuse). Returns ``out``, or
         ``(out, lse)`` with ``lse`` [total_q, num_q_heads] float32 when asked."""
         self._check_layer(layer)
+        if not isinstance(lse, (bool, np.bool_)):
+            # an array here met NumPy's "truth value is ambiguous", naming nothing of this call
+            raise TypeError(f"lse is a flag: lse=True returns (out, lse), the LSE in a new array; got "
+                            f"{type(lse).__name__}")
         n = _counts(q_tokens, "q_tokens")
         total = _rows(q, "q")
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
