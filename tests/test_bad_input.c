@@ -1842,3 +1842,23 @@ static void tuning_env_case(const char *backend) {
 Test(bad_input, malformed_tuning_variable_is_named_opencl, .timeout = 300) { tuning_env_case("opencl"); }
 Test(bad_input, malformed_tuning_variable_is_named_cuda, .timeout = 300) { tuning_env_case("cuda"); }
 Test(bad_input, malformed_tuning_variable_is_named_hip, .timeout = 300) { tuning_env_case("hip"); }
+
+/* A batch whose max_seq_len is below its sequences' lengths, on a GPU backend without validation:
+ * the kernels flag the length and skip the rows, and oscar_plan_check said "seq_len, new-token count
+ * or extend query table out of range", naming neither the batch's max_seq_len nor telling the caller
+ * to raise it. */
+static void batch_max_len_case(const char *backend) {
+    rig r;
+    rig_ready(&r, backend);
+    oscar_cache c = rig_cache(&r);
+    oscar_batch b = rig_batch(&r);
+    b.max_seq_len = LEN - 1;
+    oscar_status s = oscar_decode(r.plan, 0, &c, &b, r.q, 0, r.out, 0, 0.0f, 0, r.ws, r.ws_bytes, NULL);
+    if (s == OSCAR_OK) s = oscar_plan_check(r.plan, r.ws, NULL);
+    cr_expect_neq(s, OSCAR_OK, "%s: a batch max_seq_len below the lengths was taken", backend);
+    cr_expect(strstr(oscar_last_error(), "max_seq_len"), "%s: %s", backend, oscar_last_error());
+    rig_close(&r);
+}
+Test(bad_input, batch_max_seq_len_below_lengths_is_named_opencl, .timeout = 300) { batch_max_len_case("opencl"); }
+Test(bad_input, batch_max_seq_len_below_lengths_is_named_cuda, .timeout = 300) { batch_max_len_case("cuda"); }
+Test(bad_input, batch_max_seq_len_below_lengths_is_named_hip, .timeout = 300) { batch_max_len_case("hip"); }

@@ -746,14 +746,14 @@ oscar_status gpu_check(void *ctx, void *bplan, void *workspace, void *stream, os
     return oscar_errbuf_set(err, s,
                             "%s device kernels reported:%s%s%s; rows with a page, slot or length out of range were "
                             "skipped, non-finite K/V rows stored as zeros, and the outputs of non-finite queries are "
-                            "not valid; fix the block table, window slots, seq_lens, cu_new, cu_q / total_q / "
-                            "max_q_len or the activations",
+                            "not valid; fix the block table, window slots, seq_lens or max_seq_len, cu_new, cu_q / "
+                            "total_q / max_q_len or the activations",
                             nm, (w & OSCAR_DEVERR_BLOCK_TABLE) ? " block table entry or window slot out of range" : "",
                             (w & OSCAR_DEVERR_NONFINITE) ? " NaN/Inf in a K/V row or a query (q)" : "",
                             /* extend's kernels raise it for a bad query table too */
                             (w & OSCAR_DEVERR_LENGTH)
-                                ? " seq_len, new-token count (cu_new) or extend query table (cu_q, total_q, max_q_len) "
-                                  "out of range"
+                                ? " seq_len (below 1 or above the batch's max_seq_len), new-token count (cu_new) or "
+                                  "extend query table (cu_q, total_q, max_q_len) out of range"
                                 : "");
 }
 
