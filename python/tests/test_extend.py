@@ -58,23 +58,25 @@ def test_extend_matches_numpy_and_decode(cpu, rng):
     assert np.array_equal(dec, one), "extend with one query per sequence differs from decode"
 
 
-def test_extend_refuses_more_queries_than_tokens(cpu, rng):
+def four_token_cache(cpu, rng):
+    """A BF16-method cache of one sequence holding 4 tokens."""
     layout = liboscar.Layout(head_dim=D, group=128, num_q_heads=HQ, num_kv_heads=HKV, page_size=PAGE, sink=S0,
                              recent=W, max_seq_len=64, kv_dtype="bf16", method="bf16")
     cache = liboscar.Plan(cpu, layout).cache(num_layers=1, num_seqs=1, max_seq_len=64)
     k = liboscar.to_bf16(rng.standard_normal((4, HKV, D)))
     cache.append(0, k, k, new_tokens=[4])
+    return cache
+
+
+def test_extend_refuses_more_queries_than_tokens(cpu, rng):
+    cache = four_token_cache(cpu, rng)
     with pytest.raises(ValueError, match="more query tokens"):
         cache.extend(0, liboscar.to_bf16(rng.standard_normal((5, HQ, D))), [5])
 
 
 def test_extend_lse_is_a_flag(cpu, rng):
     """An array passed as lse met NumPy's "truth value is ambiguous", naming nothing of the call."""
-    layout = liboscar.Layout(head_dim=D, group=128, num_q_heads=HQ, num_kv_heads=HKV, page_size=PAGE, sink=S0,
-                             recent=W, max_seq_len=64, kv_dtype="bf16", method="bf16")
-    cache = liboscar.Plan(cpu, layout).cache(num_layers=1, num_seqs=1, max_seq_len=64)
-    k = liboscar.to_bf16(rng.standard_normal((4, HKV, D)))
-    cache.append(0, k, k, new_tokens=[4])
+    cache = four_token_cache(cpu, rng)
     q = liboscar.to_bf16(rng.standard_normal((4, HQ, D)))
     with pytest.raises(TypeError, match="lse is a flag"):
         cache.extend(0, q, [4], lse=np.empty((4, HQ), np.float32))
