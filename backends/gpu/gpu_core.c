@@ -87,36 +87,17 @@ typedef struct gpu_plan {
 
 static const gpu_vendor *V(void *ctx) { return ((gpu_ctx_head *)ctx)->vendor; }
 
-/* $name as a count in 0 .. 1000000, else def (unset, empty or malformed). */
-static int env_count(const char *name, int def) {
+/* $name as a count in 0 .. max, else def: unset or empty, or set to anything else, which also names
+ * the variable in *bad (the first such; the plan is then refused: a typo in a tuning variable would
+ * time or test the default rule without a word). */
+static int env_count(const char *name, int def, int max, const char **bad) {
     const char *e = getenv(name);
     if (!e || !*e) return def;
     char *end = NULL;
     long v = strtol(e, &end, 10);
-    return end && *end == '\0' && v >= 0 && v <= 1000000 ? (int)v : def;
-}
-
-/* The plan's tuning variables (docs/API.md; A/B timing and tests): set but not a count refuses the plan
- * by name, where a typo would time or test the default rule without a word. */
-static oscar_status check_tuning_env(const char *nm, oscar_errbuf *err) {
-    static const char *const counts[] = {"OSCAR_APPEND_RING_CTAS", "OSCAR_APPEND_WF_CTAS", "OSCAR_APPEND_TILE_CTAS",
-                                         "OSCAR_APPEND_WK", "OSCAR_DECODE_O3_CTAS", "OSCAR_DECODE_W3_SPLIT",
-                                         "OSCAR_DECODE_W3_ROWS", "OSCAR_EXTEND_FA_SPLITS"};
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
-        const char *e = getenv(counts[i]);
-        if (e && *e && env_count(counts[i], -2) == -2)
-            return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                    "%s plan: %s='%.40s' is not a count (0 to 1000000); unset it or give a "
-                                    "number (a tuning variable, docs/API.md)",
-                                    nm, counts[i], e);
-    }
-    const char *fa = getenv("OSCAR_EXTEND_FA");
-    if (fa && *fa && strcmp(fa, "0") != 0 && strcmp(fa, "1") != 0)
-        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                                "%s plan: OSCAR_EXTEND_FA='%.40s' is not 0 (never the long-chunk kernel) or 1 "
-                                "(every extend call of >= 2 query rows); unset it for the default rule",
-                                nm, fa);
-    return OSCAR_OK;
+    if (end && *end == '\0' && v >= 0 && v <= max) return (int)v;
+    if (!*bad) *bad = name;
+    return def;
 }
 
 /* Tokens per CTA of the shared-F warp write path (append_wk) for total_new tokens of H heads: of
@@ -344,7 +325,6 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     int lp = log2_exact(l->page_size);
     if (!desc->identity_rotation && (!desc->rot_k || !desc->rot_v))
         return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT, "%s plan: rotations missing (rot_k/rot_v NULL)", nm);
-    if ((st = check_tuning_env(nm, err)) != OSCAR_OK) return st;
 
     gpu_plan *p = calloc(1, sizeof *p);
     if (!p) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "%s plan: out of host memory", nm);
@@ -360,22 +340,33 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->gqa = l->num_q_heads / l->num_kv_heads;
     /* $OSCAR_APPEND_RING_CTAS, $OSCAR_APPEND_TILE_CTAS (tuning and A/B timing; docs/API.md):
      * read once, kept by the plan */
-    p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS);
-    p->wf_ctas = env_count("OSCAR_APPEND_WF_CTAS", -1);
-    p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", -1);
-    p->wk_pairs = env_count("OSCAR_APPEND_WK", -1);
+    const char *bad = NULL;
+    enum { CNT = 1000000 };
+    p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS, CNT, &bad);
+    p->wf_ctas = env_count("OSCAR_APPEND_WF_CTAS", -1, CNT, &bad);
+    p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", -1, CNT, &bad);
+    p->wk_pairs = env_count("OSCAR_APPEND_WK", -1, CNT, &bad);
     int cus = V(ctx)->compute_units(ctx);
     /* default: a third of the CUs, and a call of >= 16K tokens or 3 CTAs per CU; an explicit
      * $OSCAR_DECODE_O3_CTAS (tests, A/B) is the whole rule */
-    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3);
-    p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
+    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3, CNT, &bad);
+    p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1, CNT, &bad) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
     p->o3_big = 3 * (cus > 0 ? cus : 1);
-    p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN);
-    p->w3_rows = env_count("OSCAR_DECODE_W3_ROWS", 1);
+    p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN, CNT, &bad);
+    p->w3_rows = env_count("OSCAR_DECODE_W3_ROWS", 1, CNT, &bad);
     {
-        const int fe = env_count("OSCAR_EXTEND_FA", -1);
+        const int fe = env_count("OSCAR_EXTEND_FA", -1, 1, &bad);
         p->fa_min = fe == 0 ? -1 : fe == 1 ? 1 : OSCAR_EXTEND_FA_MIN_PAIRS;
-        p->fa_splits = env_count("OSCAR_EXTEND_FA_SPLITS", 0);
+        p->fa_splits = env_count("OSCAR_EXTEND_FA_SPLITS", 0, CNT, &bad);
+    }
+    if (bad) {
+        st = oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                              "%s plan: %s='%.40s' is not one of its values (a count 0 to 1000000; "
+                              "OSCAR_EXTEND_FA: 0 or 1); unset it for the default rule (a tuning variable, "
+                              "docs/API.md)",
+                              nm, bad, getenv(bad));
+        free(p);
+        return st;
     }
     size_t D = (size_t)d;
     oscar_page_geom g;
