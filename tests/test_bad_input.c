@@ -1804,10 +1804,15 @@ static void tuning_env_case(const char *backend) {
     l.kv_dtype = OSCAR_DTYPE_BF16;
     l.method = OSCAR_METHOD_QUAROT2;
     l.meta_dtype = g_meta;
-    const char *bad[][2] = {{"OSCAR_EXTEND_FA", "yes"},        {"OSCAR_EXTEND_FA", "5"},
-                            {"OSCAR_APPEND_WK", "8x"},         {"OSCAR_EXTEND_FA_SPLITS", "-1"},
-                            {"OSCAR_DECODE_O3_CTAS", "lots"},  {"OSCAR_APPEND_TILE_CTAS", "1e3"}};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    /* {variable, a value refused, a value taken}; the CUDA plugin's A/B switches (they parsed with atoi
+     * or "anything but 0") are read by CUDA and HIP only, so they are set on those backends alone */
+    const char *bad[][3] = {{"OSCAR_EXTEND_FA", "yes", "1"},       {"OSCAR_EXTEND_FA", "5", "1"},
+                            {"OSCAR_APPEND_WK", "8x", "1"},        {"OSCAR_EXTEND_FA_SPLITS", "-1", "1"},
+                            {"OSCAR_DECODE_O3_CTAS", "lots", "1"}, {"OSCAR_APPEND_TILE_CTAS", "1e3", "1"},
+                            {"OSCAR_DECODE_LP", "off", "0"},       {"OSCAR_DECODE_W3", "2", "0"},
+                            {"OSCAR_DECODE_CAP", "-8", "8"}};
+    const size_t nb = sizeof bad / sizeof bad[0] - (strcmp(backend, "opencl") ? 0 : 3);
+    for (size_t i = 0; i < nb; i++) {
         cr_assert_eq(setenv(bad[i][0], bad[i][1], 1), 0);
         oscar_plan *p = NULL;
         oscar_status s = oscar_plan_create(rt, &l, NULL, &p);
@@ -1816,14 +1821,30 @@ static void tuning_env_case(const char *backend) {
                   oscar_last_error());
         cr_expect_null(p);
         oscar_plan_destroy(p);
-        /* a count is taken */
-        cr_assert_eq(setenv(bad[i][0], "1", 1), 0);
+        /* a value of its range is taken */
+        cr_assert_eq(setenv(bad[i][0], bad[i][2], 1), 0);
         s = oscar_plan_create(rt, &l, NULL, &p);
-        cr_expect_eq(s, OSCAR_OK, "%s %s=1: %s", backend, bad[i][0], oscar_last_error());
+        cr_expect_eq(s, OSCAR_OK, "%s %s=%s: %s", backend, bad[i][0], bad[i][2], oscar_last_error());
         oscar_plan_destroy(p);
         cr_assert_eq(unsetenv(bad[i][0]), 0);
     }
     oscar_runtime_destroy(rt);
+    if (!strcmp(backend, "cuda")) {
+        /* read when the runtime opens the device */
+        oscar_runtime_options ro;
+        oscar_runtime_options_default(&ro);
+        ro.backend = backend;
+        cr_assert_eq(setenv("OSCAR_NO_PDL", "yes", 1), 0);
+        oscar_runtime *r2 = NULL;
+        cr_expect_neq(oscar_runtime_create(&ro, &r2), OSCAR_OK, "cuda OSCAR_NO_PDL=yes was taken");
+        cr_expect(strstr(oscar_last_error(), "OSCAR_NO_PDL"), "%s", oscar_last_error());
+        oscar_runtime_destroy(r2);
+        r2 = NULL;
+        cr_assert_eq(setenv("OSCAR_NO_PDL", "1", 1), 0);
+        cr_expect_eq(oscar_runtime_create(&ro, &r2), OSCAR_OK, "cuda OSCAR_NO_PDL=1: %s", oscar_last_error());
+        oscar_runtime_destroy(r2);
+        cr_assert_eq(unsetenv("OSCAR_NO_PDL"), 0);
+    }
 }
 Test(bad_input, malformed_tuning_variable_is_named_opencl, .timeout = 300) { tuning_env_case("opencl"); }
 Test(bad_input, malformed_tuning_variable_is_named_cuda, .timeout = 300) { tuning_env_case("cuda"); }

@@ -106,6 +106,15 @@ static int g_probe(int device_index, oscar_errbuf *why) {
 
 static const gpu_vendor k_vendor;
 
+/* A switch of this plugin (docs/API.md) set to something it does not take: refused by name, not read
+ * as unset (an A/B run would otherwise time the default without a word). */
+static oscar_status bad_switch(oscar_errbuf *err, const char *where, const char *name, const char *values) {
+    return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                            GPU_NAME " %s: %s='%.40s' is not one of its values (%s); unset it for the default "
+                            "(docs/API.md)",
+                            where, name, getenv(name), values);
+}
+
 static oscar_status g_init(int device_index, void **ctx, oscar_errbuf *err) {
     gpu_ctx *c = calloc(1, sizeof *c);
     if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, GPU_NAME " init: out of host memory");
@@ -120,8 +129,13 @@ static oscar_status g_init(int device_index, void **ctx, oscar_errbuf *err) {
     }
     c->sms = prop.multiProcessorCount;
 #ifndef OSCAR_HIP
-    const char *np = getenv("OSCAR_NO_PDL");
-    c->pdl = prop.major >= 9 && !(np && *np && strcmp(np, "0") != 0);
+    const char *bad = NULL;
+    const int no_pdl = gpu_env_count("OSCAR_NO_PDL", 0, 1, &bad);
+    if (bad) {
+        free(c);
+        return bad_switch(err, "init", bad, "0 or 1");
+    }
+    c->pdl = prop.major >= 9 && !no_pdl;
 #endif
     snprintf(c->name, sizeof c->name, "%s (%d SMs, %.1f GiB)", prop.name, prop.multiProcessorCount,
              (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
@@ -210,6 +224,13 @@ static oscar_status tc_prepare(const void *fn, int threads, int smem, const char
 
 static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels *k, oscar_errbuf *err) {
     (void)ctx;
+    /* The A/B switches (docs/API.md), read before anything is chosen. */
+    const char *bad = NULL;
+    const int maxcap = gpu_env_count("OSCAR_DECODE_CAP", 0, 1024, &bad);
+    if (bad) return bad_switch(err, "plan", bad, "a head count 1 to 1024, or 0 for no cap");
+    const int lp_on = gpu_env_count("OSCAR_DECODE_LP", 1, 1, &bad);
+    const int w3_on = gpu_env_count("OSCAR_DECODE_W3", 1, 1, &bad);
+    if (bad) return bad_switch(err, "plan", bad, "0 or 1");
     int bf16m = l->method == OSCAR_METHOD_BF16, gq = l->num_q_heads / l->num_kv_heads;
     int G = bf16m ? l->head_dim : l->group, kvb = l->kv_dtype == OSCAR_DTYPE_BF16,
         mf32 = !bf16m && l->meta_dtype == OSCAR_DTYPE_F32, lm = l->method == OSCAR_METHOD_OSCAR2_LM;
@@ -231,8 +252,6 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
      * holds the GQA ratio (else the largest: the ratio runs in several CTAs).
      * $OSCAR_DECODE_CAP=N (A/B knob, docs/API.md): no tensor-core variant of more than N
      * query heads per CTA (a larger ratio then runs in several CTAs per KV head). */
-    const char *cape = getenv("OSCAR_DECODE_CAP");
-    const int maxcap = cape && atoi(cape) > 0 ? atoi(cape) : 0;
     for (int t = 0; t < GPU_TABLE(num_decode_tables); t++)
         for (int i = 0; i < *GPU_TABLE(decode_table_sizes)[t]; i++) {
             const oscar_gpu_decode_variant *v = &GPU_TABLE(decode_tables)[t][i];
@@ -276,8 +295,7 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     /* At most 4 query heads per KV head: the limb-packed decode (decode_tc.jinja LP; H200
      * A/B in perf/RESULTS-attention.md), unless OSCAR_DECODE_LP=0 asks for the plain
      * 8-column kernel (an A/B switch, docs/API.md). */
-    const char *lpe = getenv("OSCAR_DECODE_LP");
-    const int lp = dv->tc && dv->decode_lp && gq <= 4 && !(lpe && strcmp(lpe, "0") == 0);
+    const int lp = dv->tc && dv->decode_lp && gq <= 4 && lp_on;
     k->decode = lp ? dv->decode_lp : dv->decode;
     k->decode_lp = lp;
     k->merge = dv->merge;
@@ -321,11 +339,10 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         }
     /* Layers with 3-bit head-tensors: the W3 instantiations, unless OSCAR_DECODE_W3=0 asks for the
      * generic extend kernels there (an A/B switch, docs/API.md). */
-    const char *w3e = getenv("OSCAR_DECODE_W3");
     k->decode_w3 = k->extend_w3 = NULL;
     k->resident_w3 = k->ext_resident_w3 = 0;
     k->smem_w3 = 0;
-    if (dv->tc && dv->decode_w3 && dv->extend_w3 && !(w3e && strcmp(w3e, "0") == 0)) {
+    if (dv->tc && dv->decode_w3 && dv->extend_w3 && w3_on) {
         if ((st = tc_prepare(dv->decode_w3, dv->threads, dv->smem_w3, "decode", &k->resident_w3, err)) ||
             (st = tc_prepare(dv->extend_w3, dv->threads, dv->smem_w3, "extend", &k->ext_resident_w3, err)))
             return st;

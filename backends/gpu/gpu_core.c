@@ -87,10 +87,7 @@ typedef struct gpu_plan {
 
 static const gpu_vendor *V(void *ctx) { return ((gpu_ctx_head *)ctx)->vendor; }
 
-/* $name as a count in 0 .. max, else def: unset or empty, or set to anything else, which also names
- * the variable in *bad (the first such; the plan is then refused: a typo in a tuning variable would
- * time or test the default rule without a word). */
-static int env_count(const char *name, int def, int max, const char **bad) {
+int gpu_env_count(const char *name, int def, int max, const char **bad) {
     const char *e = getenv(name);
     if (!e || !*e) return def;
     char *end = NULL;
@@ -342,22 +339,22 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
      * read once, kept by the plan */
     const char *bad = NULL;
     enum { CNT = 1000000 };
-    p->ring_ctas = env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS, CNT, &bad);
-    p->wf_ctas = env_count("OSCAR_APPEND_WF_CTAS", -1, CNT, &bad);
-    p->tile_ctas = env_count("OSCAR_APPEND_TILE_CTAS", -1, CNT, &bad);
-    p->wk_pairs = env_count("OSCAR_APPEND_WK", -1, CNT, &bad);
+    p->ring_ctas = gpu_env_count("OSCAR_APPEND_RING_CTAS", OSCAR_APPENDW_RING_CTAS, CNT, &bad);
+    p->wf_ctas = gpu_env_count("OSCAR_APPEND_WF_CTAS", -1, CNT, &bad);
+    p->tile_ctas = gpu_env_count("OSCAR_APPEND_TILE_CTAS", -1, CNT, &bad);
+    p->wk_pairs = gpu_env_count("OSCAR_APPEND_WK", -1, CNT, &bad);
     int cus = V(ctx)->compute_units(ctx);
     /* default: a third of the CUs, and a call of >= 16K tokens or 3 CTAs per CU; an explicit
      * $OSCAR_DECODE_O3_CTAS (tests, A/B) is the whole rule */
-    p->o3_ctas = env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3, CNT, &bad);
-    p->o3_len = env_count("OSCAR_DECODE_O3_CTAS", -1, CNT, &bad) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
+    p->o3_ctas = gpu_env_count("OSCAR_DECODE_O3_CTAS", ((cus > 0 ? cus : 1) + 2) / 3, CNT, &bad);
+    p->o3_len = gpu_env_count("OSCAR_DECODE_O3_CTAS", -1, CNT, &bad) >= 0 ? 0 : OSCAR_DECODE_O3_MIN_LEN;
     p->o3_big = 3 * (cus > 0 ? cus : 1);
-    p->w3_split = env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN, CNT, &bad);
-    p->w3_rows = env_count("OSCAR_DECODE_W3_ROWS", 1, CNT, &bad);
+    p->w3_split = gpu_env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN, CNT, &bad);
+    p->w3_rows = gpu_env_count("OSCAR_DECODE_W3_ROWS", 1, CNT, &bad);
     {
-        const int fe = env_count("OSCAR_EXTEND_FA", -1, 1, &bad);
+        const int fe = gpu_env_count("OSCAR_EXTEND_FA", -1, 1, &bad);
         p->fa_min = fe == 0 ? -1 : fe == 1 ? 1 : OSCAR_EXTEND_FA_MIN_PAIRS;
-        p->fa_splits = env_count("OSCAR_EXTEND_FA_SPLITS", 0, CNT, &bad);
+        p->fa_splits = gpu_env_count("OSCAR_EXTEND_FA_SPLITS", 0, CNT, &bad);
     }
     if (bad) {
         st = oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,

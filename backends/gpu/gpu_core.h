@@ -161,6 +161,11 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
 oscar_status gpu_check_compiled_shape(const char *nm, int d, int group, const int (*pairs)[2], int n,
                                       oscar_errbuf *err);
 
+/* $name as a count in 0 .. max, else def: unset or empty, or set to anything else, which also names
+ * the variable in *bad (the first such; the caller then refuses the plan or runtime: a typo in a
+ * tuning variable would time or test the default rule without a word). */
+int gpu_env_count(const char *name, int def, int max, const char **bad);
+
 void gpu_choose_splits(int num_seqs, int kv_heads, int max_len, int threads, int min_chunk, int target_blocks,
                        int resident, int max_splits, int *nsplit, int *chunk);
 
