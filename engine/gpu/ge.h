@@ -45,6 +45,10 @@ typedef struct ge_options {
     int no_graphs;            /* 1: issue every decode step's launches from the host; 0 (default):
                                  capture a decode step once per (batch size, length bucket) into
                                  a CUDA graph and replay it (docs/API.md, CUDA graphs) */
+    int no_pdl;               /* 1: launch the step's kernels plainly; 0 (default): on sm_90 the
+                                 engine's norms, SwiGLU, RoPE and GEMVs by programmatic dependent
+                                 launch (a GEMV streams its first weights while the kernel before
+                                 it runs; same results) */
     int prefill_chunk;        /* chunked prefill through oscar_extend, at most this many tokens of a
                                  prompt per step (default 512; clamped to max_prefill_tokens, and
                                  for 2-bit methods to the recent window W: a longer chunk demotes

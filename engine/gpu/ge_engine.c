@@ -60,6 +60,7 @@ struct ge_engine {
     int f32;       /* weights and GEMM activations in fp32 */
     size_t wsz;    /* bytes per weight / act element */
     int QKV;       /* (Hq + 2 Hkv) d */
+    int pdl;       /* the step's small kernels and GEMVs by programmatic dependent launch (sm_90, !no_pdl) */
     cudaStream_t st;
     cublasHandle_t blas;
     oscar_runtime *rt;
@@ -270,6 +271,9 @@ static oscar_status setup_common(ge_engine *e)
         return ge_set_error(OSCAR_ERR_UNSUPPORTED_HEAD_DIM, "ge: head_dim %d; the GPU engine runs 64, 128 or 256",
                             c->head_dim);
     CU(cudaSetDevice(o->device));
+    int major = 0;
+    CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));
+    e->pdl = major >= 9 && !o->no_pdl;
     CU(cudaStreamCreateWithFlags(&e->st, cudaStreamNonBlocking));
     BL(cublasCreate(&e->blas));
     BL(cublasSetStream(e->blas, e->st));
@@ -587,7 +591,7 @@ static oscar_status gemm(ge_engine *e, int M, int N, int K, const void *W, const
     if (M <= 0) return OSCAR_OK;
     /* Decode steps of up to 4 sequences (bf16 weights): the engine's GEMV (ge_kernels.h). */
     if (!e->f32 && M <= 4 && K % 8 == 0 && ((uintptr_t)W | (uintptr_t)X) % 16 == 0 && (beta == 0.0f || beta == 1.0f)) {
-        KL(ge_k_gemv_bf16(Y, W, X, M, N, K, beta == 1.0f, e->st));
+        KL(ge_k_gemv_bf16(Y, W, X, M, N, K, beta == 1.0f, e->pdl, e->st));
         return OSCAR_OK;
     }
     const float alpha = 1.0f;
@@ -781,12 +785,12 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
     if (e->dbg) GE(dbg_emit(e, -1, "embed", e->x, 1, (size_t)Ti, (size_t)H));
     for (int li = 0; li < c->num_layers; li++) {
         const ge_layer *g = &e->L[li];
-        KL(ge_k_rmsnorm(e->h, f32, e->x, g->attn_norm, Ti, H, eps, e->st));
+        KL(ge_k_rmsnorm(e->h, f32, e->x, g->attn_norm, Ti, H, eps, e->pdl, e->st));
         MARK(GE_PHASE_ATTN_NORM);
         GE(gemm(e, Ti, e->QKV, H, g->wqkv, e->h, e->qkv, 0.0f));
         MARK(GE_PHASE_QKV_GEMM);
         KL(ge_k_qkv_post(e->qkv, g->bqkv, g->q_norm, g->k_norm, e->rope_cos, e->rope_sin, e->d_pos, Ti, Hq, Hkv, d,
-                         eps, e->q32, e->qb, e->kb, e->vb, e->st));
+                         eps, e->q32, e->qb, e->kb, e->vb, e->pdl, e->st));
         MARK(GE_PHASE_QKV_POST);
         if (e->dbg) {
             GE(dbg_emit(e, li, "q", e->q32, 1, (size_t)Ti, (size_t)qd));
@@ -825,13 +829,13 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
         GE(gemm(e, Ti, H, qd, g->wo, e->attn, e->x, 1.0f));
         if (g->bo) KL(ge_k_add_bias(e->x, g->bo, Ti, H, e->st));
         MARK(GE_PHASE_O_GEMM);
-        KL(ge_k_rmsnorm(e->h, f32, e->x, g->mlp_norm, Ti, H, eps, e->st));
+        KL(ge_k_rmsnorm(e->h, f32, e->x, g->mlp_norm, Ti, H, eps, e->pdl, e->st));
         MARK(GE_PHASE_MLP_NORM);
         for (int r0 = 0; r0 < Ti; r0 += MC) {
             int rows = Ti - r0 < MC ? Ti - r0 : MC;
             GE(gemm(e, rows, 2 * FF, H, g->wgu, (const char *)e->h + (size_t)r0 * H * e->wsz, e->gu, 0.0f));
             MARK(GE_PHASE_GATE_UP_GEMM);
-            KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->st));
+            KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->pdl, e->st));
             MARK(GE_PHASE_SWIGLU);
             GE(gemm(e, rows, H, FF, g->wdown, e->act, e->x + (size_t)r0 * H, 1.0f));
             MARK(GE_PHASE_DOWN_GEMM);
@@ -839,7 +843,7 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
         if (e->dbg) GE(dbg_emit(e, li, "x", e->x, 1, (size_t)Ti, (size_t)H));
     }
     KL(ge_k_gather_rows(e->last, e->x, e->d_rows, n, H, e->st));
-    KL(ge_k_rmsnorm(e->hl, f32, e->last, e->final_norm, n, H, eps, e->st));
+    KL(ge_k_rmsnorm(e->hl, f32, e->last, e->final_norm, n, H, eps, e->pdl, e->st));
     MARK(GE_PHASE_FINAL_NORM);
     GE(gemm(e, n, c->vocab, H, e->lm_head, e->hl, e->logits, 0.0f));
     MARK(GE_PHASE_LM_HEAD);

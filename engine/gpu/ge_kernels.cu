@@ -12,6 +12,36 @@
 
 static inline int launch_rc() { return (int)cudaGetLastError(); }
 
+// Programmatic dependent launch (sm_90; pdl 0 or older GPUs: a plain launch). A kernel launched
+// with it may start while the stream's previous kernel still runs: before ge_pdl_wait() it may only
+// read what no kernel of the step writes (the weights), so a GEMV streams its first weights while
+// the small kernel before it runs instead of after (the ramp of every decode-step GEMV at batch 1).
+// After the wait everything the previous kernels wrote is visible; the trigger lets the next
+// kernel launch (it waits in turn), so the chain stays ordered.
+__device__ __forceinline__ void ge_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void ge_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+template <typename... P, typename... A>
+static int launch_pdl(void (*k)(P...), unsigned grid, unsigned block, int pdl, ge_stream st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, k, ((P)args)...);
+}
+
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;
     return (unsigned)(b > 1048576 ? 1048576 : (b ? b : 1));
@@ -109,6 +139,8 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 // (H200, Qwen3-8B: 13.5 us a call, perf/e2e/RESULTS.md step breakdown).
 __global__ void __launch_bounds__(1024) k_rmsnorm(void *out, int f32, const float *x, const float *w, int H, float eps) {
     __shared__ double part[32];
+    ge_pdl_wait();
+    ge_pdl_trigger();
     const float *xr = x + (size_t)blockIdx.x * H;
     const bool v4 = (H & 3) == 0;
     double ss = 0.0;
@@ -151,13 +183,12 @@ __global__ void __launch_bounds__(1024) k_rmsnorm(void *out, int f32, const floa
 }
 
 extern "C" int ge_k_rmsnorm(void *out, int out_f32, const float *x, const float *w, int rows, int H, float eps,
-                            ge_stream st) {
+                            int pdl, ge_stream st) {
     if (rows <= 0) return 0;
     /* a float4 per thread where the row allows (up to 1024 threads), in whole warps */
     int threads = ((H + 3) / 4 + 31) / 32 * 32;
     threads = threads < 128 ? 128 : threads > 1024 ? 1024 : threads;
-    k_rmsnorm<<<rows, threads, 0, st>>>(out, out_f32, x, w, H, eps);
-    return launch_rc();
+    return launch_pdl(k_rmsnorm, (unsigned)rows, (unsigned)threads, pdl, st, out, out_f32, x, w, H, eps);
 }
 
 // ------------------------------------------- q/k/v: bias, q/k-norm, RoPE
@@ -168,6 +199,8 @@ __global__ void k_qkv_post(const float *qkv, const float *bias, const float *qn,
                            __nv_bfloat16 *q16, __nv_bfloat16 *k16, __nv_bfloat16 *v16) {
     const int d = 32 * E, lane = threadIdx.x & 31;
     const int nh = Hq + 2 * Hkv;
+    ge_pdl_wait();
+    ge_pdl_trigger();
     long gw = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (gw >= (long)T * nh) return;
     int t = (int)(gw / nh), h = (int)(gw % nh);
@@ -219,27 +252,28 @@ __global__ void k_qkv_post(const float *qkv, const float *bias, const float *qn,
 extern "C" int ge_k_qkv_post(const float *qkv, const float *bias, const float *q_norm, const float *k_norm,
                              const float *cos_t, const float *sin_t, const int32_t *pos, int T, int Hq, int Hkv,
                              int d, float eps, float *q_f32, void *q_bf16, void *k_bf16, void *v_bf16,
-                             ge_stream st) {
+                             int pdl, ge_stream st) {
     if (T <= 0) return 0;
     long warps = (long)T * (Hq + 2 * Hkv);
     unsigned blocks = (unsigned)((warps + 3) / 4);
     __nv_bfloat16 *q16 = (__nv_bfloat16 *)q_bf16, *k16 = (__nv_bfloat16 *)k_bf16, *v16 = (__nv_bfloat16 *)v_bf16;
 #define QKV_CASE(E)                                                                                       \
-    k_qkv_post<E><<<blocks, 128, 0, st>>>(qkv, bias, q_norm, k_norm, cos_t, sin_t, pos, T, Hq, Hkv, eps, q_f32, \
-                                          q16, k16, v16)
+    launch_pdl(k_qkv_post<E>, blocks, 128, pdl, st, qkv, bias, q_norm, k_norm, cos_t, sin_t, pos, T, Hq, Hkv, eps, \
+               q_f32, q16, k16, v16)
     switch (d) {
-    case 64: QKV_CASE(2); break;
-    case 128: QKV_CASE(4); break;
-    case 256: QKV_CASE(8); break;
+    case 64: return QKV_CASE(2);
+    case 128: return QKV_CASE(4);
+    case 256: return QKV_CASE(8);
     default: return (int)cudaErrorInvalidValue;
     }
 #undef QKV_CASE
-    return launch_rc();
 }
 
 // ---------------------------------------------------------------- SwiGLU
 __global__ void k_swiglu(void *act, int f32, const float *gu, int rows, int FF) {
     size_t n = (size_t)rows * FF;
+    ge_pdl_wait();
+    ge_pdl_trigger();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         size_t r = i / FF, j = i % FF;
         float g = gu[r * 2 * FF + j], u = gu[r * 2 * FF + FF + j];
@@ -247,10 +281,9 @@ __global__ void k_swiglu(void *act, int f32, const float *gu, int rows, int FF) 
     }
 }
 
-extern "C" int ge_k_swiglu(void *act, int act_f32, const float *gu, int rows, int FF, ge_stream st) {
+extern "C" int ge_k_swiglu(void *act, int act_f32, const float *gu, int rows, int FF, int pdl, ge_stream st) {
     if (rows <= 0) return 0;
-    k_swiglu<<<blocks_for((size_t)rows * FF, 256), 256, 0, st>>>(act, act_f32, gu, rows, FF);
-    return launch_rc();
+    return launch_pdl(k_swiglu, blocks_for((size_t)rows * FF, 256), 256, pdl, st, act, act_f32, gu, rows, FF);
 }
 
 __global__ void k_add_bias(float *y, const float *b, int rows, int N) {
@@ -355,12 +388,21 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, con
     float acc[M];
 #pragma unroll
     for (int m = 0; m < M; m++) acc[m] = 0.0f;
-    if (n < N) {
-        const uint4 *w = W + (size_t)n * K8;
-        for (int i = lo + lane; i < hi; i += 128) {
-            uint4 a[4];
+    const uint4 *w = W + (size_t)(n < N ? n : 0) * K8;
+    /* the first round of weights before the wait (weights are never written by a step) */
+    uint4 a[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) a[u] = i + 32 * u < hi ? ld_stream(w + i + 32 * u) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < 4; u++) {
+        const int i = lo + lane + 32 * u;
+        a[u] = n < N && i < hi ? ld_stream(w + i) : make_uint4(0, 0, 0, 0);
+    }
+    ge_pdl_wait();
+    ge_pdl_trigger();
+    if (n < N) {
+        for (int i = lo + lane; i < hi; i += 128) {
+            if (i != lo + lane)
+#pragma unroll
+                for (int u = 0; u < 4; u++) a[u] = i + 32 * u < hi ? ld_stream(w + i + 32 * u) : make_uint4(0, 0, 0, 0);
 #pragma unroll
             for (int u = 0; u < 4; u++)
                 if (i + 32 * u < hi)
@@ -383,7 +425,8 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, con
     }
 }
 
-extern "C" int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, ge_stream st) {
+extern "C" int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int pdl,
+                              ge_stream st) {
     if (M < 1 || M > 4 || K % 8 || N < 1 || ((uintptr_t)W | (uintptr_t)x) % 16) return (int)cudaErrorInvalidValue;
     const int K8 = K / 8;
     int S = 1; /* slices per column: up to 8, until a lane's share is <= 6 loads (192 uint4 a warp) */
@@ -391,12 +434,11 @@ extern "C" int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int
     const unsigned blocks = (unsigned)((N + 8 / S - 1) / (8 / S));
     const uint4 *w4 = (const uint4 *)W, *x4 = (const uint4 *)x;
     switch (M) {
-    case 1: k_gemv_bf16<1><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
-    case 2: k_gemv_bf16<2><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
-    case 3: k_gemv_bf16<3><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
-    default: k_gemv_bf16<4><<<blocks, 256, 0, st>>>(y, w4, x4, N, K8, S, acc_y); break;
+    case 1: return launch_pdl(k_gemv_bf16<1>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
+    case 2: return launch_pdl(k_gemv_bf16<2>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
+    case 3: return launch_pdl(k_gemv_bf16<3>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
+    default: return launch_pdl(k_gemv_bf16<4>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
     }
-    return launch_rc();
 }
 
 // ------------------------------------------------------- profiling gate

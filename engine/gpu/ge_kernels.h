@@ -1,7 +1,10 @@
 /* Small CUDA kernels of the GPU engine (ge_kernels.cu), callable from C.
  * Activations that feed a GEMM ("act") are bf16 or fp32 (act_f32 flag);
  * the residual stream, GEMM outputs and norms are fp32. Every launcher
- * returns the cudaError_t of its launch as an int (0 = success). */
+ * returns the cudaError_t of its launch as an int (0 = success).
+ * pdl 1 (the decode step's kernels, sm_90): programmatic dependent launch, the kernel may start
+ * while the stream's previous kernel runs and waits for it on the device (a GEMV streams its first
+ * weights meanwhile); the results are the same as with pdl 0. */
 #ifndef OSCAR_GE_KERNELS_H
 #define OSCAR_GE_KERNELS_H
 
@@ -25,14 +28,15 @@ int ge_k_rope_table(float *cos_t, float *sin_t, const float *inv_freq, float sca
 /* x[t][:] = embed[ids[t]][:] (embed bf16 or fp32). */
 int ge_k_embed(float *x, const void *embed, int embed_f32, const int32_t *ids, int T, int H, ge_stream st);
 /* out[r][:] = x[r][:] * rsqrt(mean(x^2) + eps) * w, out in act dtype. */
-int ge_k_rmsnorm(void *out, int out_f32, const float *x, const float *w, int rows, int H, float eps, ge_stream st);
+int ge_k_rmsnorm(void *out, int out_f32, const float *x, const float *w, int rows, int H, float eps, int pdl,
+                 ge_stream st);
 /* qkv [T][(Hq+2Hkv)d] fp32 -> bias (optional), per-head q/k RMSNorm (optional),
  * RoPE at positions pos[t]; writes q fp32 and bf16 [T][Hq][d], k, v bf16 [T][Hkv][d]. */
 int ge_k_qkv_post(const float *qkv, const float *bias, const float *q_norm, const float *k_norm,
                   const float *cos_t, const float *sin_t, const int32_t *pos, int T, int Hq, int Hkv, int d,
-                  float eps, float *q_f32, void *q_bf16, void *k_bf16, void *v_bf16, ge_stream st);
+                  float eps, float *q_f32, void *q_bf16, void *k_bf16, void *v_bf16, int pdl, ge_stream st);
 /* act[r][i] = silu(gu[r][i]) * gu[r][FF + i]. */
-int ge_k_swiglu(void *act, int act_f32, const float *gu, int rows, int FF, ge_stream st);
+int ge_k_swiglu(void *act, int act_f32, const float *gu, int rows, int FF, int pdl, ge_stream st);
 /* y[r][:] += b[:]. */
 int ge_k_add_bias(float *y, const float *b, int rows, int N, ge_stream st);
 /* dst[i][:] = src[rows[i]][:]. */
@@ -40,7 +44,7 @@ int ge_k_gather_rows(float *dst, const float *src, const int32_t *rows, int n, i
 /* y[m][n] = (acc_y ? y[m][n] : 0) + sum_k W[n][k] x[m][k], m < M <= 4: W [N][K] and x [M][K]
  * bf16, K % 8 == 0 and both 16-byte aligned (else cudaErrorInvalidValue), y [M][N] fp32. The
  * decode steps' weight products (few rows: a GEMV reads the weights near the copy bandwidth). */
-int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, ge_stream st);
+int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int pdl, ge_stream st);
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). */
 int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, ge_stream st);
 /* Exact causal attention of prompts concatenated by cu_seqlens [S+1]: each

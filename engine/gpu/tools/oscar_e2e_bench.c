@@ -4,7 +4,7 @@
  *
  *   oscar-e2e-bench [--method bf16|oscar2|int2|...] [--shape qwen3-8b|qwen3-32b] [--budget-gb G]
  *       [--prompt P] [--gen N] [--batch B] [--max-batch-cap C] [--real-prefill R] [--time-limit S]
- *       [--long 32768,131072] [--long-steps K] [--layers L] [--no-graphs] [--md FILE]
+ *       [--long 32768,131072] [--long-steps K] [--layers L] [--no-graphs] [--no-pdl] [--md FILE]
  *       [--chunk C] [--feedback] [--shared-prefix P --requests N --suffix S] [--no-throughput]
  *       [--breakdown [--breakdown-steps K] [--breakdown-warmup W]]
  *
@@ -33,7 +33,8 @@
  * events only around it. Medians over the K rounds, one Markdown table per
  * case. --no-throughput: skip the throughput case (also in normal runs).
  *
- * Decode steps are replayed from CUDA graphs unless --no-graphs. Each row
+ * Decode steps are replayed from CUDA graphs unless --no-graphs. --no-pdl: the engine's kernels
+ * launched plainly (ge_options.no_pdl; the row says "no PDL"), for an A/B. Each row
  * also gives the roofline step: the bytes a step must read (weights but the
  * embedding table, plus every sequence's cache at its mean length) over the
  * device-to-device copy bandwidth measured at start.
@@ -581,7 +582,7 @@ int main(int argc, char **argv)
     const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
     double budget_gb = 40.0, time_limit = 60.0;
     int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;
-    int max_prefill = 8192, no_graphs = 0, layers_set = 0, chunk = 0, feedback = 0, prefix = 0, n_req = 16,
+    int max_prefill = 8192, no_graphs = 0, no_pdl = 0, layers_set = 0, chunk = 0, feedback = 0, prefix = 0, n_req = 16,
         suffix = 512, do_breakdown = 0, bd_rounds = 10, bd_warmup = 3, no_throughput = 0;
     const char *shape = "qwen3-8b";
     for (int i = 1; i < argc; i++) {
@@ -605,6 +606,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--params") && more) params = argv[++i];
         else if (!strcmp(a, "--md") && more) md_path = argv[++i];
         else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
+        else if (!strcmp(a, "--no-pdl")) no_pdl = 1;
         else if (!strcmp(a, "--feedback")) feedback = 1;
         else if (!strcmp(a, "--chunk") && more) chunk = int_arg(argv[++i]);
         else if (!strcmp(a, "--shared-prefix") && more) prefix = int_arg(argv[++i]);
@@ -669,6 +671,7 @@ int main(int argc, char **argv)
     ge_options_default(&o);
     o.method = method;
     o.no_graphs = no_graphs;
+    o.no_pdl = no_pdl;
     o.params_path = params;
     o.kv_budget = (size_t)(budget_gb * 1e9);
     o.max_prefill_tokens = prompt < max_prefill ? prompt : max_prefill;
@@ -718,7 +721,8 @@ int main(int argc, char **argv)
         return 1;
     }
     char cfg[192];
-    const char *gl = no_graphs ? "host launches" : "CUDA graphs";
+    const char *gl = no_graphs ? (no_pdl ? "host launches, no PDL" : "host launches")
+                               : (no_pdl ? "CUDA graphs, no PDL" : "CUDA graphs");
     int rc = 0;
     if (do_breakdown) {
         /* The throughput case's batch (largest for prompt + gen in the budget, or --batch) at the

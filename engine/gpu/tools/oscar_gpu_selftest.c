@@ -154,7 +154,7 @@ static void test_qkv_post(void)
     CK(cudaMalloc(&dk16, (size_t)T * Hkv * d * 2));
     CK(cudaMalloc(&dv16, (size_t)T * Hkv * d * 2));
     CK(ge_k_rope_table(dc, ds, dinv, 1.0f, maxp, d, NULL));
-    CK(ge_k_qkv_post(dqkv, NULL, dqn, dkn, dc, ds, dpos, T, Hq, Hkv, d, 1e-6f, dq32, dq16, dk16, dv16, NULL));
+    CK(ge_k_qkv_post(dqkv, NULL, dqn, dkn, dc, ds, dpos, T, Hq, Hkv, d, 1e-6f, dq32, dq16, dk16, dv16, 0, NULL));
     CK(cudaDeviceSynchronize());
     float *q32 = malloc((size_t)T * Hq * d * 4);
     uint16_t *k16 = malloc((size_t)T * Hkv * d * 2), *v16 = malloc((size_t)T * Hkv * d * 2);
@@ -221,8 +221,8 @@ static void test_small(void)
     CK(cudaMalloc((void **)&dn, (size_t)R * H * 4));
     CK(cudaMalloc((void **)&da, (size_t)R * FF * 4));
     CK(cudaMalloc((void **)&dam, R * 4));
-    CK(ge_k_rmsnorm(dn, 1, dx, dw, R, H, 1e-6f, NULL));
-    CK(ge_k_swiglu(da, 1, dgu, R, FF, NULL));
+    CK(ge_k_rmsnorm(dn, 1, dx, dw, R, H, 1e-6f, 0, NULL));
+    CK(ge_k_swiglu(da, 1, dgu, R, FF, 0, NULL));
     CK(ge_k_argmax(dam, dlg, R, V, NULL));
     CK(cudaDeviceSynchronize());
     float *n = malloc((size_t)R * H * 4), *a = malloc((size_t)R * FF * 4);
@@ -271,7 +271,7 @@ static void test_gemv_k(int K)
     for (int M = 1; M <= 4; M++)
         for (int acc = 0; acc < 2; acc++) {
             CK(cudaMemcpy(dy, y0, (size_t)4 * N * 4, cudaMemcpyHostToDevice));
-            CK(ge_k_gemv_bf16(dy, dw, dx, M, N, K, acc, NULL));
+            CK(ge_k_gemv_bf16(dy, dw, dx, M, N, K, acc, 0, NULL));
             CK(cudaMemcpy(y, dy, (size_t)4 * N * 4, cudaMemcpyDeviceToHost));
             for (int m = 0; m < M; m++)
                 for (int n = 0; n < N; n++) {
