@@ -326,6 +326,7 @@ typedef struct oscar_gpu_decode_variant {{
     /* tc, head_dim 64 or 128 with one group per row, F16 metadata, uniform levels: the long-chunk
      * extend over the 2-bit history (extend_fa.jinja) and its many-row q rotation and merge, else NULL */
     const void *extend_fa, *rotate_rows, *merge_rows;
+    const void *extend_o3; /* tc: extend at 3 CTAs per SM where extend_tc runs at 2, else NULL */
 }} oscar_gpu_decode_variant;
 typedef struct oscar_gpu_append_variant {{
     int d, group, kvb, mf32, bf16m;
@@ -547,7 +548,7 @@ def gen_gpu(target, spec, sel, arch, out):
             x = v["EXT"] if v["TC"] else v
             body.append('    {%d, %d, %d, %d, %d, %d, %d, %d, %d, %d, %d, (const void *)oscar_decode%s, '
                         '(const void *)oscar_rotate_q%s, (const void *)%s, "%s", (const void *)oscar_extend%s, '
-                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s, %s, %s, %d, %s},'
+                        '(const void *)oscar_merge_ext%s, %d, %d, %d, %s, %s, %s, %s, %s, %d, %s, %s},'
                         % (v["D"], v["G"], v["GQ"], v["KVB"], v["MF32"], v["LM"], v["BF16M"],
                            128 if v["TC"] else v["NT"], v["E"], int(v["TC"]), 4 * v["REGION"] if v["TC"] else 0,
                            v["sfx"], r, merge, v["sfx"][1:], x["sfx"], r, x["GQ"], x["NT"], x["E"],
@@ -559,7 +560,8 @@ def gen_gpu(target, spec, sel, arch, out):
                            4 * v["REGION3"] if v.get("REGION3") else 0,
                            ("(const void *)oscar_extend_fa_%s, (const void *)oscar_rotate_rows_%s, "
                             "(const void *)oscar_merge_rows_%s" % ((unit_of(v),) * 3)) if fa_ok(target, v)
-                           else "0, 0, 0"))
+                           else "0, 0, 0",
+                           "(const void *)oscar_extend_o3" + v["sfx"] if v.get("O3") else "0"))
         if not dv:
             body.append("    {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \"\", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},")
         body.append("};")

@@ -1547,6 +1547,31 @@ Test(extend, shared_prefix_pages, .timeout = 600) {
     });
 }
 
+/* The 3-CTA-per-SM twins of the 16-column tensor-core kernels (CUDA, d <= 128: the decode and, since
+ * the thirty-seventh session, the extend instantiation; taken by grid size, forced here with
+ * $OSCAR_DECODE_O3_CTAS=0) on the decode family's extend ($OSCAR_EXTEND_FA=0): GQA 4 with chunks of
+ * more columns than the 8-column variant holds (the widest variant's twin), GQA 12 (its own), d 128
+ * and 64, ragged chunks past the window, lengths below S0 + W, a long sequence over several splits. */
+Test(extend, three_cta_twins, .timeout = 900) {
+    cr_assert_eq(setenv("OSCAR_DECODE_O3_CTAS", "0", 1), 0);
+    cr_assert_eq(setenv("OSCAR_EXTEND_FA", "0", 1), 0);
+    cfg c = {128, 128, 64, 16, 128, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 0};
+    cfg c2 = {128, 128, 32, 8, 128, 12, 1, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_BF16, OSCAR_DTYPE_F16, 1};
+    cfg c3 = {64, 64, 16, 4, 16, 8, 2, OSCAR_METHOD_OSCAR2, OSCAR_DTYPE_F16, OSCAR_DTYPE_F16, 0};
+    FOR_EACH_BACKEND(g, {
+        if (!strcmp(g.api->name, "cuda")) { /* the twins are CUDA's; the others run these cases above */
+            int lens[] = {1, 40, 130, 300, 77};
+            run_scenario_x(&g, &c, 5, lens, CHUNKS, 0, 1, 0, 0);
+            run_scenario_x(&g, &c2, 4, lens, CHUNKS, 1, 1, 0, 0);
+            run_scenario_x(&g, &c3, 5, lens, CHUNKS, 0, 1, 0, 0);
+            int one[] = {1500};
+            run_scenario_x(&g, &c, 1, one, CHUNKS, 0, 1, 0, 0);
+        }
+    });
+    cr_assert_eq(unsetenv("OSCAR_EXTEND_FA"), 0);
+    cr_assert_eq(unsetenv("OSCAR_DECODE_O3_CTAS"), 0);
+}
+
 /* The long-chunk extend (CUDA, templates/extend_fa.jinja) on every extend call ($OSCAR_EXTEND_FA=1)
  * against the reference of its precision rule (FORMAT.md §5.1), the other backends as always: d 128
  * and 64 (one group per row), GQA 4, 6 and 1 (MHA), pages 16, 32 and 64, chunks past a small recent

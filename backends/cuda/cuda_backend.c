@@ -327,6 +327,11 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
     if (dv->tc && dv->extend_tc) {
         if ((st = tc_prepare(dv->extend_tc, dv->threads, dv->smem, "extend", &k->tc_ext_resident, err))) return st;
         k->tc_extend = dv->extend_tc;
+        if (dv->extend_o3) {
+            if ((st = tc_prepare(dv->extend_o3, dv->threads, dv->smem, "extend", &k->tc_ext_resident_o3, err)))
+                return st;
+            k->tc_extend_o3 = dv->extend_o3;
+        }
     }
     const oscar_gpu_decode_variant *xv = NULL;
     for (int t2 = 0; k->tc_extend && t2 < GPU_TABLE(num_decode_tables); t2++)
@@ -364,6 +369,10 @@ static oscar_status g_select(void *ctx, const oscar_layout_desc *l, gpu_kernels 
         k->xextend = xv->extend_tc;
         k->xcap = xv->cap;
         k->xsmem = (unsigned)xv->smem;
+        if (xv->extend_o3) {
+            if ((st = tc_prepare(xv->extend_o3, xv->threads, xv->smem, "extend", &k->xresident_o3, err))) return st;
+            k->xextend_o3 = xv->extend_o3;
+        }
     }
     if (av->append_wf) {
         if ((st = tc_prepare(av->append_wf, 64, av->wf_smem, "warp append", &k->wf_resident, err))) return st;

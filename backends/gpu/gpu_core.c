@@ -574,15 +574,29 @@ static tc_kernel tc_w3_kernel(const gpu_plan *p, int ext) {
     return (tc_kernel){ext ? p->k.extend_w3 : p->k.decode_w3, p->k.cap, ext ? p->k.ext_resident_w3 : p->k.resident_w3,
                        p->k.smem_w3};
 }
+/* The 3-CTA twin's rule: a grid of units CTAs before splitting. */
+static int o3_takes(const gpu_plan *p, int64_t units, int max_len) {
+    return units >= p->o3_ctas && (max_len >= p->o3_len || units >= p->o3_big);
+}
 static tc_kernel tc_kernel_for(const gpu_plan *p, int ext, int cols, int nseq, int max_len, int w3) {
     if (w3) return tc_w3_kernel(p, ext);
     int64_t units = (int64_t)nseq * p->l.num_kv_heads * hchunks_of(p);
-    tc_kernel k = tc_decode_kernel(p, units >= p->o3_ctas && (max_len >= p->o3_len || units >= p->o3_big));
+    tc_kernel k = tc_decode_kernel(p, o3_takes(p, units, max_len));
     if (!ext) return k;
     k.fn = p->k.tc_extend;
     k.resident = p->k.tc_ext_resident;
-    if (p->k.xextend && p->k.xcap > p->k.cap && cols > p->k.cap)
+    const void *o3 = p->k.tc_extend_o3;
+    int o3_resident = p->k.tc_ext_resident_o3;
+    if (p->k.xextend && p->k.xcap > p->k.cap && cols > p->k.cap) {
         k = (tc_kernel){p->k.xextend, p->k.xcap, p->k.xresident, p->k.xsmem};
+        o3 = p->k.xextend_o3;
+        o3_resident = p->k.xresident_o3;
+    }
+    /* the twin where the extend CTAs (column chunks of k.cap included) make the decode twin's grid */
+    if (o3 && o3_takes(p, (int64_t)nseq * p->l.num_kv_heads * ((cols + k.cap - 1) / k.cap), max_len)) {
+        k.fn = o3;
+        k.resident = o3_resident;
+    }
     return k;
 }
 

@@ -62,6 +62,9 @@ typedef struct gpu_kernels {
      * per CTA share each tile's unpacking). */
     const void *tc_extend, *xextend;
     int tc_ext_resident, xcap, xresident;
+    /* their 3-CTA twins (NULL: none), taken by the decode twin's rule counted in extend CTAs */
+    const void *tc_extend_o3, *xextend_o3;
+    int tc_ext_resident_o3, xresident_o3;
     unsigned xsmem;
     /* Tensor-core decode and extend of the layers that hold 3-bit head-tensors (NULL: none; such
      * layers then take the generic extend kernels), their CTAs per compute unit and dynamic
