@@ -586,16 +586,11 @@ oscar_status ge_create_random(const oe_config *cfg, uint64_t seed, const ge_opti
 }
 
 /* Y[M][N] (+)= X[M][K] W[N][K]^T, W and X in the weight dtype, Y fp32. */
-/* Decode steps of up to 4 sequences (bf16 weights): the engine's GEMV (ge_kernels.h). */
-static int use_gemv(const ge_engine *e, int M, int K, const void *W, const void *X)
-{
-    return !e->f32 && M <= 4 && K % 8 == 0 && ((uintptr_t)W | (uintptr_t)X) % 16 == 0;
-}
-
 static oscar_status gemm(ge_engine *e, int M, int N, int K, const void *W, const void *X, float *Y, float beta)
 {
     if (M <= 0) return OSCAR_OK;
-    if (use_gemv(e, M, K, W, X) && (beta == 0.0f || beta == 1.0f)) {
+    /* Decode steps of up to 4 sequences (bf16 weights): the engine's GEMV (ge_kernels.h). */
+    if (!e->f32 && M <= 4 && K % 8 == 0 && ((uintptr_t)W | (uintptr_t)X) % 16 == 0 && (beta == 0.0f || beta == 1.0f)) {
         KL(ge_k_gemv_bf16(Y, W, X, M, N, K, beta == 1.0f, e->pdl, e->st));
         return OSCAR_OK;
     }
@@ -838,15 +833,9 @@ static oscar_status forward(ge_engine *e, int n, int Ti, int decode, int extend,
         MARK(GE_PHASE_MLP_NORM);
         for (int r0 = 0; r0 < Ti; r0 += MC) {
             int rows = Ti - r0 < MC ? Ti - r0 : MC;
-            const void *hr = (const char *)e->h + (size_t)r0 * H * e->wsz;
-            /* the GEMV with SwiGLU in its epilogue where it takes the shape (same act, one kernel less) */
-            int gemv_swiglu = use_gemv(e, rows, H, g->wgu, hr) ? ge_k_gemv_swiglu_bf16(e->act, g->wgu, hr, rows, FF, H, e->pdl,
-                                                                              e->st)
-                                                       : (int)cudaErrorNotSupported;
-            if (gemv_swiglu != (int)cudaErrorNotSupported) KL(gemv_swiglu);
-            else GE(gemm(e, rows, 2 * FF, H, g->wgu, hr, e->gu, 0.0f));
+            GE(gemm(e, rows, 2 * FF, H, g->wgu, (const char *)e->h + (size_t)r0 * H * e->wsz, e->gu, 0.0f));
             MARK(GE_PHASE_GATE_UP_GEMM);
-            if (gemv_swiglu == (int)cudaErrorNotSupported) KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->pdl, e->st));
+            KL(ge_k_swiglu(e->act, f32, e->gu, rows, FF, e->pdl, e->st));
             MARK(GE_PHASE_SWIGLU);
             GE(gemm(e, rows, H, FF, g->wdown, e->act, e->x + (size_t)r0 * H, 1.0f));
             MARK(GE_PHASE_DOWN_GEMM);

@@ -378,16 +378,12 @@ __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b, float acc) {
 // lane holds about 4-6 loads of its slice): one warp per column left each warp ~16
 // dependent rounds of loads at K = 4096 when the columns fill only half a wave (QKV, O
 // and down ran at 53-77 % of the copy bandwidth, gate-up 88 %, H200, 15th session).
-// GLU: the gate-up product with SwiGLU in its epilogue (W = [gate; up], N = 2 FF): a block's columns
-// are pairs (j, FF + j), and act[m][j] = silu(g) u is written as k_swiglu writes it from the same
-// fp32 sums (no gu round trip, one kernel less a layer); needs two columns a block (S <= 4).
-template <int M, bool GLU>
+template <int M>
 __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, const uint4 *x, int N, int K8, int S,
-                                                   int acc_y, void *act, int FF) {
+                                                   int acc_y) {
     __shared__ float red[8][M];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cpb = 8 / S, c = warp / S;
-    const int p = GLU ? blockIdx.x * (cpb / 2) + (c >> 1) : 0;
-    const int n = GLU ? (p < FF ? (c & 1) * FF + p : N) : blockIdx.x * cpb + c, s = warp % S;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, cpb = 8 / S;
+    const int n = blockIdx.x * cpb + warp / S, s = warp % S;
     const int len = (K8 + S - 1) / S, lo = s * len, hi = lo + len < K8 ? lo + len : K8;
     float acc[M];
 #pragma unroll
@@ -421,14 +417,7 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, con
         if (lane == 0) red[warp][m] = acc[m];
     }
     __syncthreads();
-    if (GLU) {
-        if (n < N && !(c & 1) && s == 0 && lane < M) {
-            float g = 0.0f, u = 0.0f;
-            for (int j = 0; j < S; j++) g += red[warp + j][lane];
-            for (int j = 0; j < S; j++) u += red[warp + S + j][lane];
-            store_act(act, 0, (size_t)lane * FF + p, __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u));
-        }
-    } else if (n < N && s == 0 && lane < M) {
+    if (n < N && s == 0 && lane < M) {
         float t = 0.0f;
         for (int j = 0; j < S; j++) t += red[warp + j][lane];
         float *yp = y + (size_t)lane * N + n;
@@ -436,43 +425,19 @@ __global__ void __launch_bounds__(256) k_gemv_bf16(float *y, const uint4 *W, con
     }
 }
 
-/* slices per column: up to 8, until a lane's share is <= 6 loads (192 uint4 a warp) */
-static int gemv_slices(int K8) {
-    int S = 1;
-    while (S < 8 && (K8 + S - 1) / S > 192) S *= 2;
-    return S;
-}
-
 extern "C" int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int pdl,
                               ge_stream st) {
     if (M < 1 || M > 4 || K % 8 || N < 1 || ((uintptr_t)W | (uintptr_t)x) % 16) return (int)cudaErrorInvalidValue;
-    const int K8 = K / 8, S = gemv_slices(K8);
+    const int K8 = K / 8;
+    int S = 1; /* slices per column: up to 8, until a lane's share is <= 6 loads (192 uint4 a warp) */
+    while (S < 8 && (K8 + S - 1) / S > 192) S *= 2;
     const unsigned blocks = (unsigned)((N + 8 / S - 1) / (8 / S));
     const uint4 *w4 = (const uint4 *)W, *x4 = (const uint4 *)x;
-    void *na = NULL;
     switch (M) {
-    case 1: return launch_pdl(k_gemv_bf16<1, false>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y, na, 0);
-    case 2: return launch_pdl(k_gemv_bf16<2, false>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y, na, 0);
-    case 3: return launch_pdl(k_gemv_bf16<3, false>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y, na, 0);
-    default: return launch_pdl(k_gemv_bf16<4, false>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y, na, 0);
-    }
-}
-
-extern "C" int ge_k_gemv_swiglu_bf16(void *act, const void *W, const void *x, int M, int FF, int K, int pdl,
-                                     ge_stream st) {
-    if (M < 1 || M > 4 || K % 8 || FF < 1 || ((uintptr_t)W | (uintptr_t)x) % 16) return (int)cudaErrorInvalidValue;
-    const int K8 = K / 8, S = gemv_slices(K8);
-    if (S > 4) return (int)cudaErrorNotSupported;
-    const int ppb = 4 / S; /* column pairs a block */
-    const unsigned blocks = (unsigned)((FF + ppb - 1) / ppb);
-    const uint4 *w4 = (const uint4 *)W, *x4 = (const uint4 *)x;
-    float *ny = NULL;
-    const int N = 2 * FF;
-    switch (M) {
-    case 1: return launch_pdl(k_gemv_bf16<1, true>, blocks, 256, pdl, st, ny, w4, x4, N, K8, S, 0, act, FF);
-    case 2: return launch_pdl(k_gemv_bf16<2, true>, blocks, 256, pdl, st, ny, w4, x4, N, K8, S, 0, act, FF);
-    case 3: return launch_pdl(k_gemv_bf16<3, true>, blocks, 256, pdl, st, ny, w4, x4, N, K8, S, 0, act, FF);
-    default: return launch_pdl(k_gemv_bf16<4, true>, blocks, 256, pdl, st, ny, w4, x4, N, K8, S, 0, act, FF);
+    case 1: return launch_pdl(k_gemv_bf16<1>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
+    case 2: return launch_pdl(k_gemv_bf16<2>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
+    case 3: return launch_pdl(k_gemv_bf16<3>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
+    default: return launch_pdl(k_gemv_bf16<4>, blocks, 256, pdl, st, y, w4, x4, N, K8, S, acc_y);
     }
 }
 

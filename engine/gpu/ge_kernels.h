@@ -45,11 +45,6 @@ int ge_k_gather_rows(float *dst, const float *src, const int32_t *rows, int n, i
  * bf16, K % 8 == 0 and both 16-byte aligned (else cudaErrorInvalidValue), y [M][N] fp32. The
  * decode steps' weight products (few rows: a GEMV reads the weights near the copy bandwidth). */
 int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int pdl, ge_stream st);
-/* act[m][j] = silu(g) * u for g, u = sum_k W[j][k] x[m][k], sum_k W[FF + j][k] x[m][k] (W = [gate; up],
- * [2 FF][K] bf16), act bf16 [M][FF]: ge_k_gemv_bf16 into gu, then ge_k_swiglu, in one kernel with the
- * same results. M <= 4 and the alignments as there (else cudaErrorInvalidValue); cudaErrorNotSupported
- * (nothing launched) where K > 6144 (a column's K would be cut into more than 4 slices). */
-int ge_k_gemv_swiglu_bf16(void *act, const void *W, const void *x, int M, int FF, int K, int pdl, ge_stream st);
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). */
 int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, ge_stream st);
 /* Exact causal attention of prompts concatenated by cu_seqlens [S+1]: each
