@@ -124,6 +124,37 @@ typedef struct oscar_span {
     uintptr_t a, e;
     const char *name;
 } oscar_span;
+/* Spans of plain addresses (root NULL): the CPU backend's host memory, and CUDA's and HIP's device
+ * pointers (one virtual address space). Sizes saturate: no buffer is SIZE_MAX bytes. */
+static inline size_t oscar_sat_mul(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
+static inline oscar_span oscar_span_of(const void *ptr, size_t bytes, const char *name) {
+    const uintptr_t a = (uintptr_t)ptr; /* integers: the buffers are separate objects, or one arena */
+    return (oscar_span){NULL, a, !ptr ? a : bytes > UINTPTR_MAX - a ? UINTPTR_MAX : a + (uintptr_t)bytes, name};
+}
+/* Bytes of rows tokens stride elements apart, the last one row wide (strides are checked >= row). */
+static inline size_t oscar_rows_span(int64_t rows, int64_t stride, int64_t row, size_t es) {
+    if (rows < 1) return 0;
+    const size_t n = oscar_sat_mul((size_t)(rows - 1), (size_t)stride);
+    return n > SIZE_MAX - (size_t)row ? SIZE_MAX : oscar_sat_mul(n + (size_t)row, es);
+}
+/* The pools and index arrays every call reads, the pools first (*npools of them: an append writes
+ * them): the layer's pages (page_bytes each), the windows where the layout has them (windowed), the
+ * batch's seq_lens, window_slots and the bt_entries block-table entries it reads from the table's start
+ * (the caller's bound: num_seqs x stride was an overlap of gigabytes for a wide pitch). */
+static inline int oscar_batch_spans(const oscar_cache *c, const oscar_batch *b, size_t page_bytes, size_t slot_bytes,
+                                    int windowed, size_t bt_entries, oscar_span *s, int *npools) {
+    const size_t n = b->num_seqs > 0 ? (size_t)b->num_seqs : 0;
+    int k = 0;
+    if (windowed)
+        s[k++] = oscar_span_of(c->windows, oscar_sat_mul((size_t)c->num_window_slots, slot_bytes), "cache.windows");
+    if (c->pages) s[k++] = oscar_span_of(c->pages, oscar_sat_mul((size_t)c->num_pages, page_bytes), "cache.pages");
+    *npools = k;
+    s[k++] = oscar_span_of(b->seq_lens, oscar_sat_mul(n, 4), "seq_lens");
+    if (windowed) s[k++] = oscar_span_of(b->window_slots, oscar_sat_mul(n, 4), "window_slots");
+    if (c->pages) s[k++] = oscar_span_of(b->block_table, oscar_sat_mul(bt_entries, 4), "block_table");
+    return k;
+}
+
 /* Of a call's buffers s[0..n) whose first nw the call writes: the first written one that shares bytes
  * with another (its index; *other that one's), or -1. One home for the backends' aliasing checks, which
  * word the refusal. */
@@ -136,6 +167,18 @@ static inline int oscar_span_overlap(const oscar_span *s, int nw, int n, int *ot
                 return i;
             }
     return -1;
+}
+/* The refusal for plain-address spans (who: the call's name as the message starts, e.g. "oscar_decode"
+ * or "cuda oscar_decode"). */
+static inline oscar_status oscar_refuse_overlap(const oscar_span *s, int nw, int n, const char *who,
+                                                oscar_errbuf *err) {
+    int j = 0;
+    const int i = oscar_span_overlap(s, nw, n, &j);
+    if (i < 0) return OSCAR_OK;
+    return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                            "%s: %s and %s overlap in memory, and the call writes %s: it would change what it "
+                            "reads; nothing was written (give every buffer of a call memory of its own)",
+                            who, s[i].name, s[j].name, s[i].name);
 }
 
 /* The rules of cu_q (oscar_extend) on host copies of cu_q [nseq+1] and

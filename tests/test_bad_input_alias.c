@@ -1,6 +1,6 @@
 /* A buffer a call writes that shares memory with another buffer of the same call is refused before
- * anything runs, on the CPU backend (host ranges) and on OpenCL (one cl_mem, or overlapping
- * sub-buffers): out over the block table or seq_lens (the CPU decode then read later sequences'
+ * anything runs, on the CPU backend (host ranges), on OpenCL (one cl_mem, or overlapping
+ * sub-buffers) and on CUDA and HIP (device address ranges): out over the block table or seq_lens (the CPU decode then read later sequences'
  * pages through the out rows it had just written: past the pool, a crash under ASan), out over q,
  * lse over out, the page pool over k. The refused call writes nothing; the same call with buffers of
  * their own runs. Values are random (seed logged). */
@@ -220,6 +220,9 @@ static void overlap_case(const char *backend) {
 
 Test(bad_input_alias, written_buffer_over_another_is_refused_cpu) { overlap_case("cpu"); }
 Test(bad_input_alias, written_buffer_over_another_is_refused_opencl, .timeout = 300) { overlap_case("opencl"); }
+/* CUDA and HIP (device pointers, one address space): checked by address in the GPU core */
+Test(bad_input_alias, written_buffer_over_another_is_refused_cuda, .timeout = 300) { overlap_case("cuda"); }
+Test(bad_input_alias, written_buffer_over_another_is_refused_hip, .timeout = 300) { overlap_case("hip"); }
 
 /* CPU host memory can overlap in part: an out buffer one row past q (decode wrote sequence i's
  * output over sequence i+1's query before reading it) or sharing its last bytes with seq_lens. */

@@ -292,56 +292,23 @@ static oscar_status check_batch(const cpu_plan *p, int layer, const oscar_cache 
 }
 
 /* ------------------------------------------------------------ aliasing */
-/* A buffer of a call as host bytes [a, e). The CPU backend's buffers are host memory, so one that the
- * call writes and that overlaps another of its buffers is seen here and refused before anything runs:
- * the write changed what the rest of the call read (an out row over seq_lens or the block table sent
- * later sequences past the page pool, a crash; one over q or the pools gave a wrong result, silently). */
-static size_t sat_mul(size_t a, size_t b) { return b && a > SIZE_MAX / b ? SIZE_MAX : a * b; }
-static oscar_span span_of(const void *ptr, size_t bytes, const char *name) {
-    const uintptr_t a = (uintptr_t)ptr; /* integers: the buffers are separate objects, or one arena */
-    return (oscar_span){NULL, a, !ptr ? a : bytes > UINTPTR_MAX - a ? UINTPTR_MAX : a + (uintptr_t)bytes, name};
-}
-/* Bytes of rows tokens stride elements apart, the last one row wide (strides are checked >= row). */
-static size_t rows_span(int64_t rows, int64_t stride, int64_t row, size_t es) {
-    if (rows < 1) return 0;
-    const size_t n = sat_mul((size_t)(rows - 1), (size_t)stride);
-    return n > SIZE_MAX - (size_t)row ? SIZE_MAX : sat_mul(n + (size_t)row, es);
-}
-/* The pools and index arrays every call reads, the pools first (*npools of them: an append writes
- * them): the layer's pages, the windows where used. */
+/* The CPU backend's buffers are host memory, so one that the call writes and that overlaps another of
+ * its buffers is seen here and refused before anything runs: the write changed what the rest of the call
+ * read (an out row over seq_lens or the block table sent later sequences past the page pool, a crash;
+ * one over q or the pools gave a wrong result, silently). Its pools and index arrays
+ * (oscar_batch_spans), the block-table entries exactly those the call reads (oscar_check_batch_arrays
+ * checked them): row i's first pages_for(L_i). */
 static int batch_spans(const cpu_plan *p, int layer, const oscar_cache *c, const oscar_batch *b, oscar_span *s,
                        int *npools) {
-    const size_t n = (size_t)b->num_seqs;
-    const int windowed = p->quantized && p->S0 + p->W > 0;
-    int k = 0;
-    if (windowed)
-        s[k++] = span_of(c->windows, sat_mul((size_t)c->num_window_slots, p->slot_bytes), "cache.windows");
-    if (c->pages) s[k++] = span_of(c->pages, sat_mul((size_t)c->num_pages, p->page_bytes[layer]), "cache.pages");
-    *npools = k;
-    s[k++] = span_of(b->seq_lens, sat_mul(n, 4), "seq_lens");
-    if (windowed) s[k++] = span_of(b->window_slots, sat_mul(n, 4), "window_slots");
-    if (c->pages) {
-        /* the entries the call reads (oscar_check_batch_arrays checked them): row i's first pages_for(L_i);
-         * num_seqs x stride was an overlap of gigabytes for a wide pitch, refused by chance of addresses */
-        size_t used = 0;
-        for (size_t i = 0; i < n; i++) {
-            const size_t r = sat_mul(i, (size_t)b->block_table_stride), pg = (size_t)oscar_pages_for(&p->l, b->seq_lens[i]);
-            const size_t e = r > SIZE_MAX - pg ? SIZE_MAX : r + pg;
-            used = e > used ? e : used;
-        }
-        s[k++] = span_of(b->block_table, sat_mul(used, 4), "block_table");
+    size_t used = 0;
+    for (size_t i = 0; c->pages && i < (size_t)b->num_seqs; i++) {
+        const size_t r = oscar_sat_mul(i, (size_t)b->block_table_stride),
+                     pg = (size_t)oscar_pages_for(&p->l, b->seq_lens[i]);
+        const size_t e = r > SIZE_MAX - pg ? SIZE_MAX : r + pg;
+        used = e > used ? e : used;
     }
-    return k;
-}
-/* Refuses a written span (the first nw of s) that overlaps any other span of s. */
-static oscar_status check_overlaps(const oscar_span *s, int nw, int n, const char *fn, oscar_errbuf *err) {
-    int j = 0;
-    const int i = oscar_span_overlap(s, nw, n, &j);
-    if (i < 0) return OSCAR_OK;
-    return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
-                            "%s: %s and %s overlap in memory, and the call writes %s: it would change what it "
-                            "reads; nothing was written (give every buffer of a call memory of its own)",
-                            fn, s[i].name, s[j].name, s[i].name);
+    return oscar_batch_spans(c, b, p->page_bytes[layer], p->slot_bytes, p->quantized && p->S0 + p->W > 0, used, s,
+                             npools);
 }
 
 static int row_finite(oscar_dtype t, const void *src, size_t n) {
@@ -412,11 +379,11 @@ static oscar_status cpu_append(void *ctx, void *bplan, const oscar_backend_appen
         oscar_span sp[8];
         int nw = 0; /* written: the pools */
         int n = batch_spans(p, a->layer, &a->cache, b, sp, &nw);
-        const size_t kv_bytes = rows_span(a->total_new, a->kv_stride, (int64_t)H * d, p->esize);
-        sp[n++] = span_of(a->cu_new, sat_mul((size_t)b->num_seqs + 1, 4), "cu_new");
-        sp[n++] = span_of(a->k, kv_bytes, "k");
-        sp[n++] = span_of(a->v, kv_bytes, "v");
-        if ((st = check_overlaps(sp, nw, n, "oscar_append", err))) return st;
+        const size_t kv_bytes = oscar_rows_span(a->total_new, a->kv_stride, (int64_t)H * d, p->esize);
+        sp[n++] = oscar_span_of(a->cu_new, oscar_sat_mul((size_t)b->num_seqs + 1, 4), "cu_new");
+        sp[n++] = oscar_span_of(a->k, kv_bytes, "k");
+        sp[n++] = oscar_span_of(a->v, kv_bytes, "v");
+        if ((st = oscar_refuse_overlap(sp, nw, n, "oscar_append", err))) return st;
     }
     /* Every new row must be finite before anything is written. */
     for (int32_t t = 0; t < a->total_new; t++)
@@ -665,12 +632,12 @@ static oscar_status check_q_out(const cpu_plan *p, int layer, const oscar_cache 
                                 (long long)q_stride, (long long)out_stride, Hq * d);
     oscar_span sp[9];
     int n = 0, npools;
-    sp[n++] = span_of(out, rows_span(rows, out_stride, (int64_t)Hq * d, p->esize), "out");
-    sp[n++] = span_of(lse, sat_mul((size_t)rows, (size_t)Hq * sizeof(float)), "lse");
-    sp[n++] = span_of(q, rows_span(rows, q_stride, (int64_t)Hq * d, p->esize), "q");
-    sp[n++] = span_of(cu_q, sat_mul((size_t)b->num_seqs + 1, 4), "cu_q");
+    sp[n++] = oscar_span_of(out, oscar_rows_span(rows, out_stride, (int64_t)Hq * d, p->esize), "out");
+    sp[n++] = oscar_span_of(lse, oscar_sat_mul((size_t)rows, (size_t)Hq * sizeof(float)), "lse");
+    sp[n++] = oscar_span_of(q, oscar_rows_span(rows, q_stride, (int64_t)Hq * d, p->esize), "q");
+    sp[n++] = oscar_span_of(cu_q, oscar_sat_mul((size_t)b->num_seqs + 1, 4), "cu_q");
     n += batch_spans(p, layer, c, b, sp + n, &npools);
-    oscar_status st = check_overlaps(sp, 2, n, fn, err);
+    oscar_status st = oscar_refuse_overlap(sp, 2, n, fn, err);
     if (st) return st;
     int bad_tok, bad_head;
     if (!q_finite(p, q, q_stride, rows, &bad_tok, &bad_head))

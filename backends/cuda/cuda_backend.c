@@ -464,7 +464,8 @@ static oscar_status g_launch(void *ctx, const void *kernel, unsigned gx, unsigne
 }
 
 static const gpu_vendor k_vendor = {GPU_NAME, g_select, g_release, g_launch, g_units,       g_alloc,
-                                    g_free,   g_write,  g_read,    g_sync,   g_launch_smem, g_launch_dep};
+                                    g_free,   g_write,  g_read,    g_sync,   g_launch_smem, g_launch_dep,
+                                    1};
 
 static const oscar_backend_api k_api = {
     OSCAR_BACKEND_ABI_VERSION, GPU_NAME,          g_probe,         g_init,

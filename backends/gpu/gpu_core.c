@@ -788,6 +788,41 @@ static oscar_status check_common(void *ctx, const gpu_plan *p, int layer, const 
     return OSCAR_OK;
 }
 
+static int batch_max_len(const gpu_plan *p, const oscar_batch *b) {
+    int max_len = p->l.max_seq_len;
+    if (b->max_seq_len > 0 && b->max_seq_len < max_len) max_len = b->max_seq_len;
+    return max_len;
+}
+/* Aliasing on the plugins of device pointers (CUDA, HIP; OpenCL checks its cl_mem objects itself): a
+ * buffer the call writes that shares bytes with another of its buffers is refused before anything runs,
+ * as on the CPU backend; otherwise the kernels read what the call overwrites (an out row over q or a
+ * pool: a wrong result without a word). own: the call's own buffers, the first nw_own written (out, lse),
+ * then read ones (q, cu_q; k, v, cu_new); the workspace is written, the pools too by an append. The
+ * block table's span is its rows up to the last row's first entry: seq_lens live on the device, and a
+ * bound from max_seq_len would reach past a table sized to the sequences into a neighbouring buffer
+ * of a caching allocator (a valid call refused). */
+static oscar_status check_aliasing(void *ctx, const gpu_plan *p, const char *fn, int layer, const oscar_cache *c,
+                                   const oscar_batch *b, const void *ws, size_t ws_bytes, int append,
+                                   const oscar_span *own, int nw_own, int n_own, oscar_errbuf *err) {
+    if (!V(ctx)->device_pointers) return OSCAR_OK;
+    oscar_span s[16];
+    int n = 0, npools = 0;
+    for (int i = 0; i < nw_own; i++) s[n++] = own[i];
+    s[n++] = oscar_span_of(ws, ws_bytes, "workspace");
+    int nw = n;
+    size_t bt = 0;
+    if (b->num_seqs > 0) {
+        const size_t r = oscar_sat_mul((size_t)b->num_seqs - 1, (size_t)b->block_table_stride);
+        bt = r == SIZE_MAX ? r : r + 1;
+    }
+    n += oscar_batch_spans(c, b, p->page_bytes[layer], p->slot_bytes, p->quantized && p->S0 + p->W > 0, bt, s + n,
+                           &npools);
+    if (append) nw += npools; /* the pools follow the workspace */
+    for (int i = nw_own; i < n_own; i++) s[n++] = own[i];
+    char who[64];
+    snprintf(who, sizeof who, "%s %s", V(ctx)->name, fn);
+    return oscar_refuse_overlap(s, nw, n, who, err);
+}
 oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
     const gpu_plan *p = bplan;
     const char *nm = V(ctx)->name;
@@ -806,6 +841,14 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                                 "%s oscar_append: kv_stride %lld smaller than num_kv_heads * head_dim = %d", nm,
                                 (long long)a->kv_stride, H * D);
     const oscar_batch *b = &a->batch;
+    {
+        const size_t kv_bytes = oscar_rows_span(a->total_new, a->kv_stride, (int64_t)H * D, oscar_dtype_size(p->l.kv_dtype));
+        const oscar_span own[] = {oscar_span_of(a->cu_new, oscar_sat_mul((size_t)b->num_seqs + 1, 4), "cu_new"),
+                                  oscar_span_of(a->k, kv_bytes, "k"), oscar_span_of(a->v, kv_bytes, "v")};
+        if ((st = check_aliasing(ctx, p, "oscar_append", a->layer, &a->cache, b, a->workspace, a->workspace_bytes, 1,
+                                 own, 0, 3, err)))
+            return st;
+    }
     int nseq = b->num_seqs, num_rot = p->num_rot, identity = p->identity, lm = p->lm, lp = p->lp, S0 = p->S0,
         W = p->W, max_len = p->l.max_seq_len, bt_stride = b->block_table_stride, num_pages = a->cache.num_pages,
         num_slots = a->cache.num_window_slots;
@@ -1045,11 +1088,6 @@ static oscar_status check_q_out(void *ctx, const gpu_plan *p, const void *q, int
                                 fn, (long long)q_stride, (long long)out_stride, Hq * D);
     return OSCAR_OK;
 }
-static int batch_max_len(const gpu_plan *p, const oscar_batch *b) {
-    int max_len = p->l.max_seq_len;
-    if (b->max_seq_len > 0 && b->max_seq_len < max_len) max_len = b->max_seq_len;
-    return max_len;
-}
 /* Splits the workspace holds for `rows` query rows (q~ first, then partials of
  * one split each); 0 with the error set when not even one fits. */
 static int workspace_splits(void *ctx, const gpu_plan *p, size_t ws_bytes, int rows, const char *fn, size_t *qtb,
@@ -1146,6 +1184,15 @@ static oscar_status decode_impl(void *ctx, const gpu_plan *p, const oscar_backen
                                    "oscar_decode", err);
     if (!st) st = check_q_out(ctx, p, a->q, a->q_stride, a->out, a->out_stride, "oscar_decode", err);
     if (st) return st;
+    {
+        const int64_t row = (int64_t)p->l.num_q_heads * p->l.head_dim, rows = a->batch.num_seqs;
+        const oscar_span own[] = {oscar_span_of(a->out, oscar_rows_span(rows, a->out_stride, row, oscar_dtype_size(p->l.kv_dtype)), "out"),
+                                  oscar_span_of(lse, oscar_sat_mul((size_t)rows, (size_t)p->l.num_q_heads * 4), "lse"),
+                                  oscar_span_of(a->q, oscar_rows_span(rows, a->q_stride, row, oscar_dtype_size(p->l.kv_dtype)), "q")};
+        if ((st = check_aliasing(ctx, p, lse ? "oscar_extend" : "oscar_decode", a->layer, &a->cache, &a->batch,
+                                 a->workspace, a->workspace_bytes, 0, own, 2, 3, err)))
+            return st;
+    }
     size_t qtb;
     int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->batch.num_seqs, "oscar_decode", &qtb, err);
     if (!max_splits) return OSCAR_ERR_WORKSPACE;
@@ -1187,6 +1234,17 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, fn, err);
     if (!st) st = check_q_out(ctx, p, a->q, a->q_stride, a->out, a->out_stride, fn, err);
     if (st) return st;
+    {
+        const int64_t row = (int64_t)p->l.num_q_heads * p->l.head_dim, rows = a->total_q;
+        const oscar_span own[] = {
+            oscar_span_of(a->out, oscar_rows_span(rows, a->out_stride, row, oscar_dtype_size(p->l.kv_dtype)), "out"),
+            oscar_span_of(a->lse, oscar_sat_mul(rows > 0 ? (size_t)rows : 0, (size_t)p->l.num_q_heads * 4), "lse"),
+            oscar_span_of(a->q, oscar_rows_span(rows, a->q_stride, row, oscar_dtype_size(p->l.kv_dtype)), "q"),
+            oscar_span_of(a->cu_q, oscar_sat_mul((size_t)a->batch.num_seqs + 1, 4), "cu_q")};
+        if ((st = check_aliasing(ctx, p, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, 0, own,
+                                 2, 4, err)))
+            return st;
+    }
     if (!p->k.extend || !p->k.merge_ext)
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "%s %s: no extend kernel for %s", nm, fn, p->k.name);
     if (a->total_q < 1 || a->total_q > 65535 || a->max_q_len < 1)

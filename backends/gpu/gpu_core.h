@@ -108,6 +108,9 @@ typedef struct gpu_vendor {
      * results itself (griddepcontrol.wait). Set wherever launch_smem is (a plain
      * launch where the device has no such launch). */
     gpu_launch_smem_fn launch_dep;
+    /* 1: a call's buffers are device pointers of one address space (CUDA, HIP), whose aliasing the
+     * core checks by address; 0: handles (OpenCL, which checks its cl_mem objects itself) */
+    int device_pointers;
 } gpu_vendor;
 
 /* Every vendor context starts with this header. */

@@ -525,7 +525,7 @@ static oscar_status ocl_launch(void *ctx, const void *kernel, unsigned gx, unsig
 }
 
 static const gpu_vendor k_vendor = {"opencl",  ocl_select, ocl_release, ocl_launch, ocl_compute_units,
-                                    ocl_alloc, ocl_free,   ocl_write,   ocl_read,   ocl_sync,  NULL, NULL};
+                                    ocl_alloc, ocl_free,   ocl_write,   ocl_read,   ocl_sync,  NULL, NULL, 0};
 
 /* ------------------------------------------------------ buffer sizes */
 /* A cl_mem knows its size, so every buffer of a call is checked against

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 B=build-carry-conf-obj
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DOSCAR_CUDA=OFF -DOSCAR_HIP=OFF -DOSCAR_OPENCL=OFF \
       -DOSCAR_GEN_SET=minimal -DOSCAR_WERROR=ON > /dev/null
-tests="test_backend_conformance test_bad_input test_plan_threads test_cuda_graph test_workspace test_per_layer_pages"
+tests="test_backend_conformance test_bad_input test_bad_input_alias test_plan_threads test_cuda_graph test_workspace test_per_layer_pages"
 # shellcheck disable=SC2086
 cmake --build $B -j2 --target $tests > /dev/null
 rm -rf build-carry-conf && mkdir -p build-carry-conf/lib

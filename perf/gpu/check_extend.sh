@@ -25,7 +25,7 @@ fi
     grep -E "FAIL|\[----\]" /tmp/c.txt | head -4 | cut -c1-400
     grep "worst error" /tmp/c.txt | sort -t' ' -k7 -rn | head -3
   done
-  for t in test_bad_input test_per_layer_pages test_cuda_graph test_workspace test_plan_threads; do
+  for t in test_bad_input test_bad_input_alias test_per_layer_pages test_cuda_graph test_workspace test_plan_threads; do
     timeout 200 build-carry-conf/$t --jobs 8 > /tmp/t.txt 2>&1
     echo "$t rc=$? $(grep Synthesis /tmp/t.txt)"
     grep -E "FAIL|\[----\]" /tmp/t.txt | head -4 | cut -c1-400

@@ -35,7 +35,7 @@ else
   echo "build: $(( $(date +%s) - t0 )) s"
 fi
 if [ -x build-carry-conf/test_backend_conformance ]; then
-  for t in test_backend_conformance test_bad_input test_plan_threads test_cuda_graph test_workspace; do
+  for t in test_backend_conformance test_bad_input test_bad_input_alias test_plan_threads test_cuda_graph test_workspace; do
     [ -x build-carry-conf/$t ] || continue
     t0=$(date +%s)
     LD_LIBRARY_PATH=$PWD/build-carry-conf/lib OSCAR_PLUGIN_PATH=$B/lib OSCAR_REQUIRE_BACKENDS=cuda \
