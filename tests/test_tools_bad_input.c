@@ -336,6 +336,28 @@ Test(tools_bad_input, ppl_arguments_are_parsed_strictly, .timeout = 200) {
     }
 }
 
+/* oscar-ppl --max-tokens past the file's length reads the whole file: at 2^63 - 1 the cut
+ * max_tokens + 1 < n overflowed (n became INT64_MIN) and a good file was refused as
+ * "-9223372036854775808 tokens do not fill one window". */
+Test(tools_bad_input, ppl_max_tokens_past_the_file_reads_it_all, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/two-windows.tokens", dir);
+    uint32_t ids[129]; /* two windows of 64, each with its next-token target */
+    for (int i = 0; i < 129; i++) ids[i] = (uint32_t)(i * 37 % 8192);
+    spit(tok, ids, sizeof ids);
+    const char *max[] = {"9223372036854775807", "9223372036854775806", "128"};
+    for (size_t i = 0; i < sizeof max / sizeof max[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens %s", g_model, tok,
+                     max[i]);
+        cr_expect_eq(rc, 0, "oscar-ppl --max-tokens %s: exit %d: %s", max[i], rc, out);
+        cr_expect(strstr(out, "windows 2, scored tokens 128"), "--max-tokens %s: two windows expected: %s", max[i],
+                  out);
+    }
+    rmrf(dir);
+}
+
 /* oscar-engine-bench read its counts with atoi: "12abc" ran as 12, and --context 2^30 sized the logits
  * (a 32 TiB malloc: an abort under ASan) before anything checked it. Contexts past the model's positions
  * ran (slowly, on positions it never saw) and a token file shorter than one window printed a rate of 0

@@ -99,7 +99,8 @@ int main(int argc, char **argv)
     /* --max-tokens N feeds the first N tokens; the last window's last target
      * is token N itself (reference.json's ppl_fp32_first_65536 is 32 windows
      * feeding tokens [0, 65536) and scoring tokens [1, 65537)). */
-    if (max_tokens > 0 && max_tokens + 1 < n) n = max_tokens + 1;
+    /* compared as max_tokens < n - 1: max_tokens + 1 overflowed at --max-tokens 2^63 - 1 (n became INT64_MIN) */
+    if (max_tokens > 0 && max_tokens < n - 1) n = max_tokens + 1;
     printf("tokens %s: %" PRId64 " tokens available to windows of %d (+1 target)\n", tok_path, n, ctx);
     fflush(stdout);
     progress_state ps = {now_s(), ctx};
