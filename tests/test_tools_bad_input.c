@@ -1000,6 +1000,33 @@ Test(tools_bad_input, eval_plot_data_write_errors_are_reported, .timeout = 400) 
     rmrf(dir);
 }
 
+/* --plot P writes P.dat and P.gp with fopen: a FIFO at either blocked the open
+ * forever, after the whole evaluation (the report written, the tool never
+ * exiting). Refused first now (exit 2, naming the file), nothing written. */
+Test(tools_bad_input, eval_plot_side_files_that_are_fifos_are_refused_first, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char have[8];
+    if (!(run(have, sizeof have, 10, "sh -c 'command -v gnuplot > /dev/null && echo y'") == 0 && have[0] == 'y'))
+        cr_skip_test("gnuplot is absent: oscar-eval writes no plot files");
+    const char *args = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    const char *sides[] = {".dat", ".gp"};
+    for (size_t i = 0; i < 2; i++) {
+        char out[16384], dir[64], side[128], png[128], json[128];
+        scratch(dir, sizeof dir);
+        snprintf(png, sizeof png, "%s/p.png", dir);
+        snprintf(side, sizeof side, "%s%s", png, sides[i]);
+        snprintf(json, sizeof json, "%s/a.json", dir);
+        cr_assert_eq(mkfifo(side, 0600), 0);
+        int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s %s --out %s --plot %s", g_model, g_tokens,
+                     args, json, png);
+        cr_expect_eq(rc, 2, "a FIFO at PLOT%s: exit %d: %s", sides[i], rc, out);
+        cr_expect(strstr(out, side) && strstr(out, "FIFO"), "the message should name the FIFO %s: %s", side, out);
+        struct stat sb;
+        cr_expect(stat(json, &sb) != 0, "the evaluation ran before the refusal (%s written): %s", json, out);
+        rmrf(dir);
+    }
+}
+
 /* An output path naming an input file (or another output): oscar-eval --out
  * equal to --tokens overwrote the token file with the report after the whole
  * evaluation, --out equal to --md ran everything and then wrote nothing

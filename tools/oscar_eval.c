@@ -304,12 +304,17 @@ int main(int argc, char **argv)
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
-        /* --plot P also writes P.dat and P.gp, with fopen: through a link (other
-         * failures there are reported when the plot is written) */
+        /* --plot P also writes P.dat and P.gp, with fopen: through a link, or into a
+         * FIFO or socket, where the open waited for a reader forever after the whole
+         * evaluation (other failures there are reported when the plot is written) */
         for (int i = 0; S.out_plot && i < 2; i++) {
             char side[4200], why[4400];
             snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
             if (tool_dangling_link(side, why, sizeof why)) return bad("%s %s", "--plot", why);
+            struct stat ss;
+            if (stat(side, &ss) == 0 && (S_ISFIFO(ss.st_mode) || S_ISSOCK(ss.st_mode)))
+                return bad("--plot writes %s, which is %s, not a regular file; remove it or choose another --plot",
+                           side, S_ISFIFO(ss.st_mode) ? "a FIFO" : "a socket");
         }
         /* Written after the whole evaluation: over an input it would destroy it,
          * over another output neither would survive. */

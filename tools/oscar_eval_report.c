@@ -1,13 +1,16 @@
 /* oscar-eval reports: report.json (jansson), a Markdown table and a gnuplot
  * PNG of bits per element against KL. */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -334,6 +337,29 @@ static int run_gnuplot(const char *script)
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
 }
 
+/* fopen(path, "w") that never blocks, with the message on failure: a FIFO put in
+ * place of the plot's data or script after the start-up check waited for a
+ * reader forever. */
+static FILE *plot_open(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    struct stat sb;
+    /* ENXIO: a FIFO without a reader */
+    if ((fd < 0 && errno == ENXIO) || (fd >= 0 && fstat(fd, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)))) {
+        if (fd >= 0) close(fd);
+        fprintf(stderr, "oscar-eval: %s is a FIFO or socket, not a regular file; the plot was not written\n", path);
+        return NULL;
+    }
+    int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 ? NULL : fdopen(fd, "w");
+    if (!f) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", path, strerror(e));
+    }
+    return f;
+}
+
 int ev_write_plot(const ev_run *R, const ev_settings *S)
 {
     if (system("command -v gnuplot > /dev/null 2>&1") != 0) {
@@ -349,12 +375,9 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
     }
     snprintf(dat, len, "%s.dat", S->out_plot);
     snprintf(gp, len, "%s.gp", S->out_plot);
-    FILE *f = fopen(dat, "w");
+    FILE *f = plot_open(dat);
     int rc = 1;
-    if (!f) {
-        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", dat, strerror(errno));
-        goto out;
-    }
+    if (!f) goto out;
     /* Methods share bits (every 2-bit method is at 2.25), so points are
      * told apart by colour and shape in the key rather than by labels. */
     fprintf(f, "# method bits_per_element kl\n");
@@ -376,11 +399,8 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
     }
     /* pngcairo where built in, else the libgd png terminal. */
     const char *term = system("gnuplot -e 'set terminal pngcairo' > /dev/null 2>&1") == 0 ? "pngcairo" : "png";
-    f = fopen(gp, "w");
-    if (!f) {
-        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", gp, strerror(errno));
-        goto out;
-    }
+    f = plot_open(gp);
+    if (!f) goto out;
     fprintf(f, "set terminal %s size 900,600\nset output ", term);
     gp_string(f, S->out_plot);
     fprintf(f,
