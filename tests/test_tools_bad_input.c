@@ -358,6 +358,33 @@ Test(tools_bad_input, ppl_max_tokens_past_the_file_reads_it_all, .timeout = 200)
     rmrf(dir);
 }
 
+/* An option without its value at the end of the command line, or a missing required argument:
+ * oscar-ppl and oscar-engine-bench printed a bare usage (which argument?), oscar-copy-probe too
+ * for a missing one, and oscar-bench its usage on standard output (a misuse with stdout on a full
+ * disk exited 1, not 2). Each names the argument on stderr now, exit 2. */
+Test(tools_bad_input, missing_values_and_arguments_are_named, .timeout = 120) {
+    char out[16384];
+    const struct {
+        const char *cmd, *named;
+    } bad[] = {
+        {BIN "/oscar-ppl MODEL --tokens", "'--tokens'"},
+        {BIN "/oscar-ppl MODEL --tokens T --context", "'--context'"},
+        {BIN "/oscar-ppl MODEL", "--tokens FILE are required"},
+        {BIN "/oscar-engine-bench MODEL --tokens T --windows", "'--windows'"},
+        {BIN "/oscar-engine-bench MODEL", "--tokens FILE are required"},
+        {BIN "/oscar-copy-probe MODEL --tokens T", "--params are required"},
+        {BIN "/oscar-copy-probe MODEL --tokens T --params", "'--params'"},
+        {BIN "/oscar-calibrate MODEL --tokens T --out", "'--out'"},
+        {BIN "/oscar-eval MODEL --tokens T --out", "--out needs a value"},
+        {BIN "/oscar-bench --context", "'--context'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 60, "sh -c '%s 2>&1 >/dev/full'", bad[i].cmd);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].cmd, rc, out);
+        cr_expect(strstr(out, bad[i].named), "%s: the message should name %s: %s", bad[i].cmd, bad[i].named, out);
+    }
+}
+
 /* oscar-engine-bench read its counts with atoi: "12abc" ran as 12, and --context 2^30 sized the logits
  * (a 32 TiB malloc: an abort under ASan) before anything checked it. Contexts past the model's positions
  * ran (slowly, on positions it never saw) and a token file shorter than one window printed a rate of 0

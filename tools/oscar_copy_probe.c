@@ -101,6 +101,7 @@ int main(int argc, char **argv) {
         }
     }
     if (!model_dir || !tok_path || !params_path) {
+        fprintf(stderr, "oscar-copy-probe: MODEL_DIR, --tokens and --params are required\n");
         usage(stderr);
         return 2;
     }

@@ -39,13 +39,15 @@ int main(int argc, char **argv)
             if (!tool_parse_int("oscar-engine-bench", "--context", argv[++i], 1, 1 << 20, &v)) return 2;
             ctx = (int)v;
         } else if (argv[i][0] != '-' && !dir) dir = argv[i];
-        else {
-            fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+        else { /* named: a bare usage did not say which argument (an option without its value at the end) */
+            fprintf(stderr, "oscar-engine-bench: unknown or incomplete argument '%s'\n"
+                    "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n", argv[i]);
             return 2;
         }
     }
     if (!dir || !tok_path || windows < 1 || ctx < 1) {
-        fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+        fprintf(stderr, "oscar-engine-bench: MODEL_DIR and --tokens FILE are required\n"
+                "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
         return 2;
     }
     int nthreads;

@@ -58,12 +58,14 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (argv[i][0] != '-' && !model_dir) model_dir = argv[i];
-        else {
+        else { /* named: a bare usage did not say which argument (an option without its value at the end) */
+            fprintf(stderr, "oscar-ppl: unknown or incomplete argument '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         }
     }
     if (!model_dir || !tok_path || ctx <= 0) {
+        fprintf(stderr, "oscar-ppl: MODEL_DIR and --tokens FILE are required\n");
         usage(stderr);
         return 2;
     }
