@@ -472,6 +472,37 @@ Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) 
     rmrf(dir);
 }
 
+/* NaN weights are bad input (exit 2) for the tools that only oscar-ppl and oscar-eval were checked
+ * on: oscar-calibrate exited 1 (a runtime failure) on a NaN key in pass 0 and on NaN logits in the
+ * clip search; oscar-copy-probe exited 1 with oscar_fakequant's "clean the input rows" (a NaN query
+ * printed nan masses). No parameter file is written. */
+Test(tools_bad_input, nonfinite_model_is_bad_input_for_calibrate_and_copy_probe, .timeout = 600) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    const char *params = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors"; /* the shipped file */
+    const char *nan_in[] = {"model.layers.7.self_attn.k_proj.weight", "model.norm.weight"};
+    for (size_t i = 0; i < 2; i++) {
+        char out[16384], dir[64], pout[128];
+        scratch(dir, sizeof dir);
+        model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+        shard5_copy(dir, 0, nan_in[i]);
+        snprintf(pout, sizeof pout, "%s/p.safetensors", dir);
+        /* the final norm is read by the clip search only (its logits) */
+        int rc = run(out, sizeof out, 240, BIN "/oscar-calibrate %s --tokens %s --out %s --max-tokens 512 --window "
+                     "512 --clip-search 1 --threads 2", dir, g_tokens, pout);
+        cr_expect_eq(rc, 2, "NaN in %s, oscar-calibrate: exit %d: %s", nan_in[i], rc, out);
+        cr_expect(strstr(out, "finite") || strstr(out, "NaN"), "the message should say NaN/not finite: %s", out);
+        struct stat sb;
+        cr_expect(stat(pout, &sb) != 0, "oscar-calibrate wrote parameters for a NaN model");
+        if (i == 0) { /* copy-probe runs no lm_head: the final norm's NaN never reaches it */
+            rc = run(out, sizeof out, 240, BIN "/oscar-copy-probe %s --tokens %s --params %s --context 400 --sink 16 "
+                     "--recent 64 --trials 1", dir, g_tokens, params);
+            cr_expect_eq(rc, 2, "NaN in %s, oscar-copy-probe: exit %d: %s", nan_in[i], rc, out);
+            cr_expect(strstr(out, "not finite") && strstr(out, "layer 7"), "the message should name layer 7: %s", out);
+        }
+        rmrf(dir);
+    }
+}
+
 /* Messages about config.json's sizes named no value: vocab_size 2^31 - 1
  * read "num_hidden_layers, hidden_size, num_attention_heads,
  * intermediate_size and vocab_size must be positive integers" (it is

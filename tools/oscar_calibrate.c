@@ -423,7 +423,10 @@ int main(int argc, char **argv) {
         free(tok);
         oe_model_free(m);
         fprintf(stderr, "oscar-calibrate: %s\n", err);
-        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP ? 2 : 1;
+        /* NONFINITE: the model's weights give NaN/Inf keys or values (bad input, as oscar-ppl and oscar-eval) */
+        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP || s == OSCAR_ERR_NONFINITE
+                   ? 2
+                   : 1;
     }
     /* Held-out windows for the clip search: the tokens right after the
      * calibration windows (never the ones the covariances came from). */
@@ -468,7 +471,7 @@ int main(int argc, char **argv) {
         free(clip0);
         oscar_params_destroy(params);
         oscar_calib_destroy(calib);
-        return 1;
+        return s == OSCAR_ERR_NONFINITE ? 2 : 1; /* NaN/Inf logits: the model's weights (bad input) */
     }
     if (oscar_params_save(params, out_path) != OSCAR_OK) {
         fprintf(stderr, "oscar-calibrate: %s\n", oscar_last_error());

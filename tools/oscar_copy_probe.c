@@ -30,11 +30,20 @@
 typedef struct cap {
     int L, hq, hkv, d, n;
     float *q, *k, *v; /* [L][n][H][d] */
+    int bad;          /* a non-finite q/k/v: its layer + 1 (0: none) */
+    const char *bad_what;
 } cap;
 
 static oscar_status observe(void *user, int layer, int n, const float *q, const float *k, const float *v) {
     cap *c = user;
     size_t nq = (size_t)n * (size_t)c->hq * (size_t)c->d, nk = (size_t)n * (size_t)c->hkv * (size_t)c->d;
+    /* NaN/Inf weights: the masses printed as nan (a NaN query) or the fake-quant failed as a tool
+     * error (exit 1) naming "the input rows"; the model is the input (exit 2) */
+    for (size_t i = 0; i < nq && !c->bad; i++)
+        if (!isfinite(q[i])) c->bad = layer + 1, c->bad_what = "queries";
+    for (size_t i = 0; i < nk && !c->bad; i++)
+        if (!isfinite(k[i]) || !isfinite(v[i])) c->bad = layer + 1, c->bad_what = "keys or values";
+    if (c->bad) return OSCAR_ERR_NONFINITE;
     memcpy(c->q + (size_t)layer * nq, q, nq * sizeof(float));
     for (size_t i = 0; i < nk; i++) {
         c->k[(size_t)layer * nk + i] = oe_round_bf16(k[i]);
@@ -230,7 +239,12 @@ int main(int argc, char **argv) {
         for (long i = 0; i < span; i++) tw[i] = src[i];
         for (long i = 0; i < R; i++) tw[span + i] = src[sink + i];
         if (oe_forward(ctxe, tw, (int)n, &fo, NULL)) {
-            fprintf(stderr, "oscar-copy-probe: forward: %s\n", oe_last_error());
+            if (c.bad) {
+                fprintf(stderr, "oscar-copy-probe: %s: layer %d's %s are not finite (NaN or Inf) on trial %ld: the "
+                        "model's weights are broken; check the checkpoint\n", model_dir, c.bad - 1, c.bad_what, t);
+                rc = 2;
+            } else
+                fprintf(stderr, "oscar-copy-probe: forward: %s\n", oe_last_error());
             goto out;
         }
         for (int l = 0; l < L; l++) {
