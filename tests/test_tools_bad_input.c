@@ -358,6 +358,25 @@ Test(tools_bad_input, ppl_max_tokens_past_the_file_reads_it_all, .timeout = 200)
     rmrf(dir);
 }
 
+/* oscar-ppl with no full window: --max-tokens below --context, or a token file shorter than one window
+ * plus its target, was refused after the model load as "oe_perplexity: N tokens do not fill one window
+ * of C + 1", naming neither the option nor the file nor what to change. */
+Test(tools_bad_input, ppl_no_window_names_the_fix, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/64.tokens", dir);
+    uint32_t ids[64] = {1, 2, 3};
+    spit(tok, ids, sizeof ids);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 32", g_model, g_tokens);
+    cr_expect_eq(rc, 2, "--max-tokens 32 --context 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--max-tokens 32") && strstr(out, "lower --context"), "should name the fix: %s", out);
+    rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64", g_model, tok);
+    cr_expect_eq(rc, 2, "64 tokens, --context 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, tok) && strstr(out, "shorter --context"), "should name the file and the fix: %s", out);
+    rmrf(dir);
+}
+
 /* An option without its value at the end of the command line, or a missing required argument:
  * oscar-ppl and oscar-engine-bench printed a bare usage (which argument?), oscar-copy-probe too
  * for a missing one, and oscar-bench its usage on standard output (a misuse with stdout on a full

@@ -69,6 +69,11 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (max_tokens > 0 && max_tokens < ctx) { /* no window: refused after the model load as "N tokens do not fill" */
+        fprintf(stderr, "oscar-ppl: --max-tokens %" PRId64 " is below one window of --context %d; raise --max-tokens "
+                "or lower --context\n", max_tokens, ctx);
+        return 2;
+    }
     int nthreads;
     if (oe_threads(&nthreads) != OSCAR_OK) { /* before the model load, as any bad input */
         fprintf(stderr, "oscar-ppl: %s\n", oe_last_error());
@@ -103,6 +108,13 @@ int main(int argc, char **argv)
      * feeding tokens [0, 65536) and scoring tokens [1, 65537)). */
     /* compared as max_tokens < n - 1: max_tokens + 1 overflowed at --max-tokens 2^63 - 1 (n became INT64_MIN) */
     if (max_tokens > 0 && max_tokens < n - 1) n = max_tokens + 1;
+    if (n < (int64_t)ctx + 1) { /* the message named neither the file nor what to change */
+        fprintf(stderr, "oscar-ppl: %s holds %" PRId64 " tokens, fewer than one window of --context %d plus its "
+                "last target; give a longer token file or a shorter --context\n", tok_path, n, ctx);
+        free(tok);
+        oe_model_free(m);
+        return 2;
+    }
     printf("tokens %s: %" PRId64 " tokens available to windows of %d (+1 target)\n", tok_path, n, ctx);
     fflush(stdout);
     progress_state ps = {now_s(), ctx};
