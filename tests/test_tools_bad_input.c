@@ -92,8 +92,8 @@ static void model_copy(const char *dir, const char *from, const char *to, const 
 }
 
 /* Shard 5 of tiny-qwen3 copied into dir with a change: header length minus
- * `hdr_delta`, or a NaN written over the first element of `nan_tensor`. */
-static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
+ * `hdr_delta`, or the bf16 value `bits` written over the first element of `nan_tensor`. */
+static void shard5_write(const char *dir, int hdr_delta, const char *nan_tensor, uint16_t bits) {
     char a[8192], b[8192];
     snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
     size_t n;
@@ -107,8 +107,8 @@ static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) 
         json_t *t = json_object_get(h, nan_tensor);
         cr_assert(t, "no tensor %s in shard 5", nan_tensor);
         json_int_t off = json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
-        s[8 + hl + (size_t)off] = 0xc0; /* bf16 0x7fc0: NaN */
-        s[8 + hl + (size_t)off + 1] = 0x7f;
+        s[8 + hl + (size_t)off] = (unsigned char)(bits & 0xff);
+        s[8 + hl + (size_t)off + 1] = (unsigned char)(bits >> 8);
         json_decref(h);
     }
     hl -= (uint64_t)hdr_delta;
@@ -116,6 +116,11 @@ static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) 
     snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
     spit(b, s, n);
     free(s);
+}
+
+/* shard5_write with a NaN (bf16 0x7fc0). */
+static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
+    shard5_write(dir, hdr_delta, nan_tensor, 0x7fc0);
 }
 
 #define BIN OSCAR_BIN_DIR
@@ -509,6 +514,21 @@ Test(tools_bad_input, nan_key_weight_is_refused_not_a_perplexity, .timeout = 300
                   "%s: the message should name the tensor: %s", tools[i], out);
         cr_expect(!strstr(out, "perplexity"), "%s printed a perplexity: %s", tools[i], out);
     }
+    rmrf(dir);
+}
+
+/* A finite but absurd weight (bf16's largest, 3.4e38, in layer 7's k_proj) makes NaN scores in the
+ * forward: the AVX2 softmax clamped them into zero weights, and oscar-ppl printed a finite, wrong
+ * perplexity (3.371 against 3.338), exit 0. The NaN now reaches the logits, where it is caught. */
+Test(tools_bad_input, huge_weight_nan_scores_are_not_a_perplexity, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_write(dir, 0, "model.layers.7.self_attn.k_proj.weight", 0x7f7f);
+    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+    cr_expect_eq(rc, 2, "a 3.4e38 weight in layer 7's k_proj: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "NaN") && !strstr(out, "perplexity"), "printed a perplexity, not the NaN: %s", out);
     rmrf(dir);
 }
 
