@@ -529,6 +529,10 @@ Test(tools_bad_input, huge_weight_nan_scores_are_not_a_perplexity, .timeout = 30
     int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
     cr_expect_eq(rc, 2, "a 3.4e38 weight in layer 7's k_proj: exit %d: %s", rc, out);
     cr_expect(strstr(out, "NaN") && !strstr(out, "perplexity"), "printed a perplexity, not the NaN: %s", out);
+    /* oscar-engine-bench then stopped on the NaN logits with exit 1 (a failure of the tool), not 2 */
+    rc = run(out, sizeof out, 120, BIN "/oscar-engine-bench %s --tokens %s --context 64 --windows 1", dir, g_tokens);
+    cr_expect_eq(rc, 2, "oscar-engine-bench, a 3.4e38 weight: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "NaN"), "oscar-engine-bench should name the NaN: %s", out);
     rmrf(dir);
 }
 

@@ -89,6 +89,9 @@ int main(int argc, char **argv)
                     oe_model_config(m)->vocab);
         else
             fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+        free(logits);
+        free(tok);
+        oe_model_free(m);
         return 1;
     }
     for (int mode = 0; mode < 2; mode++) {
@@ -97,9 +100,14 @@ int main(int argc, char **argv)
         o.skip_lm_head = mode == 0;
         double w0 = wall_s(), c0 = cpu_s();
         for (int w = 0; w < windows; w++)
-            if (oe_forward(c, tok + (size_t)w * ctx, ctx, &o, logits) != OSCAR_OK) {
+            if ((s = oe_forward(c, tok + (size_t)w * ctx, ctx, &o, logits)) != OSCAR_OK) {
                 fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
-                return 1;
+                free(logits);
+                free(tok);
+                oe_ctx_free(c);
+                oe_model_free(m);
+                /* NaN/Inf logits: the model's weights (bad input, as oscar-ppl); exit 1 said the tool failed */
+                return s == OSCAR_ERR_NONFINITE ? 2 : 1;
             }
         double wall = wall_s() - w0, cpu = cpu_s() - c0;
         printf("%-16s %d windows x %d: %.2f s wall (%.0f tokens/s), %.2f s CPU (%.0f tokens per CPU-second)\n",
