@@ -949,6 +949,36 @@ Test(tools_bad_input, calibrate_wide_bits_default_applies_where_valid, .timeout 
     }
 }
 
+/* A config.json claiming 2^30 attention and KV heads, with --storage: the spec's head table (layers x
+ * KV heads bytes) was allocated and filled from the config before the parameters' shape check refused
+ * it: 8 GiB touched and seconds spent on bad input (2^30 layers as well: a malloc of 2^33 GiB). Now
+ * the parameters' check (bounded by their file's limits) comes first. Run under a 1 GiB address
+ * space limit, which the old order exceeded. */
+Test(tools_bad_input, eval_storage_is_sized_after_the_parameters_check, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 1073741824", NULL);
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    size_t n;
+    char *c = slurp(cfg, &n), *at = strstr(c, "\"num_attention_heads\": 8");
+    cr_assert(at);
+    char *nc = malloc(n + 32);
+    snprintf(nc, n + 32, "%.*s\"num_attention_heads\": 1073741824%s", (int)(at - c), c,
+             at + strlen("\"num_attention_heads\": 8"));
+    spit(cfg, nc, strlen(nc));
+    free(c);
+    free(nc);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    int rc = run(out, sizeof out, 60, "sh -c 'ulimit -v 1048576; " BIN "/oscar-eval %s --tokens %s --params %s "
+                 "--methods oscar2 --storage group=64 --out %s/r.json'", dir, g_tokens, P, dir);
+    cr_expect_eq(rc, 2, "2^30 KV heads with --storage: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "1073741824 KV heads") && strstr(out, "--params"), "the parameters' check should refuse "
+              "the shape: %s", out);
+    rmrf(dir);
+}
+
 /* oscar-bench calibrates one synthetic layer and serves it with 2-bit layouts: with the library's default
  * code-width budget, 10 KV heads or more (20 head-tensors) got a 3-bit head-tensor and oscar_plan_create
  * refused the layout (exit 1 before the oscar2 row). The bench calibrates with wide_bits 0. */

@@ -427,21 +427,6 @@ int main(int argc, char **argv)
         if (ocal_check_shape(d, &g, why, sizeof why) != OSCAR_OK) return bad("%s (--group %s)", why, group ? "given" : "default");
         group = g;
     }
-    /* --storage specs parsed now, before any work (the variants are made from them below). */
-    for (int i = 0; i < nstorage; i++) {
-        char serr[400];
-        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
-                             sizeof serr) != 0)
-            return bad("%s%s", serr, "");
-        nstorage_made = i + 1;
-        if (ev_storage_has_outliers(&storages[i]) && recent < EV_PAGE) {
-            char a[32];
-            snprintf(a, sizeof a, "%ld", recent);
-            return bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
-                       "once the whole page is written, before its first row leaves the recent window",
-                       storage_specs[i], a);
-        }
-    }
     for (int j = 0; j < nm; j++)
         if (mlist[j] == OSCAR_METHOD_KIVI2 && recent < 31)
             fprintf(stderr, "oscar-eval: warning: kivi2 with --recent %ld < 31: a key group of 32 tokens then "
@@ -485,6 +470,30 @@ int main(int argc, char **argv)
         }
     }
     const oscar_params *PL = P_lm ? P_lm : P;
+    /* --storage specs parsed now, before the model load (the variants are made from them below);
+     * after the parameters, whose shape check bounds the config's: a config.json claiming 2^30
+     * heads had the spec's head table (layers x KV heads bytes, 8 GiB) allocated and filled first. */
+    for (int i = 0; i < nstorage; i++) {
+        char serr[400];
+        int src = 0;
+        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
+                             sizeof serr) != 0)
+            src = bad("%s%s", serr, "");
+        else
+            nstorage_made = i + 1;
+        if (!src && ev_storage_has_outliers(&storages[i]) && recent < EV_PAGE) {
+            char a[32];
+            snprintf(a, sizeof a, "%ld", recent);
+            src = bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
+                      "once the whole page is written, before its first row leaves the recent window",
+                      storage_specs[i], a);
+        }
+        if (src) {
+            oscar_params_destroy(P);
+            oscar_params_destroy(P_lm);
+            return src;
+        }
+    }
 
     oe_model *model = NULL;
     if (oe_model_load(S.model_dir, &model) != OSCAR_OK) {
