@@ -727,6 +727,32 @@ Test(tools_bad_input, unwritable_output_folder_is_refused_first, .timeout = 300)
     cr_expect(strstr(out, "cannot create"), "message: %s", out);
 }
 
+/* An empty output path passed the up-front check (its probe, ".tmpXXXXXX", was created in the
+ * current folder) and the save's rename to "" failed after the whole run: oscar-calibrate
+ * --out '' and oscar-eval --out/--md '' exited 1 at the end. Refused first now, exit 2. */
+Test(tools_bad_input, empty_output_paths_are_refused_first, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const char *eval = "--methods int2 --context 64 --max-tokens 128 --retrieval-trials 0";
+    const struct {
+        const char *tool, *args;
+    } cases[] = {
+        {"oscar-calibrate", "--window 256 --max-tokens 512 --out ''"},
+        {"oscar-eval", "--out ''"},
+        {"oscar-eval", "--out r.json --md ''"},
+        {"oscar-eval", "--out r.json --plot ''"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, "sh -c \"cd %s && " BIN "/%s %s --tokens %s %s %s\"", dir, cases[i].tool, g_model,
+                     g_tokens, strcmp(cases[i].tool, "oscar-eval") ? "" : eval, cases[i].args);
+        cr_expect_eq(rc, 2, "%s %s: exit %d: %s", cases[i].tool, cases[i].args, rc, out);
+        cr_expect(strstr(out, "empty path"), "%s %s: the message should say the path is empty: %s", cases[i].tool,
+                  cases[i].args, out);
+    }
+    rmrf(dir);
+}
+
 /* Outputs are written to a temporary beside the path and renamed over it: a
  * FIFO or a device there (a link to /dev/null here; /dev/null or /dev/stdout
  * themselves as root) was replaced by a regular file after the whole run.
