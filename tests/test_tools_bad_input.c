@@ -874,6 +874,29 @@ Test(tools_bad_input, eval_report_write_errors_name_the_cause, .timeout = 200) {
     rmrf(dir);
 }
 
+/* Options the run would ignore: --clip-search with both clips fixed by --clip-k and --clip-v (the
+ * search was skipped without a word, exit 0) and --feedback-damp with --rounding nearest (no
+ * feedback metric to damp). Refused before the model load, naming both. */
+Test(tools_bad_input, calibrate_refuses_options_it_would_ignore, .timeout = 60) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const struct {
+        const char *args, *a, *b;
+    } bad[] = {
+        {"--clip-k 0.9 --clip-v 0.9 --clip-search 2", "--clip-search", "--clip-v"},
+        {"--rounding nearest --feedback-damp 0.5", "--feedback-damp", "--rounding nearest"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate %s --tokens %s --out %s/p.safetensors --window 256 "
+                     "--max-tokens 512 %s", g_model, g_tokens, dir, bad[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].args, rc, out);
+        cr_expect(strstr(out, bad[i].a) && strstr(out, bad[i].b), "%s: the message should name both: %s", bad[i].args,
+                  out);
+    }
+    rmrf(dir);
+}
+
 /* Shares and losses in [0, 1]: anything else exits 2 before the model is read. */
 Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     char out[16384];

@@ -307,6 +307,17 @@ int main(int argc, char **argv) {
                 o.lloyd_max ? "--lloyd-max" : "--clip-objective rows");
         return 2;
     }
+    /* Options that would be ignored without a word: the run then was not the one asked for. */
+    if (search_windows > 0 && o.clip_k > 0.0f && o.clip_v > 0.0f) {
+        fprintf(stderr, "oscar-calibrate: --clip-search %" PRId64 " has no clip to search: --clip-k and --clip-v fix "
+                "both; drop --clip-search or one of the fixed clips\n", search_windows);
+        return 2;
+    }
+    if (o.feedback_damp > 0.0f && o.rounding == 0) {
+        fprintf(stderr, "oscar-calibrate: --feedback-damp is the ridge of error-feedback rounding, which --rounding "
+                "nearest turns off; drop one of the two\n");
+        return 2;
+    }
     if (o.max_tokens < o.window) {
         fprintf(stderr,
                 "oscar-calibrate: --max-tokens %" PRId64 " is smaller than one window of %d tokens: raise "
