@@ -1201,6 +1201,22 @@ Test(tools_bad_input, eval_plot_data_write_errors_are_reported, .timeout = 400) 
     rmrf(dir);
 }
 
+/* --plot with --methods bf16 alone: the plot leaves bf16 out (KL 0), so gnuplot had no point and
+ * failed ('x range is invalid') after the whole evaluation, exit 1 and an empty PNG. Refused first. */
+Test(tools_bad_input, eval_plot_needs_a_quantized_method, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], json[128];
+    scratch(dir, sizeof dir);
+    snprintf(json, sizeof json, "%s/a.json", dir);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --methods bf16 --context 64 --max-tokens 128 "
+                 "--retrieval-trials 0 --out %s --plot %s/p.png", g_model, g_tokens, json, dir);
+    cr_expect_eq(rc, 2, "--methods bf16 --plot: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--plot") && strstr(out, "only bf16"), "the message should name both: %s", out);
+    struct stat sb;
+    cr_expect(stat(json, &sb) != 0, "the evaluation ran before the refusal: %s", out);
+    rmrf(dir);
+}
+
 /* --plot P writes P.dat and P.gp with fopen: a FIFO at either blocked the open
  * forever, after the whole evaluation (the report written, the tool never
  * exiting). Refused first now (exit 2, naming the file), nothing written. */

@@ -387,6 +387,11 @@ int main(int argc, char **argv)
         }
     }
     if (nm == 0) return bad("--methods is empty%s%s", "", "");
+    /* the plot draws the methods' KL (ablations and --storage/--per-layer variants are left out): bf16
+     * alone gave gnuplot no point, which failed ('x range is invalid') after the whole evaluation */
+    if (S.out_plot && nm == 1 && has_ref)
+        return bad("--plot draws the KL of the quantized methods and --methods names only bf16; add a method "
+                   "or drop --plot%s%s", "", "");
     if ((need_params || ablations || nstorage) && !S.params_path)
         return bad("oscar2, oscar2-lm, --ablations and --storage need --params P (make P with oscar-calibrate)%s%s",
                    "", "");
