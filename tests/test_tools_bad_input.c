@@ -1201,6 +1201,46 @@ Test(tools_bad_input, eval_plot_data_write_errors_are_reported, .timeout = 400) 
     rmrf(dir);
 }
 
+/* A gnuplot that fails after 'set output' (as it does on a bad plot: it creates the file first) left
+ * an empty PLOT, or an earlier run's plot truncated, while the message said the plot was not written.
+ * gnuplot now draws into a temporary renamed over PLOT on success. A stand-in gnuplot here creates
+ * its output (the -e oscar_png value, or the script's set output) and exits 1. */
+Test(tools_bad_input, eval_failed_plot_leaves_the_old_plot, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/bin", dir);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/bin/gnuplot", dir);
+    const char *fake = "#!/bin/sh\n"
+                       "last=\"\"; for a in \"$@\"; do last=\"$a\"; done\n"
+                       "[ -f \"$last\" ] || exit 0\n" /* the terminal probe */
+                       "out=$(sed -n \"s/^set output.*'\\(.*\\)'.*/\\1/p\" \"$last\")\n"
+                       "[ \"$1\" = -e ] && out=$(printf %s \"$2\" | sed \"s/^oscar_png='\\(.*\\)'$/\\1/\")\n"
+                       ": > \"$out\"\n"
+                       "exit 1\n";
+    spit(path, fake, strlen(fake));
+    cr_assert_eq(chmod(path, 0755), 0);
+    char png[128];
+    snprintf(png, sizeof png, "%s/p.png", dir);
+    spit(png, "old plot", 8);
+    int rc = run(out, sizeof out, 60, "env PATH=%s/bin:$PATH " BIN "/oscar-eval %s --tokens %s --methods int2 --context "
+                 "64 --max-tokens 128 --retrieval-trials 0 --out %s/a.json --plot %s", dir, g_model, g_tokens, dir, png);
+    cr_expect_eq(rc, 1, "a failing gnuplot: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "plot was not written"), "the message should say so: %s", out);
+    size_t n = 0;
+    char *old = slurp(png, &n);
+    cr_expect(n == 8 && !memcmp(old, "old plot", 8), "the earlier plot was overwritten (%zu bytes)", n);
+    free(old);
+    DIR *dh = opendir(dir);
+    cr_assert(dh);
+    for (struct dirent *e; (e = readdir(dh));)
+        cr_expect(strncmp(e->d_name, "p.png.", 6) || !strcmp(e->d_name, "p.png.dat") || !strcmp(e->d_name, "p.png.gp"),
+                  "a temporary was left behind: %s", e->d_name);
+    closedir(dh);
+    rmrf(dir);
+}
+
 /* --plot with --methods bf16 alone: the plot leaves bf16 out (KL 0), so gnuplot had no point and
  * failed ('x range is invalid') after the whole evaluation, exit 1 and an empty PNG. Refused first. */
 Test(tools_bad_input, eval_plot_needs_a_quantized_method, .timeout = 120) {
