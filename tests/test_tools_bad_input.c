@@ -438,6 +438,28 @@ Test(tools_bad_input, engine_bench_arguments_are_checked_first, .timeout = 200) 
     rmrf(dir);
 }
 
+/* oscar-copy-probe checked only the parameters' shape: a file calibrated on another model of the same
+ * shape (here: rope_theta changed, another fingerprint) was measured on this one without a word, exit
+ * 0. Refused as oscar-eval does (exit 2, naming both hashes), unless --allow-other-model. */
+Test(tools_bad_input, copy_probe_refuses_another_models_params, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"rope_theta\": 1000000.0", "\"rope_theta\": 500000.0", NULL);
+    const char *params = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors"; /* tiny-qwen3's */
+    const char *args = "--context 400 --sink 16 --recent 64 --trials 1";
+    int rc = run(out, sizeof out, 120, BIN "/oscar-copy-probe %s --tokens %s --params %s %s", dir, g_tokens, params,
+                 args);
+    cr_expect_eq(rc, 2, "another model's parameters: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model hash") && strstr(out, "--allow-other-model"), "the message should name the hashes "
+              "and the way out: %s", out);
+    rc = run(out, sizeof out, 240, BIN "/oscar-copy-probe %s --tokens %s --params %s %s --allow-other-model 2>/dev/null",
+             dir, g_tokens, params, args);
+    cr_expect_eq(rc, 0, "--allow-other-model: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "copy probe:"), "--allow-other-model printed no table: %s", out);
+    rmrf(dir);
+}
+
 /* oscar-copy-probe: a context past the model's positions ran for minutes on positions it never saw,
  * --sink past --context printed copies of a negative length, and every exit leaked the model, the
  * parameters and the window buffers: under LeakSanitizer bad input exited 1, not 2, and a good run 1,

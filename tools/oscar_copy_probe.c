@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "oscar_calibrate.h" /* ocal_model_hash */
 #include "oscar/oscar.h"
 #include "tool_args.h"
 #include "tool_params.h"
@@ -60,7 +61,8 @@ static void usage(FILE *f) {
                "  --sink N / --recent N  cache layout (default 64 / 256)\n"
                "  --group G       quant group along head_dim, the one the parameters' clips were fitted for\n"
                "                  (default: head_dim up to 128, else half of it)\n"
-               "  --heads         one line per (layer, query head) besides the per-layer lines\n");
+               "  --heads         one line per (layer, query head) besides the per-layer lines\n"
+               "  --allow-other-model  use --params calibrated on another model of the same shape\n");
 }
 
 /* Per (layer, query head) sums over the probed queries. */
@@ -77,7 +79,7 @@ int main(int argc, char **argv) {
     tool_watch_stdout("oscar-copy-probe");
     const char *model_dir = NULL, *tok_path = NULL, *params_path = NULL;
     long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256, group = 0;
-    int heads_out = 0;
+    int heads_out = 0, allow_other_model = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -99,6 +101,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--tokens") && has) tok_path = argv[++i];
         else if (!strcmp(a, "--params") && has) params_path = argv[++i];
         else if (!strcmp(a, "--heads")) heads_out = 1;
+        else if (!strcmp(a, "--allow-other-model")) allow_other_model = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -166,9 +169,18 @@ int main(int argc, char **argv) {
             goto out;
         }
     }
+    /* the parameters' model fingerprint, as oscar-eval: another model's of the same shape measured
+     * its clips on this one without a word */
+    char hash[17];
+    ocal_model_hash(cf, hash);
     for (int r = 0; r < 2; r++)
-        if (oscar_params_load(params_path, &P[r]) || oscar_params_check_shape(P[r], L, hq, hkv, d, NULL)) {
-            fprintf(stderr, "oscar-copy-probe: --params %s: %s\n", params_path, oscar_last_error());
+        if (oscar_params_load(params_path, &P[r]) ||
+            oscar_params_check_shape(P[r], L, hq, hkv, d, allow_other_model ? NULL : hash)) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", oscar_last_error());
+            const int same_shape = P[r] && oscar_params_check_shape(P[r], L, hq, hkv, d, NULL) == OSCAR_OK;
+            fprintf(stderr, "oscar-copy-probe: --params %s: %s%s\n", params_path, msg,
+                    same_shape ? " (--allow-other-model uses it anyway)" : "");
             goto out;
         }
     char why[1024] = "";
