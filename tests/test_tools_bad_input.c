@@ -118,6 +118,73 @@ static void shard5_write(const char *dir, int hdr_delta, const char *nan_tensor,
     free(s);
 }
 
+/* tiny-qwen3 as a Mistral checkpoint in dir (the Llama layout: no q_norm/k_norm, dropped from the
+ * shards and the index) with config.json's sliding_window set: a loadable model with a span. */
+static void mistral_copy(const char *dir, int sliding_window) {
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model.safetensors.index.json", g_model);
+    json_t *idx = json_load_file(a, 0, NULL), *wm = json_object_get(idx, "weight_map");
+    cr_assert(idx && wm);
+    for (int sh = 1; sh <= 5; sh++) {
+        snprintf(a, sizeof a, "%s/model-0000%d-of-00005.safetensors", g_model, sh);
+        size_t n;
+        unsigned char *f = (unsigned char *)slurp(a, &n);
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = (hl << 8) | f[i];
+        json_t *h = json_loadb((const char *)f + 8, (size_t)hl, 0, NULL), *nh = json_object();
+        cr_assert(h && nh);
+        unsigned char *data = malloc(n);
+        size_t at = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(h, k, v) {
+            if (!strcmp(k, "__metadata__")) {
+                json_object_set(nh, k, v);
+                continue;
+            }
+            if (strstr(k, "q_norm") || strstr(k, "k_norm")) continue;
+            json_t *off = json_object_get(v, "data_offsets");
+            size_t o0 = (size_t)json_integer_value(json_array_get(off, 0)),
+                   o1 = (size_t)json_integer_value(json_array_get(off, 1));
+            memcpy(data + at, f + 8 + hl + o0, o1 - o0);
+            json_t *nv = json_deep_copy(v);
+            json_object_set_new(nv, "data_offsets", json_pack("[I, I]", (json_int_t)at, (json_int_t)(at + o1 - o0)));
+            json_object_set_new(nh, k, nv);
+            at += o1 - o0;
+        }
+        char *hs = json_dumps(nh, JSON_COMPACT);
+        size_t hn = strlen(hs), pad = (8 - hn % 8) % 8;
+        snprintf(b, sizeof b, "%s/model-0000%d-of-00005.safetensors", dir, sh);
+        FILE *o = fopen(b, "wb");
+        cr_assert(o);
+        unsigned char len[8];
+        for (int i = 0; i < 8; i++) len[i] = (unsigned char)((hn + pad) >> (8 * i));
+        cr_assert(fwrite(len, 1, 8, o) == 8 && fwrite(hs, 1, hn, o) == hn && fwrite("        ", 1, pad, o) == pad &&
+                  fwrite(data, 1, at, o) == at && fclose(o) == 0);
+        free(hs);
+        free(data);
+        free(f);
+        json_decref(h);
+        json_decref(nh);
+    }
+    json_t *nw = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) if (!strstr(k, "q_norm") && !strstr(k, "k_norm")) json_object_set(nw, k, v);
+    json_object_set_new(idx, "weight_map", nw);
+    snprintf(b, sizeof b, "%s/model.safetensors.index.json", dir);
+    cr_assert_eq(json_dump_file(idx, b, 0), 0);
+    json_decref(idx);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    json_t *cfg = json_load_file(a, 0, NULL);
+    cr_assert(cfg);
+    json_object_set_new(cfg, "model_type", json_string("mistral"));
+    json_object_set_new(cfg, "sliding_window", json_integer(sliding_window));
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, b, 0), 0);
+    json_decref(cfg);
+}
+
 /* shard5_write with a NaN (bf16 0x7fc0). */
 static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
     shard5_write(dir, hdr_delta, nan_tensor, 0x7fc0);
@@ -407,6 +474,35 @@ Test(tools_bad_input, missing_values_and_arguments_are_named, .timeout = 120) {
         cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].cmd, rc, out);
         cr_expect(strstr(out, bad[i].named), "%s: the message should name %s: %s", bad[i].cmd, bad[i].named, out);
     }
+}
+
+/* A Mistral model's sliding_window bounds the windows the engine runs (full causal attention): a
+ * longer --context/--window was refused by the engine's context after the model load, mid-run for
+ * oscar-eval, with exit 1 (a failure of the tool). Now bad input (2) beside max_position_embeddings,
+ * naming sliding_window; a window within it runs. */
+Test(tools_bad_input, windows_past_the_sliding_window_are_bad_input, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    mistral_copy(dir, 128);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    char cmd[5][8400];
+    snprintf(cmd[0], sizeof cmd[0], "oscar-ppl %s --tokens %s --context 256 --max-tokens 256", dir, g_tokens);
+    snprintf(cmd[1], sizeof cmd[1], "oscar-engine-bench %s --tokens %s --context 256 --windows 1", dir, g_tokens);
+    snprintf(cmd[2], sizeof cmd[2], "oscar-calibrate %s --tokens %s --out %s/p.safetensors --window 256 "
+             "--max-tokens 256", dir, g_tokens, dir);
+    snprintf(cmd[3], sizeof cmd[3], "oscar-eval %s --tokens %s --methods int2 --context 256 --max-tokens 256 "
+             "--retrieval-trials 0 --out %s/r.json", dir, g_tokens, dir);
+    snprintf(cmd[4], sizeof cmd[4], "oscar-copy-probe %s --tokens %s --params %s --allow-other-model --context 400 "
+             "--sink 16 --recent 64 --trials 1", dir, g_tokens, P);
+    for (int i = 0; i < 5; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/%s", cmd[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cmd[i], rc, out);
+        cr_expect(strstr(out, "sliding_window 128"), "%s: the message should name sliding_window: %s", cmd[i], out);
+    }
+    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 128 --max-tokens 128", dir, g_tokens);
+    cr_expect_eq(rc, 0, "a window within sliding_window: exit %d: %s", rc, out);
+    rmrf(dir);
 }
 
 /* oscar-engine-bench read its counts with atoi: "12abc" ran as 12, and --context 2^30 sized the logits

@@ -393,6 +393,11 @@ int main(int argc, char **argv) {
                 o.window, cfg.max_position, cfg.max_position);
         return 2;
     }
+    if (cfg.sliding_window > 0 && o.window > cfg.sliding_window) { /* the engine refused it after the load: exit 1 */
+        fprintf(stderr, "oscar-calibrate: --window %d exceeds the model's sliding_window %d (the engine runs full "
+                "causal attention); use at most %d\n", o.window, cfg.sliding_window, cfg.sliding_window);
+        return 2;
+    }
 
     double t_start = now_s();
     uint32_t *tok = NULL;

@@ -156,6 +156,12 @@ int main(int argc, char **argv) {
                 "%d\n", ctx, cf->max_position, cf->max_position);
         goto out;
     }
+    if (cf->sliding_window > 0 && sink + 2 * R > cf->sliding_window) { /* the engine refused it later: exit 1 */
+        fprintf(stderr, "oscar-copy-probe: windows of %ld tokens (--context %ld) exceed the model's sliding_window %d "
+                "(the engine runs full causal attention); use --context %d or less\n", sink + 2 * R, ctx,
+                cf->sliding_window, cf->sliding_window);
+        goto out;
+    }
     /* The 2-bit rows are quantized at the group a cache of this layout stores (and its bits reported
      * for that group): group 0 (the whole head) gave head_dim 192/256 another group's rows and clips
      * than the cache and the printed bits. */

@@ -424,6 +424,13 @@ int main(int argc, char **argv)
         snprintf(b, sizeof b, "%d", cfg.max_position);
         return bad("--context %s exceeds the model's max_position_embeddings %s; use a shorter context", a, b);
     }
+    if (cfg.sliding_window > 0 && ctx > cfg.sliding_window) { /* the engine refused it mid-run: exit 1 */
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%ld", ctx);
+        snprintf(b, sizeof b, "%d", cfg.sliding_window);
+        return bad("--context %s exceeds the model's sliding_window %s (the engine runs full causal attention); use "
+                   "a shorter context", a, b);
+    }
     int d = cfg.head_dim;
     {
         /* the format's rule through the public API; group 0: the default of the head_dim */

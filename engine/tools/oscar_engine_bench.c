@@ -73,6 +73,13 @@ int main(int argc, char **argv)
         oe_model_free(m);
         return 2;
     }
+    if (cf->sliding_window > 0 && ctx > cf->sliding_window) { /* oe_ctx_create refused it: exit 1 */
+        fprintf(stderr, "oscar-engine-bench: --context %d exceeds the model's sliding_window %d (the engine runs full "
+                "causal attention); use at most %d\n", ctx, cf->sliding_window, cf->sliding_window);
+        free(tok);
+        oe_model_free(m);
+        return 2;
+    }
     if (n < ctx) { /* no window: the tool printed a rate of 0 tokens over 0 s */
         fprintf(stderr, "oscar-engine-bench: %s holds %lld tokens, fewer than one window of --context %d; give a "
                 "longer token file or a shorter context\n", tok_path, (long long)n, ctx);

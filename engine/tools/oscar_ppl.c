@@ -93,6 +93,12 @@ int main(int argc, char **argv)
         oe_model_free(m);
         return 2;
     }
+    if (c->sliding_window > 0 && ctx > c->sliding_window) { /* oe_ctx_create refused it in the run: exit 1 */
+        fprintf(stderr, "oscar-ppl: --context %d exceeds the model's sliding_window %d (the engine runs full causal "
+                "attention); use at most %d\n", ctx, c->sliding_window, c->sliding_window);
+        oe_model_free(m);
+        return 2;
+    }
     printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d (loaded in %.2f s)\n",
            model_dir, c->model_type, c->num_layers, c->hidden, c->num_q_heads, c->num_kv_heads, c->head_dim,
            c->vocab, now_s() - t0);
