@@ -549,8 +549,9 @@ Test(tools_bad_input, copy_probe_refuses_another_models_params, .timeout = 300) 
     cr_expect_eq(rc, 2, "another model's parameters: exit %d: %s", rc, out);
     cr_expect(strstr(out, "model hash") && strstr(out, "--allow-other-model"), "the message should name the hashes "
               "and the way out: %s", out);
-    rc = run(out, sizeof out, 240, BIN "/oscar-copy-probe %s --tokens %s --params %s %s --allow-other-model 2>/dev/null",
-             dir, g_tokens, params, args);
+    rc = run(out, sizeof out, 240,
+             BIN "/oscar-copy-probe %s --tokens %s --params %s %s --allow-other-model 2>/dev/null", dir, g_tokens,
+             params, args);
     cr_expect_eq(rc, 0, "--allow-other-model: exit %d: %s", rc, out);
     cr_expect(strstr(out, "copy probe:"), "--allow-other-model printed no table: %s", out);
     rmrf(dir);
@@ -862,8 +863,8 @@ Test(tools_bad_input, empty_output_paths_are_refused_first, .timeout = 120) {
         {"oscar-eval", "--out r.json --plot ''"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = run(out, sizeof out, 60, "sh -c \"cd %s && " BIN "/%s %s --tokens %s %s %s\"", dir, cases[i].tool, g_model,
-                     g_tokens, strcmp(cases[i].tool, "oscar-eval") ? "" : eval, cases[i].args);
+        int rc = run(out, sizeof out, 60, "sh -c \"cd %s && " BIN "/%s %s --tokens %s %s %s\"", dir, cases[i].tool,
+                     g_model, g_tokens, strcmp(cases[i].tool, "oscar-eval") ? "" : eval, cases[i].args);
         cr_expect_eq(rc, 2, "%s %s: exit %d: %s", cases[i].tool, cases[i].args, rc, out);
         cr_expect(strstr(out, "empty path"), "%s %s: the message should say the path is empty: %s", cases[i].tool,
                   cases[i].args, out);
@@ -1342,8 +1343,10 @@ Test(tools_bad_input, eval_failed_plot_leaves_the_old_plot, .timeout = 120) {
     char png[128];
     snprintf(png, sizeof png, "%s/p.png", dir);
     spit(png, "old plot", 8);
-    int rc = run(out, sizeof out, 60, "env PATH=%s/bin:$PATH " BIN "/oscar-eval %s --tokens %s --methods int2 --context "
-                 "64 --max-tokens 128 --retrieval-trials 0 --out %s/a.json --plot %s", dir, g_model, g_tokens, dir, png);
+    int rc = run(out, sizeof out, 60,
+                 "env PATH=%s/bin:$PATH " BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens "
+                 "128 --retrieval-trials 0 --out %s/a.json --plot %s",
+                 dir, g_model, g_tokens, dir, png);
     cr_expect_eq(rc, 1, "a failing gnuplot: exit %d: %s", rc, out);
     cr_expect(strstr(out, "plot was not written"), "the message should say so: %s", out);
     size_t n = 0;

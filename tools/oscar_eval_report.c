@@ -358,7 +358,8 @@ static FILE *plot_open(const char *path)
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
     struct stat sb;
     /* ENXIO: a FIFO without a reader */
-    if ((fd < 0 && errno == ENXIO) || (fd >= 0 && fstat(fd, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)))) {
+    if ((fd < 0 && errno == ENXIO) ||
+        (fd >= 0 && fstat(fd, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)))) {
         if (fd >= 0) close(fd);
         fprintf(stderr, "oscar-eval: %s is a FIFO or socket, not a regular file; the plot was not written\n", path);
         return NULL;
