@@ -680,6 +680,8 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
 {
     if (!dir || !out) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_model_load: NULL argument");
     *out = NULL;
+    if (!*dir) /* "" + "/config.json" is the root folder's file */
+        return oe_set_error(OSCAR_ERR_IO, "the model directory is an empty path; give the checkpoint's folder");
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     oe_model *m = calloc(1, sizeof *m);

@@ -449,6 +449,22 @@ Test(tools_bad_input, ppl_no_window_names_the_fix, .timeout = 200) {
     rmrf(dir);
 }
 
+/* An empty MODEL_DIR ('') was joined to "/config.json": the tools read the root folder's files
+ * (here absent: "/config.json: cannot open model config"). Named as an empty path now. */
+Test(tools_bad_input, empty_model_dir_is_named, .timeout = 60) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *tools[] = {"oscar-ppl", "oscar-engine-bench", "oscar-eval", "oscar-copy-probe"};
+    const char *more[] = {"", "", "--methods int2 --out /tmp/oscar-unused.json", "--params"};
+    for (size_t i = 0; i < 4; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/%s '' --tokens %s %s %s", tools[i], g_tokens, more[i], i == 3 ? P : "");
+        cr_expect_eq(rc, 2, "%s '': exit %d: %s", tools[i], rc, out);
+        cr_expect(strstr(out, "empty path") && !strstr(out, "/config.json"), "%s: the message should say the "
+                  "model directory is empty: %s", tools[i], out);
+    }
+}
+
 /* An option without its value at the end of the command line, or a missing required argument:
  * oscar-ppl and oscar-engine-bench printed a bare usage (which argument?), oscar-copy-probe too
  * for a missing one, and oscar-bench its usage on standard output (a misuse with stdout on a full

@@ -294,6 +294,8 @@ int main(int argc, char **argv)
 #undef NEED_VAL
     }
     if (!S.model_dir) return bad("no MODEL_DIR given (see --help)%s%s", "", "");
+    if (!*S.model_dir) /* "" + "/config.json" is the root folder's file */
+        return bad("MODEL_DIR is an empty path; give the checkpoint's folder%s%s", "", "");
     if (!S.tokens_path) return bad("--tokens FILE is required (uint32 token ids)%s%s", "", "");
     if (!S.out_json) return bad("--out report.json is required%s%s", "", "");
     /* Outputs are written after the whole evaluation: check now that they can be. */
