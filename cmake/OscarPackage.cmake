@@ -99,7 +99,8 @@ foreach(plugin oscar_backend_opencl oscar_backend_cuda oscar_backend_hip)
 endforeach()
 
 # Tools that calibrate link the calibration library.
-foreach(tool oscar-bench oscar-calibrate oscar-eval) # oscar-eval: the calibration drivers (tools/lib) for the model hash
+# oscar-eval, oscar-copy-probe: the calibration drivers (tools/lib) for the model hash
+foreach(tool oscar-bench oscar-calibrate oscar-eval oscar-copy-probe)
   if(TARGET ${tool} AND TARGET oscar_calib)
     target_link_libraries(${tool} PRIVATE oscar_calib)
   endif()

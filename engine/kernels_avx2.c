@@ -12,8 +12,10 @@
 static inline __m256 exp256(__m256 x)
 {
     const __m256 magic = _mm256_set1_ps(12582912.0f); /* 1.5 * 2^23: rounds to an integer */
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    /* the bound first: max/min return their second operand when either is NaN, so a NaN score stays
+     * NaN (clamped, it became a zero softmax weight and NaN activations gave finite, wrong logits) */
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(88.0f), x);
     __m256 t = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504089f), magic);
     __m256 n = _mm256_sub_ps(t, magic);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);

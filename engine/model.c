@@ -450,6 +450,19 @@ static oscar_status load_tensor(const shard_set *ss, const char *name, int64_t d
         free(p);
         return s;
     }
+    /* A NaN/Inf weight is refused here, naming it: in the forward the softmax's clamped exp turned
+     * NaN scores into zero weights, so a NaN key weight gave a finite, wrong perplexity (exit 0). */
+    for (int64_t i = 0; i < t->numel; i++)
+        if (!isfinite(p[i])) {
+            const float bad = p[i];
+            char at[64];
+            if (d1) snprintf(at, sizeof at, "row %" PRId64 ", column %" PRId64, i / d1, i % d1);
+            else snprintf(at, sizeof at, "element %" PRId64, i);
+            free(p);
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "tensor '%s' holds %s at %s: the checkpoint is corrupt (a "
+                                "weight must be finite); re-download or re-export it", name,
+                                isnan(bad) ? "NaN" : "an infinity", at);
+        }
     *out = p;
     return OSCAR_OK;
 }
@@ -667,6 +680,8 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
 {
     if (!dir || !out) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_model_load: NULL argument");
     *out = NULL;
+    if (!*dir) /* "" + "/config.json" is the root folder's file */
+        return oe_set_error(OSCAR_ERR_IO, "the model directory is an empty path; give the checkpoint's folder");
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
     oe_model *m = calloc(1, sizeof *m);

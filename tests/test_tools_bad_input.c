@@ -92,8 +92,8 @@ static void model_copy(const char *dir, const char *from, const char *to, const 
 }
 
 /* Shard 5 of tiny-qwen3 copied into dir with a change: header length minus
- * `hdr_delta`, or a NaN written over the first element of `nan_tensor`. */
-static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
+ * `hdr_delta`, or the bf16 value `bits` written over the first element of `nan_tensor`. */
+static void shard5_write(const char *dir, int hdr_delta, const char *nan_tensor, uint16_t bits) {
     char a[8192], b[8192];
     snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
     size_t n;
@@ -107,8 +107,8 @@ static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) 
         json_t *t = json_object_get(h, nan_tensor);
         cr_assert(t, "no tensor %s in shard 5", nan_tensor);
         json_int_t off = json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
-        s[8 + hl + (size_t)off] = 0xc0; /* bf16 0x7fc0: NaN */
-        s[8 + hl + (size_t)off + 1] = 0x7f;
+        s[8 + hl + (size_t)off] = (unsigned char)(bits & 0xff);
+        s[8 + hl + (size_t)off + 1] = (unsigned char)(bits >> 8);
         json_decref(h);
     }
     hl -= (uint64_t)hdr_delta;
@@ -116,6 +116,78 @@ static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) 
     snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
     spit(b, s, n);
     free(s);
+}
+
+/* tiny-qwen3 as a Mistral checkpoint in dir (the Llama layout: no q_norm/k_norm, dropped from the
+ * shards and the index) with config.json's sliding_window set: a loadable model with a span. */
+static void mistral_copy(const char *dir, int sliding_window) {
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model.safetensors.index.json", g_model);
+    json_t *idx = json_load_file(a, 0, NULL), *wm = json_object_get(idx, "weight_map");
+    cr_assert(idx && wm);
+    for (int sh = 1; sh <= 5; sh++) {
+        snprintf(a, sizeof a, "%s/model-0000%d-of-00005.safetensors", g_model, sh);
+        size_t n;
+        unsigned char *f = (unsigned char *)slurp(a, &n);
+        uint64_t hl = 0;
+        for (int i = 7; i >= 0; i--) hl = (hl << 8) | f[i];
+        json_t *h = json_loadb((const char *)f + 8, (size_t)hl, 0, NULL), *nh = json_object();
+        cr_assert(h && nh);
+        unsigned char *data = malloc(n);
+        size_t at = 0;
+        const char *k;
+        json_t *v;
+        json_object_foreach(h, k, v) {
+            if (!strcmp(k, "__metadata__")) {
+                json_object_set(nh, k, v);
+                continue;
+            }
+            if (strstr(k, "q_norm") || strstr(k, "k_norm")) continue;
+            json_t *off = json_object_get(v, "data_offsets");
+            size_t o0 = (size_t)json_integer_value(json_array_get(off, 0)),
+                   o1 = (size_t)json_integer_value(json_array_get(off, 1));
+            memcpy(data + at, f + 8 + hl + o0, o1 - o0);
+            json_t *nv = json_deep_copy(v);
+            json_object_set_new(nv, "data_offsets", json_pack("[I, I]", (json_int_t)at, (json_int_t)(at + o1 - o0)));
+            json_object_set_new(nh, k, nv);
+            at += o1 - o0;
+        }
+        char *hs = json_dumps(nh, JSON_COMPACT);
+        size_t hn = strlen(hs), pad = (8 - hn % 8) % 8;
+        snprintf(b, sizeof b, "%s/model-0000%d-of-00005.safetensors", dir, sh);
+        FILE *o = fopen(b, "wb");
+        cr_assert(o);
+        unsigned char len[8];
+        for (int i = 0; i < 8; i++) len[i] = (unsigned char)((hn + pad) >> (8 * i));
+        cr_assert(fwrite(len, 1, 8, o) == 8 && fwrite(hs, 1, hn, o) == hn && fwrite("        ", 1, pad, o) == pad &&
+                  fwrite(data, 1, at, o) == at && fclose(o) == 0);
+        free(hs);
+        free(data);
+        free(f);
+        json_decref(h);
+        json_decref(nh);
+    }
+    json_t *nw = json_object();
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) if (!strstr(k, "q_norm") && !strstr(k, "k_norm")) json_object_set(nw, k, v);
+    json_object_set_new(idx, "weight_map", nw);
+    snprintf(b, sizeof b, "%s/model.safetensors.index.json", dir);
+    cr_assert_eq(json_dump_file(idx, b, 0), 0);
+    json_decref(idx);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    json_t *cfg = json_load_file(a, 0, NULL);
+    cr_assert(cfg);
+    json_object_set_new(cfg, "model_type", json_string("mistral"));
+    json_object_set_new(cfg, "sliding_window", json_integer(sliding_window));
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(cfg, b, 0), 0);
+    json_decref(cfg);
+}
+
+/* shard5_write with a NaN (bf16 0x7fc0). */
+static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
+    shard5_write(dir, hdr_delta, nan_tensor, 0x7fc0);
 }
 
 #define BIN OSCAR_BIN_DIR
@@ -336,6 +408,119 @@ Test(tools_bad_input, ppl_arguments_are_parsed_strictly, .timeout = 200) {
     }
 }
 
+/* oscar-ppl --max-tokens past the file's length reads the whole file: at 2^63 - 1 the cut
+ * max_tokens + 1 < n overflowed (n became INT64_MIN) and a good file was refused as
+ * "-9223372036854775808 tokens do not fill one window". */
+Test(tools_bad_input, ppl_max_tokens_past_the_file_reads_it_all, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/two-windows.tokens", dir);
+    uint32_t ids[129]; /* two windows of 64, each with its next-token target */
+    for (int i = 0; i < 129; i++) ids[i] = (uint32_t)(i * 37 % 8192);
+    spit(tok, ids, sizeof ids);
+    const char *max[] = {"9223372036854775807", "9223372036854775806", "128"};
+    for (size_t i = 0; i < sizeof max / sizeof max[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens %s", g_model, tok,
+                     max[i]);
+        cr_expect_eq(rc, 0, "oscar-ppl --max-tokens %s: exit %d: %s", max[i], rc, out);
+        cr_expect(strstr(out, "windows 2, scored tokens 128"), "--max-tokens %s: two windows expected: %s", max[i],
+                  out);
+    }
+    rmrf(dir);
+}
+
+/* oscar-ppl with no full window: --max-tokens below --context, or a token file shorter than one window
+ * plus its target, was refused after the model load as "oe_perplexity: N tokens do not fill one window
+ * of C + 1", naming neither the option nor the file nor what to change. */
+Test(tools_bad_input, ppl_no_window_names_the_fix, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/64.tokens", dir);
+    uint32_t ids[64] = {1, 2, 3};
+    spit(tok, ids, sizeof ids);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 32", g_model, g_tokens);
+    cr_expect_eq(rc, 2, "--max-tokens 32 --context 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--max-tokens 32") && strstr(out, "lower --context"), "should name the fix: %s", out);
+    rc = run(out, sizeof out, 60, BIN "/oscar-ppl %s --tokens %s --context 64", g_model, tok);
+    cr_expect_eq(rc, 2, "64 tokens, --context 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, tok) && strstr(out, "shorter --context"), "should name the file and the fix: %s", out);
+    rmrf(dir);
+}
+
+/* An empty MODEL_DIR ('') was joined to "/config.json": the tools read the root folder's files
+ * (here absent: "/config.json: cannot open model config"). Named as an empty path now. */
+Test(tools_bad_input, empty_model_dir_is_named, .timeout = 60) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384];
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *tools[] = {"oscar-ppl", "oscar-engine-bench", "oscar-eval", "oscar-copy-probe"};
+    const char *more[] = {"", "", "--methods int2 --out /tmp/oscar-unused.json", "--params"};
+    for (size_t i = 0; i < 4; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/%s '' --tokens %s %s %s", tools[i], g_tokens, more[i], i == 3 ? P : "");
+        cr_expect_eq(rc, 2, "%s '': exit %d: %s", tools[i], rc, out);
+        cr_expect(strstr(out, "empty path") && !strstr(out, "/config.json"), "%s: the message should say the "
+                  "model directory is empty: %s", tools[i], out);
+    }
+}
+
+/* An option without its value at the end of the command line, or a missing required argument:
+ * oscar-ppl and oscar-engine-bench printed a bare usage (which argument?), oscar-copy-probe too
+ * for a missing one, and oscar-bench its usage on standard output (a misuse with stdout on a full
+ * disk exited 1, not 2). Each names the argument on stderr now, exit 2. */
+Test(tools_bad_input, missing_values_and_arguments_are_named, .timeout = 120) {
+    char out[16384];
+    const struct {
+        const char *cmd, *named;
+    } bad[] = {
+        {BIN "/oscar-ppl MODEL --tokens", "'--tokens'"},
+        {BIN "/oscar-ppl MODEL --tokens T --context", "'--context'"},
+        {BIN "/oscar-ppl MODEL", "--tokens FILE are required"},
+        {BIN "/oscar-engine-bench MODEL --tokens T --windows", "'--windows'"},
+        {BIN "/oscar-engine-bench MODEL", "--tokens FILE are required"},
+        {BIN "/oscar-copy-probe MODEL --tokens T", "--params are required"},
+        {BIN "/oscar-copy-probe MODEL --tokens T --params", "'--params'"},
+        {BIN "/oscar-calibrate MODEL --tokens T --out", "'--out'"},
+        {BIN "/oscar-eval MODEL --tokens T --out", "--out needs a value"},
+        {BIN "/oscar-bench --context", "'--context'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 60, "sh -c '%s 2>&1 >/dev/full'", bad[i].cmd);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].cmd, rc, out);
+        cr_expect(strstr(out, bad[i].named), "%s: the message should name %s: %s", bad[i].cmd, bad[i].named, out);
+    }
+}
+
+/* A Mistral model's sliding_window bounds the windows the engine runs (full causal attention): a
+ * longer --context/--window was refused by the engine's context after the model load, mid-run for
+ * oscar-eval, with exit 1 (a failure of the tool). Now bad input (2) beside max_position_embeddings,
+ * naming sliding_window; a window within it runs. */
+Test(tools_bad_input, windows_past_the_sliding_window_are_bad_input, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    mistral_copy(dir, 128);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    char cmd[5][8400];
+    snprintf(cmd[0], sizeof cmd[0], "oscar-ppl %s --tokens %s --context 256 --max-tokens 256", dir, g_tokens);
+    snprintf(cmd[1], sizeof cmd[1], "oscar-engine-bench %s --tokens %s --context 256 --windows 1", dir, g_tokens);
+    snprintf(cmd[2], sizeof cmd[2], "oscar-calibrate %s --tokens %s --out %s/p.safetensors --window 256 "
+             "--max-tokens 256", dir, g_tokens, dir);
+    snprintf(cmd[3], sizeof cmd[3], "oscar-eval %s --tokens %s --methods int2 --context 256 --max-tokens 256 "
+             "--retrieval-trials 0 --out %s/r.json", dir, g_tokens, dir);
+    snprintf(cmd[4], sizeof cmd[4], "oscar-copy-probe %s --tokens %s --params %s --allow-other-model --context 400 "
+             "--sink 16 --recent 64 --trials 1", dir, g_tokens, P);
+    for (int i = 0; i < 5; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/%s", cmd[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cmd[i], rc, out);
+        cr_expect(strstr(out, "sliding_window 128"), "%s: the message should name sliding_window: %s", cmd[i], out);
+    }
+    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 128 --max-tokens 128", dir, g_tokens);
+    cr_expect_eq(rc, 0, "a window within sliding_window: exit %d: %s", rc, out);
+    rmrf(dir);
+}
+
 /* oscar-engine-bench read its counts with atoi: "12abc" ran as 12, and --context 2^30 sized the logits
  * (a 32 TiB malloc: an abort under ASan) before anything checked it. Contexts past the model's positions
  * ran (slowly, on positions it never saw) and a token file shorter than one window printed a rate of 0
@@ -362,6 +547,29 @@ Test(tools_bad_input, engine_bench_arguments_are_checked_first, .timeout = 200) 
         cr_expect(strstr(out, bad[i].named), "oscar-engine-bench %s: the message should name %s: %s", bad[i].args,
                   bad[i].named, out);
     }
+    rmrf(dir);
+}
+
+/* oscar-copy-probe checked only the parameters' shape: a file calibrated on another model of the same
+ * shape (here: rope_theta changed, another fingerprint) was measured on this one without a word, exit
+ * 0. Refused as oscar-eval does (exit 2, naming both hashes), unless --allow-other-model. */
+Test(tools_bad_input, copy_probe_refuses_another_models_params, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"rope_theta\": 1000000.0", "\"rope_theta\": 500000.0", NULL);
+    const char *params = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors"; /* tiny-qwen3's */
+    const char *args = "--context 400 --sink 16 --recent 64 --trials 1";
+    int rc = run(out, sizeof out, 120, BIN "/oscar-copy-probe %s --tokens %s --params %s %s", dir, g_tokens, params,
+                 args);
+    cr_expect_eq(rc, 2, "another model's parameters: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "model hash") && strstr(out, "--allow-other-model"), "the message should name the hashes "
+              "and the way out: %s", out);
+    rc = run(out, sizeof out, 240,
+             BIN "/oscar-copy-probe %s --tokens %s --params %s %s --allow-other-model 2>/dev/null", dir, g_tokens,
+             params, args);
+    cr_expect_eq(rc, 0, "--allow-other-model: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "copy probe:"), "--allow-other-model printed no table: %s", out);
     rmrf(dir);
 }
 
@@ -421,6 +629,77 @@ Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) 
     struct stat sb;
     cr_expect(stat(path, &sb) != 0, "oscar-eval wrote a report for a NaN model");
     rmrf(dir);
+}
+
+/* A NaN in a key projection's weight: the AVX2 softmax's clamped exp made the NaN scores zero
+ * weights, so oscar-ppl printed a finite, wrong perplexity (3.351 against the model's 3.338) and
+ * oscar-engine-bench its timings, both exit 0; only NaN logits were caught. The loader now refuses
+ * a non-finite weight, naming the tensor (exit 2). */
+Test(tools_bad_input, nan_key_weight_is_refused_not_a_perplexity, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_copy(dir, 0, "model.layers.7.self_attn.k_proj.weight");
+    const char *tools[] = {"oscar-ppl", "oscar-engine-bench"}, *args[] = {"--max-tokens 64", "--windows 1"};
+    for (size_t i = 0; i < 2; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/%s %s --tokens %s --context 64 %s", tools[i], dir, g_tokens, args[i]);
+        cr_expect_eq(rc, 2, "%s, NaN in layer 7's k_proj: exit %d: %s", tools[i], rc, out);
+        cr_expect(strstr(out, "model.layers.7.self_attn.k_proj.weight") && strstr(out, "NaN"),
+                  "%s: the message should name the tensor: %s", tools[i], out);
+        cr_expect(!strstr(out, "perplexity"), "%s printed a perplexity: %s", tools[i], out);
+    }
+    rmrf(dir);
+}
+
+/* A finite but absurd weight (bf16's largest, 3.4e38, in layer 7's k_proj) makes NaN scores in the
+ * forward: the AVX2 softmax clamped them into zero weights, and oscar-ppl printed a finite, wrong
+ * perplexity (3.371 against 3.338), exit 0. The NaN now reaches the logits, where it is caught. */
+Test(tools_bad_input, huge_weight_nan_scores_are_not_a_perplexity, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_write(dir, 0, "model.layers.7.self_attn.k_proj.weight", 0x7f7f);
+    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+    cr_expect_eq(rc, 2, "a 3.4e38 weight in layer 7's k_proj: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "NaN") && !strstr(out, "perplexity"), "printed a perplexity, not the NaN: %s", out);
+    /* oscar-engine-bench then stopped on the NaN logits with exit 1 (a failure of the tool), not 2 */
+    rc = run(out, sizeof out, 120, BIN "/oscar-engine-bench %s --tokens %s --context 64 --windows 1", dir, g_tokens);
+    cr_expect_eq(rc, 2, "oscar-engine-bench, a 3.4e38 weight: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "NaN"), "oscar-engine-bench should name the NaN: %s", out);
+    rmrf(dir);
+}
+
+/* NaN weights are bad input (exit 2) for the tools that only oscar-ppl and oscar-eval were checked
+ * on: oscar-calibrate exited 1 (a runtime failure) on a NaN key in pass 0 and on NaN logits in the
+ * clip search; oscar-copy-probe exited 1 with oscar_fakequant's "clean the input rows" (a NaN query
+ * printed nan masses). No parameter file is written. */
+Test(tools_bad_input, nonfinite_model_is_bad_input_for_calibrate_and_copy_probe, .timeout = 600) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    const char *params = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors"; /* the shipped file */
+    const char *nan_in[] = {"model.layers.7.self_attn.k_proj.weight", "model.norm.weight"};
+    for (size_t i = 0; i < 2; i++) {
+        char out[16384], dir[64], pout[128];
+        scratch(dir, sizeof dir);
+        model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+        shard5_copy(dir, 0, nan_in[i]);
+        snprintf(pout, sizeof pout, "%s/p.safetensors", dir);
+        /* the final norm is read by the clip search only (its logits) */
+        int rc = run(out, sizeof out, 240, BIN "/oscar-calibrate %s --tokens %s --out %s --max-tokens 512 --window "
+                     "512 --clip-search 1 --threads 2", dir, g_tokens, pout);
+        cr_expect_eq(rc, 2, "NaN in %s, oscar-calibrate: exit %d: %s", nan_in[i], rc, out);
+        cr_expect(strstr(out, "finite") || strstr(out, "NaN"), "the message should say NaN/not finite: %s", out);
+        struct stat sb;
+        cr_expect(stat(pout, &sb) != 0, "oscar-calibrate wrote parameters for a NaN model");
+        if (i == 0) { /* copy-probe runs no lm_head: the final norm's NaN never reaches it */
+            rc = run(out, sizeof out, 240, BIN "/oscar-copy-probe %s --tokens %s --params %s --context 400 --sink 16 "
+                     "--recent 64 --trials 1", dir, g_tokens, params);
+            cr_expect_eq(rc, 2, "NaN in %s, oscar-copy-probe: exit %d: %s", nan_in[i], rc, out);
+            cr_expect(strstr(out, "layers.7.") || strstr(out, "layer 7"), "the message should name layer 7: %s", out);
+        }
+        rmrf(dir);
+    }
 }
 
 /* Messages about config.json's sizes named no value: vocab_size 2^31 - 1
@@ -583,6 +862,32 @@ Test(tools_bad_input, unwritable_output_folder_is_refused_first, .timeout = 300)
     cr_expect(strstr(out, "cannot create"), "message: %s", out);
 }
 
+/* An empty output path passed the up-front check (its probe, ".tmpXXXXXX", was created in the
+ * current folder) and the save's rename to "" failed after the whole run: oscar-calibrate
+ * --out '' and oscar-eval --out/--md '' exited 1 at the end. Refused first now, exit 2. */
+Test(tools_bad_input, empty_output_paths_are_refused_first, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const char *eval = "--methods int2 --context 64 --max-tokens 128 --retrieval-trials 0";
+    const struct {
+        const char *tool, *args;
+    } cases[] = {
+        {"oscar-calibrate", "--window 256 --max-tokens 512 --out ''"},
+        {"oscar-eval", "--out ''"},
+        {"oscar-eval", "--out r.json --md ''"},
+        {"oscar-eval", "--out r.json --plot ''"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, "sh -c \"cd %s && " BIN "/%s %s --tokens %s %s %s\"", dir, cases[i].tool,
+                     g_model, g_tokens, strcmp(cases[i].tool, "oscar-eval") ? "" : eval, cases[i].args);
+        cr_expect_eq(rc, 2, "%s %s: exit %d: %s", cases[i].tool, cases[i].args, rc, out);
+        cr_expect(strstr(out, "empty path"), "%s %s: the message should say the path is empty: %s", cases[i].tool,
+                  cases[i].args, out);
+    }
+    rmrf(dir);
+}
+
 /* Outputs are written to a temporary beside the path and renamed over it: a
  * FIFO or a device there (a link to /dev/null here; /dev/null or /dev/stdout
  * themselves as root) was replaced by a regular file after the whole run.
@@ -704,6 +1009,29 @@ Test(tools_bad_input, eval_report_write_errors_name_the_cause, .timeout = 200) {
     rmrf(dir);
 }
 
+/* Options the run would ignore: --clip-search with both clips fixed by --clip-k and --clip-v (the
+ * search was skipped without a word, exit 0) and --feedback-damp with --rounding nearest (no
+ * feedback metric to damp). Refused before the model load, naming both. */
+Test(tools_bad_input, calibrate_refuses_options_it_would_ignore, .timeout = 60) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const struct {
+        const char *args, *a, *b;
+    } bad[] = {
+        {"--clip-k 0.9 --clip-v 0.9 --clip-search 2", "--clip-search", "--clip-v"},
+        {"--rounding nearest --feedback-damp 0.5", "--feedback-damp", "--rounding nearest"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 30, BIN "/oscar-calibrate %s --tokens %s --out %s/p.safetensors --window 256 "
+                     "--max-tokens 512 %s", g_model, g_tokens, dir, bad[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].args, rc, out);
+        cr_expect(strstr(out, bad[i].a) && strstr(out, bad[i].b), "%s: the message should name both: %s", bad[i].args,
+                  out);
+    }
+    rmrf(dir);
+}
+
 /* Shares and losses in [0, 1]: anything else exits 2 before the model is read. */
 Test(tools_bad_input, calibrate_refuses_bad_shares, .timeout = 60) {
     char out[16384];
@@ -803,6 +1131,36 @@ Test(tools_bad_input, calibrate_wide_bits_default_applies_where_valid, .timeout 
         cr_expect(strstr(out, ok[i].want), "'%s': the output should say '%s': %s", ok[i].args, ok[i].want, out);
         unlink(path);
     }
+}
+
+/* A config.json claiming 2^30 attention and KV heads, with --storage: the spec's head table (layers x
+ * KV heads bytes) was allocated and filled from the config before the parameters' shape check refused
+ * it: 8 GiB touched and seconds spent on bad input (2^30 layers as well: a malloc of 2^33 GiB). Now
+ * the parameters' check (bounded by their file's limits) comes first. Run under a 1 GiB address
+ * space limit, which the old order exceeded. */
+Test(tools_bad_input, eval_storage_is_sized_after_the_parameters_check, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    model_copy(dir, "\"num_key_value_heads\": 2", "\"num_key_value_heads\": 1073741824", NULL);
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    size_t n;
+    char *c = slurp(cfg, &n), *at = strstr(c, "\"num_attention_heads\": 8");
+    cr_assert(at);
+    char *nc = malloc(n + 32);
+    snprintf(nc, n + 32, "%.*s\"num_attention_heads\": 1073741824%s", (int)(at - c), c,
+             at + strlen("\"num_attention_heads\": 8"));
+    spit(cfg, nc, strlen(nc));
+    free(c);
+    free(nc);
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    int rc = run(out, sizeof out, 60, "sh -c 'ulimit -v 1048576; " BIN "/oscar-eval %s --tokens %s --params %s "
+                 "--methods oscar2 --storage group=64 --out %s/r.json'", dir, g_tokens, P, dir);
+    cr_expect_eq(rc, 2, "2^30 KV heads with --storage: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "1073741824 KV heads") && strstr(out, "--params"), "the parameters' check should refuse "
+              "the shape: %s", out);
+    rmrf(dir);
 }
 
 /* oscar-bench calibrates one synthetic layer and serves it with 2-bit layouts: with the library's default
@@ -976,6 +1334,91 @@ Test(tools_bad_input, eval_plot_data_write_errors_are_reported, .timeout = 400) 
     cr_expect_eq(rc, 1, "a folder at PLOT.gp: exit %d: %s", rc, out);
     cr_expect(strstr(out, gp) && strstr(out, "plot was not written"), "message should name %s: %s", gp, out);
     rmrf(dir);
+}
+
+/* A gnuplot that fails after 'set output' (as it does on a bad plot: it creates the file first) left
+ * an empty PLOT, or an earlier run's plot truncated, while the message said the plot was not written.
+ * gnuplot now draws into a temporary renamed over PLOT on success. A stand-in gnuplot here creates
+ * its output (the -e oscar_png value, or the script's set output) and exits 1. */
+Test(tools_bad_input, eval_failed_plot_leaves_the_old_plot, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/bin", dir);
+    cr_assert_eq(mkdir(path, 0700), 0);
+    snprintf(path, sizeof path, "%s/bin/gnuplot", dir);
+    const char *fake = "#!/bin/sh\n"
+                       "last=\"\"; for a in \"$@\"; do last=\"$a\"; done\n"
+                       "[ -f \"$last\" ] || exit 0\n" /* the terminal probe */
+                       "out=$(sed -n \"s/^set output.*'\\(.*\\)'.*/\\1/p\" \"$last\")\n"
+                       "[ \"$1\" = -e ] && out=$(printf %s \"$2\" | sed \"s/^oscar_png='\\(.*\\)'$/\\1/\")\n"
+                       ": > \"$out\"\n"
+                       "exit 1\n";
+    spit(path, fake, strlen(fake));
+    cr_assert_eq(chmod(path, 0755), 0);
+    char png[128];
+    snprintf(png, sizeof png, "%s/p.png", dir);
+    spit(png, "old plot", 8);
+    int rc = run(out, sizeof out, 60,
+                 "env PATH=%s/bin:$PATH " BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens "
+                 "128 --retrieval-trials 0 --out %s/a.json --plot %s",
+                 dir, g_model, g_tokens, dir, png);
+    cr_expect_eq(rc, 1, "a failing gnuplot: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "plot was not written"), "the message should say so: %s", out);
+    size_t n = 0;
+    char *old = slurp(png, &n);
+    cr_expect(n == 8 && !memcmp(old, "old plot", 8), "the earlier plot was overwritten (%zu bytes)", n);
+    free(old);
+    DIR *dh = opendir(dir);
+    cr_assert(dh);
+    for (struct dirent *e; (e = readdir(dh));)
+        cr_expect(strncmp(e->d_name, "p.png.", 6) || !strcmp(e->d_name, "p.png.dat") || !strcmp(e->d_name, "p.png.gp"),
+                  "a temporary was left behind: %s", e->d_name);
+    closedir(dh);
+    rmrf(dir);
+}
+
+/* --plot with --methods bf16 alone: the plot leaves bf16 out (KL 0), so gnuplot had no point and
+ * failed ('x range is invalid') after the whole evaluation, exit 1 and an empty PNG. Refused first. */
+Test(tools_bad_input, eval_plot_needs_a_quantized_method, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], json[128];
+    scratch(dir, sizeof dir);
+    snprintf(json, sizeof json, "%s/a.json", dir);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --methods bf16 --context 64 --max-tokens 128 "
+                 "--retrieval-trials 0 --out %s --plot %s/p.png", g_model, g_tokens, json, dir);
+    cr_expect_eq(rc, 2, "--methods bf16 --plot: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--plot") && strstr(out, "only bf16"), "the message should name both: %s", out);
+    struct stat sb;
+    cr_expect(stat(json, &sb) != 0, "the evaluation ran before the refusal: %s", out);
+    rmrf(dir);
+}
+
+/* --plot P writes P.dat and P.gp with fopen: a FIFO at either blocked the open
+ * forever, after the whole evaluation (the report written, the tool never
+ * exiting). Refused first now (exit 2, naming the file), nothing written. */
+Test(tools_bad_input, eval_plot_side_files_that_are_fifos_are_refused_first, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char have[8];
+    if (!(run(have, sizeof have, 10, "sh -c 'command -v gnuplot > /dev/null && echo y'") == 0 && have[0] == 'y'))
+        cr_skip_test("gnuplot is absent: oscar-eval writes no plot files");
+    const char *args = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
+    const char *sides[] = {".dat", ".gp"};
+    for (size_t i = 0; i < 2; i++) {
+        char out[16384], dir[64], side[128], png[128], json[128];
+        scratch(dir, sizeof dir);
+        snprintf(png, sizeof png, "%s/p.png", dir);
+        snprintf(side, sizeof side, "%s%s", png, sides[i]);
+        snprintf(json, sizeof json, "%s/a.json", dir);
+        cr_assert_eq(mkfifo(side, 0600), 0);
+        int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s %s --out %s --plot %s", g_model, g_tokens,
+                     args, json, png);
+        cr_expect_eq(rc, 2, "a FIFO at PLOT%s: exit %d: %s", sides[i], rc, out);
+        cr_expect(strstr(out, side) && strstr(out, "FIFO"), "the message should name the FIFO %s: %s", side, out);
+        struct stat sb;
+        cr_expect(stat(json, &sb) != 0, "the evaluation ran before the refusal (%s written): %s", json, out);
+        rmrf(dir);
+    }
 }
 
 /* An output path naming an input file (or another output): oscar-eval --out

@@ -296,12 +296,13 @@ static oscar_params *calibrate(const opts *o, const synth *s) {
     return p;
 }
 
-static void usage(void) {
-    printf("usage: oscar-bench [--quick] [--backend cpu|cuda|hip|opencl] [--batch B] [--context N]\n"
-           "                   [--head-dim D] [--group G] [--q-heads H] [--kv-heads H] [--page P]\n"
-           "                   [--sink S0] [--recent W] [--seed S]\n"
-           "Writes and decodes synthetic K/V with channel outliers through every 2-bit method on the\n"
-           "chosen backend, checks against the CPU reference, prints bits/element, error and time.\n");
+/* --help on stdout, a misuse on stderr (as the other tools): stdout may be a report being kept */
+static void usage(FILE *f) {
+    fprintf(f, "usage: oscar-bench [--quick] [--backend cpu|cuda|hip|opencl] [--batch B] [--context N]\n"
+               "                   [--head-dim D] [--group G] [--q-heads H] [--kv-heads H] [--page P]\n"
+               "                   [--sink S0] [--recent W] [--seed S]\n"
+               "Writes and decodes synthetic K/V with channel outliers through every 2-bit method on the\n"
+               "chosen backend, checks against the CPU reference, prints bits/element, error and time.\n");
 }
 
 int main(int argc, char **argv) {
@@ -319,7 +320,7 @@ int main(int argc, char **argv) {
         continue;                                                                        \
     }
         if (!strcmp(a, "--quick")) continue;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); return 0; }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
         if (!strcmp(a, "--backend") && has) { o.backend = argv[++i]; continue; }
         if (!strcmp(a, "--seed") && has) { /* strtoul took "12x" as 12, "abc" as 0 and -1 as 2^32 - 1 */
             int64_t v_;
@@ -331,7 +332,7 @@ int main(int argc, char **argv) {
         INTOPT("--group", group) INTOPT("--q-heads", q_heads) INTOPT("--kv-heads", kv_heads)
         INTOPT("--page", page) INTOPT("--sink", sink) INTOPT("--recent", recent)
         fprintf(stderr, "oscar-bench: unknown or incomplete option '%s'\n", a);
-        usage();
+        usage(stderr);
         return 2;
     }
     if (o.batch < 1 || o.context < 1 || o.head_dim > 512 || o.q_heads < 1 || o.kv_heads < 1) {

@@ -307,6 +307,17 @@ int main(int argc, char **argv) {
                 o.lloyd_max ? "--lloyd-max" : "--clip-objective rows");
         return 2;
     }
+    /* Options that would be ignored without a word: the run then was not the one asked for. */
+    if (search_windows > 0 && o.clip_k > 0.0f && o.clip_v > 0.0f) {
+        fprintf(stderr, "oscar-calibrate: --clip-search %" PRId64 " has no clip to search: --clip-k and --clip-v fix "
+                "both; drop --clip-search or one of the fixed clips\n", search_windows);
+        return 2;
+    }
+    if (o.feedback_damp > 0.0f && o.rounding == 0) {
+        fprintf(stderr, "oscar-calibrate: --feedback-damp is the ridge of error-feedback rounding, which --rounding "
+                "nearest turns off; drop one of the two\n");
+        return 2;
+    }
     if (o.max_tokens < o.window) {
         fprintf(stderr,
                 "oscar-calibrate: --max-tokens %" PRId64 " is smaller than one window of %d tokens: raise "
@@ -382,6 +393,11 @@ int main(int argc, char **argv) {
                 o.window, cfg.max_position, cfg.max_position);
         return 2;
     }
+    if (cfg.sliding_window > 0 && o.window > cfg.sliding_window) { /* the engine refused it after the load: exit 1 */
+        fprintf(stderr, "oscar-calibrate: --window %d exceeds the model's sliding_window %d (the engine runs full "
+                "causal attention); use at most %d\n", o.window, cfg.sliding_window, cfg.sliding_window);
+        return 2;
+    }
 
     double t_start = now_s();
     uint32_t *tok = NULL;
@@ -423,7 +439,10 @@ int main(int argc, char **argv) {
         free(tok);
         oe_model_free(m);
         fprintf(stderr, "oscar-calibrate: %s\n", err);
-        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP ? 2 : 1;
+        /* NONFINITE: the model's weights give NaN/Inf keys or values (bad input, as oscar-ppl and oscar-eval) */
+        return s == OSCAR_ERR_UNSUPPORTED_HEAD_DIM || s == OSCAR_ERR_UNSUPPORTED_GROUP || s == OSCAR_ERR_NONFINITE
+                   ? 2
+                   : 1;
     }
     /* Held-out windows for the clip search: the tokens right after the
      * calibration windows (never the ones the covariances came from). */
@@ -468,7 +487,7 @@ int main(int argc, char **argv) {
         free(clip0);
         oscar_params_destroy(params);
         oscar_calib_destroy(calib);
-        return 1;
+        return s == OSCAR_ERR_NONFINITE ? 2 : 1; /* NaN/Inf logits: the model's weights (bad input) */
     }
     if (oscar_params_save(params, out_path) != OSCAR_OK) {
         fprintf(stderr, "oscar-calibrate: %s\n", oscar_last_error());

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "oscar_calibrate.h" /* ocal_model_hash */
 #include "oscar/oscar.h"
 #include "tool_args.h"
 #include "tool_params.h"
@@ -30,11 +31,20 @@
 typedef struct cap {
     int L, hq, hkv, d, n;
     float *q, *k, *v; /* [L][n][H][d] */
+    int bad;          /* a non-finite q/k/v: its layer + 1 (0: none) */
+    const char *bad_what;
 } cap;
 
 static oscar_status observe(void *user, int layer, int n, const float *q, const float *k, const float *v) {
     cap *c = user;
     size_t nq = (size_t)n * (size_t)c->hq * (size_t)c->d, nk = (size_t)n * (size_t)c->hkv * (size_t)c->d;
+    /* NaN/Inf weights: the masses printed as nan (a NaN query) or the fake-quant failed as a tool
+     * error (exit 1) naming "the input rows"; the model is the input (exit 2) */
+    for (size_t i = 0; i < nq && !c->bad; i++)
+        if (!isfinite(q[i])) c->bad = layer + 1, c->bad_what = "queries";
+    for (size_t i = 0; i < nk && !c->bad; i++)
+        if (!isfinite(k[i]) || !isfinite(v[i])) c->bad = layer + 1, c->bad_what = "keys or values";
+    if (c->bad) return OSCAR_ERR_NONFINITE;
     memcpy(c->q + (size_t)layer * nq, q, nq * sizeof(float));
     for (size_t i = 0; i < nk; i++) {
         c->k[(size_t)layer * nk + i] = oe_round_bf16(k[i]);
@@ -51,7 +61,8 @@ static void usage(FILE *f) {
                "  --sink N / --recent N  cache layout (default 64 / 256)\n"
                "  --group G       quant group along head_dim, the one the parameters' clips were fitted for\n"
                "                  (default: head_dim up to 128, else half of it)\n"
-               "  --heads         one line per (layer, query head) besides the per-layer lines\n");
+               "  --heads         one line per (layer, query head) besides the per-layer lines\n"
+               "  --allow-other-model  use --params calibrated on another model of the same shape\n");
 }
 
 /* Per (layer, query head) sums over the probed queries. */
@@ -68,7 +79,7 @@ int main(int argc, char **argv) {
     tool_watch_stdout("oscar-copy-probe");
     const char *model_dir = NULL, *tok_path = NULL, *params_path = NULL;
     long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256, group = 0;
-    int heads_out = 0;
+    int heads_out = 0, allow_other_model = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
@@ -90,6 +101,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--tokens") && has) tok_path = argv[++i];
         else if (!strcmp(a, "--params") && has) params_path = argv[++i];
         else if (!strcmp(a, "--heads")) heads_out = 1;
+        else if (!strcmp(a, "--allow-other-model")) allow_other_model = 1;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -101,6 +113,7 @@ int main(int argc, char **argv) {
         }
     }
     if (!model_dir || !tok_path || !params_path) {
+        fprintf(stderr, "oscar-copy-probe: MODEL_DIR, --tokens and --params are required\n");
         usage(stderr);
         return 2;
     }
@@ -143,6 +156,12 @@ int main(int argc, char **argv) {
                 "%d\n", ctx, cf->max_position, cf->max_position);
         goto out;
     }
+    if (cf->sliding_window > 0 && sink + 2 * R > cf->sliding_window) { /* the engine refused it later: exit 1 */
+        fprintf(stderr, "oscar-copy-probe: windows of %ld tokens (--context %ld) exceed the model's sliding_window %d "
+                "(the engine runs full causal attention); use --context %d or less\n", sink + 2 * R, ctx,
+                cf->sliding_window, cf->sliding_window);
+        goto out;
+    }
     /* The 2-bit rows are quantized at the group a cache of this layout stores (and its bits reported
      * for that group): group 0 (the whole head) gave head_dim 192/256 another group's rows and clips
      * than the cache and the printed bits. */
@@ -156,9 +175,18 @@ int main(int argc, char **argv) {
             goto out;
         }
     }
+    /* the parameters' model fingerprint, as oscar-eval: another model's of the same shape measured
+     * its clips on this one without a word */
+    char hash[17];
+    ocal_model_hash(cf, hash);
     for (int r = 0; r < 2; r++)
-        if (oscar_params_load(params_path, &P[r]) || oscar_params_check_shape(P[r], L, hq, hkv, d, NULL)) {
-            fprintf(stderr, "oscar-copy-probe: --params %s: %s\n", params_path, oscar_last_error());
+        if (oscar_params_load(params_path, &P[r]) ||
+            oscar_params_check_shape(P[r], L, hq, hkv, d, allow_other_model ? NULL : hash)) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", oscar_last_error());
+            const int same_shape = P[r] && oscar_params_check_shape(P[r], L, hq, hkv, d, NULL) == OSCAR_OK;
+            fprintf(stderr, "oscar-copy-probe: --params %s: %s%s\n", params_path, msg,
+                    same_shape ? " (--allow-other-model uses it anyway)" : "");
             goto out;
         }
     char why[1024] = "";
@@ -229,7 +257,12 @@ int main(int argc, char **argv) {
         for (long i = 0; i < span; i++) tw[i] = src[i];
         for (long i = 0; i < R; i++) tw[span + i] = src[sink + i];
         if (oe_forward(ctxe, tw, (int)n, &fo, NULL)) {
-            fprintf(stderr, "oscar-copy-probe: forward: %s\n", oe_last_error());
+            if (c.bad) {
+                fprintf(stderr, "oscar-copy-probe: %s: layer %d's %s are not finite (NaN or Inf) on trial %ld: the "
+                        "model's weights are broken; check the checkpoint\n", model_dir, c.bad - 1, c.bad_what, t);
+                rc = 2;
+            } else
+                fprintf(stderr, "oscar-copy-probe: forward: %s\n", oe_last_error());
             goto out;
         }
         for (int l = 0; l < L; l++) {

@@ -294,6 +294,8 @@ int main(int argc, char **argv)
 #undef NEED_VAL
     }
     if (!S.model_dir) return bad("no MODEL_DIR given (see --help)%s%s", "", "");
+    if (!*S.model_dir) /* "" + "/config.json" is the root folder's file */
+        return bad("MODEL_DIR is an empty path; give the checkpoint's folder%s%s", "", "");
     if (!S.tokens_path) return bad("--tokens FILE is required (uint32 token ids)%s%s", "", "");
     if (!S.out_json) return bad("--out report.json is required%s%s", "", "");
     /* Outputs are written after the whole evaluation: check now that they can be. */
@@ -304,12 +306,17 @@ int main(int argc, char **argv)
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
-        /* --plot P also writes P.dat and P.gp, with fopen: through a link (other
-         * failures there are reported when the plot is written) */
+        /* --plot P also writes P.dat and P.gp, with fopen: through a link, or into a
+         * FIFO or socket, where the open waited for a reader forever after the whole
+         * evaluation (other failures there are reported when the plot is written) */
         for (int i = 0; S.out_plot && i < 2; i++) {
             char side[4200], why[4400];
             snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
             if (tool_dangling_link(side, why, sizeof why)) return bad("%s %s", "--plot", why);
+            struct stat ss;
+            if (stat(side, &ss) == 0 && (S_ISFIFO(ss.st_mode) || S_ISSOCK(ss.st_mode)))
+                return bad("--plot writes %s, which is %s, not a regular file; remove it or choose another --plot",
+                           side, S_ISFIFO(ss.st_mode) ? "a FIFO" : "a socket");
         }
         /* Written after the whole evaluation: over an input it would destroy it,
          * over another output neither would survive. */
@@ -382,6 +389,11 @@ int main(int argc, char **argv)
         }
     }
     if (nm == 0) return bad("--methods is empty%s%s", "", "");
+    /* the plot draws the methods' KL (ablations and --storage/--per-layer variants are left out): bf16
+     * alone gave gnuplot no point, which failed ('x range is invalid') after the whole evaluation */
+    if (S.out_plot && nm == 1 && has_ref)
+        return bad("--plot draws the KL of the quantized methods and --methods names only bf16; add a method "
+                   "or drop --plot%s%s", "", "");
     if ((need_params || ablations || nstorage) && !S.params_path)
         return bad("oscar2, oscar2-lm, --ablations and --storage need --params P (make P with oscar-calibrate)%s%s",
                    "", "");
@@ -414,6 +426,13 @@ int main(int argc, char **argv)
         snprintf(b, sizeof b, "%d", cfg.max_position);
         return bad("--context %s exceeds the model's max_position_embeddings %s; use a shorter context", a, b);
     }
+    if (cfg.sliding_window > 0 && ctx > cfg.sliding_window) { /* the engine refused it mid-run: exit 1 */
+        char a[32], b[32];
+        snprintf(a, sizeof a, "%ld", ctx);
+        snprintf(b, sizeof b, "%d", cfg.sliding_window);
+        return bad("--context %s exceeds the model's sliding_window %s (the engine runs full causal attention); use "
+                   "a shorter context", a, b);
+    }
     int d = cfg.head_dim;
     {
         /* the format's rule through the public API; group 0: the default of the head_dim */
@@ -421,21 +440,6 @@ int main(int argc, char **argv)
         char why[400];
         if (ocal_check_shape(d, &g, why, sizeof why) != OSCAR_OK) return bad("%s (--group %s)", why, group ? "given" : "default");
         group = g;
-    }
-    /* --storage specs parsed now, before any work (the variants are made from them below). */
-    for (int i = 0; i < nstorage; i++) {
-        char serr[400];
-        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
-                             sizeof serr) != 0)
-            return bad("%s%s", serr, "");
-        nstorage_made = i + 1;
-        if (ev_storage_has_outliers(&storages[i]) && recent < EV_PAGE) {
-            char a[32];
-            snprintf(a, sizeof a, "%ld", recent);
-            return bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
-                       "once the whole page is written, before its first row leaves the recent window",
-                       storage_specs[i], a);
-        }
     }
     for (int j = 0; j < nm; j++)
         if (mlist[j] == OSCAR_METHOD_KIVI2 && recent < 31)
@@ -480,6 +484,30 @@ int main(int argc, char **argv)
         }
     }
     const oscar_params *PL = P_lm ? P_lm : P;
+    /* --storage specs parsed now, before the model load (the variants are made from them below);
+     * after the parameters, whose shape check bounds the config's: a config.json claiming 2^30
+     * heads had the spec's head table (layers x KV heads bytes, 8 GiB) allocated and filled first. */
+    for (int i = 0; i < nstorage; i++) {
+        char serr[400];
+        int src = 0;
+        if (ev_storage_parse(storage_specs[i], cfg.num_layers, cfg.num_kv_heads, d, &storages[i], serr,
+                             sizeof serr) != 0)
+            src = bad("%s%s", serr, "");
+        else
+            nstorage_made = i + 1;
+        if (!src && ev_storage_has_outliers(&storages[i]) && recent < EV_PAGE) {
+            char a[32];
+            snprintf(a, sizeof a, "%ld", recent);
+            src = bad("--storage %s: out= needs --recent >= 64 (a page), got %s: a page's outliers are chosen "
+                      "once the whole page is written, before its first row leaves the recent window",
+                      storage_specs[i], a);
+        }
+        if (src) {
+            oscar_params_destroy(P);
+            oscar_params_destroy(P_lm);
+            return src;
+        }
+    }
 
     oe_model *model = NULL;
     if (oe_model_load(S.model_dir, &model) != OSCAR_OK) {

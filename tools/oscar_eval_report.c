@@ -1,13 +1,16 @@
 /* oscar-eval reports: report.json (jansson), a Markdown table and a gnuplot
  * PNG of bits per element against KL. */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 extern char **environ;
 
@@ -322,16 +325,53 @@ static void gp_string(FILE *f, const char *s)
 }
 
 /* Runs gnuplot on script without a shell (the path is an argument, not
- * command text); 0 when it exited with status 0. */
-static int run_gnuplot(const char *script)
+ * command text), with the gnuplot variable oscar_png set to png; 0 when it
+ * exited with status 0. */
+static int run_gnuplot(const char *script, const char *png)
 {
-    char *argv[] = {(char *)"gnuplot", (char *)script, NULL};
+    size_t n = 2 * strlen(png) + 16;
+    char *set = malloc(n);
+    if (!set) return -1;
+    size_t k = (size_t)snprintf(set, n, "oscar_png='");
+    for (const char *c = png; *c; c++) { /* a quote doubled, as gp_string */
+        if (*c == '\'') set[k++] = '\'';
+        set[k++] = *c;
+    }
+    set[k++] = '\'';
+    set[k] = '\0';
+    char *argv[] = {(char *)"gnuplot", (char *)"-e", set, (char *)script, NULL};
     pid_t pid;
-    if (posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ) != 0) return -1;
+    int sp = posix_spawnp(&pid, "gnuplot", NULL, NULL, argv, environ);
+    free(set);
+    if (sp != 0) return -1;
     int st;
     while (waitpid(pid, &st, 0) < 0)
         if (errno != EINTR) return -1;
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
+}
+
+/* fopen(path, "w") that never blocks, with the message on failure: a FIFO put in
+ * place of the plot's data or script after the start-up check waited for a
+ * reader forever. */
+static FILE *plot_open(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
+    struct stat sb;
+    /* ENXIO: a FIFO without a reader */
+    if ((fd < 0 && errno == ENXIO) ||
+        (fd >= 0 && fstat(fd, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)))) {
+        if (fd >= 0) close(fd);
+        fprintf(stderr, "oscar-eval: %s is a FIFO or socket, not a regular file; the plot was not written\n", path);
+        return NULL;
+    }
+    int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);
+    FILE *f = fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 ? NULL : fdopen(fd, "w");
+    if (!f) {
+        int e = errno;
+        if (fd >= 0) close(fd);
+        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", path, strerror(e));
+    }
+    return f;
 }
 
 int ev_write_plot(const ev_run *R, const ev_settings *S)
@@ -342,19 +382,17 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
         return 0;
     }
     size_t len = strlen(S->out_plot) + 8;
-    char *dat = malloc(len), *gp = malloc(len);
-    if (!dat || !gp) {
-        free(dat), free(gp);
+    char *dat = malloc(len), *gp = malloc(len), *png = malloc(len);
+    if (!dat || !gp || !png) {
+        free(dat), free(gp), free(png);
         return 1;
     }
+    png[0] = '\0';
     snprintf(dat, len, "%s.dat", S->out_plot);
     snprintf(gp, len, "%s.gp", S->out_plot);
-    FILE *f = fopen(dat, "w");
+    FILE *f = plot_open(dat);
     int rc = 1;
-    if (!f) {
-        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", dat, strerror(errno));
-        goto out;
-    }
+    if (!f) goto out;
     /* Methods share bits (every 2-bit method is at 2.25), so points are
      * told apart by colour and shape in the key rather than by labels. */
     fprintf(f, "# method bits_per_element kl\n");
@@ -376,13 +414,26 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
     }
     /* pngcairo where built in, else the libgd png terminal. */
     const char *term = system("gnuplot -e 'set terminal pngcairo' > /dev/null 2>&1") == 0 ? "pngcairo" : "png";
-    f = fopen(gp, "w");
-    if (!f) {
-        fprintf(stderr, "oscar-eval: cannot write %s (%s); the plot was not written\n", gp, strerror(errno));
+    /* gnuplot draws into a temporary of this run's own (oscar_png; PLOT.gp run by hand draws PLOT),
+     * renamed over PLOT when it succeeds: it creates its output at 'set output', and a failed plot
+     * left an empty PLOT (or truncated an earlier one) */
+    snprintf(png, len, "%s.XXXXXX", S->out_plot);
+    int pfd = mkstemp(png);
+    if (pfd < 0) {
+        fprintf(stderr, "oscar-eval: cannot create a temporary beside %s (%s); the plot was not written\n",
+                S->out_plot, strerror(errno));
+        png[0] = '\0';
         goto out;
     }
-    fprintf(f, "set terminal %s size 900,600\nset output ", term);
+    mode_t um = umask(0);
+    umask(um);
+    if (fchmod(pfd, 0666 & ~um) != 0) { /* not fatal: mkstemp's 0600 */ }
+    close(pfd);
+    f = plot_open(gp);
+    if (!f) goto out;
+    fprintf(f, "set terminal %s size 900,600\nset output (exists(\"oscar_png\") ? oscar_png : ", term);
     gp_string(f, S->out_plot);
+    fputc(')', f);
     fprintf(f,
             "\nset title \"KL(p_bf16 || p_method) per token vs bits per element\\ncontext %d, sink %d, recent %d "
             "(bf16: 16 bits, KL 0, not shown)\" noenhanced\n"
@@ -406,13 +457,21 @@ int ev_write_plot(const ev_run *R, const ev_settings *S)
         fprintf(stderr, "oscar-eval: error writing %s (%s); the plot was not written\n", gp, strerror(errno));
         goto out;
     }
-    if (run_gnuplot(gp) != 0) {
+    if (run_gnuplot(gp, png) != 0) {
         fprintf(stderr, "oscar-eval: gnuplot failed on %s; the plot was not written\n", gp);
         goto out;
     }
+    if (rename(png, S->out_plot) != 0) {
+        fprintf(stderr, "oscar-eval: cannot rename %s to %s (%s); the plot was not written\n", png, S->out_plot,
+                strerror(errno));
+        goto out;
+    }
+    png[0] = '\0';
     rc = 0;
 out:
+    if (png[0]) unlink(png);
     free(dat);
     free(gp);
+    free(png);
     return rc;
 }

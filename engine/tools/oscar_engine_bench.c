@@ -39,13 +39,15 @@ int main(int argc, char **argv)
             if (!tool_parse_int("oscar-engine-bench", "--context", argv[++i], 1, 1 << 20, &v)) return 2;
             ctx = (int)v;
         } else if (argv[i][0] != '-' && !dir) dir = argv[i];
-        else {
-            fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+        else { /* named: a bare usage did not say which argument (an option without its value at the end) */
+            fprintf(stderr, "oscar-engine-bench: unknown or incomplete argument '%s'\n"
+                    "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n", argv[i]);
             return 2;
         }
     }
     if (!dir || !tok_path || windows < 1 || ctx < 1) {
-        fprintf(stderr, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+        fprintf(stderr, "oscar-engine-bench: MODEL_DIR and --tokens FILE are required\n"
+                "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
         return 2;
     }
     int nthreads;
@@ -71,6 +73,13 @@ int main(int argc, char **argv)
         oe_model_free(m);
         return 2;
     }
+    if (cf->sliding_window > 0 && ctx > cf->sliding_window) { /* oe_ctx_create refused it: exit 1 */
+        fprintf(stderr, "oscar-engine-bench: --context %d exceeds the model's sliding_window %d (the engine runs full "
+                "causal attention); use at most %d\n", ctx, cf->sliding_window, cf->sliding_window);
+        free(tok);
+        oe_model_free(m);
+        return 2;
+    }
     if (n < ctx) { /* no window: the tool printed a rate of 0 tokens over 0 s */
         fprintf(stderr, "oscar-engine-bench: %s holds %lld tokens, fewer than one window of --context %d; give a "
                 "longer token file or a shorter context\n", tok_path, (long long)n, ctx);
@@ -87,6 +96,9 @@ int main(int argc, char **argv)
                     oe_model_config(m)->vocab);
         else
             fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
+        free(logits);
+        free(tok);
+        oe_model_free(m);
         return 1;
     }
     for (int mode = 0; mode < 2; mode++) {
@@ -95,9 +107,14 @@ int main(int argc, char **argv)
         o.skip_lm_head = mode == 0;
         double w0 = wall_s(), c0 = cpu_s();
         for (int w = 0; w < windows; w++)
-            if (oe_forward(c, tok + (size_t)w * ctx, ctx, &o, logits) != OSCAR_OK) {
+            if ((s = oe_forward(c, tok + (size_t)w * ctx, ctx, &o, logits)) != OSCAR_OK) {
                 fprintf(stderr, "oscar-engine-bench: %s\n", oe_last_error());
-                return 1;
+                free(logits);
+                free(tok);
+                oe_ctx_free(c);
+                oe_model_free(m);
+                /* NaN/Inf logits: the model's weights (bad input, as oscar-ppl); exit 1 said the tool failed */
+                return s == OSCAR_ERR_NONFINITE ? 2 : 1;
             }
         double wall = wall_s() - w0, cpu = cpu_s() - c0;
         printf("%-16s %d windows x %d: %.2f s wall (%.0f tokens/s), %.2f s CPU (%.0f tokens per CPU-second)\n",

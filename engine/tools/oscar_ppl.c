@@ -58,13 +58,20 @@ int main(int argc, char **argv)
             usage(stdout);
             return 0;
         } else if (argv[i][0] != '-' && !model_dir) model_dir = argv[i];
-        else {
+        else { /* named: a bare usage did not say which argument (an option without its value at the end) */
+            fprintf(stderr, "oscar-ppl: unknown or incomplete argument '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         }
     }
     if (!model_dir || !tok_path || ctx <= 0) {
+        fprintf(stderr, "oscar-ppl: MODEL_DIR and --tokens FILE are required\n");
         usage(stderr);
+        return 2;
+    }
+    if (max_tokens > 0 && max_tokens < ctx) { /* no window: refused after the model load as "N tokens do not fill" */
+        fprintf(stderr, "oscar-ppl: --max-tokens %" PRId64 " is below one window of --context %d; raise --max-tokens "
+                "or lower --context\n", max_tokens, ctx);
         return 2;
     }
     int nthreads;
@@ -86,6 +93,12 @@ int main(int argc, char **argv)
         oe_model_free(m);
         return 2;
     }
+    if (c->sliding_window > 0 && ctx > c->sliding_window) { /* oe_ctx_create refused it in the run: exit 1 */
+        fprintf(stderr, "oscar-ppl: --context %d exceeds the model's sliding_window %d (the engine runs full causal "
+                "attention); use at most %d\n", ctx, c->sliding_window, c->sliding_window);
+        oe_model_free(m);
+        return 2;
+    }
     printf("model %s: %s, %d layers, hidden %d, heads %d/%d, head_dim %d, vocab %d (loaded in %.2f s)\n",
            model_dir, c->model_type, c->num_layers, c->hidden, c->num_q_heads, c->num_kv_heads, c->head_dim,
            c->vocab, now_s() - t0);
@@ -99,7 +112,15 @@ int main(int argc, char **argv)
     /* --max-tokens N feeds the first N tokens; the last window's last target
      * is token N itself (reference.json's ppl_fp32_first_65536 is 32 windows
      * feeding tokens [0, 65536) and scoring tokens [1, 65537)). */
-    if (max_tokens > 0 && max_tokens + 1 < n) n = max_tokens + 1;
+    /* compared as max_tokens < n - 1: max_tokens + 1 overflowed at --max-tokens 2^63 - 1 (n became INT64_MIN) */
+    if (max_tokens > 0 && max_tokens < n - 1) n = max_tokens + 1;
+    if (n < (int64_t)ctx + 1) { /* the message named neither the file nor what to change */
+        fprintf(stderr, "oscar-ppl: %s holds %" PRId64 " tokens, fewer than one window of --context %d plus its "
+                "last target; give a longer token file or a shorter --context\n", tok_path, n, ctx);
+        free(tok);
+        oe_model_free(m);
+        return 2;
+    }
     printf("tokens %s: %" PRId64 " tokens available to windows of %d (+1 target)\n", tok_path, n, ctx);
     fflush(stdout);
     progress_state ps = {now_s(), ctx};

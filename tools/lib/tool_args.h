@@ -60,6 +60,10 @@ static inline int tool_dangling_link(const char *path, char *why, size_t n) {
  * or socket (the rename would replace /dev/null or a pipe with a regular
  * file), nor a dangling symbolic link; else 0 with the reason in why. Checked before a tool does its work. */
 static inline int tool_output_ok(const char *path, char *why, size_t n) {
+    if (!*path) { /* the probe below is ".tmpXXXXXX" in "." and passed; the save's rename to "" failed after the run */
+        snprintf(why, n, "'' is an empty path; give a file name");
+        return 0;
+    }
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
