@@ -1440,12 +1440,17 @@ static void spike_synth(synth *s, int n, int hkv, int d, double spike_p, double 
 /* Per layer the probes' choice varies with which spikes the 8 probes per head
  * hold (a single layer was not milder in about 1 draw in 6 while this was
  * written); the rows objective picks ~0.88 on this data. Over 6 independent
- * layers the mean probe clip_k must be milder: it was by 0.04-0.07 in every
- * trial (see the commit message). */
+ * layers the mean probe clip_k must be milder. That is a statistical claim, so
+ * the data are fixed: with fresh data it held by 0.018-0.063 for 24 seeds but
+ * failed by 0.012 for seed 4769059305408880123 (a test failing by chance). The
+ * per-layer K error comparison holds for any data (same probes, c_K minimises it). */
 Test(calib, probes_keep_large_scores) {
     const int d = 64, win = 384, nwin = 10, HKV = 2, L = 6;
     synth s[6];
+    const uint64_t state = g_state;
+    g_state = 101;
     for (int l = 0; l < L; l++) spike_synth(&s[l], win * nwin, HKV, d, 0.02, 12.0);
+    g_state = state;
     oscar_calib_options o;
     oscar_calib_options_default(&o, L, 2 * HKV, HKV, d);
     o.sink = 16;
@@ -1473,8 +1478,8 @@ Test(calib, probes_keep_large_scores) {
         cr_assert_leq(a[0].err_k[2], a[1].err_k[2], "layer %d: K attention error %g at the probes' clip > %g at the rows'",
                       l, a[0].err_k[2], a[1].err_k[2]);
     }
-    cr_assert_gt(mean_k[0], mean_k[1], "mean probe clip_k %.3f is not milder than the rows' %.3f (seed %llu)",
-                 mean_k[0], mean_k[1], (unsigned long long)g_seed);
+    cr_assert_gt(mean_k[0], mean_k[1], "mean probe clip_k %.3f is not milder than the rows' %.3f (fixed data)",
+                 mean_k[0], mean_k[1]);
     fprintf(stderr, "spikes: mean clip_k probes %.3f rows %.3f\n", mean_k[0], mean_k[1]);
     for (int r = 0; r < 2; r++) {
         oscar_params_destroy(p[r]);
