@@ -823,6 +823,19 @@ static oscar_status check_aliasing(void *ctx, const gpu_plan *p, const char *fn,
     snprintf(who, sizeof who, "%s %s", V(ctx)->name, fn);
     return oscar_refuse_overlap(s, nw, n, who, err);
 }
+/* check_aliasing of a decode or extend call: out and lse written, q and cu_q (NULL for decode) read. */
+static oscar_status check_attn_aliasing(void *ctx, const gpu_plan *p, const char *fn,
+                                        const oscar_backend_extend_args *a, oscar_errbuf *err) {
+    const int64_t row = (int64_t)p->l.num_q_heads * p->l.head_dim, rows = a->total_q;
+    const size_t es = oscar_dtype_size(p->l.kv_dtype);
+    const oscar_span own[] = {
+        oscar_span_of(a->out, oscar_rows_span(rows, a->out_stride, row, es), "out"),
+        oscar_span_of(a->lse, oscar_sat_mul(rows > 0 ? (size_t)rows : 0, (size_t)p->l.num_q_heads * 4), "lse"),
+        oscar_span_of(a->q, oscar_rows_span(rows, a->q_stride, row, es), "q"),
+        oscar_span_of(a->cu_q, oscar_sat_mul((size_t)a->batch.num_seqs + 1, 4), "cu_q")};
+    return check_aliasing(ctx, p, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, 0, own, 2, 4,
+                          err);
+}
 oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args *a, oscar_errbuf *err) {
     const gpu_plan *p = bplan;
     const char *nm = V(ctx)->name;
@@ -842,7 +855,8 @@ oscar_status gpu_append(void *ctx, void *bplan, const oscar_backend_append_args 
                                 (long long)a->kv_stride, H * D);
     const oscar_batch *b = &a->batch;
     {
-        const size_t kv_bytes = oscar_rows_span(a->total_new, a->kv_stride, (int64_t)H * D, oscar_dtype_size(p->l.kv_dtype));
+        const size_t kv_bytes =
+            oscar_rows_span(a->total_new, a->kv_stride, (int64_t)H * D, oscar_dtype_size(p->l.kv_dtype));
         const oscar_span own[] = {oscar_span_of(a->cu_new, oscar_sat_mul((size_t)b->num_seqs + 1, 4), "cu_new"),
                                   oscar_span_of(a->k, kv_bytes, "k"), oscar_span_of(a->v, kv_bytes, "v")};
         if ((st = check_aliasing(ctx, p, "oscar_append", a->layer, &a->cache, b, a->workspace, a->workspace_bytes, 1,
@@ -1184,23 +1198,15 @@ static oscar_status decode_impl(void *ctx, const gpu_plan *p, const oscar_backen
                                    "oscar_decode", err);
     if (!st) st = check_q_out(ctx, p, a->q, a->q_stride, a->out, a->out_stride, "oscar_decode", err);
     if (st) return st;
-    {
-        const int64_t row = (int64_t)p->l.num_q_heads * p->l.head_dim, rows = a->batch.num_seqs;
-        const oscar_span own[] = {oscar_span_of(a->out, oscar_rows_span(rows, a->out_stride, row, oscar_dtype_size(p->l.kv_dtype)), "out"),
-                                  oscar_span_of(lse, oscar_sat_mul((size_t)rows, (size_t)p->l.num_q_heads * 4), "lse"),
-                                  oscar_span_of(a->q, oscar_rows_span(rows, a->q_stride, row, oscar_dtype_size(p->l.kv_dtype)), "q")};
-        if ((st = check_aliasing(ctx, p, lse ? "oscar_extend" : "oscar_decode", a->layer, &a->cache, &a->batch,
-                                 a->workspace, a->workspace_bytes, 0, own, 2, 3, err)))
-            return st;
-    }
-    size_t qtb;
-    int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->batch.num_seqs, "oscar_decode", &qtb, err);
-    if (!max_splits) return OSCAR_ERR_WORKSPACE;
     oscar_backend_extend_args x = {.layer = a->layer, .cache = a->cache, .batch = a->batch, .total_q = a->batch.num_seqs,
                                    .max_q_len = 1, .q = a->q, .q_stride = a->q_stride, .out = a->out,
                                    .out_stride = a->out_stride, .sm_scale = a->sm_scale,
                                    .rotated_output = a->rotated_output, .workspace = a->workspace,
                                    .workspace_bytes = a->workspace_bytes, .stream = a->stream, .lse = lse};
+    if ((st = check_attn_aliasing(ctx, p, lse ? "oscar_extend" : "oscar_decode", &x, err))) return st;
+    size_t qtb;
+    int max_splits = workspace_splits(ctx, p, a->workspace_bytes, a->batch.num_seqs, "oscar_decode", &qtb, err);
+    if (!max_splits) return OSCAR_ERR_WORKSPACE;
     if (p->k.tc && (!wide_layer(p, a->layer) || p->k.decode_w3))
         return tc_launch(ctx, p, &x, 0, batch_max_len(p, &a->batch), max_splits, qtb, lse, err);
     /* a tensor-core plan's layer with a 3-bit head-tensor and no W3 kernels (OSCAR_DECODE_W3=0): the
@@ -1234,17 +1240,7 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
     oscar_status st = check_common(ctx, p, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, fn, err);
     if (!st) st = check_q_out(ctx, p, a->q, a->q_stride, a->out, a->out_stride, fn, err);
     if (st) return st;
-    {
-        const int64_t row = (int64_t)p->l.num_q_heads * p->l.head_dim, rows = a->total_q;
-        const oscar_span own[] = {
-            oscar_span_of(a->out, oscar_rows_span(rows, a->out_stride, row, oscar_dtype_size(p->l.kv_dtype)), "out"),
-            oscar_span_of(a->lse, oscar_sat_mul(rows > 0 ? (size_t)rows : 0, (size_t)p->l.num_q_heads * 4), "lse"),
-            oscar_span_of(a->q, oscar_rows_span(rows, a->q_stride, row, oscar_dtype_size(p->l.kv_dtype)), "q"),
-            oscar_span_of(a->cu_q, oscar_sat_mul((size_t)a->batch.num_seqs + 1, 4), "cu_q")};
-        if ((st = check_aliasing(ctx, p, fn, a->layer, &a->cache, &a->batch, a->workspace, a->workspace_bytes, 0, own,
-                                 2, 4, err)))
-            return st;
-    }
+    if ((st = check_attn_aliasing(ctx, p, fn, a, err))) return st;
     if (!p->k.extend || !p->k.merge_ext)
         return oscar_errbuf_set(err, OSCAR_ERR_UNSUPPORTED, "%s %s: no extend kernel for %s", nm, fn, p->k.name);
     if (a->total_q < 1 || a->total_q > 65535 || a->max_q_len < 1)
