@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "oscar/oscar.h"
+#include "runtime_or_skip.h"
 
 /* ------------------------------------------------------------ calibration */
 Test(bad_input, calib_feed_refuses_nonfinite_k_and_v_in_pass_0) {
@@ -120,11 +121,6 @@ static int g_recent = 16;                     /* the rig's recent window (with w
  * only) makes rig_open return 0 instead of failing; the caller says so. */
 static int g_allow_unplanned = 0;
 
-static int required(const char *name) {
-    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
-    return r && strstr(r, name);
-}
-
 static void *dev(rig *r, const void *src, size_t n) {
     void *b = NULL;
     cr_assert_eq(oscar_buffer_alloc(r->rt, n, &b), OSCAR_OK, "%s", oscar_last_error());
@@ -161,19 +157,6 @@ static void small_layout(oscar_layout_desc *l) {
     l->num_kv_heads = 1;
 }
 
-/* The runtime of a test on backend, or the test skipped where it is absent and not required. */
-static oscar_runtime *runtime_or_skip(const char *backend) {
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = backend;
-    oscar_runtime *rt = NULL;
-    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
-        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
-        cr_skip_test("%s not available", backend);
-    }
-    return rt;
-}
-
 /* Returns 0 (test skipped) when the backend is absent and not required.
  * windows 0: sink 0 and recent 0, and then no window pool nor slots at all. */
 static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype kvt, int validate, int windows) {
@@ -183,10 +166,7 @@ static int rig_open_w(rig *r, const char *backend, oscar_method m, oscar_dtype k
     oscar_runtime_options_default(&ro);
     ro.backend = backend;
     ro.validate = validate;
-    if (oscar_runtime_create(&ro, &r->rt) != OSCAR_OK) {
-        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
-        return 0;
-    }
+    if (!(r->rt = rc_runtime_or_null(&ro))) return 0;
     small_layout(&r->l);
     r->l.page_size = 16;
     r->l.sink = windows ? 8 : 0;
@@ -616,7 +596,7 @@ Test(bad_input, wide_block_table_stride_validated_opencl, .timeout = 300) { wide
  * neither the buffer's size nor the fix; an offset + bytes that wraps size_t
  * reached the backends (a wrapped host pointer on the CPU). */
 static void buffer_copy_case(const char *backend) {
-    oscar_runtime *rt = runtime_or_skip(backend);
+    oscar_runtime *rt = rc_runtime_or_skip(backend);
     void *buf = NULL;
     cr_assert_eq(oscar_buffer_alloc(rt, 64, &buf), OSCAR_OK, "%s", oscar_last_error());
     unsigned char h[64] = {0};
@@ -989,7 +969,7 @@ static void wide_codes_case(const char *backend, const char *plugin_dir) {
         /* the capless plugin is built beside this test; a binary carried to another machine lacks it */
         char path[4096];
         snprintf(path, sizeof path, "%s/liboscar_backend_%s.so", plugin_dir ? plugin_dir : "", backend);
-        cr_assert(!required(backend) && (!plugin_dir || access(path, R_OK) != 0), "%s is required but: %s", backend,
+        cr_assert(!rc_backend_required(backend) && (!plugin_dir || access(path, R_OK) != 0), "%s is required but: %s", backend,
                   oscar_last_error());
         cr_skip_test("%s not available", backend);
     }
@@ -1410,7 +1390,7 @@ Test(bad_input, window_slot_no_new_row_uses_is_flagged, .timeout = 300) {
 /* An OpenCL allocation past the device's limit said only "clCreateBuffer(N
  * bytes) failed (-61)"; the message now names the limit and what to change. */
 Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
-    oscar_runtime *rt = runtime_or_skip("opencl");
+    oscar_runtime *rt = rc_runtime_or_skip("opencl");
     void *b = NULL;
     cr_expect_eq(oscar_buffer_alloc(rt, (size_t)1 << 62, &b), OSCAR_ERR_OUT_OF_MEMORY);
     cr_expect(strstr(oscar_last_error(), "CL_DEVICE_MAX_MEM_ALLOC_SIZE"), "message: %s", oscar_last_error());
@@ -1420,7 +1400,7 @@ Test(bad_input, opencl_alloc_past_the_device_limit_names_it, .timeout = 120) {
 /* OSCAR_OPENCL_OPTIONS longer than the build string holds was cut silently, so the kernels were built
  * with other options than asked (or a half -D flag); the plan is now refused naming the variable. */
 Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
-    oscar_runtime *rt = runtime_or_skip("opencl");
+    oscar_runtime *rt = rc_runtime_or_skip("opencl");
     char extra[401];
     for (int i = 0; i < 400; i += 8) memcpy(extra + i, " -DXY=1 ", 8);
     extra[400] = 0;
@@ -1444,7 +1424,7 @@ Test(bad_input, over_long_opencl_options_are_refused, .timeout = 120) {
  * is now a separate option; one that sets the library's own OSCAR_* macros (a later -D wins: kernels
  * of another shape than the plan's buffers) is refused, and a build the variable breaks names it. */
 Test(bad_input, opencl_options_are_separate_and_cannot_redefine_the_shape, .timeout = 300) {
-    oscar_runtime *rt = runtime_or_skip("opencl");
+    oscar_runtime *rt = rc_runtime_or_skip("opencl");
     oscar_layout_desc l;
     small_layout(&l);
     l.page_size = 16;
@@ -1794,7 +1774,7 @@ Test(bad_input, uninitialised_workspace_is_named_hip, .timeout = 300) { uninitia
  * without a word, so an A/B or a test forcing a kernel measured the other one. A plan is now refused
  * by name; a count (or 0 / 1 for OSCAR_EXTEND_FA) is taken. */
 static void tuning_env_case(const char *backend) {
-    oscar_runtime *rt = runtime_or_skip(backend);
+    oscar_runtime *rt = rc_runtime_or_skip(backend);
     oscar_layout_desc l;
     small_layout(&l);
     l.page_size = 16;

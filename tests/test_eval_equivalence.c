@@ -17,17 +17,12 @@
 #include <string.h>
 
 #include "refcheck.h"
+#include "runtime_or_skip.h"
 
 enum { D = 128, HQ = 4, HKV = 2, T = 100, S0 = 4, W = 16, PAGE = 16 };
 
 /* chunk 0: one oscar_append + oscar_decode per token; chunk N: oscar_append
  * of N tokens, then oscar_extend with their N queries. */
-/* 1 if $OSCAR_REQUIRE_BACKENDS names the backend (CI: opencl). */
-static int required(const char *name) {
-    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
-    return r && strstr(r, name) != NULL;
-}
-
 /* Device copy of host bytes (backend != cpu), or the host pointer itself (cpu). */
 static void *dev_copy(oscar_runtime *rt, int dev, const void *src, size_t bytes) {
     if (!dev) return (void *)src;
@@ -43,14 +38,7 @@ static void *dev_copy(oscar_runtime *rt, int dev, const void *src, size_t bytes)
 static void run_case_b(oscar_method m, int group, int feedback, int chunk, int wide, const char *backend)
 {
     /* The paged cache's runtime first: a backend that cannot run here is skipped before any work. */
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = backend;
-    oscar_runtime *rt = NULL;
-    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
-        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
-        cr_skip_test("%s not available: %s", backend, oscar_last_error());
-    }
+    oscar_runtime *rt = rc_runtime_or_skip(backend);
     const int dev = strcmp(backend, "cpu") != 0;
     uint64_t seed = rc_fresh_seed();
     rc_rng rng;

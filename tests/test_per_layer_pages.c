@@ -16,17 +16,13 @@
 #include <string.h>
 
 #include "refcheck.h"
+#include "runtime_or_skip.h"
 
 enum { D = 128, HQ = 4, HKV = 2, T = 100, S0 = 4, W = 16, PAGE = 16, NL = 3, SPARE = 2 };
 
 /* The layers' 3-bit head-tensors: (layer, KV head, K/V); layer 0 has none. */
 static const int k_wide[][3] = {{1, 1, OSCAR_K}, {1, 0, OSCAR_V}, {2, 1, OSCAR_V}};
 static const int k_planes[NL] = {0, 2, 1};
-
-static int required(const char *name) {
-    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
-    return r && strstr(r, name) != NULL;
-}
 
 /* A buffer of `bytes` holding `init` (device memory on a plugin, host memory on the CPU). */
 static void *pool(oscar_runtime *rt, int dev, const void *init, size_t bytes) {
@@ -57,14 +53,7 @@ static void pool_free(oscar_runtime *rt, int dev, void *b) {
 
 /* chunk 0: append + decode one token at a time; chunk N: append N, extend with their N queries. */
 static void run_per_layer(const char *backend, int chunk) {
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = backend;
-    oscar_runtime *rt = NULL;
-    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
-        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
-        cr_skip_test("%s not available: %s", backend, oscar_last_error());
-    }
+    oscar_runtime *rt = rc_runtime_or_skip(backend);
     const int dev = strcmp(backend, "cpu") != 0;
     const uint64_t seed = rc_fresh_seed();
     rc_rng rng;
