@@ -279,6 +279,23 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          c->head_dim);
         goto done;
     }
+    /* rms_norm_eps is added to the mean square under the root of every RMSNorm: checkpoints use 1e-5
+     * or 1e-6; 5 or 1e-300 loaded and ran (and the GPU engine's float32 copy of 1e-300 is 0, under
+     * which an all-zero row divides by zero). Outside [1e-12, 0.1] the config is refused. */
+    const double eps_lo = 1e-12, eps_hi = 0.1;
+    json_t *eps = json_object_get(root, "rms_norm_eps");
+    if (json_is_number(eps) && !(json_number_value(eps) >= eps_lo && json_number_value(eps) <= eps_hi)) {
+        const double e = json_number_value(eps);
+        char shown[32];
+        for (int p = 1; p <= 17; p++) { /* the shortest form that reads back as the value: 0.10000001, not 0.1 */
+            snprintf(shown, sizeof shown, "%.*g", p, e);
+            if (strtod(shown, NULL) == e) break;
+        }
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rms_norm_eps is %s, outside [%g, %g] (checkpoints use 1e-5 or "
+                         "1e-6); write the model's value, or remove the key (null) for the default 1e-6", path, shown,
+                         eps_lo, eps_hi);
+        goto done;
+    }
     c->rms_eps = 1e-6;
     if ((s = opt_num(path, root, "", "rms_norm_eps", &c->rms_eps, NULL)) != OSCAR_OK) goto done;
     json_t *act = json_object_get(root, "hidden_act");

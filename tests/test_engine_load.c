@@ -720,6 +720,66 @@ Test(engine_load, config_values_of_the_wrong_type_are_refused)
     remove_dir();
 }
 
+/* rms_norm_eps is added to the mean square under the root of every RMSNorm: 5, 0.5 or 1e-300 loaded
+ * and ran (a perplexity of 7825 for tiny-qwen3 at 5, exit 0), and the float32 epsilon of the GPU
+ * engine is 0 below 1e-45 (an all-zero row then divides by zero). Checkpoints use 1e-5 and 1e-6;
+ * outside [1e-12, 0.1] the config is refused naming the key, the value and the range. A value JSON
+ * cannot hold (NaN, 1e999) is refused by the parser. */
+Test(engine_load, rms_norm_eps_outside_its_range_is_refused)
+{
+    seed();
+    make_dir();
+    static const struct {
+        const char *to, *shown;
+    } bad[] = {
+        {"5", "5"}, {"0.5", "0.5"}, {"0.10000001", "0.10000001"}, {"1e-300", "1e-300"}, {"9e-13", "9e-13"},
+        {"0", "0"}, {"-0.0", "-0"}, {"-1e-06", "-1e-06"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char to[64], shown[64];
+        snprintf(to, sizeof to, "\"rms_norm_eps\":%s", bad[i].to);
+        snprintf(shown, sizeof shown, "rms_norm_eps is %s,", bad[i].shown);
+        write_model(&k_llama, NULL);
+        patch_config("\"rms_norm_eps\":1e-6", to);
+        oe_model *m = (oe_model *)(uintptr_t)1;
+        oscar_status s = oe_model_load(g_dir, &m);
+        cr_expect_eq(s, OSCAR_ERR_CORRUPT_FILE, "%s: status %d (%s)", to, (int)s, oe_last_error());
+        cr_expect_null(m, "%s: a model came back", to);
+        cr_expect(strstr(oe_last_error(), shown) && strstr(oe_last_error(), "[1e-12, 0.1]"),
+                  "%s: the message should say '%s' and the range [1e-12, 0.1]: %s", to, shown, oe_last_error());
+        if (s == OSCAR_OK) oe_model_free(m);
+    }
+    static const char *const unparsable[] = {"NaN", "Infinity", "1e999"};
+    for (size_t i = 0; i < sizeof unparsable / sizeof unparsable[0]; i++) {
+        char to[64];
+        snprintf(to, sizeof to, "\"rms_norm_eps\":%s", unparsable[i]);
+        write_model(&k_llama, NULL);
+        patch_config("\"rms_norm_eps\":1e-6", to);
+        oe_model *m = NULL;
+        oscar_status s = oe_model_load(g_dir, &m);
+        cr_expect_neq(s, OSCAR_OK, "%s was taken", to);
+        if (s == OSCAR_OK) oe_model_free(m);
+    }
+    /* the range's ends, what checkpoints use, null and no key (the default 1e-6) load */
+    static const struct {
+        const char *to;
+        double want;
+    } good[] = {
+        {"\"rms_norm_eps\":1e-12", 1e-12}, {"\"rms_norm_eps\":0.1", 0.1}, {"\"rms_norm_eps\":1e-5", 1e-5},
+        {"\"rms_norm_eps\":1e-6", 1e-6},   {"\"rms_norm_eps\":null", 1e-6}, {"", 1e-6}, /* "": no key */
+    };
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        write_model(&k_llama, NULL);
+        patch_config(*good[i].to ? "\"rms_norm_eps\":1e-6" : "\"rms_norm_eps\":1e-6,", good[i].to);
+        oe_model *m = NULL;
+        cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s: %s", good[i].to, oe_last_error());
+        cr_expect_eq(oe_model_config(m)->rms_eps, good[i].want, "%s: rms_eps %g", good[i].to,
+                     oe_model_config(m)->rms_eps);
+        oe_model_free(m);
+    }
+    remove_dir();
+}
+
 /* Every truncation and random header damage of a valid file: refused or
  * parsed, never a crash or an out-of-bounds read (ASan). */
 Test(engine_load, corrupt_safetensors_refused)

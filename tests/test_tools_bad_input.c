@@ -605,13 +605,17 @@ Test(tools_bad_input, copy_probe_arguments_are_checked_first, .timeout = 300) {
 Test(tools_bad_input, nonfinite_model_is_an_error_not_a_number, .timeout = 600) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64];
-    /* rms_norm_eps <= 0 */
-    scratch(dir, sizeof dir);
-    model_copy(dir, "\"rms_norm_eps\": 1e-06", "\"rms_norm_eps\": 0", NULL);
-    int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
-    cr_expect_eq(rc, 2, "rms_norm_eps 0: exit %d: %s", rc, out);
-    cr_expect(strstr(out, "rms_norm_eps"), "message should name rms_norm_eps: %s", out);
-    rmrf(dir);
+    /* rms_norm_eps <= 0, and above 0.1 (5 ran: perplexity 7825, exit 0) */
+    int rc;
+    static const char *const eps[] = {"\"rms_norm_eps\": 0", "\"rms_norm_eps\": 5"};
+    for (size_t i = 0; i < sizeof eps / sizeof eps[0]; i++) {
+        scratch(dir, sizeof dir);
+        model_copy(dir, "\"rms_norm_eps\": 1e-06", eps[i], NULL);
+        rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", eps[i], rc, out);
+        cr_expect(strstr(out, "rms_norm_eps"), "message should name rms_norm_eps: %s", out);
+        rmrf(dir);
+    }
     /* a NaN weight */
     scratch(dir, sizeof dir);
     model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
