@@ -492,6 +492,48 @@ Test(tools_bad_input, missing_values_and_arguments_are_named, .timeout = 120) {
     }
 }
 
+/* A repeated option was taken last-one-wins without a word (oscar-eval --context 512 --context 2048
+ * ran 2048; a pasted or composed command line ran with a value its reader did not see), and so were
+ * oscar-calibrate's opposite switches (--per-head --per-layer). Each tool refuses the second
+ * occurrence naming the option (exit 2) before any work; oscar-eval's --storage, which adds a
+ * layout per use, may repeat. MODEL does not exist: the refusal must come before the model load. */
+Test(tools_bad_input, repeated_options_are_refused, .timeout = 120) {
+    char out[16384];
+    const struct {
+        const char *cmd, *named;
+    } bad[] = {
+        {"oscar-ppl /nonexistent-model --tokens T --context 64 --context 32", "--context is given twice"},
+        {"oscar-ppl /nonexistent-model --tokens T --tokens U", "--tokens is given twice"},
+        {"oscar-engine-bench /nonexistent-model --tokens T --windows 1 --windows 2", "--windows is given twice"},
+        {"oscar-calibrate /nonexistent-model --tokens T --out /tmp/oscar-unused.safetensors --sink 4 --sink 8",
+         "--sink is given twice"},
+        {"oscar-calibrate /nonexistent-model --tokens T --out /tmp/oscar-unused.safetensors --out "
+         "/tmp/oscar-unused2.safetensors", "--out is given twice"},
+        {"oscar-calibrate /nonexistent-model --tokens T --out /tmp/oscar-unused.safetensors --lloyd-max --lloyd-max",
+         "--lloyd-max is given twice"},
+        {"oscar-calibrate /nonexistent-model --tokens T --out /tmp/oscar-unused.safetensors --per-head --per-layer",
+         "--per-layer and --per-head"},
+        {"oscar-calibrate /nonexistent-model --tokens T --out /tmp/oscar-unused.safetensors --clip-per-layer "
+         "--clip-per-head", "--clip-per-head and --clip-per-layer"},
+        {"oscar-copy-probe /nonexistent-model --tokens T --params P --trials 1 --trials 2", "--trials is given twice"},
+        {"oscar-eval /nonexistent-model --tokens T --out /tmp/oscar-unused.json --context 64 --context 128",
+         "--context is given twice"},
+        {"oscar-eval /nonexistent-model --tokens T --out /tmp/oscar-unused.json --methods int2 --methods oscar2",
+         "--methods is given twice"},
+        {"oscar-bench --batch 1 --batch 2 --no-such-option", "--batch is given twice"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/%s", bad[i].cmd);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", bad[i].cmd, rc, out);
+        cr_expect(strstr(out, bad[i].named), "%s: the message should say '%s': %s", bad[i].cmd, bad[i].named, out);
+    }
+    /* --storage adds a layout each time: two are no repetition (the model load then fails) */
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval /nonexistent-model --tokens T --out /tmp/oscar-unused.json "
+                 "--params P --storage int2 --storage oscar2");
+    cr_expect_eq(rc, 2, "two --storage: exit %d: %s", rc, out);
+    cr_expect(!strstr(out, "twice") && strstr(out, "nonexistent-model"), "two --storage: %s", out);
+}
+
 /* A Mistral model's sliding_window bounds the windows the engine runs (full causal attention): a
  * longer --context/--window was refused by the engine's context after the model load, mid-run for
  * oscar-eval, with exit 1 (a failure of the tool). Now bad input (2) beside max_position_embeddings,

@@ -309,9 +309,11 @@ int main(int argc, char **argv) {
     tool_watch_stdout("oscar-bench");
     opts o = {.batch = 4, .context = 1000, .head_dim = 128, .group = 0, .q_heads = 8, .kv_heads = 2,
               .page = 64, .sink = 64, .recent = 256, .calib_tokens = 4096, .backend = NULL, .seed = 1234};
+    tool_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
+        if (!tool_args_once(&seen, "oscar-bench", a, NULL, NULL)) return 2;
 #define INTOPT(name, field)                                                              \
     if (!strcmp(a, name) && has) {                                                       \
         int64_t v_;                                                                      \

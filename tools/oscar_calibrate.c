@@ -192,9 +192,12 @@ int main(int argc, char **argv) {
     ocal_options_default(&o);
     o.progress = stderr;
     int64_t v = 0, threads = 0, search_windows = 0, search_sweeps = 1;
+    tool_seen seen = {.n = 0};
+    static const char *const same[] = {"--per-head --per-layer", "--clip-per-head --clip-per-layer", NULL};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
+        if (!tool_args_once(&seen, "oscar-calibrate", a, NULL, same)) return 2;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;

@@ -80,9 +80,11 @@ int main(int argc, char **argv) {
     const char *model_dir = NULL, *tok_path = NULL, *params_path = NULL;
     long trials = 4, offset = 0, ctx = 2048, sink = 64, recent = 256, group = 0;
     int heads_out = 0, allow_other_model = 0;
+    tool_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has = i + 1 < argc;
+        if (!tool_args_once(&seen, "oscar-copy-probe", a, NULL, NULL)) return 2;
         long *iv = !strcmp(a, "--trials")    ? &trials
                    : !strcmp(a, "--offset")  ? &offset
                    : !strcmp(a, "--context") ? &ctx

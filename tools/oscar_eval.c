@@ -206,10 +206,13 @@ int main(int argc, char **argv)
     static ev_storage storages[16];
     static oscar_params *storage_params[16];
     int nstorage_made = 0;
+    tool_seen seen = {.n = 0};
+    static const char *const repeatable[] = {"--storage", NULL}; /* one layout each */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         long v;
+        if (!tool_args_once(&seen, "oscar-eval", a, repeatable, NULL)) return EXIT_BAD_INPUT;
 #define NEED_VAL                                                                                   \
     do {                                                                                           \
         if (!val) return bad("%s needs a value (see --help)", a, "");                              \

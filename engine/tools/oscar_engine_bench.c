@@ -28,7 +28,9 @@ int main(int argc, char **argv)
     const char *dir = NULL, *tok_path = NULL;
     int windows = 4, ctx = 2048;
     int64_t v;
+    tool_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
+        if (!tool_args_once(&seen, "oscar-engine-bench", argv[i], NULL, NULL)) return 2;
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tok_path = argv[++i];
         /* Strict, as the other tools: atoi ran "12abc" as 12 and sized the logits by an
          * unchecked context (2^30: a 32 TiB malloc, an abort under ASan). */

@@ -47,7 +47,9 @@ int main(int argc, char **argv)
     const char *model_dir = NULL, *tok_path = NULL;
     int64_t max_tokens = -1, v;
     int ctx = 2048;
+    tool_seen seen = {.n = 0};
     for (int i = 1; i < argc; i++) {
+        if (!tool_args_once(&seen, "oscar-ppl", argv[i], NULL, NULL)) return 2;
         if (!strcmp(argv[i], "--tokens") && i + 1 < argc) tok_path = argv[++i];
         else if (!strcmp(argv[i], "--max-tokens") && i + 1 < argc) {
             if (!tool_parse_int("oscar-ppl", "--max-tokens", argv[++i], 1, INT64_MAX, &max_tokens)) return 2;

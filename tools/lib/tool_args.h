@@ -30,6 +30,48 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
     return 1;
 }
 
+/* Each option at most once: a repeated one was taken last-one-wins without a word (oscar-eval
+ * --context 512 --context 2048 ran 2048), and so were two spellings of one setting (oscar-calibrate
+ * --per-head --per-layer). Call tool_args_once at the top of the argument loop, on the argument the
+ * loop is about to read as an option (an option's value is consumed in the loop and never gets
+ * there); an argument not starting with '-' passes. repeatable: options that add up (oscar-eval
+ * --storage), NULL-terminated, or NULL. same: groups of the spellings of one setting, each a string
+ * of space-separated options ("--per-head --per-layer"), NULL-terminated, or NULL. Returns 1, or
+ * prints "TOOL: FLAG is given twice; ..." to stderr and returns 0 (the caller exits with status 2). */
+typedef struct tool_seen {
+    const char *arg[64];
+    int n;
+} tool_seen;
+
+/* 1 when flag is one of the space-separated options of group. */
+static inline int tool_in_group(const char *group, const char *flag) {
+    const size_t n = strlen(flag);
+    for (const char *p = group; (p = strstr(p, flag)); p += n)
+        if ((p == group || p[-1] == ' ') && (p[n] == '\0' || p[n] == ' ')) return 1;
+    return 0;
+}
+
+static inline int tool_args_once(tool_seen *seen, const char *tool, const char *arg, const char *const *repeatable,
+                                 const char *const *same) {
+    if (arg[0] != '-') return 1;
+    for (const char *const *r = repeatable; r && *r; r++)
+        if (!strcmp(arg, *r)) return 1;
+    for (int k = 0; k < seen->n; k++) {
+        if (!strcmp(seen->arg[k], arg)) {
+            fprintf(stderr, "%s: %s is given twice; give each option once\n", tool, arg);
+            return 0;
+        }
+        for (const char *const *g = same; g && *g; g++)
+            if (tool_in_group(*g, arg) && tool_in_group(*g, seen->arg[k])) {
+                fprintf(stderr, "%s: %s and %s are both given; they set one thing: give one of them\n", tool, arg,
+                        seen->arg[k]);
+                return 0;
+            }
+    }
+    if (seen->n < (int)(sizeof seen->arg / sizeof seen->arg[0])) seen->arg[seen->n++] = arg;
+    return 1;
+}
+
 /* 1 when path is a symbolic link to nothing, with the reason in why: stat()
  * fails on it as on a new name, but a write through it would create the file
  * where the link points. */
