@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine_internal.h"
 
@@ -30,6 +31,17 @@ oscar_status oe_tokens_load(const char *path, int vocab, uint32_t **out, int64_t
     if (sz == 0) {
         fclose(f);
         return oe_set_error(OSCAR_ERR_EMPTY, "%s: the token file is empty", path);
+    }
+    /* The ids are held whole (the tools use all of them): a file larger than the machine's memory went
+     * to malloc, which failed ("out of memory") or, with memory overcommitted, succeeded and the read
+     * filled the memory. Refused from its size, before any allocation. */
+    const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    const double gib = 1073741824.0, mem = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0.0;
+    if (mem > 0.0 && (double)sz > mem) {
+        fclose(f);
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: the token file is %.1f GiB (%ld tokens), more than this "
+                            "machine's memory (%.1f GiB), which holds the ids whole; give a shorter file (head -c "
+                            "BYTES, a multiple of 4)", path, (double)sz / gib, sz / 4, mem / gib);
     }
     int64_t n = sz / 4;
     /* One buffer, decoded in place (little-endian bytes to ids): the file's size in memory, not twice it. */

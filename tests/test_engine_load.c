@@ -1045,3 +1045,35 @@ Test(engine_load, token_files_checked)
     cr_expect_eq(oe_tokens_load(path, 20000, &ids, &n), OSCAR_ERR_EMPTY);
     remove_dir();
 }
+
+/* A token file is read whole into one buffer of its size: one larger than the machine's memory (a
+ * hostile or mistaken path, here a sparse file of twice the memory) went to malloc, which failed
+ * ("out of memory", exit 1) or, where memory is overcommitted, succeeded and filled the memory
+ * (ASan aborts past its largest allocation). It is refused from its size, before any allocation,
+ * naming the sizes. */
+Test(engine_load, token_file_larger_than_memory_is_refused_from_its_size)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/huge.tokens", g_dir);
+    const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    cr_assert(pages > 0 && psz > 0);
+    const off_t size = (off_t)pages * psz * 2;
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    const int sparse = ftruncate(fileno(f), size) == 0;
+    fclose(f);
+    if (!sparse) {
+        remove_dir();
+        cr_skip_test("this file system holds no sparse file of %lld bytes", (long long)size);
+    }
+    uint32_t *ids = (uint32_t *)(uintptr_t)1;
+    int64_t n = -1;
+    oscar_status s = oe_tokens_load(path, 20000, &ids, &n);
+    cr_expect_eq(s, OSCAR_ERR_CORRUPT_FILE, "status %d: %s", (int)s, oe_last_error());
+    cr_expect(strstr(oe_last_error(), "GiB") && strstr(oe_last_error(), "memory"),
+              "the message should give the file's size and the memory: %s", oe_last_error());
+    cr_expect(ids == NULL && n == 0, "ids %p, count %lld", (void *)ids, (long long)n);
+    if (s == OSCAR_OK) free(ids);
+    remove_dir();
+}

@@ -369,6 +369,42 @@ Test(tools_bad_input, fifo_inputs_are_refused_not_waited_on, .timeout = 200) {
     rmrf(dir);
 }
 
+/* A token file larger than the machine's memory (a sparse file of twice it): oscar-ppl and
+ * oscar-engine-bench exited 1 ("out of memory for N tokens", a failure of the tool, not bad input)
+ * after a malloc of its size, which with memory overcommitted succeeds and the read fills the memory.
+ * Every tool refuses it from its size, naming the sizes, exit 2. */
+Test(tools_bad_input, token_file_larger_than_memory_is_bad_input, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], tok[128];
+    scratch(dir, sizeof dir);
+    snprintf(tok, sizeof tok, "%s/huge.tokens", dir);
+    const long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    cr_assert(pages > 0 && psz > 0);
+    FILE *f = fopen(tok, "wb");
+    cr_assert(f);
+    const int sparse = ftruncate(fileno(f), (off_t)pages * psz * 2) == 0;
+    fclose(f);
+    if (!sparse) {
+        rmrf(dir);
+        cr_skip_test("this file system holds no sparse file of twice the memory");
+    }
+    const char *P = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    char cmd[5][8400];
+    snprintf(cmd[0], sizeof cmd[0], "oscar-ppl %s --tokens %s --context 64", g_model, tok);
+    snprintf(cmd[1], sizeof cmd[1], "oscar-engine-bench %s --tokens %s --context 64 --windows 1", g_model, tok);
+    snprintf(cmd[2], sizeof cmd[2], "oscar-eval %s --tokens %s --methods int2 --context 64 --out %s/r.json", g_model,
+             tok, dir);
+    snprintf(cmd[3], sizeof cmd[3], "oscar-calibrate %s --tokens %s --out %s/p.safetensors", g_model, tok, dir);
+    snprintf(cmd[4], sizeof cmd[4], "oscar-copy-probe %s --tokens %s --params %s", g_model, tok, P);
+    for (int i = 0; i < 5; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/%s", cmd[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cmd[i], rc, out);
+        cr_expect(strstr(out, "more than this machine's memory"), "%s: the message should compare the file with "
+                  "the memory: %s", cmd[i], out);
+    }
+    rmrf(dir);
+}
+
 /* OE_THREADS, the engine's thread count: a value that is not a whole number >= 1 was ignored without a
  * word (one thread per core), and oscar-eval reported atoi's reading of it (0 for "abc", -2) as the
  * engine threads it ran with. Every tool that runs the engine now refuses it before the model load. */
