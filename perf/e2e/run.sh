@@ -294,7 +294,7 @@ if ((do_bench)); then
     local m=$1 b=$2 p=$3 g=$4 l=$5 t=$6 w=$7
     shift 7
     timeout "$w" "$bin/oscar-e2e-bench" --method "$m" --budget-gb "$b" --prompt "$p" --gen "$g" --long "$l" \
-      --long-steps 64 --time-limit "$t" --real-prefill 1 --md "$md" "$@"
+      --long-steps 64 --time-limit "$t" --md "$md" "$@"
   }
   # method | prompt | gen | long contexts | extra options
   # oscar2 runs use synthetic error-feedback weights (--feedback: the write path of the calibrated

@@ -495,8 +495,10 @@ int main(int argc, char **argv)
     double tie_margin = -1.0;
     long offset = 0;
     double min_agree = 1.0, max_diff = 1e30;
+    tool_seen seen = {0};
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
+        if (!tool_args_once(&seen, "oscar-gpu-generate", a, NULL, NULL)) return 2;
         int more = i + 1 < argc, ok = 1;
         if (!strcmp(a, "--prompt-tokens") && more) tok_path = argv[++i];
         else if (!strcmp(a, "--n") && more) n_gen = atoi(argv[++i]);
