@@ -4,7 +4,7 @@
  * same code serves the BF16 method and the 2-bit methods.
  *
  * Weights live on the device in bf16 (or fp32 in the check mode act_f32),
- * GEMMs are cuBLAS (bf16 in, fp32 accumulate and output). Prefill: the
+ * GEMMs are cuBLAS / cuBLASLt, tuned per shape (ge_gemm.h; bf16 in, fp32 accumulate and output). Prefill: the
  * prompts of a step are concatenated (cu_seqlens); their K/V are appended
  * to the cache and the prompt attends to its own exact bf16 K/V through
  * ge_k_prefill_attention (as the published method does at prefill). A
@@ -60,6 +60,10 @@ typedef struct ge_options {
     int synth_feedback;       /* 1: built-in oscar2 / oscar2-lm parameters plus synthetic
                                  error-feedback weights of calibrated magnitude (|F| <= 0.2), so a
                                  random-weight model pays the write path of calibrated parameters */
+    int no_gemm_tune;         /* 1: cuBLAS's default algorithm for every weight product of more than
+                                 4 rows; 0 (default): for 5-1024 rows, the cuBLASLt algorithm that
+                                 was fastest when timed on the first step of that many rows
+                                 (ge_gemm.h; results may differ in the last bits) */
 } ge_options;
 
 void ge_options_default(ge_options *o);
@@ -98,6 +102,8 @@ const size_t *ge_engine_layer_page_bytes(const ge_engine *e);
 const char *ge_engine_variant(const ge_engine *e);
 /* Decode steps replayed from CUDA graphs so far (0 with no_graphs). */
 int64_t ge_engine_graph_replays(const ge_engine *e);
+/* The weight products tuned so far, one line each (ge_gemm_report). */
+void ge_engine_gemm_report(const ge_engine *e, FILE *f);
 const char *ge_engine_device(const ge_engine *e);
 /* Prefill chunk in use (0: none), after clamping. */
 int ge_engine_chunk(const ge_engine *e);

@@ -1,8 +1,7 @@
 /* Host part of the GPU engine (see ge.h): weights, KV pools, activations,
- * the forward step, cuBLAS and liboscar calls. Every CUDA/cuBLAS call is
+ * the forward step, the weight products (ge_gemm.h) and liboscar calls. Every CUDA/cuBLAS call is
  * checked; failures come back as oscar_status with a message in
  * ge_last_error(). */
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +11,7 @@
 
 #include "engine_internal.h"
 #include "ge.h"
+#include "ge_gemm.h"
 #include "ge_kernels.h"
 
 #define CU(call)                                                                                          \
@@ -27,13 +27,6 @@
         if (e_ != 0)                                                                                      \
             return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: kernel %s failed: %s", __FILE__, __LINE__,    \
                                 #call, cudaGetErrorString((cudaError_t)e_));                              \
-    } while (0)
-#define BL(call)                                                                                          \
-    do {                                                                                                  \
-        cublasStatus_t b_ = (call);                                                                       \
-        if (b_ != CUBLAS_STATUS_SUCCESS)                                                                  \
-            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: cuBLAS status %d", __FILE__,       \
-                                __LINE__, #call, (int)b_);                                                \
     } while (0)
 #define OS(call)                                                                                          \
     do {                                                                                                  \
@@ -62,7 +55,8 @@ struct ge_engine {
     int QKV;       /* (Hq + 2 Hkv) d */
     int pdl;       /* the step's small kernels and GEMVs by programmatic dependent launch (sm_90, !no_pdl) */
     cudaStream_t st;
-    cublasHandle_t blas;
+    ge_gemm *gm;           /* the weight products, their tuned algorithms */
+    const void **w_tune;   /* [4][num_layers] wqkv, wo, wgu, wdown of every layer (ge_gemm_tune) */
     oscar_runtime *rt;
     oscar_params *prm;
     oscar_plan *plan;
@@ -161,7 +155,8 @@ void ge_destroy(ge_engine *e)
     oscar_plan_destroy(e->plan);
     oscar_params_destroy(e->prm);
     oscar_runtime_destroy(e->rt);
-    if (e->blas) cublasDestroy(e->blas);
+    ge_gemm_destroy(e->gm);
+    free(e->w_tune);
     if (e->st) cudaStreamDestroy(e->st);
     ge_sched_release(&e->sched);
     free(e);
@@ -174,6 +169,7 @@ const oscar_layout_desc *ge_engine_layout(const ge_engine *e) { return &e->layou
 const size_t *ge_engine_layer_page_bytes(const ge_engine *e) { return e->layer_pb; }
 const char *ge_engine_variant(const ge_engine *e) { return oscar_plan_variant(e->plan); }
 int64_t ge_engine_graph_replays(const ge_engine *e) { return e->graph_replays; }
+void ge_engine_gemm_report(const ge_engine *e, FILE *f) { ge_gemm_report(e->gm, f); }
 const char *ge_engine_device(const ge_engine *e) { return oscar_runtime_device(e->rt); }
 int ge_engine_chunk(const ge_engine *e) { return e->chunk; }
 const char *ge_engine_notes(const ge_engine *e) { return e->notes; }
@@ -275,13 +271,11 @@ static oscar_status setup_common(ge_engine *e)
     CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, o->device));
     e->pdl = major >= 9 && !o->no_pdl;
     CU(cudaStreamCreateWithFlags(&e->st, cudaStreamNonBlocking));
-    BL(cublasCreate(&e->blas));
-    BL(cublasSetStream(e->blas, e->st));
     /* A workspace of its own, so cuBLAS allocates nothing while a decode step
      * is captured into a graph. */
     void *blas_ws;
     GE(dalloc(e, &blas_ws, (size_t)32 << 20, &e->mem_act, "cuBLAS workspace"));
-    BL(cublasSetWorkspace(e->blas, blas_ws, (size_t)32 << 20));
+    GE(ge_gemm_create(e->st, blas_ws, (size_t)32 << 20, e->f32, !o->no_gemm_tune, &e->gm));
     e->QKV = (c->num_q_heads + 2 * c->num_kv_heads) * c->head_dim;
 
     oscar_runtime_options ro;
@@ -588,17 +582,7 @@ oscar_status ge_create_random(const oe_config *cfg, uint64_t seed, const ge_opti
 /* Y[M][N] (+)= X[M][K] W[N][K]^T, W and X in the weight dtype, Y fp32. */
 static oscar_status gemm(ge_engine *e, int M, int N, int K, const void *W, const void *X, float *Y, float beta)
 {
-    if (M <= 0) return OSCAR_OK;
-    /* Decode steps of up to 4 sequences (bf16 weights): the engine's GEMV (ge_kernels.h). */
-    if (!e->f32 && M <= 4 && K % 8 == 0 && ((uintptr_t)W | (uintptr_t)X) % 16 == 0 && (beta == 0.0f || beta == 1.0f)) {
-        KL(ge_k_gemv_bf16(Y, W, X, M, N, K, beta == 1.0f, e->pdl, e->st));
-        return OSCAR_OK;
-    }
-    const float alpha = 1.0f;
-    cudaDataType_t t = e->f32 ? CUDA_R_32F : CUDA_R_16BF;
-    BL(cublasGemmEx(e->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W, t, K, X, t, K, &beta, Y, CUDA_R_32F, N,
-                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return OSCAR_OK;
+    return ge_gemm_run(e->gm, M, N, K, W, X, Y, beta, e->pdl);
 }
 
 oscar_status ge_sync_check(ge_engine *e)
@@ -764,6 +748,38 @@ static oscar_status mark(ge_engine *e, ge_marks *m, ge_phase p)
 
 /* MLP row chunks of a step of Ti rows (forward's loop). */
 static int mlp_chunk_rows(const ge_engine *e) { return e->opt.mlp_chunk < e->max_T ? e->opt.mlp_chunk : e->max_T; }
+
+/* Times the weight products of a step of Ti rows for n sequences before it
+ * runs (ge_gemm_tune: once per shape, so a decode step's graph, captured
+ * later, replays the chosen algorithms). Between steps every activation
+ * buffer is dead (a step starts from the embedding), so the timing may write
+ * into them; the layers' weights are read in turn, as a step reads them. */
+static oscar_status tune_step(ge_engine *e, int n, int Ti)
+{
+    if (e->f32 || e->opt.no_gemm_tune) return OSCAR_OK;
+    const oe_config *c = &e->cfg;
+    const int L = c->num_layers, H = c->hidden, qd = c->num_q_heads * c->head_dim, FF = c->intermediate;
+    if (!e->w_tune) {
+        e->w_tune = malloc((size_t)4 * L * sizeof *e->w_tune);
+        if (!e->w_tune) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+        for (int i = 0; i < L; i++) {
+            e->w_tune[i] = e->L[i].wqkv;
+            e->w_tune[L + i] = e->L[i].wo;
+            e->w_tune[2 * L + i] = e->L[i].wgu;
+            e->w_tune[3 * L + i] = e->L[i].wdown;
+        }
+    }
+    GE(ge_gemm_tune(e->gm, Ti, e->QKV, H, e->w_tune, L, e->h, e->qkv, 0.0f));
+    GE(ge_gemm_tune(e->gm, Ti, H, qd, e->w_tune + L, L, e->attn, e->x, 1.0f));
+    const int MC = mlp_chunk_rows(e), mlp_rows[2] = {Ti < MC ? Ti : MC, Ti > MC ? Ti % MC : 0};
+    for (int j = 0; j < 2; j++) {
+        if (mlp_rows[j] == 0) continue;
+        GE(ge_gemm_tune(e->gm, mlp_rows[j], 2 * FF, H, e->w_tune + 2 * L, L, e->h, e->gu, 0.0f));
+        GE(ge_gemm_tune(e->gm, mlp_rows[j], H, FF, e->w_tune + 3 * L, L, e->act, e->x, 1.0f));
+    }
+    const void *lm = e->lm_head;
+    return ge_gemm_tune(e->gm, n, c->vocab, H, &lm, 1, e->hl, e->logits, 0.0f);
+}
 
 /* The device work of one step: embedding, every layer (append + attention),
  * final norm, LM head, argmax into d_next. Only launches on e->st: a decode
@@ -1081,6 +1097,7 @@ static oscar_status step(ge_engine *e, int n, const int32_t *slots, const int32_
     CU(cudaMemcpyAsync(e->d_rows, e->h_rows, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
     CU(cudaMemcpyAsync(e->d_ids, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
 
+    GE(tune_step(e, n, (int)T));
     if (rq) {
         if (!decode) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_profile_step: decode steps only");
         GE(profiled_forward(e, n, max_len, rq));

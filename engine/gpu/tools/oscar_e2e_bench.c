@@ -34,7 +34,9 @@
  * case. --no-throughput: skip the throughput case (also in normal runs).
  *
  * Decode steps are replayed from CUDA graphs unless --no-graphs. --no-pdl: the engine's kernels
- * launched plainly (ge_options.no_pdl; the row says "no PDL"), for an A/B. Each row
+ * launched plainly (ge_options.no_pdl; the row says "no PDL"), for an A/B. --no-gemm-tune: cuBLAS's
+ * default algorithm for every weight product (ge_options.no_gemm_tune; the row says so), for an A/B;
+ * --gemm-report: the tuned products (default and chosen times, ge_gemm.h) to stderr after each run. Each row
  * also gives the roofline step: the bytes a step must read (weights but the
  * embedding table, plus every sequence's cache at its mean length) over the
  * device-to-device copy bandwidth measured at start.
@@ -158,6 +160,7 @@ static double copy_bandwidth(void)
 }
 static double g_copy_bw;
 
+static int g_gemm_report; /* --gemm-report: the engine's tuned weight products after each run */
 static FILE *g_md;
 
 static void md_line(const char *line)
@@ -307,6 +310,7 @@ out:
     free(nx);
     free(tok);
     free(dt);
+    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
     ge_destroy(e);
     return rc;
 }
@@ -490,6 +494,7 @@ out:
     free(smp);
     free(ph);
     free(tmp);
+    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
     ge_destroy(e);
     return rc;
 }
@@ -564,6 +569,7 @@ out:
     free(pr);
     free(lens);
     free(out);
+    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
     ge_destroy(e);
     return rc;
 }
@@ -582,11 +588,13 @@ int main(int argc, char **argv)
     const char *method_name = "oscar2", *md_path = NULL, *longs = "32768,131072", *params = NULL;
     double budget_gb = 40.0, time_limit = 60.0;
     int prompt = 8192, gen = 1024, batch = 0, cap = 1024, real_prefill = 1, long_steps = 64, layers = 36;
-    int max_prefill = 8192, no_graphs = 0, no_pdl = 0, layers_set = 0, chunk = 0, feedback = 0, prefix = 0, n_req = 16,
+    int max_prefill = 8192, no_graphs = 0, no_pdl = 0, no_gemm_tune = 0, layers_set = 0, chunk = 0, feedback = 0, prefix = 0, n_req = 16,
         suffix = 512, do_breakdown = 0, bd_rounds = 10, bd_warmup = 3, no_throughput = 0;
     const char *shape = "qwen3-8b";
+    tool_seen seen = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (!tool_args_once(&seen, "oscar-e2e-bench", a, NULL, NULL)) return 2;
         int more = i + 1 < argc;
         if (!strcmp(a, "--method") && more) method_name = argv[++i];
         else if (!strcmp(a, "--budget-gb") && more) budget_gb = atof(argv[++i]);
@@ -607,6 +615,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--md") && more) md_path = argv[++i];
         else if (!strcmp(a, "--no-graphs")) no_graphs = 1;
         else if (!strcmp(a, "--no-pdl")) no_pdl = 1;
+        else if (!strcmp(a, "--no-gemm-tune")) no_gemm_tune = 1;
+        else if (!strcmp(a, "--gemm-report")) g_gemm_report = 1;
         else if (!strcmp(a, "--feedback")) feedback = 1;
         else if (!strcmp(a, "--chunk") && more) chunk = int_arg(argv[++i]);
         else if (!strcmp(a, "--shared-prefix") && more) prefix = int_arg(argv[++i]);
@@ -672,6 +682,7 @@ int main(int argc, char **argv)
     o.method = method;
     o.no_graphs = no_graphs;
     o.no_pdl = no_pdl;
+    o.no_gemm_tune = no_gemm_tune;
     o.params_path = params;
     o.kv_budget = (size_t)(budget_gb * 1e9);
     o.max_prefill_tokens = prompt < max_prefill ? prompt : max_prefill;
@@ -720,9 +731,9 @@ int main(int argc, char **argv)
         free(lpb);
         return 1;
     }
-    char cfg[192];
-    const char *gl = no_graphs ? (no_pdl ? "host launches, no PDL" : "host launches")
-                               : (no_pdl ? "CUDA graphs, no PDL" : "CUDA graphs");
+    char cfg[320], gl[96];
+    snprintf(gl, sizeof gl, "%s%s%s", no_graphs ? "host launches" : "CUDA graphs", no_pdl ? ", no PDL" : "",
+             no_gemm_tune ? ", cuBLAS default GEMMs" : "");
     int rc = 0;
     if (do_breakdown) {
         /* The throughput case's batch (largest for prompt + gen in the budget, or --batch) at the

@@ -1,7 +1,8 @@
 /* oscar-gpu-selftest: the GPU engine's own kernels against host references
  * on fresh random inputs (seed printed): prefill attention (fp64 reference,
  * several prompts of awkward lengths, GQA, each head_dim), q/k norm + RoPE,
- * RMSNorm, SwiGLU, argmax, the decode steps' GEMV. Exit status 0 only if all pass. Localizes a
+ * RMSNorm, SwiGLU, argmax, the decode steps' GEMV, the tuned weight products (ge_gemm.h). Exit status 0
+ * only if all pass. Localizes a
  * failure of the end-to-end check (perf/e2e/run.sh runs it first). */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -10,7 +11,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "ge_gemm.h"
 #include "ge_kernels.h"
+#include "ge_sched.h" /* ge_last_error */
 
 static uint64_t g_s;
 static float frand(void)
@@ -303,6 +306,72 @@ static void test_gemv(void)
     for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) test_gemv_k(ks[i]);
 }
 
+/* The weight products of 5..1024 rows after tuning (ge_gemm_tune picks a cuBLASLt algorithm or
+ * keeps the default), and without tuning, against a float64 product, with beta 0 and 1; rows of
+ * y past M untouched. N 777: an output row stride that is not a multiple of 16 bytes. */
+static void test_gemm_tuned(void)
+{
+    const int K = 1032, Ns[] = {776, 777}, Ms[] = {5, 37, 172}, MX = 172;
+    void *ws;
+    CK(cudaMalloc(&ws, (size_t)32 << 20));
+    for (int ni = 0; ni < 2; ni++) {
+        const int N = Ns[ni];
+        uint16_t *w = malloc((size_t)N * K * 2), *x = malloc((size_t)MX * K * 2);
+        float *y0 = malloc((size_t)(MX + 1) * N * 4), *y = malloc((size_t)(MX + 1) * N * 4);
+        for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits(frand());
+        for (int i = 0; i < MX * K; i++) x[i] = bf16_bits(3.0f * frand());
+        for (int i = 0; i < (MX + 1) * N; i++) y0[i] = frand();
+        void *dw = dup_dev(w, (size_t)N * K * 2), *dx = dup_dev(x, (size_t)MX * K * 2);
+        float *dy;
+        CK(cudaMalloc((void **)&dy, (size_t)(MX + 1) * N * 4));
+        for (int tune = 0; tune < 2; tune++) {
+            ge_gemm *g = NULL;
+            if (ge_gemm_create(NULL, ws, (size_t)32 << 20, 0, tune, &g) != OSCAR_OK) {
+                printf("ge_gemm_create failed: %s\n", ge_last_error());
+                g_fail = 1;
+                ge_gemm_destroy(g);
+                break;
+            }
+            double worst = 0;
+            for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int M = Ms[mi];
+                    const void *wl = dw;
+                    oscar_status s = ge_gemm_tune(g, M, N, K, &wl, 1, dx, dy, (float)acc);
+                    CK(cudaMemcpy(dy, y0, (size_t)(MX + 1) * N * 4, cudaMemcpyHostToDevice));
+                    if (s == OSCAR_OK) s = ge_gemm_run(g, M, N, K, dw, dx, dy, (float)acc, 0);
+                    if (s != OSCAR_OK) {
+                        printf("ge_gemm M %d N %d: %s\n", M, N, ge_last_error());
+                        worst = 1.0;
+                        continue;
+                    }
+                    CK(cudaMemcpy(y, dy, (size_t)(MX + 1) * N * 4, cudaMemcpyDeviceToHost));
+                    for (int m = 0; m < M; m++)
+                        for (int n = 0; n < N; n++) {
+                            double r = acc ? y0[m * N + n] : 0.0, a = fabs(r);
+                            for (int k = 0; k < K; k++) {
+                                double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
+                                r += p;
+                                a += fabs(p);
+                            }
+                            double e = fabs(y[m * N + n] - r) / (a + 1e-30);
+                            if (!(e <= worst)) worst = e;
+                        }
+                    for (int i = M * N; i < (MX + 1) * N; i++)
+                        if (y[i] != y0[i]) worst = 1.0;
+                }
+            char what[96];
+            snprintf(what, sizeof what, "GEMM bf16 %s, M 5/37/172, N %d, K %d", tune ? "tuned" : "default", N, K);
+            report(what, worst, 1e-5);
+            if (tune) ge_gemm_report(g, stdout);
+            ge_gemm_destroy(g);
+        }
+        free(w); free(x); free(y0); free(y);
+        cudaFree(dw); cudaFree(dx); cudaFree(dy);
+    }
+    cudaFree(ws);
+}
+
 int main(void)
 {
     unsigned seed = (unsigned)time(NULL);
@@ -322,6 +391,7 @@ int main(void)
     test_qkv_post();
     test_small();
     test_gemv();
+    test_gemm_tuned();
     printf("oscar-gpu-selftest: %s\n", g_fail ? "FAIL" : "all passed");
     return g_fail ? 3 : 0;
 }

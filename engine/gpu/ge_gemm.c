@@ -1,0 +1,270 @@
+/* The engine's weight products (ge_gemm.h): GEMV, tuned cuBLASLt, cuBLAS. */
+#include "ge_gemm.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ge_kernels.h"
+#include "ge_sched.h" /* ge_set_error */
+
+/* Heuristic candidates timed per shape, besides cuBLAS's default. */
+#define GE_GEMM_CANDIDATES 8
+/* Timed calls per candidate: up to 16 of the nW weights in turn (beyond the L2), or 4 calls on
+ * a single weight (the LM head's, far larger than the L2). About 50 ms per new row count for a
+ * Qwen3-8B step at 172 rows. */
+#define GE_GEMM_MAX_REPS 16
+#define GE_GEMM_SINGLE_REPS 4
+/* The tuned algorithms assume 16-byte aligned operands (asked of the
+ * heuristic); a call with less alignment takes cuBLAS's default. */
+#define GE_GEMM_ALIGN 16
+
+typedef struct tuned {
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    int use_default; /* cuBLAS's default was fastest */
+    int pick;        /* index among the heuristic's candidates, -1: default */
+    float default_us, best_us;
+} tuned;
+
+/* Shapes of one (N, K, beta): the tuned entry for each M (NULL: not tuned). */
+typedef struct shape_class {
+    int N, K;
+    float beta;
+    tuned *by_m[GE_GEMM_TUNE_MAX_M + 1];
+} shape_class;
+
+#define GE_GEMM_MAX_CLASSES 16
+
+struct ge_gemm {
+    cudaStream_t st;
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulPreference_t pref;
+    cudaEvent_t ev[2];
+    void *ws;
+    size_t ws_bytes;
+    int f32, tune;
+    shape_class *cls[GE_GEMM_MAX_CLASSES];
+    int n_cls;
+};
+
+#define CU(call)                                                                                          \
+    do {                                                                                                  \
+        cudaError_t e_ = (call);                                                                          \
+        if (e_ != cudaSuccess)                                                                            \
+            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,    \
+                                cudaGetErrorString(e_));                                                  \
+    } while (0)
+#define BL(call)                                                                                          \
+    do {                                                                                                  \
+        cublasStatus_t b_ = (call);                                                                       \
+        if (b_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: cuBLAS status %d", __FILE__,       \
+                                __LINE__, #call, (int)b_);                                                \
+    } while (0)
+
+oscar_status ge_gemm_create(cudaStream_t st, void *ws, size_t ws_bytes, int f32, int tune, ge_gemm **out)
+{
+    *out = NULL;
+    ge_gemm *g = calloc(1, sizeof *g);
+    if (!g) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    g->st = st;
+    g->ws = ws;
+    g->ws_bytes = ws_bytes;
+    g->f32 = f32;
+    g->tune = tune && !f32;
+    *out = g; /* ge_gemm_destroy releases whatever was made if a step below fails */
+    BL(cublasCreate(&g->blas));
+    BL(cublasSetStream(g->blas, st));
+    BL(cublasSetWorkspace(g->blas, ws, ws_bytes));
+    if (!g->tune) return OSCAR_OK;
+    BL(cublasLtCreate(&g->lt));
+    BL(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T;
+    BL(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    BL(cublasLtMatmulPreferenceCreate(&g->pref));
+    const uint64_t wsb = ws_bytes;
+    const uint32_t al = GE_GEMM_ALIGN;
+    BL(cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    BL(cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al));
+    BL(cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al));
+    BL(cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al));
+    BL(cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
+    CU(cudaEventCreate(&g->ev[0]));
+    CU(cudaEventCreate(&g->ev[1]));
+    return OSCAR_OK;
+}
+
+static void tuned_free(tuned *t)
+{
+    if (!t) return;
+    if (t->a) cublasLtMatrixLayoutDestroy(t->a);
+    if (t->b) cublasLtMatrixLayoutDestroy(t->b);
+    if (t->c) cublasLtMatrixLayoutDestroy(t->c);
+    free(t);
+}
+
+void ge_gemm_destroy(ge_gemm *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n_cls; i++) {
+        for (int m = 0; m <= GE_GEMM_TUNE_MAX_M; m++) tuned_free(g->cls[i]->by_m[m]);
+        free(g->cls[i]);
+    }
+    if (g->ev[0]) cudaEventDestroy(g->ev[0]);
+    if (g->ev[1]) cudaEventDestroy(g->ev[1]);
+    if (g->pref) cublasLtMatmulPreferenceDestroy(g->pref);
+    if (g->desc) cublasLtMatmulDescDestroy(g->desc);
+    if (g->lt) cublasLtDestroy(g->lt);
+    if (g->blas) cublasDestroy(g->blas);
+    free(g);
+}
+
+static shape_class *find_class(const ge_gemm *g, int N, int K, float beta)
+{
+    for (int i = 0; i < g->n_cls; i++)
+        if (g->cls[i]->N == N && g->cls[i]->K == K && g->cls[i]->beta == beta) return g->cls[i];
+    return NULL;
+}
+
+static int aligned(const void *p) { return (uintptr_t)p % GE_GEMM_ALIGN == 0; }
+
+static cublasStatus_t run_default(const ge_gemm *g, int M, int N, int K, const void *W, const void *X, float *Y,
+                                  float beta)
+{
+    const float alpha = 1.0f;
+    const cudaDataType_t t = g->f32 ? CUDA_R_32F : CUDA_R_16BF;
+    /* Column-major: Y is C (N x M), W is A (K x N, transposed), X is B (K x M). */
+    return cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, W, t, K, X, t, K, &beta, Y, CUDA_R_32F,
+                        N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static cublasStatus_t run_lt(const ge_gemm *g, const tuned *t, const cublasLtMatmulAlgo_t *algo, const void *W,
+                             const void *X, float *Y, float beta)
+{
+    const float alpha = 1.0f;
+    return cublasLtMatmul(g->lt, g->desc, &alpha, W, t->a, X, t->b, &beta, Y, t->c, Y, t->c, algo, g->ws,
+                          g->ws_bytes, g->st);
+}
+
+/* Mean time of one candidate's calls (algo NULL: cuBLAS's default), us. */
+static oscar_status time_candidate(ge_gemm *g, const tuned *t, const cublasLtMatmulAlgo_t *algo, int M, int N, int K,
+                                   const void *const *W, int nW, const void *X, float *Y, float beta, float *us)
+{
+    const int reps = nW == 1 ? GE_GEMM_SINGLE_REPS : nW < GE_GEMM_MAX_REPS ? nW : GE_GEMM_MAX_REPS;
+    for (int r = -1; r < reps; r++) { /* r = -1: a warm-up call, untimed */
+        if (r == 0) CU(cudaEventRecord(g->ev[0], g->st));
+        const void *w = W[(r < 0 ? 0 : r) % nW];
+        BL(algo ? run_lt(g, t, algo, w, X, Y, beta) : run_default(g, M, N, K, w, X, Y, beta));
+    }
+    CU(cudaEventRecord(g->ev[1], g->st));
+    CU(cudaEventSynchronize(g->ev[1]));
+    float ms = 0.0f;
+    CU(cudaEventElapsedTime(&ms, g->ev[0], g->ev[1]));
+    *us = 1000.0f * ms / (float)reps;
+    return OSCAR_OK;
+}
+
+static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const void *const *W, int nW,
+                               const void *X, float *Y, float beta)
+{
+    BL(cublasLtMatrixLayoutCreate(&t->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K));
+    BL(cublasLtMatrixLayoutCreate(&t->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, K));
+    BL(cublasLtMatrixLayoutCreate(&t->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
+    cublasLtMatmulHeuristicResult_t res[GE_GEMM_CANDIDATES];
+    int found = 0;
+    if (cublasLtMatmulAlgoGetHeuristic(g->lt, g->desc, t->a, t->b, t->c, t->c, g->pref, GE_GEMM_CANDIDATES, res,
+                                       &found) != CUBLAS_STATUS_SUCCESS)
+        found = 0; /* no candidate: the default stays */
+    float best = 0.0f;
+    oscar_status s = time_candidate(g, t, NULL, M, N, K, W, nW, X, Y, beta, &best);
+    if (s != OSCAR_OK) return s;
+    t->default_us = best;
+    t->use_default = 1;
+    t->pick = -1;
+    for (int i = 0; i < found; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        float us = 0.0f;
+        /* A candidate cuBLASLt refuses at run time is passed over; the default stays possible. */
+        if (time_candidate(g, t, &res[i].algo, M, N, K, W, nW, X, Y, beta, &us) != OSCAR_OK) continue;
+        if (us < best) {
+            best = us;
+            t->algo = res[i].algo;
+            t->use_default = 0;
+            t->pick = i;
+        }
+    }
+    t->best_us = best;
+    return OSCAR_OK;
+}
+
+oscar_status ge_gemm_tune(ge_gemm *g, int M, int N, int K, const void *const *W, int nW, const void *X, float *Y,
+                          float beta)
+{
+    if (!g->tune || M <= 4 || M > GE_GEMM_TUNE_MAX_M || nW < 1) return OSCAR_OK;
+    if (!aligned(X) || !aligned(Y)) return OSCAR_OK;
+    for (int i = 0; i < nW; i++)
+        if (!aligned(W[i])) return OSCAR_OK;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CU(cudaStreamIsCapturing(g->st, &cs));
+    if (cs != cudaStreamCaptureStatusNone) return OSCAR_OK; /* no timing inside a capture */
+    shape_class *c = find_class(g, N, K, beta);
+    if (c && c->by_m[M]) return OSCAR_OK;
+    if (!c) {
+        if (g->n_cls == GE_GEMM_MAX_CLASSES) return OSCAR_OK; /* the default serves further shapes */
+        c = calloc(1, sizeof *c);
+        if (!c) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+        c->N = N;
+        c->K = K;
+        c->beta = beta;
+        g->cls[g->n_cls++] = c;
+    }
+    tuned *t = calloc(1, sizeof *t);
+    if (!t) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
+    oscar_status s = tune_shape(g, t, M, N, K, W, nW, X, Y, beta);
+    if (s != OSCAR_OK) {
+        tuned_free(t);
+        return s;
+    }
+    c->by_m[M] = t;
+    return OSCAR_OK;
+}
+
+oscar_status ge_gemm_run(ge_gemm *g, int M, int N, int K, const void *W, const void *X, float *Y, float beta,
+                         int pdl)
+{
+    if (M <= 0) return OSCAR_OK;
+    if (!g->f32 && M <= 4 && K % 8 == 0 && aligned(W) && aligned(X) && (beta == 0.0f || beta == 1.0f)) {
+        int err = ge_k_gemv_bf16(Y, W, X, M, N, K, beta == 1.0f, pdl, g->st);
+        if (err != 0)
+            return ge_set_error(OSCAR_ERR_BACKEND, "ge_gemm_run: GEMV launch failed: %s",
+                                cudaGetErrorString((cudaError_t)err));
+        return OSCAR_OK;
+    }
+    const shape_class *c = g->tune && M <= GE_GEMM_TUNE_MAX_M ? find_class(g, N, K, beta) : NULL;
+    const tuned *t = c ? c->by_m[M] : NULL;
+    if (t && !t->use_default && aligned(W) && aligned(X) && aligned(Y)) {
+        BL(run_lt(g, t, &t->algo, W, X, Y, beta));
+        return OSCAR_OK;
+    }
+    BL(run_default(g, M, N, K, W, X, Y, beta));
+    return OSCAR_OK;
+}
+
+void ge_gemm_report(const ge_gemm *g, FILE *f)
+{
+    for (int i = 0; i < g->n_cls; i++)
+        for (int m = 0; m <= GE_GEMM_TUNE_MAX_M; m++) {
+            const tuned *t = g->cls[i]->by_m[m];
+            if (!t) continue;
+            char which[32] = "the default";
+            if (!t->use_default) snprintf(which, sizeof which, "cuBLASLt candidate %d", t->pick);
+            fprintf(f, "gemm M %d N %d K %d beta %g: cuBLAS default %.1f us, chosen %.1f us (%s), %.3fx\n", m,
+                    g->cls[i]->N, g->cls[i]->K, (double)g->cls[i]->beta, (double)t->default_us,
+                    (double)t->best_us, which, t->best_us > 0.0f ? (double)(t->default_us / t->best_us) : 0.0);
+        }
+}
