@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "oscar/oscar.h"
+#include "runtime_or_skip.h"
 
 #define SEQ 3
 #define LEN 300
@@ -153,21 +154,8 @@ static void worker_free(worker *w) {
     free(w->want);
 }
 
-static int required(const char *name) {
-    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
-    return r && strstr(r, name);
-}
-
 static void run_threads(const char *backend) {
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = backend;
-    oscar_runtime *rt;
-    oscar_status s = oscar_runtime_create(&ro, &rt);
-    if (s != OSCAR_OK) {
-        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
-        cr_skip_test("%s backend not available: %s", backend, oscar_last_error());
-    }
+    oscar_runtime *rt = rc_runtime_or_skip(backend);
     oscar_layout_desc l = small_layout(64, OSCAR_METHOD_QUAROT2);
     oscar_plan *plan;
     cr_assert_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
@@ -350,7 +338,7 @@ Test(plan_threads, threads_with_their_own_runtimes_and_errors, .timeout = 600) {
     pthread_barrier_destroy(&start);
     for (int t = 0; t < NT; t++) {
         if (w[t].skipped)
-            cr_expect(!required(w[t].backend), "%s is required but: %s", w[t].backend, w[t].why);
+            cr_expect(!rc_backend_required(w[t].backend), "%s is required but: %s", w[t].backend, w[t].why);
         expect_worker(&w[t], t);
     }
 }
@@ -367,7 +355,7 @@ Test(plan_threads, threads_share_a_runtime_with_their_own_plans, .timeout = 600)
         oscar_runtime_options_default(&ro);
         ro.backend = names[b];
         if (oscar_runtime_create(&ro, &rts[b]) != OSCAR_OK) {
-            cr_expect(!required(names[b]), "%s is required but: %s", names[b], oscar_last_error());
+            cr_expect(!rc_backend_required(names[b]), "%s is required but: %s", names[b], oscar_last_error());
             rts[b] = NULL;
         }
     }

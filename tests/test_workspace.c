@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "oscar/oscar.h"
+#include "runtime_or_skip.h"
 
 #define MAXS 16
 #define MAXL 2048
@@ -44,20 +45,9 @@ static void *up(oscar_runtime *rt, const void *src, size_t n) {
     OK(oscar_buffer_write(rt, b, 0, src, n, NULL));
     return b;
 }
-static int required(const char *name) {
-    const char *r = getenv("OSCAR_REQUIRE_BACKENDS");
-    return r && strstr(r, name);
-}
 
 static void run(const char *backend) {
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = backend;
-    oscar_runtime *rt;
-    if (oscar_runtime_create(&ro, &rt) != OSCAR_OK) {
-        cr_assert(!required(backend), "%s is required but: %s", backend, oscar_last_error());
-        cr_skip_test("%s backend not available: %s", backend, oscar_last_error());
-    }
+    oscar_runtime *rt = rc_runtime_or_skip(backend);
     oscar_layout_desc l;
     oscar_layout_default(&l);
     l.num_q_heads = 8;
