@@ -61,9 +61,11 @@ typedef struct ge_options {
                                  error-feedback weights of calibrated magnitude (|F| <= 0.2), so a
                                  random-weight model pays the write path of calibrated parameters */
     int no_gemm_tune;         /* 1: cuBLAS's default algorithm for every weight product of more than
-                                 4 rows; 0 (default): for 5-1024 rows, the cuBLASLt algorithm that
-                                 was fastest when timed on the first step of that many rows
-                                 (ge_gemm.h; results may differ in the last bits) */
+                                 4 rows; 0 (default): in decode steps of 5-1024 sequences, the
+                                 cuBLASLt algorithm that was fastest (by 3 % or more) when timed
+                                 before the first decode step of that batch size (ge_gemm.h; results
+                                 may differ in the last bits); prefill and mixed steps keep cuBLAS's
+                                 default */
 } ge_options;
 
 void ge_options_default(ge_options *o);

@@ -751,7 +751,10 @@ static int mlp_chunk_rows(const ge_engine *e) { return e->opt.mlp_chunk < e->max
 
 /* Times the weight products of a step of Ti rows for n sequences before it
  * runs (ge_gemm_tune: once per shape, so a decode step's graph, captured
- * later, replays the chosen algorithms). Between steps every activation
+ * later, replays the chosen algorithms). Decode steps only: their row
+ * counts repeat (one per batch size), while prefill and mixed steps bring a
+ * new count almost every step, and tuning each (~50 ms) cost more than it
+ * won (perf/e2e/RESULTS.md, thirty-eighth session). Between steps every activation
  * buffer is dead (a step starts from the embedding), so the timing may write
  * into them; the layers' weights are read in turn, as a step reads them. */
 static oscar_status tune_step(ge_engine *e, int n, int Ti)
@@ -1097,7 +1100,7 @@ static oscar_status step(ge_engine *e, int n, const int32_t *slots, const int32_
     CU(cudaMemcpyAsync(e->d_rows, e->h_rows, (size_t)n * 4, cudaMemcpyHostToDevice, e->st));
     CU(cudaMemcpyAsync(e->d_ids, tokens, (size_t)T * 4, cudaMemcpyHostToDevice, e->st));
 
-    GE(tune_step(e, n, (int)T));
+    if (decode) GE(tune_step(e, n, n));
     if (rq) {
         if (!decode) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_profile_step: decode steps only");
         GE(profiled_forward(e, n, max_len, rq));
