@@ -63,7 +63,8 @@ typedef struct ge_options {
     int no_gemm_tune;         /* 1: cuBLAS's default algorithm for every weight product of more than
                                  4 rows; 0 (default): in decode steps of 5-1024 sequences, the
                                  cuBLASLt algorithm that was fastest (by 3 % or more) when timed
-                                 before the first decode step of that batch size (ge_gemm.h; results
+                                 before the first decode step of that batch size's bucket of 16
+                                 sizes (5-16, 17-32, ...; ge_gemm.h; results
                                  may differ in the last bits); prefill and mixed steps keep cuBLAS's
                                  default */
 } ge_options;

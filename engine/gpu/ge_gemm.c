@@ -31,14 +31,22 @@ typedef struct tuned {
     int use_default; /* cuBLAS's default stays (no candidate GE_GEMM_MIN_GAIN faster) */
     int pick;        /* index among the heuristic's candidates, -1: default */
     int fastest;     /* the fastest candidate (-1: none ran), chosen or not */
+    int timed_at;    /* the row count whose timing made the choice (this one, or its bucket's first) */
     float default_us, best_us, fastest_us;
 } tuned;
+
+/* Row counts are timed by buckets of 16 (5-16, 17-32, ...): the first count of a bucket that a
+ * step brings is timed, the others take its choice (checked by cuBLASLt for their own count).
+ * A serving engine's decode batch takes many sizes; timing each (~50 ms) would cost more than
+ * the choice wins. */
+#define GE_GEMM_BUCKET 16
 
 /* Shapes of one (N, K, beta): the tuned entry for each M (NULL: not tuned). */
 typedef struct shape_class {
     int N, K;
     float beta;
     tuned *by_m[GE_GEMM_TUNE_MAX_M + 1];
+    const tuned *timed[GE_GEMM_TUNE_MAX_M / GE_GEMM_BUCKET + 1]; /* each bucket's timed entry (in by_m) */
 } shape_class;
 
 #define GE_GEMM_MAX_CLASSES 16
@@ -174,19 +182,47 @@ static oscar_status time_candidate(ge_gemm *g, const tuned *t, const cublasLtMat
     return OSCAR_OK;
 }
 
-static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const void *const *W, int nW,
-                               const void *X, float *Y, float beta)
+static oscar_status make_layouts(tuned *t, int M, int N, int K)
 {
     BL(cublasLtMatrixLayoutCreate(&t->a, CUDA_R_16BF, (uint64_t)K, (uint64_t)N, K));
     BL(cublasLtMatrixLayoutCreate(&t->b, CUDA_R_16BF, (uint64_t)K, (uint64_t)M, K));
     BL(cublasLtMatrixLayoutCreate(&t->c, CUDA_R_32F, (uint64_t)N, (uint64_t)M, N));
+    return OSCAR_OK;
+}
+
+/* Another row count of a timed bucket: its choice, if cuBLASLt accepts it for this count. */
+static oscar_status take_bucket_choice(ge_gemm *g, tuned *t, const tuned *lead, int M, int N, int K)
+{
+    oscar_status s = make_layouts(t, M, N, K);
+    if (s != OSCAR_OK) return s;
+    const tuned own = *t;
+    *t = *lead;
+    t->a = own.a;
+    t->b = own.b;
+    t->c = own.c;
+    cublasLtMatmulHeuristicResult_t r;
+    if (!t->use_default && (cublasLtMatmulAlgoCheck(g->lt, g->desc, t->a, t->b, t->c, t->c, &t->algo, &r) !=
+                                CUBLAS_STATUS_SUCCESS ||
+                            r.workspaceSize > g->ws_bytes)) {
+        t->use_default = 1;
+        t->pick = -1;
+    }
+    return OSCAR_OK;
+}
+
+static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const void *const *W, int nW,
+                               const void *X, float *Y, float beta)
+{
+    oscar_status s = make_layouts(t, M, N, K);
+    if (s != OSCAR_OK) return s;
+    t->timed_at = M;
     cublasLtMatmulHeuristicResult_t res[GE_GEMM_CANDIDATES];
     int found = 0;
     if (cublasLtMatmulAlgoGetHeuristic(g->lt, g->desc, t->a, t->b, t->c, t->c, g->pref, GE_GEMM_CANDIDATES, res,
                                        &found) != CUBLAS_STATUS_SUCCESS)
         found = 0; /* no candidate: the default stays */
     float best = 0.0f;
-    oscar_status s = time_candidate(g, t, NULL, M, N, K, W, nW, X, Y, beta, &best);
+    s = time_candidate(g, t, NULL, M, N, K, W, nW, X, Y, beta, &best);
     if (s != OSCAR_OK) return s;
     t->default_us = best;
     t->use_default = 1;
@@ -237,12 +273,15 @@ oscar_status ge_gemm_tune(ge_gemm *g, int M, int N, int K, const void *const *W,
     }
     tuned *t = calloc(1, sizeof *t);
     if (!t) return ge_set_error(OSCAR_ERR_OUT_OF_MEMORY, "out of host memory");
-    oscar_status s = tune_shape(g, t, M, N, K, W, nW, X, Y, beta);
+    const int bucket = (M - 1) / GE_GEMM_BUCKET;
+    oscar_status s = c->timed[bucket] ? take_bucket_choice(g, t, c->timed[bucket], M, N, K)
+                                      : tune_shape(g, t, M, N, K, W, nW, X, Y, beta);
     if (s != OSCAR_OK) {
         tuned_free(t);
         return s;
     }
     c->by_m[M] = t;
+    if (!c->timed[bucket]) c->timed[bucket] = t;
     return OSCAR_OK;
 }
 
@@ -273,6 +312,11 @@ void ge_gemm_report(const ge_gemm *g, FILE *f)
         for (int m = 0; m <= GE_GEMM_TUNE_MAX_M; m++) {
             const tuned *t = g->cls[i]->by_m[m];
             if (!t) continue;
+            if (t->timed_at != m) {
+                fprintf(f, "gemm M %d N %d K %d beta %g: as M %d (%s)\n", m, g->cls[i]->N, g->cls[i]->K,
+                        (double)g->cls[i]->beta, t->timed_at, t->use_default ? "the default" : "its candidate");
+                continue;
+            }
             char which[96] = "the default";
             if (!t->use_default) snprintf(which, sizeof which, "cuBLASLt candidate %d", t->pick);
             else if (t->fastest >= 0)

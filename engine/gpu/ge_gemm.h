@@ -2,8 +2,9 @@
  * the weight dtype, Y fp32), one home for the choice of kernel:
  *  - M <= 4 (bf16): the engine's GEMV (ge_kernels.h);
  *  - 5 <= M <= GE_GEMM_TUNE_MAX_M (bf16, tuning on): cuBLASLt with the
- *    algorithm that was fastest for this (M, N, K, beta) when ge_gemm_tune
- *    timed the heuristic's candidates and cuBLAS's default on the real weights;
+ *    algorithm that was fastest (by 3 % or more) for this (N, K, beta) and
+ *    M's bucket of 16 row counts when ge_gemm_tune timed the heuristic's
+ *    candidates and cuBLAS's default on the real weights;
  *  - otherwise, or before a shape is tuned: cublasGemmEx's default.
  * Why: at decode batches of tens to hundreds of rows the default picks tiles
  * that leave SMs idle and reads the weights at 40-60 % of the copy bandwidth.
@@ -36,7 +37,8 @@ oscar_status ge_gemm_create(cudaStream_t st, void *ws, size_t ws_bytes, int f32,
 void ge_gemm_destroy(ge_gemm *g);
 
 /* Times the candidates for (M, N, K, beta) once, if M is in the tuned range
- * and the shape is new; a no-op otherwise (also while st is being captured).
+ * and the first of its bucket (else takes the bucket's choice, untimed); a
+ * no-op for a known M, outside the range, or while st is being captured.
  * W: nW weight matrices of this shape (e.g. every layer's), used in turn so
  * the timing reads them from memory as a step does, not from the L2. X and Y
  * are the call's buffers; Y is overwritten (beta 0) or accumulated into
