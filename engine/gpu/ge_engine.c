@@ -11,34 +11,9 @@
 
 #include "engine_internal.h"
 #include "ge.h"
+#include "ge_check.h"
 #include "ge_gemm.h"
 #include "ge_kernels.h"
-
-#define CU(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess)                                                                            \
-            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,    \
-                                cudaGetErrorString(e_));                                                  \
-    } while (0)
-#define KL(call)                                                                                          \
-    do {                                                                                                  \
-        int e_ = (call);                                                                                  \
-        if (e_ != 0)                                                                                      \
-            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: kernel %s failed: %s", __FILE__, __LINE__,    \
-                                #call, cudaGetErrorString((cudaError_t)e_));                              \
-    } while (0)
-#define OS(call)                                                                                          \
-    do {                                                                                                  \
-        oscar_status s_ = (call);                                                                         \
-        if (s_ != OSCAR_OK)                                                                               \
-            return ge_set_error(s_, "%s:%d: %s: %s", __FILE__, __LINE__, #call, oscar_last_error());    \
-    } while (0)
-#define GE(call)                                                                                          \
-    do {                                                                                                  \
-        oscar_status s_ = (call);                                                                         \
-        if (s_ != OSCAR_OK) return s_;                                                                    \
-    } while (0)
 
 typedef struct ge_layer {
     void *wqkv, *wo, *wgu, *wdown;      /* weight dtype: [QKV][H], [H][Hq d], [2FF][H], [H][FF] */

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ge_check.h"
 #include "ge_kernels.h"
-#include "ge_sched.h" /* ge_set_error */
 
 /* Heuristic candidates timed per shape, besides cuBLAS's default. */
 #define GE_GEMM_CANDIDATES 8
@@ -64,21 +64,6 @@ struct ge_gemm {
     shape_class *cls[GE_GEMM_MAX_CLASSES];
     int n_cls;
 };
-
-#define CU(call)                                                                                          \
-    do {                                                                                                  \
-        cudaError_t e_ = (call);                                                                          \
-        if (e_ != cudaSuccess)                                                                            \
-            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,    \
-                                cudaGetErrorString(e_));                                                  \
-    } while (0)
-#define BL(call)                                                                                          \
-    do {                                                                                                  \
-        cublasStatus_t b_ = (call);                                                                       \
-        if (b_ != CUBLAS_STATUS_SUCCESS)                                                                  \
-            return ge_set_error(OSCAR_ERR_BACKEND, "%s:%d: %s failed: cuBLAS status %d", __FILE__,       \
-                                __LINE__, #call, (int)b_);                                                \
-    } while (0)
 
 oscar_status ge_gemm_create(cudaStream_t st, void *ws, size_t ws_bytes, int f32, int tune, ge_gemm **out)
 {

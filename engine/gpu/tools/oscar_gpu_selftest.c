@@ -257,6 +257,29 @@ static void test_small(void)
     cudaFree(dx); cudaFree(dw); cudaFree(dgu); cudaFree(dlg); cudaFree(dn); cudaFree(da); cudaFree(dam);
 }
 
+/* Largest error of y = (acc ? y0 : 0) + x W^T (M rows, W [N][K] and x bf16) against a float64
+ * product, relative to sum |w x| (+ |y0|); 1.0 if a value of y past the M rows (up to total
+ * values) differs from y0. */
+static double product_error(const uint16_t *w, const uint16_t *x, const float *y0, const float *y, int M, int N,
+                            int K, int acc, size_t total)
+{
+    double worst = 0;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            double r = acc ? y0[m * N + n] : 0.0, a = fabs(r);
+            for (int k = 0; k < K; k++) {
+                double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
+                r += p;
+                a += fabs(p);
+            }
+            double e = fabs(y[m * N + n] - r) / (a + 1e-30);
+            if (!(e <= worst)) worst = e;
+        }
+    for (size_t i = (size_t)M * N; i < total; i++)
+        if (y[i] != y0[i]) worst = 1.0;
+    return worst;
+}
+
 /* The decode steps' GEMV (M = 1..4 rows, bf16 weights and activations, fp32 sums; with and
  * without accumulating into y) against a float64 product; error relative to sum |w x|. */
 static void test_gemv_k(int K)
@@ -276,20 +299,8 @@ static void test_gemv_k(int K)
             CK(cudaMemcpy(dy, y0, (size_t)4 * N * 4, cudaMemcpyHostToDevice));
             CK(ge_k_gemv_bf16(dy, dw, dx, M, N, K, acc, 0, NULL));
             CK(cudaMemcpy(y, dy, (size_t)4 * N * 4, cudaMemcpyDeviceToHost));
-            for (int m = 0; m < M; m++)
-                for (int n = 0; n < N; n++) {
-                    double r = acc ? y0[m * N + n] : 0.0, a = fabs(r);
-                    for (int k = 0; k < K; k++) {
-                        double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
-                        r += p;
-                        a += fabs(p);
-                    }
-                    double e = fabs(y[m * N + n] - r) / (a + 1e-30);
-                    if (!(e <= worst)) worst = e;
-                }
-            /* rows past M untouched */
-            for (int i = M * N; i < 4 * N; i++)
-                if (y[i] != y0[i]) worst = 1.0;
+            double e = product_error(w, x, y0, y, M, N, K, acc, (size_t)4 * N);
+            if (!(e <= worst)) worst = e;
         }
     char what[96];
     snprintf(what, sizeof what, "GEMV bf16, M 1..4, K %d (vs sum |w x|)", K);
@@ -346,19 +357,8 @@ static void test_gemm_tuned(void)
                         continue;
                     }
                     CK(cudaMemcpy(y, dy, (size_t)(MX + 1) * N * 4, cudaMemcpyDeviceToHost));
-                    for (int m = 0; m < M; m++)
-                        for (int n = 0; n < N; n++) {
-                            double r = acc ? y0[m * N + n] : 0.0, a = fabs(r);
-                            for (int k = 0; k < K; k++) {
-                                double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
-                                r += p;
-                                a += fabs(p);
-                            }
-                            double e = fabs(y[m * N + n] - r) / (a + 1e-30);
-                            if (!(e <= worst)) worst = e;
-                        }
-                    for (int i = M * N; i < (MX + 1) * N; i++)
-                        if (y[i] != y0[i]) worst = 1.0;
+                    double e = product_error(w, x, y0, y, M, N, K, acc, (size_t)(MX + 1) * N);
+                    if (!(e <= worst)) worst = e;
                 }
             char what[96];
             snprintf(what, sizeof what, "GEMM bf16 %s, M 5/37/40/172, N %d, K %d", tune ? "tuned" : "default", N, K);
