@@ -281,11 +281,14 @@ oscar_status ge_gemm_run(ge_gemm *g, int M, int N, int K, const void *W, const v
                                 cudaGetErrorString((cudaError_t)err));
         return OSCAR_OK;
     }
-    const shape_class *c = g->tune && M <= GE_GEMM_TUNE_MAX_M ? find_class(g, N, K, beta) : NULL;
-    const tuned *t = c ? c->by_m[M] : NULL;
+    shape_class *c = g->tune && M <= GE_GEMM_TUNE_MAX_M ? find_class(g, N, K, beta) : NULL;
+    tuned *t = c ? c->by_m[M] : NULL;
     if (t && !t->use_default && aligned(W) && aligned(X) && aligned(Y)) {
-        BL(run_lt(g, t, &t->algo, W, X, Y, beta));
-        return OSCAR_OK;
+        /* cuBLASLt checks a call before it queues anything: a refused one (a bucket's choice at a
+         * count it was not timed at, say) falls back to the default, now and from then on. */
+        if (run_lt(g, t, &t->algo, W, X, Y, beta) == CUBLAS_STATUS_SUCCESS) return OSCAR_OK;
+        t->use_default = 1;
+        t->pick = -1;
     }
     BL(run_default(g, M, N, K, W, X, Y, beta));
     return OSCAR_OK;
