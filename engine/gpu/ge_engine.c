@@ -728,8 +728,8 @@ static int mlp_chunk_rows(const ge_engine *e) { return e->opt.mlp_chunk < e->max
  * runs (ge_gemm_tune: once per shape, so a decode step's graph, captured
  * later, replays the chosen algorithms). Decode steps only: their row
  * counts repeat (one per batch size), while prefill and mixed steps bring a
- * new count almost every step, and tuning each (~50 ms) cost more than it
- * won (perf/e2e/RESULTS.md, thirty-eighth session). Between steps every activation
+ * new count almost every step, and tuning each (~50 ms, estimated in ge_gemm.c) cost more
+ * than it won (perf/e2e/RESULTS.md, thirty-eighth session). Between steps every activation
  * buffer is dead (a step starts from the embedding), so the timing may write
  * into them; the layers' weights are read in turn, as a step reads them. */
 static oscar_status tune_step(ge_engine *e, int n, int Ti)

@@ -163,6 +163,13 @@ static double g_copy_bw;
 static int g_gemm_report; /* --gemm-report: the engine's tuned weight products after each run */
 static FILE *g_md;
 
+/* The end of a run's engine: its tuned products reported (--gemm-report), then destroyed. */
+static void finish_engine(ge_engine *e)
+{
+    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
+    ge_destroy(e);
+}
+
 static void md_line(const char *line)
 {
     fputs(line, stdout);
@@ -310,8 +317,7 @@ out:
     free(nx);
     free(tok);
     free(dt);
-    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
-    ge_destroy(e);
+    finish_engine(e);
     return rc;
 }
 
@@ -494,8 +500,7 @@ out:
     free(smp);
     free(ph);
     free(tmp);
-    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
-    ge_destroy(e);
+    finish_engine(e);
     return rc;
 }
 
@@ -569,8 +574,7 @@ out:
     free(pr);
     free(lens);
     free(out);
-    if (g_gemm_report) ge_engine_gemm_report(e, stderr);
-    ge_destroy(e);
+    finish_engine(e);
     return rc;
 }
 
