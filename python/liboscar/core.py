@@ -18,6 +18,7 @@ import ctypes
 import dataclasses
 import math
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
@@ -1127,9 +1128,15 @@ class Calibrator(_Handle):
     (group, per_head, method, clip_k, clip_v, holdout_rows, model_hash, sink,
     recent, clip_objective, permutation, rounding, copy_probes, copy_mass_loss,
     clip_per_head, key_attn_weight, threads, probe_queries, clip_margin,
-    probe_span, feedback_damp, wide_bits, copy_head_mass, copy_head_clip)."""
+    probe_span, feedback_damp, wide_bits, copy_head_mass, copy_head_clip).
+
+    Threads may share one Calibrator (e.g. a feeder per layer): its calls
+    are serialized, as the C API requires (ctypes releases the GIL, and
+    concurrent feeds raced in the core's shared scratch rows: wrong targets,
+    no error)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
+        self._lock = threading.Lock()
         C = _capi.calib()
         o = _capi.defaults(_capi.CalibOptions, C.oscar_calib_options_default, num_layers, num_q_heads, num_kv_heads,
                            head_dim)
@@ -1149,7 +1156,8 @@ class Calibrator(_Handle):
         self.shape = (num_layers, num_q_heads, num_kv_heads, head_dim)
 
     def begin_pass(self, p: int) -> None:
-        _check(self._C.oscar_calib_begin_pass(self._h, p))
+        with self._lock:
+            _check(self._C.oscar_calib_begin_pass(self._h, p))
 
     def feed(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """q [n, num_q_heads, head_dim], k and v [n, num_kv_heads, head_dim]:
@@ -1166,36 +1174,43 @@ class Calibrator(_Handle):
         arrs = [None if x is None else np.ascontiguousarray(x) for x in (q, k, v)]  # alive until the call returns
         ptrs = [None if a is None else _ptr(a, kind, shp, nm, False)
                 for a, shp, nm in zip(arrs, ((n, hq, d), (n, hkv, d), (n, hkv, d)), ("q", "k", "v"))]
-        _check(self._C.oscar_calib_feed(self._h, layer, n, ptrs[0], ptrs[1], ptrs[2], DTYPES[kind]))
+        with self._lock:
+            _check(self._C.oscar_calib_feed(self._h, layer, n, ptrs[0], ptrs[1], ptrs[2], DTYPES[kind]))
 
     def set_value_metric(self, layer: int, kv_head: int, M: np.ndarray) -> None:
         d = self.shape[3]
         m = _real(M, np.float64, "M")
         if m.shape != (d, d):
             raise ValueError(f"M: shape {m.shape}, expected ({d}, {d})")
-        _check(self._C.oscar_calib_set_value_metric(self._h, layer, kv_head, m.ctypes.data))
+        with self._lock:
+            _check(self._C.oscar_calib_set_value_metric(self._h, layer, kv_head, m.ctypes.data))
 
     def target(self, layer: int, which: str = "k", kv_head: int = 0) -> np.ndarray:
         """C_K (after pass 0) or C_V (after pass 1), d x d float64."""
         d = self.shape[3]
         out = np.empty((d, d), dtype=np.float64)
-        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _kv(which), out.ctypes.data))
+        with self._lock:
+            _check(self._C.oscar_calib_target(self._h, layer, kv_head, _kv(which), out.ctypes.data))
         return out
 
     def finalize(self) -> Params:
         h = ctypes.c_void_p()
-        _check(self._C.oscar_calib_finalize(self._h, ctypes.byref(h)))
+        with self._lock:
+            _check(self._C.oscar_calib_finalize(self._h, ctypes.byref(h)))
         return Params(h)
 
     def layer_report(self, layer: int) -> dict:
         r = _capi.CalibLayerReport()
-        _check(self._C.oscar_calib_layer_report_get(self._h, layer, ctypes.byref(r)))
+        with self._lock:
+            _check(self._C.oscar_calib_layer_report_get(self._h, layer, ctypes.byref(r)))
         return {"err_k": list(r.err_k), "err_v": list(r.err_v), "clip_k": r.clip_k, "clip_v": r.clip_v}
 
     def close(self) -> None:
-        if self._raw is not None:
-            self._C.oscar_calib_destroy(self._raw)
-            self._raw = None
+        lock = getattr(self, "_lock", None)  # (absent when __init__ failed before it)
+        with lock if lock is not None else contextlib.nullcontext():  # not under another thread's feed
+            if self._raw is not None:
+                self._C.oscar_calib_destroy(self._raw)
+                self._raw = None
 
     def __del__(self) -> None:
         self.close()
