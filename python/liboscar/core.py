@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import math
 import os
 import threading
@@ -869,6 +870,18 @@ def _layer_index(i: Any) -> int:
     return _capi.checked_int(i, _capi.c_int, "layers")
 
 
+def _serialized(method):
+    """A PagedCache method run under the cache's lock: its device buffers (workspace, staging copies,
+    the lengths and prefix sums on the device) are shared by every layer, so two threads' calls
+    overwrote each other's inputs there (OpenCL decodes of different layers read another layer's
+    query and lengths: wrong outputs, no error)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
 class PagedCache:
     """A whole model's paged cache for ``num_seqs`` sequences of up to
     ``max_seq_len`` tokens, with pools, block table (sequence i owns a
@@ -876,13 +889,16 @@ class PagedCache:
     NumPy arrays on the CPU backend, torch tensors on CUDA/HIP,
     :class:`DeviceBuffer` on OpenCL (there append and decode take and give
     host NumPy arrays, copied through device staging buffers). Each layer
-    tracks its own lengths; append then decode, layer by layer."""
+    tracks its own lengths; append then decode, layer by layer. Threads may
+    share a cache: its calls are serialized (one cache per thread runs them
+    in parallel)."""
 
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None,
                  layers: Optional[Sequence[int]] = None):
         """``layers``: the layer indices that get pools (default all); the
         others (a hybrid model's sliding-window layers, kept elsewhere) are
         refused by every call."""
+        self._lock = threading.RLock()
         # Bounded before anything is built from them: num_layers 10**9 made set(range(...)) and the
         # per-layer lengths take all host memory (the process was killed by the OOM killer).
         num_layers = _capi.checked_int(num_layers, _capi.c_int32, "num_layers")
@@ -1000,6 +1016,7 @@ class PagedCache:
         if layer not in self.held_layers:
             raise ValueError(f"layer {layer} has no pools in this cache (layers={sorted(self.held_layers)})")
 
+    @_serialized
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:
         """Appends rows k, v [total_new, num_kv_heads, head_dim] to layer
@@ -1028,6 +1045,7 @@ class PagedCache:
                          self.workspace, max_seq_len=int(lens.max()), stream=stream)
         self.lens[layer] = lens
 
+    @_serialized
     def decode(self, layer: int, q: ArrayLike, out: Optional[ArrayLike] = None, sm_scale: float = 0.0,
                rotated_output: bool = False, stream: Optional[int] = None) -> ArrayLike:
         """Decode attention of one query per sequence, q [num_seqs,
@@ -1051,6 +1069,7 @@ class PagedCache:
             out[...] = od.read(stream)
         return out
 
+    @_serialized
     def extend(self, layer: int, q: ArrayLike, q_tokens: Sequence[int], out: Optional[ArrayLike] = None,
                lse: bool = False, sm_scale: float = 0.0, rotated_output: bool = False,
                stream: Optional[int] = None):
@@ -1108,6 +1127,7 @@ class PagedCache:
                 lse_buf[...] = ld.read(stream)
         return (out, lse_buf) if lse else out
 
+    @_serialized
     def check(self, stream: Optional[int] = None) -> None:
         """Raises the errors GPU kernels flagged (bad rows, indices) since the last check, in append
         and decode (the cache's workspace) and in extend (its own, larger one: a NaN query there was

@@ -62,3 +62,35 @@ def test_calibrator_fed_from_threads_matches_sequential():
         got = targets(True)
         worst = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(got, ref))
         assert worst == 0.0, f"threaded feeds differ from sequential ones by {worst:.3g} (relative)"
+
+
+@needs_opencl
+def test_paged_cache_used_from_threads_on_opencl():
+    # A PagedCache on OpenCL shares its staging buffers, length buffer and workspace between
+    # layers: threads decoding different layers of one cache overwrote each other's query and
+    # lengths, and most outputs were another layer's or garbage (112 of 120 here), silently.
+    rng = np.random.default_rng(5)
+    plan = liboscar.Plan(_ocl, liboscar.Layout(**SMALL, method="int2"))
+    L = 4
+    c = plan.cache(L, 2, 200)
+    for layer in range(L):
+        n = 50 + layer
+        c.append(layer, _bf(rng, 2 * n, 1, 64), _bf(rng, 2 * n, 1, 64), [n, n])
+    qs = [_bf(rng, 2, 2, 64) for _ in range(L)]
+    ref = [c.decode(layer, qs[layer]) for layer in range(L)]
+    wrong = []
+
+    def work(layer):
+        for _ in range(20):
+            if not np.array_equal(c.decode(layer, qs[layer]), ref[layer]):
+                wrong.append(layer)
+            c.extend(layer, qs[layer], [1, 1])  # extend's own staging and workspace, shared too
+
+    ts = [threading.Thread(target=work, args=(layer,)) for layer in range(L)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not wrong, f"{len(wrong)} of {20 * L} threaded decodes differ from the same decode alone"
+    c.check()
+    plan.close()
