@@ -172,6 +172,10 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         got_shape = x.shape
         addr = x._live(name)
     elif _is_torch(x):
+        if rt is not None and x.is_cuda and rt.on_device and rt.backend not in ("cuda", "hip"):
+            # its CUDA/HIP device pointer went to the plugin as its own handle (a cl_mem): a crash
+            raise ValueError(f"{name}: a torch tensor on {x.device}; the {rt.backend} backend takes its own "
+                             f"buffers: a DeviceBuffer (Runtime.alloc, or DeviceBuffer.wrap of a cl_mem)")
         if x.is_cuda != device:
             where = "a GPU tensor" if device else "host memory (a NumPy array or a CPU tensor)"
             raise ValueError(f"{name}: this backend needs {where}, got a tensor on {x.device}")
@@ -187,6 +191,10 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
                              f"{name}.clone()")
     elif isinstance(x, np.ndarray):
         if device:
+            if rt is not None and rt.backend not in ("cuda", "hip"):
+                raise ValueError(f"{name}: the {rt.backend} backend needs device memory, a DeviceBuffer "
+                                 f"(Runtime.alloc, or DeviceBuffer.wrap of a cl_mem), got a NumPy array (a "
+                                 f"PagedCache takes host arrays and copies them)")
             raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
                              f"array")
         want = _NP_KINDS[kind]
@@ -998,6 +1006,10 @@ class PagedCache:
                copy: bool = True) -> "DeviceBuffer":
         """OpenCL: a host array (checked like any) copied (unless not copy)
         into the staging buffer `name`, returned as a view of its shape."""
+        if isinstance(host, DeviceBuffer):  # _ptr would say "this backend needs host memory": it is the cache
+            raise ValueError(f"{name}: a DeviceBuffer; PagedCache on {self.plan.runtime.backend} takes host arrays "
+                             f"(NumPy) and copies them through its staging buffers: pass {name}.read(), or your "
+                             f"DeviceBuffers to Plan.append / Plan.decode / Plan.extend")
         _ptr(host, kind, None, name, False)
         a = host.numpy() if _is_torch(host) else host
         buf = self._staging.get(name)

@@ -94,3 +94,46 @@ def test_paged_cache_used_from_threads_on_opencl():
     assert not wrong, f"{len(wrong)} of {20 * L} threaded decodes differ from the same decode alone"
     c.check()
     plan.close()
+
+
+@needs_opencl
+def test_opencl_calls_name_the_memory_they_take(monkeypatch):
+    # On OpenCL, Plan calls take DeviceBuffers (cl_mem) and PagedCache calls host arrays. A NumPy
+    # array passed to a Plan call was told to be a "torch tensor on the GPU" (which OpenCL cannot
+    # take), a DeviceBuffer passed to a PagedCache call that "this backend needs host memory"
+    # (it needs device memory; the cache copies host arrays), and a torch CUDA tensor was taken:
+    # its device pointer went to the plugin as a cl_mem (a crash, as a CPU buffer did in 8b6dfb0).
+    rng = np.random.default_rng(3)
+    plan = liboscar.Plan(_ocl, liboscar.Layout(**SMALL, method="int2"))
+    c = plan.cache(1, 2, 100)
+    c.append(0, _bf(rng, 40, 1, 64), _bf(rng, 40, 1, 64), [20, 20])
+    q = _bf(rng, 2, 2, 64)
+    out = _ocl.alloc((2, 2, 64), "bf16")
+    args = (0, c.pages[0], c.windows[0], c._lens_dev, c.window_slots, c.block_table)
+    with pytest.raises(ValueError, match=r"q: .*opencl.*DeviceBuffer") as e:
+        plan.decode(*args, q, out, c.workspace)
+    assert "torch" not in str(e.value)
+    qd = _ocl.alloc((2, 2, 64), "bf16")
+    qd.write(q)
+    with pytest.raises(ValueError, match=r"q: .*PagedCache.*host.*Plan\.decode") as e:
+        c.decode(0, qd)
+    assert "needs host memory" not in str(e.value)
+
+    class FakeCudaTensor:  # what the binding reads of a torch tensor on a CUDA device
+        is_cuda, device, shape, dtype = True, "cuda:0", (2, 2, 64), "bfloat16"
+
+        def is_contiguous(self):
+            return True
+
+        def data_ptr(self):
+            return 0x7F0000001000
+
+        def element_size(self):
+            return 2
+
+    monkeypatch.setattr(liboscar.core, "torch", type("torch", (), {"Tensor": FakeCudaTensor}))
+    with pytest.raises(ValueError, match=r"q: a torch tensor on cuda:0.*opencl.*DeviceBuffer"):
+        plan.decode(*args, FakeCudaTensor(), out, c.workspace)
+    monkeypatch.undo()
+    assert c.decode(0, q).shape == q.shape  # the right kinds still run
+    plan.close()
