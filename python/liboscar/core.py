@@ -119,7 +119,8 @@ def _real(x: Any, dtype, name: str, copy: bool = False) -> np.ndarray:
     a = np.asarray(x)
     if np.iscomplexobj(a):
         raise TypeError(f"{name}: complex values ({a.dtype}); pass real numbers")
-    return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.ascontiguousarray(a, dtype=dtype)
+    # np.asarray, not np.ascontiguousarray: that one makes a 0-d array 1-D (a scalar came back as shape (1,))
+    return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.asarray(a, dtype=dtype, order="C")
 
 
 # ------------------------------------------------------------------ bf16 bits
@@ -133,7 +134,7 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
 
 def from_bf16(b: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) -> float32."""
-    return (np.ascontiguousarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return (np.asarray(b, dtype=np.uint16, order="C").astype(np.uint32) << 16).view(np.float32)
 
 
 # ------------------------------------------------------------- array checks

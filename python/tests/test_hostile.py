@@ -137,3 +137,16 @@ def test_opencl_calls_name_the_memory_they_take(monkeypatch):
     monkeypatch.undo()
     assert c.decode(0, q).shape == q.shape  # the right kinds still run
     plan.close()
+
+
+def test_bf16_conversions_keep_the_shape_of_a_scalar():
+    # np.ascontiguousarray returns at least 1-D: to_bf16(1.5) and from_bf16 of a 0-d array came back
+    # with shape (1,), so a scalar became a one-element vector (and broadcast against others) silently.
+    for x in (1.5, np.float32(1.5), np.array(1.5, np.float64)):
+        b = liboscar.to_bf16(x)
+        assert b.shape == () and b.dtype == np.uint16 and int(b) == 0x3FC0
+        f = liboscar.from_bf16(b)
+        assert f.shape == () and f.dtype == np.float32 and float(f) == 1.5
+    assert liboscar.from_bf16(np.uint16(0x3FC0)).shape == ()
+    v = np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::-1]  # strided: still converted as given
+    assert np.array_equal(liboscar.from_bf16(liboscar.to_bf16(v)), v)
