@@ -342,6 +342,17 @@ class Runtime(_Handle):
 _KIND_SIZE = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u8": 1}
 
 
+def _buffer_shape(shape: Any) -> tuple:
+    """A DeviceBuffer shape as a tuple of int64s; one integer is a 1-D shape, as NumPy takes it."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"DeviceBuffer shape: expected an integer or a sequence of integers, got {shape!r}") from None
+    return tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in dims)
+
+
 class DeviceBuffer(_Handle):
     """Device memory by handle, for backends whose buffers torch cannot make
     (OpenCL: a ``cl_mem``; any backend's ``oscar_buffer_alloc`` pointer):
@@ -355,7 +366,7 @@ class DeviceBuffer(_Handle):
     def __init__(self, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str, owned: bool):
         if kind not in _KIND_SIZE:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
-        shape = tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in shape)
+        shape = _buffer_shape(shape)
         if any(n < 0 for n in shape):
             raise ValueError(f"DeviceBuffer shape {shape} has a negative dimension")
         self.runtime, self.shape, self.kind = runtime, shape, kind
@@ -387,8 +398,7 @@ class DeviceBuffer(_Handle):
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
-        cls(runtime, 0, shape, kind, owned=False)  # the shape and kind checks, before any allocation
-        n = math.prod(int(x) for x in shape) * _KIND_SIZE[kind]
+        n = cls(runtime, 0, shape, kind, owned=False).nbytes  # the shape and kind checks, before any allocation
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
         b = cls(runtime, h.value, shape, kind, owned=True)
@@ -406,7 +416,7 @@ class DeviceBuffer(_Handle):
         self._live("view")
         v = DeviceBuffer(self.runtime, self._raw, shape, self.kind, owned=False)
         if v.nbytes > self.nbytes:
-            raise ValueError(f"view {tuple(shape)} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
+            raise ValueError(f"view {v.shape} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
         v._base = self  # keeps an owned buffer alive
         return v
 

@@ -150,3 +150,17 @@ def test_bf16_conversions_keep_the_shape_of_a_scalar():
     assert liboscar.from_bf16(np.uint16(0x3FC0)).shape == ()
     v = np.arange(6, dtype=np.float32).reshape(2, 3)[:, ::-1]  # strided: still converted as given
     assert np.array_equal(liboscar.from_bf16(liboscar.to_bf16(v)), v)
+
+
+def test_device_buffer_shape_may_be_one_integer(cpu):
+    # NumPy takes np.zeros(16); Runtime.alloc(16, "u8") and view(16) failed with "'int' object is not
+    # iterable", naming neither the call nor the argument.
+    b = cpu.alloc(16, "f32")
+    assert b.shape == (16,) and b.nbytes == 64
+    b.write(np.arange(16, dtype=np.float32))
+    assert b.view(np.int64(4)).shape == (4,)
+    assert np.array_equal(b.view(4).read(), np.arange(4, dtype=np.float32))
+    with pytest.raises(TypeError, match="DeviceBuffer shape"):
+        cpu.alloc(2.5, "f32")
+    with pytest.raises(TypeError, match="DeviceBuffer shape"):
+        cpu.alloc(True, "f32")
