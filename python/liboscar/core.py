@@ -948,6 +948,7 @@ class PagedCache:
         self.lens = np.zeros((num_layers, num_seqs), dtype=np.int32)  # host copy, per layer
         self._held: dict = {}  # id(device buffer) -> (values it holds, stream they were queued on)
         self._staging: dict = {}  # OpenCL: name -> DeviceBuffer, grown as needed
+        self._ext_retired: list = []  # extend workspaces outgrown since the last check(), their words unread
         rt = plan.runtime
         if rt.on_device and rt.backend not in ("cuda", "hip"):  # OpenCL: buffers by handle
             self.pages = [rt.alloc((page_total[i] if i in held else 1,), "u8") for i in range(num_layers)]
@@ -1118,6 +1119,9 @@ class PagedCache:
         need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
         ws = getattr(self, "_ext_ws", None)
         if ws is None or ws.shape[0] < need:
+            if ws is not None and self.plan.runtime.on_device:
+                # its error word may hold what the device flagged since the last check(): kept for it
+                self._ext_retired.append(ws)
             if self._by_handle:
                 ws = self.plan.runtime.alloc((need,), "u8")
             elif _is_torch(self.workspace):
@@ -1154,13 +1158,19 @@ class PagedCache:
     def check(self, stream: Optional[int] = None) -> None:
         """Raises the errors GPU kernels flagged (bad rows, indices) since the last check, in append
         and decode (the cache's workspace) and in extend (its own, larger one: a NaN query there was
-        flagged in a word nobody read, its output rows zeros)."""
+        flagged in a word nobody read, its output rows zeros), including the extend workspaces
+        outgrown since the last check (a larger call replaces it: its flags were dropped unread)."""
         ext = getattr(self, "_ext_ws", None)
-        try:
-            self.plan.check(self.workspace, stream)
-        finally:  # both words are read and cleared, whichever raises
-            if ext is not None:
-                self.plan.check(ext, stream)
+        words = [self.workspace, *self._ext_retired, *([ext] if ext is not None else [])]
+        first = None
+        for w in words:  # every word is read and cleared, whichever raises; the first error is raised
+            try:
+                self.plan.check(w, stream)
+            except OscarError as e:
+                first = first or e
+        self._ext_retired = []
+        if first is not None:
+            raise first
 
 
 # ------------------------------------------------------------ calibration

@@ -164,3 +164,25 @@ def test_device_buffer_shape_may_be_one_integer(cpu):
         cpu.alloc(2.5, "f32")
     with pytest.raises(TypeError, match="DeviceBuffer shape"):
         cpu.alloc(True, "f32")
+
+
+@needs_opencl
+def test_extend_error_survives_its_workspace_growing():
+    # PagedCache.extend sizes its own workspace for the call's query count and replaces it with a
+    # larger one when a later call has more queries. The device flags bad rows (here a NaN query) in
+    # that workspace's error word, read by check(): the replaced workspace was dropped unread, so a
+    # flagged extend followed by a longer one left check() silent and the NaN rows' outputs unflagged.
+    rng = np.random.default_rng(9)
+    plan = liboscar.Plan(_ocl, liboscar.Layout(**SMALL, method="int2"))
+    c = plan.cache(1, 2, 200)
+    c.append(0, _bf(rng, 100, 1, 64), _bf(rng, 100, 1, 64), [50, 50])
+    q = _bf(rng, 2, 2, 64)
+    q[0, 0, 0] = 0x7FC0  # a bf16 NaN
+    c.extend(0, q, [1, 1])
+    c.extend(0, _bf(rng, 80, 2, 64), [40, 40])  # needs a larger workspace than the first call's
+    with pytest.raises(liboscar.OscarError, match="NaN"):
+        c.check()
+    c.check()  # read and cleared: nothing left to raise
+    c.extend(0, _bf(rng, 2, 2, 64), [1, 1])
+    c.check()
+    plan.close()
