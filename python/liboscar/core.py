@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import functools
 import math
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
@@ -117,7 +119,8 @@ def _real(x: Any, dtype, name: str, copy: bool = False) -> np.ndarray:
     a = np.asarray(x)
     if np.iscomplexobj(a):
         raise TypeError(f"{name}: complex values ({a.dtype}); pass real numbers")
-    return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.ascontiguousarray(a, dtype=dtype)
+    # np.asarray, not np.ascontiguousarray: that one makes a 0-d array 1-D (a scalar came back as shape (1,))
+    return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.asarray(a, dtype=dtype, order="C")
 
 
 # ------------------------------------------------------------------ bf16 bits
@@ -131,7 +134,7 @@ def to_bf16(x: np.ndarray) -> np.ndarray:
 
 def from_bf16(b: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) -> float32."""
-    return (np.ascontiguousarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return (np.asarray(b, dtype=np.uint16, order="C").astype(np.uint32) << 16).view(np.float32)
 
 
 # ------------------------------------------------------------- array checks
@@ -170,6 +173,10 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
         got_shape = x.shape
         addr = x._live(name)
     elif _is_torch(x):
+        if rt is not None and x.is_cuda and rt.on_device and rt.backend not in ("cuda", "hip"):
+            # its CUDA/HIP device pointer went to the plugin as its own handle (a cl_mem): a crash
+            raise ValueError(f"{name}: a torch tensor on {x.device}; the {rt.backend} backend takes its own "
+                             f"buffers: a DeviceBuffer (Runtime.alloc, or DeviceBuffer.wrap of a cl_mem)")
         if x.is_cuda != device:
             where = "a GPU tensor" if device else "host memory (a NumPy array or a CPU tensor)"
             raise ValueError(f"{name}: this backend needs {where}, got a tensor on {x.device}")
@@ -185,6 +192,10 @@ def _ptr(x: ArrayLike, kind: str, shape: Optional[Sequence[Optional[int]]], name
                              f"{name}.clone()")
     elif isinstance(x, np.ndarray):
         if device:
+            if rt is not None and rt.backend not in ("cuda", "hip"):
+                raise ValueError(f"{name}: the {rt.backend} backend needs device memory, a DeviceBuffer "
+                                 f"(Runtime.alloc, or DeviceBuffer.wrap of a cl_mem), got a NumPy array (a "
+                                 f"PagedCache takes host arrays and copies them)")
             raise ValueError(f"{name}: this backend needs device memory (torch tensors on the GPU), got a NumPy "
                              f"array")
         want = _NP_KINDS[kind]
@@ -331,6 +342,17 @@ class Runtime(_Handle):
 _KIND_SIZE = {"bf16": 2, "f16": 2, "f32": 4, "i32": 4, "u8": 1}
 
 
+def _buffer_shape(shape: Any) -> tuple:
+    """A DeviceBuffer shape as a tuple of int64s; one integer is a 1-D shape, as NumPy takes it."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, (bool, np.bool_)):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise TypeError(f"DeviceBuffer shape: expected an integer or a sequence of integers, got {shape!r}") from None
+    return tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in dims)
+
+
 class DeviceBuffer(_Handle):
     """Device memory by handle, for backends whose buffers torch cannot make
     (OpenCL: a ``cl_mem``; any backend's ``oscar_buffer_alloc`` pointer):
@@ -344,7 +366,7 @@ class DeviceBuffer(_Handle):
     def __init__(self, runtime: "Runtime", handle: int, shape: Sequence[int], kind: str, owned: bool):
         if kind not in _KIND_SIZE:
             raise ValueError(f"kind {kind!r}: use one of {', '.join(_KIND_SIZE)}")
-        shape = tuple(_capi.checked_int(n, _capi.c_int64, "DeviceBuffer shape") for n in shape)
+        shape = _buffer_shape(shape)
         if any(n < 0 for n in shape):
             raise ValueError(f"DeviceBuffer shape {shape} has a negative dimension")
         self.runtime, self.shape, self.kind = runtime, shape, kind
@@ -376,8 +398,7 @@ class DeviceBuffer(_Handle):
 
     @classmethod
     def alloc(cls, runtime: "Runtime", shape: Sequence[int], kind: str) -> "DeviceBuffer":
-        cls(runtime, 0, shape, kind, owned=False)  # the shape and kind checks, before any allocation
-        n = math.prod(int(x) for x in shape) * _KIND_SIZE[kind]
+        n = cls(runtime, 0, shape, kind, owned=False).nbytes  # the shape and kind checks, before any allocation
         h = ctypes.c_void_p()
         _check(lib.oscar_buffer_alloc(runtime._h, max(n, 1), ctypes.byref(h)))
         b = cls(runtime, h.value, shape, kind, owned=True)
@@ -395,7 +416,7 @@ class DeviceBuffer(_Handle):
         self._live("view")
         v = DeviceBuffer(self.runtime, self._raw, shape, self.kind, owned=False)
         if v.nbytes > self.nbytes:
-            raise ValueError(f"view {tuple(shape)} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
+            raise ValueError(f"view {v.shape} needs {v.nbytes} bytes; the buffer has {self.nbytes}")
         v._base = self  # keeps an owned buffer alive
         return v
 
@@ -868,6 +889,18 @@ def _layer_index(i: Any) -> int:
     return _capi.checked_int(i, _capi.c_int, "layers")
 
 
+def _serialized(method):
+    """A PagedCache method run under the cache's lock: its device buffers (workspace, staging copies,
+    the lengths and prefix sums on the device) are shared by every layer, so two threads' calls
+    overwrote each other's inputs there (OpenCL decodes of different layers read another layer's
+    query and lengths: wrong outputs, no error)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
 class PagedCache:
     """A whole model's paged cache for ``num_seqs`` sequences of up to
     ``max_seq_len`` tokens, with pools, block table (sequence i owns a
@@ -875,13 +908,16 @@ class PagedCache:
     NumPy arrays on the CPU backend, torch tensors on CUDA/HIP,
     :class:`DeviceBuffer` on OpenCL (there append and decode take and give
     host NumPy arrays, copied through device staging buffers). Each layer
-    tracks its own lengths; append then decode, layer by layer."""
+    tracks its own lengths; append then decode, layer by layer. Threads may
+    share a cache: its calls are serialized (one cache per thread runs them
+    in parallel)."""
 
     def __init__(self, plan: Plan, num_layers: int, num_seqs: int, max_seq_len: Optional[int] = None,
                  layers: Optional[Sequence[int]] = None):
         """``layers``: the layer indices that get pools (default all); the
         others (a hybrid model's sliding-window layers, kept elsewhere) are
         refused by every call."""
+        self._lock = threading.RLock()
         # Bounded before anything is built from them: num_layers 10**9 made set(range(...)) and the
         # per-layer lengths take all host memory (the process was killed by the OOM killer).
         num_layers = _capi.checked_int(num_layers, _capi.c_int32, "num_layers")
@@ -912,6 +948,7 @@ class PagedCache:
         self.lens = np.zeros((num_layers, num_seqs), dtype=np.int32)  # host copy, per layer
         self._held: dict = {}  # id(device buffer) -> (values it holds, stream they were queued on)
         self._staging: dict = {}  # OpenCL: name -> DeviceBuffer, grown as needed
+        self._ext_retired: list = []  # extend workspaces outgrown since the last check(), their words unread
         rt = plan.runtime
         if rt.on_device and rt.backend not in ("cuda", "hip"):  # OpenCL: buffers by handle
             self.pages = [rt.alloc((page_total[i] if i in held else 1,), "u8") for i in range(num_layers)]
@@ -981,6 +1018,10 @@ class PagedCache:
                copy: bool = True) -> "DeviceBuffer":
         """OpenCL: a host array (checked like any) copied (unless not copy)
         into the staging buffer `name`, returned as a view of its shape."""
+        if isinstance(host, DeviceBuffer):  # _ptr would say "this backend needs host memory": it is the cache
+            raise ValueError(f"{name}: a DeviceBuffer; PagedCache on {self.plan.runtime.backend} takes host arrays "
+                             f"(NumPy) and copies them through its staging buffers: pass {name}.read(), or your "
+                             f"DeviceBuffers to Plan.append / Plan.decode / Plan.extend")
         _ptr(host, kind, None, name, False)
         a = host.numpy() if _is_torch(host) else host
         buf = self._staging.get(name)
@@ -999,6 +1040,7 @@ class PagedCache:
         if layer not in self.held_layers:
             raise ValueError(f"layer {layer} has no pools in this cache (layers={sorted(self.held_layers)})")
 
+    @_serialized
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:
         """Appends rows k, v [total_new, num_kv_heads, head_dim] to layer
@@ -1027,6 +1069,7 @@ class PagedCache:
                          self.workspace, max_seq_len=int(lens.max()), stream=stream)
         self.lens[layer] = lens
 
+    @_serialized
     def decode(self, layer: int, q: ArrayLike, out: Optional[ArrayLike] = None, sm_scale: float = 0.0,
                rotated_output: bool = False, stream: Optional[int] = None) -> ArrayLike:
         """Decode attention of one query per sequence, q [num_seqs,
@@ -1050,6 +1093,7 @@ class PagedCache:
             out[...] = od.read(stream)
         return out
 
+    @_serialized
     def extend(self, layer: int, q: ArrayLike, q_tokens: Sequence[int], out: Optional[ArrayLike] = None,
                lse: bool = False, sm_scale: float = 0.0, rotated_output: bool = False,
                stream: Optional[int] = None):
@@ -1075,6 +1119,9 @@ class PagedCache:
         need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
         ws = getattr(self, "_ext_ws", None)
         if ws is None or ws.shape[0] < need:
+            if ws is not None and self.plan.runtime.on_device:
+                # its error word may hold what the device flagged since the last check(): kept for it
+                self._ext_retired.append(ws)
             if self._by_handle:
                 ws = self.plan.runtime.alloc((need,), "u8")
             elif _is_torch(self.workspace):
@@ -1107,16 +1154,23 @@ class PagedCache:
                 lse_buf[...] = ld.read(stream)
         return (out, lse_buf) if lse else out
 
+    @_serialized
     def check(self, stream: Optional[int] = None) -> None:
         """Raises the errors GPU kernels flagged (bad rows, indices) since the last check, in append
         and decode (the cache's workspace) and in extend (its own, larger one: a NaN query there was
-        flagged in a word nobody read, its output rows zeros)."""
+        flagged in a word nobody read, its output rows zeros), including the extend workspaces
+        outgrown since the last check (a larger call replaces it: its flags were dropped unread)."""
         ext = getattr(self, "_ext_ws", None)
-        try:
-            self.plan.check(self.workspace, stream)
-        finally:  # both words are read and cleared, whichever raises
-            if ext is not None:
-                self.plan.check(ext, stream)
+        words = [self.workspace, *self._ext_retired, *([ext] if ext is not None else [])]
+        first = None
+        for w in words:  # every word is read and cleared, whichever raises; the first error is raised
+            try:
+                self.plan.check(w, stream)
+            except OscarError as e:
+                first = first or e
+        self._ext_retired = []
+        if first is not None:
+            raise first
 
 
 # ------------------------------------------------------------ calibration
@@ -1127,9 +1181,15 @@ class Calibrator(_Handle):
     (group, per_head, method, clip_k, clip_v, holdout_rows, model_hash, sink,
     recent, clip_objective, permutation, rounding, copy_probes, copy_mass_loss,
     clip_per_head, key_attn_weight, threads, probe_queries, clip_margin,
-    probe_span, feedback_damp, wide_bits, copy_head_mass, copy_head_clip)."""
+    probe_span, feedback_damp, wide_bits, copy_head_mass, copy_head_clip).
+
+    Threads may share one Calibrator (e.g. a feeder per layer): its calls
+    are serialized, as the C API requires (ctypes releases the GIL, and
+    concurrent feeds raced in the core's shared scratch rows: wrong targets,
+    no error)."""
 
     def __init__(self, num_layers: int, num_q_heads: int, num_kv_heads: int, head_dim: int, **options: Any):
+        self._lock = threading.Lock()
         C = _capi.calib()
         o = _capi.defaults(_capi.CalibOptions, C.oscar_calib_options_default, num_layers, num_q_heads, num_kv_heads,
                            head_dim)
@@ -1149,7 +1209,8 @@ class Calibrator(_Handle):
         self.shape = (num_layers, num_q_heads, num_kv_heads, head_dim)
 
     def begin_pass(self, p: int) -> None:
-        _check(self._C.oscar_calib_begin_pass(self._h, p))
+        with self._lock:
+            _check(self._C.oscar_calib_begin_pass(self._h, p))
 
     def feed(self, layer: int, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
         """q [n, num_q_heads, head_dim], k and v [n, num_kv_heads, head_dim]:
@@ -1166,36 +1227,43 @@ class Calibrator(_Handle):
         arrs = [None if x is None else np.ascontiguousarray(x) for x in (q, k, v)]  # alive until the call returns
         ptrs = [None if a is None else _ptr(a, kind, shp, nm, False)
                 for a, shp, nm in zip(arrs, ((n, hq, d), (n, hkv, d), (n, hkv, d)), ("q", "k", "v"))]
-        _check(self._C.oscar_calib_feed(self._h, layer, n, ptrs[0], ptrs[1], ptrs[2], DTYPES[kind]))
+        with self._lock:
+            _check(self._C.oscar_calib_feed(self._h, layer, n, ptrs[0], ptrs[1], ptrs[2], DTYPES[kind]))
 
     def set_value_metric(self, layer: int, kv_head: int, M: np.ndarray) -> None:
         d = self.shape[3]
         m = _real(M, np.float64, "M")
         if m.shape != (d, d):
             raise ValueError(f"M: shape {m.shape}, expected ({d}, {d})")
-        _check(self._C.oscar_calib_set_value_metric(self._h, layer, kv_head, m.ctypes.data))
+        with self._lock:
+            _check(self._C.oscar_calib_set_value_metric(self._h, layer, kv_head, m.ctypes.data))
 
     def target(self, layer: int, which: str = "k", kv_head: int = 0) -> np.ndarray:
         """C_K (after pass 0) or C_V (after pass 1), d x d float64."""
         d = self.shape[3]
         out = np.empty((d, d), dtype=np.float64)
-        _check(self._C.oscar_calib_target(self._h, layer, kv_head, _kv(which), out.ctypes.data))
+        with self._lock:
+            _check(self._C.oscar_calib_target(self._h, layer, kv_head, _kv(which), out.ctypes.data))
         return out
 
     def finalize(self) -> Params:
         h = ctypes.c_void_p()
-        _check(self._C.oscar_calib_finalize(self._h, ctypes.byref(h)))
+        with self._lock:
+            _check(self._C.oscar_calib_finalize(self._h, ctypes.byref(h)))
         return Params(h)
 
     def layer_report(self, layer: int) -> dict:
         r = _capi.CalibLayerReport()
-        _check(self._C.oscar_calib_layer_report_get(self._h, layer, ctypes.byref(r)))
+        with self._lock:
+            _check(self._C.oscar_calib_layer_report_get(self._h, layer, ctypes.byref(r)))
         return {"err_k": list(r.err_k), "err_v": list(r.err_v), "clip_k": r.clip_k, "clip_v": r.clip_v}
 
     def close(self) -> None:
-        if self._raw is not None:
-            self._C.oscar_calib_destroy(self._raw)
-            self._raw = None
+        lock = getattr(self, "_lock", None)  # (absent when __init__ failed before it)
+        with lock if lock is not None else contextlib.nullcontext():  # not under another thread's feed
+            if self._raw is not None:
+                self._C.oscar_calib_destroy(self._raw)
+                self._raw = None
 
     def __del__(self) -> None:
         self.close()
