@@ -702,6 +702,9 @@ class Plan(_Handle):
                                      ctypes.byref(h)))
         self._h = h
         runtime._plans += 1
+        # The layers the library serves (oscar_plan_create keeps the parameters' count; without
+        # parameters the built-in ones serve every layer index): None for no bound.
+        self._num_layers: Optional[int] = params.info.num_layers if params is not None else None
         # The shapes the library planned with, dtypes and method by name,
         # apart from the caller's object: a Layout changed after this call
         # must not change the shapes the calls check (the library would read
@@ -930,6 +933,15 @@ class PagedCache:
         held = set(range(num_layers)) if layers is None else {_layer_index(i) for i in layers}
         if not held or not held <= set(range(num_layers)):
             raise ValueError(f"layers {sorted(held)}: a non-empty subset of 0..{num_layers - 1}")
+        P = plan._num_layers
+        if P is not None and max(held) >= P:
+            # refused here: the extra pools were allocated and the library refused the layer only at its
+            # first append
+            what = (f"num_layers {num_layers}" if layers is None else
+                    f"layers {sorted(held)} (layer {max(held)})")
+            fix = f"num_layers={P} (or layers= indices below it)" if layers is None else f"only layers below {P}"
+            raise ValueError(f"PagedCache: {what}, but the plan's parameters have {P} layers (0..{P - 1}): pass "
+                             f"{fix}, or parameters calibrated for {max(held) + 1} layers")
         self.held_layers = held
         L = plan._L
         self.max_seq_len = L.max_seq_len if max_seq_len is None else _capi.checked_int(max_seq_len, _capi.c_int32,

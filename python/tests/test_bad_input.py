@@ -471,3 +471,20 @@ def test_decode_out_sharing_memory_with_q_is_refused(cpu, rng):
     ref = c.decode(0, q.copy())  # buffers of their own: runs
     assert ref.shape == q.shape
     plan.close()
+
+
+def test_cache_with_more_layers_than_the_parameters_is_refused(cpu):
+    """A PagedCache of more layers than its plan's parameters allocated the extra pools, and the
+    error came only at the first append to such a layer. Refused at construction, naming both."""
+    lay = liboscar.Layout(**{**SMALL, "method": "quarot2"})
+    plan = liboscar.Plan(cpu, lay, liboscar.Params.builtin("quarot2", 2, 2, 1, 64))
+    with pytest.raises(ValueError, match=r"num_layers 3.*parameters have 2 layers"):
+        plan.cache(3, 1, 64)
+    with pytest.raises(ValueError, match=r"layer 2.*parameters have 2 layers"):
+        plan.cache(3, 1, 64, layers=[0, 2])
+    plan.cache(3, 1, 64, layers=[0, 1])  # the extra layer holds no pools: nothing of it reaches the library
+    c = plan.cache(2, 1, 64)
+    k = np.zeros((1, 1, 64), np.uint16)
+    c.append(1, k, k)
+    # without parameters (the built-in ones of int2, quarot2, bf16) one layer serves every index
+    liboscar.Plan(cpu, liboscar.Layout(**SMALL)).cache(40, 1, 64).append(39, k, k)
