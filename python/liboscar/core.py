@@ -1128,6 +1128,7 @@ class PagedCache:
             raise ValueError(f"layer {layer}: more query tokens than appended tokens "
                              f"(q_tokens {n.tolist()}, lengths {self.lens[layer].tolist()})")
         cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        stream = self.plan._stream(stream)  # every step on it, the grown workspace's init too (as decode)
         need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
         ws = getattr(self, "_ext_ws", None)
         if ws is None or ws.shape[0] < need:
@@ -1140,7 +1141,7 @@ class PagedCache:
                 ws = torch.zeros(need, dtype=torch.uint8, device=self.workspace.device)
             else:
                 ws = np.zeros(need, dtype=np.uint8)
-            self.plan.workspace_init(ws)
+            self.plan.workspace_init(ws, stream)
             self._ext_ws = ws
         if out is None:
             out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
@@ -1148,7 +1149,6 @@ class PagedCache:
         if lse:
             lse_buf = (torch.empty((total, self.plan._L.num_q_heads), dtype=torch.float32, device=q.device)
                        if _is_torch(q) else np.empty((total, self.plan._L.num_q_heads), np.float32))
-        stream = self.plan._stream(stream)
         cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
         qd, od, ld = q, out, lse_buf
         if self._by_handle:  # OpenCL: host arrays through staging buffers, as decode
