@@ -68,7 +68,14 @@ def _check(status: int, where: str = "") -> None:
 
 def _cstr(value: Any, name: str, path: bool = False) -> bytes:
     """A C string for the library; a NUL inside would end it early, so the
-    library would act on a shorter name (load or write another file)."""
+    library would act on a shorter name (load or write another file). Bytes
+    (not paths, which os.fsencode takes as they are) are decoded as ASCII:
+    str() made b"cpu" the name "b'cpu'"."""
+    if not path and isinstance(value, (bytes, bytearray)):
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            raise TypeError(f"{name}: bytes {bytes(value)!r} are not ASCII; pass a str") from None
     b = os.fsencode(value) if path else str(value).encode()
     if b"\0" in b:
         raise ValueError(f"{name}: {value!r} holds a NUL byte; C strings end there")
@@ -83,6 +90,8 @@ def version() -> str:
 def method_id(method: Union[str, int]) -> int:
     """Method name ("oscar2", "int2", ...) to its enum value; the library's
     message lists the valid names."""
+    if isinstance(method, bool):  # an int subclass: True was method 1 (oscar2-lm)
+        raise TypeError(f"method: a bool ({method!r}); pass a method name ('oscar2', 'int2', ...) or its enum value")
     if isinstance(method, int):
         return method
     out = ctypes.c_int()
@@ -95,6 +104,8 @@ def method_name(method: Union[str, int]) -> str:
 
 
 def dtype_id(dtype: Union[str, int]) -> int:
+    if isinstance(dtype, bool):  # an int subclass: True was dtype 1 (f16)
+        raise TypeError(f"dtype: a bool ({dtype!r}); pass one of {', '.join(DTYPES)} or its enum value")
     if isinstance(dtype, int):
         return dtype
     if dtype not in DTYPES:
@@ -1235,8 +1246,14 @@ class Calibrator(_Handle):
             raise TypeError(f"{'k' if q is None else 'q'}: dtype {first.dtype}, expected float32, float16 or uint16 "
                             f"(bfloat16 bits)")
         kind = kinds[first.dtype]
-        n = first.shape[0] if first.ndim else 0
-        arrs = [None if x is None else np.ascontiguousarray(x) for x in (q, k, v)]  # alive until the call returns
+        arrs = []  # alive until the call returns
+        for x, h, nm in ((q, hq, "q"), (k, hkv, "k"), (v, hkv, "v")):
+            a = None if x is None else np.asarray(x)
+            if a is not None and a.ndim != 3:  # (np.ascontiguousarray made a 0-d array 1-D: "shape (1,)")
+                raise ValueError(f"{nm}: expected a 3-D array [tokens, {h}, {d}], got a {a.ndim}-d array"
+                                 + (f" of shape {a.shape}" if a.ndim else ""))
+            arrs.append(None if a is None else np.asarray(a, order="C"))
+        n = first.shape[0]
         ptrs = [None if a is None else _ptr(a, kind, shp, nm, False)
                 for a, shp, nm in zip(arrs, ((n, hq, d), (n, hkv, d), (n, hkv, d)), ("q", "k", "v"))]
         with self._lock:

@@ -488,3 +488,21 @@ def test_cache_with_more_layers_than_the_parameters_is_refused(cpu):
     c.append(1, k, k)
     # without parameters (the built-in ones of int2, quarot2, bf16) one layer serves every index
     liboscar.Plan(cpu, liboscar.Layout(**SMALL)).cache(40, 1, 64).append(39, k, k)
+
+
+def test_bytes_names_and_bool_enums(cpu):
+    """Runtime(b"cpu") reported the unknown backend "b'cpu'" (str() of the bytes); method_id(True)
+    and dtype_id(True) were method 1 and dtype 1 (bool is an int subclass). Bytes are decoded as
+    ASCII; bools are refused."""
+    assert liboscar.Runtime(b"cpu").backend == "cpu"
+    assert liboscar.method_id(b"int2") == liboscar.method_id("int2")
+    with pytest.raises(TypeError, match="backend: bytes .* not ASCII"):
+        liboscar.Runtime(b"cp\xffu")
+    for f in (liboscar.method_id, liboscar.method_name, liboscar.core.dtype_id):
+        with pytest.raises(TypeError, match="bool"):
+            f(True)
+    with pytest.raises(TypeError, match="bool"):
+        liboscar.Layout(**{**SMALL, "method": True}).validate()  # was a plan of oscar2-lm (method 1)
+    with pytest.raises(TypeError, match="bool"):
+        liboscar.Layout(**{**SMALL, "kv_dtype": True}).validate()
+    assert liboscar.method_id(2) == 2 and liboscar.core.dtype_id(1) == 1  # the enum values still pass
