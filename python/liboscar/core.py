@@ -134,6 +134,23 @@ def _real(x: Any, dtype, name: str, copy: bool = False) -> np.ndarray:
     return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.asarray(a, dtype=dtype, order="C")
 
 
+_F32_TINY = float(np.finfo(np.float32).tiny)  # the least normal float32, 1.18e-38
+
+
+def _f32(value: Any, name: str, zero: str = "") -> float:
+    """A float option the library takes as float32, as ctypes passes it; a positive value that float32
+    makes 0 (for sm_scale and the clips: "use the default"), subnormal or infinite is refused, as its
+    meaning would change silently. Zero, negative and non-finite values are the library's to judge."""
+    x = float(value)
+    if x > 0 and math.isfinite(x):
+        f = ctypes.c_float(x).value
+        if f == 0 or f < _F32_TINY or math.isinf(f):
+            got = "0" if f == 0 else "inf" if math.isinf(f) else f"the subnormal {f:.3g}"
+            raise ValueError(f"{name}: {value!r} becomes {got} in float32, the library's type{zero}; pass a value "
+                             f"from {_F32_TINY:.3g} to {float(np.finfo(np.float32).max):.3g}, or 0")
+    return x
+
+
 # ------------------------------------------------------------------ bf16 bits
 def to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), round to nearest even, as the library."""
@@ -694,6 +711,9 @@ class Layout:
 
 
 # ------------------------------------------------------------------- plan
+_SM_ZERO = " (where 0 means 1/sqrt(head_dim))"
+
+
 class Plan(_Handle):
     """Layout + parameters bound to a runtime (``oscar_plan``). ``params``
     may be None for int2, quarot2 and bf16 (built in).
@@ -825,7 +845,7 @@ class Plan(_Handle):
         shape = (batch.num_seqs, L.num_q_heads, L.head_dim)
         _check(lib.oscar_decode(self._h, layer, ctypes.byref(cache), ctypes.byref(batch),
                                 _ptr(q, L.kv_dtype, shape, "q", dev), 0, _ptr(out, L.kv_dtype, shape, "out", dev), 0,
-                                float(sm_scale), 1 if rotated_output else 0,
+                                _f32(sm_scale, "sm_scale", _SM_ZERO), 1 if rotated_output else 0,
                                 _ptr(workspace, "u8", (None,), "workspace", dev), workspace.shape[0],
                                 self._stream(stream)))
 
@@ -854,7 +874,7 @@ class Plan(_Handle):
         if lse is not None:
             a.lse = _ptr(lse, "f32", (total, L.num_q_heads), "lse", dev)
             a.lse_bytes = total * L.num_q_heads * 4
-        a.sm_scale, a.rotated_output = float(sm_scale), 1 if rotated_output else 0
+        a.sm_scale, a.rotated_output = _f32(sm_scale, "sm_scale", _SM_ZERO), 1 if rotated_output else 0
         a.workspace = _ptr(workspace, "u8", (None,), "workspace", dev)
         a.workspace_bytes = workspace.shape[0]
         a.stream = self._stream(stream)
@@ -1225,6 +1245,12 @@ class Calibrator(_Handle):
                 val = method_id(val)
             elif key == "model_hash":
                 self._keep = val = _cstr(val, "model_hash")
+            elif (dict(o._fields_)[key] is ctypes.c_float and isinstance(val, (int, float, np.number))
+                  and not isinstance(val, bool)):
+                # e.g. clip_k 1e-50 was 0 in the struct, "fit the clip": a fixed clip silently became a fitted one
+                zero = (" (where 0 means: fit the clip)" if key in ("clip_k", "clip_v") else
+                        " (oscar_calib_options in oscar.h says what 0 means)")
+                val = _f32(val, key, zero)
             setattr(o, key, val)
         h = ctypes.c_void_p()
         _check(C.oscar_calib_create(ctypes.byref(o), ctypes.byref(h)))

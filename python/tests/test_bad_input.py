@@ -506,3 +506,22 @@ def test_bytes_names_and_bool_enums(cpu):
     with pytest.raises(TypeError, match="bool"):
         liboscar.Layout(**{**SMALL, "kv_dtype": True}).validate()
     assert liboscar.method_id(2) == 2 and liboscar.core.dtype_id(1) == 1  # the enum values still pass
+
+
+def test_scales_that_float32_cannot_hold_are_refused(cpu, rng):
+    """sm_scale reaches the library as a float32, where 0 means 1/sqrt(head_dim): 1e-50 became 0 and
+    the call silently used the default scale; 1e-40 became a subnormal and 1e39 infinity (refused by
+    the library as not finite, a value the caller never gave). Positive values that float32 makes 0,
+    subnormal or infinite are refused by name; 0 is still the default."""
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 2, 64)
+    k = liboscar.to_bf16(rng.standard_normal((2, 1, 64)).astype(np.float32))
+    c.append(0, k, k)
+    q = liboscar.to_bf16(rng.standard_normal((2, 2, 64)).astype(np.float32))
+    for bad in (1e-50, 1e-40, 1e39):
+        with pytest.raises(ValueError, match=r"sm_scale: .* in float32"):
+            c.decode(0, q, sm_scale=bad)
+        with pytest.raises(ValueError, match=r"sm_scale: .* in float32"):
+            c.extend(0, q, [1, 1], sm_scale=bad)
+    assert np.array_equal(c.decode(0, q, sm_scale=0.0), c.decode(0, q, sm_scale=0.125))  # 1/sqrt(64)
+    assert np.array_equal(c.decode(0, q, sm_scale=np.float32(0.125)), c.decode(0, q))
