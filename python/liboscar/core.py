@@ -1083,6 +1083,12 @@ class PagedCache:
         if layer not in self.held_layers:
             raise ValueError(f"layer {layer} has no pools in this cache (layers={sorted(self.held_layers)})")
 
+    def _check_batch(self, n: np.ndarray, name: str) -> None:
+        """Per-sequence counts of a batch of another size: named as such (a cache's size is fixed)."""
+        if n.ndim == 1 and n.shape[0] != self.num_seqs:
+            raise ValueError(f"{name}: {n.shape[0]} counts, but this cache holds {self.num_seqs} sequences (one "
+                             f"count per sequence); make a new cache (Plan.cache) for a batch of another size")
+
     @_serialized
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:
@@ -1092,7 +1098,12 @@ class PagedCache:
         self._check_layer(layer)
         total = _rows(k, "k")
         _rows(v, "v")
+        if new_tokens is None and total != self.num_seqs:  # the message named new_tokens, never passed
+            raise ValueError(f"k: {total} rows, but this cache holds {self.num_seqs} sequences: without new_tokens "
+                             f"an append is a decode step, one row per sequence; pass new_tokens for several rows "
+                             f"per sequence, or make a new cache (Plan.cache) for a batch of another size")
         n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else _counts(new_tokens, "new_tokens")
+        self._check_batch(n, "new_tokens")
         if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
             raise ValueError(f"new_tokens must give {self.num_seqs} non-negative counts summing to the {total} "
                              f"rows of k (got {n.tolist()})")
@@ -1151,6 +1162,7 @@ class PagedCache:
             raise TypeError(f"lse is a flag: lse=True returns (out, lse), the LSE in a new array; got "
                             f"{type(lse).__name__}")
         n = _counts(q_tokens, "q_tokens")
+        self._check_batch(n, "q_tokens")
         total = _rows(q, "q")
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
             raise ValueError(f"q_tokens must give {self.num_seqs} counts >= 1 summing to the {total} rows of q "

@@ -525,3 +525,22 @@ def test_scales_that_float32_cannot_hold_are_refused(cpu, rng):
             c.extend(0, q, [1, 1], sm_scale=bad)
     assert np.array_equal(c.decode(0, q, sm_scale=0.0), c.decode(0, q, sm_scale=0.125))  # 1/sqrt(64)
     assert np.array_equal(c.decode(0, q, sm_scale=np.float32(0.125)), c.decode(0, q))
+
+
+def test_a_batch_of_another_size_is_named_as_such(cpu):
+    """A cache's sequence count is fixed at construction. Rows of another batch size appended without
+    new_tokens (a decode step) were refused with "new_tokens must give 2 non-negative counts ... (got
+    [1, 1])", naming an argument the caller never passed (liboscar.hf's OscarCache reused for another
+    batch size met that message too). Now the batch size and the fix are named."""
+    c = liboscar.Plan(cpu, liboscar.Layout(**SMALL)).cache(1, 2, 64)
+    k3, q3 = np.zeros((3, 1, 64), np.uint16), np.zeros((3, 2, 64), np.uint16)
+    with pytest.raises(ValueError, match=r"k: 3 rows, but this cache holds 2 sequences.*one row per sequence.*"
+                                         r"new cache") as e:
+        c.append(0, k3, k3)
+    assert "new_tokens must" not in str(e.value)
+    with pytest.raises(ValueError, match=r"new_tokens: 3 counts, but this cache holds 2 sequences.*new cache"):
+        c.append(0, k3, k3, new_tokens=[1, 1, 1])
+    c.append(0, k3, k3, new_tokens=[2, 1])
+    with pytest.raises(ValueError, match=r"q_tokens: 3 counts, but this cache holds 2 sequences.*new cache"):
+        c.extend(0, q3, [1, 1, 1])
+    assert c.extend(0, q3, [2, 1]).shape == q3.shape
