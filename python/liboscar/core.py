@@ -68,7 +68,14 @@ def _check(status: int, where: str = "") -> None:
 
 def _cstr(value: Any, name: str, path: bool = False) -> bytes:
     """A C string for the library; a NUL inside would end it early, so the
-    library would act on a shorter name (load or write another file)."""
+    library would act on a shorter name (load or write another file). Bytes
+    (not paths, which os.fsencode takes as they are) are decoded as ASCII:
+    str() made b"cpu" the name "b'cpu'"."""
+    if not path and isinstance(value, (bytes, bytearray)):
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            raise TypeError(f"{name}: bytes {bytes(value)!r} are not ASCII; pass a str") from None
     b = os.fsencode(value) if path else str(value).encode()
     if b"\0" in b:
         raise ValueError(f"{name}: {value!r} holds a NUL byte; C strings end there")
@@ -83,6 +90,8 @@ def version() -> str:
 def method_id(method: Union[str, int]) -> int:
     """Method name ("oscar2", "int2", ...) to its enum value; the library's
     message lists the valid names."""
+    if isinstance(method, bool):  # an int subclass: True was method 1 (oscar2-lm)
+        raise TypeError(f"method: a bool ({method!r}); pass a method name ('oscar2', 'int2', ...) or its enum value")
     if isinstance(method, int):
         return method
     out = ctypes.c_int()
@@ -95,6 +104,8 @@ def method_name(method: Union[str, int]) -> str:
 
 
 def dtype_id(dtype: Union[str, int]) -> int:
+    if isinstance(dtype, bool):  # an int subclass: True was dtype 1 (f16)
+        raise TypeError(f"dtype: a bool ({dtype!r}); pass one of {', '.join(DTYPES)} or its enum value")
     if isinstance(dtype, int):
         return dtype
     if dtype not in DTYPES:
@@ -121,6 +132,23 @@ def _real(x: Any, dtype, name: str, copy: bool = False) -> np.ndarray:
         raise TypeError(f"{name}: complex values ({a.dtype}); pass real numbers")
     # np.asarray, not np.ascontiguousarray: that one makes a 0-d array 1-D (a scalar came back as shape (1,))
     return np.array(a, dtype=dtype, order="C", copy=True) if copy else np.asarray(a, dtype=dtype, order="C")
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)  # the least normal float32, 1.18e-38
+
+
+def _f32(value: Any, name: str, zero: str = "") -> float:
+    """A float option the library takes as float32, as ctypes passes it; a positive value that float32
+    makes 0 (for sm_scale and the clips: "use the default"), subnormal or infinite is refused, as its
+    meaning would change silently. Zero, negative and non-finite values are the library's to judge."""
+    x = float(value)
+    if x > 0 and math.isfinite(x):
+        f = ctypes.c_float(x).value
+        if f == 0 or f < _F32_TINY or math.isinf(f):
+            got = "0" if f == 0 else "inf" if math.isinf(f) else f"the subnormal {f:.3g}"
+            raise ValueError(f"{name}: {value!r} becomes {got} in float32, the library's type{zero}; pass a value "
+                             f"from {_F32_TINY:.3g} to {float(np.finfo(np.float32).max):.3g}, or 0")
+    return x
 
 
 # ------------------------------------------------------------------ bf16 bits
@@ -683,6 +711,9 @@ class Layout:
 
 
 # ------------------------------------------------------------------- plan
+_SM_ZERO = " (where 0 means 1/sqrt(head_dim))"
+
+
 class Plan(_Handle):
     """Layout + parameters bound to a runtime (``oscar_plan``). ``params``
     may be None for int2, quarot2 and bf16 (built in).
@@ -702,6 +733,9 @@ class Plan(_Handle):
                                      ctypes.byref(h)))
         self._h = h
         runtime._plans += 1
+        # The layers the library serves (oscar_plan_create keeps the parameters' count; without
+        # parameters the built-in ones serve every layer index): None for no bound.
+        self._num_layers: Optional[int] = params.info.num_layers if params is not None else None
         # The shapes the library planned with, dtypes and method by name,
         # apart from the caller's object: a Layout changed after this call
         # must not change the shapes the calls check (the library would read
@@ -811,7 +845,7 @@ class Plan(_Handle):
         shape = (batch.num_seqs, L.num_q_heads, L.head_dim)
         _check(lib.oscar_decode(self._h, layer, ctypes.byref(cache), ctypes.byref(batch),
                                 _ptr(q, L.kv_dtype, shape, "q", dev), 0, _ptr(out, L.kv_dtype, shape, "out", dev), 0,
-                                float(sm_scale), 1 if rotated_output else 0,
+                                _f32(sm_scale, "sm_scale", _SM_ZERO), 1 if rotated_output else 0,
                                 _ptr(workspace, "u8", (None,), "workspace", dev), workspace.shape[0],
                                 self._stream(stream)))
 
@@ -840,7 +874,7 @@ class Plan(_Handle):
         if lse is not None:
             a.lse = _ptr(lse, "f32", (total, L.num_q_heads), "lse", dev)
             a.lse_bytes = total * L.num_q_heads * 4
-        a.sm_scale, a.rotated_output = float(sm_scale), 1 if rotated_output else 0
+        a.sm_scale, a.rotated_output = _f32(sm_scale, "sm_scale", _SM_ZERO), 1 if rotated_output else 0
         a.workspace = _ptr(workspace, "u8", (None,), "workspace", dev)
         a.workspace_bytes = workspace.shape[0]
         a.stream = self._stream(stream)
@@ -930,6 +964,15 @@ class PagedCache:
         held = set(range(num_layers)) if layers is None else {_layer_index(i) for i in layers}
         if not held or not held <= set(range(num_layers)):
             raise ValueError(f"layers {sorted(held)}: a non-empty subset of 0..{num_layers - 1}")
+        P = plan._num_layers
+        if P is not None and max(held) >= P:
+            # refused here: the extra pools were allocated and the library refused the layer only at its
+            # first append
+            what = (f"num_layers {num_layers}" if layers is None else
+                    f"layers {sorted(held)} (layer {max(held)})")
+            fix = f"num_layers={P} (or layers= indices below it)" if layers is None else f"only layers below {P}"
+            raise ValueError(f"PagedCache: {what}, but the plan's parameters have {P} layers (0..{P - 1}): pass "
+                             f"{fix}, or parameters calibrated for {max(held) + 1} layers")
         self.held_layers = held
         L = plan._L
         self.max_seq_len = L.max_seq_len if max_seq_len is None else _capi.checked_int(max_seq_len, _capi.c_int32,
@@ -1040,6 +1083,12 @@ class PagedCache:
         if layer not in self.held_layers:
             raise ValueError(f"layer {layer} has no pools in this cache (layers={sorted(self.held_layers)})")
 
+    def _check_batch(self, n: np.ndarray, name: str) -> None:
+        """Per-sequence counts of a batch of another size: named as such (a cache's size is fixed)."""
+        if n.ndim == 1 and n.shape[0] != self.num_seqs:
+            raise ValueError(f"{name}: {n.shape[0]} counts, but this cache holds {self.num_seqs} sequences (one "
+                             f"count per sequence); make a new cache (Plan.cache) for a batch of another size")
+
     @_serialized
     def append(self, layer: int, k: ArrayLike, v: ArrayLike, new_tokens: Optional[Sequence[int]] = None,
                stream: Optional[int] = None) -> None:
@@ -1049,7 +1098,12 @@ class PagedCache:
         self._check_layer(layer)
         total = _rows(k, "k")
         _rows(v, "v")
+        if new_tokens is None and total != self.num_seqs:  # the message named new_tokens, never passed
+            raise ValueError(f"k: {total} rows, but this cache holds {self.num_seqs} sequences: without new_tokens "
+                             f"an append is a decode step, one row per sequence; pass new_tokens for several rows "
+                             f"per sequence, or make a new cache (Plan.cache) for a batch of another size")
         n = np.full(self.num_seqs, 1, np.int64) if new_tokens is None else _counts(new_tokens, "new_tokens")
+        self._check_batch(n, "new_tokens")
         if n.shape != (self.num_seqs,) or (n < 0).any() or int(n.sum()) != total:
             raise ValueError(f"new_tokens must give {self.num_seqs} non-negative counts summing to the {total} "
                              f"rows of k (got {n.tolist()})")
@@ -1108,6 +1162,7 @@ class PagedCache:
             raise TypeError(f"lse is a flag: lse=True returns (out, lse), the LSE in a new array; got "
                             f"{type(lse).__name__}")
         n = _counts(q_tokens, "q_tokens")
+        self._check_batch(n, "q_tokens")
         total = _rows(q, "q")
         if n.shape != (self.num_seqs,) or (n < 1).any() or int(n.sum()) != total:
             raise ValueError(f"q_tokens must give {self.num_seqs} counts >= 1 summing to the {total} rows of q "
@@ -1116,6 +1171,7 @@ class PagedCache:
             raise ValueError(f"layer {layer}: more query tokens than appended tokens "
                              f"(q_tokens {n.tolist()}, lengths {self.lens[layer].tolist()})")
         cu = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        stream = self.plan._stream(stream)  # every step on it, the grown workspace's init too (as decode)
         need = self.plan.workspace_bytes(max(self.num_seqs, total), self.max_seq_len)
         ws = getattr(self, "_ext_ws", None)
         if ws is None or ws.shape[0] < need:
@@ -1128,7 +1184,7 @@ class PagedCache:
                 ws = torch.zeros(need, dtype=torch.uint8, device=self.workspace.device)
             else:
                 ws = np.zeros(need, dtype=np.uint8)
-            self.plan.workspace_init(ws)
+            self.plan.workspace_init(ws, stream)
             self._ext_ws = ws
         if out is None:
             out = torch.empty_like(q) if _is_torch(q) else np.empty_like(q)
@@ -1136,7 +1192,6 @@ class PagedCache:
         if lse:
             lse_buf = (torch.empty((total, self.plan._L.num_q_heads), dtype=torch.float32, device=q.device)
                        if _is_torch(q) else np.empty((total, self.plan._L.num_q_heads), np.float32))
-        stream = self.plan._stream(stream)
         cu_dev = torch.from_numpy(cu).to(q.device) if _is_torch(q) else cu
         qd, od, ld = q, out, lse_buf
         if self._by_handle:  # OpenCL: host arrays through staging buffers, as decode
@@ -1202,6 +1257,12 @@ class Calibrator(_Handle):
                 val = method_id(val)
             elif key == "model_hash":
                 self._keep = val = _cstr(val, "model_hash")
+            elif (dict(o._fields_)[key] is ctypes.c_float and isinstance(val, (int, float, np.number))
+                  and not isinstance(val, bool)):
+                # e.g. clip_k 1e-50 was 0 in the struct, "fit the clip": a fixed clip silently became a fitted one
+                zero = (" (where 0 means: fit the clip)" if key in ("clip_k", "clip_v") else
+                        " (oscar_calib_options in oscar.h says what 0 means)")
+                val = _f32(val, key, zero)
             setattr(o, key, val)
         h = ctypes.c_void_p()
         _check(C.oscar_calib_create(ctypes.byref(o), ctypes.byref(h)))
@@ -1223,8 +1284,14 @@ class Calibrator(_Handle):
             raise TypeError(f"{'k' if q is None else 'q'}: dtype {first.dtype}, expected float32, float16 or uint16 "
                             f"(bfloat16 bits)")
         kind = kinds[first.dtype]
-        n = first.shape[0] if first.ndim else 0
-        arrs = [None if x is None else np.ascontiguousarray(x) for x in (q, k, v)]  # alive until the call returns
+        arrs = []  # alive until the call returns
+        for x, h, nm in ((q, hq, "q"), (k, hkv, "k"), (v, hkv, "v")):
+            a = None if x is None else np.asarray(x)
+            if a is not None and a.ndim != 3:  # (np.ascontiguousarray made a 0-d array 1-D: "shape (1,)")
+                raise ValueError(f"{nm}: expected a 3-D array [tokens, {h}, {d}], got a {a.ndim}-d array"
+                                 + (f" of shape {a.shape}" if a.ndim else ""))
+            arrs.append(None if a is None else np.asarray(a, order="C"))
+        n = first.shape[0]
         ptrs = [None if a is None else _ptr(a, kind, shp, nm, False)
                 for a, shp, nm in zip(arrs, ((n, hq, d), (n, hkv, d), (n, hkv, d)), ("q", "k", "v"))]
         with self._lock:

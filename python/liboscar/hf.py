@@ -324,6 +324,10 @@ class OscarCache(Cache):
                            value: torch.Tensor, attention_mask: Optional[torch.Tensor], scaling: Optional[float],
                            **kwargs: Any) -> torch.Tensor:
         B, _, T, _ = query.shape
+        if B != self.paged.num_seqs:  # PagedCache's message named new_tokens, which the caller never passed
+            raise ValueError(f"OscarCache: this forward has batch size {B}, but the cache's pools were allocated "
+                             f"for batch size {self.paged.num_seqs} at its first forward; use a new "
+                             f"OscarCache(model, ...) for a batch of another size")
         if T == 1:  # a decode step
             self._append(layer, self._rows(key), self._rows(value))
             out = self._decode(layer, query[:, :, 0].to(self.kv_dtype).contiguous(), scaling)

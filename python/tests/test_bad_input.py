@@ -471,3 +471,76 @@ def test_decode_out_sharing_memory_with_q_is_refused(cpu, rng):
     ref = c.decode(0, q.copy())  # buffers of their own: runs
     assert ref.shape == q.shape
     plan.close()
+
+
+def test_cache_with_more_layers_than_the_parameters_is_refused(cpu):
+    """A PagedCache of more layers than its plan's parameters allocated the extra pools, and the
+    error came only at the first append to such a layer. Refused at construction, naming both."""
+    lay = liboscar.Layout(**{**SMALL, "method": "quarot2"})
+    plan = liboscar.Plan(cpu, lay, liboscar.Params.builtin("quarot2", 2, 2, 1, 64))
+    with pytest.raises(ValueError, match=r"num_layers 3.*parameters have 2 layers"):
+        plan.cache(3, 1, 64)
+    with pytest.raises(ValueError, match=r"layer 2.*parameters have 2 layers"):
+        plan.cache(3, 1, 64, layers=[0, 2])
+    plan.cache(3, 1, 64, layers=[0, 1])  # the extra layer holds no pools: nothing of it reaches the library
+    c = plan.cache(2, 1, 64)
+    k = np.zeros((1, 1, 64), np.uint16)
+    c.append(1, k, k)
+    # without parameters (the built-in ones of int2, quarot2, bf16) one layer serves every index
+    liboscar.Plan(cpu, liboscar.Layout(**SMALL)).cache(40, 1, 64).append(39, k, k)
+
+
+def test_bytes_names_and_bool_enums(cpu):
+    """Runtime(b"cpu") reported the unknown backend "b'cpu'" (str() of the bytes); method_id(True)
+    and dtype_id(True) were method 1 and dtype 1 (bool is an int subclass). Bytes are decoded as
+    ASCII; bools are refused."""
+    assert liboscar.Runtime(b"cpu").backend == "cpu"
+    assert liboscar.method_id(b"int2") == liboscar.method_id("int2")
+    with pytest.raises(TypeError, match="backend: bytes .* not ASCII"):
+        liboscar.Runtime(b"cp\xffu")
+    for f in (liboscar.method_id, liboscar.method_name, liboscar.core.dtype_id):
+        with pytest.raises(TypeError, match="bool"):
+            f(True)
+    with pytest.raises(TypeError, match="bool"):
+        liboscar.Layout(**{**SMALL, "method": True}).validate()  # was a plan of oscar2-lm (method 1)
+    with pytest.raises(TypeError, match="bool"):
+        liboscar.Layout(**{**SMALL, "kv_dtype": True}).validate()
+    assert liboscar.method_id(2) == 2 and liboscar.core.dtype_id(1) == 1  # the enum values still pass
+
+
+def test_scales_that_float32_cannot_hold_are_refused(cpu, rng):
+    """sm_scale reaches the library as a float32, where 0 means 1/sqrt(head_dim): 1e-50 became 0 and
+    the call silently used the default scale; 1e-40 became a subnormal and 1e39 infinity (refused by
+    the library as not finite, a value the caller never gave). Positive values that float32 makes 0,
+    subnormal or infinite are refused by name; 0 is still the default."""
+    plan = liboscar.Plan(cpu, liboscar.Layout(**SMALL))
+    c = plan.cache(1, 2, 64)
+    k = liboscar.to_bf16(rng.standard_normal((2, 1, 64)).astype(np.float32))
+    c.append(0, k, k)
+    q = liboscar.to_bf16(rng.standard_normal((2, 2, 64)).astype(np.float32))
+    for bad in (1e-50, 1e-40, 1e39):
+        with pytest.raises(ValueError, match=r"sm_scale: .* in float32"):
+            c.decode(0, q, sm_scale=bad)
+        with pytest.raises(ValueError, match=r"sm_scale: .* in float32"):
+            c.extend(0, q, [1, 1], sm_scale=bad)
+    assert np.array_equal(c.decode(0, q, sm_scale=0.0), c.decode(0, q, sm_scale=0.125))  # 1/sqrt(64)
+    assert np.array_equal(c.decode(0, q, sm_scale=np.float32(0.125)), c.decode(0, q))
+
+
+def test_a_batch_of_another_size_is_named_as_such(cpu):
+    """A cache's sequence count is fixed at construction. Rows of another batch size appended without
+    new_tokens (a decode step) were refused with "new_tokens must give 2 non-negative counts ... (got
+    [1, 1])", naming an argument the caller never passed (liboscar.hf's OscarCache reused for another
+    batch size met that message too). Now the batch size and the fix are named."""
+    c = liboscar.Plan(cpu, liboscar.Layout(**SMALL)).cache(1, 2, 64)
+    k3, q3 = np.zeros((3, 1, 64), np.uint16), np.zeros((3, 2, 64), np.uint16)
+    with pytest.raises(ValueError, match=r"k: 3 rows, but this cache holds 2 sequences.*one row per sequence.*"
+                                         r"new cache") as e:
+        c.append(0, k3, k3)
+    assert "new_tokens must" not in str(e.value)
+    with pytest.raises(ValueError, match=r"new_tokens: 3 counts, but this cache holds 2 sequences.*new cache"):
+        c.append(0, k3, k3, new_tokens=[1, 1, 1])
+    c.append(0, k3, k3, new_tokens=[2, 1])
+    with pytest.raises(ValueError, match=r"q_tokens: 3 counts, but this cache holds 2 sequences.*new cache"):
+        c.extend(0, q3, [1, 1, 1])
+    assert c.extend(0, q3, [2, 1]).shape == q3.shape

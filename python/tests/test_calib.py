@@ -144,3 +144,28 @@ def test_code_width_budget_is_the_default(rng):
     assert run(method="oscar2-lm") == 0
     with pytest.raises(liboscar.OscarError, match="wide_bits"):
         liboscar.Calibrator(layers, HQ, HKV, D, method="oscar2-lm", wide_bits=0.05)
+
+
+def test_feed_of_a_scalar_names_the_shape_it_needs(rng):
+    """A 0-d array was made 1-D by np.ascontiguousarray, and the message read "q: shape (1,), expected
+    (0, 4, 64)": neither the shape given nor the one needed. Now it names both."""
+    c = liboscar.Calibrator(L, HQ, HKV, D)
+    c.begin_pass(0)
+    q, k, v = synthetic(rng)
+    with pytest.raises(ValueError, match=r"q: expected a 3-D array \[tokens, 4, 64\], got a 0-d array"):
+        c.feed(0, np.float32(1.0), k, v)
+    with pytest.raises(ValueError, match=r"k: expected a 3-D array \[tokens, 2, 64\], got a 0-d array"):
+        c.feed(0, q, np.array(1.0, np.float32), v)
+    with pytest.raises(ValueError, match=r"v: expected a 3-D array \[tokens, 2, 64\], got a 2-d array"):
+        c.feed(0, q, k, v[:, 0])
+    c.feed(0, q, k, v)
+
+
+def test_float_options_that_float32_cannot_hold_are_refused():
+    """clip_k=1e-50 became 0 in the options' float32, which means "fit the clip": the fixed clip asked
+    for was silently replaced by a fitted one. Positive values that float32 makes 0, subnormal or
+    infinite are refused by name, for every float option."""
+    for key, bad in (("clip_k", 1e-50), ("clip_v", 1e-40), ("clip_margin", 1e-46), ("feedback_damp", 1e39)):
+        with pytest.raises(ValueError, match=f"{key}: .* in float32"):
+            liboscar.Calibrator(L, HQ, HKV, D, **{key: bad})
+    liboscar.Calibrator(L, HQ, HKV, D, clip_k=0.0, clip_v=0.9, wide_bits=-1)

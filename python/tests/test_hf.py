@@ -299,3 +299,18 @@ def test_each_forward_raises_what_the_kernels_flagged(model, tokens, monkeypatch
     greedy(model, ids_of(tokens, 40), 3, cache)
     model.set_attn_implementation("sdpa")
     assert len(calls) == 3, f"{len(calls)} checks for a prompt forward and 2 decode steps"
+
+
+def test_a_cache_reused_for_another_batch_size_says_so(model, tokens):
+    """The pools are allocated for the first forward's batch size. A forward of another batch size
+    through the same cache was refused by PagedCache.append with a message about new_tokens, an
+    argument the caller never passed; OscarCache names the batch sizes and the fix. (Written on a
+    machine without torch: not run there; liboscar's own message is checked in test_bad_input.py.)"""
+    cache = hf.OscarCache(model, method="int2")
+    with torch.no_grad():
+        model(ids_of(tokens, 16), **cache_kw(model, cache))
+        with pytest.raises(ValueError, match=r"batch size 2, .* batch size 1 .* new OscarCache") as e:
+            model(torch.cat([ids_of(tokens, 1, 16)] * 2), **cache_kw(model, cache))
+    assert "new_tokens" not in str(e.value)
+    hf._PENDING.clear()
+    model.set_attn_implementation("sdpa")

@@ -247,3 +247,34 @@ def test_unseen_shapes_on_opencl_match_cpu(cpu, rng, hq, hkv, d, page, method):
     caches[0].check()
     worst = rel(*outs)
     assert worst < 8e-3, f"{hq}/{hkv}/{d} page {page} {method}: OpenCL differs from the CPU backend by {worst:.2e}"
+
+
+def test_extend_prepares_its_workspace_on_the_calls_queue(cpu, rng, monkeypatch):
+    """PagedCache.extend zeroes a newly grown workspace's error word (oscar_plan_workspace_init) and
+    then runs on the call's stream; the init went to the runtime's default queue instead, unordered
+    with the caller's queue that the extend (and the caller's own work) ran on. Every init of an
+    extend now names the call's queue, as its append, extend and reads do."""
+    from liboscar import core
+
+    c = Caller()
+    try:
+        rt = liboscar.Runtime("opencl", native_context=c.ctx, native_queue=c.q)
+        cache = liboscar.Plan(rt, layout("int2")).cache(1, len(LENS), 300)
+        ref = liboscar.Plan(cpu, layout("int2")).cache(1, len(LENS), 300)
+        k, v = rows(rng, sum(LENS), HKV), rows(rng, sum(LENS), HKV)
+        cache.append(0, k, v, new_tokens=LENS, stream=c.q2)
+        ref.append(0, k, v, new_tokens=LENS)
+        calls = [([1, 1], rows(rng, 2, HQ)), ([40, 30], rows(rng, 70, HQ))]  # the second grows the workspace
+        want = [ref.extend(0, q, chunks) for chunks, q in calls]
+        streams = []
+        real = core.lib.oscar_plan_workspace_init
+        monkeypatch.setattr(core.lib, "oscar_plan_workspace_init",
+                            lambda plan, ws, stream: (streams.append(stream), real(plan, ws, stream))[1])
+        for (chunks, q), w in zip(calls, want):
+            assert rel(cache.extend(0, q, chunks, stream=c.q2), w) < 8e-3
+        assert streams == [c.q2, c.q2]  # a workspace for the first extend, a larger one for the second
+        cache.check(stream=c.q2)
+        cache.plan.close()
+        rt.close()
+    finally:
+        c.close()
