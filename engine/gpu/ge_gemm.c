@@ -43,6 +43,8 @@ typedef struct tuned {
     int fastest;     /* the fastest candidate (-1: none ran), chosen or not */
     int timed_at;    /* the row count whose timing made the choice (this one, or its bucket's first) */
     float default_us, best_us, fastest_us;
+    float wg_us[3];    /* ours: fastest split's time for 128, 192 and 256 columns a CTA (0: not timed) */
+    int wg_sp[3];      /* and that split */
 } tuned;
 
 /* Row counts are timed by buckets of 16 (5-16, 17-32, ...): the first count of a bucket that a
@@ -269,10 +271,10 @@ static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const 
     }
     /* ours: each column tile and split count whose grid stays within two waves (split 1 always) */
     if (g->wgemm && M <= GE_WGEMM_MAX_M && K % 8 == 0 && (beta == 0.0f || beta == 1.0f)) {
-        const int bns[2] = {128, 192}, KT = (K + 63) / 64;
-        for (int b = 0; b < 2; b++) {
+        const int bns[3] = {128, 192, 256}, KT = (K + 63) / 64;
+        for (int b = 0; b < 3; b++) {
             const int bn = bns[b], tiles = (N + bn - 1) / bn;
-            if (bn == 192 && M > 192) continue;
+            if ((bn == 192 && M > 192) || (bn == 256 && M > 128)) continue;
             for (int sp = 1; sp <= GE_WGEMM_MAX_SPLIT && sp * 2 <= KT + 1; sp++) {
                 if (sp > 1 && ((long)tiles * sp > 2L * g->sms || tiles > GE_WGEMM_COUNTERS ||
                                ge_k_wgemm_part_bytes(M, N, bn, sp) > GE_WGEMM_PART_BYTES))
@@ -280,6 +282,10 @@ static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const 
                 float us = 0.0f;
                 s = time_candidate(g, t, NULL, bn, sp, M, N, K, W, nW, X, Y, beta, &us);
                 if (s != OSCAR_OK) return s; /* a launch this engine validated failed: say so */
+                if (t->wg_us[b] == 0.0f || us < t->wg_us[b]) {
+                    t->wg_us[b] = us;
+                    t->wg_sp[b] = sp;
+                }
                 if (us < best) {
                     best = us;
                     t->use_default = 0;
@@ -382,8 +388,15 @@ void ge_gemm_report(const ge_gemm *g, FILE *f)
                 snprintf(which, sizeof which, "the default; %s %d took %.1f us, less than 3 %% faster",
                          t->fastest == GE_PICK_WGEMM ? "warpgroup GEMM split" : "candidate",
                          t->fastest == GE_PICK_WGEMM ? t->wg_split : t->fastest, (double)t->fastest_us);
-            fprintf(f, "gemm M %d N %d K %d beta %g: cuBLAS default %.1f us, chosen %.1f us (%s), %.3fx\n", m,
+            char ours[96] = "";
+            for (int b = 0; b < 3; b++)
+                if (t->wg_us[b] > 0.0f) {
+                    const size_t l = strlen(ours);
+                    snprintf(ours + l, sizeof ours - l, "%s%d cols split %d: %.1f us", l ? ", " : "; warpgroup GEMM ",
+                             128 + 64 * b, t->wg_sp[b], (double)t->wg_us[b]);
+                }
+            fprintf(f, "gemm M %d N %d K %d beta %g: cuBLAS default %.1f us, chosen %.1f us (%s), %.3fx%s\n", m,
                     g->cls[i]->N, g->cls[i]->K, (double)g->cls[i]->beta, (double)t->default_us,
-                    (double)t->best_us, which, t->best_us > 0.0f ? (double)(t->default_us / t->best_us) : 0.0);
+                    (double)t->best_us, which, t->best_us > 0.0f ? (double)(t->default_us / t->best_us) : 0.0, ours);
         }
 }
