@@ -181,7 +181,7 @@ static oscar_status run_wgemm(const ge_gemm *g, int bn, int split, int M, int N,
                               float *Y, float beta, int pdl)
 {
     int err = ge_k_wgemm_bf16(Y, W, X, M, N, K, beta == 1.0f, bn, split, g->part, GE_WGEMM_PART_BYTES, g->cnt,
-                              GE_WGEMM_COUNTERS, pdl, g->st);
+                              GE_WGEMM_COUNTERS, g->sms, pdl, g->st);
     if (err != 0)
         return ge_set_error(OSCAR_ERR_BACKEND, "ge_gemm_run: warpgroup GEMM launch failed (M %d N %d K %d): %s", M, N,
                             K, cudaGetErrorString((cudaError_t)err));

@@ -3,7 +3,8 @@
 // Why: at 16-256 rows cuBLAS(Lt) reads the weights at 40-80 % of the copy bandwidth
 // (perf/e2e/RESULTS.md); these products are bound by that read, so the kernel is
 // built to stream W: one CTA per tile of BN output columns (W rows) and a K range,
-// every row of X in the same CTA (so each weight byte is read once), a producer
+// every row of X in the same CTA (so each weight byte is read once), persistent CTAs (one
+// per SM) taking (tile, K range) units in turn, a producer
 // warpgroup filling a ring of shared-memory stages by cp.async (zero-filled past M,
 // N and K) and signalling mbarriers, and MT consumer warpgroups, one per 64 rows of
 // X, running wgmma m64nBNk16 from shared memory (128-byte swizzle, K-major both).
@@ -111,9 +112,9 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
     uint64_t *full = (uint64_t *)(sm + C::ST * C::SB), *empty = full + C::ST;
     __shared__ int last_split;
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-    const int tile = blockIdx.x, split = blockIdx.y, n0 = tile * BN;
-    const int KT = (K + WG_BK - 1) / WG_BK;
-    const int kb = (int)((long long)KT * split / S), nk = (int)((long long)KT * (split + 1) / S) - kb;
+    // persistent: work unit u = (column tile u / S, K range u % S), u = blockIdx.x, + gridDim.x, ...; the ring's
+    // stage count g runs on across units, so the next unit's weights stream while this one's epilogue runs
+    const int KT = (K + WG_BK - 1) / WG_BK, U = ((N + BN - 1) / BN) * S;
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::ST; s++) {
             mbar_init(wg_saddr(full + s), 128);      // the producer's 128 threads' cp.async arrivals
@@ -125,9 +126,8 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
     if (wg == MT) {
         // producer: thread t copies 16-byte chunk c = t % 8 of rows t / 8 + 16 i (swizzled: chunk c ^ row % 8)
         const int c = t & 7, r0 = t >> 3;
-        auto load_w = [&](int it) {
-            const int k0 = (kb + it) * WG_BK + c * 8;
-            const uint32_t ws = base + (it % C::ST) * C::SB + C::XB;
+        auto load_w = [&](int g, int n0, int k0) {
+            const uint32_t ws = base + (g % C::ST) * C::SB + C::XB;
 #pragma unroll
             for (int i = 0; i < BN / 16; i++) {
                 const int r = r0 + 16 * i, n = n0 + r;
@@ -135,9 +135,8 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
                 wg_cp16(ws + r * 128 + ((c ^ (r & 7)) << 4), ok ? W + (size_t)n * K + k0 : W, ok);
             }
         };
-        auto load_x = [&](int it) {
-            const int k0 = (kb + it) * WG_BK + c * 8;
-            const uint32_t xs = base + (it % C::ST) * C::SB;
+        auto load_x = [&](int g, int k0) {
+            const uint32_t xs = base + (g % C::ST) * C::SB;
 #pragma unroll
             for (int i = 0; i < MT * 4; i++) {
                 const int r = r0 + 16 * i;
@@ -145,82 +144,96 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
                 wg_cp16(xs + r * 128 + ((c ^ (r & 7)) << 4), ok ? X + (size_t)r * K + k0 : X, ok);
             }
         };
-        // the first stages' weights before the wait (no kernel of the step writes them)
-        const int pre = nk < C::ST ? nk : C::ST;
-        for (int it = 0; it < pre; it++) load_w(it);
+        // the first unit's first stages' weights before the wait (no kernel of the step writes them)
+        int pre = 0;
+        if ((int)blockIdx.x < U) {
+            const int u = blockIdx.x, sp = u % S, kb = (int)((long long)KT * sp / S);
+            const int nk = (int)((long long)KT * (sp + 1) / S) - kb;
+            pre = nk < C::ST ? nk : C::ST;
+            for (int g = 0; g < pre; g++) load_w(g, (u / S) * BN, (kb + g) * WG_BK + c * 8);
+        }
         ge_pdl_wait();
         ge_pdl_trigger();
-        for (int it = 0; it < nk; it++) {
-            const int s = it % C::ST;
-            if (it >= C::ST) {
-                mbar_wait(wg_saddr(empty + s), ((it / C::ST) + 1) & 1); // the consumers are done with it - ST
-                load_w(it);
+        int g = 0;
+        for (int u = blockIdx.x; u < U; u += gridDim.x) {
+            const int n0 = (u / S) * BN, sp = u % S, kb = (int)((long long)KT * sp / S);
+            const int nk = (int)((long long)KT * (sp + 1) / S) - kb;
+            for (int it = 0; it < nk; it++, g++) {
+                const int k0 = (kb + it) * WG_BK + c * 8;
+                if (g >= C::ST) mbar_wait(wg_saddr(empty + g % C::ST), ((g / C::ST) + 1) & 1); // done with g - ST
+                if (g >= pre) load_w(g, n0, k0);
+                load_x(g, k0);
+                wg_cp_arrive(wg_saddr(full + g % C::ST));
             }
-            load_x(it);
-            wg_cp_arrive(wg_saddr(full + s));
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory"); // nothing of the thread's in flight at its exit
         return;
     }
-    // consumer warpgroup wg: rows [64 wg, 64 wg + 64) of X against the BN columns
+    // consumer warpgroup wg: rows [64 wg, 64 wg + 64) of X against the unit's BN columns
     ge_pdl_wait(); // Y is read and written after the previous kernel
-    float d[BN / 2];
-#pragma unroll
-    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     const int warp = t >> 5, lane = t & 31;
-    for (int it = 0; it < nk; it++) {
-        const int s = it % C::ST;
-        mbar_wait(wg_saddr(full + s), (it / C::ST) & 1);
-        __syncwarp();
-        wg_fence_async();
-        wg_fence();
-        const uint32_t xs = base + s * C::SB + wg * 8192, ws = base + s * C::SB + C::XB;
-#pragma unroll
-        for (int kk = 0; kk < WG_BK / 16; kk++) wg_mma<BN>(d, wg_desc(xs + 32 * kk), wg_desc(ws + 32 * kk));
-        wg_commit();
-        wg_wait<1>();
-        if (it > 0 && lane == 0) mbar_arrive(wg_saddr(empty + (it - 1) % C::ST)); // its MMAs are done
-    }
-    wg_wait<0>();
-    wg_pin(d);
     // d[i]: row 16 warp + lane / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2 of the tile
     const int rb = wg * 64 + 16 * warp + (lane >> 2), cb = 2 * (lane & 3);
-    if (S > 1) {
-        float *p = part + (size_t)(tile * S + split) * (MT * 64) * BN;
+    float d[BN / 2];
+    int g = 0;
+    for (int u = blockIdx.x; u < U; u += gridDim.x) {
+        const int tile = u / S, n0 = tile * BN, sp = u % S, kb = (int)((long long)KT * sp / S);
+        const int nk = (int)((long long)KT * (sp + 1) / S) - kb;
 #pragma unroll
-        for (int i = 0; i < BN / 2; i += 2) {
-            const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
-            __stcg((float2 *)(p + (size_t)r * BN + cc), make_float2(d[i], d[i + 1]));
+        for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
+        for (int it = 0; it < nk; it++, g++) {
+            const int s = g % C::ST;
+            mbar_wait(wg_saddr(full + s), (g / C::ST) & 1);
+            __syncwarp();
+            wg_fence_async();
+            wg_fence();
+            const uint32_t xs = base + s * C::SB + wg * 8192, ws = base + s * C::SB + C::XB;
+#pragma unroll
+            for (int kk = 0; kk < WG_BK / 16; kk++) wg_mma<BN>(d, wg_desc(xs + 32 * kk), wg_desc(ws + 32 * kk));
+            wg_commit();
+            wg_wait<1>();
+            if (it > 0 && lane == 0) mbar_arrive(wg_saddr(empty + (g - 1) % C::ST)); // its MMAs are done
         }
-        __threadfence();
-        asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
-        if (threadIdx.x == 0) last_split = atomicAdd(cnt + tile, 1) == S - 1;
-        asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
-        if (!last_split) return;
-        __threadfence();
-        // the last split: every split's partial in split order (its own included, from memory)
-        const float *p0 = part + (size_t)tile * S * (MT * 64) * BN;
+        wg_wait<0>();
+        wg_pin(d);
+        if (lane == 0) mbar_arrive(wg_saddr(empty + (g - 1) % C::ST)); // the unit's last stage
+        if (S > 1) {
+            float *p = part + (size_t)u * (MT * 64) * BN;
 #pragma unroll
-        for (int i = 0; i < BN / 2; i += 2) {
-            const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
-            float2 v = __ldcg((const float2 *)(p0 + (size_t)r * BN + cc));
-            for (int q = 1; q < S; q++) {
-                const float2 u = __ldcg((const float2 *)(p0 + ((size_t)q * (MT * 64) + r) * BN + cc));
-                v.x += u.x;
-                v.y += u.y;
+            for (int i = 0; i < BN / 2; i += 2) {
+                const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
+                __stcg((float2 *)(p + (size_t)r * BN + cc), make_float2(d[i], d[i + 1]));
             }
-            d[i] = v.x;
-            d[i + 1] = v.y;
-        }
-        if (threadIdx.x == 0) cnt[tile] = 0; // ready for the next call (the stream orders it)
-    }
+            __threadfence();
+            asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
+            if (threadIdx.x == 0) last_split = atomicAdd(cnt + tile, 1) == S - 1;
+            asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
+            if (!last_split) continue;
+            __threadfence();
+            // the last split: every split's partial in split order (its own included, from memory)
+            const float *p0 = part + (size_t)tile * S * (MT * 64) * BN;
 #pragma unroll
-    for (int i = 0; i < BN / 2; i += 2) {
-        const int r = rb + 8 * ((i >> 1) & 1), cc = n0 + 8 * (i >> 2) + cb;
-        if (r < M) {
-            float *y = Y + (size_t)r * N + cc;
-            if (cc < N) y[0] = acc_y ? y[0] + d[i] : d[i];
-            if (cc + 1 < N) y[1] = acc_y ? y[1] + d[i + 1] : d[i + 1];
+            for (int i = 0; i < BN / 2; i += 2) {
+                const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
+                float2 v = __ldcg((const float2 *)(p0 + (size_t)r * BN + cc));
+                for (int q = 1; q < S; q++) {
+                    const float2 w2 = __ldcg((const float2 *)(p0 + ((size_t)q * (MT * 64) + r) * BN + cc));
+                    v.x += w2.x;
+                    v.y += w2.y;
+                }
+                d[i] = v.x;
+                d[i + 1] = v.y;
+            }
+            if (threadIdx.x == 0) cnt[tile] = 0; // ready for the next call (the stream orders it)
+        }
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {
+            const int r = rb + 8 * ((i >> 1) & 1), cc = n0 + 8 * (i >> 2) + cb;
+            if (r < M) {
+                float *y = Y + (size_t)r * N + cc;
+                if (cc < N) y[0] = acc_y ? y[0] + d[i] : d[i];
+                if (cc + 1 < N) y[1] = acc_y ? y[1] + d[i + 1] : d[i + 1];
+            }
         }
     }
 #else
@@ -230,11 +243,12 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
 
 template <int MT, int BN>
 int wg_launch(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int S, float *part, int *cnt,
-              int pdl, ge_stream st) {
+              int ctas, int pdl, ge_stream st) {
     using C = wg_cfg<MT, BN>;
     cudaError_t e = cudaFuncSetAttribute(k_wgemm<MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
     if (e != cudaSuccess) return (int)e;
-    return launch_pdl_smem(k_wgemm<MT, BN>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)S), C::THREADS,
+    const int units = ((N + BN - 1) / BN) * S;
+    return launch_pdl_smem(k_wgemm<MT, BN>, dim3((unsigned)(units < ctas ? units : ctas)), C::THREADS,
                            (size_t)C::SMEM, pdl, st, y, (const __nv_bfloat16 *)W, (const __nv_bfloat16 *)x, M, N,
                            K, acc_y, S, part, cnt);
 }
@@ -257,7 +271,7 @@ extern "C" size_t ge_k_wgemm_part_bytes(int M, int N, int bn, int split) {
 }
 
 extern "C" int ge_k_wgemm_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int bn,
-                               int split, float *part, size_t part_bytes, int *cnt, int cnt_n, int pdl,
+                               int split, float *part, size_t part_bytes, int *cnt, int cnt_n, int ctas, int pdl,
                                ge_stream st) {
     const int KT = (K + WG_BK - 1) / WG_BK, tiles = bn > 0 ? (N + bn - 1) / bn : 0;
     if (M < 1 || M > 256 || N < 1 || K < 8 || K % 8 || (bn != 128 && bn != 192 && bn != 256) || (bn == 192 && M > 192) || (bn == 256 && M > 128) ||
@@ -265,8 +279,14 @@ extern "C" int ge_k_wgemm_bf16(float *y, const void *W, const void *x, int M, in
         (split > 1 && (!part || !cnt || cnt_n < tiles || part_bytes < ge_k_wgemm_part_bytes(M, N, bn, split))))
         return (int)cudaErrorInvalidValue;
     const int mt = (M + 63) / 64;
+    if (ctas <= 0) { /* one per multiprocessor (a CTA takes most of an SM's shared memory) */
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev);
+        if (e != cudaSuccess) return (int)e;
+    }
 #define GE_WG_CASE(MT_, BN_)                                                                                         \
-    if (mt == MT_ && bn == BN_) return wg_launch<MT_, BN_>(y, W, x, M, N, K, acc_y, split, part, cnt, pdl, st);
+    if (mt == MT_ && bn == BN_) return wg_launch<MT_, BN_>(y, W, x, M, N, K, acc_y, split, part, cnt, ctas, pdl, st);
     GE_WG_CASE(1, 128) GE_WG_CASE(2, 128) GE_WG_CASE(3, 128) GE_WG_CASE(4, 128)
     GE_WG_CASE(1, 192) GE_WG_CASE(2, 192) GE_WG_CASE(3, 192) GE_WG_CASE(1, 256) GE_WG_CASE(2, 256)
 #undef GE_WG_CASE

@@ -375,7 +375,8 @@ static void test_gemm_tuned(void)
 /* The warpgroup GEMM (ge_k_wgemm_bf16, compute capability 9.0) directly: rows 5..256 across the
  * 64-row warpgroup edges, the three column tiles, K splits 1 and 3 (K 72: a second K tile of 8 values),
  * N 777 (a partial column tile, rows of y not 16-byte aligned), beta 0 and 1, against float64
- * relative to sum |w x| (+ |y0|); rows past M untouched; a split call repeated gives the same bits. */
+ * relative to sum |w x| (+ |y0|); rows past M untouched; a split call repeated gives the same bits;
+ * beta 1 on 3 CTAs (several work units each), beta 0 on one per SM. */
 static void test_wgemm(void)
 {
     if (!ge_k_wgemm_supported()) {
@@ -422,8 +423,9 @@ static void test_wgemm(void)
                         if ((bn == 192 && M > 192) || (bn == 256 && M > 128)) continue;
                         for (int rep = 0; rep < (split > 1 ? 2 : 1); rep++) {
                             CK(cudaMemcpy(dy, y0, (size_t)(MX + 1) * N * 4, cudaMemcpyHostToDevice));
-                            CK(ge_k_wgemm_bf16(dy, dw, dx, M, N, K, acc, bn, split, part, part_bytes, cnt, 64, 0,
-                                               NULL));
+                            /* acc 1 with 3 persistent CTAs: each takes several (tile, K range) units */
+                            CK(ge_k_wgemm_bf16(dy, dw, dx, M, N, K, acc, bn, split, part, part_bytes, cnt, 64,
+                                               acc ? 3 : 0, 0, NULL));
                             CK(cudaMemcpy(rep ? y2 : y, dy, (size_t)(MX + 1) * N * 4, cudaMemcpyDeviceToHost));
                         }
                         if (split > 1) repeat_differs += memcmp(y, y2, (size_t)(MX + 1) * N * 4) != 0;
