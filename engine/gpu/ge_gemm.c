@@ -43,8 +43,8 @@ typedef struct tuned {
     int fastest;     /* the fastest candidate (-1: none ran), chosen or not */
     int timed_at;    /* the row count whose timing made the choice (this one, or its bucket's first) */
     float default_us, best_us, fastest_us;
-    float wg_us[3];    /* ours: fastest split's time for 128, 192 and 256 columns a CTA (0: not timed) */
-    int wg_sp[3];      /* and that split */
+    float wg_us[2];    /* ours: fastest split's time for 128 and 192 columns a CTA (0: not timed) */
+    int wg_sp[2];      /* and that split */
 } tuned;
 
 /* Row counts are timed by buckets of 16 (5-16, 17-32, ...): the first count of a bucket that a
@@ -181,7 +181,7 @@ static oscar_status run_wgemm(const ge_gemm *g, int bn, int split, int M, int N,
                               float *Y, float beta, int pdl)
 {
     int err = ge_k_wgemm_bf16(Y, W, X, M, N, K, beta == 1.0f, bn, split, g->part, GE_WGEMM_PART_BYTES, g->cnt,
-                              GE_WGEMM_COUNTERS, g->sms, pdl, g->st);
+                              GE_WGEMM_COUNTERS, pdl, g->st);
     if (err != 0)
         return ge_set_error(OSCAR_ERR_BACKEND, "ge_gemm_run: warpgroup GEMM launch failed (M %d N %d K %d): %s", M, N,
                             K, cudaGetErrorString((cudaError_t)err));
@@ -271,10 +271,10 @@ static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const 
     }
     /* ours: each column tile and split count whose grid stays within two waves (split 1 always) */
     if (g->wgemm && M <= GE_WGEMM_MAX_M && K % 8 == 0 && (beta == 0.0f || beta == 1.0f)) {
-        const int bns[3] = {128, 192, 256}, KT = (K + 63) / 64;
-        for (int b = 0; b < 3; b++) {
+        const int bns[2] = {128, 192}, KT = (K + 63) / 64;
+        for (int b = 0; b < 2; b++) {
             const int bn = bns[b], tiles = (N + bn - 1) / bn;
-            if ((bn == 192 && M > 192) || (bn == 256 && M > 128)) continue;
+            if (bn == 192 && M > 192) continue;
             for (int sp = 1; sp <= GE_WGEMM_MAX_SPLIT && sp * 2 <= KT + 1; sp++) {
                 if (sp > 1 && ((long)tiles * sp > 2L * g->sms || tiles > GE_WGEMM_COUNTERS ||
                                ge_k_wgemm_part_bytes(M, N, bn, sp) > GE_WGEMM_PART_BYTES))
@@ -389,7 +389,7 @@ void ge_gemm_report(const ge_gemm *g, FILE *f)
                          t->fastest == GE_PICK_WGEMM ? "warpgroup GEMM split" : "candidate",
                          t->fastest == GE_PICK_WGEMM ? t->wg_split : t->fastest, (double)t->fastest_us);
             char ours[96] = "";
-            for (int b = 0; b < 3; b++)
+            for (int b = 0; b < 2; b++)
                 if (t->wg_us[b] > 0.0f) {
                     const size_t l = strlen(ours);
                     snprintf(ours + l, sizeof ours - l, "%s%d cols split %d: %.1f us", l ? ", " : "; warpgroup GEMM ",

@@ -3,8 +3,7 @@
 // Why: at 16-256 rows cuBLAS(Lt) reads the weights at 40-80 % of the copy bandwidth
 // (perf/e2e/RESULTS.md); these products are bound by that read, so the kernel is
 // built to stream W: one CTA per tile of BN output columns (W rows) and a K range,
-// every row of X in the same CTA (so each weight byte is read once), persistent CTAs (one
-// per SM) taking (tile, K range) units in turn, a producer
+// every row of X in the same CTA (so each weight byte is read once), a producer
 // warpgroup filling a ring of shared-memory stages by cp.async (zero-filled past M,
 // N and K) and signalling mbarriers, and MT consumer warpgroups, one per 64 rows of
 // X, running wgmma m64nBNk16 from shared memory (128-byte swizzle, K-major both).
@@ -88,12 +87,6 @@ template <> __device__ __forceinline__ void wg_mma<192>(float (&d)[96], uint64_t
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                  : "l"(da), "l"(db));
 }
-template <> __device__ __forceinline__ void wg_mma<256>(float (&d)[128], uint64_t da, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db));
-}
 // the accumulators as operands of an empty volatile asm after the last wait: their reads stay after it
 template <int N> __device__ __forceinline__ void wg_pin(float (&d)[N]) {
 #pragma unroll
@@ -112,9 +105,9 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
     uint64_t *full = (uint64_t *)(sm + C::ST * C::SB), *empty = full + C::ST;
     __shared__ int last_split;
     const int wg = threadIdx.x >> 7, t = threadIdx.x & 127;
-    // persistent: work unit u = (column tile u / S, K range u % S), u = blockIdx.x, + gridDim.x, ...; the ring's
-    // stage count g runs on across units, so the next unit's weights stream while this one's epilogue runs
-    const int KT = (K + WG_BK - 1) / WG_BK, U = ((N + BN - 1) / BN) * S;
+    const int tile = blockIdx.x, split = blockIdx.y, n0 = tile * BN;
+    const int KT = (K + WG_BK - 1) / WG_BK;
+    const int kb = (int)((long long)KT * split / S), nk = (int)((long long)KT * (split + 1) / S) - kb;
     if (threadIdx.x == 0) {
         for (int s = 0; s < C::ST; s++) {
             mbar_init(wg_saddr(full + s), 128);      // the producer's 128 threads' cp.async arrivals
@@ -126,8 +119,9 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
     if (wg == MT) {
         // producer: thread t copies 16-byte chunk c = t % 8 of rows t / 8 + 16 i (swizzled: chunk c ^ row % 8)
         const int c = t & 7, r0 = t >> 3;
-        auto load_w = [&](int g, int n0, int k0) {
-            const uint32_t ws = base + (g % C::ST) * C::SB + C::XB;
+        auto load_w = [&](int it) {
+            const int k0 = (kb + it) * WG_BK + c * 8;
+            const uint32_t ws = base + (it % C::ST) * C::SB + C::XB;
 #pragma unroll
             for (int i = 0; i < BN / 16; i++) {
                 const int r = r0 + 16 * i, n = n0 + r;
@@ -135,8 +129,9 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
                 wg_cp16(ws + r * 128 + ((c ^ (r & 7)) << 4), ok ? W + (size_t)n * K + k0 : W, ok);
             }
         };
-        auto load_x = [&](int g, int k0) {
-            const uint32_t xs = base + (g % C::ST) * C::SB;
+        auto load_x = [&](int it) {
+            const int k0 = (kb + it) * WG_BK + c * 8;
+            const uint32_t xs = base + (it % C::ST) * C::SB;
 #pragma unroll
             for (int i = 0; i < MT * 4; i++) {
                 const int r = r0 + 16 * i;
@@ -144,96 +139,82 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
                 wg_cp16(xs + r * 128 + ((c ^ (r & 7)) << 4), ok ? X + (size_t)r * K + k0 : X, ok);
             }
         };
-        // the first unit's first stages' weights before the wait (no kernel of the step writes them)
-        int pre = 0;
-        if ((int)blockIdx.x < U) {
-            const int u = blockIdx.x, sp = u % S, kb = (int)((long long)KT * sp / S);
-            const int nk = (int)((long long)KT * (sp + 1) / S) - kb;
-            pre = nk < C::ST ? nk : C::ST;
-            for (int g = 0; g < pre; g++) load_w(g, (u / S) * BN, (kb + g) * WG_BK + c * 8);
-        }
+        // the first stages' weights before the wait (no kernel of the step writes them)
+        const int pre = nk < C::ST ? nk : C::ST;
+        for (int it = 0; it < pre; it++) load_w(it);
         ge_pdl_wait();
         ge_pdl_trigger();
-        int g = 0;
-        for (int u = blockIdx.x; u < U; u += gridDim.x) {
-            const int n0 = (u / S) * BN, sp = u % S, kb = (int)((long long)KT * sp / S);
-            const int nk = (int)((long long)KT * (sp + 1) / S) - kb;
-            for (int it = 0; it < nk; it++, g++) {
-                const int k0 = (kb + it) * WG_BK + c * 8;
-                if (g >= C::ST) mbar_wait(wg_saddr(empty + g % C::ST), ((g / C::ST) + 1) & 1); // done with g - ST
-                if (g >= pre) load_w(g, n0, k0);
-                load_x(g, k0);
-                wg_cp_arrive(wg_saddr(full + g % C::ST));
+        for (int it = 0; it < nk; it++) {
+            const int s = it % C::ST;
+            if (it >= C::ST) {
+                mbar_wait(wg_saddr(empty + s), ((it / C::ST) + 1) & 1); // the consumers are done with it - ST
+                load_w(it);
             }
+            load_x(it);
+            wg_cp_arrive(wg_saddr(full + s));
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory"); // nothing of the thread's in flight at its exit
         return;
     }
-    // consumer warpgroup wg: rows [64 wg, 64 wg + 64) of X against the unit's BN columns
+    // consumer warpgroup wg: rows [64 wg, 64 wg + 64) of X against the BN columns
     ge_pdl_wait(); // Y is read and written after the previous kernel
+    float d[BN / 2];
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
     const int warp = t >> 5, lane = t & 31;
+    for (int it = 0; it < nk; it++) {
+        const int s = it % C::ST;
+        mbar_wait(wg_saddr(full + s), (it / C::ST) & 1);
+        __syncwarp();
+        wg_fence_async();
+        wg_fence();
+        const uint32_t xs = base + s * C::SB + wg * 8192, ws = base + s * C::SB + C::XB;
+#pragma unroll
+        for (int kk = 0; kk < WG_BK / 16; kk++) wg_mma<BN>(d, wg_desc(xs + 32 * kk), wg_desc(ws + 32 * kk));
+        wg_commit();
+        wg_wait<1>();
+        if (it > 0 && lane == 0) mbar_arrive(wg_saddr(empty + (it - 1) % C::ST)); // its MMAs are done
+    }
+    wg_wait<0>();
+    wg_pin(d);
     // d[i]: row 16 warp + lane / 4 + 8 ((i / 2) % 2), column 8 (i / 4) + 2 (lane % 4) + i % 2 of the tile
     const int rb = wg * 64 + 16 * warp + (lane >> 2), cb = 2 * (lane & 3);
-    float d[BN / 2];
-    int g = 0;
-    for (int u = blockIdx.x; u < U; u += gridDim.x) {
-        const int tile = u / S, n0 = tile * BN, sp = u % S, kb = (int)((long long)KT * sp / S);
-        const int nk = (int)((long long)KT * (sp + 1) / S) - kb;
-#pragma unroll
-        for (int i = 0; i < BN / 2; i++) d[i] = 0.0f;
-        for (int it = 0; it < nk; it++, g++) {
-            const int s = g % C::ST;
-            mbar_wait(wg_saddr(full + s), (g / C::ST) & 1);
-            __syncwarp();
-            wg_fence_async();
-            wg_fence();
-            const uint32_t xs = base + s * C::SB + wg * 8192, ws = base + s * C::SB + C::XB;
-#pragma unroll
-            for (int kk = 0; kk < WG_BK / 16; kk++) wg_mma<BN>(d, wg_desc(xs + 32 * kk), wg_desc(ws + 32 * kk));
-            wg_commit();
-            wg_wait<1>();
-            if (it > 0 && lane == 0) mbar_arrive(wg_saddr(empty + (g - 1) % C::ST)); // its MMAs are done
-        }
-        wg_wait<0>();
-        wg_pin(d);
-        if (lane == 0) mbar_arrive(wg_saddr(empty + (g - 1) % C::ST)); // the unit's last stage
-        if (S > 1) {
-            float *p = part + (size_t)u * (MT * 64) * BN;
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 2) {
-                const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
-                __stcg((float2 *)(p + (size_t)r * BN + cc), make_float2(d[i], d[i + 1]));
-            }
-            __threadfence();
-            asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
-            if (threadIdx.x == 0) last_split = atomicAdd(cnt + tile, 1) == S - 1;
-            asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
-            if (!last_split) continue;
-            __threadfence();
-            // the last split: every split's partial in split order (its own included, from memory)
-            const float *p0 = part + (size_t)tile * S * (MT * 64) * BN;
-#pragma unroll
-            for (int i = 0; i < BN / 2; i += 2) {
-                const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
-                float2 v = __ldcg((const float2 *)(p0 + (size_t)r * BN + cc));
-                for (int q = 1; q < S; q++) {
-                    const float2 w2 = __ldcg((const float2 *)(p0 + ((size_t)q * (MT * 64) + r) * BN + cc));
-                    v.x += w2.x;
-                    v.y += w2.y;
-                }
-                d[i] = v.x;
-                d[i + 1] = v.y;
-            }
-            if (threadIdx.x == 0) cnt[tile] = 0; // ready for the next call (the stream orders it)
-        }
+    if (S > 1) {
+        float *p = part + (size_t)(tile * S + split) * (MT * 64) * BN;
 #pragma unroll
         for (int i = 0; i < BN / 2; i += 2) {
-            const int r = rb + 8 * ((i >> 1) & 1), cc = n0 + 8 * (i >> 2) + cb;
-            if (r < M) {
-                float *y = Y + (size_t)r * N + cc;
-                if (cc < N) y[0] = acc_y ? y[0] + d[i] : d[i];
-                if (cc + 1 < N) y[1] = acc_y ? y[1] + d[i + 1] : d[i + 1];
+            const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
+            __stcg((float2 *)(p + (size_t)r * BN + cc), make_float2(d[i], d[i + 1]));
+        }
+        __threadfence();
+        asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
+        if (threadIdx.x == 0) last_split = atomicAdd(cnt + tile, 1) == S - 1;
+        asm volatile("bar.sync 1, %0;\n" ::"n"(MT * 128) : "memory");
+        if (!last_split) return;
+        __threadfence();
+        // the last split: every split's partial in split order (its own included, from memory)
+        const float *p0 = part + (size_t)tile * S * (MT * 64) * BN;
+#pragma unroll
+        for (int i = 0; i < BN / 2; i += 2) {
+            const int r = rb + 8 * ((i >> 1) & 1), cc = 8 * (i >> 2) + cb;
+            float2 v = __ldcg((const float2 *)(p0 + (size_t)r * BN + cc));
+            for (int q = 1; q < S; q++) {
+                const float2 u = __ldcg((const float2 *)(p0 + ((size_t)q * (MT * 64) + r) * BN + cc));
+                v.x += u.x;
+                v.y += u.y;
             }
+            d[i] = v.x;
+            d[i + 1] = v.y;
+        }
+        if (threadIdx.x == 0) cnt[tile] = 0; // ready for the next call (the stream orders it)
+    }
+#pragma unroll
+    for (int i = 0; i < BN / 2; i += 2) {
+        const int r = rb + 8 * ((i >> 1) & 1), cc = n0 + 8 * (i >> 2) + cb;
+        if (r < M) {
+            float *y = Y + (size_t)r * N + cc;
+            if (cc < N) y[0] = acc_y ? y[0] + d[i] : d[i];
+            if (cc + 1 < N) y[1] = acc_y ? y[1] + d[i + 1] : d[i + 1];
         }
     }
 #else
@@ -243,12 +224,11 @@ __global__ void __launch_bounds__((MT + 1) * 128, 1)
 
 template <int MT, int BN>
 int wg_launch(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int S, float *part, int *cnt,
-              int ctas, int pdl, ge_stream st) {
+              int pdl, ge_stream st) {
     using C = wg_cfg<MT, BN>;
     cudaError_t e = cudaFuncSetAttribute(k_wgemm<MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
     if (e != cudaSuccess) return (int)e;
-    const int units = ((N + BN - 1) / BN) * S;
-    return launch_pdl_smem(k_wgemm<MT, BN>, dim3((unsigned)(units < ctas ? units : ctas)), C::THREADS,
+    return launch_pdl_smem(k_wgemm<MT, BN>, dim3((unsigned)((N + BN - 1) / BN), (unsigned)S), C::THREADS,
                            (size_t)C::SMEM, pdl, st, y, (const __nv_bfloat16 *)W, (const __nv_bfloat16 *)x, M, N,
                            K, acc_y, S, part, cnt);
 }
@@ -271,24 +251,18 @@ extern "C" size_t ge_k_wgemm_part_bytes(int M, int N, int bn, int split) {
 }
 
 extern "C" int ge_k_wgemm_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int bn,
-                               int split, float *part, size_t part_bytes, int *cnt, int cnt_n, int ctas, int pdl,
+                               int split, float *part, size_t part_bytes, int *cnt, int cnt_n, int pdl,
                                ge_stream st) {
     const int KT = (K + WG_BK - 1) / WG_BK, tiles = bn > 0 ? (N + bn - 1) / bn : 0;
-    if (M < 1 || M > 256 || N < 1 || K < 8 || K % 8 || (bn != 128 && bn != 192 && bn != 256) || (bn == 192 && M > 192) || (bn == 256 && M > 128) ||
+    if (M < 1 || M > 256 || N < 1 || K < 8 || K % 8 || (bn != 128 && bn != 192) || (bn == 192 && M > 192) ||
         split < 1 || split > KT || ((uintptr_t)W | (uintptr_t)x) % 16 ||
         (split > 1 && (!part || !cnt || cnt_n < tiles || part_bytes < ge_k_wgemm_part_bytes(M, N, bn, split))))
         return (int)cudaErrorInvalidValue;
     const int mt = (M + 63) / 64;
-    if (ctas <= 0) { /* one per multiprocessor (a CTA takes most of an SM's shared memory) */
-        int dev = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess) e = cudaDeviceGetAttribute(&ctas, cudaDevAttrMultiProcessorCount, dev);
-        if (e != cudaSuccess) return (int)e;
-    }
 #define GE_WG_CASE(MT_, BN_)                                                                                         \
-    if (mt == MT_ && bn == BN_) return wg_launch<MT_, BN_>(y, W, x, M, N, K, acc_y, split, part, cnt, ctas, pdl, st);
+    if (mt == MT_ && bn == BN_) return wg_launch<MT_, BN_>(y, W, x, M, N, K, acc_y, split, part, cnt, pdl, st);
     GE_WG_CASE(1, 128) GE_WG_CASE(2, 128) GE_WG_CASE(3, 128) GE_WG_CASE(4, 128)
-    GE_WG_CASE(1, 192) GE_WG_CASE(2, 192) GE_WG_CASE(3, 192) GE_WG_CASE(1, 256) GE_WG_CASE(2, 256)
+    GE_WG_CASE(1, 192) GE_WG_CASE(2, 192) GE_WG_CASE(3, 192)
 #undef GE_WG_CASE
     return (int)cudaErrorInvalidValue;
 }
