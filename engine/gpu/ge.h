@@ -128,6 +128,12 @@ void ge_engine_memory(const ge_engine *e, size_t *weights, size_t *kv, size_t *w
  * may be NULL) their logits. Advances the scheduler. */
 oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n_new, const int32_t *tokens,
                      int32_t *next, float *logits);
+/* A serving engine's warm-up: times the weight products of decode steps of
+ * up to max_batch sequences now, one row count per bucket of 16 (ge_gemm.h),
+ * instead of in the first decode step of each size (~0.05-0.15 s each).
+ * Between steps only (it overwrites the step's activation buffers). No-op
+ * with no_gemm_tune or the fp32 mode. */
+oscar_status ge_tune_decode(ge_engine *e, int max_batch);
 /* Profiling of one decode step (opt-in: only ge_profile_step does it; the
  * normal ge_step path records nothing and pays nothing). The phases of the
  * forward step, in order; per-layer phases are summed over the layers. */

@@ -759,6 +759,23 @@ static oscar_status tune_step(ge_engine *e, int n, int Ti)
     return ge_gemm_tune(e->gm, n, c->vocab, H, &lm, 1, e->hl, e->logits, 0.0f);
 }
 
+oscar_status ge_tune_decode(ge_engine *e, int max_batch)
+{
+    if (!e) return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT, "ge_tune_decode: NULL engine");
+    if (max_batch < 1 || max_batch > e->opt.max_batch)
+        return ge_set_error(OSCAR_ERR_INVALID_ARGUMENT,
+                            "ge_tune_decode: max_batch %d outside 1..%d (the engine's max_batch option)", max_batch,
+                            e->opt.max_batch);
+    /* one row count per bucket of 16 (ge_gemm.h), the largest exactly: its bucket is timed at it */
+    for (int n = 16;; n += 16) {
+        const int m = n < max_batch ? n : max_batch;
+        GE(tune_step(e, m, m));
+        if (m == max_batch) break;
+    }
+    CU(cudaStreamSynchronize(e->st));
+    return OSCAR_OK;
+}
+
 /* The device work of one step: embedding, every layer (append + attention),
  * final norm, LM head, argmax into d_next. Only launches on e->st: a decode
  * step's call is captured into a graph (replay_decode). pm: NULL, or the

@@ -26,14 +26,25 @@
  * heuristic); a call with less alignment takes cuBLAS's default. */
 #define GE_GEMM_ALIGN 16
 
+/* The engine's own Hopper kernel (ge_k_wgemm_bf16) is timed beside cuBLASLt's candidates for
+ * up to this many rows, with 128 or 192 columns per CTA and K split 1..GE_WGEMM_MAX_SPLIT ways;
+ * its split-K partials live in a workspace of GE_WGEMM_PART_BYTES (ge_gemm's own). */
+#define GE_WGEMM_MAX_M 256
+#define GE_WGEMM_MAX_SPLIT 8
+#define GE_WGEMM_PART_BYTES ((size_t)32 << 20)
+#define GE_WGEMM_COUNTERS 4096
+
 typedef struct tuned {
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
     int use_default; /* cuBLAS's default stays (no candidate GE_GEMM_MIN_GAIN faster) */
-    int pick;        /* index among the heuristic's candidates, -1: default */
+    int pick;        /* index among the heuristic's candidates, -1: default, GE_PICK_WGEMM: ours */
+    int wg_bn, wg_split; /* ours: columns per CTA and K splits (pick == GE_PICK_WGEMM) */
     int fastest;     /* the fastest candidate (-1: none ran), chosen or not */
     int timed_at;    /* the row count whose timing made the choice (this one, or its bucket's first) */
     float default_us, best_us, fastest_us;
+    float wg_us[2];    /* ours: fastest split's time for 128 and 192 columns a CTA (0: not timed) */
+    int wg_sp[2];      /* and that split */
 } tuned;
 
 /* Row counts are timed by buckets of 16 (5-16, 17-32, ...): the first count of a bucket that a
@@ -41,6 +52,7 @@ typedef struct tuned {
  * A serving engine's decode batch takes many sizes; timing each (~50 ms, estimated above) would cost more than
  * the choice wins. */
 #define GE_GEMM_BUCKET 16
+#define GE_PICK_WGEMM 1000
 
 /* Shapes of one (N, K, beta): the tuned entry for each M (NULL: not tuned). */
 typedef struct shape_class {
@@ -62,6 +74,10 @@ struct ge_gemm {
     void *ws;
     size_t ws_bytes;
     int f32, tune;
+    int wgemm;    /* ge_k_wgemm_bf16 is a candidate (compute capability 9.0, bf16, tuning on) */
+    int sms;      /* multiprocessors: bounds the split counts tried */
+    float *part;  /* its split-K partials (GE_WGEMM_PART_BYTES) and per-tile counters, owned here */
+    int *cnt;
     shape_class *cls[GE_GEMM_MAX_CLASSES];
     int n_cls;
 };
@@ -95,6 +111,15 @@ oscar_status ge_gemm_create(cudaStream_t st, void *ws, size_t ws_bytes, int f32,
     BL(cublasLtMatmulPreferenceSetAttribute(g->pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al));
     CU(cudaEventCreate(&g->ev[0]));
     CU(cudaEventCreate(&g->ev[1]));
+    if (ge_k_wgemm_supported()) {
+        int dev = 0;
+        CU(cudaGetDevice(&dev));
+        CU(cudaDeviceGetAttribute(&g->sms, cudaDevAttrMultiProcessorCount, dev));
+        CU(cudaMalloc((void **)&g->part, GE_WGEMM_PART_BYTES));
+        CU(cudaMalloc((void **)&g->cnt, GE_WGEMM_COUNTERS * sizeof(int)));
+        CU(cudaMemset(g->cnt, 0, GE_WGEMM_COUNTERS * sizeof(int))); /* each call leaves them zero */
+        g->wgemm = 1;
+    }
     return OSCAR_OK;
 }
 
@@ -114,6 +139,8 @@ void ge_gemm_destroy(ge_gemm *g)
         for (int m = 0; m <= GE_GEMM_TUNE_MAX_M; m++) tuned_free(g->cls[i]->by_m[m]);
         free(g->cls[i]);
     }
+    if (g->part) cudaFree(g->part);
+    if (g->cnt) cudaFree(g->cnt);
     if (g->ev[0]) cudaEventDestroy(g->ev[0]);
     if (g->ev[1]) cudaEventDestroy(g->ev[1]);
     if (g->pref) cublasLtMatmulPreferenceDestroy(g->pref);
@@ -150,15 +177,32 @@ static cublasStatus_t run_lt(const ge_gemm *g, const tuned *t, const cublasLtMat
                           g->ws_bytes, g->st);
 }
 
-/* Mean time of one candidate's calls (algo NULL: cuBLAS's default), us. */
-static oscar_status time_candidate(ge_gemm *g, const tuned *t, const cublasLtMatmulAlgo_t *algo, int M, int N, int K,
-                                   const void *const *W, int nW, const void *X, float *Y, float beta, float *us)
+static oscar_status run_wgemm(const ge_gemm *g, int bn, int split, int M, int N, int K, const void *W, const void *X,
+                              float *Y, float beta, int pdl)
+{
+    int err = ge_k_wgemm_bf16(Y, W, X, M, N, K, beta == 1.0f, bn, split, g->part, GE_WGEMM_PART_BYTES, g->cnt,
+                              GE_WGEMM_COUNTERS, pdl, g->st);
+    if (err != 0)
+        return ge_set_error(OSCAR_ERR_BACKEND, "ge_gemm_run: warpgroup GEMM launch failed (M %d N %d K %d): %s", M, N,
+                            K, cudaGetErrorString((cudaError_t)err));
+    return OSCAR_OK;
+}
+
+/* Mean time of one candidate's calls (algo NULL and bn 0: cuBLAS's default; bn > 0: ours), us. */
+static oscar_status time_candidate(ge_gemm *g, const tuned *t, const cublasLtMatmulAlgo_t *algo, int bn, int split,
+                                   int M, int N, int K, const void *const *W, int nW, const void *X, float *Y,
+                                   float beta, float *us)
 {
     const int reps = nW == 1 ? GE_GEMM_SINGLE_REPS : nW < GE_GEMM_MAX_REPS ? nW : GE_GEMM_MAX_REPS;
     for (int r = -1; r < reps; r++) { /* r = -1: a warm-up call, untimed */
         if (r == 0) CU(cudaEventRecord(g->ev[0], g->st));
         const void *w = W[(r < 0 ? 0 : r) % nW];
-        BL(algo ? run_lt(g, t, algo, w, X, Y, beta) : run_default(g, M, N, K, w, X, Y, beta));
+        if (bn > 0) {
+            oscar_status s = run_wgemm(g, bn, split, M, N, K, w, X, Y, beta, 0);
+            if (s != OSCAR_OK) return s;
+        } else {
+            BL(algo ? run_lt(g, t, algo, w, X, Y, beta) : run_default(g, M, N, K, w, X, Y, beta));
+        }
     }
     CU(cudaEventRecord(g->ev[1], g->st));
     CU(cudaEventSynchronize(g->ev[1]));
@@ -187,7 +231,7 @@ static oscar_status take_bucket_choice(ge_gemm *g, tuned *t, const tuned *lead, 
     t->b = own.b;
     t->c = own.c;
     cublasLtMatmulHeuristicResult_t r;
-    if (!t->use_default && (cublasLtMatmulAlgoCheck(g->lt, g->desc, t->a, t->b, t->c, t->c, &t->algo, &r) !=
+    if (!t->use_default && t->pick != GE_PICK_WGEMM && (cublasLtMatmulAlgoCheck(g->lt, g->desc, t->a, t->b, t->c, t->c, &t->algo, &r) !=
                                 CUBLAS_STATUS_SUCCESS ||
                             r.workspaceSize > g->ws_bytes)) {
         t->use_default = 1;
@@ -208,7 +252,7 @@ static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const 
                                        &found) != CUBLAS_STATUS_SUCCESS)
         found = 0; /* no candidate: the default stays */
     float best = 0.0f;
-    s = time_candidate(g, t, NULL, M, N, K, W, nW, X, Y, beta, &best);
+    s = time_candidate(g, t, NULL, 0, 0, M, N, K, W, nW, X, Y, beta, &best);
     if (s != OSCAR_OK) return s;
     t->default_us = best;
     t->use_default = 1;
@@ -217,12 +261,39 @@ static oscar_status tune_shape(ge_gemm *g, tuned *t, int M, int N, int K, const 
         if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
         float us = 0.0f;
         /* A candidate cuBLASLt refuses at run time is passed over; the default stays possible. */
-        if (time_candidate(g, t, &res[i].algo, M, N, K, W, nW, X, Y, beta, &us) != OSCAR_OK) continue;
+        if (time_candidate(g, t, &res[i].algo, 0, 0, M, N, K, W, nW, X, Y, beta, &us) != OSCAR_OK) continue;
         if (us < best) {
             best = us;
             t->algo = res[i].algo;
             t->use_default = 0;
             t->pick = i;
+        }
+    }
+    /* ours: each column tile and split count whose grid stays within two waves (split 1 always) */
+    if (g->wgemm && M <= GE_WGEMM_MAX_M && K % 8 == 0 && (beta == 0.0f || beta == 1.0f)) {
+        const int bns[2] = {128, 192}, KT = (K + 63) / 64;
+        for (int b = 0; b < 2; b++) {
+            const int bn = bns[b], tiles = (N + bn - 1) / bn;
+            if (bn == 192 && M > 192) continue;
+            for (int sp = 1; sp <= GE_WGEMM_MAX_SPLIT && sp * 2 <= KT + 1; sp++) {
+                if (sp > 1 && ((long)tiles * sp > 2L * g->sms || tiles > GE_WGEMM_COUNTERS ||
+                               ge_k_wgemm_part_bytes(M, N, bn, sp) > GE_WGEMM_PART_BYTES))
+                    break;
+                float us = 0.0f;
+                s = time_candidate(g, t, NULL, bn, sp, M, N, K, W, nW, X, Y, beta, &us);
+                if (s != OSCAR_OK) return s; /* a launch this engine validated failed: say so */
+                if (t->wg_us[b] == 0.0f || us < t->wg_us[b]) {
+                    t->wg_us[b] = us;
+                    t->wg_sp[b] = sp;
+                }
+                if (us < best) {
+                    best = us;
+                    t->use_default = 0;
+                    t->pick = GE_PICK_WGEMM;
+                    t->wg_bn = bn;
+                    t->wg_split = sp;
+                }
+            }
         }
     }
     t->fastest = t->pick;
@@ -285,6 +356,8 @@ oscar_status ge_gemm_run(ge_gemm *g, int M, int N, int K, const void *W, const v
     }
     shape_class *c = g->tune && M <= GE_GEMM_TUNE_MAX_M ? find_class(g, N, K, beta) : NULL;
     tuned *t = c ? c->by_m[M] : NULL;
+    if (t && !t->use_default && t->pick == GE_PICK_WGEMM && aligned(W) && aligned(X))
+        return run_wgemm(g, t->wg_bn, t->wg_split, M, N, K, W, X, Y, beta, pdl);
     if (t && !t->use_default && aligned(W) && aligned(X) && aligned(Y)) {
         /* cuBLASLt checks a call before it queues anything: a refused one (a bucket's choice at a
          * count it was not timed at, say) falls back to the default, now and from then on. */
@@ -308,12 +381,22 @@ void ge_gemm_report(const ge_gemm *g, FILE *f)
                 continue;
             }
             char which[96] = "the default";
-            if (!t->use_default) snprintf(which, sizeof which, "cuBLASLt candidate %d", t->pick);
+            if (!t->use_default && t->pick == GE_PICK_WGEMM)
+                snprintf(which, sizeof which, "warpgroup GEMM, %d columns a CTA, split %d", t->wg_bn, t->wg_split);
+            else if (!t->use_default) snprintf(which, sizeof which, "cuBLASLt candidate %d", t->pick);
             else if (t->fastest >= 0)
-                snprintf(which, sizeof which, "the default; candidate %d took %.1f us, less than 3 %% faster",
-                         t->fastest, (double)t->fastest_us);
-            fprintf(f, "gemm M %d N %d K %d beta %g: cuBLAS default %.1f us, chosen %.1f us (%s), %.3fx\n", m,
+                snprintf(which, sizeof which, "the default; %s %d took %.1f us, less than 3 %% faster",
+                         t->fastest == GE_PICK_WGEMM ? "warpgroup GEMM split" : "candidate",
+                         t->fastest == GE_PICK_WGEMM ? t->wg_split : t->fastest, (double)t->fastest_us);
+            char ours[96] = "";
+            for (int b = 0; b < 2; b++)
+                if (t->wg_us[b] > 0.0f) {
+                    const size_t l = strlen(ours);
+                    snprintf(ours + l, sizeof ours - l, "%s%d cols split %d: %.1f us", l ? ", " : "; warpgroup GEMM ",
+                             128 + 64 * b, t->wg_sp[b], (double)t->wg_us[b]);
+                }
+            fprintf(f, "gemm M %d N %d K %d beta %g: cuBLAS default %.1f us, chosen %.1f us (%s), %.3fx%s\n", m,
                     g->cls[i]->N, g->cls[i]->K, (double)g->cls[i]->beta, (double)t->default_us,
-                    (double)t->best_us, which, t->best_us > 0.0f ? (double)(t->default_us / t->best_us) : 0.0);
+                    (double)t->best_us, which, t->best_us > 0.0f ? (double)(t->default_us / t->best_us) : 0.0, ours);
         }
 }

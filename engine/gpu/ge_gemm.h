@@ -1,10 +1,12 @@
 /* The GPU engine's weight products Y[M][N] (+)= X[M][K] W[N][K]^T (W and X in
  * the weight dtype, Y fp32), one home for the choice of kernel:
  *  - M <= 4 (bf16): the engine's GEMV (ge_kernels.h);
- *  - 5 <= M <= GE_GEMM_TUNE_MAX_M (bf16, tuning on): cuBLASLt with the
- *    algorithm that was fastest (by 3 % or more) for this (N, K, beta) and
- *    M's bucket of 16 row counts when ge_gemm_tune timed the heuristic's
- *    candidates and cuBLAS's default on the real weights;
+ *  - 5 <= M <= GE_GEMM_TUNE_MAX_M (bf16, tuning on): the kernel that was
+ *    fastest (by 3 % or more against cuBLAS's default) for this (N, K, beta)
+ *    and M's bucket of 16 row counts when ge_gemm_tune timed, on the real
+ *    weights, cuBLASLt's heuristic candidates, the default and, on compute
+ *    capability 9.0 up to 256 rows, the engine's warpgroup GEMM
+ *    (ge_k_wgemm_bf16: tiles of 128 or 192 columns, K split 1..8 ways);
  *  - otherwise, or before a shape is tuned: cublasGemmEx's default.
  * Why: at decode batches of tens to hundreds of rows the default picks tiles
  * that leave SMs idle and reads the weights at 40-60 % of the copy bandwidth.
@@ -31,6 +33,8 @@ typedef struct ge_gemm ge_gemm;
 
 /* ws: device workspace of ws_bytes, owned by the caller, outliving the
  * ge_gemm (cuBLAS and cuBLASLt allocate nothing while a step is captured).
+ * With tuning on a compute-capability-9.0 device the ge_gemm allocates its
+ * own 32 MiB for the warpgroup GEMM's split-K partials (freed by destroy).
  * f32: fp32 weights and activations (never tuned). tune: 0 keeps cuBLAS's
  * default for every M > 4. */
 oscar_status ge_gemm_create(cudaStream_t st, void *ws, size_t ws_bytes, int f32, int tune, ge_gemm **out);
@@ -46,7 +50,7 @@ void ge_gemm_destroy(ge_gemm *g);
 oscar_status ge_gemm_tune(ge_gemm *g, int M, int N, int K, const void *const *W, int nW, const void *X, float *Y,
                           float beta);
 
-/* Y = X W^T + beta Y, beta 0 or 1 (the engine's two uses); pdl: the GEMV may
+/* Y = X W^T + beta Y, beta 0 or 1 (the engine's two uses); pdl: the GEMV and the warpgroup GEMM may
  * start under the previous kernel (ge_kernels.h). */
 oscar_status ge_gemm_run(ge_gemm *g, int M, int N, int K, const void *W, const void *X, float *Y, float beta,
                          int pdl);

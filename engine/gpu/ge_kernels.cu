@@ -9,38 +9,7 @@
 #include <stdint.h>
 
 #include "ge_kernels.h"
-
-static inline int launch_rc() { return (int)cudaGetLastError(); }
-
-// Programmatic dependent launch (sm_90; pdl 0 or older GPUs: a plain launch). A kernel launched
-// with it may start while the stream's previous kernel still runs: before ge_pdl_wait() it may only
-// read what no kernel of the step writes (the weights), so a GEMV streams its first weights while
-// the small kernel before it runs instead of after (the ramp of every decode-step GEMV at batch 1).
-// After the wait everything the previous kernels wrote is visible; the trigger lets the next
-// kernel launch (it waits in turn), so the chain stays ordered.
-__device__ __forceinline__ void ge_pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void ge_pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-template <typename... P, typename... A>
-static int launch_pdl(void (*k)(P...), unsigned grid, unsigned block, int pdl, ge_stream st, A... args) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return (int)cudaLaunchKernelEx(&cfg, k, ((P)args)...);
-}
+#include "ge_launch.cuh"
 
 static inline unsigned blocks_for(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;

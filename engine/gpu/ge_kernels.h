@@ -45,6 +45,17 @@ int ge_k_gather_rows(float *dst, const float *src, const int32_t *rows, int n, i
  * bf16, K % 8 == 0 and both 16-byte aligned (else cudaErrorInvalidValue), y [M][N] fp32. The
  * decode steps' weight products (few rows: a GEMV reads the weights near the copy bandwidth). */
 int ge_k_gemv_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int pdl, ge_stream st);
+/* Y = (acc_y ? Y : 0) + X W^T on Hopper's warpgroup MMAs (ge_wgemm.cu), for the decode steps'
+ * 5..256 rows: W [N][K] and X [M][K] bf16, 16-byte aligned, K % 8 == 0; Y [M][N] fp32. bn: output
+ * columns per CTA, 128 or 192 (192: M <= 192); split: K ranges per column tile (1..ceil(K / 64)); split > 1
+ * needs part (ge_k_wgemm_part_bytes(M, N, bn, split) bytes, device) and cnt (ceil(N / bn) ints, device,
+ * zero before the first call; each call leaves them zero), both owned by the caller and used by one
+ * stream at a time. Results do not depend on timing (the partials are added in split order). Else
+ * cudaErrorInvalidValue. Only where ge_k_wgemm_supported() (compute capability 9.0, the sm_90a code). */
+int ge_k_wgemm_supported(void);
+size_t ge_k_wgemm_part_bytes(int M, int N, int bn, int split);
+int ge_k_wgemm_bf16(float *y, const void *W, const void *x, int M, int N, int K, int acc_y, int bn, int split,
+                    float *part, size_t part_bytes, int *cnt, int cnt_n, int pdl, ge_stream st);
 /* out[r] = argmax_j logits[r][j] (lowest index on ties). */
 int ge_k_argmax(int32_t *out, const float *logits, int rows, int V, ge_stream st);
 /* Exact causal attention of prompts concatenated by cu_seqlens [S+1]: each

@@ -192,6 +192,20 @@ static void md(const char *method, const char *run, run_result *r, int context)
 }
 
 /* One engine, `batch` sequences of prompt + gen tokens. */
+/* The engine's warm-up before anything is timed (a serving engine tunes at start, not in its first
+ * steps of each batch size); 1 on success. */
+static int tune_decode(ge_engine *e, int max_batch)
+{
+    const double t0 = now_s();
+    if (ge_tune_decode(e, max_batch) != OSCAR_OK) {
+        fprintf(stderr, "oscar-e2e-bench: %s\n", ge_last_error());
+        return 0;
+    }
+    fprintf(stderr, "decode weight products tuned for 1..%d sequences in %.2f s (not timed)\n", max_batch,
+            now_s() - t0);
+    return 1;
+}
+
 static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen, int real_prefill, double time_limit,
                uint64_t seed, run_result *r)
 {
@@ -213,6 +227,10 @@ static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen,
             now_s() - t0, mw / 1073741824.0, mk / 1073741824.0, ge_engine_kv(e)->num_pages,
             ge_engine_kv(e)->num_slots, mws / 1073741824.0, ma / 1073741824.0, ge_engine_variant(e));
     if (o.chunk_every_prompt && *ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
+    if (!tune_decode(e, batch)) {
+        finish_engine(e);
+        return 1;
+    }
     /* The real prefill goes in chunks with --chunk, or when it does not fit one step. */
     chunk = o.chunk_every_prompt || prompt > o.max_prefill_tokens ? ge_engine_chunk(e) : 0;
     r->chunk = chunk;
@@ -520,6 +538,10 @@ static int run_shared(const oe_config *c, ge_options o, int prefix, int suffix, 
         return 1;
     }
     if (*ge_engine_notes(e)) fprintf(stderr, "note: %s\n", ge_engine_notes(e));
+    if (!tune_decode(e, o.max_batch)) {
+        finish_engine(e);
+        return 1;
+    }
     char run_label[256];
     snprintf(run_label, sizeof run_label, "%s, prefill in chunks of %d", label, ge_engine_chunk(e));
     label = run_label;

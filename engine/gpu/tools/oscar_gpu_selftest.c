@@ -1,7 +1,7 @@
 /* oscar-gpu-selftest: the GPU engine's own kernels against host references
  * on fresh random inputs (seed printed): prefill attention (fp64 reference,
  * several prompts of awkward lengths, GQA, each head_dim), q/k norm + RoPE,
- * RMSNorm, SwiGLU, argmax, the decode steps' GEMV, the tuned weight products (ge_gemm.h). Exit status 0
+ * RMSNorm, SwiGLU, argmax, the decode steps' GEMV, the warpgroup GEMM, the tuned weight products (ge_gemm.h). Exit status 0
  * only if all pass. Localizes a
  * failure of the end-to-end check (perf/e2e/run.sh runs it first). */
 #include <cuda_runtime_api.h>
@@ -372,6 +372,84 @@ static void test_gemm_tuned(void)
     cudaFree(ws);
 }
 
+/* The warpgroup GEMM (ge_k_wgemm_bf16, compute capability 9.0) directly: rows 5..256 across the
+ * 64-row warpgroup edges, both column tiles, K splits 1 and 3 (K 72: a second K tile of 8 values),
+ * N 777 (a partial column tile, rows of y not 16-byte aligned), beta 0 and 1, against float64
+ * relative to sum |w x| (+ |y0|); rows past M untouched; a split call repeated gives the same bits. */
+static void test_wgemm(void)
+{
+    if (!ge_k_wgemm_supported()) {
+        printf("skip  warpgroup GEMM (not compute capability 9.0)\n");
+        return;
+    }
+    const int N = 777, MX = 256, Ks[] = {72, 1032}, Ms[] = {5, 64, 65, 172, 192, 193, 256};
+    const size_t part_bytes = (size_t)32 << 20;
+    float *part;
+    int *cnt;
+    CK(cudaMalloc((void **)&part, part_bytes));
+    CK(cudaMalloc((void **)&cnt, 64 * sizeof(int)));
+    CK(cudaMemset(cnt, 0, 64 * sizeof(int)));
+    for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+        const int K = Ks[ki];
+        uint16_t *w = malloc((size_t)N * K * 2), *x = malloc((size_t)MX * K * 2);
+        float *y0 = malloc((size_t)(MX + 1) * N * 4), *y = malloc((size_t)(MX + 1) * N * 4),
+              *y2 = malloc((size_t)(MX + 1) * N * 4);
+        double *ref = malloc((size_t)MX * N * sizeof(double)), *mag = malloc((size_t)MX * N * sizeof(double));
+        for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits(frand());
+        for (int i = 0; i < MX * K; i++) x[i] = bf16_bits(3.0f * frand());
+        for (int i = 0; i < (MX + 1) * N; i++) y0[i] = frand();
+        for (int m = 0; m < MX; m++)
+            for (int n = 0; n < N; n++) {
+                double r = 0, a = 0;
+                for (int k = 0; k < K; k++) {
+                    double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
+                    r += p;
+                    a += fabs(p);
+                }
+                ref[m * N + n] = r;
+                mag[m * N + n] = a;
+            }
+        void *dw = dup_dev(w, (size_t)N * K * 2), *dx = dup_dev(x, (size_t)MX * K * 2);
+        float *dy;
+        CK(cudaMalloc((void **)&dy, (size_t)(MX + 1) * N * 4));
+        double worst = 0;
+        int repeat_differs = 0, runs = 0;
+        for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++)
+            for (int bn = 128; bn <= 192; bn += 64)
+                for (int sp = 1; sp <= 3; sp += 2)
+                    for (int acc = 0; acc < 2; acc++) {
+                        const int M = Ms[mi], split = sp < (K + 63) / 64 ? sp : (K + 63) / 64;
+                        if (bn == 192 && M > 192) continue;
+                        for (int rep = 0; rep < (split > 1 ? 2 : 1); rep++) {
+                            CK(cudaMemcpy(dy, y0, (size_t)(MX + 1) * N * 4, cudaMemcpyHostToDevice));
+                            CK(ge_k_wgemm_bf16(dy, dw, dx, M, N, K, acc, bn, split, part, part_bytes, cnt, 64, 0,
+                                               NULL));
+                            CK(cudaMemcpy(rep ? y2 : y, dy, (size_t)(MX + 1) * N * 4, cudaMemcpyDeviceToHost));
+                        }
+                        if (split > 1) repeat_differs += memcmp(y, y2, (size_t)(MX + 1) * N * 4) != 0;
+                        runs++;
+                        for (int m = 0; m < M; m++)
+                            for (int n = 0; n < N; n++) {
+                                const double r = ref[m * N + n] + (acc ? y0[m * N + n] : 0.0);
+                                const double a = mag[m * N + n] + (acc ? fabs(y0[m * N + n]) : 0.0);
+                                const double e = fabs(y[m * N + n] - r) / (a + 1e-30);
+                                if (!(e <= worst)) worst = e;
+                            }
+                        for (size_t i = (size_t)M * N; i < (size_t)(MX + 1) * N; i++)
+                            if (y[i] != y0[i]) worst = 1.0;
+                    }
+        char what[128];
+        snprintf(what, sizeof what, "warpgroup GEMM, %d calls, M 5..256, N %d, K %d, split 1/3", runs, N, K);
+        report(what, worst, 1e-5);
+        snprintf(what, sizeof what, "warpgroup GEMM split-K repeated bit for bit, K %d", K);
+        report(what, repeat_differs, 0);
+        free(w); free(x); free(y0); free(y); free(y2); free(ref); free(mag);
+        cudaFree(dw); cudaFree(dx); cudaFree(dy);
+    }
+    cudaFree(part);
+    cudaFree(cnt);
+}
+
 int main(void)
 {
     unsigned seed = (unsigned)time(NULL);
@@ -391,6 +469,7 @@ int main(void)
     test_qkv_post();
     test_small();
     test_gemv();
+    test_wgemm();
     test_gemm_tuned();
     printf("oscar-gpu-selftest: %s\n", g_fail ? "FAIL" : "all passed");
     return g_fail ? 3 : 0;
