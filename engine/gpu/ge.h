@@ -130,7 +130,8 @@ oscar_status ge_step(ge_engine *e, int n, const int32_t *slots, const int32_t *n
                      int32_t *next, float *logits);
 /* A serving engine's warm-up: times the weight products of decode steps of
  * up to max_batch sequences now, one row count per bucket of 16 (ge_gemm.h),
- * instead of in the first decode step of each size (~0.05-0.15 s each).
+ * instead of in the first decode step of each size (an estimated ~50 ms or
+ * more each: ge_gemm.c).
  * Between steps only (it overwrites the step's activation buffers). No-op
  * with no_gemm_tune or the fp32 mode. */
 oscar_status ge_tune_decode(ge_engine *e, int max_batch);

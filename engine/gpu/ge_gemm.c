@@ -231,9 +231,10 @@ static oscar_status take_bucket_choice(ge_gemm *g, tuned *t, const tuned *lead, 
     t->b = own.b;
     t->c = own.c;
     cublasLtMatmulHeuristicResult_t r;
-    if (!t->use_default && t->pick != GE_PICK_WGEMM && (cublasLtMatmulAlgoCheck(g->lt, g->desc, t->a, t->b, t->c, t->c, &t->algo, &r) !=
-                                CUBLAS_STATUS_SUCCESS ||
-                            r.workspaceSize > g->ws_bytes)) {
+    /* ours takes any count up to GE_WGEMM_MAX_M (a bucket never straddles it); cuBLASLt's choice is checked */
+    if (!t->use_default && t->pick != GE_PICK_WGEMM &&
+        (cublasLtMatmulAlgoCheck(g->lt, g->desc, t->a, t->b, t->c, t->c, &t->algo, &r) != CUBLAS_STATUS_SUCCESS ||
+         r.workspaceSize > g->ws_bytes)) {
         t->use_default = 1;
         t->pick = -1;
     }

@@ -191,7 +191,6 @@ static void md(const char *method, const char *run, run_result *r, int context)
     md_line(line);
 }
 
-/* One engine, `batch` sequences of prompt + gen tokens. */
 /* The engine's warm-up before anything is timed (a serving engine tunes at start, not in its first
  * steps of each batch size); 1 on success. */
 static int tune_decode(ge_engine *e, int max_batch)
@@ -206,6 +205,7 @@ static int tune_decode(ge_engine *e, int max_batch)
     return 1;
 }
 
+/* One engine, `batch` sequences of prompt + gen tokens. */
 static int run(const oe_config *c, ge_options o, int batch, int prompt, int gen, int real_prefill, double time_limit,
                uint64_t seed, run_result *r)
 {

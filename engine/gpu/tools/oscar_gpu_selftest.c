@@ -257,27 +257,52 @@ static void test_small(void)
     cudaFree(dx); cudaFree(dw); cudaFree(dgu); cudaFree(dlg); cudaFree(dn); cudaFree(da); cudaFree(dam);
 }
 
-/* Largest error of y = (acc ? y0 : 0) + x W^T (M rows, W [N][K] and x bf16) against a float64
- * product, relative to sum |w x| (+ |y0|); 1.0 if a value of y past the M rows (up to total
- * values) differs from y0. */
-static double product_error(const uint16_t *w, const uint16_t *x, const float *y0, const float *y, int M, int N,
-                            int K, int acc, size_t total)
+/* float64 x W^T (M rows, W [N][K] and x bf16) into ref [M][N], and sum |w x| into mag. */
+static void product_ref(const uint16_t *w, const uint16_t *x, int M, int N, int K, double *ref, double *mag)
 {
-    double worst = 0;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
-            double r = acc ? y0[m * N + n] : 0.0, a = fabs(r);
+            double r = 0.0, a = 0.0;
             for (int k = 0; k < K; k++) {
-                double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
+                double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[(size_t)m * K + k]);
                 r += p;
                 a += fabs(p);
             }
-            double e = fabs(y[m * N + n] - r) / (a + 1e-30);
-            if (!(e <= worst)) worst = e;
+            ref[(size_t)m * N + n] = r;
+            mag[(size_t)m * N + n] = a;
         }
+}
+
+/* Largest error of y = (acc ? y0 : 0) + x W^T against ref / mag (product_ref, rows >= M), relative
+ * to sum |w x| (+ |y0|); 1.0 if a value of y past the M rows (up to total values) differs from y0. */
+static double ref_error(const double *ref, const double *mag, const float *y0, const float *y, int M, int N, int acc,
+                        size_t total)
+{
+    double worst = 0;
+    for (size_t i = 0; i < (size_t)M * N; i++) {
+        const double r = ref[i] + (acc ? y0[i] : 0.0), a = mag[i] + (acc ? fabs(y0[i]) : 0.0);
+        const double e = fabs(y[i] - r) / (a + 1e-30);
+        if (!(e <= worst)) worst = e;
+    }
     for (size_t i = (size_t)M * N; i < total; i++)
         if (y[i] != y0[i]) worst = 1.0;
     return worst;
+}
+
+/* ref_error of one product, its reference computed here. */
+static double product_error(const uint16_t *w, const uint16_t *x, const float *y0, const float *y, int M, int N,
+                            int K, int acc, size_t total)
+{
+    double *ref = malloc((size_t)M * N * sizeof(double)), *mag = malloc((size_t)M * N * sizeof(double));
+    if (!ref || !mag) {
+        fprintf(stderr, "oscar-gpu-selftest: out of host memory\n");
+        exit(1);
+    }
+    product_ref(w, x, M, N, K, ref, mag);
+    const double e = ref_error(ref, mag, y0, y, M, N, acc, total);
+    free(ref);
+    free(mag);
+    return e;
 }
 
 /* The decode steps' GEMV (M = 1..4 rows, bf16 weights and activations, fp32 sums; with and
@@ -398,17 +423,7 @@ static void test_wgemm(void)
         for (size_t i = 0; i < (size_t)N * K; i++) w[i] = bf16_bits(frand());
         for (int i = 0; i < MX * K; i++) x[i] = bf16_bits(3.0f * frand());
         for (int i = 0; i < (MX + 1) * N; i++) y0[i] = frand();
-        for (int m = 0; m < MX; m++)
-            for (int n = 0; n < N; n++) {
-                double r = 0, a = 0;
-                for (int k = 0; k < K; k++) {
-                    double p = (double)bits_f(w[(size_t)n * K + k]) * bits_f(x[m * K + k]);
-                    r += p;
-                    a += fabs(p);
-                }
-                ref[m * N + n] = r;
-                mag[m * N + n] = a;
-            }
+        product_ref(w, x, MX, N, K, ref, mag);
         void *dw = dup_dev(w, (size_t)N * K * 2), *dx = dup_dev(x, (size_t)MX * K * 2);
         float *dy;
         CK(cudaMalloc((void **)&dy, (size_t)(MX + 1) * N * 4));
@@ -428,15 +443,8 @@ static void test_wgemm(void)
                         }
                         if (split > 1) repeat_differs += memcmp(y, y2, (size_t)(MX + 1) * N * 4) != 0;
                         runs++;
-                        for (int m = 0; m < M; m++)
-                            for (int n = 0; n < N; n++) {
-                                const double r = ref[m * N + n] + (acc ? y0[m * N + n] : 0.0);
-                                const double a = mag[m * N + n] + (acc ? fabs(y0[m * N + n]) : 0.0);
-                                const double e = fabs(y[m * N + n] - r) / (a + 1e-30);
-                                if (!(e <= worst)) worst = e;
-                            }
-                        for (size_t i = (size_t)M * N; i < (size_t)(MX + 1) * N; i++)
-                            if (y[i] != y0[i]) worst = 1.0;
+                        const double e = ref_error(ref, mag, y0, y, M, N, acc, (size_t)(MX + 1) * N);
+                        if (!(e <= worst)) worst = e;
                     }
         char what[128];
         snprintf(what, sizeof what, "warpgroup GEMM, %d calls, M 5..256, N %d, K %d, split 1/3", runs, N, K);
