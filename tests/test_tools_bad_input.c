@@ -1386,44 +1386,45 @@ Test(tools_bad_input, eval_plot_path_is_not_run_by_a_shell, .timeout = 300) {
     rmrf(dir);
 }
 
-/* The plot's data file PLOT.dat on a full disk (a link to /dev/full here):
- * its fprintf and fclose results were unchecked, so gnuplot was run on a
- * truncated file (here it read /dev/full until killed) and a full disk gave a
- * short plot and exit 0; a data or script file that could not be opened (a
- * folder in its place) failed without a word. Both now exit 1 naming the
- * file, before gnuplot runs. */
-Test(tools_bad_input, eval_plot_data_write_errors_are_reported, .timeout = 400) {
+/* --plot P writes P.dat and P.gp in place. A device or a folder there was found only
+ * after the whole evaluation: /dev/null at P.gp took the script, gnuplot ran nothing and
+ * exited 0, and the tool exited 0 with an empty PNG at P; /dev/full at P.dat and a folder
+ * at either failed at the end (exit 1). All are refused before the evaluation now (exit 2,
+ * naming the file), nothing written. */
+Test(tools_bad_input, eval_plot_side_files_that_are_devices_or_folders_are_refused_first, .timeout = 400) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char have[8];
     if (!(run(have, sizeof have, 10, "sh -c 'command -v gnuplot > /dev/null && echo y'") == 0 && have[0] == 'y'))
         cr_skip_test("gnuplot is absent: oscar-eval writes no plot files");
-    char out[16384], dir[64], dat[128], gp[128], png[128];
-    scratch(dir, sizeof dir);
-    snprintf(dat, sizeof dat, "%s/p.png.dat", dir);
-    snprintf(gp, sizeof gp, "%s/p.png.gp", dir);
-    snprintf(png, sizeof png, "%s/p.png", dir);
-    cr_assert_eq(symlink("/dev/full", dat), 0);
     const char *args = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
-    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s/a.json --plot %s", g_model,
-                 g_tokens, args, dir, png);
-    cr_expect_eq(rc, 1, "PLOT.dat on a full disk: exit %d: %s", rc, out);
-    cr_expect(strstr(out, dat) && strstr(out, "plot was not written"), "message should name %s: %s", dat, out);
-    struct stat sb;
-    cr_expect(stat(png, &sb) != 0, "a plot was drawn from the truncated data: %s", out);
-    cr_assert_eq(unlink(dat), 0);
-    cr_assert_eq(mkdir(dat, 0700), 0);
-    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s/b.json --plot %s", g_model, g_tokens,
-             args, dir, png);
-    cr_expect_eq(rc, 1, "a folder at PLOT.dat: exit %d: %s", rc, out);
-    cr_expect(strstr(out, dat) && strstr(out, "plot was not written"), "message should name %s: %s", dat, out);
-    cr_assert_eq(rmdir(dat), 0);
-    (void)unlink(gp);
-    cr_assert_eq(mkdir(gp, 0700), 0);
-    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s/c.json --plot %s", g_model, g_tokens,
-             args, dir, png);
-    cr_expect_eq(rc, 1, "a folder at PLOT.gp: exit %d: %s", rc, out);
-    cr_expect(strstr(out, gp) && strstr(out, "plot was not written"), "message should name %s: %s", gp, out);
-    rmrf(dir);
+    const struct {
+        const char *side, *dev, *what; /* dev NULL: a folder */
+    } cases[] = {{".gp", "/dev/null", "a device"},
+                 {".dat", "/dev/null", "a device"},
+                 {".dat", "/dev/full", "a device"},
+                 {".dat", NULL, "a directory"},
+                 {".gp", NULL, "a directory"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[16384], dir[64], side[128], png[128], json[128];
+        scratch(dir, sizeof dir);
+        snprintf(png, sizeof png, "%s/p.png", dir);
+        snprintf(side, sizeof side, "%s%s", png, cases[i].side);
+        snprintf(json, sizeof json, "%s/a.json", dir);
+        if (cases[i].dev)
+            cr_assert_eq(symlink(cases[i].dev, side), 0);
+        else
+            cr_assert_eq(mkdir(side, 0700), 0);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s --plot %s", g_model, g_tokens,
+                     args, json, png);
+        cr_expect_eq(rc, 2, "%s at PLOT%s: exit %d: %s", cases[i].dev ? cases[i].dev : "a folder", cases[i].side, rc,
+                     out);
+        cr_expect(strstr(out, side) && strstr(out, cases[i].what), "the message should name %s as %s: %s", side,
+                  cases[i].what, out);
+        struct stat sb;
+        cr_expect(stat(json, &sb) != 0, "the evaluation ran before the refusal (%s written): %s", json, out);
+        cr_expect(stat(png, &sb) != 0, "a plot was written (%lld bytes): %s", (long long)sb.st_size, out);
+        rmrf(dir);
+    }
 }
 
 /* A gnuplot that fails after 'set output' (as it does on a bad plot: it creates the file first) left

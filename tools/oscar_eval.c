@@ -309,17 +309,22 @@ int main(int argc, char **argv)
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
-        /* --plot P also writes P.dat and P.gp, with fopen: through a link, or into a
+        /* --plot P also writes P.dat and P.gp in place: through a link, or into a
          * FIFO or socket, where the open waited for a reader forever after the whole
-         * evaluation (other failures there are reported when the plot is written) */
+         * evaluation; into a device (/dev/null at P.gp: gnuplot ran an empty script,
+         * exit 0 with an empty PNG) or a folder (a failure after the whole run).
+         * Write errors on a regular file are reported when the plot is written. */
         for (int i = 0; S.out_plot && i < 2; i++) {
             char side[4200], why[4400];
             snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
             if (tool_dangling_link(side, why, sizeof why)) return bad("%s %s", "--plot", why);
             struct stat ss;
-            if (stat(side, &ss) == 0 && (S_ISFIFO(ss.st_mode) || S_ISSOCK(ss.st_mode)))
+            if (stat(side, &ss) == 0 && !S_ISREG(ss.st_mode))
                 return bad("--plot writes %s, which is %s, not a regular file; remove it or choose another --plot",
-                           side, S_ISFIFO(ss.st_mode) ? "a FIFO" : "a socket");
+                           side, S_ISFIFO(ss.st_mode)  ? "a FIFO"
+                                 : S_ISSOCK(ss.st_mode) ? "a socket"
+                                 : S_ISDIR(ss.st_mode)  ? "a directory"
+                                                        : "a device");
         }
         /* Written after the whole evaluation: over an input it would destroy it,
          * over another output neither would survive. */
