@@ -268,6 +268,42 @@ Test(tools_bad_input, eval_method_lists_are_never_cut_short, .timeout = 300) {
     rmrf(dir);
 }
 
+/* oscar-eval --per-layer LIST was read after the model load (and the token file's): a typo, bf16
+ * or oscar2 without --params cost the whole load before the refusal, and a method named twice ran
+ * each layer's variant twice (twice the work, each row twice in the Markdown table, one of them
+ * in the JSON). Checked with --methods now, before the model is read: the model folder here holds
+ * only config.json, so a refusal that came after the load would name the missing weights. */
+Test(tools_bad_input, eval_per_layer_list_is_checked_before_the_model_load, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const struct {
+        const char *per_layer;
+        int params;
+        const char *needle;
+    } cases[] = {{"int3", 1, "'int3' is not a quantized method"},
+                 {"int2,bf16", 1, "'bf16' is not a quantized method"},
+                 {"int2,quarot2,int2", 1, "'int2' given twice"},
+                 {"oscar2", 0, "--per-layer oscar2 needs --params"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s %s%s --methods int2 --per-layer %s --context "
+                     "64 --max-tokens 64 --retrieval-trials 0 --out %s/r.json", dir, g_tokens, cases[i].params ?
+                     "--params " : "", cases[i].params ? p : "", cases[i].per_layer, dir);
+        cr_expect_eq(rc, 2, "--per-layer %s: exit %d: %s", cases[i].per_layer, rc, out);
+        cr_expect(strstr(out, cases[i].needle) && !strstr(out, "safetensors: cannot open"),
+                  "--per-layer %s: the message should say \"%s\" before the model load: %s", cases[i].per_layer,
+                  cases[i].needle, out);
+    }
+    rmrf(dir);
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {

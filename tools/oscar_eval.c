@@ -405,6 +405,22 @@ int main(int argc, char **argv)
     if ((need_params || ablations || nstorage) && !S.params_path)
         return bad("oscar2, oscar2-lm, --ablations and --storage need --params P (make P with oscar-calibrate)%s%s",
                    "", "");
+    if (per_layer) { /* as --methods: checked before the model load, each method once */
+        char buf[256]; /* --per-layer is at most 255 bytes (checked with the arguments) */
+        oscar_method seen_m[OSCAR_METHOD_COUNT_];
+        int ns = 0;
+        snprintf(buf, sizeof buf, "%s", per_layer);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            oscar_method m;
+            if (oscar_method_from_name(t, &m) != OSCAR_OK || m == OSCAR_METHOD_BF16)
+                return bad("--per-layer: '%s' is not a quantized method%s", t, "");
+            for (int j = 0; j < ns; j++)
+                if (seen_m[j] == m) return bad("--per-layer: '%s' given twice%s", t, "");
+            if ((m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM) && !S.params_path)
+                return bad("--per-layer %s needs --params%s", t, "");
+            seen_m[ns++] = m;
+        }
+    }
 
     double t_start = ev_now(), cpu_start = ev_cpu_seconds();
     time_t now = time(NULL);
