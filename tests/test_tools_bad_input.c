@@ -304,6 +304,29 @@ Test(tools_bad_input, eval_per_layer_list_is_checked_before_the_model_load, .tim
     rmrf(dir);
 }
 
+/* --storage SPEC is repeatable (one layout each), and the same SPEC given twice ran the same
+ * variant twice: twice the work, its row twice in the Markdown table and once in the JSON (the
+ * two shared a name). Refused with the arguments now (exit 2), before the model is read (the
+ * model folder holds only config.json). */
+Test(tools_bad_input, eval_storage_spec_given_twice_is_refused, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --params %s --methods int2 --storage group=64 "
+                 "--storage out=4 --storage group=64 --out %s/r.json", dir, g_tokens, p, dir);
+    cr_expect_eq(rc, 2, "--storage group=64 twice: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--storage") && strstr(out, "'group=64' given twice"),
+              "the message should name the repeated spec: %s", out);
+    rmrf(dir);
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {

@@ -245,6 +245,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--storage")) {
             NEED_VAL;
             if (nstorage >= 16) return bad("--storage: at most 16 (got '%s' as the 17th)%s", val, "");
+            for (int j = 0; j < nstorage; j++) /* the same layout twice: run twice, one row in the JSON */
+                if (!strcmp(storage_specs[j], val)) return bad("--storage: '%s' given twice%s", val, "");
             storage_specs[nstorage++] = val;
         } else if (!strcmp(a, "--params-lm")) {
             NEED_VAL;
