@@ -327,6 +327,33 @@ Test(tools_bad_input, eval_storage_spec_given_twice_is_refused, .timeout = 120) 
     rmrf(dir);
 }
 
+/* --tasks builds lookup documents of --context / 2 and --context tokens whose facts must lie
+ * between the sink and the recent window: a context too short for that (here 64 with the default
+ * windows) was refused only after the model and the token file were read. Refused with the
+ * tokenizer check now, before the model load (the model folder holds config.json and
+ * tokenizer.json only, so a refusal after the load would name the missing weights). */
+Test(tools_bad_input, eval_tasks_context_is_checked_before_the_model_load, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    snprintf(a, sizeof a, "%s/tokenizer.json", g_model);
+    snprintf(b, sizeof b, "%s/tokenizer.json", dir);
+    cr_assert_eq(symlink(a, b), 0);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 64 "
+                 "--retrieval-trials 0 --tasks --out %s/r.json", dir, g_tokens, dir);
+    cr_expect_eq(rc, 2, "--tasks --context 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--tasks") && strstr(out, "32-token lookup document") &&
+              !strstr(out, "safetensors: cannot open"),
+              "the message should name --tasks and the document before the model load: %s", out);
+    rmrf(dir);
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {

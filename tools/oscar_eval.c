@@ -477,6 +477,13 @@ int main(int argc, char **argv)
     if (tasks) {
         char terr[600];
         if (ev_task_vocab_load(S.model_dir, cfg.vocab, &tv, terr, sizeof terr) != 0) return bad("%s%s", terr, "");
+        for (int c = 0; c < 2; c++) /* documents of context / 2 and context tokens (the jobs below) */
+            if (!ev_task_fits(c ? (int)ctx : (int)ctx / 2, (int)sink, (int)recent)) {
+                snprintf(terr, sizeof terr, "--tasks: a %d-token lookup document (--context%s) cannot keep its facts "
+                         "outside the windows (sink %ld, recent %ld); use a longer --context or a smaller --sink / "
+                         "--recent", c ? (int)ctx : (int)ctx / 2, c ? "" : " / 2", sink, recent);
+                return bad("%s%s", terr, "");
+            }
     }
 
     /* Parameters before the (slow) model load: wrong shape is bad input. */
