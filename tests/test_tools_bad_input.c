@@ -354,6 +354,71 @@ Test(tools_bad_input, eval_tasks_context_is_checked_before_the_model_load, .time
     rmrf(dir);
 }
 
+/* A copy of tiny-qwen3 in dir whose shard 5 also holds the F32 tensor `name` of n ones (the index
+ * names it too): a bias config.json does not give the model. */
+static void model_with_extra(const char *dir, const char *name, int n) {
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
+    size_t len;
+    unsigned char *s = (unsigned char *)slurp(a, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | s[i];
+    json_t *h = json_loadb((const char *)s + 8, (size_t)hl, 0, NULL);
+    cr_assert(h);
+    const size_t data = len - 8 - (size_t)hl;
+    json_object_set_new(h, name, json_pack("{s:s, s:[i], s:[I, I]}", "dtype", "F32", "shape", n, "data_offsets",
+                                           (json_int_t)data, (json_int_t)(data + 4 * (size_t)n)));
+    char *hs = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    size_t hn = strlen(hs), pad = (8 - hn % 8) % 8;
+    snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
+    FILE *o = fopen(b, "wb");
+    cr_assert(o);
+    unsigned char lb[8];
+    for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((hn + pad) >> (8 * i));
+    const float one = 1.0f;
+    cr_assert(fwrite(lb, 1, 8, o) == 8 && fwrite(hs, 1, hn, o) == hn && fwrite("        ", 1, pad, o) == pad &&
+              fwrite(s + 8 + hl, 1, data, o) == data);
+    for (int i = 0; i < n; i++) cr_assert(fwrite(&one, 4, 1, o) == 1);
+    cr_assert(fclose(o) == 0);
+    free(hs);
+    free(s);
+    snprintf(a, sizeof a, "%s/model.safetensors.index.json", dir); /* the copy's own index, not the link */
+    json_t *idx = json_load_file(a, 0, NULL);
+    cr_assert(idx);
+    json_object_set_new(json_object_get(idx, "weight_map"), name, json_string("model-00005-of-00005.safetensors"));
+    cr_assert_eq(unlink(a), 0);
+    cr_assert_eq(json_dump_file(idx, a, 0), 0);
+    json_decref(idx);
+}
+
+/* A bias tensor the checkpoint holds but config.json does not give the model (tiny-qwen3 is Qwen3
+ * with attention_bias false and no MLP biases; transformers builds those layers without a bias
+ * and leaves the tensor unused): the engine added a q/k/v or o_proj bias it found and ignored an
+ * MLP bias, and every tool ran another model than transformers does without a word (oscar-ppl:
+ * exit 0, another perplexity). Refused at the load now, naming the tensor and the config key. */
+Test(tools_bad_input, biases_the_config_leaves_out_are_refused, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    const struct {
+        const char *name;
+        int n;
+        const char *key;
+    } cases[] = {{"model.layers.7.self_attn.o_proj.bias", 512, "attention_bias"},
+                 {"model.layers.7.self_attn.q_proj.bias", 1024, "attention_bias"},
+                 {"model.layers.7.mlp.down_proj.bias", 512, "mlp_bias"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[16384], dir[64];
+        scratch(dir, sizeof dir);
+        model_with_extra(dir, cases[i].name, cases[i].n);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+        cr_expect_eq(rc, 2, "%s in the checkpoint: exit %d: %s", cases[i].name, rc, out);
+        cr_expect(strstr(out, cases[i].name) && strstr(out, cases[i].key), "the message should name %s and %s: %s",
+                  cases[i].name, cases[i].key, out);
+        rmrf(dir);
+    }
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {
