@@ -537,6 +537,37 @@ static oscar_status check_no_extra_layers(const shard_set *ss, int num_layers)
     return OSCAR_OK;
 }
 
+/* A bias of layer L that the checkpoint holds but config.json does not give the model: transformers
+ * builds those projections without a bias and leaves the tensor unused, and the engine added a
+ * q/k/v or o_proj bias it found (and never read MLP biases), running another model without a word.
+ * Attention biases: q/k/v with attention_bias (always for Qwen2), o_proj with attention_bias
+ * (never for Qwen2); MLP biases never (mlp_bias true is refused with the config). */
+static oscar_status check_unused_biases(const shard_set *ss, const oe_config *c, int L)
+{
+    static const char *const names[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+                                        "self_attn.o_proj.bias", "mlp.gate_proj.bias",    "mlp.up_proj.bias",
+                                        "mlp.down_proj.bias"};
+    for (int i = 0; i < 7; i++) {
+        const int used = i < 3 ? c->qkv_bias : i == 3 ? c->qkv_bias && c->arch != OE_ARCH_QWEN2 : 0;
+        char nm[256];
+        int dup;
+        snprintf(nm, sizeof nm, "model.layers.%d.%s", L, names[i]);
+        if (used || !find_any(ss, nm, &dup)) continue;
+        if (i >= 4)
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' but config.json gives the MLP "
+                                "no biases (mlp_bias false, which transformers follows, leaving the tensor unused); "
+                                "the weights and the config are of different models: remove the tensor", nm);
+        if (c->arch == OE_ARCH_QWEN2)
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' but a Qwen2 model has no "
+                                "o_proj bias (transformers leaves the tensor unused, whatever attention_bias says); "
+                                "remove the tensor", nm);
+        return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' but config.json has attention_bias "
+                            "false (transformers then builds the projection without a bias and leaves the tensor "
+                            "unused); set attention_bias to true if the model uses it, or remove the tensor", nm);
+    }
+    return OSCAR_OK;
+}
+
 static oscar_status open_shards(const char *dir, shard_set *ss)
 {
     char path[4096];
@@ -746,6 +777,7 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
     for (int L = 0; L < c->num_layers; L++) {
         oe_layer *l = &m->layers[L];
         char nm[256];
+        if ((s = check_unused_biases(ss, c, L)) != OSCAR_OK) goto fail;
 #define LOAD(field, suffix, d0, d1, opt)                                                           \
     do {                                                                                           \
         snprintf(nm, sizeof nm, "model.layers.%d.%s", L, suffix);                                  \

@@ -268,6 +268,157 @@ Test(tools_bad_input, eval_method_lists_are_never_cut_short, .timeout = 300) {
     rmrf(dir);
 }
 
+/* oscar-eval --per-layer LIST was read after the model load (and the token file's): a typo, bf16
+ * or oscar2 without --params cost the whole load before the refusal, and a method named twice ran
+ * each layer's variant twice (twice the work, each row twice in the Markdown table, one of them
+ * in the JSON). Checked with --methods now, before the model is read: the model folder here holds
+ * only config.json, so a refusal that came after the load would name the missing weights. */
+Test(tools_bad_input, eval_per_layer_list_is_checked_before_the_model_load, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const struct {
+        const char *per_layer;
+        int params;
+        const char *needle;
+    } cases[] = {{"int3", 1, "'int3' is not a quantized method"},
+                 {"int2,bf16", 1, "'bf16' is not a quantized method"},
+                 {"int2,quarot2,int2", 1, "'int2' given twice"},
+                 {"oscar2", 0, "--per-layer oscar2 needs --params"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s %s%s --methods int2 --per-layer %s --context "
+                     "64 --max-tokens 64 --retrieval-trials 0 --out %s/r.json", dir, g_tokens, cases[i].params ?
+                     "--params " : "", cases[i].params ? p : "", cases[i].per_layer, dir);
+        cr_expect_eq(rc, 2, "--per-layer %s: exit %d: %s", cases[i].per_layer, rc, out);
+        cr_expect(strstr(out, cases[i].needle) && !strstr(out, "safetensors: cannot open"),
+                  "--per-layer %s: the message should say \"%s\" before the model load: %s", cases[i].per_layer,
+                  cases[i].needle, out);
+    }
+    rmrf(dir);
+}
+
+/* --storage SPEC is repeatable (one layout each), and the same SPEC given twice ran the same
+ * variant twice: twice the work, its row twice in the Markdown table and once in the JSON (the
+ * two shared a name). Refused with the arguments now (exit 2), before the model is read (the
+ * model folder holds only config.json). */
+Test(tools_bad_input, eval_storage_spec_given_twice_is_refused, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --params %s --methods int2 --storage group=64 "
+                 "--storage out=4 --storage group=64 --out %s/r.json", dir, g_tokens, p, dir);
+    cr_expect_eq(rc, 2, "--storage group=64 twice: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--storage") && strstr(out, "'group=64' given twice"),
+              "the message should name the repeated spec: %s", out);
+    rmrf(dir);
+}
+
+/* --tasks builds lookup documents of --context / 2 and --context tokens whose facts must lie
+ * between the sink and the recent window: a context too short for that (here 64 with the default
+ * windows) was refused only after the model and the token file were read. Refused with the
+ * tokenizer check now, before the model load (the model folder holds config.json and
+ * tokenizer.json only, so a refusal after the load would name the missing weights). */
+Test(tools_bad_input, eval_tasks_context_is_checked_before_the_model_load, .timeout = 120) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    snprintf(a, sizeof a, "%s/tokenizer.json", g_model);
+    snprintf(b, sizeof b, "%s/tokenizer.json", dir);
+    cr_assert_eq(symlink(a, b), 0);
+    int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --methods int2 --context 64 --max-tokens 64 "
+                 "--retrieval-trials 0 --tasks --out %s/r.json", dir, g_tokens, dir);
+    cr_expect_eq(rc, 2, "--tasks --context 64: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "--tasks") && strstr(out, "32-token lookup document") &&
+              !strstr(out, "safetensors: cannot open"),
+              "the message should name --tasks and the document before the model load: %s", out);
+    rmrf(dir);
+}
+
+/* A copy of tiny-qwen3 in dir whose shard 5 also holds the F32 tensor `name` of n ones (the index
+ * names it too): a bias config.json does not give the model. */
+static void model_with_extra(const char *dir, const char *name, int n) {
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    char a[8192], b[8192];
+    snprintf(a, sizeof a, "%s/model-00005-of-00005.safetensors", g_model);
+    size_t len;
+    unsigned char *s = (unsigned char *)slurp(a, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | s[i];
+    json_t *h = json_loadb((const char *)s + 8, (size_t)hl, 0, NULL);
+    cr_assert(h);
+    const size_t data = len - 8 - (size_t)hl;
+    json_object_set_new(h, name, json_pack("{s:s, s:[i], s:[I, I]}", "dtype", "F32", "shape", n, "data_offsets",
+                                           (json_int_t)data, (json_int_t)(data + 4 * (size_t)n)));
+    char *hs = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    size_t hn = strlen(hs), pad = (8 - hn % 8) % 8;
+    snprintf(b, sizeof b, "%s/model-00005-of-00005.safetensors", dir);
+    FILE *o = fopen(b, "wb");
+    cr_assert(o);
+    unsigned char lb[8];
+    for (int i = 0; i < 8; i++) lb[i] = (unsigned char)((hn + pad) >> (8 * i));
+    const float one = 1.0f;
+    cr_assert(fwrite(lb, 1, 8, o) == 8 && fwrite(hs, 1, hn, o) == hn && fwrite("        ", 1, pad, o) == pad &&
+              fwrite(s + 8 + hl, 1, data, o) == data);
+    for (int i = 0; i < n; i++) cr_assert(fwrite(&one, 4, 1, o) == 1);
+    cr_assert(fclose(o) == 0);
+    free(hs);
+    free(s);
+    snprintf(a, sizeof a, "%s/model.safetensors.index.json", dir); /* the copy's own index, not the link */
+    json_t *idx = json_load_file(a, 0, NULL);
+    cr_assert(idx);
+    json_object_set_new(json_object_get(idx, "weight_map"), name, json_string("model-00005-of-00005.safetensors"));
+    cr_assert_eq(unlink(a), 0);
+    cr_assert_eq(json_dump_file(idx, a, 0), 0);
+    json_decref(idx);
+}
+
+/* A bias tensor the checkpoint holds but config.json does not give the model (tiny-qwen3 is Qwen3
+ * with attention_bias false and no MLP biases; transformers builds those layers without a bias
+ * and leaves the tensor unused): the engine added a q/k/v or o_proj bias it found and ignored an
+ * MLP bias, and every tool ran another model than transformers does without a word (oscar-ppl:
+ * exit 0, another perplexity). Refused at the load now, naming the tensor and the config key. */
+Test(tools_bad_input, biases_the_config_leaves_out_are_refused, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    const struct {
+        const char *name;
+        int n;
+        const char *key;
+    } cases[] = {{"model.layers.7.self_attn.o_proj.bias", 512, "attention_bias"},
+                 {"model.layers.7.self_attn.q_proj.bias", 1024, "attention_bias"},
+                 {"model.layers.7.mlp.down_proj.bias", 512, "mlp_bias"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[16384], dir[64];
+        scratch(dir, sizeof dir);
+        model_with_extra(dir, cases[i].name, cases[i].n);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-ppl %s --tokens %s --context 64 --max-tokens 64", dir, g_tokens);
+        cr_expect_eq(rc, 2, "%s in the checkpoint: exit %d: %s", cases[i].name, rc, out);
+        cr_expect(strstr(out, cases[i].name) && strstr(out, cases[i].key), "the message should name %s and %s: %s",
+                  cases[i].name, cases[i].key, out);
+        rmrf(dir);
+    }
+}
+
 /* The GPU engine's tools (built where CUDA is) check their arguments before
  * touching a model or a device, so this runs on machines without a GPU. */
 Test(tools_bad_input, gpu_tools_chunk_and_prefix_arguments, .timeout = 120) {
@@ -1386,44 +1537,45 @@ Test(tools_bad_input, eval_plot_path_is_not_run_by_a_shell, .timeout = 300) {
     rmrf(dir);
 }
 
-/* The plot's data file PLOT.dat on a full disk (a link to /dev/full here):
- * its fprintf and fclose results were unchecked, so gnuplot was run on a
- * truncated file (here it read /dev/full until killed) and a full disk gave a
- * short plot and exit 0; a data or script file that could not be opened (a
- * folder in its place) failed without a word. Both now exit 1 naming the
- * file, before gnuplot runs. */
-Test(tools_bad_input, eval_plot_data_write_errors_are_reported, .timeout = 400) {
+/* --plot P writes P.dat and P.gp in place. A device or a folder there was found only
+ * after the whole evaluation: /dev/null at P.gp took the script, gnuplot ran nothing and
+ * exited 0, and the tool exited 0 with an empty PNG at P; /dev/full at P.dat and a folder
+ * at either failed at the end (exit 1). All are refused before the evaluation now (exit 2,
+ * naming the file), nothing written. */
+Test(tools_bad_input, eval_plot_side_files_that_are_devices_or_folders_are_refused_first, .timeout = 400) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char have[8];
     if (!(run(have, sizeof have, 10, "sh -c 'command -v gnuplot > /dev/null && echo y'") == 0 && have[0] == 'y'))
         cr_skip_test("gnuplot is absent: oscar-eval writes no plot files");
-    char out[16384], dir[64], dat[128], gp[128], png[128];
-    scratch(dir, sizeof dir);
-    snprintf(dat, sizeof dat, "%s/p.png.dat", dir);
-    snprintf(gp, sizeof gp, "%s/p.png.gp", dir);
-    snprintf(png, sizeof png, "%s/p.png", dir);
-    cr_assert_eq(symlink("/dev/full", dat), 0);
     const char *args = "--methods int2 --context 64 --max-tokens 128 --sink 0 --recent 16 --retrieval-trials 0";
-    int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s/a.json --plot %s", g_model,
-                 g_tokens, args, dir, png);
-    cr_expect_eq(rc, 1, "PLOT.dat on a full disk: exit %d: %s", rc, out);
-    cr_expect(strstr(out, dat) && strstr(out, "plot was not written"), "message should name %s: %s", dat, out);
-    struct stat sb;
-    cr_expect(stat(png, &sb) != 0, "a plot was drawn from the truncated data: %s", out);
-    cr_assert_eq(unlink(dat), 0);
-    cr_assert_eq(mkdir(dat, 0700), 0);
-    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s/b.json --plot %s", g_model, g_tokens,
-             args, dir, png);
-    cr_expect_eq(rc, 1, "a folder at PLOT.dat: exit %d: %s", rc, out);
-    cr_expect(strstr(out, dat) && strstr(out, "plot was not written"), "message should name %s: %s", dat, out);
-    cr_assert_eq(rmdir(dat), 0);
-    (void)unlink(gp);
-    cr_assert_eq(mkdir(gp, 0700), 0);
-    rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s/c.json --plot %s", g_model, g_tokens,
-             args, dir, png);
-    cr_expect_eq(rc, 1, "a folder at PLOT.gp: exit %d: %s", rc, out);
-    cr_expect(strstr(out, gp) && strstr(out, "plot was not written"), "message should name %s: %s", gp, out);
-    rmrf(dir);
+    const struct {
+        const char *side, *dev, *what; /* dev NULL: a folder */
+    } cases[] = {{".gp", "/dev/null", "a device"},
+                 {".dat", "/dev/null", "a device"},
+                 {".dat", "/dev/full", "a device"},
+                 {".dat", NULL, "a directory"},
+                 {".gp", NULL, "a directory"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char out[16384], dir[64], side[128], png[128], json[128];
+        scratch(dir, sizeof dir);
+        snprintf(png, sizeof png, "%s/p.png", dir);
+        snprintf(side, sizeof side, "%s%s", png, cases[i].side);
+        snprintf(json, sizeof json, "%s/a.json", dir);
+        if (cases[i].dev)
+            cr_assert_eq(symlink(cases[i].dev, side), 0);
+        else
+            cr_assert_eq(mkdir(side, 0700), 0);
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s %s --out %s --plot %s", g_model, g_tokens,
+                     args, json, png);
+        cr_expect_eq(rc, 2, "%s at PLOT%s: exit %d: %s", cases[i].dev ? cases[i].dev : "a folder", cases[i].side, rc,
+                     out);
+        cr_expect(strstr(out, side) && strstr(out, cases[i].what), "the message should name %s as %s: %s", side,
+                  cases[i].what, out);
+        struct stat sb;
+        cr_expect(stat(json, &sb) != 0, "the evaluation ran before the refusal (%s written): %s", json, out);
+        cr_expect(stat(png, &sb) != 0, "a plot was written (%lld bytes): %s", (long long)sb.st_size, out);
+        rmrf(dir);
+    }
 }
 
 /* A gnuplot that fails after 'set output' (as it does on a bad plot: it creates the file first) left

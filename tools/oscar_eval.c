@@ -245,6 +245,8 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--storage")) {
             NEED_VAL;
             if (nstorage >= 16) return bad("--storage: at most 16 (got '%s' as the 17th)%s", val, "");
+            for (int j = 0; j < nstorage; j++) /* the same layout twice: run twice, one row in the JSON */
+                if (!strcmp(storage_specs[j], val)) return bad("--storage: '%s' given twice%s", val, "");
             storage_specs[nstorage++] = val;
         } else if (!strcmp(a, "--params-lm")) {
             NEED_VAL;
@@ -309,17 +311,22 @@ int main(int argc, char **argv)
             char why[4400];
             if (!tool_output_ok(outs[i], why, sizeof why)) return bad("%s %s", flags[i], why);
         }
-        /* --plot P also writes P.dat and P.gp, with fopen: through a link, or into a
+        /* --plot P also writes P.dat and P.gp in place: through a link, or into a
          * FIFO or socket, where the open waited for a reader forever after the whole
-         * evaluation (other failures there are reported when the plot is written) */
+         * evaluation; into a device (/dev/null at P.gp: gnuplot ran an empty script,
+         * exit 0 with an empty PNG) or a folder (a failure after the whole run).
+         * Write errors on a regular file are reported when the plot is written. */
         for (int i = 0; S.out_plot && i < 2; i++) {
             char side[4200], why[4400];
             snprintf(side, sizeof side, "%s%s", S.out_plot, i ? ".gp" : ".dat");
             if (tool_dangling_link(side, why, sizeof why)) return bad("%s %s", "--plot", why);
             struct stat ss;
-            if (stat(side, &ss) == 0 && (S_ISFIFO(ss.st_mode) || S_ISSOCK(ss.st_mode)))
+            if (stat(side, &ss) == 0 && !S_ISREG(ss.st_mode))
                 return bad("--plot writes %s, which is %s, not a regular file; remove it or choose another --plot",
-                           side, S_ISFIFO(ss.st_mode) ? "a FIFO" : "a socket");
+                           side, S_ISFIFO(ss.st_mode)  ? "a FIFO"
+                                 : S_ISSOCK(ss.st_mode) ? "a socket"
+                                 : S_ISDIR(ss.st_mode)  ? "a directory"
+                                                        : "a device");
         }
         /* Written after the whole evaluation: over an input it would destroy it,
          * over another output neither would survive. */
@@ -400,6 +407,22 @@ int main(int argc, char **argv)
     if ((need_params || ablations || nstorage) && !S.params_path)
         return bad("oscar2, oscar2-lm, --ablations and --storage need --params P (make P with oscar-calibrate)%s%s",
                    "", "");
+    if (per_layer) { /* as --methods: checked before the model load, each method once */
+        char buf[256]; /* --per-layer is at most 255 bytes (checked with the arguments) */
+        oscar_method seen_m[OSCAR_METHOD_COUNT_];
+        int ns = 0;
+        snprintf(buf, sizeof buf, "%s", per_layer);
+        for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            oscar_method m;
+            if (oscar_method_from_name(t, &m) != OSCAR_OK || m == OSCAR_METHOD_BF16)
+                return bad("--per-layer: '%s' is not a quantized method%s", t, "");
+            for (int j = 0; j < ns; j++)
+                if (seen_m[j] == m) return bad("--per-layer: '%s' given twice%s", t, "");
+            if ((m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM) && !S.params_path)
+                return bad("--per-layer %s needs --params%s", t, "");
+            seen_m[ns++] = m;
+        }
+    }
 
     double t_start = ev_now(), cpu_start = ev_cpu_seconds();
     time_t now = time(NULL);
@@ -454,6 +477,13 @@ int main(int argc, char **argv)
     if (tasks) {
         char terr[600];
         if (ev_task_vocab_load(S.model_dir, cfg.vocab, &tv, terr, sizeof terr) != 0) return bad("%s%s", terr, "");
+        for (int c = 0; c < 2; c++) /* documents of context / 2 and context tokens (the jobs below) */
+            if (!ev_task_fits(c ? (int)ctx : (int)ctx / 2, (int)sink, (int)recent)) {
+                snprintf(terr, sizeof terr, "--tasks: a %d-token lookup document (--context%s) cannot keep its facts "
+                         "outside the windows (sink %ld, recent %ld); use a longer --context or a smaller --sink / "
+                         "--recent", c ? (int)ctx : (int)ctx / 2, c ? "" : " / 2", sink, recent);
+                return bad("%s%s", terr, "");
+            }
     }
 
     /* Parameters before the (slow) model load: wrong shape is bad input. */

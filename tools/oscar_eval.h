@@ -135,6 +135,9 @@ int ev_task_vocab_load(const char *model_dir, int vocab, ev_task_vocab *tv, char
  * is too short for the facts to lie outside the windows (or text too short). */
 int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, int ctx, int sink, int recent,
                   uint64_t seed, uint32_t *doc, int *answer_rows);
+/* 1 when a document of ctx tokens can keep its facts outside the windows (ev_task_build's rule
+ * without the text): checked before the model load. */
+int ev_task_fits(int ctx, int sink, int recent);
 
 /* report.json, report.md and the plot; returns 0 or prints why not. */
 int ev_write_json(const ev_run *R, const ev_settings *S);

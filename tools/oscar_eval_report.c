@@ -352,16 +352,17 @@ static int run_gnuplot(const char *script, const char *png)
 
 /* fopen(path, "w") that never blocks, with the message on failure: a FIFO put in
  * place of the plot's data or script after the start-up check waited for a
- * reader forever. */
+ * reader forever, and a device took the script (/dev/null: gnuplot drew nothing
+ * and exited 0, an empty PNG). */
 static FILE *plot_open(const char *path)
 {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0666);
     struct stat sb;
     /* ENXIO: a FIFO without a reader */
-    if ((fd < 0 && errno == ENXIO) ||
-        (fd >= 0 && fstat(fd, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)))) {
+    if ((fd < 0 && errno == ENXIO) || (fd >= 0 && fstat(fd, &sb) == 0 && !S_ISREG(sb.st_mode))) {
         if (fd >= 0) close(fd);
-        fprintf(stderr, "oscar-eval: %s is a FIFO or socket, not a regular file; the plot was not written\n", path);
+        fprintf(stderr, "oscar-eval: %s is a FIFO, socket or device, not a regular file; the plot was not written\n",
+                path);
         return NULL;
     }
     int fl = fd < 0 ? -1 : fcntl(fd, F_GETFL);

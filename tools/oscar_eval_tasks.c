@@ -122,14 +122,21 @@ static int fact_tokens(const ev_task_vocab *tv, int name, const int dg[3], uint3
     return i;
 }
 
-int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, int ctx, int sink, int recent,
-                  uint64_t seed, uint32_t *doc, int *answer_rows)
+int ev_task_fits(int ctx, int sink, int recent)
 {
     const int F = EV_TASK_FACTS, FL = EV_TASK_FACT_LEN;
     /* Every fact must lie in the 2-bit region for every query: it ends at
      * least recent + 8 positions before the first query. */
     const int q0 = ctx - F * FL, facts_end = q0 - recent - 8, first = sink + 8;
-    if (facts_end - first < F * (FL + 16) || ntext < ctx) return -1;
+    return facts_end - first >= F * (FL + 16);
+}
+
+int ev_task_build(const ev_task_vocab *tv, const uint32_t *text, int64_t ntext, int ctx, int sink, int recent,
+                  uint64_t seed, uint32_t *doc, int *answer_rows)
+{
+    const int F = EV_TASK_FACTS, FL = EV_TASK_FACT_LEN;
+    const int q0 = ctx - F * FL, facts_end = q0 - recent - 8, first = sink + 8;
+    if (!ev_task_fits(ctx, sink, recent) || ntext < ctx) return -1;
     uint64_t st = seed * 0x9E3779B97F4A7C15ull + 0x51ED;
     for (int i = 0; i < 4; i++) ev_xorshift(&st);
     int name[EV_TASK_FACTS], dg[EV_TASK_FACTS][3], order[EV_TASK_FACTS];
