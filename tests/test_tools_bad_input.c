@@ -476,11 +476,14 @@ Test(tools_bad_input, stdout_write_errors_are_reported, .timeout = 300) {
     rc = run(out, sizeof out, 200,
              "sh -c '" BIN "/oscar-bench --quick --backend cpu --batch 1 --context 64 >/dev/full'");
     cr_expect_eq(rc, 1, "oscar-bench >/dev/full: exit %d: %s", rc, out);
-    const char *tools[] = {"oscar-calibrate", "oscar-eval", "oscar-copy-probe", "oscar-bench",
-                           "oscar-ppl"}; /* usage on stdout */
+    /* usage on stdout, exit 0 (oscar-engine-bench took --help for an unknown argument: exit 2) */
+    const char *tools[] = {"oscar-calibrate", "oscar-eval", "oscar-copy-probe", "oscar-bench", "oscar-ppl",
+                           "oscar-engine-bench"};
     for (size_t i = 0; i < sizeof tools / sizeof tools[0]; i++) {
         rc = run(out, sizeof out, 30, "sh -c '" BIN "/%s --help >/dev/full'", tools[i]);
         cr_expect_eq(rc, 1, "%s --help >/dev/full: exit %d: %s", tools[i], rc, out);
+        rc = run(out, sizeof out, 30, "sh -c '" BIN "/%s --help 2>/dev/null'", tools[i]);
+        cr_expect(rc == 0 && strstr(out, "usage"), "%s --help: exit %d: %s", tools[i], rc, out);
     }
     rc = run(out, sizeof out, 60, BIN "/oscar-inspect %s >/dev/null", P); /* unchanged where writes succeed */
     cr_expect_eq(rc, 0, "oscar-inspect >/dev/null: exit %d: %s", rc, out);

@@ -22,6 +22,15 @@ static double cpu_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* --help prints on stdout (a write error there is the exit status), a misuse on stderr, as the other tools. */
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n"
+               "  MODEL_DIR  Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint (config.json + safetensors)\n"
+               "  --tokens   uint32 little-endian token ids\n"
+               "  --windows  windows of --context tokens fed, each with and without the lm_head\n");
+}
+
 int main(int argc, char **argv)
 {
     tool_watch_stdout("oscar-engine-bench");
@@ -40,16 +49,19 @@ int main(int argc, char **argv)
         } else if (!strcmp(argv[i], "--context") && i + 1 < argc) {
             if (!tool_parse_int("oscar-engine-bench", "--context", argv[++i], 1, 1 << 20, &v)) return 2;
             ctx = (int)v;
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
         } else if (argv[i][0] != '-' && !dir) dir = argv[i];
         else { /* named: a bare usage did not say which argument (an option without its value at the end) */
-            fprintf(stderr, "oscar-engine-bench: unknown or incomplete argument '%s'\n"
-                    "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n", argv[i]);
+            fprintf(stderr, "oscar-engine-bench: unknown or incomplete argument '%s'\n", argv[i]);
+            usage(stderr);
             return 2;
         }
     }
     if (!dir || !tok_path || windows < 1 || ctx < 1) {
-        fprintf(stderr, "oscar-engine-bench: MODEL_DIR and --tokens FILE are required\n"
-                "usage: oscar-engine-bench MODEL_DIR --tokens FILE [--windows 4] [--context 2048]\n");
+        fprintf(stderr, "oscar-engine-bench: MODEL_DIR and --tokens FILE are required\n");
+        usage(stderr);
         return 2;
     }
     int nthreads;

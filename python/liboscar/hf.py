@@ -54,6 +54,7 @@ CUDA graphs of the decode step).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -284,8 +285,17 @@ class OscarCache(Cache):
 
     @property
     def bits_per_element(self) -> float:
-        """Stored bits per K/V element of the 2-bit region (metadata counted)."""
-        return self.layout.sizes().bits_per_element
+        """Stored bits per K/V element of the 2-bit region (metadata and 1-bit planes counted), the mean
+        over the layers liboscar stores: each layer's own page, whose 3-bit head-tensors (the default
+        calibration writes some) add their planes there only. ``layout.sizes()`` is the largest page."""
+        if self.params is None or self.method != "oscar2" or not self.layout.wide_tensors:
+            return self.layout.sizes().bits_per_element
+        hkv = self.layout.num_kv_heads
+        per = [dataclasses.replace(self.layout, wide_per_layer=0,
+                                   wide_tensors=sum(self.params.code_bits(layer, h, kv) == 3 for h in range(hkv)
+                                                    for kv in ("k", "v"))).sizes().bits_per_element
+               for layer in self.oscar_layers]
+        return sum(per) / len(per)
 
     def nbytes(self) -> int:
         """Bytes of the pools and workspace allocated for this cache (0 before the first forward)."""
