@@ -94,6 +94,9 @@ Test(eval_storage, refuses_bad_specs_with_a_reason)
     parse_bad("clip=1.5", "(0, 1]");
     parse_bad("clip=nan", "(0, 1]");
     parse_bad("clip=0.9x", "(0, 1]");
+    parse_bad("clip= 0.9", "(0, 1]"); /* strtod skipped the space */
+    parse_bad("group= 32", "unsupported");
+    parse_bad("out= 1", "1..");
     parse_bad("clip=1e-46,group=64", "(0, 1]"); /* 0 as a float: the clip unset, silently */
     parse_bad("vclip=1e-46", "(0, 1]");
     parse_bad("group=32,by=norm", "by= needs out=");

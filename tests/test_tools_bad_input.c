@@ -1887,3 +1887,44 @@ Test(tools_bad_input, inspect_escapes_control_characters, .timeout = 60) {
     cr_expect(!strchr(out, '\x1b'), "escape in the error message: %s", out);
     rmrf(dir);
 }
+
+/* Numbers with leading white space: strtol/strtod skip it, so " 12" ran as 12 where "12 " (and
+ * "12abc") was refused; a value pasted with a stray space, or a shell variable that expanded to
+ * " 12", ran without a word. Refused now like trailing garbage, the message quoting the value.
+ * Each command ends in an unknown option: a tool that took " 64" refused that instead. */
+Test(tools_bad_input, numbers_with_leading_spaces_are_refused, .timeout = 200) {
+    char out[16384];
+    const char *cmds[] = {
+        BIN "/oscar-bench --quick --context ' 64' --no-such-option",
+        BIN "/oscar-calibrate MODEL --tokens T --window ' 64' --no-such-option",
+        BIN "/oscar-calibrate MODEL --tokens T --clip-k ' 0.9' --no-such-option",
+        BIN "/oscar-calibrate MODEL --tokens T --clip-margin ' 0.1' --no-such-option",
+        BIN "/oscar-eval MODEL --tokens T --context ' 64' --no-such-option",
+        BIN "/oscar-eval MODEL --tokens T --seed ' 7' --no-such-option",
+        BIN "/oscar-copy-probe MODEL --tokens T --trials ' 4' --no-such-option",
+        BIN "/oscar-ppl MODEL --tokens T --context ' 64' --no-such-option",
+        BIN "/oscar-engine-bench MODEL --tokens T --context ' 64' --no-such-option",
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        int rc = run(out, sizeof out, 60, "%s", cmds[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cmds[i], rc, out);
+        cr_expect(strstr(out, "' 64'") || strstr(out, "' 0.9'") || strstr(out, "' 0.1'") || strstr(out, "' 7'") ||
+                      strstr(out, "' 4'"),
+                  "%s: the message should quote the value: %s", cmds[i], out);
+    }
+    if (!shared()) return;
+    /* --storage values: group= 32 was read as 32, clip= 0.9 as 0.9 */
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *specs[] = {"group= 32,nosuch=1", "clip= 0.9,nosuch=1"};
+    char dir[64];
+    scratch(dir, sizeof dir);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods int2 --storage '%s' "
+                     "--context 64 --max-tokens 64 --retrieval-trials 0 --out %s/r.json", g_model, g_tokens, p,
+                     specs[i], dir);
+        cr_expect_eq(rc, 2, "--storage '%s': exit %d: %s", specs[i], rc, out);
+        cr_expect(strstr(out, i ? "' 0.9'" : "' 32'") && !strstr(out, "nosuch"), "--storage '%s': the leading space was taken: %s",
+                  specs[i], out);
+    }
+    rmrf(dir);
+}

@@ -1,6 +1,7 @@
 /* oscar-eval: perplexity, KL to BF16, top-1 agreement, retrieval and bits
  * per element of every KV-cache method on a real model (docs/EVAL.md).
  * Exit status: 0 done, 1 run failed, 2 bad input (the message says which). */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -110,7 +111,7 @@ static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
     long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) return 0;
+    if (!*s || *end || isspace((unsigned char)*s) || v < lo || v > hi) return 0; /* strtol skips " " */
     *out = v;
     return 1;
 }

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,7 @@ static int fail(char *err, size_t errlen, const char *what, const char *val)
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
-    if (!*s) return 0;
+    if (!*s || isspace((unsigned char)*s)) return 0; /* strtol skips " " */
     long v = strtol(s, &end, 10);
     if (*end || v < lo || v > hi) return 0;
     *out = v;
@@ -154,7 +155,7 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
         default: { /* clip, vclip */
             char *end;
             double cv = strtod(val, &end);
-            if (end == val || *end || !(cv > 0.0 && cv <= 1.0) || !((float)cv > 0.0f)) { /* 1e-46: 0 as a float, unset */
+            if (end == val || *end || isspace((unsigned char)*val) || !(cv > 0.0 && cv <= 1.0) || !((float)cv > 0.0f)) { /* 1e-46: 0 as a float, unset */
                 fail(err, errlen, ki == 5 ? "clip= wants a ratio in (0, 1], not" : "vclip= wants a ratio in (0, 1], not",
                      val);
                 goto bad;

@@ -1,11 +1,12 @@
 /* Strict command-line integers for the tools: the whole argument must be a
- * decimal integer in [lo, hi] ("12abc", "", "1e3" and out-of-range values are
+ * decimal integer in [lo, hi] ("12abc", " 12", "", "1e3" and out-of-range values are
  * refused with a message naming the option and the allowed range), so a typo
  * never runs as something else. Header-only: the tools link different
  * libraries (liboscar alone, or the engine). */
 #ifndef OSCAR_TOOL_ARGS_H
 #define OSCAR_TOOL_ARGS_H
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -22,7 +23,8 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
+    /* strtoll skips leading white space: " 12" ran as 12, where "12 " was refused */
+    if (errno || end == s || *end || isspace((unsigned char)*s) || v < lo || v > hi) {
         fprintf(stderr, "%s: %s wants an integer in [%" PRId64 ", %" PRId64 "], got '%s'\n", tool, flag, lo, hi, s);
         return 0;
     }
