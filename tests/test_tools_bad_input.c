@@ -1928,3 +1928,36 @@ Test(tools_bad_input, numbers_with_leading_spaces_are_refused, .timeout = 200) {
     }
     rmrf(dir);
 }
+
+/* Empty items of oscar-eval's lists ("int2,,int4", ",int2", "int2,"; --storage "group=32,,kv=k",
+ * heads= "4:1++4:0") were skipped by strtok without a word: a list that lost an item to a typo ran
+ * as the shorter one. Refused now, naming the empty item, before the model load (the model folder
+ * holds only config.json: a refusal after the load would name the missing weights). */
+Test(tools_bad_input, eval_list_empty_items_are_refused, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const struct {
+        const char *args, *needle;
+    } cases[] = {{"--methods int2,,int4", "item 2 of 'int2,,int4' is empty"},
+                 {"--methods ,int2", "item 1 of ',int2' is empty"},
+                 {"--methods int2,", "item 2 of 'int2,' is empty"},
+                 {"--methods int2 --per-layer int2,,int4", "item 2 of 'int2,,int4' is empty"},
+                 {"--methods int2 --storage group=32,,kv=k", "empty item"},
+                 {"--methods int2 --storage group=32,heads=4:1++4:0", "empty item"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --params %s %s --context 64 --max-tokens 64 "
+                     "--retrieval-trials 0 --out %s/r.json", dir, g_tokens, p, cases[i].args, dir);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
+        cr_expect(strstr(out, cases[i].needle) && !strstr(out, "safetensors"), "%s: the message should say \"%s\": %s",
+                  cases[i].args, cases[i].needle, out);
+    }
+    rmrf(dir);
+}

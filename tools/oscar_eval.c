@@ -107,6 +107,16 @@ static int params_for_model(const char *flag, const char *path, const oscar_para
     return 0;
 }
 
+/* 1 (with the message) when the comma list of flag has an empty item ("int2,,int4"). */
+static int list_has_empty_item(const char *flag, const char *list, const char *what)
+{
+    const int k = tool_list_empty_item(list, ',');
+    if (k == 0) return 0;
+    fprintf(stderr, "oscar-eval: %s: item %d of '%s' is empty (a doubled, leading or trailing comma); separate the "
+                    "%s by single commas\n", flag, k, list, what);
+    return 1;
+}
+
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
@@ -387,6 +397,7 @@ int main(int argc, char **argv)
                        "single commas%s", n, "");
         }
         snprintf(buf, sizeof buf, "%s", methods);
+        if (list_has_empty_item("--methods", methods, "methods")) return EXIT_BAD_INPUT;
         for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             if (nm >= 16) return bad("--methods: too many methods (at most 16)%s%s", "", "");
             if (oscar_method_from_name(tok, &mlist[nm]) != OSCAR_OK)
@@ -413,6 +424,7 @@ int main(int argc, char **argv)
         oscar_method seen_m[OSCAR_METHOD_COUNT_];
         int ns = 0;
         snprintf(buf, sizeof buf, "%s", per_layer);
+        if (list_has_empty_item("--per-layer", per_layer, "methods")) return EXIT_BAD_INPUT;
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             oscar_method m;
             if (oscar_method_from_name(t, &m) != OSCAR_OK || m == OSCAR_METHOD_BF16)

@@ -3,6 +3,7 @@
 #include "oscar_eval_storage.h"
 #include "oscar_format.h" /* the group rule */
 #include "tool_params.h"   /* the parameters' code widths */
+#include "tool_args.h"     /* tool_list_empty_item */
 
 #include <math.h>
 #include <stdint.h>
@@ -37,6 +38,8 @@ static int parse_heads(const char *val, ev_storage *s, char *err, size_t errlen)
     char buf[160];
     if (strlen(val) >= sizeof buf) return fail(err, errlen, "heads= list too long:", val);
     snprintf(buf, sizeof buf, "%s", val);
+    if (tool_list_empty_item(val, '+'))
+        return fail(err, errlen, "heads= has an empty item (a doubled, leading or trailing '+'):", val);
     memset(s->heads, 0, (size_t)s->L * (size_t)s->Hkv);
     int n = 0;
     for (char *save = NULL, *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
@@ -76,6 +79,11 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
+    if (tool_list_empty_item(spec, ',')) {
+        fail(err, errlen, "empty item (a doubled, leading or trailing comma; separate key=value items by single "
+             "commas) in", spec);
+        goto bad;
+    }
     int seen[10] = {0}; /* per key of keys[] below */
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');

@@ -32,6 +32,20 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
     return 1;
 }
 
+/* The number (from 1) of the first empty item of list, items joined by sep ("a,,b": 2, ",a": 1,
+ * "a,": 2), or 0 when none is empty ("" too: an empty list is the caller's to name). strtok skips
+ * empty items, so "int2,,int4" ran as "int2,int4" and a typo lost an item without a word. */
+static inline int tool_list_empty_item(const char *list, char sep) {
+    if (!*list) return 0;
+    int k = 1;
+    for (const char *p = list;; p++, k++) {
+        const char *e = strchr(p, sep);
+        if ((e ? e : p + strlen(p)) == p) return k;
+        if (!e) return 0;
+        p = e;
+    }
+}
+
 /* Each option at most once: a repeated one was taken last-one-wins without a word (oscar-eval
  * --context 512 --context 2048 ran 2048), and so were two spellings of one setting (oscar-calibrate
  * --per-head --per-layer). Call tool_args_once at the top of the argument loop, on the argument the
