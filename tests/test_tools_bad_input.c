@@ -1961,3 +1961,36 @@ Test(tools_bad_input, eval_list_empty_items_are_refused, .timeout = 200) {
     }
     rmrf(dir);
 }
+
+/* oscar-eval renames its two temporaries into place, --out then --md. When the --md rename failed
+ * after the --out one had succeeded, the tool deleted the new report: the earlier report at that
+ * path (replaced by the rename) was lost too, the user left with less than before the run. The new
+ * report, complete, stays now; the message says the table was not written; exit 1. Provoked by a
+ * folder made at the --md path while the evaluation runs (after the up-front output checks). */
+Test(tools_bad_input, eval_failed_md_rename_keeps_the_report, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    spit(path, "{\"old\": 1}\n", 11);
+    int rc = run(out, sizeof out, 240,
+                 "sh -c '{ " BIN "/oscar-eval %s --tokens %s --methods bf16,int2 --context 128 --max-tokens 256 "
+                 "--retrieval-trials 0 --out %s/r.json --md %s/r.md; echo \"exit=$?\"; } 2>&1 | while IFS= read -r l; "
+                 "do echo \"$l\"; case \"$l\" in *\"windows of\"*) mkdir %s/r.md;; esac; done'",
+                 g_model, g_tokens, dir, dir, dir);
+    cr_assert_eq(rc, 0, "the pipeline: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "exit=1"), "a failed --md rename should exit 1: %s", out);
+    cr_expect(strstr(out, "r.md") && strstr(out, "not written"), "the message should say the table was not "
+              "written: %s", out);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    cr_expect(j && json_object_get(j, "methods"), "the new report at %s was removed (%s): %s", path,
+              j ? "old content" : je.text, out);
+    json_decref(j);
+    int n = 0;
+    DIR *dp = opendir(dir);
+    for (struct dirent *e; dp && (e = readdir(dp));) n += e->d_name[0] != '.';
+    if (dp) closedir(dp);
+    cr_expect_eq(n, 2, "%d entries in %s: r.json and the folder r.md, no temporary left", n, dir);
+    rmrf(dir);
+}

@@ -843,10 +843,12 @@ int main(int argc, char **argv)
     S.wall_s = ev_now() - t_start;
     S.cpu_s = ev_cpu_seconds() - cpu_start;
     {
-        /* All or nothing: the report and the table are written to
-         * temporaries of this run's own next to them (mkstemp: two runs, or a
-         * stale PATH.tmp, never share one) and renamed only when both are
-         * complete; a failure leaves neither. */
+        /* The report and the table are written to temporaries of this run's
+         * own next to them (mkstemp: two runs, or a stale PATH.tmp, never
+         * share one) and renamed only when both are complete: a failed write
+         * leaves neither. A failed --md rename after the --out one leaves the
+         * new report (complete) in place and says so: removing it, as before,
+         * lost the earlier report that the rename had replaced. */
         const char *fj = S.out_json, *fm = S.out_md;
         char jt[4200] = "", mt[4200] = "";
         int wrc = ev_unique_temp(jt, sizeof jt, fj) != 0 || (fm && ev_unique_temp(mt, sizeof mt, fm) != 0);
@@ -859,9 +861,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s\n", jt, fj, strerror(errno));
             wrc = 1;
         } else if (!wrc && fm && rename(mt, fm) != 0) {
-            fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s\n", mt, fm, strerror(errno));
-            unlink(fj);
-            wrc = 1;
+            fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s; the report %s is written, the table (--md %s) "
+                            "is not written\n", mt, fm, strerror(errno), fj, fm);
+            unlink(mt);
+            rc = 1;
         }
         if (wrc) {
             if (jt[0]) unlink(jt);
