@@ -1994,3 +1994,31 @@ Test(tools_bad_input, eval_failed_md_rename_keeps_the_report, .timeout = 300) {
     cr_expect_eq(n, 2, "%d entries in %s: r.json and the folder r.md, no temporary left", n, dir);
     rmrf(dir);
 }
+
+/* A --window shorter than sink + recent + 33 gives no attention probe (docs/CALIBRATION.md, clip
+ * objectives): with the probe objective (the default) every layer fell back to the held-back rows,
+ * the run said only "8 layer(s) without probes" at the end and exited 0. Refused up front now,
+ * naming the smallest window that gives probes. */
+Test(tools_bad_input, calibrate_refuses_windows_without_probes, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const struct {
+        const char *args, *needle;
+    } cases[] = {{"--window 64 --max-tokens 128", "--window 353"}, /* sink 64 + recent 256 + 33 */
+                 {"--window 1 --max-tokens 128", "--window 353"},
+                 {"--window 48 --max-tokens 96 --sink 0 --recent 16", "--window 49"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-calibrate %s --tokens %s --out %s/p.safetensors %s", g_model,
+                     g_tokens, dir, cases[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
+        cr_expect(strstr(out, cases[i].needle), "%s: the message should name %s: %s", cases[i].args, cases[i].needle,
+                  out);
+        struct stat sb;
+        char p[128];
+        snprintf(p, sizeof p, "%s/p.safetensors", dir);
+        cr_expect(stat(p, &sb) != 0, "%s: parameters written", cases[i].args);
+        unlink(p);
+    }
+    rmrf(dir);
+}

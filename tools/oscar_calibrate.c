@@ -393,6 +393,13 @@ int main(int argc, char **argv) {
                 "causal attention); use at most %d\n", o.window, cfg.sliding_window, cfg.sliding_window);
         return 2;
     }
+    { /* after the model's limits on --window (a window past them is refused as such first) */
+        char why[512];
+        if (ocal_check_probe_window(&o, why, sizeof why) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s\n", why);
+            return 2;
+        }
+    }
 
     double t_start = now_s();
     uint32_t *tok = NULL;
