@@ -2022,3 +2022,34 @@ Test(tools_bad_input, calibrate_refuses_windows_without_probes, .timeout = 300) 
     }
     rmrf(dir);
 }
+
+/* oscar-inspect's top-8 eigenvalue share summed the eigenvalues as they are: a file whose
+ * eigenvalues are finite but huge (1e308, the loader accepts any finite value) overflowed both sums
+ * to inf and printed "top-8 share nan%". The sums are scaled by the largest eigenvalue now. */
+Test(tools_bad_input, inspect_top8_share_of_huge_eigenvalues, .timeout = 60) {
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    size_t n;
+    unsigned char *s = (unsigned char *)slurp(OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors", &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | s[i];
+    json_t *h = json_loadb((const char *)s + 8, (size_t)hl, 0, NULL);
+    json_t *t = json_object_get(h, "layers.0.eig_k");
+    cr_assert(t && !strcmp(json_string_value(json_object_get(t, "dtype")), "F64"), "no F64 layers.0.eig_k");
+    size_t off = (size_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+    const double big = 1e308; /* head 0's two largest: their sum alone overflows */
+    memcpy(s + 8 + hl + off, &big, sizeof big);
+    memcpy(s + 8 + hl + off + sizeof big, &big, sizeof big);
+    json_decref(h);
+    snprintf(path, sizeof path, "%s/p.safetensors", dir);
+    spit(path, s, n);
+    free(s);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-inspect %s", path);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    const char *line = strstr(out, "K head 0");
+    cr_assert(line, "no K head 0 line: %s", out);
+    cr_expect(!strstr(out, "nan") && !strstr(out, "inf"), "a share that is not a number: %s", out);
+    cr_expect(strstr(line, "top-8 share 100.0%") && strstr(line, "top-8 share 100.0%") < strchr(line, '\n'),
+              "K head 0's share should be 100.0%%: %.200s", line);
+    rmrf(dir);
+}
