@@ -2053,3 +2053,44 @@ Test(tools_bad_input, inspect_top8_share_of_huge_eigenvalues, .timeout = 60) {
               "K head 0's share should be 100.0%%: %.200s", line);
     rmrf(dir);
 }
+
+/* report.json left out every key whose value was not finite: jansson's json_real refuses Inf and
+ * NaN, and json_object_set_new drops the key without a word, so a model whose perplexity overflows
+ * (finite logits of ~1e28: a mean NLL that exp() takes to Inf) gave variants with no "ppl",
+ * "delta_ppl" or "reference_ppl". Such a value is now the string "inf", "-inf" or "nan", the key
+ * kept (docs/EVAL.md); null stays "not measured". The final norm's first weight is set to ~1e30. */
+Test(tools_bad_input, eval_report_keeps_nonfinite_values, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_write(dir, 0, "model.norm.weight", 0x7149); /* bf16 9.95e29 */
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    int rc = run(out, sizeof out, 240, BIN "/oscar-eval %s --tokens %s --methods bf16,int2 --context 64 "
+                 "--max-tokens 64 --retrieval-trials 0 --out %s", dir, g_tokens, path);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, out);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    cr_assert(j, "report: %s", je.text);
+    json_t *ref = json_object_get(j, "reference_ppl");
+    cr_expect(ref && json_is_string(ref) && !strcmp(json_string_value(ref), "inf"),
+              "reference_ppl should be \"inf\" (the perplexity overflows)");
+    const char *keys[] = {"ppl", "delta_ppl", "kl", "top1", "mean_nll", "bits_per_element", "seconds"};
+    const char *names[] = {"bf16", "int2"};
+    for (int m = 0; m < 2; m++) {
+        json_t *v = json_object_get(json_object_get(j, "methods"), names[m]);
+        cr_assert(v, "no method %s", names[m]);
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            json_t *x = json_object_get(v, keys[k]);
+            cr_expect(x, "methods.%s.%s is missing", names[m], keys[k]);
+            cr_expect(!x || json_is_number(x) || (json_is_string(x) && (!strcmp(json_string_value(x), "inf") ||
+                      !strcmp(json_string_value(x), "-inf") || !strcmp(json_string_value(x), "nan"))),
+                      "methods.%s.%s is neither a number nor \"inf\", \"-inf\" or \"nan\"", names[m], keys[k]);
+        }
+        json_t *p = json_object_get(v, "ppl");
+        cr_expect(p && json_is_string(p) && !strcmp(json_string_value(p), "inf"), "methods.%s.ppl should be \"inf\"",
+                  names[m]);
+    }
+    json_decref(j);
+    rmrf(dir);
+}
