@@ -88,12 +88,19 @@ Test(eval_storage, refuses_bad_specs_with_a_reason)
     parse_bad("out=1,heads=8:0", "layer in 0..7");
     parse_bad("out=1,heads=0:2", "KV head in 0..1");
     parse_bad("out=1,heads=3", "LAYER:KV_HEAD");
-    parse_bad("out=1,heads=+", "no head");
+    parse_bad("out=1,heads=+", "empty item");
+    parse_bad("out=1,heads=4:1++4:0", "empty item"); /* strtok skipped it: ran as heads=4:1+4:0 */
+    parse_bad("out=1,,kv=k", "empty item");
+    parse_bad(",out=1", "empty item");
+    parse_bad("out=1,", "empty item");
     parse_bad("kv=k", "changes nothing");
     parse_bad("clip=0", "(0, 1]");
     parse_bad("clip=1.5", "(0, 1]");
     parse_bad("clip=nan", "(0, 1]");
     parse_bad("clip=0.9x", "(0, 1]");
+    parse_bad("clip= 0.9", "(0, 1]"); /* strtod skipped the space */
+    parse_bad("group= 32", "unsupported");
+    parse_bad("out= 1", "1..");
     parse_bad("clip=1e-46,group=64", "(0, 1]"); /* 0 as a float: the clip unset, silently */
     parse_bad("vclip=1e-46", "(0, 1]");
     parse_bad("group=32,by=norm", "by= needs out=");

@@ -1887,3 +1887,210 @@ Test(tools_bad_input, inspect_escapes_control_characters, .timeout = 60) {
     cr_expect(!strchr(out, '\x1b'), "escape in the error message: %s", out);
     rmrf(dir);
 }
+
+/* Numbers with leading white space: strtol/strtod skip it, so " 12" ran as 12 where "12 " (and
+ * "12abc") was refused; a value pasted with a stray space, or a shell variable that expanded to
+ * " 12", ran without a word. Refused now like trailing garbage, the message quoting the value.
+ * Each command ends in an unknown option: a tool that took " 64" refused that instead. */
+Test(tools_bad_input, numbers_with_leading_spaces_are_refused, .timeout = 200) {
+    char out[16384];
+    const char *cmds[] = {
+        BIN "/oscar-bench --quick --context ' 64' --no-such-option",
+        BIN "/oscar-calibrate MODEL --tokens T --window ' 64' --no-such-option",
+        BIN "/oscar-calibrate MODEL --tokens T --clip-k ' 0.9' --no-such-option",
+        BIN "/oscar-calibrate MODEL --tokens T --clip-margin ' 0.1' --no-such-option",
+        BIN "/oscar-eval MODEL --tokens T --context ' 64' --no-such-option",
+        BIN "/oscar-eval MODEL --tokens T --seed ' 7' --no-such-option",
+        BIN "/oscar-copy-probe MODEL --tokens T --trials ' 4' --no-such-option",
+        BIN "/oscar-ppl MODEL --tokens T --context ' 64' --no-such-option",
+        BIN "/oscar-engine-bench MODEL --tokens T --context ' 64' --no-such-option",
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        int rc = run(out, sizeof out, 60, "%s", cmds[i]);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cmds[i], rc, out);
+        cr_expect(strstr(out, "' 64'") || strstr(out, "' 0.9'") || strstr(out, "' 0.1'") || strstr(out, "' 7'") ||
+                      strstr(out, "' 4'"),
+                  "%s: the message should quote the value: %s", cmds[i], out);
+    }
+    if (!shared()) return;
+    /* --storage values: group= 32 was read as 32, clip= 0.9 as 0.9 */
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const char *specs[] = {"group= 32,nosuch=1", "clip= 0.9,nosuch=1"};
+    char dir[64];
+    scratch(dir, sizeof dir);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-eval %s --tokens %s --params %s --methods int2 --storage '%s' "
+                     "--context 64 --max-tokens 64 --retrieval-trials 0 --out %s/r.json", g_model, g_tokens, p,
+                     specs[i], dir);
+        cr_expect_eq(rc, 2, "--storage '%s': exit %d: %s", specs[i], rc, out);
+        cr_expect(strstr(out, i ? "' 0.9'" : "' 32'") && !strstr(out, "nosuch"), "--storage '%s': the leading space was taken: %s",
+                  specs[i], out);
+    }
+    rmrf(dir);
+}
+
+/* Empty items of oscar-eval's lists ("int2,,int4", ",int2", "int2,"; --storage "group=32,,kv=k",
+ * heads= "4:1++4:0") were skipped by strtok without a word: a list that lost an item to a typo ran
+ * as the shorter one. Refused now, naming the empty item, before the model load (the model folder
+ * holds only config.json: a refusal after the load would name the missing weights). */
+Test(tools_bad_input, eval_list_empty_items_are_refused, .timeout = 200) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], a[8192], b[8192];
+    scratch(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+    const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
+    const struct {
+        const char *args, *needle;
+    } cases[] = {{"--methods int2,,int4", "item 2 of 'int2,,int4' is empty"},
+                 {"--methods ,int2", "item 1 of ',int2' is empty"},
+                 {"--methods int2,", "item 2 of 'int2,' is empty"},
+                 {"--methods int2 --per-layer int2,,int4", "item 2 of 'int2,,int4' is empty"},
+                 {"--methods int2 --storage group=32,,kv=k", "empty item"},
+                 {"--methods int2 --storage group=32,heads=4:1++4:0", "empty item"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --params %s %s --context 64 --max-tokens 64 "
+                     "--retrieval-trials 0 --out %s/r.json", dir, g_tokens, p, cases[i].args, dir);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
+        cr_expect(strstr(out, cases[i].needle) && !strstr(out, "safetensors"), "%s: the message should say \"%s\": %s",
+                  cases[i].args, cases[i].needle, out);
+    }
+    rmrf(dir);
+}
+
+/* oscar-eval renames its two temporaries into place, --out then --md. When the --md rename failed
+ * after the --out one had succeeded, the tool deleted the new report: the earlier report at that
+ * path (replaced by the rename) was lost too, the user left with less than before the run. The new
+ * report, complete, stays now; the message says the table was not written; exit 1. Provoked by a
+ * folder made at the --md path while the evaluation runs (after the up-front output checks). */
+Test(tools_bad_input, eval_failed_md_rename_keeps_the_report, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    spit(path, "{\"old\": 1}\n", 11);
+    int rc = run(out, sizeof out, 240,
+                 "sh -c '{ " BIN "/oscar-eval %s --tokens %s --methods bf16,int2 --context 128 --max-tokens 256 "
+                 "--retrieval-trials 0 --out %s/r.json --md %s/r.md; echo \"exit=$?\"; } 2>&1 | while IFS= read -r l; "
+                 "do echo \"$l\"; case \"$l\" in *\"windows of\"*) mkdir %s/r.md;; esac; done'",
+                 g_model, g_tokens, dir, dir, dir);
+    cr_assert_eq(rc, 0, "the pipeline: exit %d: %s", rc, out);
+    cr_expect(strstr(out, "exit=1"), "a failed --md rename should exit 1: %s", out);
+    cr_expect(strstr(out, "r.md") && strstr(out, "not written"), "the message should say the table was not "
+              "written: %s", out);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    cr_expect(j && json_object_get(j, "methods"), "the new report at %s was removed (%s): %s", path,
+              j ? "old content" : je.text, out);
+    json_decref(j);
+    int n = 0;
+    DIR *dp = opendir(dir);
+    for (struct dirent *e; dp && (e = readdir(dp));) n += e->d_name[0] != '.';
+    if (dp) closedir(dp);
+    cr_expect_eq(n, 2, "%d entries in %s: r.json and the folder r.md, no temporary left", n, dir);
+    rmrf(dir);
+}
+
+/* A --window shorter than sink + recent + 33 gives no attention probe (docs/CALIBRATION.md, clip
+ * objectives): with the probe objective (the default) every layer fell back to the held-back rows,
+ * the run said only "8 layer(s) without probes" at the end and exited 0. Refused up front now,
+ * naming the smallest window that gives probes. */
+Test(tools_bad_input, calibrate_refuses_windows_without_probes, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64];
+    scratch(dir, sizeof dir);
+    const struct {
+        const char *args, *needle;
+    } cases[] = {{"--window 64 --max-tokens 128", "--window 353"}, /* sink 64 + recent 256 + 33 */
+                 {"--window 1 --max-tokens 128", "--window 353"},
+                 {"--window 48 --max-tokens 96 --sink 0 --recent 16", "--window 49"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run(out, sizeof out, 120, BIN "/oscar-calibrate %s --tokens %s --out %s/p.safetensors %s", g_model,
+                     g_tokens, dir, cases[i].args);
+        cr_expect_eq(rc, 2, "%s: exit %d: %s", cases[i].args, rc, out);
+        cr_expect(strstr(out, cases[i].needle), "%s: the message should name %s: %s", cases[i].args, cases[i].needle,
+                  out);
+        struct stat sb;
+        char p[128];
+        snprintf(p, sizeof p, "%s/p.safetensors", dir);
+        cr_expect(stat(p, &sb) != 0, "%s: parameters written", cases[i].args);
+        unlink(p);
+    }
+    rmrf(dir);
+}
+
+/* oscar-inspect's top-8 eigenvalue share summed the eigenvalues as they are: a file whose
+ * eigenvalues are finite but huge (1e308, the loader accepts any finite value) overflowed both sums
+ * to inf and printed "top-8 share nan%". The sums are scaled by the largest eigenvalue now. */
+Test(tools_bad_input, inspect_top8_share_of_huge_eigenvalues, .timeout = 60) {
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    size_t n;
+    unsigned char *s = (unsigned char *)slurp(OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors", &n);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | s[i];
+    json_t *h = json_loadb((const char *)s + 8, (size_t)hl, 0, NULL);
+    json_t *t = json_object_get(h, "layers.0.eig_k");
+    cr_assert(t && !strcmp(json_string_value(json_object_get(t, "dtype")), "F64"), "no F64 layers.0.eig_k");
+    size_t off = (size_t)json_integer_value(json_array_get(json_object_get(t, "data_offsets"), 0));
+    const double big = 1e308; /* head 0's two largest: their sum alone overflows */
+    memcpy(s + 8 + hl + off, &big, sizeof big);
+    memcpy(s + 8 + hl + off + sizeof big, &big, sizeof big);
+    json_decref(h);
+    snprintf(path, sizeof path, "%s/p.safetensors", dir);
+    spit(path, s, n);
+    free(s);
+    int rc = run(out, sizeof out, 30, BIN "/oscar-inspect %s", path);
+    cr_expect_eq(rc, 0, "exit %d: %s", rc, out);
+    const char *line = strstr(out, "K head 0");
+    cr_assert(line, "no K head 0 line: %s", out);
+    cr_expect(!strstr(out, "nan") && !strstr(out, "inf"), "a share that is not a number: %s", out);
+    cr_expect(strstr(line, "top-8 share 100.0%") && strstr(line, "top-8 share 100.0%") < strchr(line, '\n'),
+              "K head 0's share should be 100.0%%: %.200s", line);
+    rmrf(dir);
+}
+
+/* report.json left out every key whose value was not finite: jansson's json_real refuses Inf and
+ * NaN, and json_object_set_new drops the key without a word, so a model whose perplexity overflows
+ * (finite logits of ~1e28: a mean NLL that exp() takes to Inf) gave variants with no "ppl",
+ * "delta_ppl" or "reference_ppl". Such a value is now the string "inf", "-inf" or "nan", the key
+ * kept (docs/EVAL.md); null stays "not measured". The final norm's first weight is set to ~1e30. */
+Test(tools_bad_input, eval_report_keeps_nonfinite_values, .timeout = 300) {
+    if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
+    char out[16384], dir[64], path[256];
+    scratch(dir, sizeof dir);
+    model_copy(dir, NULL, NULL, "model-00005-of-00005.safetensors");
+    shard5_write(dir, 0, "model.norm.weight", 0x7149); /* bf16 9.95e29 */
+    snprintf(path, sizeof path, "%s/r.json", dir);
+    int rc = run(out, sizeof out, 240, BIN "/oscar-eval %s --tokens %s --methods bf16,int2 --context 64 "
+                 "--max-tokens 64 --retrieval-trials 0 --out %s", dir, g_tokens, path);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, out);
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    cr_assert(j, "report: %s", je.text);
+    json_t *ref = json_object_get(j, "reference_ppl");
+    cr_expect(ref && json_is_string(ref) && !strcmp(json_string_value(ref), "inf"),
+              "reference_ppl should be \"inf\" (the perplexity overflows)");
+    const char *keys[] = {"ppl", "delta_ppl", "kl", "top1", "mean_nll", "bits_per_element", "seconds"};
+    const char *names[] = {"bf16", "int2"};
+    for (int m = 0; m < 2; m++) {
+        json_t *v = json_object_get(json_object_get(j, "methods"), names[m]);
+        cr_assert(v, "no method %s", names[m]);
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+            json_t *x = json_object_get(v, keys[k]);
+            cr_expect(x, "methods.%s.%s is missing", names[m], keys[k]);
+            cr_expect(!x || json_is_number(x) || (json_is_string(x) && (!strcmp(json_string_value(x), "inf") ||
+                      !strcmp(json_string_value(x), "-inf") || !strcmp(json_string_value(x), "nan"))),
+                      "methods.%s.%s is neither a number nor \"inf\", \"-inf\" or \"nan\"", names[m], keys[k]);
+        }
+        json_t *p = json_object_get(v, "ppl");
+        cr_expect(p && json_is_string(p) && !strcmp(json_string_value(p), "inf"), "methods.%s.ppl should be \"inf\"",
+                  names[m]);
+    }
+    json_decref(j);
+    rmrf(dir);
+}

@@ -2,6 +2,7 @@
  * computed with the reference engine over independent windows of a token
  * file (GUIDE §1; docs/CALIBRATION.md). Exit codes: 0 ok, 1 runtime failure,
  * 2 bad input (arguments, model directory, token file, unsupported shape). */
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -133,16 +134,7 @@ static void usage(FILE *fp) {
 }
 
 static int parse_int(const char *flag, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "oscar-calibrate: %s wants an integer in [%" PRId64 ", %" PRId64 "], got '%s'\n", flag, lo,
-                hi, s);
-        return 0;
-    }
-    *out = v;
-    return 1;
+    return tool_parse_int("oscar-calibrate", flag, s, lo, hi, out);
 }
 
 static int parse_clip(const char *flag, const char *s, float *out) {
@@ -151,7 +143,7 @@ static int parse_clip(const char *flag, const char *s, float *out) {
     double v = strtod(s, &end);
     /* the ratio is stored as a float: 1e-46 is positive as a double and 0 as a float, where 0 asks
      * for a fitted clip (--clip-k) or the default (--copy-head-clip) */
-    if (errno || end == s || *end || !(v > 0.0 && v <= 1.0) || !((float)v > 0.0f)) {
+    if (errno || end == s || *end || isspace((unsigned char)*s) || !(v > 0.0 && v <= 1.0) || !((float)v > 0.0f)) {
         fprintf(stderr, "oscar-calibrate: %s wants a clip ratio in (0, 1], got '%s'\n", flag, s);
         return 0;
     }
@@ -164,7 +156,7 @@ static int parse_share(const char *flag, const char *s, float *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !(v >= 0.0 && v <= 1.0)) {
+    if (errno || end == s || *end || isspace((unsigned char)*s) || !(v >= 0.0 && v <= 1.0)) {
         fprintf(stderr, "oscar-calibrate: %s wants a number in [0, 1], got '%s'\n", flag, s);
         return 0;
     }
@@ -400,6 +392,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "oscar-calibrate: --window %d exceeds the model's sliding_window %d (the engine runs full "
                 "causal attention); use at most %d\n", o.window, cfg.sliding_window, cfg.sliding_window);
         return 2;
+    }
+    { /* after the model's limits on --window (a window past them is refused as such first) */
+        char why[512];
+        if (ocal_check_probe_window(&o, why, sizeof why) != OSCAR_OK) {
+            fprintf(stderr, "oscar-calibrate: %s\n", why);
+            return 2;
+        }
     }
 
     double t_start = now_s();

@@ -96,7 +96,7 @@ int main(int argc, char **argv) {
             char *end;
             errno = 0;
             *iv = strtol(argv[++i], &end, 10);
-            if (errno || *end || end == argv[i] || *iv < 0 || *iv > (1L << 30)) {
+            if (errno || *end || end == argv[i] || isspace((unsigned char)*argv[i]) || *iv < 0 || *iv > (1L << 30)) {
                 fprintf(stderr, "oscar-copy-probe: %s wants an integer in [0, 2^30], got '%s'\n", a, argv[i]);
                 return 2;
             }

@@ -1,6 +1,7 @@
 /* oscar-eval: perplexity, KL to BF16, top-1 agreement, retrieval and bits
  * per element of every KV-cache method on a real model (docs/EVAL.md).
  * Exit status: 0 done, 1 run failed, 2 bad input (the message says which). */
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -106,11 +107,21 @@ static int params_for_model(const char *flag, const char *path, const oscar_para
     return 0;
 }
 
+/* 1 (with the message) when the comma list of flag has an empty item ("int2,,int4"). */
+static int list_has_empty_item(const char *flag, const char *list, const char *what)
+{
+    const int k = tool_list_empty_item(list, ',');
+    if (k == 0) return 0;
+    fprintf(stderr, "oscar-eval: %s: item %d of '%s' is empty (a doubled, leading or trailing comma); separate the "
+                    "%s by single commas\n", flag, k, list, what);
+    return 1;
+}
+
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
     long v = strtol(s, &end, 10);
-    if (!*s || *end || v < lo || v > hi) return 0;
+    if (!*s || *end || isspace((unsigned char)*s) || v < lo || v > hi) return 0; /* strtol skips " " */
     *out = v;
     return 1;
 }
@@ -386,6 +397,7 @@ int main(int argc, char **argv)
                        "single commas%s", n, "");
         }
         snprintf(buf, sizeof buf, "%s", methods);
+        if (list_has_empty_item("--methods", methods, "methods")) return EXIT_BAD_INPUT;
         for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
             if (nm >= 16) return bad("--methods: too many methods (at most 16)%s%s", "", "");
             if (oscar_method_from_name(tok, &mlist[nm]) != OSCAR_OK)
@@ -412,6 +424,7 @@ int main(int argc, char **argv)
         oscar_method seen_m[OSCAR_METHOD_COUNT_];
         int ns = 0;
         snprintf(buf, sizeof buf, "%s", per_layer);
+        if (list_has_empty_item("--per-layer", per_layer, "methods")) return EXIT_BAD_INPUT;
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
             oscar_method m;
             if (oscar_method_from_name(t, &m) != OSCAR_OK || m == OSCAR_METHOD_BF16)
@@ -830,10 +843,12 @@ int main(int argc, char **argv)
     S.wall_s = ev_now() - t_start;
     S.cpu_s = ev_cpu_seconds() - cpu_start;
     {
-        /* All or nothing: the report and the table are written to
-         * temporaries of this run's own next to them (mkstemp: two runs, or a
-         * stale PATH.tmp, never share one) and renamed only when both are
-         * complete; a failure leaves neither. */
+        /* The report and the table are written to temporaries of this run's
+         * own next to them (mkstemp: two runs, or a stale PATH.tmp, never
+         * share one) and renamed only when both are complete: a failed write
+         * leaves neither. A failed --md rename after the --out one leaves the
+         * new report (complete) in place and says so: removing it, as before,
+         * lost the earlier report that the rename had replaced. */
         const char *fj = S.out_json, *fm = S.out_md;
         char jt[4200] = "", mt[4200] = "";
         int wrc = ev_unique_temp(jt, sizeof jt, fj) != 0 || (fm && ev_unique_temp(mt, sizeof mt, fm) != 0);
@@ -846,9 +861,10 @@ int main(int argc, char **argv)
             fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s\n", jt, fj, strerror(errno));
             wrc = 1;
         } else if (!wrc && fm && rename(mt, fm) != 0) {
-            fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s\n", mt, fm, strerror(errno));
-            unlink(fj);
-            wrc = 1;
+            fprintf(stderr, "oscar-eval: cannot rename %s to %s: %s; the report %s is written, the table (--md %s) "
+                            "is not written\n", mt, fm, strerror(errno), fj, fm);
+            unlink(mt);
+            rc = 1;
         }
         if (wrc) {
             if (jt[0]) unlink(jt);

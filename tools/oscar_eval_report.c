@@ -66,6 +66,15 @@ static double ret_base(const ev_run *R)
 
 static json_t *num_or_null(double x) { return isfinite(x) ? json_real(x) : json_null(); }
 
+/* A measured number: JSON (and jansson's json_real, whose NULL made json_object_set_new drop the key
+ * without a word) has none for Inf and NaN, so those are the strings "inf", "-inf" and "nan", the key
+ * kept (docs/EVAL.md); null (num_or_null) says "not measured". */
+static json_t *num(double x)
+{
+    if (isfinite(x)) return json_real(x);
+    return json_string(isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+}
+
 /* Retrieval per trial (correct predictions of each copy window, in trial order) and the paired
  * standard error of this variant's retrieval minus the reference's over the trials: the spread
  * that says whether a difference of a few predictions is noise (sd of the per-trial differences
@@ -100,13 +109,13 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
     ev_total t;
     ev_totals(R, v, &t);
     json_t *o = json_object();
-    json_object_set_new(o, "ppl", json_real(t.ppl));
-    json_object_set_new(o, "delta_ppl", json_real(t.ppl - ref_ppl));
-    json_object_set_new(o, "kl", json_real(t.kl));
-    json_object_set_new(o, "top1", json_real(t.top1));
+    json_object_set_new(o, "ppl", num(t.ppl));
+    json_object_set_new(o, "delta_ppl", num(t.ppl - ref_ppl));
+    json_object_set_new(o, "kl", num(t.kl));
+    json_object_set_new(o, "top1", num(t.top1));
     json_object_set_new(o, "retrieval", num_or_null(t.retrieval));
-    json_object_set_new(o, "bits_per_element", json_real(var->bits));
-    json_object_set_new(o, "bits_whole_sequence", json_real(var->bits_seq));
+    json_object_set_new(o, "bits_per_element", num(var->bits));
+    json_object_set_new(o, "bits_whole_sequence", num(var->bits_seq));
     json_object_set_new(o, "method", json_string(oscar_method_name(var->method)));
     if (var->method == OSCAR_METHOD_OSCAR2 && !var->storage) { /* code widths of the parameters as run */
         int total = 0;
@@ -116,7 +125,7 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
     json_object_set_new(o, "sink", json_integer(var->sink));
     json_object_set_new(o, "recent", json_integer(var->recent));
     json_object_set_new(o, "group", json_integer(var->group));
-    json_object_set_new(o, "mean_nll", json_real(t.nll));
+    json_object_set_new(o, "mean_nll", num(t.nll));
     json_object_set_new(o, "scored_tokens", json_integer(t.scored));
     json_object_set_new(o, "retrieval_predictions", json_integer(t.ret_total));
     if (t.task_total[0] + t.task_total[1] > 0) {
@@ -128,8 +137,8 @@ static json_t *variant_json(const ev_run *R, int v, double ref_ppl)
         json_object_set_new(o, "kv_lookup_accuracy", ta); /* per settings.kv_lookup.contexts */
         json_object_set_new(o, "kv_lookup_first_digit", tf);
     }
-    json_object_set_new(o, "seconds", json_real(t.seconds));
-    json_object_set_new(o, "hook_seconds", json_real(t.hook_seconds));
+    json_object_set_new(o, "seconds", num(t.seconds));
+    json_object_set_new(o, "hook_seconds", num(t.hook_seconds));
     if (var->storage) {
         json_object_set_new(o, "storage", json_string(var->storage->spec));
         json_object_set_new(o, "storage_rows_kept_bf16", json_integer(t.kept));
@@ -185,14 +194,14 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
         json_object_set_new(tk, "template", json_string("The code of X D1 D2 D3. (X a single-token name absent "
                                                         "from the document's text; queried at the end, all 3 "
                                                         "digits must be the argmax)"));
-        json_object_set_new(tk, "chance_uniform", json_real(1.0 / 900.0));
-        json_object_set_new(tk, "chance_first_digit", json_real(1.0 / 9.0));
-        json_object_set_new(tk, "chance_other_fact", json_real(1.0 / EV_TASK_FACTS));
+        json_object_set_new(tk, "chance_uniform", num(1.0 / 900.0));
+        json_object_set_new(tk, "chance_first_digit", num(1.0 / 9.0));
+        json_object_set_new(tk, "chance_other_fact", num(1.0 / EV_TASK_FACTS));
         json_object_set_new(st, "kv_lookup", tk);
     }
     json_t *tm = json_object();
-    json_object_set_new(tm, "wall_seconds", json_real(S->wall_s));
-    json_object_set_new(tm, "cpu_seconds", json_real(S->cpu_s));
+    json_object_set_new(tm, "wall_seconds", num(S->wall_s));
+    json_object_set_new(tm, "cpu_seconds", num(S->cpu_s));
     json_object_set_new(tm, "workers", json_integer(S->workers));
     json_object_set_new(tm, "engine_threads", json_integer(S->engine_threads));
     json_object_set_new(st, "timing", tm);
@@ -207,7 +216,7 @@ int ev_write_json(const ev_run *R, const ev_settings *S)
     else json_decref(ab);
     if (json_object_size(pl) > 0) json_object_set_new(root, "per_layer", pl);
     else json_decref(pl);
-    json_object_set_new(root, "reference_ppl", json_real(ref.ppl));
+    json_object_set_new(root, "reference_ppl", num(ref.ppl));
     errno = 0;
     int rc = json_dump_file(root, S->out_json, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(8));
     const int e = errno;

@@ -3,9 +3,11 @@
 #include "oscar_eval_storage.h"
 #include "oscar_format.h" /* the group rule */
 #include "tool_params.h"   /* the parameters' code widths */
+#include "tool_args.h"     /* tool_list_empty_item */
 
 #include <math.h>
 #include <stdint.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +21,7 @@ static int fail(char *err, size_t errlen, const char *what, const char *val)
 static int parse_int(const char *s, long lo, long hi, long *out)
 {
     char *end;
-    if (!*s) return 0;
+    if (!*s || isspace((unsigned char)*s)) return 0; /* strtol skips " " */
     long v = strtol(s, &end, 10);
     if (*end || v < lo || v > hi) return 0;
     *out = v;
@@ -36,6 +38,8 @@ static int parse_heads(const char *val, ev_storage *s, char *err, size_t errlen)
     char buf[160];
     if (strlen(val) >= sizeof buf) return fail(err, errlen, "heads= list too long:", val);
     snprintf(buf, sizeof buf, "%s", val);
+    if (tool_list_empty_item(val, '+'))
+        return fail(err, errlen, "heads= has an empty item (a doubled, leading or trailing '+'):", val);
     memset(s->heads, 0, (size_t)s->L * (size_t)s->Hkv);
     int n = 0;
     for (char *save = NULL, *t = strtok_r(buf, "+", &save); t; t = strtok_r(NULL, "+", &save)) {
@@ -75,6 +79,11 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
     memset(s->heads, 1, (size_t)L * (size_t)Hkv);
     char buf[160];
     snprintf(buf, sizeof buf, "%s", spec);
+    if (tool_list_empty_item(spec, ',')) {
+        fail(err, errlen, "empty item (a doubled, leading or trailing comma; separate key=value items by single "
+             "commas) in", spec);
+        goto bad;
+    }
     int seen[10] = {0}; /* per key of keys[] below */
     for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
         char *eq = strchr(t, '=');
@@ -154,7 +163,7 @@ static int parse_clause(const char *spec, int L, int Hkv, int d, ev_storage *s, 
         default: { /* clip, vclip */
             char *end;
             double cv = strtod(val, &end);
-            if (end == val || *end || !(cv > 0.0 && cv <= 1.0) || !((float)cv > 0.0f)) { /* 1e-46: 0 as a float, unset */
+            if (end == val || *end || isspace((unsigned char)*val) || !(cv > 0.0 && cv <= 1.0) || !((float)cv > 0.0f)) { /* 1e-46: 0 as a float, unset */
                 fail(err, errlen, ki == 5 ? "clip= wants a ratio in (0, 1], not" : "vclip= wants a ratio in (0, 1], not",
                      val);
                 goto bad;

@@ -44,10 +44,14 @@ static void print_spectrum(int d, const double *lam) {
         printf("eigenvalues (none: built-in)");
         return;
     }
-    double tr = 0.0, top8 = 0.0;
-    for (int i = 0; i < d; i++) {
-        tr += lam[i];
-        if (i < 8) top8 += lam[i];
+    /* scaled by the largest |eigenvalue|: finite eigenvalues near DBL_MAX (a file may hold any finite
+     * value) summed to inf and the share printed as nan% */
+    double m = 0.0, tr = 0.0, top8 = 0.0;
+    for (int i = 0; i < d; i++)
+        if (fabs(lam[i]) > m) m = fabs(lam[i]);
+    for (int i = 0; m > 0.0 && i < d; i++) {
+        tr += lam[i] / m;
+        if (i < 8) top8 += lam[i] / m;
     }
     printf("top eig %.4g %.4g %.4g %.4g  top-8 share %5.1f%%", lam[0], lam[1], lam[2], lam[3],
            tr > 0.0 ? 100.0 * top8 / tr : 0.0);

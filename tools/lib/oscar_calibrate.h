@@ -80,6 +80,10 @@ int ocal_window_count(const ocal_options *o, int64_t n_tokens);
  * repeated span feed_copy_windows makes of each --window); else INVALID_ARGUMENT and the message, naming the
  * smallest --window that does. ocal_run checks it first; a tool checks it before loading the model. */
 oscar_status ocal_check_copy_windows(const ocal_options *o, char *err, size_t err_len);
+/* OSCAR_OK, or OSCAR_ERR_INVALID_ARGUMENT with the smallest --window in err when the probe objective
+ * is asked for (clip_objective 0) and a window is shorter than sink + recent + 33, which gives no
+ * attention probe (every layer would fall back to the held-back rows). */
+oscar_status ocal_check_probe_window(const ocal_options *o, char *err, size_t err_len);
 
 /* Runs both passes and finalizes. On success *calib (finalized, for targets
  * and the layer report) and *params belong to the caller. On failure returns

@@ -185,6 +185,25 @@ oscar_status ocal_check_copy_windows(const ocal_options *o, char *err, size_t er
                 o->copy_windows, o->window, R < 0 ? 0 : R, S, W, OCAL_COPY_MARGIN, S + 2 * rmin);
 }
 
+/* The core's probe margin (calib.c PROBE_MARGIN, docs/CALIBRATION.md): a window of n tokens gives an
+ * attention probe only when n >= sink + recent + OCAL_PROBE_MARGIN + 1. */
+#define OCAL_PROBE_MARGIN 32
+
+oscar_status ocal_check_probe_window(const ocal_options *o, char *err, size_t err_len) {
+    if (o->clip_objective != 0) return OSCAR_OK; /* the rows objective fits without probes */
+    oscar_calib_options co; /* the sink and recent ocal_run gives the calibration */
+    oscar_calib_options_default(&co, 1, 1, 1, 64);
+    const int64_t S = o->sink ? (o->sink < 0 ? 0 : o->sink) : co.sink,
+                  W = o->recent ? (o->recent < 0 ? 0 : o->recent) : co.recent, nmin = S + W + OCAL_PROBE_MARGIN + 1;
+    if ((int64_t)o->window >= nmin) return OSCAR_OK;
+    return fail(OSCAR_ERR_INVALID_ARGUMENT, err, err_len,
+                "--window %d gives no attention probe: a window needs sink %" PRId64 " + recent %" PRId64
+                " + %d tokens, and without probes the clip objective (probes, the default) falls back to the "
+                "held-back rows in every layer; use --window %" PRId64 " or more, a smaller --sink / --recent, or "
+                "--clip-objective rows",
+                o->window, S, W, OCAL_PROBE_MARGIN + 1, nmin);
+}
+
 /* Copy-window observer: q/k/v of a repeated span -> copy probes only. */
 typedef struct copy_state {
     oscar_calib *calib;

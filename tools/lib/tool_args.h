@@ -1,11 +1,12 @@
 /* Strict command-line integers for the tools: the whole argument must be a
- * decimal integer in [lo, hi] ("12abc", "", "1e3" and out-of-range values are
+ * decimal integer in [lo, hi] ("12abc", " 12", "", "1e3" and out-of-range values are
  * refused with a message naming the option and the allowed range), so a typo
  * never runs as something else. Header-only: the tools link different
  * libraries (liboscar alone, or the engine). */
 #ifndef OSCAR_TOOL_ARGS_H
 #define OSCAR_TOOL_ARGS_H
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -22,12 +23,27 @@ static inline int tool_parse_int(const char *tool, const char *flag, const char 
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
+    /* strtoll skips leading white space: " 12" ran as 12, where "12 " was refused */
+    if (errno || end == s || *end || isspace((unsigned char)*s) || v < lo || v > hi) {
         fprintf(stderr, "%s: %s wants an integer in [%" PRId64 ", %" PRId64 "], got '%s'\n", tool, flag, lo, hi, s);
         return 0;
     }
     *out = (int64_t)v;
     return 1;
+}
+
+/* The number (from 1) of the first empty item of list, items joined by sep ("a,,b": 2, ",a": 1,
+ * "a,": 2), or 0 when none is empty ("" too: an empty list is the caller's to name). strtok skips
+ * empty items, so "int2,,int4" ran as "int2,int4" and a typo lost an item without a word. */
+static inline int tool_list_empty_item(const char *list, char sep) {
+    if (!*list) return 0;
+    int k = 1;
+    for (const char *p = list;; p++, k++) {
+        const char *e = strchr(p, sep);
+        if ((e ? e : p + strlen(p)) == p) return k;
+        if (!e) return 0;
+        p = e;
+    }
 }
 
 /* Each option at most once: a repeated one was taken last-one-wins without a word (oscar-eval
