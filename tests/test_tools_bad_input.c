@@ -185,6 +185,19 @@ static void mistral_copy(const char *dir, int sliding_window) {
     json_decref(cfg);
 }
 
+/* A scratch model folder holding only tiny-qwen3's config.json: a tool that refuses its arguments
+ * before the model load says so, one that gets to the load names the missing weights. */
+static void config_only_model(char *dir, size_t len) {
+    char a[8192], b[8192];
+    scratch(dir, len);
+    snprintf(a, sizeof a, "%s/config.json", g_model);
+    snprintf(b, sizeof b, "%s/config.json", dir);
+    size_t n;
+    char *cfg = slurp(a, &n);
+    spit(b, cfg, n);
+    free(cfg);
+}
+
 /* shard5_write with a NaN (bf16 0x7fc0). */
 static void shard5_copy(const char *dir, int hdr_delta, const char *nan_tensor) {
     shard5_write(dir, hdr_delta, nan_tensor, 0x7fc0);
@@ -275,14 +288,8 @@ Test(tools_bad_input, eval_method_lists_are_never_cut_short, .timeout = 300) {
  * only config.json, so a refusal that came after the load would name the missing weights. */
 Test(tools_bad_input, eval_per_layer_list_is_checked_before_the_model_load, .timeout = 120) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
-    char out[16384], dir[64], a[8192], b[8192];
-    scratch(dir, sizeof dir);
-    snprintf(a, sizeof a, "%s/config.json", g_model);
-    snprintf(b, sizeof b, "%s/config.json", dir);
-    size_t n;
-    char *cfg = slurp(a, &n);
-    spit(b, cfg, n);
-    free(cfg);
+    char out[16384], dir[64];
+    config_only_model(dir, sizeof dir);
     const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
     const struct {
         const char *per_layer;
@@ -310,14 +317,8 @@ Test(tools_bad_input, eval_per_layer_list_is_checked_before_the_model_load, .tim
  * model folder holds only config.json). */
 Test(tools_bad_input, eval_storage_spec_given_twice_is_refused, .timeout = 120) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
-    char out[16384], dir[64], a[8192], b[8192];
-    scratch(dir, sizeof dir);
-    snprintf(a, sizeof a, "%s/config.json", g_model);
-    snprintf(b, sizeof b, "%s/config.json", dir);
-    size_t n;
-    char *cfg = slurp(a, &n);
-    spit(b, cfg, n);
-    free(cfg);
+    char out[16384], dir[64];
+    config_only_model(dir, sizeof dir);
     const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
     int rc = run(out, sizeof out, 60, BIN "/oscar-eval %s --tokens %s --params %s --methods int2 --storage group=64 "
                  "--storage out=4 --storage group=64 --out %s/r.json", dir, g_tokens, p, dir);
@@ -335,13 +336,7 @@ Test(tools_bad_input, eval_storage_spec_given_twice_is_refused, .timeout = 120) 
 Test(tools_bad_input, eval_tasks_context_is_checked_before_the_model_load, .timeout = 120) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
     char out[16384], dir[64], a[8192], b[8192];
-    scratch(dir, sizeof dir);
-    snprintf(a, sizeof a, "%s/config.json", g_model);
-    snprintf(b, sizeof b, "%s/config.json", dir);
-    size_t n;
-    char *cfg = slurp(a, &n);
-    spit(b, cfg, n);
-    free(cfg);
+    config_only_model(dir, sizeof dir);
     snprintf(a, sizeof a, "%s/tokenizer.json", g_model);
     snprintf(b, sizeof b, "%s/tokenizer.json", dir);
     cr_assert_eq(symlink(a, b), 0);
@@ -1935,14 +1930,8 @@ Test(tools_bad_input, numbers_with_leading_spaces_are_refused, .timeout = 200) {
  * holds only config.json: a refusal after the load would name the missing weights). */
 Test(tools_bad_input, eval_list_empty_items_are_refused, .timeout = 200) {
     if (!shared()) cr_skip_test("OSCAR_SHARED_DIR/models/tiny-qwen3 is absent");
-    char out[16384], dir[64], a[8192], b[8192];
-    scratch(dir, sizeof dir);
-    snprintf(a, sizeof a, "%s/config.json", g_model);
-    snprintf(b, sizeof b, "%s/config.json", dir);
-    size_t n;
-    char *cfg = slurp(a, &n);
-    spit(b, cfg, n);
-    free(cfg);
+    char out[16384], dir[64];
+    config_only_model(dir, sizeof dir);
     const char *p = OSCAR_SOURCE_DIR "/docs/eval/tiny-qwen3.oscar.safetensors";
     const struct {
         const char *args, *needle;
