@@ -97,6 +97,7 @@ typedef struct oe_config {
     int qk_norm;        /* per-head RMSNorm of q and k before RoPE (Qwen3) */
     int qkv_bias;       /* q/k/v projections carry biases (Qwen2) */
     int sliding_window; /* Mistral's attention span, 0 when none: windows longer than it are refused */
+    int no_biases;      /* Mistral: no projection biases, whatever attention_bias says (as transformers) */
 } oe_config;
 
 typedef struct oe_model oe_model;

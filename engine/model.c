@@ -385,7 +385,8 @@ oscar_status oe_config_load(const char *path, oe_config *c)
     c->tie_word_embeddings = !tie;
     if ((s = opt_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings)) != OSCAR_OK) goto done;
     c->qk_norm = c->arch == OE_ARCH_QWEN3;
-    c->qkv_bias = c->arch == OE_ARCH_QWEN2 ? 1 : attn_bias;
+    c->no_biases = !strcmp(type, "mistral");
+    c->qkv_bias = c->arch == OE_ARCH_QWEN2 ? 1 : c->no_biases ? 0 : attn_bias;
 done:
     json_decref(root);
     return s;
@@ -541,7 +542,8 @@ static oscar_status check_no_extra_layers(const shard_set *ss, int num_layers)
  * builds those projections without a bias and leaves the tensor unused, and the engine added a
  * q/k/v or o_proj bias it found (and never read MLP biases), running another model without a word.
  * Attention biases: q/k/v with attention_bias (always for Qwen2), o_proj with attention_bias
- * (never for Qwen2); MLP biases never (mlp_bias true is refused with the config). */
+ * (never for Qwen2); none for Mistral, whatever attention_bias says; MLP biases never (mlp_bias true
+ * is refused with the config). */
 static oscar_status check_unused_biases(const shard_set *ss, const oe_config *c, int L)
 {
     static const char *const names[] = {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
@@ -557,6 +559,10 @@ static oscar_status check_unused_biases(const shard_set *ss, const oe_config *c,
             return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' but config.json gives the MLP "
                                 "no biases (mlp_bias false, which transformers follows, leaving the tensor unused); "
                                 "the weights and the config are of different models: remove the tensor", nm);
+        if (c->no_biases)
+            return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' but a Mistral model has no "
+                                "projection biases (transformers leaves the tensor unused, whatever attention_bias "
+                                "says); remove the tensor", nm);
         if (c->arch == OE_ARCH_QWEN2)
             return oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint holds tensor '%s' but a Qwen2 model has no "
                                 "o_proj bias (transformers leaves the tensor unused, whatever attention_bias says); "

@@ -256,6 +256,28 @@ Test(engine_load, mistral_runs_within_its_span)
     remove_dir();
 }
 
+/* transformers builds Mistral's projections without biases whatever attention_bias says; the engine
+ * took attention_bias true as q/k/v biases (a checkpoint without them failed to load, one with them
+ * ran another model than transformers). Now it loads as transformers does, and bias tensors in such
+ * a checkpoint are refused, named. */
+Test(engine_load, mistral_has_no_biases_whatever_attention_bias_says)
+{
+    seed();
+    make_dir();
+    tiny_cfg mi = k_llama;
+    mi.type = "mistral";
+    write_model(&mi, ",\"attention_bias\":true");
+    run_model(&mi); /* expects qkv_bias 0 */
+    mi.bias = 1;
+    write_model(&mi, ",\"attention_bias\":true");
+    oe_model *m = NULL;
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE);
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "q_proj.bias") && strstr(oe_last_error(), "Mistral"), "message: %s",
+              oe_last_error());
+    remove_dir();
+}
+
 Test(engine_load, synthetic_qwen3_qwen2_llama_run)
 {
     seed();
