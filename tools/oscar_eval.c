@@ -717,18 +717,9 @@ int main(int argc, char **argv)
         char buf[256]; /* --per-layer is at most 255 bytes (checked with the arguments) */
         snprintf(buf, sizeof buf, "%s", per_layer);
         for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            oscar_method m;
-            if (oscar_method_from_name(t, &m) != OSCAR_OK || m == OSCAR_METHOD_BF16) {
-                fprintf(stderr, "oscar-eval: --per-layer: '%s' is not a quantized method\n", t);
-                rc = EXIT_BAD_INPUT;
-                goto done;
-            }
+            oscar_method m = OSCAR_METHOD_INT2;
+            (void)oscar_method_from_name(t, &m); /* each name checked before the model load */
             int calibrated = m == OSCAR_METHOD_OSCAR2 || m == OSCAR_METHOD_OSCAR2_LM;
-            if (calibrated && !P) {
-                fprintf(stderr, "oscar-eval: --per-layer %s needs --params\n", t);
-                rc = EXIT_BAD_INPUT;
-                goto done;
-            }
             for (int l = 0; l < cfg.num_layers; l++) {
                 char nm3[64];
                 snprintf(nm3, sizeof nm3, "%s#L%d", t, l);

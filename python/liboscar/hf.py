@@ -177,10 +177,14 @@ class OscarLayer(CacheLayerMixin):
         self._refuse("offloading")
 
 
+def _wide_in_layer(params: Params, layer: int, num_kv_heads: int) -> int:
+    """The 3-bit head-tensors (code_bits 3) of one layer of ``params``."""
+    return sum(params.code_bits(layer, h, kv) == 3 for h in range(num_kv_heads) for kv in ("k", "v"))
+
+
 def _wide_tensors(params: Params, num_layers: int, num_kv_heads: int) -> int:
-    """The most 3-bit head-tensors (code_bits 3) of any layer of ``params``: the layout's wide_tensors."""
-    return max(sum(params.code_bits(layer, h, kv) == 3 for h in range(num_kv_heads) for kv in ("k", "v"))
-               for layer in range(num_layers))
+    """The most 3-bit head-tensors of any layer of ``params``: the layout's wide_tensors."""
+    return max(_wide_in_layer(params, layer, num_kv_heads) for layer in range(num_layers))
 
 
 class OscarCache(Cache):
@@ -291,10 +295,8 @@ class OscarCache(Cache):
         if self.params is None or self.method != "oscar2" or not self.layout.wide_tensors:
             return self.layout.sizes().bits_per_element
         hkv = self.layout.num_kv_heads
-        per = [dataclasses.replace(self.layout, wide_per_layer=0,
-                                   wide_tensors=sum(self.params.code_bits(layer, h, kv) == 3 for h in range(hkv)
-                                                    for kv in ("k", "v"))).sizes().bits_per_element
-               for layer in self.oscar_layers]
+        per = [dataclasses.replace(self.layout, wide_per_layer=0, wide_tensors=_wide_in_layer(self.params, layer, hkv))
+               .sizes().bits_per_element for layer in self.oscar_layers]
         return sum(per) / len(per)
 
     def nbytes(self) -> int:

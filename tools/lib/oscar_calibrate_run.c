@@ -165,12 +165,18 @@ static oscar_status fail(oscar_status s, char *err, size_t len, const char *fmt,
  * sink + recent. */
 #define OCAL_COPY_MARGIN 32
 
+/* The sink S and recent window W ocal_run gives the calibration (0: the core's default, < 0: none). */
+static void ocal_windows(const ocal_options *o, int64_t *S, int64_t *W) {
+    oscar_calib_options co;
+    oscar_calib_options_default(&co, 1, 1, 1, 64);
+    *S = o->sink ? (o->sink < 0 ? 0 : o->sink) : co.sink;
+    *W = o->recent ? (o->recent < 0 ? 0 : o->recent) : co.recent;
+}
+
 oscar_status ocal_check_copy_windows(const ocal_options *o, char *err, size_t err_len) {
     if (o->copy_windows <= 0) return OSCAR_OK;
-    oscar_calib_options co; /* the windows ocal_run gives the calibration */
-    oscar_calib_options_default(&co, 1, 1, 1, 64);
-    const int64_t S = o->sink ? (o->sink < 0 ? 0 : o->sink) : co.sink,
-                  W = o->recent ? (o->recent < 0 ? 0 : o->recent) : co.recent;
+    int64_t S, W;
+    ocal_windows(o, &S, &W);
     /* feed_copy_windows: period R = (window - S) / 2, queries from S + R to S + 2R - 2 */
     const int64_t R = ((int64_t)o->window - S) / 2, lo = S + W + OCAL_COPY_MARGIN > S + R ? S + W + OCAL_COPY_MARGIN : S + R;
     if (R > W && lo <= S + 2 * R - 2) return OSCAR_OK;
@@ -191,10 +197,9 @@ oscar_status ocal_check_copy_windows(const ocal_options *o, char *err, size_t er
 
 oscar_status ocal_check_probe_window(const ocal_options *o, char *err, size_t err_len) {
     if (o->clip_objective != 0) return OSCAR_OK; /* the rows objective fits without probes */
-    oscar_calib_options co; /* the sink and recent ocal_run gives the calibration */
-    oscar_calib_options_default(&co, 1, 1, 1, 64);
-    const int64_t S = o->sink ? (o->sink < 0 ? 0 : o->sink) : co.sink,
-                  W = o->recent ? (o->recent < 0 ? 0 : o->recent) : co.recent, nmin = S + W + OCAL_PROBE_MARGIN + 1;
+    int64_t S, W;
+    ocal_windows(o, &S, &W);
+    const int64_t nmin = S + W + OCAL_PROBE_MARGIN + 1;
     if ((int64_t)o->window >= nmin) return OSCAR_OK;
     return fail(OSCAR_ERR_INVALID_ARGUMENT, err, err_len,
                 "--window %d gives no attention probe: a window needs sink %" PRId64 " + recent %" PRId64
