@@ -257,6 +257,63 @@ static void test_small(void)
     cudaFree(dx); cudaFree(dw); cudaFree(dgu); cudaFree(dlg); cudaFree(dn); cudaFree(da); cudaFree(dam);
 }
 
+/* SwiGLU's two forms (16-byte loads where FF % 4 == 0 and the buffers are aligned, else one value
+ * per thread) on the same values: against the host formula (fp32 within 1e-5; bf16 within one bf16
+ * step of the rounded value), the two forms bit for bit, and nothing written past rows x FF (the
+ * output buffer poisoned with 0xff bytes beyond it). Unaligned: gu one float off 16 bytes. */
+static void test_swiglu_paths(void)
+{
+    const int R = 7, FF = 336, PAD = 64;
+    const size_t ngu = (size_t)R * 2 * FF, nout = (size_t)R * FF;
+    float *gu = malloc((ngu + 4) * 4);
+    for (size_t i = 0; i < ngu + 4; i++) gu[i] = 6.0f * frand();
+    float *dgu = dup_dev(gu, (ngu + 4) * 4);
+    unsigned char *dout;
+    CK(cudaMalloc((void **)&dout, nout * 4 + PAD));
+    unsigned char *out[2] = {malloc(nout * 4 + PAD), malloc(nout * 4 + PAD)};
+    for (int f32 = 1; f32 >= 0; f32--) {
+        const size_t esz = f32 ? 4 : 2;
+        for (int form = 0; form < 2; form++) { /* 0: 16-byte form (aligned), 1: unaligned (gu + 1) */
+            CK(cudaMemset(dout, 0xff, nout * 4 + PAD));
+            if (form) CK(cudaMemcpy(dgu + 1, gu, ngu * 4, cudaMemcpyHostToDevice));
+            else CK(cudaMemcpy(dgu, gu, ngu * 4, cudaMemcpyHostToDevice));
+            CK(ge_k_swiglu(dout, f32, dgu + form, R, FF, 0, NULL));
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(out[form], dout, nout * 4 + PAD, cudaMemcpyDeviceToHost));
+            double worst = 0;
+            for (size_t i = 0; i < nout; i++) {
+                const size_t r = i / FF, j = i % FF;
+                const float g = gu[r * 2 * FF + j], u = gu[r * 2 * FF + FF + j];
+                const float want = g / (1.0f + expf(-g)) * u;
+                double got, tol;
+                if (f32) {
+                    float v;
+                    memcpy(&v, out[form] + 4 * i, 4);
+                    got = v;
+                    tol = 1e-5;
+                } else {
+                    uint16_t b;
+                    memcpy(&b, out[form] + 2 * i, 2);
+                    got = bits_f(b);
+                    tol = fabs(bf16_round(want)) * 0x1p-7 + 1e-6; /* one bf16 step */
+                }
+                const double e = fabs(got - (f32 ? want : bf16_round(want))) / tol;
+                if (!(e <= worst)) worst = e;
+            }
+            for (size_t i = nout * esz; i < nout * 4 + PAD; i++)
+                if (out[form][i] != 0xff) worst = 1e9; /* written past the rows */
+            char what[64];
+            snprintf(what, sizeof what, "SwiGLU %s, %s (x tolerance)", f32 ? "fp32" : "bf16",
+                     form ? "one value per thread" : "16-byte form");
+            report(what, worst, 1.0);
+        }
+        report(f32 ? "SwiGLU fp32: the two forms bit for bit" : "SwiGLU bf16: the two forms bit for bit",
+               memcmp(out[0], out[1], nout * esz) != 0, 0);
+    }
+    free(gu); free(out[0]); free(out[1]);
+    cudaFree(dgu); cudaFree(dout);
+}
+
 /* float64 x W^T (M rows, W [N][K] and x bf16) into ref [M][N], and sum |w x| into mag. */
 static void product_ref(const uint16_t *w, const uint16_t *x, int M, int N, int K, double *ref, double *mag)
 {
@@ -476,6 +533,7 @@ int main(void)
     test_attention(256, 8, 4, 0); /* bf16 out at d 256: the fp32 kernel */
     test_qkv_post();
     test_small();
+    test_swiglu_paths();
     test_gemv();
     test_wgemm();
     test_gemm_tuned();
