@@ -18,7 +18,8 @@
 # breakdown of one decode step (oscar-e2e-bench --breakdown: CUDA events between the phases of
 # the forward step, medians of 10 rounds; engine/gpu/README.md) for Qwen3-8B at the largest
 # P+N batch and at batch 1 x 32K (bf16, oscar2 with feedback weights), and Qwen3-32B at batch
-# 1 x 32K (oscar2 with feedback weights, then bf16); tables into e2e.md.
+# 1 x 32K (oscar2 with feedback weights, then bf16); tables into e2e.md, each run's tuned weight products
+# (--gemm-report: cuBLAS default, chosen and the engine's own GEMM per product, us) into e2e.log.
 # --carry DIR: the folder perf/e2e/pack.sh made (deps.tar.xz, tiny-qwen3.tar.xz,
 # eval-head.tokens, calib-head.tokens); explicit --model/--tokens/--deps/--calib-tokens override it.
 # --calib-tokens FILE: calibration tokens (uint32) for the wide-pages checks' parameter file, calibrated
@@ -377,7 +378,7 @@ if ((do_breakdown)); then
     # shellcheck disable=SC2086
     b=$budget; [[ $x == *qwen3-32b* ]] && b=$budget32
     timeout "$wall" "$bin/oscar-e2e-bench" --method "$m" --budget-gb "$b" --prompt "$prompt" --gen "$gen" \
-      --breakdown --breakdown-steps 10 --breakdown-warmup 3 --md "$md" $x ||
+      --breakdown --breakdown-steps 10 --breakdown-warmup 3 --gemm-report --md "$md" $x ||
       { echo >>"$md"; echo "Breakdown $m $x: FAILED (see e2e.log)." >>"$md"; }
   done
   echo >>"$md"
