@@ -54,11 +54,14 @@ Test(gpu_splits, target_rule_without_occupancy) {
  * history and the 16-bit splits the window rows (or every row of the BF16
  * method), chunks on the 32-token / 16-row tile grid, no split empty at the
  * batch's longest length, the workspace's split bound kept, head chunks cover
- * the GQA ratio. */
+ * the GQA ratio. force_n > 0 ($OSCAR_DECODE_SPLITS): the same, and at most one split more than
+ * forced (the carve gives the 16-bit rows one of their own). */
 static void check_tc(int seqs, int gqa, int cap, int len, int S0, int W, int bf16m, int d, int resident,
-                     int max_splits) {
+                     int max_splits, int force_n) {
     gpu_tc_splits t;
-    gpu_tc_choose(seqs, 8, gqa, cap, len, S0, W, bf16m, d, d / 2 + 8, resident, max_splits, 0, 1024, 1, &t);
+    gpu_tc_choose(seqs, 8, gqa, cap, len, S0, W, bf16m, d, d / 2 + 8, resident, max_splits, 0, 1024, 1, force_n, &t);
+    cr_assert(force_n <= 0 || t.nsplit <= force_n + 1, "len %d seqs %d: %d splits, %d forced", len, seqs, t.nsplit,
+              force_n);
     int lh = bf16m ? 0 : (len > S0 + W ? len - S0 - W : 0);
     int nwin = bf16m ? len : (len < S0 + W ? len : S0 + W);
     int nsw = t.nsplit - t.ns2;
@@ -78,7 +81,7 @@ static void check_tc(int seqs, int gqa, int cap, int len, int S0, int W, int bf1
  * their partials after the nsplit others. */
 static void check_heavy(int seqs, int len, int heavy, int resident, int max_splits) {
     gpu_tc_splits t;
-    gpu_tc_choose(seqs, 8, 4, 8, len, 64, 256, 0, 128, 72, resident, max_splits, heavy, 1024, 1, &t);
+    gpu_tc_choose(seqs, 8, 4, 8, len, 64, 256, 0, 128, 72, resident, max_splits, heavy, 1024, 1, 0, &t);
     int lh = len > 320 ? len - 320 : 0;
     cr_assert_eq(t.pstride, t.nsplit + t.ns2x);
     cr_assert(t.pstride <= max_splits || t.nsplit <= 2, "len %d seqs %d: %d partials above %d", len, seqs,
@@ -115,15 +118,15 @@ Test(gpu_splits, heavy_heads_split_finer) {
      * in their own rows (an extend of 4096 query rows x GQA 8 in 16-column CTAs: 2048 head chunks) */
     {
         gpu_tc_splits t;
-        gpu_tc_choose(1, 30, 4096 * 8, 16, 131072, 64, 256, 0, 128, 72, 528, 1 << 20, 2, 1024, 2, &t);
+        gpu_tc_choose(1, 30, 4096 * 8, 16, 131072, 64, 256, 0, 128, 72, 528, 1 << 20, 2, 1024, 2, 0, &t);
         cr_assert(t.hchunks == 2048 && 30 * t.hchunks <= 65535 && t.ns2x == 0, "%d head chunks, %d further splits",
                   t.hchunks, t.ns2x);
     }
     /* in their own rows (heavy_rows 0), the splits are the 2-bit layer's; the heavy heads only add theirs */
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         gpu_tc_splits t0, t1;
-        gpu_tc_choose(32, 8, 4, 8, lens[i], 64, 256, 0, 128, 72, 528, 1 << 20, 0, 1024, 1, &t0);
-        gpu_tc_choose(32, 8, 4, 8, lens[i], 64, 256, 0, 128, 72, 528, 1 << 20, 2, 1024, 0, &t1);
+        gpu_tc_choose(32, 8, 4, 8, lens[i], 64, 256, 0, 128, 72, 528, 1 << 20, 0, 1024, 1, 0, &t0);
+        gpu_tc_choose(32, 8, 4, 8, lens[i], 64, 256, 0, 128, 72, 528, 1 << 20, 2, 1024, 0, 0, &t1);
         const int nx = t1.chunk2w > 0 ? (lens[i] - 320 + t1.chunk2w - 1) / t1.chunk2w - t0.ns2 : 0;
         cr_assert(t0.ns2 + nx == t1.ns2 && t0.chunk2 == t1.chunk2 && t0.nsplit + nx == t1.nsplit && t1.ns2x == 0,
                   "len %d: %d x %d / %d x %d", lens[i], t0.ns2, t0.chunk2, t1.ns2, t1.chunk2);
@@ -133,7 +136,7 @@ Test(gpu_splits, heavy_heads_split_finer) {
      * case) */
     for (int w = 0; w < 2; w++) {
         gpu_tc_splits t;
-        gpu_tc_choose(32, 8, 4, 8, 32768, 64, 256, 0, 128, 72, 528, 1 << 20, 1, 1024, w, &t);
+        gpu_tc_choose(32, 8, 4, 8, 32768, 64, 256, 0, 128, 72, 528, 1 << 20, 1, 1024, w, 0, &t);
         const long long own = w ? t.ns2 : (32448 + t.chunk2 - 1) / t.chunk2; /* 2-bit splits of a 2-bit head */
         const long long ctas = 32LL * 7 * own + 32LL * (t.ns2 + t.ns2x), last = ctas % 528;
         cr_assert(w == 0 ? t.ns2x == 0 && t.chunk2w > 0 : t.ns2x > 0, "rows %d: no further splits", w);
@@ -151,10 +154,15 @@ Test(gpu_splits, tensor_core_splits_cover_history_and_windows) {
             for (size_t k = 0; k < sizeof gqas / sizeof gqas[0]; k++)
                 for (int resident = 0; resident <= 528; resident += 528) {
                     int cap = gqas[k] <= 8 ? 8 : 16;
-                    check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 1 << 20);
-                    check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 3);
-                    check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 0, 64, resident, 1 << 20);
-                    check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 1, 256, resident, 5);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 1 << 20, 0);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 3, 0);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 0, 64, resident, 1 << 20, 0);
+                    check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 1, 256, resident, 5, 0);
+                    for (int n = 1; n <= 300; n = n < 3 ? n + 1 : 10 * n) {
+                        check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 1 << 20, n);
+                        check_tc(seqs[j], gqas[k], cap, lens[i], 0, 0, 1, 256, resident, 1 << 20, n);
+                        check_tc(seqs[j], gqas[k], cap, lens[i], 64, 256, 0, 128, resident, 3, n);
+                    }
                 }
 }
 

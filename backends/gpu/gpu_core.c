@@ -82,6 +82,7 @@ typedef struct gpu_plan {
      * $OSCAR_EXTEND_FA's fixed choice (-1 never, 1 every extend; tests, A/B);
      * fa_splits > 0 fixes its split count ($OSCAR_EXTEND_FA_SPLITS, A/B) */
     int fa_min, fa_splits;
+    int dec_splits; /* > 0: the tensor-core family's split count n before the carve ($OSCAR_DECODE_SPLITS, A/B) */
     gpu_kernels k;
 } gpu_plan;
 
@@ -208,7 +209,7 @@ static int64_t tc_heavy(int64_t lh, int64_t ns2, int64_t c2, int64_t heavy_chunk
 
 void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, int sink, int recent, int bf16m,
                    int head_dim, int row2_bytes, int resident, int max_splits, int heavy_heads, int heavy_chunk,
-                   int heavy_rows, gpu_tc_splits *t) {
+                   int heavy_rows, int force_n, gpu_tc_splits *t) {
     t->hchunks = (gqa + cap - 1) / cap;
     int64_t units = (int64_t)num_seqs * kv_heads * t->hchunks;
     int64_t lh = bf16m ? 0 : (max_len > sink + recent ? max_len - sink - recent : 0);
@@ -239,7 +240,7 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
     const int in_row = heavy_units > 0 && (heavy_rows == 0 || (heavy_rows == 1 && 4 * heavy_heads > kv_heads) ||
                                            (int64_t)(kv_heads + heavy_heads) * t->hchunks > 65535);
     const int weigh = heavy_units > 0 && lh > 0 && !in_row;
-    for (int64_t n = 1; n <= cap_s; n++) {
+    for (int64_t n = 1; n <= cap_s && force_n <= 0; n++) {
         int64_t work = units * n;
         if (weigh) { /* (where the carve of n gives none, the count of a 2-bit layer) */
             int64_t n2, nw, c2, c16, cw;
@@ -254,6 +255,7 @@ void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, in
             ns = n;
         }
     }
+    if (force_n > 0) ns = force_n < cap_s ? force_n : cap_s;
     int64_t ns2, nsw, c2, c16, cw;
     tc_carve(ns, lh, nwin, row2, total, &ns2, &nsw, &c2, &c16);
     t->ns2 = (int)ns2;
@@ -351,6 +353,7 @@ oscar_status gpu_plan_create(void *ctx, const oscar_backend_plan_desc *desc, voi
     p->o3_big = 3 * (cus > 0 ? cus : 1);
     p->w3_split = gpu_env_count("OSCAR_DECODE_W3_SPLIT", OSCAR_DECODE_W3_SPLIT_MIN, CNT, &bad);
     p->w3_rows = gpu_env_count("OSCAR_DECODE_W3_ROWS", 1, CNT, &bad);
+    p->dec_splits = gpu_env_count("OSCAR_DECODE_SPLITS", 0, CNT, &bad);
     {
         const int fe = gpu_env_count("OSCAR_EXTEND_FA", -1, 1, &bad);
         p->fa_min = fe == 0 ? -1 : fe == 1 ? 1 : OSCAR_EXTEND_FA_MIN_PAIRS;
@@ -606,7 +609,7 @@ static void tc_choose(void *ctx, const gpu_plan *p, size_t page_bytes, const tc_
     /* bytes of one token of one KV head in a page of the layer (codes + metadata of K and V, planes) */
     int row2 = (int)(page_bytes / ((size_t)p->l.num_kv_heads * (size_t)p->l.page_size));
     gpu_tc_choose(nseq, p->l.num_kv_heads, cols, k->cap, max_len, p->S0, p->W, !p->quantized, p->l.head_dim,
-                  row2, resident_of(ctx, k->resident), max_splits, heavy, p->w3_split, p->w3_rows, t);
+                  row2, resident_of(ctx, k->resident), max_splits, heavy, p->w3_split, p->w3_rows, p->dec_splits, t);
 }
 
 /* The long-chunk extend's split of the 2-bit history for nseq sequences of up to cols (query row, head)

@@ -149,13 +149,15 @@ oscar_status gpu_extend(void *ctx, void *bplan, const oscar_backend_extend_args 
  * their own where heavy_rows is 2, or 1 and at most a quarter of the heads are heavy;
  * otherwise (in_row) from 2 heavy_chunk up, ns2 counting them all (ns2x 0; the other
  * heads' splits past their last are empty) and the 2-bit layer's split count.
- * pstride = nsplit + ns2x: the partials of a (row, query head) in the workspace. */
+ * pstride = nsplit + ns2x: the partials of a (row, query head) in the workspace.
+ * force_n > 0: that split count (at most the rows' tiles allow) instead of the wave model's
+ * choice, carved the same way (A/B runs: $OSCAR_DECODE_SPLITS). */
 typedef struct gpu_tc_splits {
     int ns2, chunk2, chunk16, nsplit, hchunks, chunk2w, ns2x, pstride;
 } gpu_tc_splits;
 void gpu_tc_choose(int num_seqs, int kv_heads, int gqa, int cap, int max_len, int sink, int recent, int bf16m,
                    int head_dim, int row2_bytes, int resident, int max_splits, int heavy_heads, int heavy_chunk,
-                   int heavy_rows, gpu_tc_splits *t);
+                   int heavy_rows, int force_n, gpu_tc_splits *t);
 
 /* The CUDA and HIP plugins run the (head_dim, group) pairs of their generated variant set
  * (gen/variants.json; the default: every head_dim, at 64, 128, 256 with groups 32, 64, 128, elsewhere

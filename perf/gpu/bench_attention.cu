@@ -204,10 +204,14 @@ int main(int argc, char **argv) {
     char shape[64];
     snprintf(shape, sizeof shape, "%d/%d/%d/%d", Hq, H, D, G);
     std::vector<Case> cases;
-    // The A/B and write-path runs (OSCAR_BENCH_CASES) may also name batch 2, 4, 16, 128, 192 and 256.
+    // The A/B and write-path runs (OSCAR_BENCH_CASES) may also name batch 2, 4, 16, 128, 172 (the
+    // end-to-end run's largest oscar2 batch), 192 and 256, and context 8192.
     std::vector<int> Bs = {1, 8, 32, 64};
-    if (getenv("OSCAR_BENCH_CASES")) Bs.insert(Bs.end(), {2, 4, 16, 128, 192, 256});
-    int Ls[] = {4096, 32768, 131072};
+    std::vector<int> Ls = {4096, 32768, 131072};
+    if (getenv("OSCAR_BENCH_CASES")) {
+        Bs.insert(Bs.end(), {2, 4, 16, 128, 172, 192, 256});
+        Ls.push_back(8192);
+    }
     for (int L : Ls)
         for (int B : Bs) cases.push_back({B, L});
     if (quick) cases = {{1, 4096}, {32, 32768}};
