@@ -214,6 +214,21 @@ void oe_rope_inv_freq(const oe_config *c, float *inv, float *attention_factor)
     }
 }
 
+/* Whether two parsed RoPE scalings compute the same frequencies (the fields their type reads). */
+static int rope_same(const oe_rope *a, const oe_rope *b)
+{
+    if (a->type != b->type) return 0;
+    if (a->type == OE_ROPE_DEFAULT) return 1;
+    if (a->factor != b->factor || a->original_max_position != b->original_max_position) return 0;
+    if (a->type == OE_ROPE_LLAMA3)
+        return a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor;
+    if (a->type == OE_ROPE_YARN)
+        return a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow &&
+               a->attention_factor == b->attention_factor && a->mscale == b->mscale &&
+               a->mscale_all_dim == b->mscale_all_dim && a->truncate == b->truncate;
+    return 1;
+}
+
 oscar_status oe_config_load(const char *path, oe_config *c)
 {
     if (!path || !c) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_config_load: NULL argument");
@@ -304,49 +319,74 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          path, json_is_string(act) ? json_string_value(act) : "?");
         goto done;
     }
-    /* rope_theta: top level (older transformers) or rope_parameters (5.x). */
-    json_t *rp = json_object_get(root, "rope_parameters");
+    /* RoPE: rope_parameters (transformers 5), or rope_scaling and a top-level rope_theta (4.x). transformers 5
+     * reads rope_scaling as rope_parameters' old name: a non-empty one replaces rope_parameters whole, its
+     * rope_theta included (else the top level's, else 10000). */
+    json_t *rp = json_object_get(root, "rope_parameters"), *rsc = json_object_get(root, "rope_scaling");
+    const int rs_given = json_is_object(rsc) && json_object_size(rsc) > 0,
+              rp_given = json_is_object(rp) && json_object_size(rp) > 0;
     oe_rope r_scaling, r_params;
     int typed_scaling = 0, typed_params = 0;
-    if ((s = parse_rope(path, json_object_get(root, "rope_scaling"), "rope_scaling", c->max_position, &r_scaling,
-                        &typed_scaling)) != OSCAR_OK ||
+    if ((s = parse_rope(path, rsc, "rope_scaling", c->max_position, &r_scaling, &typed_scaling)) != OSCAR_OK ||
         (s = parse_rope(path, rp, "rope_parameters", c->max_position, &r_params, &typed_params)) != OSCAR_OK)
         goto done;
-    if (typed_scaling && typed_params && r_scaling.type != r_params.type) {
+    if (!typed_scaling) r_scaling = (oe_rope){.type = OE_ROPE_DEFAULT};
+    if (!typed_params) r_params = (oe_rope){.type = OE_ROPE_DEFAULT};
+    if (rs_given && rp_given && r_scaling.type != r_params.type) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_scaling and rope_parameters name different rope types; "
                          "remove the wrong one", path);
         goto done;
     }
-    c->rope = typed_params ? r_params : typed_scaling ? r_scaling : (oe_rope){.type = OE_ROPE_DEFAULT};
     /* Both given: transformers takes rope_parameters' and the engine took the top level's; a
      * contradiction is refused rather than either one run. */
-    double top = 0.0, inner = 0.0;
-    int has_top = 0, has_inner = 0;
+    double top = 0.0, inner = 0.0, scal = 0.0;
+    int has_top = 0, has_inner = 0, has_scal = 0;
     if ((s = opt_num(path, root, "", "rope_theta", &top, &has_top)) != OSCAR_OK ||
         (s = check_partial_rotary(path, root, "")) != OSCAR_OK)
         goto done;
-    if (json_is_object(rp)) {
+    json_t *objs[2] = {rp, rsc};
+    const char *names[2] = {"rope_parameters", "rope_scaling"};
+    double *thetas[2] = {&inner, &scal};
+    int *has[2] = {&has_inner, &has_scal};
+    for (int o = 0; o < 2; o++) {
+        if (!json_is_object(objs[o])) continue;
         const char *k;
         json_t *e;
-        json_object_foreach(rp, k, e)
+        json_object_foreach(objs[o], k, e)
         {
             if (json_is_object(e)) { /* {"full_attention": {...}, ...}: RoPE per layer type */
-                s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: rope_parameters.%s is an object (RoPE parameters per "
-                                 "layer type), which the reference engine does not read; give one flat "
-                                 "rope_parameters object", path, k);
+                s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: %s.%s is an object (RoPE parameters per layer type), "
+                                 "which the reference engine does not read; give one flat %s object", path, names[o],
+                                 k, names[o]);
                 goto done;
             }
         }
-        if ((s = opt_num(path, rp, "rope_parameters.", "rope_theta", &inner, &has_inner)) != OSCAR_OK ||
-            (s = check_partial_rotary(path, rp, "rope_parameters.")) != OSCAR_OK)
+        char where[32];
+        snprintf(where, sizeof where, "%s.", names[o]);
+        if ((s = opt_num(path, objs[o], where, "rope_theta", thetas[o], has[o])) != OSCAR_OK ||
+            (s = check_partial_rotary(path, objs[o], where)) != OSCAR_OK)
             goto done;
     }
-    if (has_top && has_inner && top != inner) {
-        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta %.17g and rope_parameters.rope_theta %.17g "
-                         "disagree (transformers uses rope_parameters'); remove the wrong one", path, top, inner);
+    for (int o = 0; o < 2; o++)
+        if (has_top && *has[o] && top != *thetas[o]) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta %.17g and %s.rope_theta %.17g disagree "
+                             "(transformers 5 uses %s'); remove the wrong one", path, top, names[o], *thetas[o],
+                             names[o]);
+            goto done;
+        }
+    const double theta_p = has_inner ? inner : has_top ? top : 10000.0, /* the transformers default */
+                 theta_s = has_scal ? scal : has_top ? top : 10000.0;
+    /* Both objects: transformers 5 runs rope_scaling's (4.x never read rope_parameters); which one the
+     * config means is unknowable when they differ (one added by hand beside the other): refused. */
+    if (rs_given && rp_given && (!rope_same(&r_scaling, &r_params) || theta_s != theta_p)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_scaling and rope_parameters disagree (%s); transformers 5 "
+                         "runs rope_scaling's, older versions only know rope_scaling and a top-level rope_theta: "
+                         "keep one of the two objects", path,
+                         theta_s != theta_p ? "rope_theta" : "scaling parameters");
         goto done;
     }
-    c->rope_theta = has_inner ? inner : has_top ? top : 10000.0; /* the transformers default */
+    c->rope = rs_given ? r_scaling : r_params;
+    c->rope_theta = rs_given ? theta_s : theta_p;
     json_t *span = json_object_get(root, "sliding_window");
     if (!strcmp(type, "mistral") && span && !json_is_null(span) &&
         !json_get_int(root, "sliding_window", &c->sliding_window)) {

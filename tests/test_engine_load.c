@@ -1099,3 +1099,67 @@ Test(engine_load, token_file_larger_than_memory_is_refused_from_its_size)
     if (s == OSCAR_OK) free(ids);
     remove_dir();
 }
+
+/* config.json holding exactly `members` (a Llama of 1 layer, 2 heads, head_dim 32 before them); the config only. */
+static oscar_status members_config(const char *members, oe_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,"
+               "\"max_position_embeddings\":4096%s}", members);
+    fclose(f);
+    return oe_config_load(path, c);
+}
+
+/* transformers 5 reads rope_scaling as the old name of rope_parameters: when given it replaces
+ * rope_parameters whole, rope_theta included (rope_scaling.rope_theta, else the top level's, else
+ * 10000). The engine never read rope_scaling.rope_theta (ran theta 10000: logits 0.48 relative off
+ * transformers' on a random Llama) and, with both objects of one type, ran rope_parameters' factor
+ * where transformers ran rope_scaling's (0.24 off). One reading is taken when both agree; a config
+ * whose two objects (or two thetas) disagree is refused, naming both. */
+Test(engine_load, rope_scaling_is_rope_parameters_old_name)
+{
+    make_dir();
+    oe_config c;
+    cr_assert_eq(members_config(",\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":1234.5}", &c), OSCAR_OK,
+                 "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 1234.5, "rope_scaling.rope_theta not read: theta %g", c.rope_theta);
+    cr_assert_eq(members_config(",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                                "\"original_max_position_embeddings\":64,\"rope_theta\":777.0}", &c), OSCAR_OK,
+                 "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 777.0, "theta %g", c.rope_theta);
+    cr_expect_eq(c.rope.type, OE_ROPE_YARN);
+    /* the top level's theta under a rope_scaling without one (transformers 4 configs) */
+    cr_assert_eq(members_config(",\"rope_theta\":500000.0,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}", &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 500000.0);
+    /* both objects, saying the same: loads */
+    cr_assert_eq(members_config(",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":777.0},"
+                                "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":777.0}", &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 777.0);
+    cr_expect_eq(c.rope.factor, 4.0);
+    static const struct {
+        const char *members, *says;
+    } bad[] = {
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":64},"
+         "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":64}",
+         "rope_scaling and rope_parameters"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":777.0},"
+         "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":10000.0}",
+         "rope_theta"},
+        {",\"rope_theta\":10000.0,\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":777.0}", "disagree"},
+        {",\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":777.0,\"partial_rotary_factor\":0.5}",
+         "partial_rotary_factor"},
+        {",\"rope_scaling\":{\"full_attention\":{\"rope_type\":\"default\",\"rope_theta\":777.0}}", "per layer type"},
+        {",\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":\"777\"}", "rope_theta"},
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        cr_expect_neq(members_config(bad[b].members, &c), OSCAR_OK, "%s loaded", bad[b].members);
+        cr_expect(strstr(oe_last_error(), bad[b].says), "%s: %s", bad[b].members, oe_last_error());
+    }
+    remove_dir();
+}
