@@ -388,6 +388,7 @@ oscar_status oe_config_load(const char *path, oe_config *c)
     c->rope = rs_given ? r_scaling : r_params;
     c->rope_theta = rs_given ? theta_s : theta_p;
     json_t *span = json_object_get(root, "sliding_window");
+    if (!strcmp(type, "mistral") && !span) c->sliding_window = 4096; /* absent: MistralConfig's default */
     if (!strcmp(type, "mistral") && span && !json_is_null(span) &&
         !json_get_int(root, "sliding_window", &c->sliding_window)) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: sliding_window must be null or a positive integer", path);
@@ -420,9 +421,9 @@ oscar_status oe_config_load(const char *path, oe_config *c)
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: mlp_bias=true is not supported", path);
         goto done;
     }
-    json_t *tie = json_object_get(root, "tie_word_embeddings");
-    /* transformers defaults tie_word_embeddings to true when absent (null: untied, as before). */
-    c->tie_word_embeddings = !tie;
+    /* Absent or null: untied, the default of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (4.x
+     * and 5.x); read as tied, a checkpoint with its own lm_head.weight was refused, one without ran. */
+    c->tie_word_embeddings = 0;
     if ((s = opt_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings)) != OSCAR_OK) goto done;
     c->qk_norm = c->arch == OE_ARCH_QWEN3;
     c->no_biases = !strcmp(type, "mistral");
@@ -815,8 +816,9 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
         if ((s = load_tensor(ss, "lm_head.weight", c->vocab, H, 1, &m->lm_head)) != OSCAR_OK) goto fail;
         if (!m->lm_head) {
             s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint lacks tensor 'lm_head.weight' but %s/config.json "
-                             "has tie_word_embeddings false (a separate output layer); set tie_word_embeddings to "
-                             "true if the model's output layer is its input embedding, or add lm_head.weight", dir);
+                             "has tie_word_embeddings false, or no tie_word_embeddings (transformers then reads "
+                             "false): a separate output layer; set tie_word_embeddings to true if the model's output "
+                             "layer is its input embedding, or add lm_head.weight", dir);
             goto fail;
         }
     }

@@ -662,7 +662,7 @@ Test(engine_load, unsupported_configs_refused)
     snprintf(path, sizeof path, "%s/config.json", g_dir);
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"model_type\":\"qwen3\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":2,"
-               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50}");
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,\"tie_word_embeddings\":true}");
     fclose(f);
     cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_SHAPE_MISMATCH, "%s", oe_last_error());
     cr_expect(strstr(oe_last_error(), "q_proj"), "message: %s", oe_last_error());
@@ -1161,5 +1161,65 @@ Test(engine_load, rope_scaling_is_rope_parameters_old_name)
         cr_expect_neq(members_config(bad[b].members, &c), OSCAR_OK, "%s loaded", bad[b].members);
         cr_expect(strstr(oe_last_error(), bad[b].says), "%s: %s", bad[b].members, oe_last_error());
     }
+    remove_dir();
+}
+
+/* Keys a config.json may leave out take transformers' defaults for these model types (LlamaConfig,
+ * MistralConfig, Qwen2Config and Qwen3Config, 4.x and 5.x alike): tie_word_embeddings false, and
+ * Mistral's sliding_window 4096. The engine read an absent tie_word_embeddings as true, so a checkpoint
+ * with its own lm_head.weight was refused with "config.json has tie_word_embeddings true" (it had no
+ * such key; transformers runs lm_head.weight), and a Mistral without sliding_window ran windows past
+ * 4096 tokens with full attention where transformers slides. */
+Test(engine_load, absent_keys_take_transformers_defaults)
+{
+    seed();
+    make_dir();
+    tiny_cfg untied = k_llama;
+    write_model(&untied, NULL);
+    const int n = 16;
+    uint32_t tok[16];
+    for (int i = 0; i < n; i++) tok[i] = (uint32_t)(rand_r(&g_seed) % (unsigned)untied.vocab);
+    float *want = malloc((size_t)n * untied.vocab * sizeof(float)), *got = malloc((size_t)n * untied.vocab * 4);
+    cr_assert(want && got);
+    float *out[2] = {want, got};
+    for (int r = 0; r < 2; r++) {
+        if (r) patch_config(",\"tie_word_embeddings\":false", "");
+        oe_model *m = NULL;
+        cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s: %s", r ? "no tie_word_embeddings" : "false",
+                     oe_last_error());
+        cr_expect_eq(oe_model_config(m)->tie_word_embeddings, 0);
+        oe_ctx *ctx = NULL;
+        cr_assert_eq(oe_ctx_create(m, n, &ctx), OSCAR_OK, "%s", oe_last_error());
+        cr_assert_eq(oe_forward(ctx, tok, n, NULL, out[r]), OSCAR_OK, "%s", oe_last_error());
+        oe_ctx_free(ctx);
+        oe_model_free(m);
+    }
+    cr_expect_eq(memcmp(want, got, (size_t)n * untied.vocab * sizeof(float)), 0,
+                 "an absent tie_word_embeddings ran another output layer than false");
+    free(want);
+    free(got);
+    /* A checkpoint without lm_head.weight and no tie_word_embeddings: transformers starts the output
+     * layer from random values; refused, saying what the absent key means and the fix. */
+    tiny_cfg tied = k_llama;
+    tied.tie = 1;
+    write_model(&tied, NULL);
+    patch_config(",\"tie_word_embeddings\":true", "");
+    oe_model *m = NULL;
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE);
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "lm_head.weight") && strstr(oe_last_error(), "no tie_word_embeddings"),
+              "message: %s", oe_last_error());
+    /* Mistral without sliding_window: MistralConfig's 4096 */
+    tiny_cfg mi = k_llama;
+    mi.type = "mistral";
+    write_model(&mi, NULL);
+    oe_config c;
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    cr_assert_eq(oe_config_load(path, &c), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.sliding_window, 4096, "sliding_window %d", c.sliding_window);
+    write_model(&mi, ",\"sliding_window\":null");
+    cr_assert_eq(oe_config_load(path, &c), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.sliding_window, 0);
     remove_dir();
 }
