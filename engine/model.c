@@ -280,6 +280,8 @@ oscar_status oe_config_load(const char *path, oe_config *c)
         (s = opt_int(path, root, "head_dim", &c->head_dim)) != OSCAR_OK ||
         (s = opt_int(path, root, "max_position_embeddings", &c->max_position)) != OSCAR_OK)
         goto done;
+    /* no head_dim key: Qwen3Config's 128 (null: hidden / heads, as the others' default) */
+    if (!c->head_dim && c->arch == OE_ARCH_QWEN3 && !json_object_get(root, "head_dim")) c->head_dim = 128;
     if (!c->head_dim) {
         if (c->hidden % c->num_q_heads) {
             s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no head_dim and hidden_size %d is not a multiple of "

@@ -1223,3 +1223,32 @@ Test(engine_load, absent_keys_take_transformers_defaults)
     cr_expect_eq(c.sliding_window, 0);
     remove_dir();
 }
+
+/* Qwen3Config's head_dim is 128 when config.json has no head_dim key (Qwen3-0.6B: hidden 1024, 16
+ * heads, head_dim 128); the engine took hidden / heads, refusing such a checkpoint as "the weights and
+ * config.json are of different models" (transformers runs it), and oscar-calibrate's fingerprint
+ * disagreed with liboscar.hf's. null stays hidden / heads (transformers' attention then fails). */
+Test(engine_load, qwen3_without_head_dim_is_128)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    static const struct {
+        const char *type, *head_dim;
+        int want;
+    } cases[] = {{"qwen3", "", 128}, {"qwen3", ",\"head_dim\":null", 32}, {"qwen2", "", 32}, {"llama", "", 32},
+                 {"mistral", "", 32}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "{\"model_type\":\"%s\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+                   "\"num_key_value_heads\":1,\"intermediate_size\":96,\"vocab_size\":50%s}",
+                cases[i].type, cases[i].head_dim);
+        fclose(f);
+        oe_config c;
+        cr_assert_eq(oe_config_load(path, &c), OSCAR_OK, "%s", oe_last_error());
+        cr_expect_eq(c.head_dim, cases[i].want, "%s%s: head_dim %d, transformers %d", cases[i].type,
+                     cases[i].head_dim, c.head_dim, cases[i].want);
+    }
+    remove_dir();
+}
