@@ -275,7 +275,12 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          keys[bad_key], got);
         goto done;
     }
-    c->num_kv_heads = c->num_q_heads; /* absent: multi-head attention */
+    /* no num_key_value_heads key: the config classes' defaults, MistralConfig's 8, Qwen2Config's and
+     * Qwen3Config's 32 (LlamaConfig's, and null for any: num_attention_heads, multi-head attention) */
+    const int kv_default = json_object_get(root, "num_key_value_heads") ? 0
+                           : c->arch == OE_ARCH_QWEN2 || c->arch == OE_ARCH_QWEN3 ? 32
+                           : !strcmp(type, "mistral") ? 8 : 0;
+    c->num_kv_heads = kv_default ? kv_default : c->num_q_heads;
     if ((s = opt_int(path, root, "num_key_value_heads", &c->num_kv_heads)) != OSCAR_OK ||
         (s = opt_int(path, root, "head_dim", &c->head_dim)) != OSCAR_OK ||
         (s = opt_int(path, root, "max_position_embeddings", &c->max_position)) != OSCAR_OK)
@@ -289,6 +294,12 @@ oscar_status oe_config_load(const char *path, oe_config *c)
             goto done;
         }
         c->head_dim = c->hidden / c->num_q_heads;
+    }
+    if (kv_default && c->num_q_heads % c->num_kv_heads) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no num_key_value_heads, whose default for model_type '%s' is "
+                         "%d (transformers' config class), and num_attention_heads %d is not a multiple of it; give "
+                         "the model's num_key_value_heads", path, type, kv_default, c->num_q_heads);
+        goto done;
     }
     if (c->num_q_heads % c->num_kv_heads || c->head_dim % 2) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: num_attention_heads %d must be a multiple of "

@@ -1252,3 +1252,39 @@ Test(engine_load, qwen3_without_head_dim_is_128)
     }
     remove_dir();
 }
+
+/* No num_key_value_heads key: MistralConfig's default is 8 KV heads, Qwen2Config's and Qwen3Config's 32
+ * (LlamaConfig's, and null for any: num_attention_heads). The engine took num_attention_heads for all, so
+ * a Mistral of 16 heads and 8 KV heads without the key was refused as another model's weights
+ * (transformers runs it). A count the heads do not divide is refused naming the default it came from. */
+Test(engine_load, absent_num_key_value_heads_is_the_config_class_default)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    static const struct {
+        const char *type, *kv;
+        int heads, want; /* want 0: refused */
+    } cases[] = {{"mistral", "", 32, 8},  {"qwen2", "", 64, 32}, {"qwen3", "", 32, 32},
+                 {"llama", "", 32, 32},   {"mistral", ",\"num_key_value_heads\":null", 32, 32},
+                 {"qwen2", ",\"num_key_value_heads\":null", 4, 4}, {"qwen2", "", 4, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "{\"model_type\":\"%s\",\"num_hidden_layers\":1,\"hidden_size\":%d,\"num_attention_heads\":%d,"
+                   "\"head_dim\":16,\"intermediate_size\":96,\"vocab_size\":50%s}",
+                cases[i].type, 16 * cases[i].heads, cases[i].heads, cases[i].kv);
+        fclose(f);
+        oe_config c;
+        const oscar_status s = oe_config_load(path, &c);
+        if (!cases[i].want) {
+            cr_expect_eq(s, OSCAR_ERR_CORRUPT_FILE, "%s, %d heads, no key: loaded", cases[i].type, cases[i].heads);
+            cr_expect(strstr(oe_last_error(), "no num_key_value_heads"), "message: %s", oe_last_error());
+            continue;
+        }
+        cr_assert_eq(s, OSCAR_OK, "%s", oe_last_error());
+        cr_expect_eq(c.num_kv_heads, cases[i].want, "%s%s, %d heads: %d KV heads, transformers %d", cases[i].type,
+                     cases[i].kv, cases[i].heads, c.num_kv_heads, cases[i].want);
+    }
+    remove_dir();
+}
