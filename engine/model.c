@@ -434,6 +434,16 @@ oscar_status oe_config_load(const char *path, oe_config *c)
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: mlp_bias=true is not supported", path);
         goto done;
     }
+    /* GPTQ, AWQ, FP8, bitsandbytes: no plain weights to read (was refused later as missing or oddly typed
+     * tensors, naming neither the quantization nor the fix) */
+    json_t *quant = json_object_get(root, "quantization_config");
+    if (quant && !json_is_null(quant)) {
+        json_t *qm = json_is_object(quant) ? json_object_get(quant, "quant_method") : NULL;
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: quantization_config (quant_method '%s'): a quantized checkpoint "
+                         "is not supported by the reference engine, which reads F32, F16 or BF16 weights; use the "
+                         "model's unquantized checkpoint", path, json_is_string(qm) ? json_string_value(qm) : "?");
+        goto done;
+    }
     /* Absent or null: untied, the default of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (4.x
      * and 5.x); read as tied, a checkpoint with its own lm_head.weight was refused, one without ran. */
     c->tie_word_embeddings = 0;

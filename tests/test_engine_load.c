@@ -1288,3 +1288,35 @@ Test(engine_load, absent_num_key_value_heads_is_the_config_class_default)
     }
     remove_dir();
 }
+
+/* A quantized checkpoint (config.json's quantization_config: GPTQ's qweight / scales, AWQ, FP8 with
+ * weight_scale_inv, bitsandbytes) holds no plain weights the engine reads: it was refused as "checkpoint
+ * lacks tensor '...q_proj.weight'; the weights do not match config.json" (GPTQ) or by a tensor's dtype
+ * (FP8), naming neither the quantization nor the fix. Refused from config.json, naming the method. */
+Test(engine_load, quantized_checkpoints_refused_by_name)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    static const char *const q[] = {",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4}",
+                                    ",\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\"}",
+                                    ",\"quantization_config\":{\"bits\":4}", ",\"quantization_config\":null"};
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+                   "\"intermediate_size\":96,\"vocab_size\":50%s}", q[i]);
+        fclose(f);
+        oe_config c;
+        const oscar_status s = oe_config_load(path, &c);
+        if (strstr(q[i], "null")) {
+            cr_expect_eq(s, OSCAR_OK, "%s: %s", q[i], oe_last_error());
+            continue;
+        }
+        cr_expect_eq(s, OSCAR_ERR_UNSUPPORTED, "%s loaded", q[i]);
+        cr_expect(strstr(oe_last_error(), "quantization_config") && strstr(oe_last_error(), "F32, F16 or BF16") &&
+                      (!strstr(q[i], "quant_method") || strstr(oe_last_error(), strstr(q[i], "gptq") ? "gptq" : "fp8")),
+                  "%s: %s", q[i], oe_last_error());
+    }
+    remove_dir();
+}
