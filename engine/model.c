@@ -214,6 +214,21 @@ void oe_rope_inv_freq(const oe_config *c, float *inv, float *attention_factor)
     }
 }
 
+/* Whether two parsed RoPE scalings compute the same frequencies (the fields their type reads). */
+static int rope_same(const oe_rope *a, const oe_rope *b)
+{
+    if (a->type != b->type) return 0;
+    if (a->type == OE_ROPE_DEFAULT) return 1;
+    if (a->factor != b->factor || a->original_max_position != b->original_max_position) return 0;
+    if (a->type == OE_ROPE_LLAMA3)
+        return a->low_freq_factor == b->low_freq_factor && a->high_freq_factor == b->high_freq_factor;
+    if (a->type == OE_ROPE_YARN)
+        return a->beta_fast == b->beta_fast && a->beta_slow == b->beta_slow &&
+               a->attention_factor == b->attention_factor && a->mscale == b->mscale &&
+               a->mscale_all_dim == b->mscale_all_dim && a->truncate == b->truncate;
+    return 1;
+}
+
 oscar_status oe_config_load(const char *path, oe_config *c)
 {
     if (!path || !c) return oe_set_error(OSCAR_ERR_INVALID_ARGUMENT, "oe_config_load: NULL argument");
@@ -260,11 +275,18 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          keys[bad_key], got);
         goto done;
     }
-    c->num_kv_heads = c->num_q_heads; /* absent: multi-head attention */
+    /* no num_key_value_heads key: the config classes' defaults, MistralConfig's 8, Qwen2Config's and
+     * Qwen3Config's 32 (LlamaConfig's, and null for any: num_attention_heads, multi-head attention) */
+    const int kv_default = json_object_get(root, "num_key_value_heads") ? 0
+                           : c->arch == OE_ARCH_QWEN2 || c->arch == OE_ARCH_QWEN3 ? 32
+                           : !strcmp(type, "mistral") ? 8 : 0;
+    c->num_kv_heads = kv_default ? kv_default : c->num_q_heads;
     if ((s = opt_int(path, root, "num_key_value_heads", &c->num_kv_heads)) != OSCAR_OK ||
         (s = opt_int(path, root, "head_dim", &c->head_dim)) != OSCAR_OK ||
         (s = opt_int(path, root, "max_position_embeddings", &c->max_position)) != OSCAR_OK)
         goto done;
+    /* no head_dim key: Qwen3Config's 128 (null: hidden / heads, as the others' default) */
+    if (!c->head_dim && c->arch == OE_ARCH_QWEN3 && !json_object_get(root, "head_dim")) c->head_dim = 128;
     if (!c->head_dim) {
         if (c->hidden % c->num_q_heads) {
             s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no head_dim and hidden_size %d is not a multiple of "
@@ -272,6 +294,12 @@ oscar_status oe_config_load(const char *path, oe_config *c)
             goto done;
         }
         c->head_dim = c->hidden / c->num_q_heads;
+    }
+    if (kv_default && c->num_q_heads % c->num_kv_heads) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: no num_key_value_heads, whose default for model_type '%s' is "
+                         "%d (transformers' config class), and num_attention_heads %d is not a multiple of it; give "
+                         "the model's num_key_value_heads", path, type, kv_default, c->num_q_heads);
+        goto done;
     }
     if (c->num_q_heads % c->num_kv_heads || c->head_dim % 2) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: num_attention_heads %d must be a multiple of "
@@ -304,50 +332,76 @@ oscar_status oe_config_load(const char *path, oe_config *c)
                          path, json_is_string(act) ? json_string_value(act) : "?");
         goto done;
     }
-    /* rope_theta: top level (older transformers) or rope_parameters (5.x). */
-    json_t *rp = json_object_get(root, "rope_parameters");
+    /* RoPE: rope_parameters (transformers 5), or rope_scaling and a top-level rope_theta (4.x). transformers 5
+     * reads rope_scaling as rope_parameters' old name: a non-empty one replaces rope_parameters whole, its
+     * rope_theta included (else the top level's, else 10000). */
+    json_t *rp = json_object_get(root, "rope_parameters"), *rsc = json_object_get(root, "rope_scaling");
+    const int rs_given = json_is_object(rsc) && json_object_size(rsc) > 0,
+              rp_given = json_is_object(rp) && json_object_size(rp) > 0;
     oe_rope r_scaling, r_params;
     int typed_scaling = 0, typed_params = 0;
-    if ((s = parse_rope(path, json_object_get(root, "rope_scaling"), "rope_scaling", c->max_position, &r_scaling,
-                        &typed_scaling)) != OSCAR_OK ||
+    if ((s = parse_rope(path, rsc, "rope_scaling", c->max_position, &r_scaling, &typed_scaling)) != OSCAR_OK ||
         (s = parse_rope(path, rp, "rope_parameters", c->max_position, &r_params, &typed_params)) != OSCAR_OK)
         goto done;
-    if (typed_scaling && typed_params && r_scaling.type != r_params.type) {
+    if (!typed_scaling) r_scaling = (oe_rope){.type = OE_ROPE_DEFAULT};
+    if (!typed_params) r_params = (oe_rope){.type = OE_ROPE_DEFAULT};
+    if (rs_given && rp_given && r_scaling.type != r_params.type) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_scaling and rope_parameters name different rope types; "
                          "remove the wrong one", path);
         goto done;
     }
-    c->rope = typed_params ? r_params : typed_scaling ? r_scaling : (oe_rope){.type = OE_ROPE_DEFAULT};
     /* Both given: transformers takes rope_parameters' and the engine took the top level's; a
      * contradiction is refused rather than either one run. */
-    double top = 0.0, inner = 0.0;
-    int has_top = 0, has_inner = 0;
+    double top = 0.0, inner = 0.0, scal = 0.0;
+    int has_top = 0, has_inner = 0, has_scal = 0;
     if ((s = opt_num(path, root, "", "rope_theta", &top, &has_top)) != OSCAR_OK ||
         (s = check_partial_rotary(path, root, "")) != OSCAR_OK)
         goto done;
-    if (json_is_object(rp)) {
+    json_t *objs[2] = {rp, rsc};
+    const char *names[2] = {"rope_parameters", "rope_scaling"};
+    double *thetas[2] = {&inner, &scal};
+    int *has[2] = {&has_inner, &has_scal};
+    for (int o = 0; o < 2; o++) {
+        if (!json_is_object(objs[o])) continue;
         const char *k;
         json_t *e;
-        json_object_foreach(rp, k, e)
+        json_object_foreach(objs[o], k, e)
         {
             if (json_is_object(e)) { /* {"full_attention": {...}, ...}: RoPE per layer type */
-                s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: rope_parameters.%s is an object (RoPE parameters per "
-                                 "layer type), which the reference engine does not read; give one flat "
-                                 "rope_parameters object", path, k);
+                s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: %s.%s is an object (RoPE parameters per layer type), "
+                                 "which the reference engine does not read; give one flat %s object", path, names[o],
+                                 k, names[o]);
                 goto done;
             }
         }
-        if ((s = opt_num(path, rp, "rope_parameters.", "rope_theta", &inner, &has_inner)) != OSCAR_OK ||
-            (s = check_partial_rotary(path, rp, "rope_parameters.")) != OSCAR_OK)
+        char where[32];
+        snprintf(where, sizeof where, "%s.", names[o]);
+        if ((s = opt_num(path, objs[o], where, "rope_theta", thetas[o], has[o])) != OSCAR_OK ||
+            (s = check_partial_rotary(path, objs[o], where)) != OSCAR_OK)
             goto done;
     }
-    if (has_top && has_inner && top != inner) {
-        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta %.17g and rope_parameters.rope_theta %.17g "
-                         "disagree (transformers uses rope_parameters'); remove the wrong one", path, top, inner);
+    for (int o = 0; o < 2; o++)
+        if (has_top && *has[o] && top != *thetas[o]) {
+            s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_theta %.17g and %s.rope_theta %.17g disagree "
+                             "(transformers 5 uses %s'); remove the wrong one", path, top, names[o], *thetas[o],
+                             names[o]);
+            goto done;
+        }
+    const double theta_p = has_inner ? inner : has_top ? top : 10000.0, /* the transformers default */
+                 theta_s = has_scal ? scal : has_top ? top : 10000.0;
+    /* Both objects: transformers 5 runs rope_scaling's (4.x never read rope_parameters); which one the
+     * config means is unknowable when they differ (one added by hand beside the other): refused. */
+    if (rs_given && rp_given && (!rope_same(&r_scaling, &r_params) || theta_s != theta_p)) {
+        s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: rope_scaling and rope_parameters disagree (%s); transformers 5 "
+                         "runs rope_scaling's, older versions only know rope_scaling and a top-level rope_theta: "
+                         "keep one of the two objects", path,
+                         theta_s != theta_p ? "rope_theta" : "scaling parameters");
         goto done;
     }
-    c->rope_theta = has_inner ? inner : has_top ? top : 10000.0; /* the transformers default */
+    c->rope = rs_given ? r_scaling : r_params;
+    c->rope_theta = rs_given ? theta_s : theta_p;
     json_t *span = json_object_get(root, "sliding_window");
+    if (!strcmp(type, "mistral") && !span) c->sliding_window = 4096; /* absent: MistralConfig's default */
     if (!strcmp(type, "mistral") && span && !json_is_null(span) &&
         !json_get_int(root, "sliding_window", &c->sliding_window)) {
         s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "%s: sliding_window must be null or a positive integer", path);
@@ -380,9 +434,19 @@ oscar_status oe_config_load(const char *path, oe_config *c)
         s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: mlp_bias=true is not supported", path);
         goto done;
     }
-    json_t *tie = json_object_get(root, "tie_word_embeddings");
-    /* transformers defaults tie_word_embeddings to true when absent (null: untied, as before). */
-    c->tie_word_embeddings = !tie;
+    /* GPTQ, AWQ, FP8, bitsandbytes: no plain weights to read (was refused later as missing or oddly typed
+     * tensors, naming neither the quantization nor the fix) */
+    json_t *quant = json_object_get(root, "quantization_config");
+    if (quant && !json_is_null(quant)) {
+        json_t *qm = json_is_object(quant) ? json_object_get(quant, "quant_method") : NULL;
+        s = oe_set_error(OSCAR_ERR_UNSUPPORTED, "%s: quantization_config (quant_method '%s'): a quantized checkpoint "
+                         "is not supported by the reference engine, which reads F32, F16 or BF16 weights; use the "
+                         "model's unquantized checkpoint", path, json_is_string(qm) ? json_string_value(qm) : "?");
+        goto done;
+    }
+    /* Absent or null: untied, the default of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config (4.x
+     * and 5.x); read as tied, a checkpoint with its own lm_head.weight was refused, one without ran. */
+    c->tie_word_embeddings = 0;
     if ((s = opt_bool(path, root, "tie_word_embeddings", &c->tie_word_embeddings)) != OSCAR_OK) goto done;
     c->qk_norm = c->arch == OE_ARCH_QWEN3;
     c->no_biases = !strcmp(type, "mistral");
@@ -775,8 +839,9 @@ oscar_status oe_model_load(const char *dir, oe_model **out)
         if ((s = load_tensor(ss, "lm_head.weight", c->vocab, H, 1, &m->lm_head)) != OSCAR_OK) goto fail;
         if (!m->lm_head) {
             s = oe_set_error(OSCAR_ERR_CORRUPT_FILE, "checkpoint lacks tensor 'lm_head.weight' but %s/config.json "
-                             "has tie_word_embeddings false (a separate output layer); set tie_word_embeddings to "
-                             "true if the model's output layer is its input embedding, or add lm_head.weight", dir);
+                             "has tie_word_embeddings false, or no tie_word_embeddings (transformers then reads "
+                             "false): a separate output layer; set tie_word_embeddings to true if the model's output "
+                             "layer is its input embedding, or add lm_head.weight", dir);
             goto fail;
         }
     }

@@ -662,7 +662,7 @@ Test(engine_load, unsupported_configs_refused)
     snprintf(path, sizeof path, "%s/config.json", g_dir);
     FILE *f = fopen(path, "w");
     fprintf(f, "{\"model_type\":\"qwen3\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":2,"
-               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50}");
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,\"tie_word_embeddings\":true}");
     fclose(f);
     cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_SHAPE_MISMATCH, "%s", oe_last_error());
     cr_expect(strstr(oe_last_error(), "q_proj"), "message: %s", oe_last_error());
@@ -1097,5 +1097,226 @@ Test(engine_load, token_file_larger_than_memory_is_refused_from_its_size)
               "the message should give the file's size and the memory: %s", oe_last_error());
     cr_expect(ids == NULL && n == 0, "ids %p, count %lld", (void *)ids, (long long)n);
     if (s == OSCAR_OK) free(ids);
+    remove_dir();
+}
+
+/* config.json holding exactly `members` (a Llama of 1 layer, 2 heads, head_dim 32 before them); the config only. */
+static oscar_status members_config(const char *members, oe_config *c)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,"
+               "\"max_position_embeddings\":4096%s}", members);
+    fclose(f);
+    return oe_config_load(path, c);
+}
+
+/* transformers 5 reads rope_scaling as the old name of rope_parameters: when given it replaces
+ * rope_parameters whole, rope_theta included (rope_scaling.rope_theta, else the top level's, else
+ * 10000). The engine never read rope_scaling.rope_theta (ran theta 10000: logits 0.48 relative off
+ * transformers' on a random Llama) and, with both objects of one type, ran rope_parameters' factor
+ * where transformers ran rope_scaling's (0.24 off). One reading is taken when both agree; a config
+ * whose two objects (or two thetas) disagree is refused, naming both. */
+Test(engine_load, rope_scaling_is_rope_parameters_old_name)
+{
+    make_dir();
+    oe_config c;
+    cr_assert_eq(members_config(",\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":1234.5}", &c), OSCAR_OK,
+                 "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 1234.5, "rope_scaling.rope_theta not read: theta %g", c.rope_theta);
+    cr_assert_eq(members_config(",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,"
+                                "\"original_max_position_embeddings\":64,\"rope_theta\":777.0}", &c), OSCAR_OK,
+                 "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 777.0, "theta %g", c.rope_theta);
+    cr_expect_eq(c.rope.type, OE_ROPE_YARN);
+    /* the top level's theta under a rope_scaling without one (transformers 4 configs) */
+    cr_assert_eq(members_config(",\"rope_theta\":500000.0,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}", &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 500000.0);
+    /* both objects, saying the same: loads */
+    cr_assert_eq(members_config(",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":777.0},"
+                                "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":777.0}", &c),
+                 OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.rope_theta, 777.0);
+    cr_expect_eq(c.rope.factor, 4.0);
+    static const struct {
+        const char *members, *says;
+    } bad[] = {
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":2.0,\"original_max_position_embeddings\":64},"
+         "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"original_max_position_embeddings\":64}",
+         "rope_scaling and rope_parameters"},
+        {",\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":777.0},"
+         "\"rope_parameters\":{\"rope_type\":\"yarn\",\"factor\":4.0,\"rope_theta\":10000.0}",
+         "rope_theta"},
+        {",\"rope_theta\":10000.0,\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":777.0}", "disagree"},
+        {",\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":777.0,\"partial_rotary_factor\":0.5}",
+         "partial_rotary_factor"},
+        {",\"rope_scaling\":{\"full_attention\":{\"rope_type\":\"default\",\"rope_theta\":777.0}}", "per layer type"},
+        {",\"rope_scaling\":{\"rope_type\":\"default\",\"rope_theta\":\"777\"}", "rope_theta"},
+    };
+    for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+        cr_expect_neq(members_config(bad[b].members, &c), OSCAR_OK, "%s loaded", bad[b].members);
+        cr_expect(strstr(oe_last_error(), bad[b].says), "%s: %s", bad[b].members, oe_last_error());
+    }
+    remove_dir();
+}
+
+/* Keys a config.json may leave out take transformers' defaults for these model types (LlamaConfig,
+ * MistralConfig, Qwen2Config and Qwen3Config, 4.x and 5.x alike): tie_word_embeddings false, and
+ * Mistral's sliding_window 4096. The engine read an absent tie_word_embeddings as true, so a checkpoint
+ * with its own lm_head.weight was refused with "config.json has tie_word_embeddings true" (it had no
+ * such key; transformers runs lm_head.weight), and a Mistral without sliding_window ran windows past
+ * 4096 tokens with full attention where transformers slides. */
+Test(engine_load, absent_keys_take_transformers_defaults)
+{
+    seed();
+    make_dir();
+    tiny_cfg untied = k_llama;
+    write_model(&untied, NULL);
+    const int n = 16;
+    uint32_t tok[16];
+    for (int i = 0; i < n; i++) tok[i] = (uint32_t)(rand_r(&g_seed) % (unsigned)untied.vocab);
+    float *want = malloc((size_t)n * untied.vocab * sizeof(float)), *got = malloc((size_t)n * untied.vocab * 4);
+    cr_assert(want && got);
+    float *out[2] = {want, got};
+    for (int r = 0; r < 2; r++) {
+        if (r) patch_config(",\"tie_word_embeddings\":false", "");
+        oe_model *m = NULL;
+        cr_assert_eq(oe_model_load(g_dir, &m), OSCAR_OK, "%s: %s", r ? "no tie_word_embeddings" : "false",
+                     oe_last_error());
+        cr_expect_eq(oe_model_config(m)->tie_word_embeddings, 0);
+        oe_ctx *ctx = NULL;
+        cr_assert_eq(oe_ctx_create(m, n, &ctx), OSCAR_OK, "%s", oe_last_error());
+        cr_assert_eq(oe_forward(ctx, tok, n, NULL, out[r]), OSCAR_OK, "%s", oe_last_error());
+        oe_ctx_free(ctx);
+        oe_model_free(m);
+    }
+    cr_expect_eq(memcmp(want, got, (size_t)n * untied.vocab * sizeof(float)), 0,
+                 "an absent tie_word_embeddings ran another output layer than false");
+    free(want);
+    free(got);
+    /* A checkpoint without lm_head.weight and no tie_word_embeddings: transformers starts the output
+     * layer from random values; refused, saying what the absent key means and the fix. */
+    tiny_cfg tied = k_llama;
+    tied.tie = 1;
+    write_model(&tied, NULL);
+    patch_config(",\"tie_word_embeddings\":true", "");
+    oe_model *m = NULL;
+    cr_expect_eq(oe_model_load(g_dir, &m), OSCAR_ERR_CORRUPT_FILE);
+    cr_expect_null(m);
+    cr_expect(strstr(oe_last_error(), "lm_head.weight") && strstr(oe_last_error(), "no tie_word_embeddings"),
+              "message: %s", oe_last_error());
+    /* Mistral without sliding_window: MistralConfig's 4096 */
+    tiny_cfg mi = k_llama;
+    mi.type = "mistral";
+    write_model(&mi, NULL);
+    oe_config c;
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    cr_assert_eq(oe_config_load(path, &c), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.sliding_window, 4096, "sliding_window %d", c.sliding_window);
+    write_model(&mi, ",\"sliding_window\":null");
+    cr_assert_eq(oe_config_load(path, &c), OSCAR_OK, "%s", oe_last_error());
+    cr_expect_eq(c.sliding_window, 0);
+    remove_dir();
+}
+
+/* Qwen3Config's head_dim is 128 when config.json has no head_dim key (Qwen3-0.6B: hidden 1024, 16
+ * heads, head_dim 128); the engine took hidden / heads, refusing such a checkpoint as "the weights and
+ * config.json are of different models" (transformers runs it), and oscar-calibrate's fingerprint
+ * disagreed with liboscar.hf's. null stays hidden / heads (transformers' attention then fails). */
+Test(engine_load, qwen3_without_head_dim_is_128)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    static const struct {
+        const char *type, *head_dim;
+        int want;
+    } cases[] = {{"qwen3", "", 128}, {"qwen3", ",\"head_dim\":null", 32}, {"qwen2", "", 32}, {"llama", "", 32},
+                 {"mistral", "", 32}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "{\"model_type\":\"%s\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+                   "\"num_key_value_heads\":1,\"intermediate_size\":96,\"vocab_size\":50%s}",
+                cases[i].type, cases[i].head_dim);
+        fclose(f);
+        oe_config c;
+        cr_assert_eq(oe_config_load(path, &c), OSCAR_OK, "%s", oe_last_error());
+        cr_expect_eq(c.head_dim, cases[i].want, "%s%s: head_dim %d, transformers %d", cases[i].type,
+                     cases[i].head_dim, c.head_dim, cases[i].want);
+    }
+    remove_dir();
+}
+
+/* No num_key_value_heads key: MistralConfig's default is 8 KV heads, Qwen2Config's and Qwen3Config's 32
+ * (LlamaConfig's, and null for any: num_attention_heads). The engine took num_attention_heads for all, so
+ * a Mistral of 16 heads and 8 KV heads without the key was refused as another model's weights
+ * (transformers runs it). A count the heads do not divide is refused naming the default it came from. */
+Test(engine_load, absent_num_key_value_heads_is_the_config_class_default)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    static const struct {
+        const char *type, *kv;
+        int heads, want; /* want 0: refused */
+    } cases[] = {{"mistral", "", 32, 8},  {"qwen2", "", 64, 32}, {"qwen3", "", 32, 32},
+                 {"llama", "", 32, 32},   {"mistral", ",\"num_key_value_heads\":null", 32, 32},
+                 {"qwen2", ",\"num_key_value_heads\":null", 4, 4}, {"qwen2", "", 4, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "{\"model_type\":\"%s\",\"num_hidden_layers\":1,\"hidden_size\":%d,\"num_attention_heads\":%d,"
+                   "\"head_dim\":16,\"intermediate_size\":96,\"vocab_size\":50%s}",
+                cases[i].type, 16 * cases[i].heads, cases[i].heads, cases[i].kv);
+        fclose(f);
+        oe_config c;
+        const oscar_status s = oe_config_load(path, &c);
+        if (!cases[i].want) {
+            cr_expect_eq(s, OSCAR_ERR_CORRUPT_FILE, "%s, %d heads, no key: loaded", cases[i].type, cases[i].heads);
+            cr_expect(strstr(oe_last_error(), "no num_key_value_heads"), "message: %s", oe_last_error());
+            continue;
+        }
+        cr_assert_eq(s, OSCAR_OK, "%s", oe_last_error());
+        cr_expect_eq(c.num_kv_heads, cases[i].want, "%s%s, %d heads: %d KV heads, transformers %d", cases[i].type,
+                     cases[i].kv, cases[i].heads, c.num_kv_heads, cases[i].want);
+    }
+    remove_dir();
+}
+
+/* A quantized checkpoint (config.json's quantization_config: GPTQ's qweight / scales, AWQ, FP8 with
+ * weight_scale_inv, bitsandbytes) holds no plain weights the engine reads: it was refused as "checkpoint
+ * lacks tensor '...q_proj.weight'; the weights do not match config.json" (GPTQ) or by a tensor's dtype
+ * (FP8), naming neither the quantization nor the fix. Refused from config.json, naming the method. */
+Test(engine_load, quantized_checkpoints_refused_by_name)
+{
+    make_dir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/config.json", g_dir);
+    static const char *const q[] = {",\"quantization_config\":{\"quant_method\":\"gptq\",\"bits\":4}",
+                                    ",\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\"}",
+                                    ",\"quantization_config\":{\"bits\":4}", ",\"quantization_config\":null"};
+    for (size_t i = 0; i < sizeof q / sizeof q[0]; i++) {
+        FILE *f = fopen(path, "w");
+        cr_assert(f);
+        fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
+                   "\"intermediate_size\":96,\"vocab_size\":50%s}", q[i]);
+        fclose(f);
+        oe_config c;
+        const oscar_status s = oe_config_load(path, &c);
+        if (strstr(q[i], "null")) {
+            cr_expect_eq(s, OSCAR_OK, "%s: %s", q[i], oe_last_error());
+            continue;
+        }
+        cr_expect_eq(s, OSCAR_ERR_UNSUPPORTED, "%s loaded", q[i]);
+        cr_expect(strstr(oe_last_error(), "quantization_config") && strstr(oe_last_error(), "F32, F16 or BF16") &&
+                      (!strstr(q[i], "quant_method") || strstr(oe_last_error(), strstr(q[i], "gptq") ? "gptq" : "fp8")),
+                  "%s: %s", q[i], oe_last_error());
+    }
     remove_dir();
 }

@@ -807,7 +807,17 @@ def main(argv: Optional[list] = None) -> int:
     if a.lloyd_max:
         options["method"] = "oscar2-lm"
     t0 = time.monotonic()
-    params = calibrate(model, tokens, window=a.window, max_tokens=a.max_tokens, batch_size=a.batch_size, **options)
+    try:
+        params = calibrate(model, tokens, window=a.window, max_tokens=a.max_tokens, batch_size=a.batch_size,
+                           **options)
+    except (ValueError, NotImplementedError) as e:  # a model or window it cannot calibrate: bad input, named
+        ap.error(str(e))
+    except OscarError as e:  # the library's refusal of the model's shape is bad input too; the rest a failure
+        bad_input = e.status in (1, 2, 3, 4, 5, 7, 8)  # invalid, head_dim, group, unsupported, shape, empty, long
+        if bad_input:
+            ap.error(str(e))
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        return 1
     params.save(out)
     i = params.info
     print(f"wrote {a.out} ({i.num_layers} layers, {i.num_q_heads}/{i.num_kv_heads} heads, head_dim {i.head_dim}, "

@@ -373,6 +373,25 @@ def test_command_line(tmp_path, capsys):
     assert hf.main([str(model_dir), "--tokens", str(tok), "--out", str(out), "--window", "256"]) == 0  # again: fine
 
 
+def test_command_line_refuses_a_model_it_cannot_calibrate(tmp_path, capsys):
+    """A model the library cannot store (head_dim 24) or a window past its positions: the command names the
+    problem on stderr with exit status 2, as its other bad input; it ended in a Python traceback."""
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=96, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                   max_position_embeddings=512)
+    model_dir = tmp_path / "model"
+    transformers.AutoModelForCausalLM.from_config(cfg).save_pretrained(model_dir)
+    tok = tmp_path / "calib.tokens"
+    np.random.default_rng(5).integers(0, 64, 2048).astype("<u4").tofile(tok)
+    for window, why in (("256", "head_dim 24 is not supported"), ("1024", "max_position_embeddings 512")):
+        with pytest.raises(SystemExit) as e:
+            hf.main([str(model_dir), "--tokens", str(tok), "--out", str(tmp_path / "p.safetensors"), "--window",
+                     window, "--max-tokens", "2048"])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and why in err and "python -m liboscar.hf: error:" in err, err
+    assert not (tmp_path / "p.safetensors").exists()
+
+
 @need_qwen
 def test_command_line_tokenizes_text(tmp_path, capsys):
     text = tmp_path / "calib.txt"
