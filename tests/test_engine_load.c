@@ -498,19 +498,28 @@ Test(engine_load, tools_name_three_bit_head_tensors, .timeout = 600)
 }
 #endif
 
-/* config.json of a 2-head, head_dim 32 Llama with `rope` (a JSON member or "") at path; the config only. */
-static oscar_status rope_config(const char *rope, oe_config *c)
+/* config.json of a 1-layer Llama (2 heads, head_dim 32) ending in `tail` (its members after the shape, each with
+ * a leading comma) at the test folder; the config only. */
+static oscar_status llama_config(const char *tail, oe_config *c)
 {
     char path[512];
     snprintf(path, sizeof path, "%s/config.json", g_dir);
     FILE *f = fopen(path, "w");
     cr_assert(f);
     fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
-               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,"
-               "\"max_position_embeddings\":131072,\"rope_theta\":%s%s}",
-            strstr(rope, "yarn") ? "1000000.0" : "500000.0", rope);
+               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50%s}",
+            tail);
     fclose(f);
     return oe_config_load(path, c);
+}
+
+/* That Llama with `rope` (a JSON member or "") and a rope_theta. */
+static oscar_status rope_config(const char *rope, oe_config *c)
+{
+    char tail[4096];
+    snprintf(tail, sizeof tail, ",\"max_position_embeddings\":131072,\"rope_theta\":%s%s",
+             strstr(rope, "yarn") ? "1000000.0" : "500000.0", rope);
+    return llama_config(tail, c);
 }
 
 /* RoPE scaling as transformers computes it (modeling_rope_utils): Llama 3.1's llama3 (frequencies of
@@ -1100,18 +1109,12 @@ Test(engine_load, token_file_larger_than_memory_is_refused_from_its_size)
     remove_dir();
 }
 
-/* config.json holding exactly `members` (a Llama of 1 layer, 2 heads, head_dim 32 before them); the config only. */
+/* That Llama (max_position_embeddings 4096) with exactly `members` after it. */
 static oscar_status members_config(const char *members, oe_config *c)
 {
-    char path[512];
-    snprintf(path, sizeof path, "%s/config.json", g_dir);
-    FILE *f = fopen(path, "w");
-    cr_assert(f);
-    fprintf(f, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":64,\"num_attention_heads\":2,"
-               "\"num_key_value_heads\":2,\"head_dim\":32,\"intermediate_size\":96,\"vocab_size\":50,"
-               "\"max_position_embeddings\":4096%s}", members);
-    fclose(f);
-    return oe_config_load(path, c);
+    char tail[4096];
+    snprintf(tail, sizeof tail, ",\"max_position_embeddings\":4096%s", members);
+    return llama_config(tail, c);
 }
 
 /* transformers 5 reads rope_scaling as the old name of rope_parameters: when given it replaces
