@@ -219,6 +219,75 @@ Test(registry, plugin_paths_that_are_not_regular_files_are_skipped, .timeout = 6
     rmdir(dir);
 }
 
+/* The report was a fixed 4096-byte buffer: a few search folders with long paths holding something
+ * that is not a plugin filled it, and the lines after (the other backends, "chosen: ...") were
+ * dropped without a mark; the log callback got every line cut at 600 bytes. Every line now reaches
+ * both whole. */
+static void collect_log(void *user, const char *line) {
+    char **all = user;
+    size_t n = *all ? strlen(*all) : 0, m = strlen(line);
+    char *grown = realloc(*all, n + m + 2);
+    cr_assert(grown);
+    memcpy(grown + n, line, m);
+    memcpy(grown + n + m, "\n", 2);
+    *all = grown;
+}
+Test(registry, long_report_keeps_every_line, .timeout = 60) {
+    enum { DIRS = 4 };
+    char root[] = "/tmp/oscar-long-report-XXXXXX";
+    cr_assert(mkdtemp(root), "mkdtemp");
+    char dirs[DIRS][1400], fifo[DIRS][1500], env[DIRS * 1400 + PATH_MAX + 16] = "";
+    for (int i = 0; i < DIRS; i++) {
+        int n = snprintf(dirs[i], sizeof dirs[i], "%s/%d", root, i);
+        cr_assert_eq(mkdir(dirs[i], 0700), 0);
+        for (int level = 0; level < 5; level++) { /* 5 x 250 bytes: no single name past NAME_MAX */
+            dirs[i][n++] = '/';
+            memset(dirs[i] + n, 'a' + level, 250);
+            n += 250;
+            dirs[i][n] = '\0';
+            cr_assert_eq(mkdir(dirs[i], 0700), 0, "mkdir %s", dirs[i]);
+        }
+        snprintf(fifo[i], sizeof fifo[i], "%s/liboscar_backend_cuda.so", dirs[i]);
+        cr_assert_eq(mkfifo(fifo[i], 0600), 0, "mkfifo %s", fifo[i]);
+        strcat(env, dirs[i]);
+        strcat(env, ":");
+    }
+    const char *old = getenv("OSCAR_PLUGIN_PATH");
+    strcat(env, old ? old : "");
+    cr_assert_eq(setenv("OSCAR_PLUGIN_PATH", env, 1), 0);
+    char *logged = NULL;
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.log = collect_log;
+    o.log_user = &logged;
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    const char *rep = oscar_runtime_report(rt);
+    cr_expect(strlen(rep) > 4096, "report of %zu bytes", strlen(rep));
+    for (int i = 0; i < DIRS; i++) {
+        cr_expect(strstr(rep, fifo[i]) != NULL, "report lacks %s", fifo[i]);
+        cr_expect(logged && strstr(logged, fifo[i]) != NULL, "log lacks %s", fifo[i]);
+    }
+    const char *tail[] = {"  hip ", "  opencl ", "chosen: "};
+    for (size_t t = 0; t < sizeof tail / sizeof tail[0]; t++) {
+        cr_expect(strstr(rep, tail[t]) != NULL, "report lacks the line starting '%s':\n%s", tail[t],
+                  rep + (strlen(rep) > 200 ? strlen(rep) - 200 : 0));
+        cr_expect(logged && strstr(logged, tail[t]) != NULL, "log lacks the line starting '%s'", tail[t]);
+    }
+    cr_expect(rep[strlen(rep) - 1] == '\n', "report ends mid-line");
+    oscar_runtime_destroy(rt);
+    free(logged);
+    if (old) setenv("OSCAR_PLUGIN_PATH", old, 1);
+    for (int i = DIRS - 1; i >= 0; i--) {
+        unlink(fifo[i]);
+        for (int level = 0; level < 6; level++) {
+            rmdir(dirs[i]);
+            *strrchr(dirs[i], '/') = '\0';
+        }
+    }
+    rmdir(root);
+}
+
 /* A plugin_dir of PATH_MAX bytes or more was cut to its first PATH_MAX - 1: here the fake plugins'
  * folder followed by slashes, so plugins were loaded from a folder the caller never named. */
 Test(registry, over_long_plugin_dir_is_refused) {
