@@ -793,6 +793,12 @@ __attribute__((visibility("default"))) oscar_status oscar_backend_init_native_v1
     cl_ctx *c = calloc(1, sizeof *c);
     if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl init: out of host memory");
     c->head.vendor = &k_vendor;
+    /* As ocl_init: calloc's zeros are a mutex only where the libc's initializer is all zeros (glibc);
+     * elsewhere (e.g. macOS) the launch lock would fail to lock and threads would race on the kernels. */
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, "opencl init: cannot create the launch lock");
+    }
     c->context = (cl_context)native_context;
     c->queue = q;
     c->device = dev;
