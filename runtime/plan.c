@@ -49,6 +49,17 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                "parameters from oscar-calibrate (or oscar_params_create_builtin(%s, ...))",
                                oscar_method_name(params->method), oscar_method_name(m), oscar_method_name(m));
     }
+    /* quarot2 is the Hadamard rotation, and its plan takes the rotation from the parameters (int2 and
+     * bf16 force the identity): another method's would serve as "quarot2" silently (int2's identity
+     * made it int2, oscar2's an unclipped OSCAR rotation). */
+    if (m == OSCAR_METHOD_QUAROT2 && params->method != OSCAR_METHOD_QUAROT2) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters are for method %s but the layout asks quarot2, "
+                               "whose rotation they would replace; pass NULL (the built-in Hadamard rotation) or "
+                               "oscar_params_create_builtin(quarot2, ...)",
+                               oscar_method_name(params->method));
+    }
     if (needs_params && params->calib_tokens > 0 && params->group != layout->group) {
         oscar_params_destroy(owned);
         return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,

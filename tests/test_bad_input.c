@@ -889,6 +889,43 @@ Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout 
 }
 
 /* ------------------------------------------------------------- parameters */
+/* A quarot2 plan took its rotation from whatever parameters it was given: int2 (identity) parameters
+ * made it an int2 cache, calibrated oscar2 ones an unclipped OSCAR rotation, both named quarot2 and
+ * without a word (int2 and bf16 plans force their identity whatever the parameters hold). Refused
+ * like a calibrated layout given baseline parameters; quarot2 parameters and NULL still serve. */
+Test(bad_input, quarot2_plan_refuses_params_of_another_method) {
+    oscar_runtime *rt;
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK);
+    oscar_layout_desc l;
+    small_layout(&l);
+    l.method = OSCAR_METHOD_QUAROT2;
+    const oscar_method others[] = {OSCAR_METHOD_INT2, OSCAR_METHOD_OSCAR2, OSCAR_METHOD_OSCAR2_LM, OSCAR_METHOD_BF16};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        oscar_params *p = NULL;
+        oscar_plan *plan = NULL;
+        cr_assert_eq(oscar_params_create_builtin(others[i], 1, 2, 1, 64, &p), OSCAR_OK);
+        cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "%s parameters served quarot2",
+                     oscar_method_name(others[i]));
+        cr_expect(strstr(oscar_last_error(), oscar_method_name(others[i])) && strstr(oscar_last_error(), "quarot2"),
+                  "message: %s", oscar_last_error());
+        oscar_plan_destroy(plan);
+        oscar_params_destroy(p);
+    }
+    oscar_params *p = NULL;
+    oscar_plan *plan = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 1, 2, 1, 64, &p), OSCAR_OK);
+    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    cr_expect_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    oscar_params_destroy(p);
+    oscar_runtime_destroy(rt);
+}
+
 Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
     oscar_runtime *rt;
     oscar_runtime_options ro;

@@ -609,7 +609,8 @@ typedef struct oscar_plan oscar_plan;
  * destroyed after this call (a plan keeps the parameters it was made with).
  * params NULL: the built-in parameters of the layout's method (int2, quarot2,
  * bf16; the same for every layer, so any layer index >= 0 is accepted);
- * oscar2/oscar2-lm need calibrated ones. Caller destroys the plan. */
+ * oscar2/oscar2-lm need calibrated ones, quarot2 refuses parameters of another
+ * method (OSCAR_ERR_SHAPE_MISMATCH). Caller destroys the plan. */
 OSCAR_API oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout,
                                          const oscar_params *params, oscar_plan **out);
 /* Frees the plan and drops its hold on the runtime (see oscar_runtime_destroy). */
