@@ -554,7 +554,8 @@ typedef struct oscar_runtime_options {
     void *native_context;   /* OpenCL: the caller's cl_context, given with native_queue.
                                The backend's programs and kernels then live in it, so
                                the caller's cl_mem buffers and in-order queues of that
-                               context can be passed as device memory and streams.
+                               context on native_queue's device can be passed as device
+                               memory and streams (a queue of another device is refused).
                                Retained by the runtime, released by
                                oscar_runtime_destroy. Implies backend "opencl" (another
                                requested backend is refused). NULL: the backend makes
