@@ -56,17 +56,29 @@ void oscar_runtime_options_default(oscar_runtime_options *o) {
     o->struct_size = sizeof *o;
 }
 
+/* Folders searched: plugin_dir, up to 64 OSCAR_PLUGIN_PATH entries, and the 4 fixed ones. */
+#define OSCAR_PLUGIN_PATH_ENTRIES_MAX 64
+#define OSCAR_SEARCH_DIRS_MAX (1 + OSCAR_PLUGIN_PATH_ENTRIES_MAX + 4)
+
 /* Folders to search, in order; returns how many were written. An OSCAR_PLUGIN_PATH entry too long
- * for a path is skipped with a report line (plugin_dir is refused before this). */
+ * for a path is skipped with a report line (plugin_dir is refused before this), and so are the
+ * entries past the 64th: the fixed folders after them (liboscar's own, its oscar/ subfolder, the
+ * executable's) keep their places (a list of 16 dropped them behind a long variable, silently). */
 static int search_dirs(oscar_runtime *rt, const oscar_runtime_options *o, char dirs[][PATH_MAX], int max) {
     int n = 0;
     if (o->plugin_dir && o->plugin_dir[0] && n < max) snprintf(dirs[n++], PATH_MAX, "%s", o->plugin_dir);
     const char *env = getenv("OSCAR_PLUGIN_PATH");
     if (env) {
         const char *p = env;
-        while (*p && n < max) {
+        const int env_max = n + OSCAR_PLUGIN_PATH_ENTRIES_MAX < max - 4 ? n + OSCAR_PLUGIN_PATH_ENTRIES_MAX : max - 4;
+        while (*p) {
             const char *c = strchr(p, ':');
             size_t len = c ? (size_t)(c - p) : strlen(p);
+            if (len > 0 && n >= env_max) {
+                report_add(rt, "  OSCAR_PLUGIN_PATH entries from '%.*s' on skipped: more than %d folders; "
+                           "shorten it\n", (int)(len < 200 ? len : 200), p, OSCAR_PLUGIN_PATH_ENTRIES_MAX);
+                break;
+            }
             if (len > 0 && len < PATH_MAX) {
                 memcpy(dirs[n], p, len);
                 dirs[n++][len] = '\0';
@@ -252,12 +264,12 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
 
     report_add(rt, "liboscar %s backends:\n", oscar_version(NULL, NULL, NULL));
     report_add(rt, "  %-7s found:   built in (score 1)\n", "cpu");
-    char(*dirs)[PATH_MAX] = calloc(16, PATH_MAX);
+    char(*dirs)[PATH_MAX] = calloc(OSCAR_SEARCH_DIRS_MAX, PATH_MAX);
     if (!dirs) {
         runtime_free(rt);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
     }
-    int ndirs = search_dirs(rt, o, dirs, 16);
+    int ndirs = search_dirs(rt, o, dirs, OSCAR_SEARCH_DIRS_MAX);
     candidate cands[3] = {{.name = "cuda"}, {.name = "hip"}, {.name = "opencl"}};
     for (int i = 0; i < 3; i++) {
         /* Asked for one backend: open no other plugin (a vendor runtime loaded

@@ -288,6 +288,39 @@ Test(registry, long_report_keeps_every_line, .timeout = 60) {
     rmdir(root);
 }
 
+/* The search folders were a fixed list of 16: plugin_dir and the first OSCAR_PLUGIN_PATH entries
+ * filled it, and the folders after them (liboscar's own, its oscar/ subfolder, the executable's)
+ * were dropped without a word: with 20 entries the OpenCL plugin beside liboscar was reported
+ * "not in any search folder". The fixed folders keep their places; entries past the 64th are
+ * skipped with a report line. */
+Test(registry, long_plugin_path_keeps_the_library_folder, .timeout = 60) {
+    char *env = malloc(64 * 70);
+    cr_assert(env);
+    env[0] = '\0';
+    for (int i = 0; i < 70; i++) { /* past the 64 entries searched: the rest is named as skipped */
+        char d[64];
+        snprintf(d, sizeof d, "%s/oscar-no-such-folder-%d", i % 2 ? "/tmp" : "/nonexistent", i);
+        strcat(env, i ? ":" : "");
+        strcat(env, d);
+    }
+    cr_assert_eq(setenv("OSCAR_PLUGIN_PATH", env, 1), 0);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "opencl";
+    oscar_runtime *rt = NULL;
+    oscar_status s = oscar_runtime_create(&o, &rt);
+    if (s == OSCAR_OK) {
+        cr_expect(strstr(oscar_runtime_report(rt), "oscar-no-such-folder-64' on skipped: more than 64"),
+                  "the entries past the 64th are not named as skipped:\n%s", oscar_runtime_report(rt));
+    } else {
+        /* the plugin is built beside liboscar (tests/CMakeLists.txt): only a device can be missing */
+        cr_expect(strstr(oscar_last_error(), "not in any search folder") == NULL,
+                  "the plugin beside liboscar was not searched: %s", oscar_last_error());
+    }
+    oscar_runtime_destroy(rt);
+    free(env);
+}
+
 /* A plugin_dir of PATH_MAX bytes or more was cut to its first PATH_MAX - 1: here the fake plugins'
  * folder followed by slashes, so plugins were loaded from a folder the caller never named. */
 Test(registry, over_long_plugin_dir_is_refused) {
