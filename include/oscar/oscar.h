@@ -670,7 +670,7 @@ typedef struct oscar_cache {
 
 /* A batch of sequences. All pointers are device memory. */
 typedef struct oscar_batch {
-    int32_t num_seqs;
+    int32_t num_seqs;            /* >= 1; GPU backends take at most 65535 per call */
     const int32_t *seq_lens;     /* [num_seqs] tokens in the cache after this call's append (>= 1) */
     const int32_t *window_slots; /* [num_seqs] window pool slot of each sequence (NULL where the
                                     window pool is unused, see oscar_cache.windows) */
