@@ -1,6 +1,7 @@
 /* Plans: bind layout + parameters to the chosen backend, then forward the
  * hot-path calls after cheap argument checks (no allocation, no device
  * reads unless the runtime was created with validate = 1). */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "runtime.h"
@@ -48,6 +49,17 @@ oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layou
                                "oscar_plan_create: the parameters are for method %s but the layout asks %s; use "
                                "parameters from oscar-calibrate (or oscar_params_create_builtin(%s, ...))",
                                oscar_method_name(params->method), oscar_method_name(m), oscar_method_name(m));
+    }
+    /* quarot2 is the Hadamard rotation, and its plan takes the rotation from the parameters (int2 and
+     * bf16 force the identity): another method's would serve as "quarot2" silently (int2's identity
+     * made it int2, oscar2's an unclipped OSCAR rotation). */
+    if (m == OSCAR_METHOD_QUAROT2 && params->method != OSCAR_METHOD_QUAROT2) {
+        oscar_params_destroy(owned);
+        return oscar_set_error(OSCAR_ERR_SHAPE_MISMATCH,
+                               "oscar_plan_create: the parameters are for method %s but the layout asks quarot2, "
+                               "whose rotation they would replace; pass NULL (the built-in Hadamard rotation) or "
+                               "oscar_params_create_builtin(quarot2, ...)",
+                               oscar_method_name(params->method));
     }
     if (needs_params && params->calib_tokens > 0 && params->group != layout->group) {
         oscar_params_destroy(owned);
@@ -403,6 +415,21 @@ oscar_status oscar_check_batch_arrays(const oscar_layout_desc *l, const oscar_ca
     return OSCAR_OK;
 }
 
+/* validate = 1: one index array's bytes to the host. A copy the backend refuses (on OpenCL: the
+ * array's cl_mem is smaller than the call's counts say) is worded as the call's, naming the array:
+ * the backend's own message is about a read the caller never asked for. */
+static oscar_status host_copy(oscar_runtime *rt, const char *fn, const char *name, void *dst, const void *src,
+                              size_t offset, size_t bytes, void *stream, oscar_errbuf *e) {
+    const oscar_status s = rt->api->read(rt->ctx, dst, src, offset, bytes, stream, e);
+    if (s != OSCAR_OK) {
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", e->msg[0] ? e->msg : oscar_status_string(s));
+        oscar_errbuf_set(e, s, "%s: validate = 1 reads %s on the host and could not (%s): pass %s with the entries the "
+                         "call's counts say", fn, name, why, name);
+    }
+    return s;
+}
+
 /* validate = 1: copy the index arrays to the host and check them all, as the
  * CPU backend does (oscar_check_batch_arrays), then the aliasing of an append. */
 static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, const oscar_cache *cache,
@@ -424,15 +451,17 @@ static oscar_status validate_on_host(const oscar_plan *plan, const char *fn, con
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory while validating", fn);
         goto done;
     }
-    if ((s = rt->api->read(rt->ctx, lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
-        (windowed && (s = rt->api->read(rt->ctx, slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
-        (used == stride && (s = rt->api->read(rt->ctx, bt, b->block_table, 0, sizeof(int32_t) * n * used, stream, &e))))
+    if ((s = host_copy(rt, fn, "batch.seq_lens", lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
+        (windowed &&
+         (s = host_copy(rt, fn, "batch.window_slots", slots, b->window_slots, 0, sizeof(int32_t) * n, stream, &e))) ||
+        (used == stride &&
+         (s = host_copy(rt, fn, "batch.block_table", bt, b->block_table, 0, sizeof(int32_t) * n * used, stream, &e))))
         goto failed;
     for (size_t i = 0; used && used < stride && i < n; i++)
-        if ((s = rt->api->read(rt->ctx, bt + i * used, b->block_table, sizeof(int32_t) * i * stride,
-                               sizeof(int32_t) * used, stream, &e)))
+        if ((s = host_copy(rt, fn, "batch.block_table", bt + i * used, b->block_table, sizeof(int32_t) * i * stride,
+                           sizeof(int32_t) * used, stream, &e)))
             goto failed;
-    if ((cu_new && (s = rt->api->read(rt->ctx, cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
+    if ((cu_new && (s = host_copy(rt, fn, "cu_new", cu, cu_new, 0, sizeof(int32_t) * (n + 1), stream, &e))) ||
         (s = rt->api->sync(rt->ctx, stream, &e)) ||
         (s = oscar_check_batch_arrays(&plan->layout, cache, &bc, lens, slots, bt, cu_new ? cu : NULL, total_new, fn,
                                       &e)))
@@ -459,8 +488,8 @@ static oscar_status validate_cu_q(const oscar_plan *plan, const char *fn, const 
     oscar_status s = OSCAR_OK;
     if (!lens || !cu)
         s = oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "%s: out of memory while validating", fn);
-    else if ((s = rt->api->read(rt->ctx, lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
-             (s = rt->api->read(rt->ctx, cu, cu_q, 0, sizeof(int32_t) * (n + 1), stream, &e)) ||
+    else if ((s = host_copy(rt, fn, "batch.seq_lens", lens, b->seq_lens, 0, sizeof(int32_t) * n, stream, &e)) ||
+             (s = host_copy(rt, fn, "cu_q", cu, cu_q, 0, sizeof(int32_t) * (n + 1), stream, &e)) ||
              (s = rt->api->sync(rt->ctx, stream, &e)) ||
              (s = oscar_check_cu_q(cu, lens, b->num_seqs, total_q, max_q_len, fn, &e)))
         oscar_set_errbuf(s, &e);

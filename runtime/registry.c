@@ -21,21 +21,33 @@
 #define OSCAR_PLUGIN_SUBDIR "oscar"
 
 static void report_add(oscar_runtime *rt, const char *fmt, ...) {
-    size_t used = strlen(rt->report);
-    if (used + 1 >= sizeof rt->report) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(rt->report + used, sizeof rt->report - used, fmt, ap);
+    const int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
+    if (n <= 0) return;
+    /* Whole lines, however long the paths in them: a line past the end is lost to the reader. */
+    char *grown = realloc(rt->report, rt->report_len + (size_t)n + 1);
+    if (!grown) return; /* out of memory: the report keeps the lines it has */
+    rt->report = grown;
+    char *line = rt->report + rt->report_len;
+    va_start(ap, fmt);
+    vsnprintf(line, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    rt->report_len += (size_t)n;
     if (rt->log) {
-        char line[600];
-        va_start(ap, fmt);
-        vsnprintf(line, sizeof line, fmt, ap);
-        va_end(ap);
-        size_t n = strlen(line);
-        if (n && line[n - 1] == '\n') line[n - 1] = '\0';
+        const int nl = line[n - 1] == '\n';
+        if (nl) line[n - 1] = '\0'; /* the log takes lines without their newline */
         rt->log(rt->log_user, line);
+        if (nl) line[n - 1] = '\n';
     }
+}
+
+/* Frees a runtime object (its report included); the backend is the caller's to shut down. */
+static void runtime_free(oscar_runtime *rt) {
+    if (!rt) return;
+    free(rt->report);
+    free(rt);
 }
 
 void oscar_runtime_options_default(oscar_runtime_options *o) {
@@ -44,17 +56,29 @@ void oscar_runtime_options_default(oscar_runtime_options *o) {
     o->struct_size = sizeof *o;
 }
 
+/* Folders searched: plugin_dir, up to 64 OSCAR_PLUGIN_PATH entries, and the 4 fixed ones. */
+#define OSCAR_PLUGIN_PATH_ENTRIES_MAX 64
+#define OSCAR_SEARCH_DIRS_MAX (1 + OSCAR_PLUGIN_PATH_ENTRIES_MAX + 4)
+
 /* Folders to search, in order; returns how many were written. An OSCAR_PLUGIN_PATH entry too long
- * for a path is skipped with a report line (plugin_dir is refused before this). */
+ * for a path is skipped with a report line (plugin_dir is refused before this), and so are the
+ * entries past the 64th: the fixed folders after them (liboscar's own, its oscar/ subfolder, the
+ * executable's) keep their places (a list of 16 dropped them behind a long variable, silently). */
 static int search_dirs(oscar_runtime *rt, const oscar_runtime_options *o, char dirs[][PATH_MAX], int max) {
     int n = 0;
     if (o->plugin_dir && o->plugin_dir[0] && n < max) snprintf(dirs[n++], PATH_MAX, "%s", o->plugin_dir);
     const char *env = getenv("OSCAR_PLUGIN_PATH");
     if (env) {
         const char *p = env;
-        while (*p && n < max) {
+        const int env_max = n + OSCAR_PLUGIN_PATH_ENTRIES_MAX < max - 4 ? n + OSCAR_PLUGIN_PATH_ENTRIES_MAX : max - 4;
+        while (*p) {
             const char *c = strchr(p, ':');
             size_t len = c ? (size_t)(c - p) : strlen(p);
+            if (len > 0 && n >= env_max) {
+                report_add(rt, "  OSCAR_PLUGIN_PATH entries from '%.*s' on skipped: more than %d folders; "
+                           "shorten it\n", (int)(len < 200 ? len : 200), p, OSCAR_PLUGIN_PATH_ENTRIES_MAX);
+                break;
+            }
             if (len > 0 && len < PATH_MAX) {
                 memcpy(dirs[n], p, len);
                 dirs[n++][len] = '\0';
@@ -220,7 +244,7 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
     /* The caller's OpenCL context and queue (interop): OpenCL or nothing. */
     const int native = o->native_context || o->native_queue;
     if (native && want && want[0] && strcmp(want, "opencl") != 0) {
-        free(rt);
+        runtime_free(rt);
         return oscar_set_error(OSCAR_ERR_INVALID_ARGUMENT,
                                "oscar_runtime_create: native_context/native_queue are OpenCL handles but backend "
                                "'%s' was requested; request 'opencl' or leave them NULL",
@@ -233,19 +257,19 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
     }
     if (want && !want[0]) want = NULL;
     if (want && strcmp(want, "cpu") && strcmp(want, "cuda") && strcmp(want, "hip") && strcmp(want, "opencl")) {
-        free(rt);
+        runtime_free(rt);
         return oscar_set_error(OSCAR_ERR_NO_BACKEND,
                                "unknown backend '%s' (from %s); valid: cpu, cuda, hip, opencl", want, want_src);
     }
 
     report_add(rt, "liboscar %s backends:\n", oscar_version(NULL, NULL, NULL));
     report_add(rt, "  %-7s found:   built in (score 1)\n", "cpu");
-    char(*dirs)[PATH_MAX] = calloc(16, PATH_MAX);
+    char(*dirs)[PATH_MAX] = calloc(OSCAR_SEARCH_DIRS_MAX, PATH_MAX);
     if (!dirs) {
-        free(rt);
+        runtime_free(rt);
         return oscar_set_error(OSCAR_ERR_OUT_OF_MEMORY, "oscar_runtime_create: out of memory");
     }
-    int ndirs = search_dirs(rt, o, dirs, 16);
+    int ndirs = search_dirs(rt, o, dirs, OSCAR_SEARCH_DIRS_MAX);
     candidate cands[3] = {{.name = "cuda"}, {.name = "hip"}, {.name = "opencl"}};
     for (int i = 0; i < 3; i++) {
         /* Asked for one backend: open no other plugin (a vendor runtime loaded
@@ -267,10 +291,10 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
             oscar_status s = oscar_set_error(OSCAR_ERR_NO_BACKEND,
                                              "backend '%s' requested (%s) but not available here:\n%s"
                                              "Build its plugin (see README) or choose another backend.",
-                                             want, want_src, rt->report);
+                                             want, want_src, oscar_runtime_report(rt));
             for (int i = 0; i < 3; i++)
                 if (cands[i].dl) dlclose(cands[i].dl);
-            free(rt);
+            runtime_free(rt);
             return s;
         }
     } else if (!want) {
@@ -308,7 +332,7 @@ oscar_status oscar_runtime_create(const oscar_runtime_options *o, oscar_runtime 
     if (s != OSCAR_OK) {
         oscar_set_errbuf(s, &err);
         if (rt->dl) dlclose(rt->dl);
-        free(rt);
+        runtime_free(rt);
         return s;
     }
     snprintf(rt->backend, sizeof rt->backend, "%s", rt->api->name);
@@ -327,12 +351,12 @@ void oscar_runtime_destroy(oscar_runtime *rt) {
     if (atomic_fetch_sub(&rt->refs, 1) > 0) return;
     if (rt->api && rt->api->shutdown) rt->api->shutdown(rt->ctx);
     if (rt->dl) dlclose(rt->dl);
-    free(rt);
+    runtime_free(rt);
 }
 
 const char *oscar_runtime_backend(const oscar_runtime *rt) { return rt ? rt->backend : ""; }
 const char *oscar_runtime_device(const oscar_runtime *rt) { return rt ? rt->device : ""; }
-const char *oscar_runtime_report(const oscar_runtime *rt) { return rt ? rt->report : ""; }
+const char *oscar_runtime_report(const oscar_runtime *rt) { return rt && rt->report ? rt->report : ""; }
 
 /* ------------------------------------------------------------- buffers */
 oscar_status oscar_buffer_alloc(oscar_runtime *rt, size_t bytes, void **buf) {

@@ -15,7 +15,9 @@ struct oscar_runtime {
     void *log_user;
     char backend[16];
     char device[256];
-    char report[4096];
+    char *report;       /* discovery report (oscar_runtime_report), grown as lines come: a fixed
+                           buffer dropped the lines after a few long plugin paths */
+    size_t report_len;
     /* Holders beyond the first: each live plan holds the runtime, so
      * oscar_runtime_destroy before a plan's destroy leaves it alive until the
      * last plan goes (0 from calloc: the creator is the only holder). */

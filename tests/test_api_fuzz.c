@@ -513,6 +513,12 @@ static uint16_t nonfinite16(fz *f) {
     }
 }
 
+/* The layer a call names. The harness keeps one pool for every layer, which holds while the layers'
+ * pages are the same: with wide_per_layer 1 they differ in size (FORMAT.md §3.3, one pool per layer),
+ * and a sequence written through layer 0's geometry and read through layer 2's read bytes of other
+ * rows (seed 201393: NaN metadata, a NaN output). Those layouts keep to layer 0. */
+static int one_pool_layer(const fz *f, int drawn) { return f->l.wide_per_layer ? 0 : drawn; }
+
 /* ------------------------------------------------------------------ append */
 static void do_append(fz *f) {
     rng_t *r = &f->r;
@@ -563,7 +569,7 @@ static void do_append(fz *f) {
     fill_rows(f, v, rows, ks, f->kvrow, 4.0f);
     int32_t *bt = table_of(f, ids, n, stride);
     const int32_t bt_stride = stride; /* as allocated */
-    int layer = f->shared ? ri(r, 0, 5) : ri(r, 0, f->layers - 1);
+    int layer = one_pool_layer(f, f->shared ? ri(r, 0, 5) : ri(r, 0, f->layers - 1));
     int32_t total_arg = total, nseq = n;
     oscar_cache c[2] = {cache_of(f, 0), cache_of(f, 1)};
     void *ws[2] = {f->ws[0], f->ws[1]};
@@ -807,7 +813,7 @@ static void do_decode(fz *f) {
     fill_rows(f, q, n, qse, f->qrow, 2.0f);
     memset(ref, POISON, 2 * (size_t)(n * ose));
     float scale = chance(r, 60) ? 0.0f : 0.01f + fabsf(rf(r));
-    int rot = ri(r, 0, 1), layer = f->shared ? ri(r, 0, 5) : ri(r, 0, f->layers - 1);
+    int rot = ri(r, 0, 1), layer = one_pool_layer(f, f->shared ? ri(r, 0, 5) : ri(r, 0, f->layers - 1));
     int32_t nseq = n, batch_max = bmax;
     void *ws[2] = {f->ws[0], f->ws[1]};
     size_t wsb = f->ws_bytes;
@@ -988,7 +994,7 @@ static void do_extend(fz *f) {
     a.sm_scale = chance(r, 60) ? 0.0f : 0.05f + fabsf(rf(r));
     a.rotated_output = ri(r, 0, 1);
     a.workspace_bytes = f->ws_bytes;
-    int layer = f->shared ? ri(r, 0, 5) : ri(r, 0, f->layers - 1);
+    int layer = one_pool_layer(f, f->shared ? ri(r, 0, 5) : ri(r, 0, f->layers - 1));
     int32_t nseq = n, batch_max = bmax;
     int mut = M_NONE, expect = -1, null_args = 0;
     const char *what = "clean";

@@ -831,9 +831,9 @@ Test(bad_input, extend_refusals_hip, .timeout = 300) {
  * than workspace_bytes, ...) ran the kernels past the buffer: heap
  * corruption on PoCL ("free(): invalid pointer"), or reads of whatever lay
  * behind it. Refused before any launch, naming the buffer and both sizes. */
-Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout = 300) {
+static void opencl_small_buffers(int validate) {
     rig r;
-    if (!rig_open(&r, "opencl", OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, 0)) cr_skip_test("opencl not available");
+    if (!rig_open(&r, "opencl", OSCAR_METHOD_QUAROT2, OSCAR_DTYPE_BF16, validate)) cr_skip_test("opencl not available");
     rig_fill(&r, r.k, r.kv_elems, 1.0f);
     rig_fill(&r, r.v, r.kv_elems, 1.0f);
     rig_fill(&r, r.q, r.q_elems, 1.0f);
@@ -887,8 +887,52 @@ Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout 
     oscar_buffer_free(r.rt, tiny);
     rig_close(&r);
 }
+Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_refused, .timeout = 300) { opencl_small_buffers(0); }
+/* validate = 1 copies the index arrays to the host first: a short one was refused by that copy, whose
+ * message named neither the call nor the array ("opencl read: 60 bytes at offset 64 run past the end
+ * of the 64-byte buffer"), about a read the caller never asked for. */
+Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_named_with_validate, .timeout = 300) {
+    opencl_small_buffers(1);
+}
 
 /* ------------------------------------------------------------- parameters */
+/* A quarot2 plan took its rotation from whatever parameters it was given: int2 (identity) parameters
+ * made it an int2 cache, calibrated oscar2 ones an unclipped OSCAR rotation, both named quarot2 and
+ * without a word (int2 and bf16 plans force their identity whatever the parameters hold). Refused
+ * like a calibrated layout given baseline parameters; quarot2 parameters and NULL still serve. */
+Test(bad_input, quarot2_plan_refuses_params_of_another_method) {
+    oscar_runtime *rt;
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK);
+    oscar_layout_desc l;
+    small_layout(&l);
+    l.method = OSCAR_METHOD_QUAROT2;
+    const oscar_method others[] = {OSCAR_METHOD_INT2, OSCAR_METHOD_OSCAR2, OSCAR_METHOD_OSCAR2_LM, OSCAR_METHOD_BF16};
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++) {
+        oscar_params *p = NULL;
+        oscar_plan *plan = NULL;
+        cr_assert_eq(oscar_params_create_builtin(others[i], 1, 2, 1, 64, &p), OSCAR_OK);
+        cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_ERR_SHAPE_MISMATCH, "%s parameters served quarot2",
+                     oscar_method_name(others[i]));
+        cr_expect(strstr(oscar_last_error(), oscar_method_name(others[i])) && strstr(oscar_last_error(), "quarot2"),
+                  "message: %s", oscar_last_error());
+        oscar_plan_destroy(plan);
+        oscar_params_destroy(p);
+    }
+    oscar_params *p = NULL;
+    oscar_plan *plan = NULL;
+    cr_assert_eq(oscar_params_create_builtin(OSCAR_METHOD_QUAROT2, 1, 2, 1, 64, &p), OSCAR_OK);
+    cr_expect_eq(oscar_plan_create(rt, &l, p, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    plan = NULL;
+    cr_expect_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_plan_destroy(plan);
+    oscar_params_destroy(p);
+    oscar_runtime_destroy(rt);
+}
+
 Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
     oscar_runtime *rt;
     oscar_runtime_options ro;

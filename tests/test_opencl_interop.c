@@ -295,4 +295,85 @@ Test(opencl_interop, misuse_is_refused) {
         clReleaseContext(cs[i]->ctx);
     }
 }
+
+/* A context of two devices (PoCL: POCL_DEVICES, read when the platform starts, each Criterion test in
+ * its own process), the runtime on the first device's queue, and a queue of the second device passed
+ * as a call's stream: it passed the context check and the kernels, built for the runtime's device
+ * only, were enqueued on the other device (PoCL aborted the process in an assertion; other drivers
+ * fail the enqueue with a bare -45). Refused before anything runs, naming the device. */
+Test(opencl_interop, queue_of_another_device_is_refused) {
+    cr_assert_eq(setenv("POCL_DEVICES", "pthread pthread", 1), 0);
+    caller c;
+    need_opencl(&c);
+    cl_platform_id p = NULL;
+    cl_device_id devs[2];
+    cl_uint nd = 0;
+    clGetDeviceInfo(c.dev, CL_DEVICE_PLATFORM, sizeof p, &p, NULL);
+    if (clGetDeviceIDs(p, CL_DEVICE_TYPE_ALL, 2, devs, &nd) != CL_SUCCESS || nd < 2)
+        cr_skip_test("one OpenCL device on the platform: no second device's queue to pass");
+    cl_int rc;
+    cl_context ctx = clCreateContext(NULL, 2, devs, NULL, NULL, &rc);
+    cr_assert_eq(rc, CL_SUCCESS);
+    cl_command_queue q0 = clCreateCommandQueue(ctx, devs[0], 0, &rc), q1 = clCreateCommandQueue(ctx, devs[1], 0, &rc);
+    cr_assert_eq(rc, CL_SUCCESS);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.plugin_dir = OSCAR_BUILD_LIB_DIR;
+    o.native_context = ctx;
+    o.native_queue = q0;
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_desc l = layout();
+    oscar_plan *plan = NULL;
+    cr_assert_eq(oscar_plan_create(rt, &l, NULL, &plan), OSCAR_OK, "%s", oscar_last_error());
+    oscar_layout_sizes sz;
+    cr_assert_eq(oscar_layout_sizes_get(&l, &sz), OSCAR_OK);
+    size_t wsn = 0;
+    cr_assert_eq(oscar_plan_workspace_bytes(plan, 1, N, &wsn), OSCAR_OK);
+    void *pages, *win, *ws, *lens, *slots, *bt, *cu, *k, *q, *out;
+    void **bufs[] = {&pages, &win, &ws, &lens, &slots, &bt, &cu, &k, &q, &out};
+    const size_t sizes[] = {16 * sz.page_bytes, sz.window_slot_bytes, wsn, 4, 4, 64, 8, HKV * D * 2, HQ * D * 2,
+                            HQ * D * 2};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        cr_assert_eq(oscar_buffer_alloc(rt, sizes[i], bufs[i]), OSCAR_OK, "%s", oscar_last_error());
+        void *zeros = calloc(1, sizes[i]);
+        cr_assert(zeros);
+        cr_assert_eq(oscar_buffer_write(rt, *bufs[i], 0, zeros, sizes[i], NULL), OSCAR_OK, "%s", oscar_last_error());
+        free(zeros);
+    }
+    const int32_t one = 1, cuh[2] = {0, 1};
+    cr_assert_eq(oscar_buffer_write(rt, lens, 0, &one, 4, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_buffer_write(rt, cu, 0, cuh, 8, NULL), OSCAR_OK);
+    cr_assert_eq(oscar_plan_workspace_init(plan, ws, NULL), OSCAR_OK, "%s", oscar_last_error());
+    oscar_cache ca = {pages, 16, win, 1};
+    oscar_batch b = {1, lens, slots, bt, 16, N};
+#define OTHER_DEVICE(call)                                                                                         \
+    do {                                                                                                           \
+        oscar_status s_ = (call);                                                                                  \
+        cr_expect_eq(s_, OSCAR_ERR_INVALID_ARGUMENT, "%s on the other device's queue: %d (%s)", #call, (int)s_,  \
+                     oscar_last_error());                                                                          \
+        cr_expect(strstr(oscar_last_error(), "another device"), "%s: %s", #call, oscar_last_error());             \
+    } while (0)
+    OTHER_DEVICE(oscar_append(plan, 0, &ca, &b, cu, 1, k, k, 0, ws, wsn, q1));
+    OTHER_DEVICE(oscar_decode(plan, 0, &ca, &b, q, 0, out, 0, 0.0f, 0, ws, wsn, q1));
+    OTHER_DEVICE(oscar_plan_workspace_init(plan, ws, q1));
+    OTHER_DEVICE(oscar_plan_check(plan, ws, q1));
+    OTHER_DEVICE(oscar_synchronize(rt, q1));
+    OTHER_DEVICE(oscar_buffer_write(rt, lens, 0, &one, 4, q1));
+#undef OTHER_DEVICE
+    /* the runtime's own device: runs */
+    cr_expect_eq(oscar_append(plan, 0, &ca, &b, cu, 1, k, k, 0, ws, wsn, q0), OSCAR_OK, "%s", oscar_last_error());
+    cr_expect_eq(oscar_decode(plan, 0, &ca, &b, q, 0, out, 0, 0.0f, 0, ws, wsn, NULL), OSCAR_OK, "%s",
+                 oscar_last_error());
+    cr_expect_eq(oscar_plan_check(plan, ws, q0), OSCAR_OK, "%s", oscar_last_error());
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) oscar_buffer_free(rt, *bufs[i]);
+    oscar_plan_destroy(plan);
+    oscar_runtime_destroy(rt);
+    clReleaseCommandQueue(q1);
+    clReleaseCommandQueue(q0);
+    clReleaseContext(ctx);
+    clReleaseCommandQueue(c.q2);
+    clReleaseCommandQueue(c.q);
+    clReleaseContext(c.ctx);
+}
 #endif /* OSCAR_NO_OPENCL_TEST */

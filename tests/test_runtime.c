@@ -219,6 +219,116 @@ Test(registry, plugin_paths_that_are_not_regular_files_are_skipped, .timeout = 6
     rmdir(dir);
 }
 
+/* The report was a fixed 4096-byte buffer: a few search folders with long paths holding something
+ * that is not a plugin filled it, and the lines after (the other backends, "chosen: ...") were
+ * dropped without a mark; the log callback got every line cut at 600 bytes. Every line now reaches
+ * both whole. */
+static void collect_log(void *user, const char *line) {
+    char **all = user;
+    size_t n = *all ? strlen(*all) : 0, m = strlen(line);
+    char *grown = realloc(*all, n + m + 2);
+    cr_assert(grown);
+    memcpy(grown + n, line, m);
+    memcpy(grown + n + m, "\n", 2);
+    *all = grown;
+}
+Test(registry, long_report_keeps_every_line, .timeout = 60) {
+    enum { DIRS = 4 };
+    char root[] = "/tmp/oscar-long-report-XXXXXX";
+    cr_assert(mkdtemp(root), "mkdtemp");
+    char dirs[DIRS][1400], fifo[DIRS][1500], env[DIRS * 1400 + PATH_MAX + 16] = "";
+    for (int i = 0; i < DIRS; i++) {
+        int n = snprintf(dirs[i], sizeof dirs[i], "%s/%d", root, i);
+        cr_assert_eq(mkdir(dirs[i], 0700), 0);
+        for (int level = 0; level < 5; level++) { /* 5 x 250 bytes: no single name past NAME_MAX */
+            dirs[i][n++] = '/';
+            memset(dirs[i] + n, 'a' + level, 250);
+            n += 250;
+            dirs[i][n] = '\0';
+            cr_assert_eq(mkdir(dirs[i], 0700), 0, "mkdir %s", dirs[i]);
+        }
+        snprintf(fifo[i], sizeof fifo[i], "%s/liboscar_backend_cuda.so", dirs[i]);
+        cr_assert_eq(mkfifo(fifo[i], 0600), 0, "mkfifo %s", fifo[i]);
+        strcat(env, dirs[i]);
+        strcat(env, ":");
+    }
+    const char *old = getenv("OSCAR_PLUGIN_PATH");
+    strcat(env, old ? old : "");
+    cr_assert_eq(setenv("OSCAR_PLUGIN_PATH", env, 1), 0);
+    char *logged = NULL;
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.log = collect_log;
+    o.log_user = &logged;
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&o, &rt), OSCAR_OK, "%s", oscar_last_error());
+    const char *rep = oscar_runtime_report(rt);
+    cr_expect(strlen(rep) > 4096, "report of %zu bytes", strlen(rep));
+    for (int i = 0; i < DIRS; i++) {
+        cr_expect(strstr(rep, fifo[i]) != NULL, "report lacks %s", fifo[i]);
+        cr_expect(logged && strstr(logged, fifo[i]) != NULL, "log lacks %s", fifo[i]);
+    }
+    const char *tail[] = {"  hip ", "  opencl ", "chosen: "};
+    for (size_t t = 0; t < sizeof tail / sizeof tail[0]; t++) {
+        cr_expect(strstr(rep, tail[t]) != NULL, "report lacks the line starting '%s':\n%s", tail[t],
+                  rep + (strlen(rep) > 200 ? strlen(rep) - 200 : 0));
+        cr_expect(logged && strstr(logged, tail[t]) != NULL, "log lacks the line starting '%s'", tail[t]);
+    }
+    cr_expect(rep[strlen(rep) - 1] == '\n', "report ends mid-line");
+    oscar_runtime_destroy(rt);
+    free(logged);
+    if (old) setenv("OSCAR_PLUGIN_PATH", old, 1);
+    for (int i = DIRS - 1; i >= 0; i--) {
+        unlink(fifo[i]);
+        for (int level = 0; level < 6; level++) {
+            rmdir(dirs[i]);
+            *strrchr(dirs[i], '/') = '\0';
+        }
+    }
+    rmdir(root);
+}
+
+/* The search folders were a fixed list of 16: plugin_dir and the first OSCAR_PLUGIN_PATH entries
+ * filled it, and the folders after them (liboscar's own, its oscar/ subfolder, the executable's)
+ * were dropped without a word: with 20 entries the OpenCL plugin beside liboscar was reported
+ * "not in any search folder". The fixed folders keep their places; entries past the 64th are
+ * skipped with a report line. */
+Test(registry, long_plugin_path_keeps_the_library_folder, .timeout = 60) {
+    /* the OpenCL plugin as the build puts it: beside liboscar, ../lib of the tests' folder */
+    char exe[PATH_MAX], plugin[PATH_MAX + 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    cr_assert(n > 0);
+    exe[n] = '\0';
+    *strrchr(exe, '/') = '\0';
+    snprintf(plugin, sizeof plugin, "%s/../lib/liboscar_backend_opencl.so", exe);
+    if (access(plugin, R_OK) != 0) cr_skip_test("built without the OpenCL plugin (%s)", plugin);
+    char *env = malloc(64 * 70);
+    cr_assert(env);
+    env[0] = '\0';
+    for (int i = 0; i < 70; i++) { /* past the 64 entries searched: the rest is named as skipped */
+        char d[64];
+        snprintf(d, sizeof d, "%s/oscar-no-such-folder-%d", i % 2 ? "/tmp" : "/nonexistent", i);
+        strcat(env, i ? ":" : "");
+        strcat(env, d);
+    }
+    cr_assert_eq(setenv("OSCAR_PLUGIN_PATH", env, 1), 0);
+    oscar_runtime_options o;
+    oscar_runtime_options_default(&o);
+    o.backend = "opencl";
+    oscar_runtime *rt = NULL;
+    oscar_status s = oscar_runtime_create(&o, &rt);
+    if (s == OSCAR_OK) {
+        cr_expect(strstr(oscar_runtime_report(rt), "oscar-no-such-folder-64' on skipped: more than 64"),
+                  "the entries past the 64th are not named as skipped:\n%s", oscar_runtime_report(rt));
+    } else {
+        /* the plugin is built beside liboscar (tests/CMakeLists.txt): only a device can be missing */
+        cr_expect(strstr(oscar_last_error(), "not in any search folder") == NULL,
+                  "the plugin beside liboscar was not searched: %s", oscar_last_error());
+    }
+    oscar_runtime_destroy(rt);
+    free(env);
+}
+
 /* A plugin_dir of PATH_MAX bytes or more was cut to its first PATH_MAX - 1: here the fake plugins'
  * folder followed by slashes, so plugins were loaded from a folder the caller never named. */
 Test(registry, over_long_plugin_dir_is_refused) {

@@ -80,6 +80,19 @@ static oscar_status queue_ok(const cl_ctx *c, const char *fn, void *stream, osca
                                 "(the runtime's queue) or a queue of the runtime's context",
                                 fn, (int)rc);
     if (qc != c->context) return foreign(fn, "stream", "cl_command_queue", err);
+    /* A context may span devices; the programs are built for the runtime's device only (a kernel
+     * enqueued on another device's queue: PoCL aborted the process, other drivers fail with -45). */
+    cl_device_id qd = NULL;
+    rc = clGetCommandQueueInfo((cl_command_queue)stream, CL_QUEUE_DEVICE, sizeof qd, &qd, NULL);
+    if (rc == CL_SUCCESS && qd != c->device) {
+        char dn[128] = "";
+        clGetDeviceInfo(qd, CL_DEVICE_NAME, sizeof dn - 1, dn, NULL);
+        return oscar_errbuf_set(err, OSCAR_ERR_INVALID_ARGUMENT,
+                                "opencl %s: stream is a cl_command_queue of another device (%s) of the runtime's "
+                                "context; the kernels are built for the runtime's device (%s): pass a queue of that "
+                                "device, or a runtime made on the other device's queue",
+                                fn, dn, c->name);
+    }
     /* A call's kernels follow each other on the queue (rotation, attention, merge): an
      * out-of-order queue would run them at once, on each other's half-written data. */
     cl_command_queue_properties props = 0;
@@ -793,6 +806,12 @@ __attribute__((visibility("default"))) oscar_status oscar_backend_init_native_v1
     cl_ctx *c = calloc(1, sizeof *c);
     if (!c) return oscar_errbuf_set(err, OSCAR_ERR_OUT_OF_MEMORY, "opencl init: out of host memory");
     c->head.vendor = &k_vendor;
+    /* As ocl_init: calloc's zeros are a mutex only where the libc's initializer is all zeros (glibc);
+     * elsewhere (e.g. macOS) the launch lock would fail to lock and threads would race on the kernels. */
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(c);
+        return oscar_errbuf_set(err, OSCAR_ERR_INTERNAL, "opencl init: cannot create the launch lock");
+    }
     c->context = (cl_context)native_context;
     c->queue = q;
     c->device = dev;

@@ -554,7 +554,8 @@ typedef struct oscar_runtime_options {
     void *native_context;   /* OpenCL: the caller's cl_context, given with native_queue.
                                The backend's programs and kernels then live in it, so
                                the caller's cl_mem buffers and in-order queues of that
-                               context can be passed as device memory and streams.
+                               context on native_queue's device can be passed as device
+                               memory and streams (a queue of another device is refused).
                                Retained by the runtime, released by
                                oscar_runtime_destroy. Implies backend "opencl" (another
                                requested backend is refused). NULL: the backend makes
@@ -609,7 +610,8 @@ typedef struct oscar_plan oscar_plan;
  * destroyed after this call (a plan keeps the parameters it was made with).
  * params NULL: the built-in parameters of the layout's method (int2, quarot2,
  * bf16; the same for every layer, so any layer index >= 0 is accepted);
- * oscar2/oscar2-lm need calibrated ones. Caller destroys the plan. */
+ * oscar2/oscar2-lm need calibrated ones, quarot2 refuses parameters of another
+ * method (OSCAR_ERR_SHAPE_MISMATCH). Caller destroys the plan. */
 OSCAR_API oscar_status oscar_plan_create(oscar_runtime *rt, const oscar_layout_desc *layout,
                                          const oscar_params *params, oscar_plan **out);
 /* Frees the plan and drops its hold on the runtime (see oscar_runtime_destroy). */
@@ -668,7 +670,7 @@ typedef struct oscar_cache {
 
 /* A batch of sequences. All pointers are device memory. */
 typedef struct oscar_batch {
-    int32_t num_seqs;
+    int32_t num_seqs;            /* >= 1; GPU backends take at most 65535 per call */
     const int32_t *seq_lens;     /* [num_seqs] tokens in the cache after this call's append (>= 1) */
     const int32_t *window_slots; /* [num_seqs] window pool slot of each sequence (NULL where the
                                     window pool is unused, see oscar_cache.windows) */
