@@ -148,6 +148,16 @@ static float to_f32(uint16_t h) { /* bf16 */
     return f;
 }
 
+/* A runtime on the CPU backend (always built in: failing to make one fails the test). */
+static oscar_runtime *cpu_runtime(void) {
+    oscar_runtime_options ro;
+    oscar_runtime_options_default(&ro);
+    ro.backend = "cpu";
+    oscar_runtime *rt = NULL;
+    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    return rt;
+}
+
 /* The small layout the tests below share: head_dim 64 in one group, 2 query heads on 1 KV head. */
 static void small_layout(oscar_layout_desc *l) {
     oscar_layout_default(l);
@@ -625,11 +635,7 @@ Test(bad_input, buffer_copies_past_the_end_opencl, .timeout = 120) { buffer_copy
 /* Host memory past the machine's on the CPU backend (1 TiB, 2^50 bytes, SIZE_MAX - 1): refused,
  * naming the size and the fix. aligned_alloc was asked: NULL at best, an abort under ASan. */
 Test(bad_input, cpu_alloc_past_the_machines_memory_names_it) {
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "cpu";
-    oscar_runtime *rt;
-    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    oscar_runtime *rt = cpu_runtime();
     const size_t sizes[] = {(size_t)1 << 40, (size_t)1 << 50, SIZE_MAX - 1};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         void *b = (void *)1;
@@ -901,11 +907,7 @@ Test(bad_input, opencl_buffers_smaller_than_the_call_says_are_named_with_validat
  * without a word (int2 and bf16 plans force their identity whatever the parameters hold). Refused
  * like a calibrated layout given baseline parameters; quarot2 parameters and NULL still serve. */
 Test(bad_input, quarot2_plan_refuses_params_of_another_method) {
-    oscar_runtime *rt;
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "cpu";
-    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK);
+    oscar_runtime *rt = cpu_runtime();
     oscar_layout_desc l;
     small_layout(&l);
     l.method = OSCAR_METHOD_QUAROT2;
@@ -934,11 +936,7 @@ Test(bad_input, quarot2_plan_refuses_params_of_another_method) {
 }
 
 Test(bad_input, plan_refuses_params_of_another_method_or_group, .timeout = 120) {
-    oscar_runtime *rt;
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "cpu";
-    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK);
+    oscar_runtime *rt = cpu_runtime();
     oscar_layout_desc l;
     small_layout(&l);
     oscar_params *p;
@@ -1090,11 +1088,7 @@ Test(bad_input, wide_codes_refused_capless) { wide_codes_case("hip", OSCAR_CAPLE
  * oscar2; oscar_plan_layer_sizes refuses NULLs and layers outside the parameters, naming itself, and
  * gives each layer's pages exactly its planes while oscar_layout_sizes_get keeps the largest page. */
 Test(bad_input, wide_per_layer_field_and_layer_sizes) {
-    oscar_runtime *rt = NULL;
-    oscar_runtime_options ro;
-    oscar_runtime_options_default(&ro);
-    ro.backend = "cpu";
-    cr_assert_eq(oscar_runtime_create(&ro, &rt), OSCAR_OK, "%s", oscar_last_error());
+    oscar_runtime *rt = cpu_runtime();
     oscar_layout_desc l;
     oscar_layout_default(&l);
     l.head_dim = 64, l.group = 64, l.num_q_heads = 4, l.num_kv_heads = 2, l.max_seq_len = LEN;
